@@ -1,0 +1,194 @@
+"""The `matgptq` command line: quantize, eval, slice, export. User errors print one line and exit with status 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .errors import UserError
+
+
+def _range(text: str) -> tuple[float, float]:
+    try:
+        a, b = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:END fractions like 0.6:1, got {text!r}") from None
+    return a, b
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 1,1,1, got {text!r}") from None
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 3,4,8, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="matgptq", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    q = sub.add_parser("quantize", help="quantize a HF model directory (GPTQ, RTN or a MatGPTQ parent)")
+    q.add_argument("model", help="local Hugging Face model directory (config.json + safetensors)")
+    q.add_argument("--out", required=True, help="output checkpoint directory (written atomically)")
+    q.add_argument("--method", choices=["gptq", "rtn", "matgptq"], default="gptq", help="quantization method")
+    q.add_argument("--bits", type=_ints, default=(4,), help="width (2-8); for matgptq the target set R, e.g. 3,4,8")
+    q.add_argument("--master-bits", type=int, help="matgptq: master width c of the stored codes (default max of --bits)")
+    q.add_argument("--bit-weights", type=_floats, help="matgptq: weight λ_r per target width, same order as --bits")
+    q.add_argument("--group-size", type=int, default=-1, help="columns per scale group; -1 = one group per output row")
+    sym = q.add_mutually_exclusive_group()
+    sym.add_argument("--sym", dest="sym", action="store_true", default=True, help="symmetric grid (default)")
+    sym.add_argument("--asym", dest="sym", action="store_false", help="asymmetric grid with an integer zero point")
+    q.add_argument("--act-order", action="store_true", help="quantize columns by decreasing Hessian diagonal")
+    q.add_argument("--static-groups", action="store_true", help="with --act-order: groups fixed before reordering")
+    q.add_argument("--mse", action="store_true", help="search the scale on a shrink grid (min L2.4 error)")
+    q.add_argument("--damp", type=float, default=0.01, help="relative Hessian damping (retried x10 if needed)")
+    q.add_argument("--block-size", type=int, default=128, help="GPTQ lazy-update block size")
+    q.add_argument("--no-true-sequential", dest="true_sequential", action="store_false",
+                   help="quantize all Linears of a block from the same inputs")  # fmt: skip
+    q.add_argument("--calib", required=True, help="calibration text file (UTF-8)")
+    q.add_argument("--calib-range", type=_range, default=(0.0, 1.0), help="character range START:END of --calib")
+    q.add_argument("--nsamples", type=int, default=128, help="number of calibration windows")
+    q.add_argument("--seqlen", type=int, default=256, help="tokens per calibration window")
+    q.add_argument("--seed", type=int, default=0, help="seed for drawing the windows")
+    q.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    q.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    e = sub.add_parser("eval", help="perplexity (and KL to a reference) of a model, checkpoint or parent widths")
+    e.add_argument("model", help="unquantized model dir, matgptq checkpoint/parent, or GPTQ checkpoint")
+    e.add_argument("--text", required=True, help="evaluation text file (UTF-8)")
+    e.add_argument("--text-range", type=_range, default=(0.0, 1.0), help="character range START:END of --text")
+    e.add_argument("--seqlen", type=int, default=256, help="tokens per non-overlapping window")
+    e.add_argument("--max-tokens", type=int, help="use only the first N tokens of the text")
+    e.add_argument("--bits", help="widths to evaluate from a parent (e.g. 3,4,6,8) or a mix JSON file")
+    e.add_argument("--kl-to", help="unquantized reference model directory: also report KL(reference || model)")
+    e.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
+    e.add_argument("--json", help="write the results as JSON to this file")
+
+    s = sub.add_parser("slice", help="write a standalone r-bit checkpoint (only the r-bit data) from a parent")
+    s.add_argument("parent", help="matgptq parent checkpoint directory")
+    s.add_argument("--bits", type=int, required=True, help="slice width r (2..master)")
+    s.add_argument("--out", required=True, help="output checkpoint directory")
+    s.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+
+    from .export.cli import add_export_parser
+
+    add_export_parser(sub)
+    return p
+
+
+def cmd_quantize(a: argparse.Namespace) -> None:
+    from .api import quantize
+    from .report import format_table
+
+    t0 = time.perf_counter()
+    out, reports = quantize(
+        a.model, a.out, calib=a.calib, method=a.method, bits=a.bits, master_bits=a.master_bits,
+        bit_weights=a.bit_weights, calib_range=a.calib_range, nsamples=a.nsamples, seqlen=a.seqlen, seed=a.seed,
+        overwrite=a.overwrite, progress=not a.quiet, group_size=a.group_size, sym=a.sym, act_order=a.act_order,
+        static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
+        true_sequential=a.true_sequential,
+    )  # fmt: skip
+    widths = sorted({r for rep in reports for r in rep.rel_error})
+    rows = [[f"{r}-bit", len(reports), sum(rep.rel_error[r] for rep in reports) / len(reports),
+             max(rep.rel_error[r] for rep in reports)] for r in widths]  # fmt: skip
+    if rows:
+        print(format_table(["width", "layers", "mean rel. output error", "max"], rows))
+    print(f"wrote {out} ({len(reports)} layers, {time.perf_counter() - t0:.1f} s)")
+
+
+def cmd_eval(a: argparse.Namespace) -> None:
+    from .calibration import eval_windows, read_text, tokenize
+    from .evaluate import kl_divergence, perplexity, reference_logprobs
+    from .hf import load_tokenizer
+    from .report import format_table
+    from .runtime import load, set_bits
+
+    tokens = tokenize(load_tokenizer(a.model), read_text(a.text, a.text_range))
+    windows = eval_windows(tokens, a.seqlen, a.max_tokens)
+    ref = None
+    if a.kl_to:
+        ref = reference_logprobs(load(a.kl_to), windows, a.batch_size)
+    bits_list: list = [None]
+    if a.bits:
+        bits_list = [a.bits] if not all(b.strip().isdigit() for b in a.bits.split(",")) else [int(b) for b in a.bits.split(",")]
+    model = load(a.model, bits=bits_list[0])
+    results = []
+    for bits in bits_list:
+        if bits is not None:
+            set_bits(model, bits)
+        row = {"model": a.model, "bits": _bits_label(model, bits), "tokens": int(windows.numel()),
+               "ppl": perplexity(model, windows, a.batch_size, progress=True)}  # fmt: skip
+        if ref is not None:
+            row["kl"] = kl_divergence(model, windows, ref, a.batch_size)
+        results.append(row)
+    headers = ["model", "bits", "tokens", "ppl"] + (["kl"] if ref is not None else [])
+    print(format_table(headers, [[r[h] for h in headers] for r in results]))
+    if a.json:
+        from .fsutil import atomic_output
+
+        with atomic_output(a.json, overwrite=True, directory=False) as f:
+            f.write_text(json.dumps({"text": a.text, "text_range": list(a.text_range), "seqlen": a.seqlen,
+                                     "results": results}, indent=2))  # fmt: skip
+
+
+def _bits_label(model, bits) -> str:
+    state = getattr(model, "matgptq", None)
+    if state is None:
+        return "fp" if bits is None else str(bits)
+    widths = list(state.bits.values())
+    if len(set(widths)) == 1:
+        return str(widths[0])
+    return f"mix {sum(widths) / len(widths):.2f} avg"
+
+
+def cmd_slice(a: argparse.Namespace) -> None:
+    from .checkpoint import read_checkpoint, save_checkpoint
+
+    ckpt = read_checkpoint(a.parent)
+    if ckpt.layers and next(iter(ckpt.layers.values())).shift:
+        raise UserError(f"{a.parent} is already a slice; slice the parent checkpoint")
+    try:
+        layers = {n: q.slice(a.bits) for n, q in ckpt.layers.items()}
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    meta = {k: v for k, v in ckpt.meta.items() if k not in ("stored_bits", "shift", "layers", "format", "format_version", "slicing")}
+    meta["sliced_from"] = str(Path(a.parent).resolve())
+    save_checkpoint(a.out, ckpt.config, ckpt.tensors, layers, meta, a.parent, a.overwrite)
+    size = sum(f.stat().st_size for f in Path(a.out).glob("*.safetensors"))
+    print(f"wrote {a.out}: {a.bits}-bit slice, {size / 1e6:.2f} MB of tensors")
+
+
+def main(argv: list[str] | None = None) -> int:
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    args = build_parser().parse_args(argv)
+    try:
+        {"quantize": cmd_quantize, "eval": cmd_eval, "slice": cmd_slice}.get(args.command, _export)(args)
+    except UserError as e:
+        print(f"matgptq: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("matgptq: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _export(a: argparse.Namespace) -> None:
+    from .export.cli import cmd_export
+
+    cmd_export(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Typed, validated quantization settings shared by the solver, the pipeline and the checkpoint metadata."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+from .errors import UserError
+
+
+class Method(str, Enum):
+    GPTQ = "gptq"  # GPTQ (Frantar et al. 2022; seed 001, Algorithm 2), one width
+    RTN = "rtn"  # round-to-nearest on the same grid, no error feedback
+    MATGPTQ = "matgptq"  # multi-precision GPTQ (seed 001, Algorithms 1 + 2)
+
+
+MIN_BITS, MAX_BITS = 2, 8
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Everything that determines the quantized weights (besides the model and the calibration data).
+
+    `bits` is the width of the stored codes: for MatGPTQ the master width c. `target_bits` is the set R of widths
+    the codes are optimised for (always contains `bits`; `(bits,)` for GPTQ/RTN) and `bit_weights` the λ_r.
+    """
+
+    method: Method = Method.GPTQ
+    bits: int = 4
+    group_size: int = -1
+    sym: bool = True
+    act_order: bool = False
+    static_groups: bool = False
+    mse: bool = False
+    damp: float = 0.01
+    block_size: int = 128
+    true_sequential: bool = True
+    target_bits: tuple[int, ...] = ()
+    bit_weights: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", Method(self.method))
+        if not MIN_BITS <= self.bits <= MAX_BITS:
+            raise UserError(f"bits must be between {MIN_BITS} and {MAX_BITS}, got {self.bits}")
+        if self.group_size == 0 or self.group_size < -1:
+            raise UserError(f"group size must be -1 (per output channel) or positive, got {self.group_size}")
+        if not 0 < self.damp <= 1:
+            raise UserError(f"damping must be in (0, 1] (relative to mean(diag H)), got {self.damp}")
+        if self.block_size < 1:
+            raise UserError(f"block size must be positive, got {self.block_size}")
+        if self.static_groups and not self.act_order:
+            raise UserError("--static-groups only changes act-order quantization; add --act-order or drop it")
+        targets = tuple(sorted(set(self.target_bits))) if self.target_bits else (self.bits,)
+        if self.method is not Method.MATGPTQ and targets != (self.bits,):
+            raise UserError(f"method {self.method.value} quantizes one width; use --method matgptq for several")
+        for r in targets:
+            if not MIN_BITS <= r <= self.bits:
+                raise UserError(f"target width {r} must be between {MIN_BITS} and the master width {self.bits}")
+        if self.bits not in targets:
+            raise UserError(f"the master width {self.bits} must be one of the target widths {list(targets)}")
+        if self.bit_weights and len(self.bit_weights) != len(self.target_bits):
+            raise UserError(
+                f"got {len(self.bit_weights)} bit weights for {len(self.target_bits)} target widths; give one per width"
+            )
+        weights = dict(zip(self.target_bits, self.bit_weights)) if self.bit_weights else {}
+        lambdas = tuple(float(weights.get(r, 1.0)) for r in targets)
+        if any(not (w > 0) for w in lambdas):
+            raise UserError(f"bit weights must be positive, got {list(self.bit_weights)}")
+        object.__setattr__(self, "target_bits", targets)
+        object.__setattr__(self, "bit_weights", lambdas)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["method"] = self.method.value
+        d["target_bits"] = list(self.target_bits)
+        d["bit_weights"] = list(self.bit_weights)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "QuantConfig":
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class CalibConfig:
+    """Where the calibration windows come from (recorded so a run can be reproduced bit-exactly)."""
+
+    path: str | None = None
+    text_range: tuple[float, float] = (0.0, 1.0)
+    nsamples: int = 128
+    seqlen: int = 256
+    seed: int = 0
+    sha256: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.nsamples < 1:
+            raise UserError(f"--nsamples must be at least 1, got {self.nsamples}")
+        if self.seqlen < 2:
+            raise UserError(f"--seqlen must be at least 2, got {self.seqlen}")
+        a, b = self.text_range
+        if not 0.0 <= a < b <= 1.0:
+            raise UserError(f"text range must satisfy 0 <= start < end <= 1, got {a}:{b}")

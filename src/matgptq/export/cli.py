@@ -1,0 +1,31 @@
+"""`matgptq export`: the command-line entry for every export format."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import UserError
+
+
+def add_export_parser(sub) -> None:
+    x = sub.add_parser("export", help="export a parent or quantized checkpoint as GPTQ (v1/v2) or GGUF")
+    x.add_argument("src", help="matgptq parent/slice or quantized checkpoint directory")
+    x.add_argument("--format", required=True, choices=["gptq_v1", "gptq_v2", "gguf"], help="target format")
+    x.add_argument("--bits", type=int, help="slice width to export (default: the stored width)")
+    x.add_argument("--bits-config", help="JSON {layer: bits} per-layer mix (e.g. from a search)")
+    x.add_argument("--type", default="auto", help="gguf: block type (auto|q4_0|q4_1|q5_0|q5_1|q8_0|q2_k|q3_k|q6_k)")
+    x.add_argument("--out", required=True, help="output directory (GPTQ) or .gguf file")
+    x.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+
+
+def cmd_export(a: argparse.Namespace) -> None:
+    if a.bits is not None and a.bits_config is not None:
+        raise UserError("give either --bits or --bits-config, not both")
+    if a.format == "gguf":
+        from .gguf import export_gguf_cli
+
+        export_gguf_cli(a)
+    else:
+        from .gptq import export_gptq_cli
+
+        export_gptq_cli(a)

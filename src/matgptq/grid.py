@@ -1,0 +1,91 @@
+"""The integer quantization grid shared by RTN, GPTQ and MatGPTQ: scale/zero search and code rounding.
+
+Grid (formats.md §1.5, GPTQ's `Quantizer`): per group of weights w with b-bit codes, maxq = 2^b − 1,
+  xmin = min(min w, 0), xmax = max(max w, 0)            (the range always contains 0)
+  sym:  s = 2·max(|xmin|, xmax) / maxq,  z = 2^(b−1)
+  asym: s = (xmax − xmin) / maxq,        z = round(−xmin / s) ∈ [0, maxq]
+  code q = clamp(round(w / s) + z, 0, maxq),  w ≈ s · (q − z)        (round = half to even, as torch/GPTQ)
+Scales are rounded to float16 *before* codes are chosen, so every exported format (GPTQ fp16 scales, GGUF fp16 block
+scales) holds exactly the weights this project evaluated; s·(q − z) is then exact in float32.
+MSE search (`mse=True`, the shrink grid of IST-DASLab/gptq): try ranges p·[xmin, xmax] for p = 1, 0.99, …, 0.21 and
+keep, per group, the one with the smallest Σ|ŵ − w|^2.4.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+MSE_GRID = 100
+MSE_MAX_SHRINK = 0.8
+MSE_NORM = 2.4
+
+
+class Rounding(Protocol):
+    """How codes are chosen on a grid and which error is fed back; see NearestRounding and multibit.MatryoshkaRounding."""
+
+    bits: int
+
+    def codes(self, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor: ...
+
+    def residual(self, w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+        """The error GPTQ propagates to later columns (w − ŵ, or a mean over slices)."""
+        ...
+
+    def loss(self, w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, norm: float) -> torch.Tensor:
+        """Σ over the last axis of |w − ŵ|^norm (weighted over slices for MatGPTQ), used by the MSE scale search."""
+        ...
+
+
+class NearestRounding:
+    """Plain round-to-nearest on a b-bit grid (GPTQ, RTN)."""
+
+    def __init__(self, bits: int) -> None:
+        self.bits = bits
+        self.maxq = (1 << bits) - 1
+
+    def codes(self, w, scale, zero):
+        return torch.clamp(torch.round(w / scale) + zero, 0, self.maxq)
+
+    def residual(self, w, codes, scale, zero):
+        return w - scale * (codes - zero)
+
+    def loss(self, w, codes, scale, zero, norm):
+        return (w - scale * (codes - zero)).abs_().pow_(norm).sum(-1)
+
+
+def minmax_params(w: torch.Tensor, bits: int, sym: bool, shrink: float | torch.Tensor = 1.0):
+    """Scale and zero for each row of `w` ([rows, n]) from its (shrunk) range; scale float16-representable, > 0."""
+    maxq = (1 << bits) - 1
+    xmin = torch.clamp(w.min(dim=-1).values, max=0) * shrink
+    xmax = torch.clamp(w.max(dim=-1).values, min=0) * shrink
+    if sym:
+        amax = torch.maximum(-xmin, xmax)
+        scale = 2 * amax / maxq
+    else:
+        scale = (xmax - xmin) / maxq
+    scale = scale.to(torch.float16).to(w.dtype)
+    scale = torch.where((scale > 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
+    if sym:
+        zero = torch.full_like(scale, float(1 << (bits - 1)))
+    else:
+        zero = torch.clamp(torch.round(-xmin / scale), 0, maxq)
+    return scale, zero
+
+
+def find_params(w: torch.Tensor, rounding: Rounding, sym: bool, mse: bool):
+    """Per-row (scale, zero) for `w` [rows, n]: min-max, or the MSE shrink-grid search under `rounding`."""
+    scale, zero = minmax_params(w, rounding.bits, sym)
+    if not mse:
+        return scale, zero
+    best = torch.full_like(scale, float("inf"))
+    for i in range(int(MSE_MAX_SHRINK * MSE_GRID)):
+        s1, z1 = minmax_params(w, rounding.bits, sym, shrink=1 - i / MSE_GRID)
+        s1c, z1c = s1.unsqueeze(-1), z1.unsqueeze(-1)
+        err = rounding.loss(w, rounding.codes(w, s1c, z1c), s1c, z1c, MSE_NORM)
+        better = err < best
+        best = torch.where(better, err, best)
+        scale = torch.where(better, s1, scale)
+        zero = torch.where(better, z1, zero)
+    return scale, zero

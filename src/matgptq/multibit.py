@@ -1,0 +1,103 @@
+"""MatGPTQ's multi-precision code choice (seed 001, Algorithm 1) with an exact fast search.
+
+For a weight w with master scale s and zero z, Algorithm 1 picks the master code
+
+    q* = argmin_{q ∈ [0, 2^c−1]}  Σ_{r∈R} λ_r (w − deq_r(q))²,   deq_r(q) = s·(D_r(q) − z),  D_r(q) = S(q, r)·2^(c−r)
+
+by enumerating all 2^c codes (`brute_force_codes`), ties to the lowest q. Writing u = w/s + z (the weight's
+position on the master grid), the objective is s²·(Λu² − 2u·A_q + B_q) with Λ = Σλ_r, A_q = Σλ_r D_r(q),
+B_q = Σλ_r D_r(q)²: up to terms independent of q it is the line B_q − 2u·A_q. So q*(u) is the lower envelope of 2^c
+lines — a step function of u alone, with breakpoints computed once per (c, R, λ). `MatryoshkaRounding.codes` looks u
+up among those breakpoints (binary search) and then evaluates the true objective, with the same float arithmetic
+as the brute force, on the envelope code and its two neighbours, so float rounding near a breakpoint resolves
+exactly as the enumeration would. 3 candidates instead of 2^c.
+
+The error fed back to later columns is the unweighted mean over R of (w − deq_r(q)) (Algorithm 2; λ only steers the
+choice of q).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from .slicing import position_table
+
+
+def multibit_loss(w, codes, scale, zero, table: torch.Tensor, lambdas: torch.Tensor, norm: float = 2.0):
+    """Σ_r λ_r |w − s·(D_r(q) − z)|^norm, elementwise over `codes` (the objective both searches evaluate).
+
+    `table` is D transposed, [2^c, |R|]; w, scale and zero broadcast against `codes`.
+    """
+    pos = table.index_select(0, codes.reshape(-1).long()).view(*codes.shape, -1).to(w.dtype)
+    diff = w.unsqueeze(-1) - scale.unsqueeze(-1) * (pos - zero.unsqueeze(-1) if torch.is_tensor(zero) else pos - zero)
+    err = diff * diff if norm == 2.0 else diff.abs().pow(norm)
+    return (err * lambdas.to(w.dtype)).sum(-1)
+
+
+def brute_force_codes(w, scale, zero, master_bits: int, widths: tuple[int, ...], lambdas: tuple[float, ...]):
+    """Algorithm 1 as written: try every master code, keep the first minimiser. Reference for tests and benchmarks."""
+    table = position_table(master_bits, widths).T.contiguous()
+    all_codes = torch.arange(1 << master_bits).expand(*w.shape, -1)
+    expand = lambda t: t.unsqueeze(-1) if torch.is_tensor(t) and t.dim() else t  # noqa: E731
+    loss = multibit_loss(expand(w), all_codes, expand(scale), expand(zero), table, torch.tensor(lambdas))
+    return loss.argmin(dim=-1).to(w.dtype)  # first minimiser = lowest code on ties
+
+
+@lru_cache(maxsize=64)
+def envelope(master_bits: int, widths: tuple[int, ...], lambdas: tuple[float, ...]):
+    """Codes on the lower envelope of the lines B_q − 2u·A_q (ascending u) and the breakpoints between them.
+
+    Returns (codes int64 [m], breaks float64 [m−1]): q*(u) = codes[i] for breaks[i−1] < u ≤ breaks[i]; at a breakpoint
+    the lower code wins, as in the enumeration.
+    """
+    pos = position_table(master_bits, widths).double()
+    lam = torch.tensor(lambdas, dtype=torch.float64).unsqueeze(1)
+    a = (lam * pos).sum(0).tolist()  # non-decreasing in q, since every D_r is
+    b = (lam * pos * pos).sum(0).tolist()
+
+    def cross(i: int, j: int) -> float:  # u where lines i and j (a[j] > a[i]) are equal
+        return (b[j] - b[i]) / (2.0 * (a[j] - a[i]))
+
+    hull: list[int] = []
+    for q in range(len(a)):
+        if hull and a[q] == a[hull[-1]]:
+            if b[q] >= b[hull[-1]]:
+                continue  # parallel and not lower: never strictly better
+            hull.pop()
+        while len(hull) >= 2 and cross(hull[-1], q) <= cross(hull[-2], hull[-1]):
+            hull.pop()  # the middle line is never the unique minimiser
+        hull.append(q)
+    breaks = [cross(hull[t], hull[t + 1]) for t in range(len(hull) - 1)]
+    return torch.tensor(hull, dtype=torch.int64), torch.tensor(breaks, dtype=torch.float64)
+
+
+class MatryoshkaRounding:
+    """Rounding for MatGPTQ: master codes jointly good for every width in R (see module docstring)."""
+
+    def __init__(self, master_bits: int, widths: tuple[int, ...], lambdas: tuple[float, ...]) -> None:
+        self.bits = master_bits
+        self.widths, self.lambdas = tuple(widths), tuple(lambdas)
+        table = position_table(master_bits, self.widths)
+        self.table = table.T.contiguous()  # [2^c, |R|]
+        self.lambda_t = torch.tensor(self.lambdas)
+        self.mean_pos = table.double().mean(0).float()  # (1/|R|) Σ_r D_r(q): for the propagated error
+        self.env_codes, breaks = envelope(master_bits, self.widths, self.lambdas)
+        self.env_breaks = breaks.float()
+        self.offsets = torch.tensor([-1, 0, 1])
+
+    def codes(self, w, scale, zero):
+        u = (w / scale + zero).float()
+        idx = torch.searchsorted(self.env_breaks, u)
+        cand_idx = (idx.unsqueeze(-1) + self.offsets).clamp_(0, len(self.env_codes) - 1)
+        cand = self.env_codes.take(cand_idx)  # [*w.shape, 3], ascending along the last axis
+        expand = lambda t: t.unsqueeze(-1) if torch.is_tensor(t) and t.dim() else t  # noqa: E731
+        loss = multibit_loss(w.unsqueeze(-1), cand, expand(scale), expand(zero), self.table, self.lambda_t)
+        return cand.gather(-1, loss.argmin(dim=-1, keepdim=True)).squeeze(-1).to(w.dtype)
+
+    def residual(self, w, codes, scale, zero):
+        return w - scale * (self.mean_pos.take(codes.long()).to(w.dtype) - zero)
+
+    def loss(self, w, codes, scale, zero, norm):
+        return multibit_loss(w, codes, scale, zero, self.table, self.lambda_t, norm).sum(-1)

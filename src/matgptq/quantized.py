@@ -1,0 +1,51 @@
+"""`QuantizedWeight`: the integer form of one Linear weight, shared by checkpoints, slicing, runtime and exports.
+
+    W[n, k] = scale[n, g] · (code[n, k] · 2^shift − zero[n, g]),   g = g_idx[k]
+
+A GPTQ/RTN layer and a MatGPTQ parent have shift = 0. An r-bit slice of a c-bit parent keeps the parent's scale and
+zero and has codes S(q, r) with shift = c − r (slicing.py), so every slice is exact, including asymmetric ones whose
+zero is not a multiple of 2^(c−r). Scales are float16 values; the product above is exact in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .slicing import slice_codes
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    codes: torch.Tensor  # uint8 [N, K] (out, in), original column order
+    scales: torch.Tensor  # float16 [N, G]
+    zeros: torch.Tensor  # uint8 [N, G], on the master grid
+    g_idx: torch.Tensor  # int32 [K]
+    bits: int  # width of `codes`
+    shift: int = 0
+    perm: torch.Tensor | None = None  # act-order processing order (informational; g_idx already encodes groups)
+
+    @property
+    def master_bits(self) -> int:
+        return self.bits + self.shift
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)  # type: ignore[return-value]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        idx = self.g_idx.long()
+        scale = self.scales.float()[:, idx]
+        zero = self.zeros.float()[:, idx]
+        return (scale * (self.codes.float() * float(1 << self.shift) - zero)).to(dtype)
+
+    def slice(self, bits: int) -> "QuantizedWeight":
+        """The r-bit slice of this (parent) weight; r == bits returns self."""
+        if bits == self.bits:
+            return self
+        if self.shift:
+            raise ValueError(f"this weight is already a {self.bits}-bit slice; slice the parent instead")
+        if not 2 <= bits <= self.bits:
+            raise ValueError(f"cannot slice {bits} bits out of a {self.bits}-bit parent (use 2..{self.bits})")
+        return replace(self, codes=slice_codes(self.codes, self.bits, bits), bits=bits, shift=self.bits - bits)

@@ -1,0 +1,153 @@
+"""GPTQ and RTN on one weight matrix: pure functions from (W, H, settings) to integer codes, scales and zeros.
+
+GPTQ (Frantar et al. 2022; seed 001 Algorithm 2; IST-DASLab/gptq `fasterquant`): with the layer Hessian
+H = (2/n) Σ x xᵀ, columns are quantized one at a time in a fixed order and each column's error e_j = (w_j − ŵ_j) / U_jj
+is pushed onto the not-yet-quantized columns, W_{:, j:} −= e_j U_{j, j:}, where U is the upper Cholesky factor of
+(H + δ·mean(diag H)·I)⁻¹. Updates inside a block of `block_size` columns are applied at once ("lazy batch"); group
+parameters are computed from the *current* (fully updated) weights when a group starts, so the result equals the
+plain column-by-column algorithm. MatGPTQ differs only in the `Rounding` (multibit.MatryoshkaRounding): how a column's
+codes are chosen and which error is propagated.
+
+act-order (`desc_act`): columns are processed by decreasing diag(H); groups are formed in that order (g_idx[k] =
+position of k in the order // g) unless `static_groups`, where parameters come from contiguous column ranges of the
+original weights before any update (g_idx[k] = k // g). A ragged last group (K not a multiple of g) is allowed.
+Dead inputs (diag H = 0) get H_kk = 1 and zero weights. If the damped Hessian is not positive definite, damping is
+retried ×10 up to 1.0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .errors import UserError
+from .grid import Rounding, find_params
+
+
+@dataclass
+class QuantResult:
+    """Codes in original column order; one (scale, zero) per output row and group; g_idx maps columns to groups."""
+
+    codes: torch.Tensor  # uint8 [N, K]
+    scales: torch.Tensor  # float16 [N, G]
+    zeros: torch.Tensor  # uint8 [N, G]
+    g_idx: torch.Tensor  # int32 [K]
+    perm: torch.Tensor | None  # int64 [K] processing order (act-order), or None
+    damp: float  # relative damping actually used (GPTQ), 0 for RTN
+
+
+def _to_result(codes, scales, zeros, g_idx, perm, damp) -> QuantResult:
+    return QuantResult(
+        codes=codes.round().to(torch.uint8),
+        scales=scales.to(torch.float16),
+        zeros=zeros.round().to(torch.uint8),
+        g_idx=g_idx.to(torch.int32),
+        perm=perm,
+        damp=damp,
+    )
+
+
+def _group_bounds(k: int, group_size: int) -> list[tuple[int, int]]:
+    g = k if group_size == -1 else group_size
+    return [(a, min(a + g, k)) for a in range(0, k, g)]
+
+
+def _static_params(w: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, mse: bool):
+    """Parameters for contiguous column groups of `w` ([N, K] → scales, zeros [N, G])."""
+    pairs = [find_params(w[:, a:b], rounding, sym, mse) for a, b in _group_bounds(w.shape[1], group_size)]
+    return torch.stack([p[0] for p in pairs], 1), torch.stack([p[1] for p in pairs], 1)
+
+
+def rtn_quantize(weight: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, mse: bool = False) -> QuantResult:
+    """Round-to-nearest with the same grid as GPTQ and contiguous groups."""
+    w = weight.to(torch.promote_types(weight.dtype, torch.float32))
+    scales, zeros = _static_params(w, rounding, group_size, sym, mse)
+    g_idx = torch.arange(w.shape[1]) // (w.shape[1] if group_size == -1 else group_size)
+    codes = rounding.codes(w, scales[:, g_idx], zeros[:, g_idx])
+    return _to_result(codes, scales, zeros, g_idx, None, 0.0)
+
+
+def inverse_hessian_factor(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
+    """Upper Cholesky factor of (H + δ·mean(diag H)·I)⁻¹, increasing δ ×10 (up to 1) until H is positive definite."""
+    mean_diag = torch.diag(h).mean()
+    eye = torch.eye(h.shape[0], dtype=h.dtype)
+    while True:
+        chol, info = torch.linalg.cholesky_ex(h + damp * mean_diag * eye)
+        if info.item() == 0:
+            hinv = torch.cholesky_inverse(chol)
+            upper, info = torch.linalg.cholesky_ex(hinv, upper=True)
+            if info.item() == 0 and torch.isfinite(upper).all():
+                return upper, damp
+        if damp >= 1.0:
+            raise UserError("the Hessian is not positive definite even with damping 1.0; check the calibration data")
+        damp = min(damp * 10, 1.0)
+
+
+def gptq_quantize(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    rounding: Rounding,
+    *,
+    group_size: int = -1,
+    sym: bool = True,
+    act_order: bool = False,
+    static_groups: bool = False,
+    mse: bool = False,
+    damp: float = 0.01,
+    block_size: int = 128,
+) -> QuantResult:
+    """GPTQ on `weight` [N, K] with Hessian [K, K]. Computes in float32 (or float64 if given float64)."""
+    dtype = torch.promote_types(weight.dtype, torch.float32)
+    w = weight.to(dtype).clone()
+    h = hessian.to(dtype).clone()
+    n_rows, k = w.shape
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1
+    w[:, dead] = 0
+
+    if static_groups:
+        static_scales, static_zeros = _static_params(w, rounding, group_size, sym, mse)
+    perm = None
+    if act_order:
+        perm = torch.argsort(torch.diag(h), descending=True, stable=True)
+        w, h = w[:, perm], h[perm][:, perm]
+    order = perm if perm is not None else torch.arange(k)
+    u, damp = inverse_hessian_factor(h, damp)
+
+    g = k if group_size == -1 else group_size
+    n_groups = math.ceil(k / g)
+    codes = torch.zeros_like(w)
+    scales = torch.zeros(n_rows, n_groups, dtype=dtype)
+    zeros = torch.zeros(n_rows, n_groups, dtype=dtype)
+    g_idx = torch.zeros(k, dtype=torch.int64)
+    scale = zero = None
+    for b0 in range(0, k, block_size):
+        b1 = min(b0 + block_size, k)
+        w1, err1, u1 = w[:, b0:b1].clone(), torch.zeros(n_rows, b1 - b0, dtype=dtype), u[b0:b1, b0:b1]
+        for i in range(b1 - b0):
+            j = b0 + i
+            if static_groups:
+                gid = int(order[j]) // g
+                scale, zero = static_scales[:, gid], static_zeros[:, gid]
+            elif j % g == 0:
+                gid = j // g
+                # current weights of columns j..j+g: inside the block from w1, beyond it with the pending lazy update
+                tail = w[:, b1 : j + g] - err1[:, :i] @ u[b0:j, b1 : j + g]
+                scale, zero = find_params(torch.cat([w1[:, i : i + g], tail], 1), rounding, sym, mse)
+                scales[:, gid], zeros[:, gid] = scale, zero
+            g_idx[order[j]] = gid
+            col = w1[:, i]
+            q = rounding.codes(col, scale, zero)
+            codes[:, j] = q
+            e = rounding.residual(col, q, scale, zero) / u1[i, i]
+            w1[:, i:].addr_(e, u1[i, i:], alpha=-1)
+            err1[:, i] = e
+        w[:, b1:].addmm_(err1, u[b0:b1, b1:], alpha=-1)
+
+    if static_groups:
+        scales, zeros = static_scales, static_zeros
+    if perm is not None:
+        codes = codes[:, torch.argsort(perm)]
+    return _to_result(codes, scales, zeros, g_idx, perm, damp)

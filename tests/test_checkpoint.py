@@ -1,0 +1,73 @@
+"""Checkpoint write/read round trips bit-exactly; bit packing; atomic writes."""
+
+import json
+
+import pytest
+import torch
+
+from matgptq.checkpoint import pack_bits, read_checkpoint, save_checkpoint, unpack_bits
+from matgptq.errors import UserError
+from matgptq.quantized import QuantizedWeight
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])
+def test_pack_bits_round_trip_and_size(bits):
+    codes = torch.randint(0, 2**bits, (5, 43), dtype=torch.uint8)
+    packed = pack_bits(codes, bits)
+    assert packed.shape == (5, -(-43 * bits // 8))
+    assert torch.equal(unpack_bits(packed, bits, 43), codes)
+    # the stream is little-endian: code 0 is in the low bits of byte 0
+    one = torch.zeros(1, 8, dtype=torch.uint8)
+    one[0, 0] = 1
+    assert int(pack_bits(one, bits)[0, 0]) == 1
+
+
+def _weight(bits, act_order):
+    gen = torch.Generator().manual_seed(bits)
+    perm = torch.randperm(40, generator=gen) if act_order else None
+    return QuantizedWeight(
+        codes=torch.randint(0, 2**bits, (12, 40), generator=gen, dtype=torch.uint8),
+        scales=torch.rand(12, 3, generator=gen).half(),
+        zeros=torch.randint(0, 2**bits, (12, 3), generator=gen, dtype=torch.uint8),
+        g_idx=torch.randint(0, 3, (40,), generator=gen, dtype=torch.int32),
+        bits=bits,
+        perm=perm,
+    )
+
+
+def test_save_read_round_trip(tmp_path):
+    layers = {"model.layers.0.mlp.down_proj": _weight(8, True), "model.layers.0.mlp.up_proj": _weight(8, False)}
+    tensors = {"model.norm.weight": torch.randn(12)}
+    save_checkpoint(tmp_path / "ck", {"model_type": "llama"}, tensors, layers, {"quantization": {"bits": 8}}, None)
+    ck = read_checkpoint(tmp_path / "ck")
+    for name, q in layers.items():
+        r = ck.layers[name]
+        assert torch.equal(r.codes, q.codes) and torch.equal(r.scales, q.scales) and torch.equal(r.zeros, q.zeros)
+        assert torch.equal(r.g_idx, q.g_idx) and r.bits == 8
+        assert (r.perm is None) == (q.perm is None) and (q.perm is None or torch.equal(r.perm, q.perm))
+        assert torch.equal(r.dequantize(), q.dequantize())
+    assert torch.equal(ck.tensors["model.norm.weight"], tensors["model.norm.weight"])
+    config = json.loads((tmp_path / "ck" / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "matgptq"
+
+
+def test_slice_checkpoint_is_smaller_and_exact(tmp_path):
+    parent = {"a.b": _weight(8, False)}
+    sliced = {"a.b": parent["a.b"].slice(3)}
+    save_checkpoint(tmp_path / "p", {}, {}, parent, {}, None)
+    save_checkpoint(tmp_path / "s", {}, {}, sliced, {}, None)
+    ps, ss = (tmp_path / "p/model.safetensors").stat().st_size, (tmp_path / "s/model.safetensors").stat().st_size
+    assert ss < ps
+    assert torch.equal(read_checkpoint(tmp_path / "s").layers["a.b"].dequantize(), sliced["a.b"].dequantize())
+
+
+def test_existing_output_refused_and_failed_write_leaves_nothing(tmp_path):
+    out = tmp_path / "ck"
+    out.mkdir()
+    with pytest.raises(UserError, match="--overwrite"):
+        save_checkpoint(out, {}, {}, {"x": _weight(4, False)}, {}, None)
+    bad = {"x": _weight(4, False), "y": _weight(8, False)}  # mixed widths are refused mid-write
+    with pytest.raises(ValueError):
+        save_checkpoint(tmp_path / "new", {}, {}, bad, {}, None)
+    assert not (tmp_path / "new").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["ck"]

@@ -1,0 +1,86 @@
+"""The sequential pipeline on tiny random models of every supported architecture (built here, no downloads)."""
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, OPTConfig, Phi3Config, Qwen2Config, Qwen3Config,
+)  # fmt: skip
+
+from matgptq.api import make_config
+from matgptq.errors import UserError
+from matgptq.models import arch_spec, quantized_layer_names, weight_matrix
+from matgptq.pipeline import quantize_model
+
+COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**COMMON),
+    "mistral": lambda: MistralConfig(**COMMON),
+    "qwen2": lambda: Qwen2Config(**COMMON),
+    "qwen3": lambda: Qwen3Config(**COMMON, head_dim=8),
+    "phi3": lambda: Phi3Config(**COMMON, pad_token_id=0),
+    "gpt2": lambda: GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64),
+}
+LAYERS_PER_BLOCK = {"llama": 7, "mistral": 7, "qwen2": 7, "qwen3": 7, "phi3": 4, "gpt2": 4}
+
+
+def tiny_model(kind):
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(CONFIGS[kind](), attn_implementation="eager").eval()
+
+
+def windows(n=8, length=24, vocab=96):
+    return torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_every_architecture_quantizes_every_block_linear(kind):
+    model = tiny_model(kind)
+    fp_logits = model(windows()).logits
+    spec = arch_spec(model.config.model_type)
+    layers, reports = quantize_model(model, windows(), make_config("gptq", 4, group_size=16), progress=False)
+    assert list(layers) == quantized_layer_names(model, spec)
+    assert len(layers) == 2 * LAYERS_PER_BLOCK[kind]
+    for name, q in layers.items():
+        module = model.get_submodule(name)
+        assert torch.equal(weight_matrix(module, spec), q.dequantize())  # Conv1D: stored transposed
+        assert q.codes.shape == weight_matrix(module, spec).shape
+    assert not isinstance(model.get_submodule("lm_head").weight, type(None))
+    q_logits = model(windows()).logits
+    rel = (q_logits - fp_logits).norm() / fp_logits.norm()
+    assert 0 < rel < 0.5
+    assert all(0 <= rep.rel_error[4] < 0.1 for rep in reports)
+
+
+def test_gptq_beats_rtn_on_model_output():
+    x = windows(16, 32)
+    ref = tiny_model("llama")(x).logits
+    errors = {}
+    for method in ("rtn", "gptq"):
+        model = tiny_model("llama")
+        quantize_model(model, x, make_config(method, 3), progress=False)
+        errors[method] = float((model(x).logits - ref).norm())
+    assert errors["gptq"] < errors["rtn"]
+
+
+def test_matgptq_propagates_master_width_and_reports_every_target():
+    model = tiny_model("llama")
+    cfg = make_config("matgptq", (3, 4, 8), act_order=True)
+    layers, reports = quantize_model(model, windows(), cfg, progress=False)
+    assert all(q.bits == 8 for q in layers.values())
+    assert all(set(rep.rel_error) == {3, 4, 8} for rep in reports)
+    assert all(rep.rel_error[3] > rep.rel_error[8] for rep in reports)
+
+
+def test_unknown_architecture_is_a_clear_error():
+    model = AutoModelForCausalLM.from_config(OPTConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1,
+                                                       ffn_dim=64, num_attention_heads=4, word_embed_proj_dim=32))  # fmt: skip
+    with pytest.raises(UserError, match="not supported.*ArchSpec"):
+        quantize_model(model, windows(), make_config("gptq", 4), progress=False)
+
+
+def test_nan_weights_are_refused():
+    model = tiny_model("llama")
+    model.model.layers[0].mlp.up_proj.weight.data[0, 0] = float("nan")
+    with pytest.raises(UserError, match="NaN or Inf"):
+        quantize_model(model, windows(), make_config("gptq", 4), progress=False)
