@@ -29,9 +29,11 @@ def test_fast_search_equals_brute_force(problem):
     w = torch.randn(n, generator=gen) * scale * 2 ** (c - 1) * 1.2  # includes weights beyond the grid
     w[:50] = scale[:50] * (torch.randint(0, 2**c, (50,), generator=gen) - zero[:50])  # exactly on grid points
     w[50:100] = scale[50:100] * (torch.randint(0, 2**c, (50,), generator=gen) + 0.5 - zero[50:100])  # midpoints
-    fast = MatryoshkaRounding(c, widths, lambdas).codes(w, scale, zero)
-    brute = brute_force_codes(w, scale, zero, c, widths, lambdas)
-    assert torch.equal(fast, brute)
+    rounding = MatryoshkaRounding(c, widths, lambdas)
+    assert torch.equal(rounding.codes(w, scale, zero), brute_force_codes(w, scale, zero, c, widths, lambdas))
+    # 2-D weights with one (scale, zero) per row broadcast over columns, as the MSE scale search calls it
+    w2, s2, z2 = w.view(40, 50), scale[:40].unsqueeze(1), zero[:40].unsqueeze(1)
+    assert torch.equal(rounding.codes(w2, s2, z2), brute_force_codes(w2, s2, z2, c, widths, lambdas))
 
 
 def test_ties_go_to_the_lowest_code_like_argmin():
@@ -55,7 +57,7 @@ def test_envelope_is_the_argmin_of_the_objective_on_a_fine_grid():
 
 def test_search_evaluates_far_fewer_candidates_than_brute_force():
     r = MatryoshkaRounding(8, (3, 4, 8), (1.0, 1.0, 1.0))
-    assert r.offsets.numel() * 8 <= 2**8  # 3 candidates per weight instead of 256
+    assert r.exact_lookup and r.cells_per_step <= 64  # one table cell lookup per weight (≤ 3 candidates near ties)
 
 
 def test_propagated_error_is_unweighted_mean_over_widths():

@@ -62,7 +62,7 @@ class Checkpoint:
 
     @property
     def stored_bits(self) -> int:
-        return int(self.meta["stored_bits"])
+        return max(q.bits for q in self.layers.values())
 
 
 def save_checkpoint(

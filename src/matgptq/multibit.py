@@ -8,9 +8,9 @@ by enumerating all 2^c codes (`brute_force_codes`), ties to the lowest q. Writin
 position on the master grid), the objective is s²·(Λu² − 2u·A_q + B_q) with Λ = Σλ_r, A_q = Σλ_r D_r(q),
 B_q = Σλ_r D_r(q)²: up to terms independent of q it is the line B_q − 2u·A_q. So q*(u) is the lower envelope of 2^c
 lines — a step function of u alone, with breakpoints computed once per (c, R, λ). `MatryoshkaRounding.codes` looks u
-up among those breakpoints (binary search) and then evaluates the true objective, with the same float arithmetic
-as the brute force, on the envelope code and its two neighbours, so float rounding near a breakpoint resolves
-exactly as the enumeration would. 3 candidates instead of 2^c.
+up among those breakpoints (a table of cells over u) and, only for weights within float noise of a breakpoint,
+evaluates the true objective with the same float arithmetic as the brute force on the envelope code and its two
+neighbours, so near-ties resolve exactly as the enumeration would: one table lookup (≤ 3 candidates) instead of 2^c.
 
 The error fed back to later columns is the unweighted mean over R of (w − deq_r(q)) (Algorithm 2; λ only steers the
 choice of q).
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 from .slicing import position_table
@@ -74,7 +75,17 @@ def envelope(master_bits: int, widths: tuple[int, ...], lambdas: tuple[float, ..
 
 
 class MatryoshkaRounding:
-    """Rounding for MatGPTQ: master codes jointly good for every width in R (see module docstring)."""
+    """Rounding for MatGPTQ: master codes jointly good for every width in R (see module docstring).
+
+    Lookup: u is clipped to [−1, 2^c] and cut into cells of width 1/M, M chosen so that no cell holds two breakpoints;
+    per cell we store the envelope index at its left edge and the breakpoint inside it (or +inf), so the envelope
+    index is `left[cell] + (u > brk[cell])` — two table reads (numpy fancy indexing; torch gathers are ~10× slower on
+    small CPU tensors). Weights within NEAR_TIE of a breakpoint are re-decided by evaluating the objective on the
+    neighbouring envelope codes with the same float arithmetic as the enumeration.
+    """
+
+    NEAR_TIE = 4e-4  # in units of the master grid step; float32 objective noise is far below this
+    MAX_CELLS_PER_STEP = 1 << 12
 
     def __init__(self, master_bits: int, widths: tuple[int, ...], lambdas: tuple[float, ...]) -> None:
         self.bits = master_bits
@@ -82,22 +93,47 @@ class MatryoshkaRounding:
         table = position_table(master_bits, self.widths)
         self.table = table.T.contiguous()  # [2^c, |R|]
         self.lambda_t = torch.tensor(self.lambdas)
-        self.mean_pos = table.double().mean(0).float()  # (1/|R|) Σ_r D_r(q): for the propagated error
-        self.env_codes, breaks = envelope(master_bits, self.widths, self.lambdas)
-        self.env_breaks = breaks.float()
-        self.offsets = torch.tensor([-1, 0, 1])
+        self.mean_pos = table.double().mean(0).numpy()  # (1/|R|) Σ_r D_r(q): for the propagated error
+        env_codes, breaks = envelope(master_bits, self.widths, self.lambdas)
+        self.env_codes = env_codes.numpy()
+        b = breaks.numpy()
+        self.padded_breaks = np.concatenate([[-np.inf], b, [np.inf]])  # interval i is (padded[i], padded[i+1]]
+        gap = np.diff(b).min() if len(b) > 1 else 1.0
+        cells_per_step = 1
+        while cells_per_step < self.MAX_CELLS_PER_STEP and 1.0 / cells_per_step >= gap:
+            cells_per_step *= 2
+        self.cells_per_step, self.lo, self.hi = cells_per_step, -1.0, float(1 << master_bits)
+        edges = self.lo + np.arange(int((self.hi - self.lo) * cells_per_step)) / cells_per_step
+        self.cell_left = np.searchsorted(b, edges, side="left")  # envelope index at each cell's left edge
+        inside = self.padded_breaks[self.cell_left + 1]  # first break ≥ the left edge
+        self.cell_break = np.where(inside < edges + 1.0 / cells_per_step, inside, np.inf)
+        self.exact_lookup = 1.0 / cells_per_step < gap or len(b) <= 1
+
+    def envelope_index(self, u: np.ndarray) -> np.ndarray:
+        if not self.exact_lookup:  # pathological λ with nearly coincident breakpoints
+            return np.searchsorted(self.padded_breaks[1:-1], u, side="left")
+        uc = np.clip(u, self.lo, self.hi - 1e-9)
+        cell = ((uc - self.lo) * self.cells_per_step).astype(np.int64)
+        return self.cell_left[cell] + (uc > self.cell_break[cell])
 
     def codes(self, w, scale, zero):
-        u = (w / scale + zero).float()
-        idx = torch.searchsorted(self.env_breaks, u)
-        cand_idx = (idx.unsqueeze(-1) + self.offsets).clamp_(0, len(self.env_codes) - 1)
-        cand = self.env_codes.take(cand_idx)  # [*w.shape, 3], ascending along the last axis
-        expand = lambda t: t.unsqueeze(-1) if torch.is_tensor(t) and t.dim() else t  # noqa: E731
-        loss = multibit_loss(w.unsqueeze(-1), cand, expand(scale), expand(zero), self.table, self.lambda_t)
-        return cand.gather(-1, loss.argmin(dim=-1, keepdim=True)).squeeze(-1).to(w.dtype)
+        u = (w / scale + zero).double().numpy()
+        k = self.envelope_index(u)
+        codes = self.env_codes[k]
+        near = np.minimum(u - self.padded_breaks[k], self.padded_breaks[k + 1] - u) < self.NEAR_TIE
+        if near.any():
+            codes = codes.copy()
+            at = np.nonzero(near)
+            kk = np.clip(k[at][:, None] + np.array([-1, 0, 1]), 0, len(self.env_codes) - 1)
+            cand = torch.from_numpy(self.env_codes[kk])  # ascending codes per weight
+            pick = lambda t: torch.broadcast_to(t, w.shape)[at].unsqueeze(-1) if torch.is_tensor(t) else t  # noqa: E731
+            loss = multibit_loss(pick(w), cand, pick(scale), pick(zero), self.table, self.lambda_t)
+            codes[at] = cand.gather(-1, loss.argmin(dim=-1, keepdim=True)).squeeze(-1).numpy()
+        return torch.from_numpy(codes).to(w.dtype)
 
     def residual(self, w, codes, scale, zero):
-        return w - scale * (self.mean_pos.take(codes.long()).to(w.dtype) - zero)
+        mean_pos = torch.from_numpy(self.mean_pos[codes.long().numpy()]).to(w.dtype)
+        return w - scale * (mean_pos - zero)
 
     def loss(self, w, codes, scale, zero, norm):
         return multibit_loss(w, codes, scale, zero, self.table, self.lambda_t, norm).sum(-1)

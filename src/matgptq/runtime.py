@@ -37,10 +37,9 @@ class QuantizedState:
 
 def resolve_bits(spec: BitsSpec, ckpt: Checkpoint) -> dict[str, int]:
     """Per-layer widths from an int, a {layer: bits} dict (key "*" = default) or a JSON file of either form."""
-    stored = ckpt.stored_bits
     names = list(ckpt.layers)
     if spec is None:
-        return dict.fromkeys(names, stored)
+        return {n: q.bits for n, q in ckpt.layers.items()}
     if isinstance(spec, (str, Path)) and not str(spec).isdigit():
         p = Path(spec)
         try:
@@ -61,8 +60,9 @@ def resolve_bits(spec: BitsSpec, ckpt: Checkpoint) -> dict[str, int]:
     out = {n: int(spec.get(n, spec.get("*"))) for n in names}
     master = max(q.master_bits for q in ckpt.layers.values())
     for n, r in out.items():
-        if ckpt.layers[n].shift and r != stored:
-            raise UserError(f"{ckpt.path} holds only {stored}-bit slices; load the parent to get {r} bits")
+        q = ckpt.layers[n]
+        if r != q.bits and (q.shift or q.bits != q.master_bits or r > q.bits):
+            raise UserError(f"{n} in {ckpt.path} holds only {q.bits}-bit data; load the parent to get {r} bits")
         if not 2 <= r <= master:
             raise UserError(f"cannot use {r} bits for {n}: widths 2..{master} exist in this checkpoint")
     return out

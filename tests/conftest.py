@@ -1,0 +1,58 @@
+"""Shared fixtures: paths to ../shared, tiny models built on the fly, and gating of peer-library tests.
+
+Peer libraries (GPTQModel, optimum, llama-cpp-python) are optional: tests needing one are skipped when it is missing,
+unless MATGPTQ_REQUIRE_PEERS=1 (set by CI), which turns a missing peer into a failure.
+"""
+
+import importlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+STORIES = SHARED / "models" / "stories260K"
+TINYSTORIES = SHARED / "data" / "tinystories" / "tinystories_val_head.txt"
+
+
+def require_peer(module: str):
+    """Import a peer library or skip (fail under MATGPTQ_REQUIRE_PEERS=1)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        if os.environ.get("MATGPTQ_REQUIRE_PEERS") == "1":
+            pytest.fail(f"peer library {module} is required (MATGPTQ_REQUIRE_PEERS=1) but not importable: {e}")
+        pytest.skip(f"peer library {module} not installed")
+
+
+@pytest.fixture(scope="session")
+def shared() -> Path:
+    if not SHARED.is_dir():
+        pytest.fail(f"{SHARED} is missing: the tests read ../shared beside the checkout")
+    return SHARED
+
+
+def make_tiny_llama(path: Path, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, seed=0) -> Path:
+    """A random LlamaForCausalLM with stories260K's tokenizer (vocab 512), saved as safetensors."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256,
+                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # larger-than-init weights so quantization error is visible but the model stays sane
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(5)
+    model.save_pretrained(path, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy2(STORIES / name, path / name)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "llama")

@@ -1,0 +1,359 @@
+"""GGUF export checked with gguf-py only: every tensor read back by GGUFReader + gguf.quants.dequantize (and the Q/K
+RoPE permutation undone) equals matgptq's dequantized weight — bit for bit where the report says exact, within the
+reported error elsewhere (formats.md §5–7)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+import matgptq  # noqa: E402
+from matgptq.checkpoint import read_checkpoint  # noqa: E402
+from matgptq.errors import UserError  # noqa: E402
+from matgptq.export.gguf import (  # noqa: E402
+    GGUFExportWarning,
+    export_gguf,
+    llama_qk_permutation,
+    read_gguf_weights,
+)
+
+from conftest import STORIES, TINYSTORIES, make_tiny_llama  # noqa: E402
+
+
+def _quantize(model: Path, out: Path, **kw) -> Path:
+    kw.setdefault("method", "gptq")
+    matgptq.quantize(model, out, calib=TINYSTORIES, calib_range=(0.6, 1.0), nsamples=8, seqlen=64, progress=False, **kw)
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    return {
+        "small": make_tiny_llama(root / "small"),  # hidden 64, intermediate 128: legacy 32-blocks only
+        "k256": make_tiny_llama(root / "k256", hidden=256, intermediate=256, heads=4, kv_heads=2, layers=1),
+        "odd": make_tiny_llama(root / "odd", intermediate=80, layers=1),  # down_proj in_features 80: no 32-blocks
+        "root": root,
+    }
+
+
+@pytest.fixture(scope="module")
+def parent(models):  # MatGPTQ 8-bit symmetric parent, group 32: every width is a slice
+    return _quantize(models["small"], models["root"] / "parent", method="matgptq", bits="4,8", group_size=32)
+
+
+def _reference(ckpt_dir: Path, bits) -> dict[str, np.ndarray]:
+    """matgptq's view: dequantized slices for the quantized layers, the stored tensors for the rest."""
+    ck = read_checkpoint(ckpt_dir)
+    widths = bits if isinstance(bits, dict) else {n: bits or q.bits for n, q in ck.layers.items()}
+    ref = {k: v.float().numpy() for k, v in ck.tensors.items()}
+    for n, q in ck.layers.items():
+        ref[f"{n}.weight"] = q.slice(widths.get(n, widths.get("*"))).dequantize(torch.float32).numpy()
+    return ref
+
+
+def _check_readback(path: Path, ref: dict[str, np.ndarray], rep) -> dict[str, np.ndarray]:
+    """The file, read by gguf-py, equals `ref` exactly where the report claims exactness, else within its error."""
+    back = read_gguf_weights(path)
+    assert set(back) == set(ref) - ({"lm_head.weight"} if "output.weight" not in {t.name for t in rep.tensors}
+                                    else set())  # fmt: skip
+    by_src = {t.source: t for t in rep.tensors}
+    for name, w in back.items():
+        t = by_src[name]
+        err = float(np.abs(w.astype(np.float64) - ref[name].astype(np.float64)).max())
+        assert err == pytest.approx(t.max_abs_err, rel=1e-6, abs=0), name
+        if t.exact:
+            np.testing.assert_array_equal(w, ref[name], err_msg=name)
+    return back
+
+
+# --- symmetric slices: exact legacy types -------------------------------------------------------------------------
+
+AUTO_SYM = {2: "Q4_0", 3: "Q4_0", 4: "Q4_0", 5: "Q5_0", 6: "Q8_0", 7: "Q8_0", 8: "Q8_0"}
+
+
+@pytest.mark.parametrize("bits", sorted(AUTO_SYM))
+def test_symmetric_slices_are_bit_exact(parent, tmp_path, bits):
+    rep = export_gguf(parent, tmp_path / "m.gguf", bits=bits)
+    layer_types = {t.ggml_type for t in rep.tensors if t.bits is not None}
+    assert layer_types == {AUTO_SYM[bits]}
+    assert rep.exact and rep.max_abs_err == 0.0 and not rep.warnings
+    assert {t.ggml_type for t in rep.tensors if t.bits is None} == {"F32"}
+    _check_readback(tmp_path / "m.gguf", _reference(parent, bits), rep)
+
+
+@pytest.mark.parametrize("qtype,widths", [("q4_0", (2, 3, 4)), ("q5_0", (2, 4, 5)), ("q8_0", (2, 4, 6, 8)),
+                                          ("q4_1", (3, 4)), ("q5_1", (5,))])  # fmt: skip
+def test_explicit_legacy_types_exact_for_symmetric(parent, tmp_path, qtype, widths):
+    for b in widths:
+        rep = export_gguf(parent, tmp_path / f"{b}.gguf", bits=b, qtype=qtype)
+        assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {qtype.upper()}
+        assert rep.exact, rep.table()  # sym: m = −d·2^(r−1) is exact in fp16
+        _check_readback(tmp_path / f"{b}.gguf", _reference(parent, b), rep)
+
+
+def test_q4_0_nibbles_and_scale(parent, tmp_path):
+    """The bytes themselves: d = 16·s (slice of an 8-bit parent), nibble j = code j, nibble j+16 = code j+16."""
+    export_gguf(parent, tmp_path / "m.gguf", bits=4)
+    ck = read_checkpoint(parent)
+    name = "model.layers.0.mlp.up_proj"
+    q = ck.layers[name].slice(4)
+    t = next(t for t in gguf.GGUFReader(str(tmp_path / "m.gguf")).tensors if t.name == "blk.0.ffn_up.weight")
+    raw = np.asarray(t.data).reshape(q.shape[0], -1, 18)
+    d = raw[..., :2].copy().view(np.float16)[..., 0]
+    np.testing.assert_array_equal(d, (q.scales.float() * 16).half().numpy()[:, : d.shape[1]])
+    qs = raw[..., 2:]
+    codes = q.codes.numpy().reshape(q.shape[0], -1, 32)
+    np.testing.assert_array_equal(qs & 15, codes[..., :16])
+    np.testing.assert_array_equal(qs >> 4, codes[..., 16:])
+
+
+def test_bits_config_mix(parent, tmp_path):
+    mix = {"*": 4, "model.layers.0.mlp.down_proj": 8, "model.layers.1.self_attn.q_proj": 3,
+           "model.layers.1.self_attn.k_proj": 5, "model.layers.0.mlp.gate_proj": 6}  # fmt: skip
+    (tmp_path / "mix.json").write_text(json.dumps(mix))
+    rep = export_gguf(parent, tmp_path / "m.gguf", bits_config=tmp_path / "mix.json")
+    types = {t.source: (t.bits, t.ggml_type) for t in rep.tensors}
+    assert types["model.layers.0.mlp.down_proj.weight"] == (8, "Q8_0")
+    assert types["model.layers.1.self_attn.q_proj.weight"] == (3, "Q4_0")
+    assert types["model.layers.1.self_attn.k_proj.weight"] == (5, "Q5_0")
+    assert types["model.layers.0.mlp.gate_proj.weight"] == (6, "Q8_0")
+    assert types["model.layers.1.mlp.up_proj.weight"] == (4, "Q4_0")
+    assert rep.exact and rep.file_type == "q4_0"
+    _check_readback(tmp_path / "m.gguf", _reference(parent, mix), rep)
+    meta = gguf.GGUFReader(str(tmp_path / "m.gguf")).fields
+    assert json.loads(meta["matgptq.layer_bits"].contents())["model.layers.1.self_attn.q_proj"] == 3
+    assert meta["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q4_0
+
+
+# --- K-quants -------------------------------------------------------------------------------------------------------
+
+
+def test_per_channel_k_quants_are_exact(models, tmp_path):
+    """Per-channel (one scale per 256 columns): Q2_K/Q3_K/Q6_K with sub-scale 1 hold the codes exactly."""
+    ck = _quantize(models["k256"], tmp_path / "pc", method="rtn", bits=8)
+    for bits, typ in {2: "Q2_K", 3: "Q3_K", 4: "Q4_0", 5: "Q5_0", 6: "Q6_K", 8: "Q8_0"}.items():
+        rep = export_gguf(ck, tmp_path / f"{bits}.gguf", bits=bits)
+        assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {typ}, bits
+        assert rep.exact
+        _check_readback(tmp_path / f"{bits}.gguf", _reference(ck, bits), rep)
+
+
+@pytest.mark.parametrize("qtype,bits", [("q6_k", 6), ("q6_k", 4), ("q3_k", 3), ("q3_k", 2), ("q2_k", 2)])
+def test_grouped_k_quants_keep_codes_and_report_scale_error(models, tmp_path, qtype, bits):
+    """Group 16: codes kept, per-16 scales rounded onto the K-quant grid; the reported error is the measured one."""
+    ck = tmp_path / "g16"
+    _quantize(models["k256"], ck, method="rtn", bits=8, group_size=16)
+    rep = export_gguf(ck, tmp_path / "m.gguf", bits=bits, qtype=qtype)
+    layers = [t for t in rep.tensors if t.bits is not None]
+    assert {t.ggml_type for t in layers} == {qtype.upper()} and {t.method for t in layers} == {"codes"}
+    ref = _reference(ck, bits)
+    _check_readback(tmp_path / "m.gguf", ref, rep)
+    q = read_checkpoint(ck).layers
+    for t in layers:  # well below half a quantization step of the largest group scale
+        step = float(q[t.source[: -len(".weight")]].scales.float().max()) * 2 ** (8 - bits)
+        assert 0 < t.max_abs_err < 0.25 * step, (t.name, t.max_abs_err / step)
+
+
+def test_k_quant_on_short_rows_falls_back_to_exact_legacy(parent, tmp_path):
+    with pytest.warns(GGUFExportWarning, match="fallback|not a multiple"):
+        warnings.simplefilter("always")
+        rep = export_gguf(parent, tmp_path / "m.gguf", bits=3, qtype="q3_k")  # in_features 64/128, not 256
+    assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {"Q4_0"} and rep.exact
+    assert all("fallback from Q3_K" in t.note for t in rep.tensors if t.bits is not None)
+
+
+# --- asymmetric, act-order, odd shapes ------------------------------------------------------------------------------
+
+
+def test_asymmetric(models, tmp_path):
+    g4 = _quantize(models["small"], tmp_path / "a4", bits=4, sym=False, group_size=32)
+    rep = export_gguf(g4, tmp_path / "a4.gguf")
+    layers = [t for t in rep.tensors if t.bits is not None]
+    assert {t.ggml_type for t in layers} == {"Q4_1"}
+    q = read_checkpoint(g4).layers
+    for t in layers:  # only the fp16 rounding of m = −s·z: ≤ 2^-11·|m| ≤ 15·2^-11·s
+        s = q[t.source[: -len(".weight")]].scales.float()
+        assert t.max_abs_err <= 15 * 2**-11 * float(s.max())
+    _check_readback(tmp_path / "a4.gguf", _reference(g4, None), rep)
+    exact8 = export_gguf(g4, tmp_path / "a4q8.gguf", qtype="q8_0")  # q − z in [−15, 15]: Q8_0 is exact
+    assert exact8.exact
+    _check_readback(tmp_path / "a4q8.gguf", _reference(g4, None), exact8)
+
+    g3 = _quantize(models["small"], tmp_path / "a3", method="rtn", bits=3, sym=False, group_size=64)
+    rep3 = export_gguf(g3, tmp_path / "a3.gguf")  # nibble = q + 8 − z ∈ [1, 15]
+    assert {t.ggml_type for t in rep3.tensors if t.bits is not None} == {"Q4_0"} and rep3.exact
+    _check_readback(tmp_path / "a3.gguf", _reference(g3, None), rep3)
+
+    par = _quantize(models["small"], tmp_path / "ap", method="rtn", bits=8, sym=False, group_size=32)
+    rep_s = export_gguf(par, tmp_path / "ap4.gguf", bits=4)  # fractional zero z/16 → Q4_1 with m = −s·z
+    assert {t.ggml_type for t in rep_s.tensors if t.bits is not None} == {"Q4_1"}
+    _check_readback(tmp_path / "ap4.gguf", _reference(par, 4), rep_s)
+    with pytest.raises(UserError, match="Q4_0 cannot hold"):
+        export_gguf(par, tmp_path / "x.gguf", bits=4, qtype="q4_0")
+    assert not (tmp_path / "x.gguf").exists()
+    with pytest.warns(GGUFExportWarning, match="re-quantized"):
+        rep6 = export_gguf(par, tmp_path / "ap6.gguf", bits=6)  # no type holds an asymmetric 6-bit slice
+    layers6 = [t for t in rep6.tensors if t.bits is not None]
+    assert {(t.ggml_type, t.method) for t in layers6} == {("Q8_0", "requantized")}
+    _check_readback(tmp_path / "ap6.gguf", _reference(par, 6), rep6)
+    assert all(t.rel_err <= 0.5 / 127 + 1e-6 for t in layers6)  # half a Q8_0 step of the block max
+
+
+def test_act_order(models, tmp_path):
+    ck = _quantize(models["small"], tmp_path / "ao", bits=4, group_size=32, act_order=True)
+    with pytest.warns(GGUFExportWarning, match="act-order"):
+        rep = export_gguf(ck, tmp_path / "ao.gguf")
+    layers = [t for t in rep.tensors if t.bits is not None]
+    assert {(t.ggml_type, t.method) for t in layers} == {("Q8_0", "requantized")}
+    assert not rep.exact and len(rep.warnings) == len(layers)
+    _check_readback(tmp_path / "ao.gguf", _reference(ck, None), rep)
+    assert max(t.rel_err for t in layers) <= 0.5 / 127 + 1e-6
+
+    st = _quantize(models["small"], tmp_path / "st", bits=4, group_size=32, act_order=True, static_groups=True)
+    rep_st = export_gguf(st, tmp_path / "st.gguf")  # static groups: g_idx = k // 32 → exact Q4_0
+    assert {t.ggml_type for t in rep_st.tensors if t.bits is not None} == {"Q4_0"} and rep_st.exact
+
+
+def test_in_features_not_multiple_of_32(models, tmp_path):
+    ck = _quantize(models["odd"], tmp_path / "odd", method="rtn", bits=4)
+    with pytest.warns(GGUFExportWarning, match="not a multiple of 32"):
+        rep = export_gguf(ck, tmp_path / "f32.gguf")
+    down = next(t for t in rep.tensors if t.name == "blk.0.ffn_down.weight")
+    assert (down.ggml_type, down.method, down.exact) == ("F32", "float", True)
+    assert {t.ggml_type for t in rep.tensors if t.bits is not None and t is not down} == {"Q4_0"}
+    _check_readback(tmp_path / "f32.gguf", _reference(ck, None), rep)
+    with pytest.warns(GGUFExportWarning):
+        rep16 = export_gguf(ck, tmp_path / "f16.gguf", float_type="f16", qtype="q4_0")
+    down16 = next(t for t in rep16.tensors if t.name == "blk.0.ffn_down.weight")
+    assert down16.ggml_type == "F16" and down16.rel_err < 2**-10
+    assert {t.ggml_type for t in rep16.tensors if t.bits is None} == {"F32", "F16"}  # norms F32, embeddings F16
+    _check_readback(tmp_path / "f16.gguf", _reference(ck, None), rep16)
+
+
+def test_embeddings_q8_0(parent, tmp_path):
+    rep = export_gguf(parent, tmp_path / "m.gguf", bits=4, embed_type="q8_0")
+    emb = {t.name: t for t in rep.tensors}
+    assert emb["token_embd.weight"].ggml_type == "Q8_0" and emb["output.weight"].ggml_type == "Q8_0"
+    assert emb["token_embd.weight"].method == "requantized" and emb["token_embd.weight"].rel_err < 1 / 254 + 1e-6
+    _check_readback(tmp_path / "m.gguf", _reference(parent, 4), rep)
+
+
+# --- metadata, tokenizer, permutation -------------------------------------------------------------------------------
+
+
+def test_unquantized_model_and_permutation(models, tmp_path):
+    """An unquantized model exports as F32; attn_q/attn_k rows are permuted exactly as convert_hf_to_gguf does."""
+    from safetensors.torch import load_file
+
+    rep = export_gguf(models["small"], tmp_path / "f32.gguf")
+    assert rep.exact and rep.file_type == "f32" and {t.ggml_type for t in rep.tensors} == {"F32"}
+    hf = load_file(str(models["small"] / "model.safetensors"))
+    raw = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(tmp_path / "f32.gguf")).tensors}
+    for kind, heads in (("q", 4), ("k", 2)):
+        w = hf[f"model.layers.1.self_attn.{kind}_proj.weight"].numpy()
+        hd = 64 // 4
+        expect = w.reshape(heads, 2, hd // 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)  # LlamaModel.permute
+        np.testing.assert_array_equal(raw[f"blk.1.attn_{kind}.weight"], expect)
+        np.testing.assert_array_equal(expect[np.argsort(llama_qk_permutation(w.shape[0], heads))], w)
+    back = read_gguf_weights(tmp_path / "f32.gguf")
+    for k, v in hf.items():
+        np.testing.assert_array_equal(back[k], v.numpy(), err_msg=k)
+
+
+def test_llama_metadata_and_tokenizer(parent, tmp_path):
+    export_gguf(parent, tmp_path / "m.gguf", bits=4)
+    f = {k: v.contents() for k, v in gguf.GGUFReader(str(tmp_path / "m.gguf")).fields.items()}
+    assert f["general.architecture"] == "llama"
+    assert (f["llama.context_length"], f["llama.embedding_length"], f["llama.block_count"]) == (256, 64, 2)
+    assert (f["llama.feed_forward_length"], f["llama.attention.head_count"], f["llama.attention.head_count_kv"]) == (
+        128, 4, 2)  # fmt: skip
+    assert f["llama.rope.dimension_count"] == 16 and f["llama.rope.freq_base"] == 10000.0
+    assert f["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6)
+    assert f["general.quantization_version"] == 2
+    tj = json.loads((STORIES / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    assert f["tokenizer.ggml.model"] == "llama"
+    assert f["tokenizer.ggml.tokens"] == sorted(vocab, key=vocab.get)
+    types, scores = f["tokenizer.ggml.token_type"], f["tokenizer.ggml.scores"]
+    assert types[0] == gguf.TokenType.UNKNOWN and types[1] == types[2] == gguf.TokenType.CONTROL
+    assert types[vocab["<0x0A>"]] == gguf.TokenType.BYTE and types[vocab["▁the"]] == gguf.TokenType.NORMAL
+    assert scores[vocab["▁t"]] == 0.0 and scores[vocab["▁the"]] == -6.0  # −(rank of the first merge making it)
+    assert (f["tokenizer.ggml.bos_token_id"], f["tokenizer.ggml.eos_token_id"]) == (1, 2)
+    assert f["tokenizer.ggml.unknown_token_id"] == 0
+    assert f["tokenizer.ggml.add_bos_token"] is True and f["tokenizer.ggml.add_space_prefix"] is True
+
+
+def test_stories260k_down_proj(tmp_path):
+    """The real model (tied embeddings, head_dim 8, intermediate 172): no output.weight; ffn_down has no blocks."""
+    rep = export_gguf(STORIES, tmp_path / "s.gguf")
+    names = {t.name for t in rep.tensors}
+    assert "output.weight" not in names and "token_embd.weight" in names and len(names) == 2 + 9 * 5
+    back = read_gguf_weights(tmp_path / "s.gguf")
+    from safetensors.torch import load_file
+
+    for k, v in load_file(str(STORIES / "model.safetensors")).items():
+        if k != "lm_head.weight":
+            np.testing.assert_array_equal(back[k], v.float().numpy(), err_msg=k)
+
+
+# --- refusals -------------------------------------------------------------------------------------------------------
+
+
+def _no_leftovers(d: Path, allowed: set[str]) -> None:
+    assert {p.name for p in d.iterdir()} == allowed
+
+
+def test_refusals(parent, models, tmp_path):
+    out = tmp_path / "m.gguf"
+    with pytest.raises(UserError, match="Q4_0 cannot hold"):
+        export_gguf(parent, out, bits=8, qtype="q4_0")
+    with pytest.raises(UserError, match="unknown GGUF type"):
+        export_gguf(parent, out, qtype="q4_k")
+    with pytest.raises(UserError, match="either"):
+        export_gguf(parent, out, bits=4, bits_config={"*": 4})
+    with pytest.raises(UserError, match="not quantized"):
+        export_gguf(models["small"], out, bits=4)
+    with pytest.raises(UserError, match="does not exist"):
+        export_gguf(tmp_path / "nope", out)
+    _no_leftovers(tmp_path, set())
+    out.write_bytes(b"keep")
+    with pytest.raises(UserError, match="already exists"):
+        export_gguf(parent, out, bits=4)
+    assert out.read_bytes() == b"keep"
+    export_gguf(parent, out, bits=4, overwrite=True)
+    assert out.read_bytes()[:4] == b"GGUF"
+    _no_leftovers(tmp_path, {"m.gguf"})
+
+
+def test_non_llama_refused(parent, tmp_path):
+    import shutil
+
+    other = tmp_path / "mistral"
+    shutil.copytree(parent, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["model_type"] = "mistral"
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match="Llama architecture only"):
+        export_gguf(other, tmp_path / "m.gguf", bits=4)
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_cli(parent, tmp_path, capsys):
+    from matgptq.cli import main
+
+    out = tmp_path / "m.gguf"
+    assert main(["export", str(parent), "--format", "gguf", "--bits", "3", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "blk.0.attn_q.weight" in text and "Q4_0" in text and "bit-exact" in text
+    assert main(["export", str(parent), "--format", "gguf", "--bits", "8", "--type", "q4_0", "--out",
+                 str(tmp_path / "x.gguf")]) == 2  # fmt: skip
+    assert "Q4_0 cannot hold" in capsys.readouterr().err
+    assert not (tmp_path / "x.gguf").exists()
