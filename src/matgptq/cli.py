@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from .errors import UserError
 
 
@@ -170,9 +168,17 @@ def cmd_slice(a: argparse.Namespace) -> None:
     print(f"wrote {a.out}: {a.bits}-bit slice, {size / 1e6:.2f} MB of tensors")
 
 
+def _quiet_transformers() -> None:
+    """Our own progress bars and one-line errors only: transformers' warnings and loading bars go to stderr."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     args = build_parser().parse_args(argv)
+    _quiet_transformers()
     try:
         {"quantize": cmd_quantize, "eval": cmd_eval, "slice": cmd_slice}.get(args.command, _export)(args)
     except UserError as e:

@@ -61,10 +61,10 @@ def resolve_bits(spec: BitsSpec, ckpt: Checkpoint) -> dict[str, int]:
     master = max(q.master_bits for q in ckpt.layers.values())
     for n, r in out.items():
         q = ckpt.layers[n]
-        if r != q.bits and (q.shift or q.bits != q.master_bits or r > q.bits):
-            raise UserError(f"{n} in {ckpt.path} holds only {q.bits}-bit data; load the parent to get {r} bits")
         if not 2 <= r <= master:
             raise UserError(f"cannot use {r} bits for {n}: widths 2..{master} exist in this checkpoint")
+        if r != q.bits and q.shift:
+            raise UserError(f"{n} in {ckpt.path} holds only {q.bits}-bit data; load the parent to get {r} bits")
     return out
 
 

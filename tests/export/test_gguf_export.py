@@ -24,7 +24,7 @@ from matgptq.export.gguf import (  # noqa: E402
     read_gguf_weights,
 )
 
-from conftest import STORIES, TINYSTORIES, make_tiny_llama  # noqa: E402
+from tests.conftest import STORIES, TINYSTORIES, make_tiny_llama  # noqa: E402
 
 
 def _quantize(model: Path, out: Path, **kw) -> Path:
@@ -204,7 +204,7 @@ def test_asymmetric(models, tmp_path):
     layers6 = [t for t in rep6.tensors if t.bits is not None]
     assert {(t.ggml_type, t.method) for t in layers6} == {("Q8_0", "requantized")}
     _check_readback(tmp_path / "ap6.gguf", _reference(par, 6), rep6)
-    assert all(t.rel_err <= 0.5 / 127 + 1e-6 for t in layers6)  # half a Q8_0 step of the block max
+    assert all(t.rel_err <= 0.57 / 127 for t in layers6)  # half a Q8_0 step + fp16 rounding of d
 
 
 def test_act_order(models, tmp_path):
@@ -215,7 +215,7 @@ def test_act_order(models, tmp_path):
     assert {(t.ggml_type, t.method) for t in layers} == {("Q8_0", "requantized")}
     assert not rep.exact and len(rep.warnings) == len(layers)
     _check_readback(tmp_path / "ao.gguf", _reference(ck, None), rep)
-    assert max(t.rel_err for t in layers) <= 0.5 / 127 + 1e-6
+    assert max(t.rel_err for t in layers) <= 0.57 / 127
 
     st = _quantize(models["small"], tmp_path / "st", bits=4, group_size=32, act_order=True, static_groups=True)
     rep_st = export_gguf(st, tmp_path / "st.gguf")  # static groups: g_idx = k // 32 → exact Q4_0
@@ -242,7 +242,7 @@ def test_embeddings_q8_0(parent, tmp_path):
     rep = export_gguf(parent, tmp_path / "m.gguf", bits=4, embed_type="q8_0")
     emb = {t.name: t for t in rep.tensors}
     assert emb["token_embd.weight"].ggml_type == "Q8_0" and emb["output.weight"].ggml_type == "Q8_0"
-    assert emb["token_embd.weight"].method == "requantized" and emb["token_embd.weight"].rel_err < 1 / 254 + 1e-6
+    assert emb["token_embd.weight"].method == "requantized" and emb["token_embd.weight"].rel_err < 0.57 / 127
     _check_readback(tmp_path / "m.gguf", _reference(parent, 4), rep)
 
 

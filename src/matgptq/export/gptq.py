@@ -220,9 +220,11 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
     stored, widths = {}, {}
     for name in names:
         r = _layer_bits(name, base, dynamic)
+        if r is None:
+            raise UserError(f"{p}: {name} is stored quantized but the config's `dynamic` excludes it; fix the config")
         qweight = raw[f"{name}.qweight"]
         n = qweight.shape[1]
-        k = raw[f"{name}.g_idx"].shape[0] if f"{name}.g_idx" in raw else qweight.shape[0] * 32 // (r or 1)
+        k = raw[f"{name}.g_idx"].shape[0] if f"{name}.g_idx" in raw else qweight.shape[0] * 32 // r
         if r not in SUPPORTED_BITS or qweight.shape[0] * 32 != k * r:
             raise UserError(f"{p}: {name} has qweight {tuple(qweight.shape)} for {k} inputs, which is not {r}-bit GPTQ")
         widths[name] = r

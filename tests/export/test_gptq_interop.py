@@ -1,0 +1,218 @@
+"""GPTQ exports read by the peers: GPTQModel 7.6.0 and transformers + optimum (CPU), and GPTQModel's files read by us.
+
+Run with the peers installed, e.g.  GPTQMODEL_CPU_WORKERS=2 python -m pytest -m interop tests/export/test_gptq_interop.py
+(a missing peer skips, or fails under MATGPTQ_REQUIRE_PEERS=1). Each check records its measured differences with
+`record_property`; scripts/gptq_compat_table.py turns the junit XML into docs/gptq-compat.md.
+
+Tolerances. The reference is `matgptq.load(source, bits=r)`. The peers compute in float16 (GPTQModel's torch kernel
+accepts only fp16/bf16), so the checks are:
+  * weights: every quantized layer the peer dequantizes equals our weight cast to float16, bit for bit;
+  * logits vs our float16 model (`dtype=torch.float16`): max |Δ| ≤ EXACT_TOL · max|logits| — measured 0 for the generic
+    torch kernel (same weights, same fp16 ops);
+  * logits vs our float32 model: max |Δ| ≤ FP16_TOL · max|logits| — fp16 activations; measured ≤ 2.2e-3 relative.
+transformers' default CPU kernel for 4-bit with group size 16..128 is GPTQModel's TorchAtenLinear, which casts scales
+and activations to bfloat16 (torch_aten_kernel.py); for it the bound is BF16_TOL (measured ≤ 1.4e-2 relative).
+A packing or zero-point error shows up as ≥ 1e-1 relative, far above every bound.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import matgptq
+from matgptq.checkpoint import read_checkpoint
+from matgptq.export.gptq import export_gptq, gptq_layer, read_gptq_checkpoint
+
+from tests.conftest import TINYSTORIES, require_peer
+
+pytestmark = pytest.mark.interop
+
+EXACT_TOL, FP16_TOL, BF16_TOL = 1e-3, 5e-3, 3e-2
+GROUP = 32
+CALIB = ["Once upon a time there was a little girl who liked to play in the park with her dog. " * 8] * 4
+BITS = (2, 3, 4, 8)
+MATRIX = [(b, sym, fmt, ao) for b in BITS for sym in (True, False) for fmt in ("gptq_v1", "gptq_v2")
+          for ao in (False, True) if sym or fmt == "gptq_v2"]  # asymmetric v1 is refused (test_gptq_export.py)
+IDS = [f"{b}bit-{'sym' if s else 'asym'}-{f}-{'act_order' if a else 'plain'}" for b, s, f, a in MATRIX]
+
+
+class Cache:
+    """Quantized sources, exports and reference logits, built on first use and shared by the whole module."""
+
+    def __init__(self, model_dir, base):
+        self.model_dir, self.base, self.items = model_dir, base, {}
+        self.ids = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(0))
+
+    def _get(self, key, make):
+        if key not in self.items:
+            self.items[key] = make()
+        return self.items[key]
+
+    def source(self, sym, bits, ao):
+        """Symmetric: one MatGPTQ parent (2,3,4,8) sliced; asymmetric: a plain GPTQ r-bit checkpoint (shift 0)."""
+        key = ("src", sym, None if sym else bits, ao)
+        kw = dict(method="matgptq", bits=BITS) if sym else dict(method="gptq", bits=bits, sym=False)
+        return self._get(key, lambda: matgptq.quantize(
+            self.model_dir, self.base / "-".join(map(str, key)), calib=CALIB, nsamples=8, seqlen=64, progress=False,
+            group_size=GROUP, act_order=ao, **kw)[0])  # fmt: skip
+
+    def export(self, bits, sym, fmt, ao):
+        out = self.base / f"export-{bits}-{sym}-{fmt}-{ao}"
+        return self._get(out, lambda: export_gptq(self.source(sym, bits, ao), out, fmt, bits=bits))
+
+    def reference(self, src, bits, dtype):
+        """Logits and the model of matgptq.load(src, bits) in `dtype`."""
+
+        def make():
+            model = matgptq.load(src, bits=bits, dtype=dtype)
+            with torch.no_grad():
+                return model(self.ids).logits.float(), model
+
+        return self._get(("ref", str(src), json.dumps(bits, sort_keys=True), str(dtype)), make)
+
+
+@pytest.fixture(scope="module")
+def cache(tiny_llama_dir, tmp_path_factory):
+    return Cache(tiny_llama_dir, tmp_path_factory.mktemp("gptq_interop"))
+
+
+@pytest.fixture(scope="module")
+def gptqmodel():
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
+    gm = require_peer("gptqmodel")
+    # GPTQModel torch.compiles its dequantizer: ~30 s per model on CPU for no numeric change; run it eagerly.
+    old, torch._dynamo.config.disable = torch._dynamo.config.disable, True
+    yield gm
+    torch._dynamo.config.disable = old
+
+
+def _compare(cache, record_property, logits, src, bits, peer_weights, bf16=False):
+    """Assert the peer's logits/weights against ours; record the measured differences for the compat table."""
+    ref16, model16 = cache.reference(src, bits, torch.float16)
+    ref32, _ = cache.reference(src, bits, torch.float32)
+    scale = float(ref32.abs().max())
+    d16, d32 = float((logits - ref16).abs().max()) / scale, float((logits - ref32).abs().max()) / scale
+    record_property("rel_diff_vs_fp16", d16)
+    record_property("rel_diff_vs_fp32", d32)
+    for name, w in peer_weights.items():
+        ours = model16.get_submodule(name).weight
+        if not bf16:
+            assert torch.equal(w.to(torch.float16), ours), f"{name}: the peer dequantizes other weights"
+    if not bf16:
+        assert d16 <= EXACT_TOL, f"logits differ from our fp16 model by {d16:.2e} (relative)"
+    assert d32 <= (BF16_TOL if bf16 else FP16_TOL), f"logits differ from our fp32 model by {d32:.2e} (relative)"
+
+
+def _gptqmodel_weights(gm, model):
+    from gptqmodel.nn_modules.qlinear import BaseQuantLinear
+
+    with torch.no_grad():
+        return {n: m.dequantize_weight().T for n, m in model.named_modules() if isinstance(m, BaseQuantLinear)}
+
+
+def _gptqmodel_logits(gm, path, ids):
+    model = gm.GPTQModel.load(str(path), backend=gm.BACKEND.GPTQ_TORCH, device="cpu", dtype=torch.float16)
+    with torch.no_grad():
+        return model.model(ids).logits.float(), model.model
+
+
+@pytest.mark.parametrize("bits,sym,fmt,ao", MATRIX, ids=IDS)
+def test_gptqmodel_loads_export(gptqmodel, cache, record_property, bits, sym, fmt, ao):
+    path = cache.export(bits, sym, fmt, ao)
+    logits, model = _gptqmodel_logits(gptqmodel, path, cache.ids)
+    weights = _gptqmodel_weights(gptqmodel, model)
+    assert len(weights) == 14
+    _compare(cache, record_property, logits, cache.source(sym, bits, ao), bits, weights)
+
+
+@pytest.mark.parametrize("fmt", ["gptq_v1", "gptq_v2"])
+def test_gptqmodel_loads_per_layer_mix(gptqmodel, cache, record_property, tmp_path, fmt):
+    src = cache.source(True, None, True)
+    names = list(read_checkpoint(src).layers)
+    mix = {n: BITS[i % 4] for i, n in enumerate(names)}
+    with pytest.warns(UserWarning, match="dynamic"):
+        path = export_gptq(src, tmp_path / "mix", fmt, bits_config=mix)
+    logits, model = _gptqmodel_logits(gptqmodel, path, cache.ids)
+    weights = _gptqmodel_weights(gptqmodel, model)
+    assert {n: m.bits for n, m in model.named_modules() if n in weights} == mix
+    _compare(cache, record_property, logits, src, mix, weights)
+
+
+@pytest.mark.parametrize("bits,sym,fmt,ao", MATRIX, ids=IDS)
+def test_transformers_optimum_loads_export(gptqmodel, cache, record_property, bits, sym, fmt, ao):
+    require_peer("optimum")
+    from transformers import AutoModelForCausalLM
+
+    path = cache.export(bits, sym, fmt, ao)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16, device_map="cpu")
+    with torch.no_grad():
+        logits = model(cache.ids).logits.float()
+    weights = _gptqmodel_weights(gptqmodel, model)
+    kernels = sorted({type(model.get_submodule(n)).__name__ for n in weights})
+    record_property("kernel", ",".join(kernels))
+    assert len(weights) == 14
+    _compare(cache, record_property, logits, cache.source(sym, bits, ao), bits, weights, "TorchAtenLinear" in kernels)
+
+
+# ----------------------------------------------------------------------------------- GPTQModel's files, our reader
+
+GM_CASES = [(4, True, "gptq", False), (3, False, "gptq_v2", True), (2, False, "gptq", False), (8, True, "gptq_v2", True)]
+
+
+@pytest.mark.parametrize("bits,sym,fmt,ao", GM_CASES, ids=[f"{b}bit-{'sym' if s else 'asym'}-{f}-{'act_order' if a else 'plain'}" for b, s, f, a in GM_CASES])  # fmt: skip
+def test_we_read_gptqmodel_checkpoints(gptqmodel, cache, record_property, tmp_path, bits, sym, fmt, ao):
+    gm = gptqmodel
+    text = TINYSTORIES.read_text()[:20000] if TINYSTORIES.is_file() else " ".join(CALIB) * 20
+    calib = [text[i * 1000 : (i + 1) * 1000] for i in range(16)]
+    qcfg = gm.QuantizeConfig(bits=bits, group_size=GROUP, sym=sym, desc_act=ao, format=fmt)
+    model = gm.GPTQModel.load(str(cache.model_dir), qcfg)
+    model.quantize(calib, batch_size=4)
+    model.save(str(tmp_path / "gm"))
+    ckpt = read_gptq_checkpoint(tmp_path / "gm")
+    assert ckpt.meta["checkpoint_format"] == fmt and {q.bits for q in ckpt.layers.values()} == {bits}
+    assert any(not torch.equal(q.g_idx, torch.arange(q.shape[1], dtype=torch.int32) // GROUP)
+               for q in ckpt.layers.values()) == ao  # fmt: skip
+    logits, peer = _gptqmodel_logits(gm, tmp_path / "gm", cache.ids)
+    ours = matgptq.load(tmp_path / "gm", dtype=torch.float16)
+    for name, w in _gptqmodel_weights(gm, peer).items():
+        assert torch.equal(w.to(torch.float16), ours.get_submodule(name).weight), name
+    with torch.no_grad():
+        d = float((ours(cache.ids).logits.float() - logits).abs().max()) / float(logits.abs().max())
+    record_property("rel_diff_vs_fp16", d)
+    assert d <= EXACT_TOL
+
+
+# ------------------------------------------------------------------------------- our packing == GPTQModel's packing
+
+
+@pytest.mark.parametrize("sym", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("bits", BITS)
+def test_packing_matches_gptqmodel_packer(gptqmodel, cache, bits, sym):
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.utils.model import convert_gptq_v2_to_v1_format_module
+
+    ao = bits == 3
+    src = cache.source(sym, bits, ao)
+    exports = {f: load_file(str(cache.export(bits, sym, f, ao) / "model.safetensors"))
+               for f in ("gptq_v1", "gptq_v2") if sym or f == "gptq_v2"}  # fmt: skip
+    for name, q in read_checkpoint(src).layers.items():
+        q = q.slice(bits)
+        codes, scales, zeros = gptq_layer(name, q)
+        n, k = q.shape
+        linear = torch.nn.Linear(k, n, bias=False)
+        linear.weight.data = q.dequantize()  # s·(q − z) is exact in fp32; GPTQModel recovers q = round(W/s + z)
+        for pack in ("pack_block", "pack_original"):
+            ql = TorchLinear(bits=bits, group_size=GROUP, sym=sym, desc_act=ao, in_features=k, out_features=n,
+                             bias=False, pack_dtype=torch.int32)  # fmt: skip
+            getattr(ql, pack)(linear, torch.from_numpy(scales).float(), torch.from_numpy(zeros).float(), q.g_idx)
+            v2 = exports["gptq_v2"]
+            assert np.array_equal(ql.qweight.numpy(), v2[f"{name}.qweight"].numpy()), (name, pack)
+            assert np.array_equal(ql.qzeros.numpy(), v2[f"{name}.qzeros"].numpy()), (name, pack)
+            assert torch.equal(ql.scales, v2[f"{name}.scales"]) and torch.equal(ql.g_idx.int(), v2[f"{name}.g_idx"])
+            if sym:
+                convert_gptq_v2_to_v1_format_module(ql, gptqmodel.QuantizeConfig(bits=bits, group_size=GROUP))
+                assert np.array_equal(ql.qzeros.numpy(), exports["gptq_v1"][f"{name}.qzeros"].numpy()), (name, pack)

@@ -1,0 +1,84 @@
+"""matgptq.load: the loaded model computes with exactly the quantized weights; slicing, switching, mixes."""
+
+import json
+
+import pytest
+import torch
+
+import matgptq
+from matgptq.checkpoint import read_checkpoint
+from matgptq.cli import main
+from matgptq.errors import UserError
+from tests.conftest import TINYSTORIES
+
+IDS = torch.tensor([[1, 20, 30, 40, 50, 60, 70, 80]])
+
+
+@pytest.fixture(scope="module")
+def parent(tiny_llama_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rt") / "parent"
+    matgptq.quantize(tiny_llama_dir, out, calib=TINYSTORIES, calib_range=(0.9, 1.0), method="matgptq",
+                     bits=(3, 4, 8), nsamples=8, seqlen=64, group_size=32, act_order=True, progress=False)  # fmt: skip
+    return out
+
+
+def logits(model):
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+def test_loaded_weights_are_the_dequantized_codes(parent):
+    ckpt = read_checkpoint(parent)
+    for bits in (8, 4, 6, 2):
+        model = matgptq.load(parent, bits=bits)
+        for name, q in ckpt.layers.items():
+            assert torch.equal(model.get_submodule(name).weight.data, q.slice(bits).dequantize())
+    assert model.training is False
+
+
+def test_generate_works(parent):
+    model = matgptq.load(parent, bits=4)
+    out = model.generate(IDS, max_new_tokens=5, do_sample=False)
+    assert out.shape == (1, IDS.shape[1] + 5)
+
+
+def test_switching_width_in_memory_equals_loading_that_width(parent, monkeypatch):
+    model = matgptq.load(parent)
+    import matgptq.checkpoint as ck
+
+    monkeypatch.setattr(ck, "load_file", lambda *a, **k: pytest.fail("set_bits must not re-read the file"))
+    for bits in (3, 6, 8):
+        matgptq.set_bits(model, bits)
+        monkeypatch.undo()
+        assert torch.equal(logits(model), logits(matgptq.load(parent, bits=bits)))
+        monkeypatch.setattr(ck, "load_file", lambda *a, **k: pytest.fail("set_bits must not re-read the file"))
+
+
+def test_per_layer_mix_from_dict_and_json(parent, tmp_path):
+    names = list(read_checkpoint(parent).layers)
+    mix = {n: (3 if i % 2 else 8) for i, n in enumerate(names)}
+    path = tmp_path / "mix.json"
+    path.write_text(json.dumps(mix))
+    a, b = matgptq.load(parent, bits=mix), matgptq.load(parent, bits=str(path))
+    assert torch.equal(logits(a), logits(b))
+    assert torch.equal(a.get_submodule(names[1]).weight, matgptq.load(parent, bits=3).get_submodule(names[1]).weight)
+    with pytest.raises(UserError, match="misses"):
+        matgptq.load(parent, bits={names[0]: 4})
+    with pytest.raises(UserError, match="2..8"):
+        matgptq.load(parent, bits=9)
+
+
+def test_slice_command_writes_a_smaller_equivalent_checkpoint(parent, tmp_path):
+    out = tmp_path / "s4"
+    assert main(["slice", str(parent), "--bits", "4", "--out", str(out)]) == 0
+    assert (out / "model.safetensors").stat().st_size < (parent / "model.safetensors").stat().st_size
+    assert torch.equal(logits(matgptq.load(out)), logits(matgptq.load(parent, bits=4)))
+    with pytest.raises(UserError, match="holds only 4-bit"):
+        matgptq.load(out, bits=3)
+
+
+def test_unquantized_model_loads_as_is(tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    assert torch.equal(logits(matgptq.load(tiny_llama_dir)), logits(ref))
