@@ -2,7 +2,7 @@
 
 Calibration: 128 windows × 256 tokens, seed 0, from the last 40% (by characters) of tinystories_val_head.txt.
 Perplexity: first 60%, first 40,000 tokens, non-overlapping 256-token windows (matgptq.evaluate).
-Runs fp32, RTN, GPTQ (plain / act-order / MSE / both) at 2, 3, 4, 8 bits and a MatGPTQ parent (c = 8, R = {3,4,8},
+Runs fp32, RTN, GPTQ (plain / act-order / MSE / both) at 2, 3, 4, 6, 8 bits and a MatGPTQ parent (c = 8, R = {3,4,8},
 λ = 1, symmetric, per-channel, with and without act-order) evaluated at slices 2, 3, 4, 6, 8; also KL to fp32.
 Writes docs/results.md, docs/results.json and docs/results.png.
 
@@ -50,7 +50,7 @@ def main() -> None:
     def measure(model) -> tuple[float, float]:
         return perplexity(model, windows, 32), kl_divergence(model, windows, ref, 32)
 
-    widths = (3, 4) if args.quick else (2, 3, 4, 8)
+    widths = (3, 4) if args.quick else (2, 3, 4, 6, 8)
     variants = {"": {}, "act-order": {"act_order": True}, "mse": {"mse": True}, "act-order+mse": {"act_order": True, "mse": True}}
     for bits in widths:
         for method, opts in [("rtn", {"": {}}), ("gptq", variants)]:
@@ -117,19 +117,25 @@ def plot(rows: list[dict], path: Path) -> None:
     except ImportError:
         print("matplotlib not installed: no plot")
         return
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, ax_kl) = plt.subplots(1, 2, figsize=(10, 4))
     fp = next(r["ppl"] for r in rows if r["method"] == "fp32")
     ax.axhline(fp, color="gray", ls=":", label=f"fp32 ({fp:.3f})")
     series = [("RTN", ""), ("GPTQ", ""), ("GPTQ", "act-order"), ("MatGPTQ slice", ""), ("MatGPTQ slice", "act-order")]
     for method, opt in series:
-        pts = sorted((r["bits"], r["ppl"]) for r in rows if r["method"] == method and r["options"] == opt)
+        pts = sorted((r["bits"], r["ppl"], r["kl"]) for r in rows if r["method"] == method and r["options"] == opt)
         if pts:
-            ax.plot(*zip(*pts), marker="o", label=f"{method} {opt}".strip())
-    ax.set_yscale("log")
+            label = f"{method} {opt}".strip()
+            ax.plot([p[0] for p in pts if p[0] >= 3], [p[1] for p in pts if p[0] >= 3], marker="o", label=label)
+            ax_kl.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=label)
     ax.set_xlabel("bits per weight (codes)")
     ax.set_ylabel("perplexity (TinyStories, 40k tokens)")
-    ax.set_title("stories260K: one MatGPTQ parent vs per-width GPTQ")
+    ax.set_title("perplexity, 3-8 bits")
+    ax_kl.set_yscale("log")
+    ax_kl.set_xlabel("bits per weight (codes)")
+    ax_kl.set_ylabel("KL(fp32 || quantized) per token")
+    ax_kl.set_title("KL to fp32, all widths")
     ax.legend(fontsize=8)
+    fig.suptitle("stories260K: one MatGPTQ parent (R={3,4,8}) vs per-width GPTQ")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -82,3 +82,21 @@ def test_unquantized_model_loads_as_is(tiny_llama_dir):
 
     ref = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
     assert torch.equal(logits(matgptq.load(tiny_llama_dir)), logits(ref))
+
+
+def test_quantization_is_reproducible_bit_exactly(tiny_llama_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from matgptq.checkpoint import read_checkpoint
+    from matgptq.config import QuantConfig
+
+    kw = dict(calib=TINYSTORIES, calib_range=(0.9, 1.0), method="gptq", bits=3, nsamples=4, seqlen=64,
+              group_size=32, act_order=True, mse=True, progress=False)  # fmt: skip
+    a, _ = matgptq.quantize(tiny_llama_dir, tmp_path / "a", **kw)
+    b, _ = matgptq.quantize(tiny_llama_dir, tmp_path / "b", **kw)
+    ta, tb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")  # (header key order may vary)
+    assert set(ta) == set(tb) and all(torch.equal(ta[k], tb[k]) for k in ta)
+    meta = read_checkpoint(a).meta
+    cfg = QuantConfig.from_json(meta["quantization"])  # the recorded settings rebuild the same config
+    assert cfg.bits == 3 and cfg.act_order and cfg.mse and cfg.group_size == 32
+    assert meta["calibration"]["nsamples"] == 4 and meta["calibration"]["sha256"]

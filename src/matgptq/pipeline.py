@@ -129,12 +129,16 @@ def _to_weight(res: QuantResult, bits: int) -> QuantizedWeight:
 
 @torch.no_grad()
 def quantize_model(
-    model: nn.Module, windows: torch.Tensor, cfg: QuantConfig, batch_tokens: int = 4096, progress: bool = True
+    model: nn.Module, windows: torch.Tensor, cfg: QuantConfig, batch_tokens: int = 4096, progress: bool = True,
+    rounding: Rounding | None = None,
 ) -> tuple[dict[str, QuantizedWeight], list[LayerReport]]:
-    """Quantize every block Linear of `model` in place (weights become the dequantized master codes)."""
+    """Quantize every block Linear of `model` in place (weights become the dequantized master codes).
+
+    `rounding` overrides the code choice derived from `cfg` (used by ablation scripts).
+    """
     spec = arch_spec(model.config.model_type)
     check_finite(model)
-    rounding = make_rounding(cfg)
+    rounding = rounding or make_rounding(cfg)
     blocks = get_blocks(model, spec)
     groups = spec.groups if cfg.true_sequential else (tuple(n for g in spec.groups for n in g),)
     needs_data = cfg.method is not Method.RTN

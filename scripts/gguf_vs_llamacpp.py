@@ -1,0 +1,263 @@
+#!/usr/bin/env python
+"""GPTQ / MatGPTQ 4-bit slices exported to GGUF Q4_0 vs llama.cpp's own quantizer, all scored by llama.cpp.
+
+Protocol (the project's reference protocol): calibration = 128 windows × 256 tokens, seed 0, from the last 40% of the
+TinyStories text; evaluation = the first 60%, its first 40,000 tokens cut into non-overlapping 256-token windows.
+Every GGUF file (our exports, llama.cpp's Q4_0 and Q4_K_M made by `llama_model_quantize` from the F32 GGUF we export)
+is run by llama.cpp (llama-cpp-python); perplexity and KL(F32 GGUF ‖ file) use llama.cpp's logits only. The same
+numbers from matgptq.load (transformers, fp32) are printed beside them as a cross-check.
+
+stories260K's down_proj has in_features 172 (not a multiple of 32), so no GGUF block type holds it: llama.cpp's Q4_0
+falls back to F16 there and keeps token_embd (tied output) at Q8_0. Our exports match that (`float_type="f16"`,
+`embed_type="q8_0"`): every other layer is the bit-exact Q4_0 of the GPTQ/MatGPTQ 4-bit codes with group size 32
+(one Q4_0 block per group, so the group scales cost nothing extra). The down_proj F16 holds the *quantized* weights
+(dequantized 4-bit) in ours but the original weights in llama.cpp's; the "mix" row slices down_proj at 8 bits from
+the MatGPTQ parent instead (same F16 bytes).
+
+Run with the interop venv (llama-cpp-python + matgptq):
+    python scripts/gguf_vs_llamacpp.py --out-json results/gguf_vs_llamacpp.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+class LlamaCppScorer:
+    """Logits of every position of each window from llama.cpp (one context, reset between windows)."""
+
+    def __init__(self, path: Path, seqlen: int, threads: int):
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(path), n_ctx=seqlen, n_batch=seqlen, n_ubatch=seqlen, logits_all=True,
+                         n_threads=threads, n_threads_batch=threads, verbose=False)  # fmt: skip
+
+    def logits(self, window: list[int]) -> np.ndarray:
+        self.llm.reset()
+        self.llm.eval(window)
+        return np.array(self.llm.scores[: len(window)], dtype=np.float32)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def score_llamacpp(path: Path, windows: torch.Tensor, ref: list[np.ndarray] | None, threads: int):
+    """(ppl, KL(ref ‖ this), per-window log-probs) with llama.cpp logits; predicted positions 2..seqlen."""
+    sc = LlamaCppScorer(path, windows.shape[1], threads)
+    nll, kl, count, out = 0.0, 0.0, 0, []
+    try:
+        for i, w in enumerate(windows.tolist()):
+            lp = log_softmax(sc.logits(w)[:-1])
+            tgt = np.asarray(w[1:])
+            nll -= lp[np.arange(len(tgt)), tgt].sum()
+            if ref is not None:
+                p = ref[i]
+                kl += (np.exp(p) * (p - lp)).sum()
+            else:
+                out.append(lp.astype(np.float32))
+            count += len(tgt)
+    finally:
+        sc.close()
+    return math.exp(nll / count), (kl / count if ref is not None else 0.0), out
+
+
+def llama_quantize(src: Path, dst: Path, ftype_name: str, threads: int) -> None:
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
+    params.nthread = threads
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({ftype_name}) failed with {rc}")
+
+
+def gguf_types(path: Path) -> dict[str, str]:
+    import gguf
+
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+
+
+def type_summary(types: dict[str, str]) -> str:
+    groups: dict[str, list[str]] = {}
+    for name, typ in types.items():
+        if name.endswith("norm.weight"):
+            continue
+        key = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
+        groups.setdefault(typ, [])
+        if key not in groups[typ]:
+            groups[typ].append(key)
+    return "; ".join(f"{t}: {','.join(v)}" for t, v in sorted(groups.items()))
+
+
+def hf_scores(model_dir: Path, bits, windows, ref_lp) -> tuple[float, float]:
+    import matgptq
+    from matgptq.evaluate import kl_divergence, perplexity
+
+    model = matgptq.load(model_dir, bits=bits, dtype=torch.float32)
+    return perplexity(model, windows), kl_divergence(model, windows, ref_lp)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=SHARED / "models" / "stories260K")
+    ap.add_argument("--text", type=Path, default=SHARED / "data" / "tinystories" / "tinystories_val_head.txt")
+    ap.add_argument("--workdir", type=Path, help="keep checkpoints and GGUF files here (default: a temp dir)")
+    ap.add_argument("--out-json", type=Path, help="write all numbers as JSON here")
+    ap.add_argument("--group-size", type=int, default=32)
+    ap.add_argument("--matgptq-bits", default="3,4,8", help="MatGPTQ target set R (master = max)")
+    ap.add_argument("--nsamples", type=int, default=128)
+    ap.add_argument("--seqlen", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=40000)
+    ap.add_argument("--threads", type=int, default=max(1, min(8, os.cpu_count() or 1)))
+    a = ap.parse_args(argv)
+
+    import matgptq
+    from matgptq.calibration import eval_windows, read_text, tokenize
+    from matgptq.evaluate import reference_logprobs
+    from matgptq.export.gguf import export_gguf
+    from matgptq.hf import load_fp_model, load_tokenizer
+    from matgptq.report import format_table
+
+    t_start = time.time()
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="gguf_vs_llamacpp-"))
+    work.mkdir(parents=True, exist_ok=True)
+    tok = load_tokenizer(a.model)
+    windows = eval_windows(tokenize(tok, read_text(a.text, (0.0, 0.6))), a.seqlen, a.max_tokens)
+    log(f"evaluation: {windows.shape[0]} windows × {a.seqlen} tokens; work dir {work}")
+
+    # --- quantize (matgptq) -------------------------------------------------------------------------------------
+    qopts = dict(calib=a.text, calib_range=(0.6, 1.0), nsamples=a.nsamples, seqlen=a.seqlen, seed=0,
+                 group_size=a.group_size, sym=True, progress=False, overwrite=True)  # fmt: skip
+    ckpts = {"gptq": work / "gptq4", "matgptq": work / "matgptq"}
+    t0 = time.time()
+    matgptq.quantize(a.model, ckpts["gptq"], method="gptq", bits=4, **qopts)
+    log(f"GPTQ 4-bit g{a.group_size}: {time.time() - t0:.1f}s")
+    t0 = time.time()
+    matgptq.quantize(a.model, ckpts["matgptq"], method="matgptq", bits=a.matgptq_bits, **qopts)
+    log(f"MatGPTQ R={{{a.matgptq_bits}}} g{a.group_size}: {time.time() - t0:.1f}s")
+    n_layers = json.loads((a.model / "config.json").read_text())["num_hidden_layers"]
+    mix = {"*": 4, **{f"model.layers.{i}.mlp.down_proj": 8 for i in range(n_layers)}}
+
+    # --- GGUF files -----------------------------------------------------------------------------------------------
+    files: dict[str, dict] = {}
+    f32 = work / "f32.gguf"
+    export_gguf(a.model, f32, overwrite=True)
+    files["F32 (matgptq export of fp32)"] = {"path": f32, "source": "fp32", "hf": (a.model, None)}
+    for name in ("Q4_0", "Q4_K_M"):
+        dst = work / f"llamacpp-{name}.gguf"
+        t0 = time.time()
+        llama_quantize(f32, dst, name, a.threads)
+        log(f"llama.cpp {name}: {time.time() - t0:.1f}s")
+        files[f"llama.cpp {name}"] = {"path": dst, "source": "llama_model_quantize(F32)", "hf": None}
+    exports = {
+        "GPTQ-4 → Q4_0": (ckpts["gptq"], 4),
+        f"MatGPTQ[{a.matgptq_bits}] 4-bit slice → Q4_0": (ckpts["matgptq"], 4),
+        f"MatGPTQ[{a.matgptq_bits}] 4-bit, down_proj 8-bit → Q4_0": (ckpts["matgptq"], mix),
+    }
+    reports = {}
+    for label, (ck, bits) in exports.items():
+        dst = work / (label.split(" ")[0].replace("[", "_").replace("]", "").replace(",", "") +
+                      ("-mix" if isinstance(bits, dict) else "") + ".gguf")  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rep = export_gguf(ck, dst, bits=None if isinstance(bits, dict) else bits,
+                              bits_config=bits if isinstance(bits, dict) else None, qtype="q4_0",
+                              float_type="f16", embed_type="q8_0", overwrite=True)  # fmt: skip
+        reports[label] = rep
+        q_layers = [t for t in rep.tensors if t.bits is not None]
+        files[label] = {"path": dst, "source": f"matgptq export ({ck.name})", "hf": (ck, bits),
+                        "exact_layers": f"{sum(t.exact for t in q_layers)}/{len(q_layers)}",
+                        "max_dw_exact_layers": max((t.max_abs_err for t in q_layers if t.method == 'codes'),
+                                                   default=0.0)}  # fmt: skip
+
+    # Our Q8_0 token_embd is gguf-py's port of ggml's quantize_row_q8_0: compare bytes with llama.cpp's own file.
+    import gguf
+
+    def tensor_bytes(path: Path, name: str) -> bytes:
+        return next(np.asarray(t.data).tobytes() for t in gguf.GGUFReader(str(path)).tensors if t.name == name)
+
+    same_embd = tensor_bytes(files["llama.cpp Q4_0"]["path"], "token_embd.weight") == tensor_bytes(
+        files[next(iter(exports))]["path"], "token_embd.weight")  # fmt: skip
+
+    # --- score ----------------------------------------------------------------------------------------------------
+    t0 = time.time()
+    ppl_f32, _, ref_cpp = score_llamacpp(f32, windows, None, a.threads)
+    log(f"llama.cpp F32 reference: ppl {ppl_f32:.4f} ({time.time() - t0:.1f}s)")
+    fp = load_fp_model(a.model, torch.float32)
+    ref_hf = reference_logprobs(fp, windows)
+    from matgptq.evaluate import perplexity
+
+    ppl_hf_fp = perplexity(fp, windows)
+    del fp
+    rows, results = [], {}
+    for label, info in files.items():
+        t0 = time.time()
+        if label.startswith("F32"):
+            ppl, kl = ppl_f32, 0.0
+        else:
+            ppl, kl, _ = score_llamacpp(info["path"], windows, ref_cpp, a.threads)
+        hf_ppl = hf_kl = None
+        if info["hf"] is not None:
+            src, bits = info["hf"]
+            hf_ppl, hf_kl = (ppl_hf_fp, 0.0) if bits is None else hf_scores(src, bits, windows, ref_hf)
+        types = gguf_types(info["path"])
+        size = info["path"].stat().st_size
+        results[label] = {"file": str(info["path"]), "source": info["source"], "size_bytes": size,
+                          "types": types, "types_summary": type_summary(types), "ppl_llamacpp": ppl,
+                          "kl_llamacpp": kl, "ppl_hf": hf_ppl, "kl_hf": hf_kl,
+                          **{k: info[k] for k in ("exact_layers", "max_dw_exact_layers") if k in info}}  # fmt: skip
+        log(f"{label}: ppl {ppl:.4f} KL {kl:.5f} ({time.time() - t0:.1f}s)")
+    base_kl = results["llama.cpp Q4_0"]["kl_llamacpp"]
+    for label, r in results.items():
+        r["kl_vs_llamacpp_q4_0"] = r["kl_llamacpp"] / base_kl if base_kl else None
+        rows.append([label, r["size_bytes"], r["types_summary"], r["ppl_llamacpp"], r["kl_llamacpp"],
+                     r["kl_vs_llamacpp_q4_0"], r["ppl_hf"], r["kl_hf"]])  # fmt: skip
+    table = format_table(["GGUF", "bytes", "tensor types (excl. norms)", "ppl (llama.cpp)", "KL (llama.cpp)",
+                          "KL / llama.cpp Q4_0", "ppl (HF fp32)", "KL (HF fp32)"], rows)  # fmt: skip
+    print(table)
+    print(f"\nKL(F32 GGUF ‖ file) and perplexity from llama.cpp logits on {windows.shape[0]}×{a.seqlen} tokens; "
+          f"HF columns: matgptq.load of the same checkpoint, KL to the HF fp32 model (ppl {ppl_hf_fp:.4f}). "
+          f"token_embd Q8_0 bytes identical to llama.cpp's: {same_embd}.")  # fmt: skip
+    goal = {k: v["kl_vs_llamacpp_q4_0"] for k, v in results.items() if k in exports}
+    print("goal KL ≤ 0.7 × llama.cpp Q4_0: " + ", ".join(f"{k}: {v:.3f} {'✓' if v <= 0.7 else '✗'}"
+                                                          for k, v in goal.items()))  # fmt: skip
+    if a.out_json:
+        a.out_json.parent.mkdir(parents=True, exist_ok=True)
+        a.out_json.write_text(json.dumps({
+            "protocol": {"model": str(a.model), "text": str(a.text), "calibration": "128x256 from last 40%, seed 0",
+                         "evaluation": f"first 60%, first {a.max_tokens} tokens, {windows.shape[0]}x{a.seqlen}",
+                         "group_size": a.group_size, "matgptq_bits": a.matgptq_bits, "nsamples": a.nsamples},
+            "ppl_f32_llamacpp": ppl_f32, "ppl_fp32_hf": ppl_hf_fp, "token_embd_q8_0_identical": same_embd,
+            "results": results, "table": table, "seconds": time.time() - t_start,
+        }, indent=2, default=str))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
