@@ -37,7 +37,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="only 3- and 4-bit runs")
     ap.add_argument("--out", default=str(ROOT / "docs"), help="output directory for results.{md,json,png}")
+    ap.add_argument("--from-json", action="store_true", help="re-render tables/plot/README from results.json")
     args = ap.parse_args()
+    out = Path(args.out)
+    if args.from_json:
+        render(json.loads((out / "results.json").read_text())["rows"], out)
+        return
     torch.set_num_threads(1)  # stories260K is tiny: one thread is fastest (models/README.md)
 
     tok = load_tokenizer(MODEL)
@@ -76,9 +81,12 @@ def main() -> None:
             rows.append({"method": "MatGPTQ slice", "options": label, "bits": r, "ppl": ppl, "kl": kl, "seconds": seconds})
             print(f"matgptq slice {r} {label}: ppl {ppl:.4f}", flush=True)
 
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"protocol": __doc__, "rows": rows}, indent=2))
+    render(rows, out)
+
+
+def render(rows: list[dict], out: Path) -> None:
     table = format_table(["method", "options", "bits", "perplexity", "KL to fp32"],
                          [[r["method"], r["options"], r["bits"], r["ppl"], r["kl"]] for r in rows])  # fmt: skip
     claims = matgptq_claims(rows)
@@ -88,6 +96,17 @@ def main() -> None:
     print(table)
     print(claims)
     plot(rows, out / "results.png")
+    update_readme(table, claims)
+
+
+def update_readme(table: str, claims: str) -> None:
+    """Replace the block between the results markers in README.md with this run's tables."""
+    readme = ROOT / "README.md"
+    start, end = "<!-- results:start -->", "<!-- results:end -->"
+    text = readme.read_text()
+    if start in text and end in text:
+        block = f"{start}\n{table}\n\nMatGPTQ quality claims (issue #3) on this run:\n\n{claims}\n{end}"
+        readme.write_text(text[: text.index(start)] + block + text[text.index(end) + len(end) :])
 
 
 def matgptq_claims(rows: list[dict]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -12,6 +13,7 @@ from . import __version__
 from .calibration import calibration_windows, file_sha256, read_text, tokenize
 from .checkpoint import save_checkpoint
 from .config import CalibConfig, Method, QuantConfig
+from .errors import UserError
 from .fsutil import check_output
 from .hf import load_fp_model, load_tokenizer, require_model_dir
 from .models import arch_spec, quantized_layer_names
@@ -35,55 +37,54 @@ def make_config(method: str | Method = "gptq", bits=4, master_bits: int | None =
         master = master_bits or max(widths)
         return QuantConfig(method=method, bits=master, target_bits=widths, bit_weights=tuple(bit_weights or ()), **options)
     if len(widths) != 1:
-        from .errors import UserError
-
         raise UserError(f"--method {method.value} takes one width, got {list(widths)}; use --method matgptq for several")
     return QuantConfig(method=method, bits=widths[0], **options)
 
 
 def quantize(
-    model: str | Path, out: str | Path, *, calib: str | Path | list[str], method: str = "gptq", bits=4,
-    master_bits: int | None = None, bit_weights=None, calib_range: tuple[float, float] = (0.0, 1.0),
+    model: str | Path, out: str | Path, *, calib: str | Path | list[str] | None = None, method: str = "gptq",
+    bits=4, master_bits: int | None = None, bit_weights=None, calib_range: tuple[float, float] = (0.0, 1.0),
     nsamples: int = 128, seqlen: int = 256, seed: int = 0, overwrite: bool = False, progress: bool = True,
     **options,
 ) -> tuple[Path, list[LayerReport]]:  # fmt: skip
-    """Quantize the HF model directory `model` and write a matgptq checkpoint to `out` (atomically)."""
+    """Quantize the HF model directory `model` and write a matgptq checkpoint to `out` (atomically).
+
+    `calib`: a UTF-8 text file (cut to `calib_range` by characters) or a list of strings; not needed for RTN.
+    """
     cfg = make_config(method, bits, master_bits, bit_weights, **options)
     calib_cfg = CalibConfig(
-        path=None if isinstance(calib, list) else str(calib), text_range=tuple(calib_range), nsamples=nsamples,
-        seqlen=seqlen, seed=seed, sha256=None if isinstance(calib, list) else file_sha256(read_path(calib)),
+        path=str(calib) if isinstance(calib, (str, Path)) else None, text_range=tuple(calib_range),
+        nsamples=nsamples, seqlen=seqlen, seed=seed,
     )  # fmt: skip
     check_output(out, overwrite)
     require_model_dir(model)
     tokenizer = load_tokenizer(model)
-    text = calib if isinstance(calib, list) else read_text(calib, calib_cfg.text_range)
-    windows = calibration_windows(tokenize(tokenizer, text), nsamples, seqlen, seed)
+    if calib is None:
+        if cfg.method is not Method.RTN:
+            raise UserError(f"--method {cfg.method.value} needs calibration text; pass --calib FILE")
+        windows = torch.zeros(1, 1, dtype=torch.int64)  # RTN never runs the model
+    else:
+        text = calib if isinstance(calib, list) else read_text(calib, calib_cfg.text_range)
+        windows = calibration_windows(tokenize(tokenizer, text), nsamples, seqlen, seed)
     fp = load_fp_model(model)
-    arch_spec(fp.config.model_type)
+    spec = arch_spec(fp.config.model_type)
     layers, reports = quantize_model(fp, windows, cfg, progress=progress)
-    names = {f"{n}.weight" for n in quantized_layer_names(fp, arch_spec(fp.config.model_type))}
+    quantized = {f"{n}.weight" for n in quantized_layer_names(fp, spec)}
     tensors, seen = {}, set()
     for name, t in fp.state_dict().items():
-        if name in names or t.data_ptr() in seen:  # quantized weights, and tied duplicates (lm_head)
+        if name in quantized or t.data_ptr() in seen:  # quantized weights, and tied duplicates (lm_head)
             continue
         seen.add(t.data_ptr())
         tensors[name] = t
     meta = {
         "quantization": cfg.to_json(),
-        "calibration": {**calib_cfg.__dict__, "text_range": list(calib_cfg.text_range)},
+        "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range),
+                        "sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None},
         "source_model": str(Path(model).resolve()),
         "model_type": fp.config.model_type,
         "versions": {"matgptq": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
+        "report": [asdict(r) for r in reports],
     }  # fmt: skip
     save_checkpoint(out, fp.config.to_dict(), tensors, layers, meta, model, overwrite)
     return Path(out), reports
-
-
-def read_path(p: str | Path) -> Path:
-    from .errors import UserError
-
-    path = Path(p)
-    if not path.is_file():
-        raise UserError(f"text file not found: {path}; give the path of a UTF-8 text file")
-    return path

@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--block-size", type=int, default=128, help="GPTQ lazy-update block size")
     q.add_argument("--no-true-sequential", dest="true_sequential", action="store_false",
                    help="quantize all Linears of a block from the same inputs")  # fmt: skip
-    q.add_argument("--calib", required=True, help="calibration text file (UTF-8)")
+    q.add_argument("--calib", help="calibration text file (UTF-8); required except for --method rtn")
     q.add_argument("--calib-range", type=_range, default=(0.0, 1.0), help="character range START:END of --calib")
     q.add_argument("--nsamples", type=int, default=128, help="number of calibration windows")
     q.add_argument("--seqlen", type=int, default=256, help="tokens per calibration window")
@@ -119,8 +119,9 @@ def cmd_eval(a: argparse.Namespace) -> None:
     if a.kl_to:
         ref = reference_logprobs(load(a.kl_to), windows, a.batch_size)
     bits_list: list = [None]
-    if a.bits:
-        bits_list = [a.bits] if not all(b.strip().isdigit() for b in a.bits.split(",")) else [int(b) for b in a.bits.split(",")]
+    if a.bits:  # "3,4,6,8" → several uniform widths; anything else is a mix JSON file
+        widths = a.bits.split(",")
+        bits_list = [int(b) for b in widths] if all(b.strip().isdigit() for b in widths) else [a.bits]
     model = load(a.model, bits=bits_list[0])
     results = []
     for bits in bits_list:

@@ -331,3 +331,35 @@ def test_dynamic_negative_override_and_unsupported_checkpoints(parents, tmp_path
     (out / "model.safetensors").rename(out / "pytorch_model.bin")
     with pytest.raises(UserError, match="safetensors"):
         matgptq.load(out)
+
+
+def test_gptq_source_converts_between_v1_and_v2(parents, tmp_path):
+    v2 = export_gptq(parents["sym", True], tmp_path / "v2", "gptq_v2", bits=3)
+    v1 = export_gptq(v2, tmp_path / "v1", "gptq_v1")  # a GPTQ checkpoint is a valid source too
+    a, b = read_gptq_checkpoint(v2), read_gptq_checkpoint(v1)
+    assert b.meta["checkpoint_format"] == "gptq" and json.loads((v1 / "quantize_config.json").read_text())["desc_act"]
+    for n, q in a.layers.items():
+        assert torch.equal(b.layers[n].dequantize(), q.dequantize())
+
+
+def test_scales_in_other_dtypes_are_read_only_when_exact(parents, tmp_path):
+    out = export_gptq(parents["sym", False], tmp_path / "g", "gptq_v2", bits=4)
+    want = read_gptq_checkpoint(out)
+    raw = load_file(str(out / "model.safetensors"))
+    key = "model.layers.0.mlp.up_proj.scales"
+    raw[key] = raw[key].float()
+    save_file(raw, str(out / "model.safetensors"))
+    assert torch.equal(read_gptq_checkpoint(out).layers[key[:-7]].dequantize(), want.layers[key[:-7]].dequantize())
+    raw[key][0, 0] += 1e-6
+    save_file(raw, str(out / "model.safetensors"))
+    with pytest.raises(UserError, match="float16 cannot hold"):
+        read_gptq_checkpoint(out)
+
+
+def test_corrupt_tensors_are_reported(parents, tmp_path):
+    out = export_gptq(parents["sym", False], tmp_path / "g", "gptq_v2", bits=4)
+    raw = load_file(str(out / "model.safetensors"))
+    raw["model.layers.0.mlp.up_proj.qzeros"] = raw["model.layers.0.mlp.up_proj.qzeros"][:, :-1].contiguous()
+    save_file(raw, str(out / "model.safetensors"))
+    with pytest.raises(UserError, match="corrupt"):
+        read_gptq_checkpoint(out)

@@ -41,7 +41,6 @@ from ..hf import copy_tokenizer_files
 from ..quantized import QuantizedWeight
 
 FORMATS = {"gptq_v1": "gptq", "gptq_v2": "gptq_v2"}  # CLI name -> checkpoint_format
-TENSORS = ("qweight", "qzeros", "scales", "g_idx")
 _V1_WORD_ADD = {2: 0x55555555, 4: 0x11111111, 8: 0x01010101}  # GPTQModel's v1 ⇄ v2 word constants (§2.2)
 
 
@@ -80,7 +79,7 @@ def _layer_tensors(name: str, q: QuantizedWeight, v1: bool) -> tuple[dict[str, t
         )
     try:
         packed_zeros = to_v1_zeros(zeros.T, r) if v1 else zeros.T
-        tensors = {"qweight": pack_rows(codes.T, r), "qzeros": pack_cols(packed_zeros.astype(np.int64), r)}
+        tensors = {"qweight": pack_rows(codes.T, r), "qzeros": pack_cols(packed_zeros, r)}
     except ValueError as e:
         raise UserError(f"{name} (shape {tuple(codes.shape)} out × in) cannot be stored as {r}-bit GPTQ: {e}") from None
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}
@@ -202,8 +201,39 @@ def _v1_to_true(qzeros: torch.Tensor, bits: int, n: int, by_gptqmodel: bool) -> 
     return z
 
 
+def _is_v2(p: Path, label: str, stored: dict[str, np.ndarray], widths: dict[str, int]) -> bool:
+    """v1 or v2 zeros: the label, unless every stored zero is the symmetric value of the other convention — GPTQ
+    checkpoints labelled "gptq" that hold v2 zeros exist (formats.md §2.5, §8.4); then trust the data and warn."""
+    v2 = label == "gptq_v2"
+    other = "v1" if v2 else "v2"  # its symmetric stored zero is 2^(b−1) − 1 (v1) or 2^(b−1) (v2)
+    if stored and all((z == (1 << (widths[n] - 1)) - int(v2)).all() for n, z in stored.items()):
+        warnings.warn(f"{p} is labelled {label} but holds the symmetric {other} zero points; reading them as {other}",
+                      stacklevel=3)  # fmt: skip
+        return not v2
+    return v2
+
+
+def _layer(p: Path, name: str, raw: dict, r: int, zeros: np.ndarray, group_size: int) -> QuantizedWeight:
+    qweight, scales, g_idx = raw.pop(f"{name}.qweight"), raw.pop(f"{name}.scales"), raw.pop(f"{name}.g_idx", None)
+    k, n = qweight.shape[0] * 32 // r, qweight.shape[1]
+    g_idx = _trivial_g_idx(k, group_size) if g_idx is None else g_idx.to(torch.int32)
+    if scales.shape != (zeros.shape[0], n) or g_idx.shape != (k,):
+        raise UserError(f"{p}: {name} has scales {tuple(scales.shape)} and g_idx {tuple(g_idx.shape)} for a {k}×{n} "
+                        f"layer with {zeros.shape[0]} groups; the checkpoint is corrupt")  # fmt: skip
+    if k and (int(g_idx.min()) < 0 or int(g_idx.max()) >= zeros.shape[0]):
+        raise UserError(f"{p}: {name}.g_idx points outside its {zeros.shape[0]} groups; the checkpoint is corrupt")
+    half = scales.to(torch.float16)
+    if not torch.equal(half.to(scales.dtype), scales):
+        raise UserError(f"{p}: {name} has {scales.dtype} scales that float16 cannot hold exactly; matgptq keeps fp16")
+    return QuantizedWeight(
+        codes=torch.from_numpy(np.ascontiguousarray(unpack_rows(qweight.numpy(), r, k).T)),
+        scales=half.T.contiguous(), zeros=torch.from_numpy(np.ascontiguousarray(zeros.T.astype(np.uint8))),
+        g_idx=g_idx.contiguous(), bits=r,
+    )  # fmt: skip
+
+
 def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
-    """A GPTQ v1/v2 checkpoint directory as a `Checkpoint` of plain r-bit layers (shift 0)."""
+    """A GPTQ v1/v2 checkpoint directory (safetensors) as a `Checkpoint` of plain r-bit layers (shift 0)."""
     p = Path(path)
     config, qc = _read_config(p)
     config.pop("quantization_config", None)
@@ -212,45 +242,31 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
         raise UserError(f"{p} is GPTQ format '{label}'; matgptq reads 'gptq' (v1) and 'gptq_v2' (re-save it as one)")
     if str(qc.get("pack_dtype", "int32")) != "int32":
         raise UserError(f"{p} packs into {qc['pack_dtype']} words; matgptq reads int32-packed GPTQ only")
-    base, group_size, dynamic = int(qc.get("bits", 4)), int(qc.get("group_size", 128)), qc.get("dynamic") or {}
+    if "bits" not in qc:
+        raise UserError(f"{p}: the GPTQ config has no `bits`; the checkpoint is incomplete")
+    base, group_size, dynamic = int(qc["bits"]), int(qc.get("group_size", 128)), qc.get("dynamic") or {}
     quantizers = (qc.get("meta") or {}).get("quantizer") or []
     by_gptqmodel = any(str(s).lower().startswith("gptqmodel:") for s in np.atleast_1d(quantizers))
     raw = _read_tensors(p)
-    names = [k[: -len(".qweight")] for k in raw if k.endswith(".qweight")]
-    stored, widths = {}, {}
-    for name in names:
+    widths, stored = {}, {}
+    for name in [k[: -len(".qweight")] for k in raw if k.endswith(".qweight")]:
         r = _layer_bits(name, base, dynamic)
         if r is None:
             raise UserError(f"{p}: {name} is stored quantized but the config's `dynamic` excludes it; fix the config")
-        qweight = raw[f"{name}.qweight"]
-        n = qweight.shape[1]
-        k = raw[f"{name}.g_idx"].shape[0] if f"{name}.g_idx" in raw else qweight.shape[0] * 32 // r
-        if r not in SUPPORTED_BITS or qweight.shape[0] * 32 != k * r:
-            raise UserError(f"{p}: {name} has qweight {tuple(qweight.shape)} for {k} inputs, which is not {r}-bit GPTQ")
-        widths[name] = r
-        stored[name] = unpack_cols(raw[f"{name}.qzeros"].numpy(), r, n)
-    v2 = label == "gptq_v2"
-    for data_v2 in (True, False):  # mislabelled checkpoints exist (formats.md §8.4): trust clearly symmetric data
-        if stored and all((z == (1 << (widths[n] - 1)) - (not data_v2)).all() for n, z in stored.items()):
-            if data_v2 != v2:
-                warnings.warn(f"{p} is labelled {label} but its zero points are symmetric "
-                              f"{'v2' if data_v2 else 'v1'} values; reading them as {'v2' if data_v2 else 'v1'}",
-                              stacklevel=2)  # fmt: skip
-            v2 = data_v2
+        rows, n = raw[f"{name}.qweight"].shape
+        k = raw[f"{name}.g_idx"].shape[0] if f"{name}.g_idx" in raw else rows * 32 // r
+        if r not in SUPPORTED_BITS or rows * 32 != k * r:
+            raise UserError(f"{p}: {name} has qweight {(rows, n)} for {k} inputs, which is not {r}-bit GPTQ")
+        try:
+            widths[name], stored[name] = r, unpack_cols(raw[f"{name}.qzeros"].numpy(), r, n)
+        except (KeyError, ValueError) as e:
+            raise UserError(f"{p}: {name} has no valid {r}-bit qzeros ({e}); the checkpoint is corrupt") from None
+    v2 = _is_v2(p, label, stored, widths)
     layers = {}
     for name, r in widths.items():
-        qweight, scales = raw.pop(f"{name}.qweight"), raw.pop(f"{name}.scales")
-        qzeros, g_idx = raw.pop(f"{name}.qzeros"), raw.pop(f"{name}.g_idx", None)
-        k, n = qweight.shape[0] * 32 // r, qweight.shape[1]
-        g_idx = _trivial_g_idx(k, group_size) if g_idx is None else g_idx.to(torch.int32)
-        zeros = stored[name].astype(np.int32) if v2 else _v1_to_true(qzeros, r, n, by_gptqmodel)
-        if g_idx.numel() and (int(g_idx.min()) < 0 or int(g_idx.max()) >= scales.shape[0]):
-            raise UserError(f"{p}: {name}.g_idx points outside its {scales.shape[0]} groups; the checkpoint is corrupt")
-        layers[name] = QuantizedWeight(
-            codes=torch.from_numpy(np.ascontiguousarray(unpack_rows(qweight.numpy(), r, k).T)),
-            scales=scales.to(torch.float16).T.contiguous(), zeros=torch.from_numpy(np.ascontiguousarray(zeros.T)).to(torch.uint8),
-            g_idx=g_idx.contiguous(), bits=r,
-        )  # fmt: skip
+        qzeros = raw.pop(f"{name}.qzeros")
+        zeros = stored[name] if v2 else _v1_to_true(qzeros, r, qzeros.shape[1] * 32 // r, by_gptqmodel)
+        layers[name] = _layer(p, name, raw, r, zeros, group_size)
     quant = {"method": "gptq", "bits": base, "group_size": group_size, "sym": bool(qc.get("sym", True)),
              "act_order": bool(qc.get("desc_act", False))}  # fmt: skip
     meta = {"format": "gptq", "checkpoint_format": "gptq_v2" if v2 else "gptq", "quantization": quant}
