@@ -32,11 +32,14 @@ test: venv
 # Peer libraries for the interop tests (GPTQModel, optimum, llama-cpp-python; the last builds llama.cpp once,
 # about 10 minutes, then comes from pip's wheel cache).
 interop: venv
-	GPTQMODEL_CPU_WORKERS=2 $(PIP) -e ".[dev,interop]"
+	GPTQMODEL_CPU_WORKERS=2 CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	    $(PIP) -e ".[dev,interop]"
 
+# llm-compressor 0.14 needs transformers<=5.17 (it downgrades the venv's transformers; the tests pass with both).
 bench: interop
 	$(PIP) -e ".[bench]"
-	GPTQMODEL_CPU_WORKERS=2 $(BIN)/python scripts/bench_gptq.py
+	GPTQMODEL_CPU_WORKERS=2 TORCHDYNAMO_DISABLE=1 $(BIN)/python scripts/bench_gptq.py
+	$(BIN)/python scripts/bench_multibit.py
 
 results: venv
 	$(BIN)/python scripts/results.py

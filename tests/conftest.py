@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# GPTQModel: two CPU workers on this machine; its torch kernel otherwise torch.compile()s on every load (seconds).
+os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 STORIES = SHARED / "models" / "stories260K"
 TINYSTORIES = SHARED / "data" / "tinystories" / "tinystories_val_head.txt"
