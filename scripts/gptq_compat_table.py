@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = "tests/export/test_gptq_interop.py"
+PURE_TESTS = "tests/export/test_gptq_export.py"
 PEERS = ("gptqmodel", "optimum", "transformers", "torch")
 
 VLLM_NOTE = """\
@@ -89,7 +90,10 @@ def render(results: dict[str, dict], versions: dict[str, str]) -> str:
         "MatGPTQ parent (2,3,4,8) sliced; asymmetric: a plain GPTQ checkpoint per width — written with `matgptq export`,",
         "loaded by the peer in float16 and compared with `matgptq.load(source, bits=r)`. *match* means every check of",
         "the test passed: the peer's dequantized weights equal ours bit for bit (where the kernel can dequantize) and",
-        "the logits agree. Δ16 / Δ32 = max |Δlogits| / max |logits| against our float16 / float32 model.",
+        "the logits agree. Δ16 / Δ32 = max |Δlogits| / max |logits| against our float16 / float32 model; the tests",
+        "require Δ16 ≤ 1e-3 and Δ32 ≤ 5e-3, except for `TorchAtenLinear` (transformers' default 4-bit CPU kernel, which",
+        "casts scales and activations to bfloat16): Δ32 ≤ 2e-2 there, and the same file loaded with the torch kernel",
+        "forced must give Δ16 ≤ 1e-3 (shown as 'torch kernel Δ16').",
         "",
         "## Exports loaded by the peers",
         "",
@@ -102,7 +106,7 @@ def render(results: dict[str, dict], versions: dict[str, str]) -> str:
                 for ao in ("plain", "act_order"):
                     row = f"| {bits} | {sym} | {fmt} | {'yes' if ao == 'act_order' else 'no'} | "
                     if sym == "asym" and fmt == "gptq_v1":
-                        lines.append(row + "refused by `matgptq export`: use gptq_v2 (tests/export/test_gptq_export.py) | — |")
+                        lines.append(row + f"refused by `matgptq export`: use gptq_v2 ({PURE_TESTS}) | — |")
                         continue
                     key = f"[{bits}bit-{sym}-{fmt}-{ao}]"
                     gm = results.get(f"test_gptqmodel_loads_export{key}")

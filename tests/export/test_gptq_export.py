@@ -152,6 +152,9 @@ def _logits(model):
                                            ("sym", 8, "gptq_v2"), ("asym", 4, "gptq_v2")])  # fmt: skip
 def test_loaded_export_has_the_logits_of_the_slice(quantized, tmp_path, kind, bits, fmt):
     out = export_gptq(quantized[kind], tmp_path / "g", fmt, bits=bits)
+    back = read_gptq_checkpoint(out)
+    for name, q in read_checkpoint(quantized[kind]).layers.items():
+        assert torch.equal(back.layers[name].dequantize(), q.slice(bits).dequantize()), name
     assert torch.equal(_logits(matgptq.load(out)), _logits(matgptq.load(quantized[kind], bits=bits)))
     qc = json.loads((out / "quantize_config.json").read_text())
     assert qc["desc_act"] == (kind == "sym") and qc["group_size"] == (GROUP if kind == "sym" else -1)

@@ -38,7 +38,13 @@ CALIB = ["Once upon a time there was a little girl who liked to play in the park
 BITS = (2, 3, 4, 8)
 MATRIX = [(b, sym, fmt, ao) for b in BITS for sym in (True, False) for fmt in ("gptq_v1", "gptq_v2")
           for ao in (False, True) if sym or fmt == "gptq_v2"]  # asymmetric v1 is refused (test_gptq_export.py)
-IDS = [f"{b}bit-{'sym' if s else 'asym'}-{f}-{'act_order' if a else 'plain'}" for b, s, f, a in MATRIX]
+
+
+def _ids(cases):
+    return [f"{b}bit-{'sym' if s else 'asym'}-{f}-{'act_order' if a else 'plain'}" for b, s, f, a in cases]
+
+
+IDS = _ids(MATRIX)
 
 
 class Cache:
@@ -178,7 +184,7 @@ def test_transformers_optimum_loads_export(gptqmodel, cache, record_property, bi
 GM_CASES = [(4, True, "gptq", False), (3, False, "gptq_v2", True), (2, False, "gptq", False), (8, True, "gptq_v2", True)]
 
 
-@pytest.mark.parametrize("bits,sym,fmt,ao", GM_CASES, ids=[f"{b}bit-{'sym' if s else 'asym'}-{f}-{'act_order' if a else 'plain'}" for b, s, f, a in GM_CASES])  # fmt: skip
+@pytest.mark.parametrize("bits,sym,fmt,ao", GM_CASES, ids=_ids(GM_CASES))
 def test_we_read_gptqmodel_checkpoints(gptqmodel, cache, record_property, tmp_path, bits, sym, fmt, ao):
     gm = gptqmodel
     text = TINYSTORIES.read_text()[:20000] if TINYSTORIES.is_file() else " ".join(CALIB) * 20
