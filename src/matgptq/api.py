@@ -83,7 +83,8 @@ def quantize(
         "source_model": str(Path(model).resolve()),
         "model_type": fp.config.model_type,
         "versions": {"matgptq": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": platform.python_version()},
+                     "python": platform.python_version(),
+                     "torch_threads": torch.get_num_threads()},  # float summation order: part of bit-exactness
         "report": [asdict(r) for r in reports],
     }  # fmt: skip
     save_checkpoint(out, fp.config.to_dict(), tensors, layers, meta, model, overwrite)
