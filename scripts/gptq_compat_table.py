@@ -115,7 +115,12 @@ def render(results: dict[str, dict], versions: dict[str, str]) -> str:
     lines += [
         "",
         "5/6/7-bit slices are refused (GPTQ has no packing for them); so are asymmetric slices whose parent zero is not",
-        "a multiple of 2^(c−r), scales that overflow float16 and shapes the int32 packing cannot hold.",
+        "a multiple of 2^(c−r), scales that overflow float16, and 3-bit layers whose input or output features are not",
+        "multiples of 32 (next section).",
+        "",
+    ]
+    lines += render_stories(results)
+    lines += [
         "",
         "## Per-layer mixes (`dynamic` overrides)",
         "",
@@ -141,6 +146,63 @@ def render(results: dict[str, dict], versions: dict[str, str]) -> str:
         lines.append(f"| {bits} | " + " | ".join("✅ identical" if x and x["outcome"] == "pass" else
                                                   (x["outcome"] if x else "not run") for x in r) + " |")  # fmt: skip
     return "\n".join(lines + ["", VLLM_NOTE])
+
+
+def render_stories(results: dict[str, dict]) -> list[str]:
+    """The odd-shape section: the real stories260K, whose MLP width 172 fills no whole int32 word at 2 or 4 bits."""
+    lines = [
+        "## Odd shapes: stories260K (MLP width 172)",
+        "",
+        "The real `stories260K` (hidden 64, MLP 172, 5 blocks) as one MatGPTQ parent (2, 4, 8), symmetric, group size 32.",
+        "172 features fill no whole int32 word at 2 or 4 bits (gate/up_proj outputs, down_proj inputs: 15 layers), so",
+        "`matgptq export` writes them as GPTQModel 7.6.0 writes its own files: `qweight` has ceil(K·b/32) rows and `qzeros`",
+        "ceil(N·b/32) columns, the unused fields of the last word hold zero codes and zero (v2) zero points, and v1 zeros",
+        "are GPTQModel's word subtraction (so the unused fields borrow, e.g. last 4-bit `qzeros` word 0xEEEF7777; the",
+        "real fields are unaffected). 172 fills whole words at 8 bits. Tolerances as above.",
+        "",
+        "| bits | GPTQModel.load gptq_v1 | GPTQModel.load gptq_v2 | transformers + optimum (gptq_v1) |",
+        "|---|---|---|---|",
+    ]  # fmt: skip
+    for bits in (2, 4, 8):
+        gm = [cell(results.get(f"test_gptqmodel_loads_padded_stories_export[{bits}bit-sym-{f}-plain]"))
+              for f in ("gptq_v1", "gptq_v2")]  # fmt: skip
+        res = results.get(f"test_transformers_optimum_loads_padded_stories_export[{bits}]")
+        hf = cell(res)
+        if res and res["outcome"] == "pass":
+            hf += f" `{res.get('kernel', '?')}`"
+            if res.get("default_kernel"):
+                hf += f"; default kernel {res['default_kernel']}"
+        lines.append(f"| {bits} | {gm[0]} | {gm[1]} | {hf} |")
+    lines += ["", "Packing identical to GPTQModel's packer (`pack_block`, falling back to `pack_original` for these shapes as",
+              "GPTQModel's `pack_module` does; v1 through its converter), same codes:", "",
+              "| bits | padded layers | qweight / qzeros |", "|---|---|---|"]  # fmt: skip
+    for bits in (2, 4, 8):
+        res = results.get(f"test_padded_stories_packing_matches_gptqmodel_packer[{bits}]")
+        word = "✅ identical" if res and res["outcome"] == "pass" else (res["outcome"] if res else "not run")
+        lines.append(f"| {bits} | {15 if bits in (2, 4) else 0} | {word} |")
+    lines += ["", "GPTQModel's own padded stories260K checkpoints (its quantizer, group size 32) read by `matgptq.load`; the",
+              "symmetric one re-exported by `matgptq export` in the same format gives GPTQModel's quantized tensors byte",
+              "for byte:", "", "| GPTQModel quantize config | result (Δ16 vs GPTQModel's logits) |", "|---|---|"]  # fmt: skip
+    for name, res in sorted(results.items()):
+        m = re.fullmatch(r"test_we_read_gptqmodel_padded_stories_checkpoints\[(\d)bit-(\w+)-(\w+)-(\w+)\]", name)
+        if m:
+            b, sym, fmt, ao = m.groups()
+            lines.append(f"| {b}-bit {sym}, format={fmt}, desc_act={ao == 'act_order'} | {cell(res)} |")
+    lines += [
+        "",
+        "Refused: **3-bit** layers whose input or output features are not multiples of 32 (stories260K at 3 bits).",
+        "3-bit GPTQ packs 32 values across 3 words; GPTQModel registers ceil(K·3/32) rows / ceil(N·3/32) columns but",
+        "its 3-bit unpacker reshapes them into whole 3-word blocks (fails for the 17 `qzeros` columns of N = 172), and",
+        "GPTQModel 7.6.0 itself crashes packing such a layer (IndexError in `pack_original`); both measured, not in the",
+        "test suite. `matgptq export` names the layer and suggests 2, 4 or 8 bits, or GGUF",
+        "(tests/export/test_gptq_export.py).",
+        "",
+        "Kernels: transformers' default 4-bit CPU kernel (`TorchAtenLinear`) rejects out_features 172 at the first",
+        "forward (`_convert_weight_to_int4pack_cpu` needs N % 16 == 0, for GPTQModel's own files too): load 4-bit",
+        "exports of such models with `GPTQConfig(bits=4, backend=\"gptq_torch\")`. GPU kernels that declare multiples of",
+        "32 or more (ExLlama v2, Triton, Machete) cannot run these layers either (from their declarations, not tested).",
+    ]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

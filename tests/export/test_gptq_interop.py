@@ -14,10 +14,15 @@ transformers + optimum pick GPTQModel's TorchAtenLinear for 4-bit on CPU, which 
 bfloat16 (gptqmodel/nn_modules/qlinear/torch_aten_kernel.py): bound BF16_TOL, measured ≤ 1.25e-2; the same file is
 then also loaded with the torch kernel forced and must match exactly. For scale: one zero point off by one, in one
 group of one layer, moves the logits by 3.3e-2..3.9e-2 (measured on this model), above every bound.
+
+Odd shapes: the real stories260K (MLP width 172, which fills no whole int32 word at 2 or 4 bits) exported padded as
+GPTQModel pads it, with the same checks; its 4-bit files need the torch kernel in transformers (the default 4-bit
+CPU kernel requires out_features % 16 == 0, asserted below so a peer upgrade that lifts it shows up).
 """
 
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -26,9 +31,9 @@ from safetensors.torch import load_file
 
 import matgptq
 from matgptq.checkpoint import read_checkpoint
-from matgptq.export.gptq import export_gptq, gptq_layer, read_gptq_checkpoint
+from matgptq.export.gptq import FORMATS, export_gptq, gptq_layer, read_gptq_checkpoint
 
-from tests.conftest import TINYSTORIES, require_peer
+from tests.conftest import STORIES, TINYSTORIES, require_peer
 
 pytestmark = pytest.mark.interop
 
@@ -50,8 +55,8 @@ IDS = _ids(MATRIX)
 class Cache:
     """Quantized sources, exports and reference logits, built on first use and shared by the whole module."""
 
-    def __init__(self, model_dir, base):
-        self.model_dir, self.base, self.items = model_dir, base, {}
+    def __init__(self, model_dir, base, widths=BITS, nsamples=8):
+        self.model_dir, self.base, self.items, self.widths, self.nsamples = model_dir, base, {}, widths, nsamples
         self.ids = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(0))
 
     def _get(self, key, make):
@@ -62,14 +67,17 @@ class Cache:
     def source(self, sym, bits, ao):
         """Symmetric: one MatGPTQ parent (2,3,4,8) sliced; asymmetric: a plain GPTQ r-bit checkpoint (shift 0)."""
         key = ("src", sym, None if sym else bits, ao)
-        kw = dict(method="matgptq", bits=BITS) if sym else dict(method="gptq", bits=bits, sym=False)
+        kw = dict(method="matgptq", bits=self.widths) if sym else dict(method="gptq", bits=bits, sym=False)
         return self._get(key, lambda: matgptq.quantize(
-            self.model_dir, self.base / "-".join(map(str, key)), calib=CALIB, nsamples=8, seqlen=64, progress=False,
+            self.model_dir, self.base / "-".join(map(str, key)), calib=CALIB, nsamples=self.nsamples, seqlen=64,
+            progress=False,
             group_size=GROUP, act_order=ao, **kw)[0])  # fmt: skip
 
     def export(self, bits, sym, fmt, ao):
         out = self.base / f"export-{bits}-{sym}-{fmt}-{ao}"
-        return self._get(out, lambda: export_gptq(self.source(sym, bits, ao), out, fmt, bits=bits))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "(?s).*zero-padded", UserWarning)  # stories260K; test_gptq_export.py
+            return self._get(out, lambda: export_gptq(self.source(sym, bits, ao), out, fmt, bits=bits))
 
     def reference(self, src, bits, dtype):
         """Logits and the model of matgptq.load(src, bits) in `dtype`."""
@@ -85,6 +93,12 @@ class Cache:
 @pytest.fixture(scope="module")
 def cache(tiny_llama_dir, tmp_path_factory):
     return Cache(tiny_llama_dir, tmp_path_factory.mktemp("gptq_interop"))
+
+
+@pytest.fixture(scope="module")
+def stories(tmp_path_factory):
+    """The real stories260K (hidden 64, MLP 172, 5 blocks): one MatGPTQ parent (2, 4, 8), lightly calibrated."""
+    return Cache(STORIES, tmp_path_factory.mktemp("gptq_stories"), widths=(2, 4, 8), nsamples=4)
 
 
 @pytest.fixture(scope="module")
@@ -184,27 +198,32 @@ def test_transformers_optimum_loads_export(gptqmodel, cache, record_property, bi
 GM_CASES = [(4, True, "gptq", False), (3, False, "gptq_v2", True), (2, False, "gptq", False), (8, True, "gptq_v2", True)]
 
 
-@pytest.mark.parametrize("bits,sym,fmt,ao", GM_CASES, ids=_ids(GM_CASES))
-def test_we_read_gptqmodel_checkpoints(gptqmodel, cache, record_property, tmp_path, bits, sym, fmt, ao):
-    gm = gptqmodel
+def _check_we_read_gptqmodel(gm, cache, record_property, out, bits, sym, fmt, ao):
+    """GPTQModel quantizes cache.model_dir and saves `out`; matgptq.load must give its weights and logits."""
     text = TINYSTORIES.read_text()[:20000] if TINYSTORIES.is_file() else " ".join(CALIB) * 20
     calib = [text[i * 1000 : (i + 1) * 1000] for i in range(16)]
     qcfg = gm.QuantizeConfig(bits=bits, group_size=GROUP, sym=sym, desc_act=ao, format=fmt)
     model = gm.GPTQModel.load(str(cache.model_dir), qcfg)
     model.quantize(calib, batch_size=4)
-    model.save(str(tmp_path / "gm"))
-    ckpt = read_gptq_checkpoint(tmp_path / "gm")
+    model.save(str(out))
+    ckpt = read_gptq_checkpoint(out)
     assert ckpt.meta["checkpoint_format"] == fmt and {q.bits for q in ckpt.layers.values()} == {bits}
     assert any(not torch.equal(q.g_idx, torch.arange(q.shape[1], dtype=torch.int32) // GROUP)
                for q in ckpt.layers.values()) == ao  # fmt: skip
-    logits, peer = _gptqmodel_logits(gm, tmp_path / "gm", cache.ids)
-    ours = matgptq.load(tmp_path / "gm", dtype=torch.float16)
+    logits, peer = _gptqmodel_logits(gm, out, cache.ids)
+    ours = matgptq.load(out, dtype=torch.float16)
     for name, w in _gptqmodel_weights(gm, peer).items():
         assert torch.equal(w.to(torch.float16), ours.get_submodule(name).weight), name
     with torch.no_grad():
         d = float((ours(cache.ids).logits.float() - logits).abs().max()) / float(logits.abs().max())
     record_property("rel_diff_vs_fp16", d)
     assert d <= EXACT_TOL
+    return ckpt
+
+
+@pytest.mark.parametrize("bits,sym,fmt,ao", GM_CASES, ids=_ids(GM_CASES))
+def test_we_read_gptqmodel_checkpoints(gptqmodel, cache, record_property, tmp_path, bits, sym, fmt, ao):
+    _check_we_read_gptqmodel(gptqmodel, cache, record_property, tmp_path / "gm", bits, sym, fmt, ao)
 
 
 # ------------------------------------------------------------------------------- our packing == GPTQModel's packing
@@ -237,3 +256,91 @@ def test_packing_matches_gptqmodel_packer(gptqmodel, cache, bits, sym):
             if sym:
                 convert_gptq_v2_to_v1_format_module(ql, gptqmodel.QuantizeConfig(bits=bits, group_size=GROUP))
                 assert np.array_equal(ql.qzeros.numpy(), exports["gptq_v1"][f"{name}.qzeros"].numpy()), (name, pack)
+
+
+# ------------------------------------------------------------------ odd shapes: the real stories260K (MLP width 172)
+
+STORIES_MATRIX = [(b, True, f, False) for b in (2, 4, 8) for f in ("gptq_v1", "gptq_v2")]
+STORIES_LAYERS = 35  # 5 blocks × 7 projections
+
+
+@pytest.mark.parametrize("bits,sym,fmt,ao", STORIES_MATRIX, ids=_ids(STORIES_MATRIX))
+def test_gptqmodel_loads_padded_stories_export(gptqmodel, stories, record_property, bits, sym, fmt, ao):
+    path = stories.export(bits, sym, fmt, ao)
+    qweight = load_file(str(path / "model.safetensors"))["model.layers.0.mlp.down_proj.qweight"]
+    assert qweight.shape == (-(-172 * bits // 32), 64)  # 22 rows for 172 inputs at 4 bits: padded, not refused
+    logits, model = _gptqmodel_logits(gptqmodel, path, stories.ids)
+    weights = _gptqmodel_weights(gptqmodel, model)
+    assert len(weights) == STORIES_LAYERS
+    _compare(stories, record_property, logits, stories.source(sym, bits, ao), bits, weights)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_transformers_optimum_loads_padded_stories_export(gptqmodel, stories, record_property, bits):
+    require_peer("optimum")
+    from transformers import AutoModelForCausalLM, GPTQConfig
+
+    path, src = stories.export(bits, True, "gptq_v1", False), stories.source(True, bits, False)
+    if bits == 4:  # TorchAtenLinear (_convert_weight_to_int4pack_cpu) needs out_features % 16 == 0; 172 is not
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16, device_map="cpu")
+        assert "TorchAtenLinear" in {type(m).__name__ for m in _quant_modules(model).values()}
+        with pytest.raises(RuntimeError, match="dividable by 16"), torch.no_grad():  # repacks on the first forward
+            model(stories.ids)
+        record_property("default_kernel", "rejects out_features 172 (TorchAtenLinear needs % 16)")
+    # (quantization_config=None would load the model unquantized: pass the argument only when forcing the kernel)
+    qc = {"quantization_config": GPTQConfig(bits=bits, backend=gptqmodel.BACKEND.GPTQ_TORCH.value)} if bits == 4 else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16, device_map="cpu", **qc)
+    with torch.no_grad():
+        logits = model(stories.ids).logits.float()
+    modules = _quant_modules(model)
+    assert len(modules) == STORIES_LAYERS and {type(m).__name__ for m in modules.values()} == {"TorchLinear"}
+    record_property("kernel", "TorchLinear" + (" (backend=gptq_torch)" if qc else ""))
+    _compare(stories, record_property, logits, src, bits, _gptqmodel_weights(gptqmodel, model))
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_padded_stories_packing_matches_gptqmodel_packer(gptqmodel, stories, bits):
+    """Our stories260K files, byte for byte, against GPTQModel's packer given the same codes: pack_block where it
+    accepts the shape, else pack_original (GPTQModel's pack_module falls back the same way), v1 via its converter."""
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.utils.model import convert_gptq_v2_to_v1_format_module
+
+    exports = {f: load_file(str(stories.export(bits, True, f, False) / "model.safetensors")) for f in FORMATS}
+    padded = 0
+    for name, q in read_checkpoint(stories.source(True, bits, False)).layers.items():
+        q = q.slice(bits)
+        _, scales, zeros = gptq_layer(name, q)
+        n, k = q.shape
+        linear = torch.nn.Linear(k, n, bias=False)
+        linear.weight.data = q.dequantize()
+        ql = TorchLinear(bits=bits, group_size=GROUP, sym=True, desc_act=False, in_features=k, out_features=n,
+                         bias=False, pack_dtype=torch.int32)  # fmt: skip
+        args = (linear, torch.from_numpy(scales).float(), torch.from_numpy(zeros).float(), q.g_idx)
+        try:
+            ql.pack_block(*args)
+        except ValueError:
+            ql.pack_original(*args)
+        padded += (k * bits) % 32 != 0 or (n * bits) % 32 != 0
+        assert np.array_equal(ql.qweight.numpy(), exports["gptq_v2"][f"{name}.qweight"].numpy()), name
+        assert np.array_equal(ql.qzeros.numpy(), exports["gptq_v2"][f"{name}.qzeros"].numpy()), name
+        convert_gptq_v2_to_v1_format_module(ql, gptqmodel.QuantizeConfig(bits=bits, group_size=GROUP))
+        assert np.array_equal(ql.qzeros.numpy(), exports["gptq_v1"][f"{name}.qzeros"].numpy()), name
+    assert padded == (15 if bits in (2, 4) else 0)  # gate/up/down_proj of 5 blocks
+
+
+STORIES_GM_CASES = [(4, True, "gptq", False), (2, False, "gptq", False)]
+
+
+@pytest.mark.parametrize("bits,sym,fmt,ao", STORIES_GM_CASES, ids=_ids(STORIES_GM_CASES))
+def test_we_read_gptqmodel_padded_stories_checkpoints(gptqmodel, stories, record_property, tmp_path, bits, sym, fmt,
+                                                       ao):  # fmt: skip
+    ckpt = _check_we_read_gptqmodel(gptqmodel, stories, record_property, tmp_path / "gm", bits, sym, fmt, ao)
+    theirs = load_file(str(tmp_path / "gm" / "model.safetensors"))
+    assert theirs["model.layers.0.mlp.down_proj.qweight"].shape == (-(-172 * bits // 32), 64)  # GPTQModel pads too
+    assert ckpt.layers["model.layers.0.mlp.gate_proj"].shape == (172, 64)
+    if sym:  # re-exported by us in the same format: GPTQModel's quantized tensors, byte for byte (v1 borrows included)
+        with pytest.warns(UserWarning, match="zero-padded"):
+            out = export_gptq(tmp_path / "gm", tmp_path / "ours", {"gptq": "gptq_v1"}.get(fmt, fmt))
+        ours = load_file(str(out / "model.safetensors"))
+        keys = [k for k in theirs if k.endswith((".qweight", ".qzeros", ".scales", ".g_idx"))]
+        assert len(keys) == 4 * STORIES_LAYERS and all(torch.equal(ours[k], theirs[k]) for k in keys)

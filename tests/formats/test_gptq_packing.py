@@ -11,6 +11,7 @@ from matgptq.formats.gptq_packing import (
     from_v1_zeros,
     pack_cols,
     pack_rows,
+    packed_words,
     to_v1_zeros,
     unpack_cols,
     unpack_rows,
@@ -266,6 +267,57 @@ def test_from_v1_top_field_decodes_like_per_field_readers() -> None:
 def test_to_v1_rejects_zero_zero_point() -> None:
     with pytest.raises(ValueError, match=r"GPTQ v1 cannot store.*gptq_v2"):
         to_v1_zeros(np.array([[0, 5, 8, 15, 0, 0, 3, 1]]), 4)
+
+
+# --- padding (GPTQModel's ceil layout, 2/4/8 bits) ----------------------------------------------
+
+
+def gptqmodel_pack_original_rows(intweight: np.ndarray, bits: int) -> np.ndarray:
+    """Port of GPTQModel 7.6.0 ``PackableQuantLinear.pack_original`` for 2/4/8 bits: ceil(K*b/32) zeroed words,
+    ``for j in range(min(pf, K - row*pf))`` so the last word's unused fields stay 0."""
+    pf, k = 32 // bits, intweight.shape[0]
+    q = intweight.astype(np.uint64)
+    out = np.zeros((-(-k * bits // 32), q.shape[1]), dtype=np.uint64)
+    for row in range(out.shape[0]):
+        for j in range(min(pf, k - row * pf)):
+            out[row] |= q[row * pf + j] << np.uint64(bits * j)
+    return (out & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("k", [1, 6, 170, 172, 176])
+def test_padded_packing_matches_gptqmodel(bits: int, k: int) -> None:
+    codes = np.random.default_rng(k + bits).integers(0, 2**bits, size=(k, 3))
+    packed = pack_rows(codes, bits, pad=True)
+    assert packed.shape == (packed_words(k, bits, pad=True), 3) == (-(-k * bits // 32), 3)
+    np.testing.assert_array_equal(packed, gptqmodel_pack_original_rows(codes, bits))
+    np.testing.assert_array_equal(pack_cols(codes.T, bits, pad=True), packed.T)
+    np.testing.assert_array_equal(unpack_rows(packed, bits, k, pad=True), codes)
+    np.testing.assert_array_equal(unpack_cols(packed.T, bits, k, pad=True), codes.T)
+
+
+def test_padding_words_and_refusals() -> None:
+    assert [packed_words(172, b, pad=True) for b in (2, 4, 8)] == [11, 22, 43]
+    assert packed_words(192, 3) == packed_words(192, 3, pad=True) == 18 and packed_words(0, 4) == 0
+    with pytest.raises(ValueError, match=r"cannot pack 172 values at 4 bits.*pass pad=True"):
+        packed_words(172, 4)
+    with pytest.raises(ValueError, match=r"cannot pack 172 rows at 3 bits.*multiple of 32.*no loader reads partially"):
+        pack_rows(np.zeros((172, 2), dtype=np.int64), 3, pad=True)
+    with pytest.raises(ValueError, match=r"cannot pack 172 values at 3 bits"):
+        unpack_cols(np.zeros((2, 17), dtype=np.int32), 3, 172, pad=True)
+    with pytest.raises(ValueError, match=r"has 21 words along the packed axis but 172 4-bit values need 22"):
+        unpack_rows(np.zeros((21, 2), dtype=np.int32), 4, 172, pad=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([2, 4, 8]), st.integers(0, 70), st.integers(1, 3), st.randoms(use_true_random=False))
+def test_property_padded_round_trip(bits: int, k: int, n: int, rnd) -> None:
+    codes = np.array([[rnd.randrange(2**bits) for _ in range(n)] for _ in range(k)], dtype=np.int64).reshape(k, n)
+    packed = pack_rows(codes, bits, pad=True)
+    np.testing.assert_array_equal(unpack_rows(packed, bits, k, pad=True), codes)
+    fill = k % (32 // bits) * bits
+    if fill:  # the unused fields of the last word are zero
+        assert not (packed[-1].view(np.uint32) >> np.uint32(fill)).any()
 
 
 # --- errors ------------------------------------------------------------------------------------

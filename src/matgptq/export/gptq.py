@@ -8,6 +8,15 @@ Tensors per quantized Linear `<name>` (K = in features, N = out features, b bits
 dequantizing to W[n, k] = scales[g, n] · (q[k, n] − z[g, n]) with g = g_idx[k]. Everything else (embeddings, norms,
 biases, lm_head) is stored unquantized under its usual name.
 
+Odd shapes (e.g. stories260K's 172 MLP features): at 2/4/8 bits a packed axis that does not fill whole int32 words is
+stored as GPTQModel 7.6.0 writes it, ceil(K·b/32) / ceil(N·b/32) words with zero codes and zero (v2) zero points in
+the unused fields of the last word; v1 zeros are then derived as GPTQModel does (word − 0x11111111 for 4-bit, …, so
+the unused fields borrow: 0xEEEF7777 for four real 4-bit fields), bit for bit its own output. GPTQModel's generic
+torch kernel, and transformers + optimum with it, load such files (faster kernels may not: docs/gptq-compat.md).
+3-bit packs 32-value blocks across 3 words that no loader reads partially (GPTQModel itself fails to pack them), so a
+3-bit layer needs K and N multiples of 32 and is refused otherwise. The reader crops the fill again (K from g_idx, N
+from qweight).
+
 Slice → GPTQ (formats.md §7.3): an r-bit slice of a c-bit parent is W = s·(S·2^d − z_c) with d = c − r (`shift`), so
 
     GPTQ scale = s · 2^d    (exact in float16 unless it overflows)      GPTQ zero = z_c / 2^d    (must be an integer)
@@ -35,7 +44,7 @@ from safetensors.torch import load_file, save_file
 from .. import __version__
 from ..checkpoint import Checkpoint
 from ..errors import UserError
-from ..formats.gptq_packing import SUPPORTED_BITS, pack_cols, pack_rows, to_v1_zeros, unpack_cols, unpack_rows
+from ..formats.gptq_packing import SUPPORTED_BITS, pack_cols, pack_rows, packed_words, unpack_cols, unpack_rows
 from ..fsutil import atomic_output, check_output
 from ..hf import copy_tokenizer_files
 from ..quantized import QuantizedWeight
@@ -65,27 +74,40 @@ def _trivial_g_idx(k: int, group_size: int) -> torch.Tensor:
     return torch.arange(k, dtype=torch.int32) // (k if group_size == -1 else group_size)
 
 
-def _layer_tensors(name: str, q: QuantizedWeight, v1: bool) -> tuple[dict[str, torch.Tensor], bool]:
-    """The four GPTQ tensors of one layer, and whether its zeros are the symmetric 2^(r−1)."""
+def _to_v1_words(qzeros: np.ndarray, bits: int) -> np.ndarray:
+    """GPTQModel's v2 → v1 (convert_gptq_v2_to_v1_format_module): one subtracted per field, as a word constant at
+    2/4/8 bits (only zero-filled padding fields borrow; v1 is written for symmetric zeros ≥ 1), field by field at 3."""
+    if bits == 3:
+        return pack_cols(unpack_cols(qzeros, 3, qzeros.shape[-1] * 32 // 3).astype(np.int32) - 1, 3)
+    words = (qzeros.view(np.uint32).astype(np.int64) - _V1_WORD_ADD[bits]) & 0xFFFFFFFF
+    return words.astype(np.uint32).view(np.int32)
+
+
+def _layer_tensors(name: str, q: QuantizedWeight, v1: bool) -> tuple[dict[str, torch.Tensor], bool, bool]:
+    """The four GPTQ tensors of one layer, whether its zeros are the symmetric 2^(r−1), and whether it was padded."""
     r = q.bits
     if r not in SUPPORTED_BITS:
         raise UserError(f"GPTQ has no packing for {r}-bit weights ({name}); export 2, 3, 4 or 8 bits, or use --format gguf")
     codes, scales, zeros = gptq_layer(name, q)
+    n, k = codes.shape
+    if r == 3 and (n % 32 or k % 32):
+        raise UserError(
+            f"{name} has {n} output × {k} input features; 3-bit GPTQ packs blocks of 32 values across 3 words, so both "
+            "must be multiples of 32 (no GPTQ loader reads a partial 3-bit block, and GPTQModel cannot write one); "
+            "export 2, 4 or 8 bits (padded as GPTQModel does), or use --format gguf"
+        )
     sym = bool((zeros == 1 << (r - 1)).all())
     if v1 and not sym:
         raise UserError(
             f"{name} has asymmetric zero points, which GPTQ v1 cannot store losslessly (a zero of 0 becomes −1, and "
             "GPTQModel refuses asymmetric v1 checkpoints it did not make); use --format gptq_v2"
         )
-    try:
-        packed_zeros = to_v1_zeros(zeros.T, r) if v1 else zeros.T
-        tensors = {"qweight": pack_rows(codes.T, r), "qzeros": pack_cols(packed_zeros, r)}
-    except ValueError as e:
-        raise UserError(f"{name} (shape {tuple(codes.shape)} out × in) cannot be stored as {r}-bit GPTQ: {e}") from None
-    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}
+    qzeros = pack_cols(zeros.T, r, pad=True)
+    tensors = {"qweight": pack_rows(codes.T, r, pad=True), "qzeros": _to_v1_words(qzeros, r) if v1 else qzeros}
+    tensors = {key: torch.from_numpy(np.ascontiguousarray(v)) for key, v in tensors.items()}
     tensors["scales"] = torch.from_numpy(np.ascontiguousarray(scales.T))
     tensors["g_idx"] = q.g_idx.to(torch.int32).contiguous()
-    return tensors, sym
+    return tensors, sym, (k * r) % 32 != 0 or (n * r) % 32 != 0
 
 
 def quantization_config(fmt: str, widths: dict[str, int], group_size: int, desc_act: bool, sym: bool, meta: dict) -> dict:
@@ -125,17 +147,27 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
         raise UserError(f"{src} does not record its group size (matgptq.json quantization.group_size); re-quantize it")
     group_size = int(qmeta["group_size"])
     tensors = {k: v.contiguous() for k, v in ckpt.tensors.items()}
-    all_sym, desc_act = True, False
+    all_sym, desc_act, padded = True, False, {}
     for name, r in widths.items():
         q = ckpt.layers[name].slice(r)
-        layer, sym = _layer_tensors(name, q, v1=fmt == "gptq_v1")
+        layer, sym, pad = _layer_tensors(name, q, v1=fmt == "gptq_v1")
         all_sym &= sym
+        if pad:
+            padded[name] = (r, *q.shape)
         desc_act |= not torch.equal(layer["g_idx"], _trivial_g_idx(q.shape[1], group_size))
         tensors.update({f"{name}.{k}": v for k, v in layer.items()})
     qc = quantization_config(FORMATS[fmt], widths, group_size, desc_act, all_sym, qmeta)
     if "dynamic" in qc:
         warnings.warn("a per-layer mix is stored as GPTQModel `dynamic` overrides: transformers/optimum ignore them "
                       "and cannot load this export; use GPTQModel (or vLLM)", stacklevel=2)  # fmt: skip
+    if padded:
+        name, (r, n, k) = next(iter(padded.items()))
+        warnings.warn(
+            f"{len(padded)} layer(s) have features that do not fill whole int32 words (e.g. {name}: {n} out × {k} in "
+            f"at {r} bits) and are zero-padded as GPTQModel pads them. GPTQModel's generic torch kernel reads them "
+            "(backend=BACKEND.GPTQ_TORCH; in transformers: GPTQConfig(bits=..., backend=\"gptq_torch\")); kernels "
+            "that need multiples of 16-128 do not (transformers' default 4-bit CPU kernel, ExLlama/Triton/Machete on "
+            "GPU)", stacklevel=2)  # fmt: skip
     with atomic_output(out, overwrite) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "matgptq"})
         (tmp / "config.json").write_text(json.dumps(dict(ckpt.config, quantization_config=qc), indent=2, default=str))
@@ -184,13 +216,21 @@ def _layer_bits(name: str, base: int, dynamic: dict) -> int | None:
     return base
 
 
+def _holds(words: int, length: int, bits: int) -> bool:
+    """Whether `words` int32 words are the (GPTQModel-padded) packing of `length` b-bit values (False: no packing)."""
+    try:
+        return words == packed_words(length, bits, pad=True)
+    except ValueError:
+        return False
+
+
 def _v1_to_true(qzeros: torch.Tensor, bits: int, n: int, by_gptqmodel: bool) -> np.ndarray:
     """True zeros from v1 fields. GPTQModel subtracted a word constant (borrowing across fields), so its own files
     are inverted by the same word add; other producers are read per field, where a field of 2^b − 1 is invalid."""
     if by_gptqmodel and bits in _V1_WORD_ADD:
         words = (qzeros.numpy().view(np.uint32).astype(np.uint64) + _V1_WORD_ADD[bits]) & 0xFFFFFFFF
-        return unpack_cols(words.astype(np.uint32), bits, n).astype(np.int32)
-    z = unpack_cols(qzeros.numpy(), bits, n).astype(np.int32) + 1
+        return unpack_cols(words.astype(np.uint32), bits, n, pad=True).astype(np.int32)
+    z = unpack_cols(qzeros.numpy(), bits, n, pad=True).astype(np.int32) + 1
     if by_gptqmodel:  # 3-bit: GPTQModel stores (z − 1) & 7
         return z & ((1 << bits) - 1)
     if (z == 1 << bits).any():
@@ -213,9 +253,14 @@ def _is_v2(p: Path, label: str, stored: dict[str, np.ndarray], widths: dict[str,
     return v2
 
 
+def _in_features(qweight: torch.Tensor, g_idx: torch.Tensor | None, bits: int) -> int:
+    """K: g_idx's length (a padded qweight holds ceil(K·b/32) rows), else every value the rows hold."""
+    return qweight.shape[0] * 32 // bits if g_idx is None else g_idx.shape[0]
+
+
 def _layer(p: Path, name: str, raw: dict, r: int, zeros: np.ndarray, group_size: int) -> QuantizedWeight:
     qweight, scales, g_idx = raw.pop(f"{name}.qweight"), raw.pop(f"{name}.scales"), raw.pop(f"{name}.g_idx", None)
-    k, n = qweight.shape[0] * 32 // r, qweight.shape[1]
+    k, n = _in_features(qweight, g_idx, r), qweight.shape[1]
     g_idx = _trivial_g_idx(k, group_size) if g_idx is None else g_idx.to(torch.int32)
     if scales.shape != (zeros.shape[0], n) or g_idx.shape != (k,):
         raise UserError(f"{p}: {name} has scales {tuple(scales.shape)} and g_idx {tuple(g_idx.shape)} for a {k}×{n} "
@@ -226,7 +271,7 @@ def _layer(p: Path, name: str, raw: dict, r: int, zeros: np.ndarray, group_size:
     if not torch.equal(half.to(scales.dtype), scales):
         raise UserError(f"{p}: {name} has {scales.dtype} scales that float16 cannot hold exactly; matgptq keeps fp16")
     return QuantizedWeight(
-        codes=torch.from_numpy(np.ascontiguousarray(unpack_rows(qweight.numpy(), r, k).T)),
+        codes=torch.from_numpy(np.ascontiguousarray(unpack_rows(qweight.numpy(), r, k, pad=True).T)),
         scales=half.T.contiguous(), zeros=torch.from_numpy(np.ascontiguousarray(zeros.T.astype(np.uint8))),
         g_idx=g_idx.contiguous(), bits=r,
     )  # fmt: skip
@@ -254,18 +299,19 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
         if r is None:
             raise UserError(f"{p}: {name} is stored quantized but the config's `dynamic` excludes it; fix the config")
         rows, n = raw[f"{name}.qweight"].shape
-        k = raw[f"{name}.g_idx"].shape[0] if f"{name}.g_idx" in raw else rows * 32 // r
-        if r not in SUPPORTED_BITS or rows * 32 != k * r:
+        k = _in_features(raw[f"{name}.qweight"], raw.get(f"{name}.g_idx"), r)
+        if not _holds(rows, k, r):
             raise UserError(f"{p}: {name} has qweight {(rows, n)} for {k} inputs, which is not {r}-bit GPTQ")
         try:
-            widths[name], stored[name] = r, unpack_cols(raw[f"{name}.qzeros"].numpy(), r, n)
+            widths[name], stored[name] = r, unpack_cols(raw[f"{name}.qzeros"].numpy(), r, n, pad=True)
         except (KeyError, ValueError) as e:
             raise UserError(f"{p}: {name} has no valid {r}-bit qzeros ({e}); the checkpoint is corrupt") from None
     v2 = _is_v2(p, label, stored, widths)
     layers = {}
     for name, r in widths.items():
         qzeros = raw.pop(f"{name}.qzeros")
-        zeros = stored[name] if v2 else _v1_to_true(qzeros, r, qzeros.shape[1] * 32 // r, by_gptqmodel)
+        n = raw[f"{name}.qweight"].shape[1]
+        zeros = stored[name] if v2 else _v1_to_true(qzeros, r, n, by_gptqmodel)
         layers[name] = _layer(p, name, raw, r, zeros, group_size)
     quant = {"method": "gptq", "bits": base, "group_size": group_size, "sym": bool(qc.get("sym", True)),
              "act_order": bool(qc.get("desc_act", False))}  # fmt: skip

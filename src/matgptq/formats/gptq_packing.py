@@ -9,6 +9,12 @@ int32 bit pattern of the uint32 value. For b = 2/4/8 this is GPTQ's
 ``qweight`` packs along rows (input features, ``[K, N] -> [K*b/32, N]``); ``qzeros`` packs
 along columns (output features, ``[G, N] -> [G, N*b/32]``).
 
+Lengths that are not a multiple of ``32/b`` (2/4/8 bits), e.g. 172 output features at 4 bits, are
+packed with ``pad=True`` the way GPTQModel writes them (its buffers are ``ceil(length*b/32)`` words):
+the missing codes of the last word are zero-filled, and unpacking crops them again. 3-bit values
+straddle words in blocks of 32 (3 words) and no GPTQ loader reads a partial block, so 3-bit
+lengths must stay multiples of 32.
+
 Zero-point conventions (formats.md §2.1-2.2): ``gptq_v2`` stores the true zero z, ``gptq``
 (v1) stores z - 1 per field. The v1 helpers here work on *unpacked* zeros.
 """
@@ -18,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["SUPPORTED_BITS", "pack_rows", "unpack_rows", "pack_cols", "unpack_cols",
+__all__ = ["SUPPORTED_BITS", "packed_words", "pack_rows", "unpack_rows", "pack_cols", "unpack_cols",
            "to_v1_zeros", "from_v1_zeros"]
 
 SUPPORTED_BITS: tuple[int, ...] = (2, 3, 4, 8)
@@ -37,13 +43,23 @@ def _block(bits: int) -> int:
     return 32 if bits == 3 else 32 // bits
 
 
-def _check_length(length: int, bits: int, what: str) -> None:
+def _padded_length(length: int, bits: int, what: str, pad: bool) -> int:
+    """The length actually packed: `length` itself, or (pad, 2/4/8 bits) rounded up to whole words."""
     g = _block(bits)
-    if length % g:
-        raise ValueError(
-            f"cannot pack {length} {what} at {bits} bits: GPTQ needs a multiple of {g} "
-            f"along the packed axis; pad it to {-(-length // g) * g} or use another bit-width."
-        )
+    if length % g == 0:
+        return length
+    if pad and bits != 3:
+        return length + (-length % g)
+    hint = ("3-bit GPTQ packs whole blocks of 32 values, which no loader reads partially; use another bit-width"
+            if bits == 3 else f"pass pad=True to zero-fill the last word, or pad it to {-(-length // g) * g}")
+    raise ValueError(f"cannot pack {length} {what} at {bits} bits: GPTQ needs a multiple of {g} "
+                     f"along the packed axis; {hint}.")  # fmt: skip
+
+
+def packed_words(length: int, bits: int, pad: bool = False) -> int:
+    """Number of int32 words that hold `length` b-bit values (``ceil(length*b/32)`` with pad); ValueError if none."""
+    _check_bits(bits)
+    return _padded_length(int(length), int(bits), "values", pad) * int(bits) // 32
 
 
 def _check_codes(codes: ArrayLike, bits: int, what: str) -> NDArray[np.integer]:
@@ -60,7 +76,7 @@ def _check_codes(codes: ArrayLike, bits: int, what: str) -> NDArray[np.integer]:
     return arr
 
 
-def _check_words(packed: ArrayLike, bits: int, length: int, axis: int, what: str) -> NDArray[np.uint64]:
+def _check_words(packed: ArrayLike, bits: int, length: int, axis: int, what: str, pad: bool) -> NDArray[np.uint64]:
     arr = np.asarray(packed)
     if arr.dtype not in (np.dtype(np.int32), np.dtype(np.uint32)):
         raise ValueError(f"{what} must be int32 (or uint32) words, got dtype {arr.dtype}; pass the raw tensor.")
@@ -68,13 +84,20 @@ def _check_words(packed: ArrayLike, bits: int, length: int, axis: int, what: str
         raise ValueError(f"{what} must have at least one dimension, got a scalar.")
     if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
         raise ValueError(f"the unpacked length must be a non-negative int, got {length!r}.")
-    _check_length(int(length), bits, "values")
-    if arr.shape[axis] != length * bits // 32:
+    words = _padded_length(int(length), bits, "values", pad) * bits // 32
+    if arr.shape[axis] != words:
         raise ValueError(
             f"{what} has {arr.shape[axis]} words along the packed axis but {length} {bits}-bit values "
-            f"need {length * bits // 32}; pass the original length."
+            f"need {words}; pass the original length."
         )
     return arr.view(np.uint32).astype(np.uint64)
+
+
+def _zero_fill(arr: NDArray[np.integer], length: int) -> NDArray[np.integer]:
+    """`arr` extended with zeros along axis 0 to `length`."""
+    if arr.shape[0] == length:
+        return arr
+    return np.concatenate([arr, np.zeros((length - arr.shape[0], *arr.shape[1:]), dtype=arr.dtype)])
 
 
 def _pack_axis0(codes: NDArray[np.integer], bits: int) -> NDArray[np.int32]:
@@ -103,34 +126,33 @@ def _unpack_axis0(words: NDArray[np.uint64], bits: int, length: int) -> NDArray[
     return out.reshape(length, *rest)
 
 
-def pack_rows(codes: ArrayLike, bits: int) -> NDArray[np.int32]:
-    """Pack codes ``[K, ...]`` along axis 0 into int32 ``qweight`` ``[K*bits/32, ...]``."""
+def pack_rows(codes: ArrayLike, bits: int, pad: bool = False) -> NDArray[np.int32]:
+    """Pack codes ``[K, ...]`` along axis 0 into int32 ``qweight`` ``[K*bits/32, ...]`` (pad: ``ceil``, zero-filled)."""
     _check_bits(bits)
     arr = _check_codes(codes, bits, "codes")
-    _check_length(arr.shape[0], bits, "rows")
-    return _pack_axis0(arr, bits)
+    return _pack_axis0(_zero_fill(arr, _padded_length(arr.shape[0], bits, "rows", pad)), bits)
 
 
-def unpack_rows(qweight: ArrayLike, bits: int, k: int) -> NDArray[np.uint8]:
-    """Inverse of :func:`pack_rows`: int32 ``[k*bits/32, ...]`` -> uint8 codes ``[k, ...]``."""
+def unpack_rows(qweight: ArrayLike, bits: int, k: int, pad: bool = False) -> NDArray[np.uint8]:
+    """Inverse of :func:`pack_rows`: int32 ``[k*bits/32, ...]`` -> uint8 codes ``[k, ...]`` (pad: crop the fill)."""
     _check_bits(bits)
-    words = _check_words(qweight, bits, k, 0, "qweight")
-    return _unpack_axis0(words, bits, int(k))
+    words = _check_words(qweight, bits, k, 0, "qweight", pad)
+    return _unpack_axis0(words, bits, words.shape[0] * 32 // bits)[: int(k)]
 
 
-def pack_cols(zeros: ArrayLike, bits: int) -> NDArray[np.int32]:
-    """Pack values ``[..., N]`` along the last axis into int32 ``qzeros`` ``[..., N*bits/32]``."""
+def pack_cols(zeros: ArrayLike, bits: int, pad: bool = False) -> NDArray[np.int32]:
+    """Pack values ``[..., N]`` along the last axis into int32 ``qzeros`` ``[..., N*bits/32]`` (pad: as pack_rows)."""
     _check_bits(bits)
-    arr = _check_codes(zeros, bits, "zeros")
-    _check_length(arr.shape[-1], bits, "columns")
-    return np.ascontiguousarray(np.moveaxis(_pack_axis0(np.moveaxis(arr, -1, 0), bits), 0, -1))
+    arr = np.moveaxis(_check_codes(zeros, bits, "zeros"), -1, 0)
+    packed = _pack_axis0(_zero_fill(arr, _padded_length(arr.shape[0], bits, "columns", pad)), bits)
+    return np.ascontiguousarray(np.moveaxis(packed, 0, -1))
 
 
-def unpack_cols(qzeros: ArrayLike, bits: int, n: int) -> NDArray[np.uint8]:
-    """Inverse of :func:`pack_cols`: int32 ``[..., n*bits/32]`` -> uint8 values ``[..., n]``."""
+def unpack_cols(qzeros: ArrayLike, bits: int, n: int, pad: bool = False) -> NDArray[np.uint8]:
+    """Inverse of :func:`pack_cols`: int32 ``[..., n*bits/32]`` -> uint8 values ``[..., n]`` (pad: crop the fill)."""
     _check_bits(bits)
-    words = _check_words(qzeros, bits, n, -1, "qzeros")
-    return np.ascontiguousarray(np.moveaxis(_unpack_axis0(np.moveaxis(words, -1, 0), bits, int(n)), 0, -1))
+    words = np.moveaxis(_check_words(qzeros, bits, n, -1, "qzeros", pad), -1, 0)
+    return np.ascontiguousarray(np.moveaxis(_unpack_axis0(words, bits, words.shape[0] * 32 // bits)[: int(n)], 0, -1))
 
 
 def to_v1_zeros(zeros: ArrayLike, bits: int) -> NDArray[np.int32]:
