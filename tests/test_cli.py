@@ -41,7 +41,6 @@ def run_error(args, capsys):
         (["--method", "matgptq", "--bits", "3,4", "--master-bits", "8"], "master width 8 must be one of"),
         (["--method", "matgptq", "--bits", "3,4,8", "--bit-weights", "1,1"], "2 bit weights for 3"),
         (["--method", "matgptq", "--bits", "3,9", "--master-bits", "8"], "between 2 and the master"),
-        (["--static-groups"], "--act-order"),
     ],
 )
 def test_bad_options(tmp_path, capsys, extra, message):

@@ -135,3 +135,13 @@ def test_scales_are_float16_and_zeros_in_range():
     res = gptq_quantize(w, h, NearestRounding(3), group_size=32, sym=False, mse=True)
     assert res.scales.dtype == torch.float16 and bool((res.scales > 0).all())
     assert 0 <= int(res.zeros.min()) and int(res.zeros.max()) <= 7
+
+
+def test_static_groups_without_act_order_use_original_weights():
+    w, h, _ = random_problem(12, 64, seed=4)
+    r = NearestRounding(3)
+    res = gptq_quantize(w, h, r, group_size=16, static_groups=True)
+    codes_ref, _ = reference_gptq(w, h, r, 16, True, False, True, 0.01)
+    assert torch.equal(res.codes.double(), codes_ref)
+    expected_scales = torch.stack([find_params(w[:, a : a + 16], r, True, False)[0] for a in range(0, 64, 16)], 1)
+    assert torch.equal(res.scales.double(), expected_scales.half().double())

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     sym.add_argument("--sym", dest="sym", action="store_true", default=True, help="symmetric grid (default)")
     sym.add_argument("--asym", dest="sym", action="store_false", help="asymmetric grid with an integer zero point")
     q.add_argument("--act-order", action="store_true", help="quantize columns by decreasing Hessian diagonal")
-    q.add_argument("--static-groups", action="store_true", help="with --act-order: groups fixed before reordering")
+    q.add_argument("--static-groups", action="store_true", help="group scales/zeros from the original weights (before GPTQ updates and act-order)")
     q.add_argument("--mse", action="store_true", help="search the scale on a shrink grid (min L2.4 error)")
     q.add_argument("--damp", type=float, default=0.01, help="relative Hessian damping (retried x10 if needed)")
     q.add_argument("--block-size", type=int, default=128, help="GPTQ lazy-update block size")

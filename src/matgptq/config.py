@@ -48,8 +48,6 @@ class QuantConfig:
             raise UserError(f"damping must be in (0, 1] (relative to mean(diag H)), got {self.damp}")
         if self.block_size < 1:
             raise UserError(f"block size must be positive, got {self.block_size}")
-        if self.static_groups and not self.act_order:
-            raise UserError("--static-groups only changes act-order quantization; add --act-order or drop it")
         targets = tuple(sorted(set(self.target_bits))) if self.target_bits else (self.bits,)
         if self.method is not Method.MATGPTQ and targets != (self.bits,):
             raise UserError(f"method {self.method.value} quantizes one width; use --method matgptq for several")

@@ -9,8 +9,9 @@ plain column-by-column algorithm. MatGPTQ differs only in the `Rounding` (multib
 codes are chosen and which error is propagated.
 
 act-order (`desc_act`): columns are processed by decreasing diag(H); groups are formed in that order (g_idx[k] =
-position of k in the order // g) unless `static_groups`, where parameters come from contiguous column ranges of the
-original weights before any update (g_idx[k] = k // g). A ragged last group (K not a multiple of g) is allowed.
+position of k in the order // g). `static_groups` (with or without act-order): group parameters come from contiguous
+column ranges of the original weights before any update (g_idx[k] = k // g), as llm-compressor always does;
+otherwise they are refit on the updated weights when a group starts, as the original GPTQ does. A ragged last group (K not a multiple of g) is allowed.
 Dead inputs (diag H = 0) get H_kk = 1 and zero weights. If the damped Hessian is not positive definite, damping is
 retried ×10 up to 1.0.
 """
