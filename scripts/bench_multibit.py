@@ -69,7 +69,7 @@ def main() -> None:
     rows = []
     results = {}
     for name, rnd in [("GPTQ 4-bit", NearestRounding(4)), ("MatGPTQ c=8 R={3,4,8}", rounding)]:
-        t, res = timed(lambda rnd=rnd: gptq_quantize(w, h, rnd, group_size=args.group_size, sym=True), 1)
+        t, res = timed(lambda rnd=rnd: gptq_quantize(w, h, rnd, group_size=args.group_size, sym=True), 2)
         results[name] = t
         rows.append([name, f"{args.rows}x{args.cols}", t])
     rows.append(["ratio MatGPTQ / GPTQ", "", results["MatGPTQ c=8 R={3,4,8}"] / results["GPTQ 4-bit"]])

@@ -93,6 +93,7 @@ class MatryoshkaRounding:
         table = position_table(master_bits, self.widths)
         self.table = table.T.contiguous()  # [2^c, |R|]
         self.lambda_t = torch.tensor(self.lambdas)
+        self.table_np, self.lambda_np = self.table.numpy(), self.lambda_t.numpy()
         self.mean_pos = table.double().mean(0).numpy()  # (1/|R|) Σ_r D_r(q): for the propagated error
         env_codes, breaks = envelope(master_bits, self.widths, self.lambdas)
         self.env_codes = env_codes.numpy()
@@ -117,23 +118,27 @@ class MatryoshkaRounding:
         return self.cell_left[cell] + (uc > self.cell_break[cell])
 
     def codes(self, w, scale, zero):
-        u = (w / scale + zero).double().numpy()
+        w_np, s_np, z_np = (t.numpy() if torch.is_tensor(t) else np.float32(t) for t in (w, scale, zero))
+        u = w_np.astype(np.float64) / s_np + z_np
         k = self.envelope_index(u)
         codes = self.env_codes[k]
         near = np.minimum(u - self.padded_breaks[k], self.padded_breaks[k + 1] - u) < self.NEAR_TIE
-        if near.any():
-            codes = codes.copy()
+        if near.any():  # re-decide with the objective's own float32 arithmetic (numpy twin of multibit_loss)
             at = np.nonzero(near)
             kk = np.clip(k[at][:, None] + np.array([-1, 0, 1]), 0, len(self.env_codes) - 1)
-            cand = torch.from_numpy(self.env_codes[kk])  # ascending codes per weight
-            pick = lambda t: torch.broadcast_to(t, w.shape)[at].unsqueeze(-1) if torch.is_tensor(t) else t  # noqa: E731
-            loss = multibit_loss(pick(w), cand, pick(scale), pick(zero), self.table, self.lambda_t)
-            codes[at] = cand.gather(-1, loss.argmin(dim=-1, keepdim=True)).squeeze(-1).numpy()
-        return torch.from_numpy(codes).to(w.dtype)
+            cand = self.env_codes[kk]  # ascending codes per weight
+            pick = lambda a: np.broadcast_to(a, w_np.shape)[at][:, None, None]  # noqa: E731
+            pos = self.table_np[cand].astype(w_np.dtype)  # [m, 3, |R|]
+            diff = pick(w_np) - pick(s_np) * (pos - pick(z_np))
+            loss = ((diff * diff) * self.lambda_np.astype(w_np.dtype)).sum(-1)
+            codes = codes.copy()
+            codes[at] = cand[np.arange(len(cand)), loss.argmin(-1)]
+        return torch.from_numpy(codes.astype(w_np.dtype))
 
     def residual(self, w, codes, scale, zero):
-        mean_pos = torch.from_numpy(self.mean_pos[codes.long().numpy()]).to(w.dtype)
-        return w - scale * (mean_pos - zero)
+        w_np, s_np, z_np = (t.numpy() if torch.is_tensor(t) else np.float32(t) for t in (w, scale, zero))
+        mean_pos = self.mean_pos[codes.numpy().astype(np.int64)].astype(w_np.dtype)
+        return torch.from_numpy(w_np - s_np * (mean_pos - z_np))
 
     def loss(self, w, codes, scale, zero, norm):
         return multibit_loss(w, codes, scale, zero, self.table, self.lambda_t, norm).sum(-1)
