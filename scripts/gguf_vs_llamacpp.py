@@ -14,6 +14,16 @@ falls back to F16 there and keeps token_embd (tied output) at Q8_0. Our exports 
 (dequantized 4-bit) in ours but the original weights in llama.cpp's; the "mix" row slices down_proj at 8 bits from
 the MatGPTQ parent instead (same F16 bytes).
 
+Rows marked * use two quantizer prototypes, patched into matgptq for this process only (until the quantizer has them
+as options; see the report):
+- Q4_0 grid: llama.cpp's Q4_0 block scale is d = m/−8 with m the block's largest-magnitude weight *with its sign*, so
+  that weight is exactly code 0 and all 16 levels are used; the project's symmetric grid is s = 2·max|w|/15 (levels
+  [−8s, 7s], the largest positive weight clipped to 7s, step 7% coarser). Measured on stories260K (transformers,
+  down_proj kept fp32, group 32): RTN on the project grid KL 0.090, RTN on the Q4_0 grid 0.070 (= llama.cpp's own
+  Q4_0, 0.071). The GGUF export stores the negative block scales of this grid exactly (Q4_0 allows d < 0).
+- down_proj unquantized: no GGUF block type holds 172-column rows, so llama.cpp keeps down_proj's original weights at
+  F16; the project quantizes every Linear, so without this our F16 down_proj carries 4-bit error in the same bytes.
+
 Run with the interop venv (llama-cpp-python + matgptq):
     python scripts/gguf_vs_llamacpp.py --out-json results/gguf_vs_llamacpp.json
 """
@@ -29,6 +39,7 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +108,59 @@ def llama_quantize(src: Path, dst: Path, ftype_name: str, threads: int) -> None:
         raise RuntimeError(f"llama_model_quantize({ftype_name}) failed with {rc}")
 
 
+@contextmanager
+def signed_grid():
+    """Q4_0's grid for symmetric quantization: s = −m / 2^(b−1), m = the group's largest-|w| weight with its sign
+    (shrunk by the MSE search), zero 2^(b−1): w_extreme = s·(0 − 2^(b−1)) exactly; s may be negative."""
+    import matgptq.grid as grid
+
+    original = grid.minmax_params
+
+    def minmax_params(w, bits, sym, shrink=1.0):
+        if not sym:
+            return original(w, bits, sym, shrink)
+        half = float(1 << (bits - 1))
+        m = torch.gather(w, -1, w.abs().argmax(dim=-1, keepdim=True))[..., 0] * shrink
+        scale = (m / -half).to(torch.float16).to(w.dtype)
+        scale = torch.where((scale != 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
+        return scale, torch.full_like(scale, half)
+
+    grid.minmax_params = minmax_params
+    try:
+        yield
+    finally:
+        grid.minmax_params = original
+
+
+@contextmanager
+def unquantized(linear: str):
+    """Leave the Linear `linear` of every Llama block unquantized (as llama.cpp keeps a tensor whose rows no block type
+    holds at F16): the checkpoint stores it as a float tensor, export_gguf writes it as `float_type`."""
+    import matgptq.models as models
+
+    spec = models.ARCHITECTURES["llama"]
+    groups = tuple(g for g in (tuple(n for n in grp if n != linear) for grp in spec.groups) if g)
+    models.ARCHITECTURES["llama"] = models.ArchSpec(spec.blocks, groups, spec.conv1d)
+    try:
+        yield
+    finally:
+        models.ARCHITECTURES["llama"] = spec
+
+
+@contextmanager
+def stderr_to(path: Path):
+    """Send the C library's stderr (llama.cpp's quantizer log) to a file."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "w") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def gguf_types(path: Path) -> dict[str, str]:
     import gguf
 
@@ -131,10 +195,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-json", type=Path, help="write all numbers as JSON here")
     ap.add_argument("--group-size", type=int, default=32)
     ap.add_argument("--matgptq-bits", default="3,4,8", help="MatGPTQ target set R (master = max)")
+    ap.add_argument("--variants", default="default,q4grid,q4grid-fpdown",
+                    help="comma list of quantizer set-ups: default (the project's grid), q4grid (prototype Q4_0 grid "
+                         "+ act-order/static groups + MSE), q4grid-fpdown (same, down_proj left unquantized)")
     ap.add_argument("--nsamples", type=int, default=128)
     ap.add_argument("--seqlen", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=40000)
-    ap.add_argument("--threads", type=int, default=max(1, min(8, os.cpu_count() or 1)))
+    ap.add_argument("--threads", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+                    help="llama.cpp threads (fewer than idle cores: its threads spin and crawl when oversubscribed)")
+    ap.add_argument("--reuse", action="store_true", help="reuse checkpoints already in --workdir (same settings!)")
     a = ap.parse_args(argv)
 
     import matgptq
@@ -152,17 +221,37 @@ def main(argv: list[str] | None = None) -> int:
     log(f"evaluation: {windows.shape[0]} windows × {a.seqlen} tokens; work dir {work}")
 
     # --- quantize (matgptq) -------------------------------------------------------------------------------------
-    qopts = dict(calib=a.text, calib_range=(0.6, 1.0), nsamples=a.nsamples, seqlen=a.seqlen, seed=0,
-                 group_size=a.group_size, sym=True, progress=False, overwrite=True)  # fmt: skip
-    ckpts = {"gptq": work / "gptq4", "matgptq": work / "matgptq"}
-    t0 = time.time()
-    matgptq.quantize(a.model, ckpts["gptq"], method="gptq", bits=4, **qopts)
-    log(f"GPTQ 4-bit g{a.group_size}: {time.time() - t0:.1f}s")
-    t0 = time.time()
-    matgptq.quantize(a.model, ckpts["matgptq"], method="matgptq", bits=a.matgptq_bits, **qopts)
-    log(f"MatGPTQ R={{{a.matgptq_bits}}} g{a.group_size}: {time.time() - t0:.1f}s")
+    base = dict(calib=a.text, calib_range=(0.6, 1.0), nsamples=a.nsamples, seqlen=a.seqlen, seed=0,
+                group_size=a.group_size, sym=True, progress=False, overwrite=True)  # fmt: skip
+    tuned = dict(base, act_order=True, static_groups=True, mse=True)
     n_layers = json.loads((a.model / "config.json").read_text())["num_hidden_layers"]
     mix = {"*": 4, **{f"model.layers.{i}.mlp.down_proj": 8 for i in range(n_layers)}}
+    variants = {  # name: (label, quantize options, Q4_0 grid, keep down_proj unquantized, MatGPTQ R)
+        "default": ("project grid", base, False, False, a.matgptq_bits),
+        "q4grid": ("Q4_0 grid*, act-order+static, MSE", tuned, True, False, "4,8"),
+        "q4grid-fpdown": ("Q4_0 grid*, act-order+static, MSE, down_proj unquantized*", tuned, True, True, "4,8"),
+    }
+    exports: dict[str, tuple[Path, object]] = {}
+    for name in [v.strip() for v in a.variants.split(",") if v.strip()]:
+        if name not in variants:
+            ap.error(f"unknown variant {name}; choose from {', '.join(variants)}")
+        tag, opts, grid, fpdown, mat_bits = variants[name]
+        for method, bits in (("gptq", 4), ("matgptq", mat_bits)):
+            out = work / f"{method}-{name}"
+            t0 = time.time()
+            if a.reuse and (out / "matgptq.json").is_file():
+                log(f"{method} {bits} g{a.group_size} {tag}: reusing {out}")
+            else:
+                skip = unquantized("mlp.down_proj") if fpdown else nullcontext()
+                with signed_grid() if grid else nullcontext(), skip:
+                    matgptq.quantize(a.model, out, method=method, bits=bits, **opts)
+                log(f"{method} {bits} g{a.group_size} {tag}: {time.time() - t0:.1f}s")
+            if method == "gptq":
+                exports[f"GPTQ-4 ({tag}) → Q4_0"] = (out, 4)
+                continue
+            exports[f"MatGPTQ[{bits}] 4-bit slice ({tag}) → Q4_0"] = (out, 4)
+            if not fpdown:
+                exports[f"MatGPTQ[{bits}] 4-bit, down_proj 8-bit slice ({tag}) → Q4_0"] = (out, mix)
 
     # --- GGUF files -----------------------------------------------------------------------------------------------
     files: dict[str, dict] = {}
@@ -172,24 +261,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("Q4_0", "Q4_K_M"):
         dst = work / f"llamacpp-{name}.gguf"
         t0 = time.time()
-        llama_quantize(f32, dst, name, a.threads)
+        with stderr_to(work / f"llama_quantize-{name}.log"):
+            llama_quantize(f32, dst, name, a.threads)
         log(f"llama.cpp {name}: {time.time() - t0:.1f}s")
         files[f"llama.cpp {name}"] = {"path": dst, "source": "llama_model_quantize(F32)", "hf": None}
-    exports = {
-        "GPTQ-4 → Q4_0": (ckpts["gptq"], 4),
-        f"MatGPTQ[{a.matgptq_bits}] 4-bit slice → Q4_0": (ckpts["matgptq"], 4),
-        f"MatGPTQ[{a.matgptq_bits}] 4-bit, down_proj 8-bit → Q4_0": (ckpts["matgptq"], mix),
-    }
-    reports = {}
     for label, (ck, bits) in exports.items():
-        dst = work / (label.split(" ")[0].replace("[", "_").replace("]", "").replace(",", "") +
-                      ("-mix" if isinstance(bits, dict) else "") + ".gguf")  # fmt: skip
+        dst = work / f"{ck.name}{'-mix' if isinstance(bits, dict) else ''}.gguf"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             rep = export_gguf(ck, dst, bits=None if isinstance(bits, dict) else bits,
                               bits_config=bits if isinstance(bits, dict) else None, qtype="q4_0",
                               float_type="f16", embed_type="q8_0", overwrite=True)  # fmt: skip
-        reports[label] = rep
         q_layers = [t for t in rep.tensors if t.bits is not None]
         files[label] = {"path": dst, "source": f"matgptq export ({ck.name})", "hf": (ck, bits),
                         "exact_layers": f"{sum(t.exact for t in q_layers)}/{len(q_layers)}",
@@ -236,10 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     base_kl = results["llama.cpp Q4_0"]["kl_llamacpp"]
     for label, r in results.items():
         r["kl_vs_llamacpp_q4_0"] = r["kl_llamacpp"] / base_kl if base_kl else None
-        rows.append([label, r["size_bytes"], r["types_summary"], r["ppl_llamacpp"], r["kl_llamacpp"],
-                     r["kl_vs_llamacpp_q4_0"], r["ppl_hf"], r["kl_hf"]])  # fmt: skip
-    table = format_table(["GGUF", "bytes", "tensor types (excl. norms)", "ppl (llama.cpp)", "KL (llama.cpp)",
-                          "KL / llama.cpp Q4_0", "ppl (HF fp32)", "KL (HF fp32)"], rows)  # fmt: skip
+        rows.append([label, r["size_bytes"], r["types_summary"], r.get("exact_layers"), r["ppl_llamacpp"],
+                     r["kl_llamacpp"], r["kl_vs_llamacpp_q4_0"], r["ppl_hf"], r["kl_hf"]])  # fmt: skip
+    table = format_table(["GGUF", "bytes", "tensor types (excl. norms)", "bit-exact layers", "ppl (llama.cpp)",
+                          "KL (llama.cpp)", "KL / llama.cpp Q4_0", "ppl (HF fp32)", "KL (HF fp32)"], rows)  # fmt: skip
     print(table)
     print(f"\nKL(F32 GGUF ‖ file) and perplexity from llama.cpp logits on {windows.shape[0]}×{a.seqlen} tokens; "
           f"HF columns: matgptq.load of the same checkpoint, KL to the HF fp32 model (ppl {ppl_hf_fp:.4f}). "
@@ -252,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         a.out_json.write_text(json.dumps({
             "protocol": {"model": str(a.model), "text": str(a.text), "calibration": "128x256 from last 40%, seed 0",
                          "evaluation": f"first 60%, first {a.max_tokens} tokens, {windows.shape[0]}x{a.seqlen}",
-                         "group_size": a.group_size, "matgptq_bits": a.matgptq_bits, "nsamples": a.nsamples},
+                         "group_size": a.group_size, "matgptq_bits": a.matgptq_bits, "nsamples": a.nsamples,
+                         "variants": a.variants},
             "ppl_f32_llamacpp": ppl_f32, "ppl_fp32_hf": ppl_hf_fp, "token_embd_q8_0_identical": same_embd,
             "results": results, "table": table, "seconds": time.time() - t_start,
         }, indent=2, default=str))  # fmt: skip

@@ -115,6 +115,32 @@ def test_q4_0_nibbles_and_scale(parent, tmp_path):
     np.testing.assert_array_equal(qs >> 4, codes[..., 16:])
 
 
+@pytest.mark.parametrize("qtype,bits", [("q4_0", 4), ("q4_0", 3), ("q5_0", 5), ("q8_0", 8), ("q3_k", 3), ("q6_k", 6)])
+def test_offset_types_mirror_blocks(qtype, bits):
+    """Blocks whose grid sits the other way round (zero 2^(b−1) − 1, e.g. [−7s, 8s]: llama.cpp's own Q4_0 grid
+    with the largest weight at +8s) or with negative scales are stored exactly with d = −s and mirrored codes."""
+    from matgptq.export.gguf import QTYPES, _encode_codes
+    from matgptq.quantized import QuantizedWeight
+
+    rng = np.random.default_rng(bits)
+    n, k, g = 8, 256, 16 if qtype.endswith("_k") else 32
+    half = 1 << (bits - 1)
+    scales = torch.from_numpy(rng.uniform(0.01, 0.1, (n, k // 256)).astype(np.float16)).repeat_interleave(256 // g, 1)
+    scales[::2] *= -1  # negative scales on even rows
+    zeros = torch.full(scales.shape, half, dtype=torch.uint8)
+    zeros[1::2, ::2] = half - 1  # mirrored grid on odd rows, every other group
+    q = QuantizedWeight(codes=torch.from_numpy(rng.integers(0, 2 * half, (n, k)).astype(np.uint8)), scales=scales,
+                        zeros=zeros, g_idx=torch.arange(k, dtype=torch.int32) // g, bits=bits)  # fmt: skip
+    data, err = _encode_codes(q, QTYPES[qtype])
+    back = gguf.quants.dequantize(data, QTYPES[qtype].ggml).reshape(n, k)
+    ref = q.dequantize(torch.float32).numpy()
+    if qtype.endswith("_k"):  # sub-scales ±s in one super-block: on the K-quant grid, reported error
+        assert np.abs(back - ref).max() == pytest.approx(err, rel=1e-6, abs=1e-12)
+    else:
+        assert err == 0.0
+        np.testing.assert_array_equal(back, ref)
+
+
 def test_bits_config_mix(parent, tmp_path):
     mix = {"*": 4, "model.layers.0.mlp.down_proj": 8, "model.layers.1.self_attn.q_proj": 3,
            "model.layers.1.self_attn.k_proj": 5, "model.layers.0.mlp.gate_proj": 6}  # fmt: skip
@@ -220,6 +246,18 @@ def test_act_order(models, tmp_path):
     st = _quantize(models["small"], tmp_path / "st", bits=4, group_size=32, act_order=True, static_groups=True)
     rep_st = export_gguf(st, tmp_path / "st.gguf")  # static groups: g_idx = k // 32 → exact Q4_0
     assert {t.ggml_type for t in rep_st.tensors if t.bits is not None} == {"Q4_0"} and rep_st.exact
+
+
+@pytest.mark.parametrize("group_size", [16, 48])
+def test_group_size_not_multiple_of_32(models, tmp_path, group_size):
+    """Groups of 16 or 48 columns split Q4_0/Q8_0 blocks (and rows of 64/128 are too short for K-quants): Q8_0."""
+    ck = _quantize(models["small"], tmp_path / "g", method="rtn", bits=4, group_size=group_size)
+    with pytest.warns(GGUFExportWarning, match="not aligned"):
+        rep = export_gguf(ck, tmp_path / "m.gguf")
+    layers = [t for t in rep.tensors if t.bits is not None]
+    assert {(t.ggml_type, t.method) for t in layers} == {("Q8_0", "requantized")}
+    assert max(t.rel_err for t in layers) <= 0.57 / 127
+    _check_readback(tmp_path / "m.gguf", _reference(ck, None), rep)
 
 
 def test_in_features_not_multiple_of_32(models, tmp_path):
@@ -357,3 +395,20 @@ def test_cli(parent, tmp_path, capsys):
                  str(tmp_path / "x.gguf")]) == 2  # fmt: skip
     assert "Q4_0 cannot hold" in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.filterwarnings("ignore:a per-layer mix is stored")
+@pytest.mark.parametrize("fmt", ["gptq_v1", "gptq_v2"])
+def test_from_gptq_checkpoint_same_tensors(parent, tmp_path, fmt):
+    """A slice exported as a GPTQ checkpoint, read back (runtime.open_checkpoint) and written as GGUF, gives the same
+    tensor bytes as the direct GGUF export of the slice: r-bit scale = s·2^(8−r) and zero 2^(r−1) on both paths."""
+    from matgptq.export.gptq import export_gptq
+
+    mix = {"*": 4, "model.layers.0.mlp.down_proj": 8, "model.layers.1.self_attn.q_proj": 3}
+    export_gptq(parent, tmp_path / "gptq", fmt, bits_config=mix)
+    via = export_gguf(tmp_path / "gptq", tmp_path / "via.gguf")
+    direct = export_gguf(parent, tmp_path / "direct.gguf", bits_config=mix)
+    assert via.exact and [(t.name, t.ggml_type) for t in via.tensors] == [(t.name, t.ggml_type) for t in direct.tensors]
+    a, b = (gguf.GGUFReader(str(tmp_path / f)).tensors for f in ("via.gguf", "direct.gguf"))
+    for x, y in zip(a, b):
+        assert x.name == y.name and np.array_equal(np.asarray(x.data), np.asarray(y.data)), x.name

@@ -5,11 +5,12 @@ Z = zero / 2^shift (formats.md §7.3). A GGUF block type holds it *with the code
 columns; 16 for the sub-scales of K-quants) lies inside one quantization group, and (formats.md §6):
 
 - offset types, w = d·(n − o): Q4_0 (o = 8), Q5_0 (16), Q8_0 (128, stored as int8 n − 128), Q3_K (4), Q6_K (32):
-  n = c + o − Z must be an integer in the type's code range for every code 0..2^r − 1, and d = D. Legacy types are
-  then bit-exact; K-quants store d·sc with one fp16 d per 256 columns and small integer sub-scales sc, exact only when
-  all sub-scales of a super-block are equal (per-channel), otherwise the rounding of D onto that grid is measured.
-- min types, w = d·n + m: Q4_1, Q5_1 (n = c, d = D, m = −D·Z rounded to fp16: the only error, ≤ 2^-11·|m|) and Q2_K
-  (sub-scales and mins on 4-bit grids).
+  n = c + o − Z must be an integer in the type's code range for every code 0..2^r − 1, and d = D (or, per block,
+  mirrored: n = o + Z − c, d = −D, which holds a grid [−7s, 8s] or a negative scale). Legacy types are then
+  bit-exact; K-quants store d·sc with one fp16 d per 256 columns and small integer sub-scales sc, exact only when all
+  sub-scales of a super-block are equal (per-channel), otherwise the rounding of D onto that grid is measured.
+- min types, w = d·n + m: Q4_1, Q5_1 (n = c, d = D, m = −D·Z rounded to fp16: the only error, ≤ 2^-11·|m|) and
+  Q2_K (sub-scales and mins on 4-bit grids).
 
 `auto` takes, per layer, the smallest of Q2_K, Q3_K, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0 that keeps the codes and is
 exact, accepting for Q4_1/Q5_1 the fp16 rounding of the offset (so asymmetric 4/5-bit layers become Q4_1/Q5_1
@@ -44,8 +45,8 @@ import torch
 from ..errors import UserError
 from ..fsutil import atomic_output, check_output
 
-__all__ = ["export_gguf", "export_gguf_cli", "read_gguf_weights", "GGUFExport", "TensorExport", "GGUFExportWarning", "QTYPES",
-           "llama_qk_permutation", "gguf_tensor_name"]  # fmt: skip
+__all__ = ["export_gguf", "export_gguf_cli", "read_gguf_weights", "GGUFExport", "TensorExport", "GGUFExportWarning",
+           "QTYPES", "llama_qk_permutation", "gguf_tensor_name"]  # fmt: skip
 
 
 class GGUFExportWarning(UserWarning):
@@ -248,19 +249,26 @@ def _encode_codes(q, spec: _Spec) -> tuple[np.ndarray, float]:
         if not np.array_equal(lay.z, np.round(lay.z)):
             raise _NoFit("codes", f"its zero point is not an integer at {lay.bits} bits (an asymmetric slice); "
                          f"{spec.name.upper()} has a fixed offset")  # fmt: skip
-        off = spec.offset - lay.z  # n = c + off
-        if off.min() < 0 or off.max() + top > (1 << spec.bits) - 1:
+        # per block, n = c + o − Z with d = D, or mirrored n = o + Z − c with d = −D (w = d·(n − o) either way;
+        # e.g. a grid [−7s, 8s], zero 7, is Q4_0 with d = −s): take the first that keeps n in the code range
+        hi = (1 << spec.bits) - 1
+        up = (spec.offset - lay.z >= 0) & (spec.offset - lay.z + top <= hi)
+        down = (spec.offset + lay.z - top >= 0) & (spec.offset + lay.z <= hi)
+        if not (up | down).all():
             raise _NoFit("codes", f"{lay.bits}-bit codes with these zero points do not fit {spec.name.upper()}'s "
                          f"{spec.bits}-bit codes around {spec.offset}")  # fmt: skip
-        codes = lay.codes + np.repeat(off.astype(np.int16), spec.block, axis=1)
+        sign = np.where(up, 1, -1).astype(np.int16)
+        rep = lambda a: np.repeat(a, spec.block, axis=1)  # noqa: E731
+        codes = rep(sign) * lay.codes + rep((spec.offset - sign * lay.z).astype(np.int16))
+        d = np.where(up, lay.d, -lay.d).astype(np.float16)
         if spec.name == "q4_0":
-            return gb.encode_q4_0(codes.astype(np.uint8), lay.d), 0.0
+            return gb.encode_q4_0(codes.astype(np.uint8), d), 0.0
         if spec.name == "q5_0":
-            return gb.encode_q5_0(codes.astype(np.uint8), lay.d), 0.0
+            return gb.encode_q5_0(codes.astype(np.uint8), d), 0.0
         if spec.name == "q8_0":
-            return gb.encode_q8_0(codes - 128, lay.d), 0.0
+            return gb.encode_q8_0(codes - 128, d), 0.0
         enc = gb.encode_q6_k if spec.name == "q6_k" else gb.encode_q3_k
-        res = enc(codes.astype(np.uint8), lay.d.astype(np.float64))
+        res = enc(codes.astype(np.uint8), d.astype(np.float64))
         return res.data, res.max_error
     if lay.bits > spec.bits:
         raise _NoFit("codes", f"{lay.bits}-bit codes do not fit {spec.name.upper()} ({spec.bits} bits)")
@@ -330,8 +338,8 @@ def _fallback(q, w: np.ndarray, float_type: str, why: str) -> _Encoded:
     return _Encoded(_float_encode(w, float_type), float_type, "float", f"no block type fits: {why}")
 
 
-def _encode_layer(name: str, q, qtype: str, float_type: str) -> _Encoded:
-    w = q.dequantize(torch.float32).numpy()
+def _encode_layer(name: str, q, w: np.ndarray, qtype: str, float_type: str) -> _Encoded:
+    """`q` in `qtype` (or auto), keeping its codes where a type can; `w` = q's dequantized weight (for fallbacks)."""
     if qtype == "auto":
         enc, reasons = _auto(q)
         if enc is not None:
@@ -431,7 +439,7 @@ def _add_sentencepiece_vocab(writer, tok_dir: Path, n_vocab: int) -> None:
     try:
         vocab = gguf.vocab.SentencePieceVocab(tok_dir)
     except (ImportError, FileNotFoundError) as e:
-        raise UserError(f"{tok_dir}/tokenizer.model needs the sentencepiece package to be written to GGUF ({e})") from None
+        raise UserError(f"{tok_dir}/tokenizer.model needs the sentencepiece package for GGUF ({e})") from None
     tokens, scores, types = [], [], []
     for text, score, typ in vocab.all_tokens():
         tokens.append(text), scores.append(score), types.append(typ)
@@ -580,11 +588,21 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
         report_warnings.append(msg)
         warnings.warn(msg, GGUFExportWarning, stacklevel=3)
 
-    entries = []  # (gguf name, hf name, data, ggml type, method, bits, reference w, note)
+    entries: list[tuple[TensorExport, np.ndarray, np.ndarray | None]] = []  # (report row, data, row permutation)
+
+    def add(g: str, hf: str, data: np.ndarray, typ: str, method: str, bits: int | None, ref: np.ndarray,
+            perm: np.ndarray | None, note: str = "") -> None:  # fmt: skip
+        """Measure the stored tensor against `ref` through gguf-py's dequantizer (before the Q/K row permutation)."""
+        back = gguf.quants.dequantize(np.ascontiguousarray(data), getattr(gguf.GGMLQuantizationType, typ.upper()))
+        err = float(np.abs(back.reshape(ref.shape).astype(np.float64) - ref).max(initial=0.0))
+        top = float(np.abs(ref).max(initial=0.0))
+        rel = err / top if top else 0.0
+        row = TensorExport(g, hf, typ.upper(), tuple(ref.shape), bits, method, err == 0.0, err, rel, note)
+        entries.append((row, data, perm))
+
     perms = {"self_attn.q_proj": hp["n_head"], "self_attn.k_proj": hp["n_head_kv"]}
-    names = list(tensors) + [f"{n}.weight" for n in widths]
     layer_of = {f"{n}.weight": n for n in widths}
-    for hf in names:
+    for hf in list(tensors) + list(layer_of):
         g = gguf_tensor_name(hf)
         if g is None:
             raise UserError(f"{src}: tensor {hf} has no GGUF name in the Llama layout; is this a plain Llama model?")
@@ -598,30 +616,29 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
         if hf in layer_of:
             lname = layer_of[hf]
             q = ckpt.layers[lname].slice(widths[lname])
-            enc = _encode_layer(lname, q, qtype, float_type)
+            ref = q.dequantize(torch.float32).numpy()
+            enc = _encode_layer(lname, q, ref, qtype, float_type)
             if enc.method != "codes" or (qtype != "auto" and enc.ggml_type != qtype):
                 warn(f"{lname} ({widths[lname]}-bit) written as {enc.ggml_type.upper()}: {enc.note}")
-            ref = q.dequantize(torch.float32).numpy()
-            entries.append((g, hf, enc.data, enc.ggml_type, enc.method, widths[lname], ref, perm, enc.note))
+            add(g, hf, enc.data, enc.ggml_type, enc.method, widths[lname], ref, perm, enc.note)
             continue
         t = tensors[hf].detach().float().numpy()
         if t.ndim == 1:
-            data, typ = t.astype(np.float32), "f32"
+            add(g, hf, t.astype(np.float32), "f32", "float", None, t, perm)
         elif g in ("token_embd.weight", "output.weight"):
-            typ = embed_type
-            data = _requantize(t, "q8_0") if typ == "q8_0" else _float_encode(t, typ)
+            data = _requantize(t, "q8_0") if embed_type == "q8_0" else _float_encode(t, embed_type)
+            add(g, hf, data, embed_type, "float" if embed_type in FLOAT_TYPES else "requantized", None, t, perm)
         else:  # an unquantized 2-D weight (unquantized source model)
-            data, typ = _float_encode(t, float_type), float_type
-        entries.append((g, hf, data, typ, "float" if typ in FLOAT_TYPES else "requantized", None, t, perm, ""))
+            add(g, hf, _float_encode(t, float_type), float_type, "float", None, t, perm)
 
-    entries.sort(key=lambda e: _order(e[0]))
+    entries.sort(key=lambda e: _order(e[0].name))
     counts: dict[str, int] = {}
-    for e in entries:
-        if e[5] is not None:
-            counts[e[3]] = counts.get(e[3], 0) + e[6].size
+    for row, _, _ in entries:
+        if row.bits is not None:
+            counts[row.ggml_type.lower()] = counts.get(row.ggml_type.lower(), 0) + int(np.prod(row.shape))
     file_type = max(counts, key=counts.get) if counts else float_type
 
-    report = GGUFExport(out, file_type, 0, [], report_warnings)
+    report = GGUFExport(out, file_type, 0, [row for row, _, _ in entries], report_warnings)
     with atomic_output(out, overwrite, directory=False) as tmp:
         writer = gguf.GGUFWriter(str(tmp), "llama")
         extra = _add_metadata(writer, hp, src.name)
@@ -639,22 +656,15 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
             _add_vocab(writer, Path(tok_dir), hp["n_vocab"], warn)
         finally:
             gguf_log.setLevel(level)
-        for g, hf, data, typ, method, b, ref, perm, note in entries:
-            stored = data if perm is None else data[perm]
-            if typ in FLOAT_TYPES:
-                writer.add_tensor(g, np.ascontiguousarray(stored))
-            else:
-                writer.add_tensor(g, np.ascontiguousarray(stored), raw_dtype=getattr(gguf.GGMLQuantizationType,
-                                                                                      typ.upper()))  # fmt: skip
-            back = gguf.quants.dequantize(np.ascontiguousarray(data), getattr(gguf.GGMLQuantizationType, typ.upper()))
-            back = back.reshape(ref.shape).astype(np.float64)
-            err = float(np.abs(back - ref.astype(np.float64)).max(initial=0.0))
-            scale = float(np.abs(ref).max(initial=0.0))
-            report.tensors.append(TensorExport(g, hf, typ.upper(), tuple(ref.shape), b, method, err == 0.0, err,
-                                               err / scale if scale else 0.0, note))  # fmt: skip
         for g, arr in extra:
             writer.add_tensor(g, arr)
-            report.tensors.append(TensorExport(g, "(rope scaling)", "F32", arr.shape, None, "float", True, 0.0, 0.0))
+            report.tensors.insert(0, TensorExport(g, "(rope scaling)", "F32", arr.shape, None, "float", True, 0.0, 0.0))
+        for row, data, perm in entries:
+            stored = np.ascontiguousarray(data if perm is None else data[perm])
+            if row.ggml_type in ("F32", "F16"):
+                writer.add_tensor(row.name, stored)
+            else:
+                writer.add_tensor(row.name, stored, raw_dtype=getattr(gguf.GGMLQuantizationType, row.ggml_type))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
