@@ -14,15 +14,11 @@ falls back to F16 there and keeps token_embd (tied output) at Q8_0. Our exports 
 (dequantized 4-bit) in ours but the original weights in llama.cpp's; the "mix" row slices down_proj at 8 bits from
 the MatGPTQ parent instead (same F16 bytes).
 
-Rows marked * use two quantizer prototypes, patched into matgptq for this process only (until the quantizer has them
-as options; see the report):
-- Q4_0 grid: llama.cpp's Q4_0 block scale is d = m/−8 with m the block's largest-magnitude weight *with its sign*, so
-  that weight is exactly code 0 and all 16 levels are used; the project's symmetric grid is s = 2·max|w|/15 (levels
-  [−8s, 7s], the largest positive weight clipped to 7s, step 7% coarser). Measured on stories260K (transformers,
-  down_proj kept fp32, group 32): RTN on the project grid KL 0.090, RTN on the Q4_0 grid 0.070 (= llama.cpp's own
-  Q4_0, 0.071). The GGUF export stores the negative block scales of this grid exactly (Q4_0 allows d < 0).
-- down_proj unquantized: no GGUF block type holds 172-column rows, so llama.cpp keeps down_proj's original weights at
-  F16; the project quantizes every Linear, so without this our F16 down_proj carries 4-bit error in the same bytes.
+Set-ups (--variants): "default" is the project's symmetric grid; "q4grid" adds `--signed-scale` (llama.cpp's Q4_0
+grid: scale = −m/8 with m the group's largest-magnitude weight, sign kept, so m is exactly code 0 and all 16 levels
+are used; the default symmetric grid 2·max|w|/15 clips the largest positive weight) with act-order, static groups and
+MSE; "q4grid-fpdown" additionally leaves down_proj unquantized (`--skip mlp.down_proj`): no GGUF block type holds
+172-column rows, so llama.cpp keeps down_proj's original weights at F16, and so do we then.
 
 Run with the interop venv (llama-cpp-python + matgptq):
     python scripts/gguf_vs_llamacpp.py --out-json results/gguf_vs_llamacpp.json
@@ -39,7 +35,7 @@ import sys
 import tempfile
 import time
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -109,45 +105,6 @@ def llama_quantize(src: Path, dst: Path, ftype_name: str, threads: int) -> None:
 
 
 @contextmanager
-def signed_grid():
-    """Q4_0's grid for symmetric quantization: s = −m / 2^(b−1), m = the group's largest-|w| weight with its sign
-    (shrunk by the MSE search), zero 2^(b−1): w_extreme = s·(0 − 2^(b−1)) exactly; s may be negative."""
-    import matgptq.grid as grid
-
-    original = grid.minmax_params
-
-    def minmax_params(w, bits, sym, shrink=1.0):
-        if not sym:
-            return original(w, bits, sym, shrink)
-        half = float(1 << (bits - 1))
-        m = torch.gather(w, -1, w.abs().argmax(dim=-1, keepdim=True))[..., 0] * shrink
-        scale = (m / -half).to(torch.float16).to(w.dtype)
-        scale = torch.where((scale != 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
-        return scale, torch.full_like(scale, half)
-
-    grid.minmax_params = minmax_params
-    try:
-        yield
-    finally:
-        grid.minmax_params = original
-
-
-@contextmanager
-def unquantized(linear: str):
-    """Leave the Linear `linear` of every Llama block unquantized (as llama.cpp keeps a tensor whose rows no block type
-    holds at F16): the checkpoint stores it as a float tensor, export_gguf writes it as `float_type`."""
-    import matgptq.models as models
-
-    spec = models.ARCHITECTURES["llama"]
-    groups = tuple(g for g in (tuple(n for n in grp if n != linear) for grp in spec.groups) if g)
-    models.ARCHITECTURES["llama"] = models.ArchSpec(spec.blocks, groups, spec.conv1d)
-    try:
-        yield
-    finally:
-        models.ARCHITECTURES["llama"] = spec
-
-
-@contextmanager
 def stderr_to(path: Path):
     """Send the C library's stderr (llama.cpp's quantizer log) to a file."""
     sys.stderr.flush()
@@ -196,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-size", type=int, default=32)
     ap.add_argument("--matgptq-bits", default="3,4,8", help="MatGPTQ target set R (master = max)")
     ap.add_argument("--variants", default="default,q4grid,q4grid-fpdown",
-                    help="comma list of quantizer set-ups: default (the project's grid), q4grid (prototype Q4_0 grid "
-                         "+ act-order/static groups + MSE), q4grid-fpdown (same, down_proj left unquantized)")
+                    help="comma list of quantizer set-ups: default (the project's grid), q4grid (--signed-scale "
+                         "+ act-order/static groups + MSE), q4grid-fpdown (same + --skip mlp.down_proj)")
     ap.add_argument("--nsamples", type=int, default=128)
     ap.add_argument("--seqlen", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=40000)
@@ -228,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     mix = {"*": 4, **{f"model.layers.{i}.mlp.down_proj": 8 for i in range(n_layers)}}
     variants = {  # name: (label, quantize options, Q4_0 grid, keep down_proj unquantized, MatGPTQ R)
         "default": ("project grid", base, False, False, a.matgptq_bits),
-        "q4grid": ("Q4_0 grid*, act-order+static, MSE", tuned, True, False, "4,8"),
-        "q4grid-fpdown": ("Q4_0 grid*, act-order+static, MSE, down_proj unquantized*", tuned, True, True, "4,8"),
+        "q4grid": ("--signed-scale --act-order --static-groups --mse", tuned, True, False, "4,8"),
+        "q4grid-fpdown": ("same + --skip mlp.down_proj", tuned, True, True, "4,8"),
     }
     exports: dict[str, tuple[Path, object]] = {}
     for name in [v.strip() for v in a.variants.split(",") if v.strip()]:
@@ -242,9 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             if a.reuse and (out / "matgptq.json").is_file():
                 log(f"{method} {bits} g{a.group_size} {tag}: reusing {out}")
             else:
-                skip = unquantized("mlp.down_proj") if fpdown else nullcontext()
-                with signed_grid() if grid else nullcontext(), skip:
-                    matgptq.quantize(a.model, out, method=method, bits=bits, **opts)
+                options = dict(opts, signed_scale=grid, skip=(r"mlp\.down_proj$",) if fpdown else ())
+                matgptq.quantize(a.model, out, method=method, bits=bits, **options)
                 log(f"{method} {bits} g{a.group_size} {tag}: {time.time() - t0:.1f}s")
             if method == "gptq":
                 exports[f"GPTQ-4 ({tag}) → Q4_0"] = (out, 4)

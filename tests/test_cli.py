@@ -98,3 +98,9 @@ def test_quantize_then_eval_end_to_end(tmp_path, capsys):
 
     row = json.loads(js.read_text())["results"][0]
     assert 4.0 < row["ppl"] < 6.0 and row["kl"] > 0 and row["tokens"] == 4096
+
+
+def test_signed_scale_and_skip_validation(tmp_path, capsys):
+    assert "symmetric grid" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--asym", "--signed-scale"), capsys)
+    assert "not a valid regular expression" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--skip", "("), capsys)
+    assert not (tmp_path / "out").exists()

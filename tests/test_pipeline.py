@@ -84,3 +84,11 @@ def test_nan_weights_are_refused():
     model.model.layers[0].mlp.up_proj.weight.data[0, 0] = float("nan")
     with pytest.raises(UserError, match="NaN or Inf"):
         quantize_model(model, windows(), make_config("gptq", 4), progress=False)
+
+
+def test_skip_leaves_matching_linears_unquantized():
+    model = tiny_model("llama")
+    before = {n: p.clone() for n, p in model.named_parameters() if "down_proj" in n}
+    layers, _ = quantize_model(model, windows(), make_config("gptq", 4, skip=(r"mlp\.down_proj$",)), progress=False)
+    assert not any("down_proj" in n for n in layers) and len(layers) == 2 * 6
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if "down_proj" in n)

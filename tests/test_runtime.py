@@ -100,3 +100,27 @@ def test_quantization_is_reproducible_bit_exactly(tiny_llama_dir, tmp_path):
     cfg = QuantConfig.from_json(meta["quantization"])  # the recorded settings rebuild the same config
     assert cfg.bits == 3 and cfg.act_order and cfg.mse and cfg.group_size == 32
     assert meta["calibration"]["nsamples"] == 4 and meta["calibration"]["sha256"]
+
+
+def test_skipped_layers_round_trip_and_exports(tiny_llama_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from matgptq.export.gguf import export_gguf, read_gguf_weights
+    from matgptq.export.gptq import export_gptq
+
+    out, _ = matgptq.quantize(tiny_llama_dir, tmp_path / "skip", calib=TINYSTORIES, calib_range=(0.9, 1.0),
+                              bits=4, nsamples=4, seqlen=64, group_size=32, signed_scale=True,
+                              skip=(r"mlp\.down_proj$",), progress=False)  # fmt: skip
+    ref = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    model = matgptq.load(out)
+    name = "model.layers.1.mlp.down_proj"
+    assert name not in model.matgptq.layers
+    assert torch.equal(model.get_submodule(name).weight, ref.get_submodule(name).weight)
+    assert bool((model.matgptq.layers["model.layers.0.mlp.up_proj"].scales < 0).any())
+    with pytest.raises(UserError, match="--skip"):
+        export_gptq(out, tmp_path / "g", "gptq_v2")
+    assert not (tmp_path / "g").exists()
+    report = export_gguf(out, tmp_path / "m.gguf", float_type="f32")
+    weights = read_gguf_weights(tmp_path / "m.gguf")
+    assert torch.equal(torch.from_numpy(weights[f"{name}.weight"]), ref.get_submodule(name).weight)
+    assert report.exact

@@ -145,3 +145,32 @@ def test_static_groups_without_act_order_use_original_weights():
     assert torch.equal(res.codes.double(), codes_ref)
     expected_scales = torch.stack([find_params(w[:, a : a + 16], r, True, False)[0] for a in range(0, 64, 16)], 1)
     assert torch.equal(res.scales.double(), expected_scales.half().double())
+
+
+def test_signed_scale_grid_puts_the_extreme_weight_on_code_zero():
+    from matgptq.grid import minmax_params
+
+    w = torch.tensor([[0.5, -0.25, 1.5, -1.0], [-2.0, 0.5, 1.0, 1.75]])
+    scale, zero = minmax_params(w, 4, sym=True, signed=True)
+    assert torch.equal(scale, torch.tensor([1.5 / -8, -2.0 / -8]))  # sign of the largest-|w| weight, / -2^(b-1)
+    codes = NearestRounding(4).codes(w, scale.unsqueeze(1), zero.unsqueeze(1))
+    assert codes[0, 2] == 0 and codes[1, 0] == 0  # extreme weights exactly on level -8
+    assert torch.equal(scale.unsqueeze(1) * (codes[:, [2, 0]].diag().unsqueeze(1) - zero.unsqueeze(1)),
+                       torch.tensor([[1.5], [-2.0]]))  # fmt: skip
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_with_signed_scale_matches_reference(act_order):
+    import matgptq.grid as grid
+
+    w, h, _ = random_problem(16, 48, seed=7)
+    r = NearestRounding(4)
+    res = gptq_quantize(w, h, r, group_size=16, act_order=act_order, signed=True)
+    original = grid.find_params
+    try:  # the reference calls find_params(w, rounding, sym, mse): make it the signed grid
+        globals()["find_params"] = lambda w_, r_, s_, m_: original(w_, r_, s_, m_, signed=True)
+        codes_ref, deq_ref = reference_gptq(w, h, r, 16, True, act_order, False, 0.01)
+    finally:
+        globals()["find_params"] = original
+    assert torch.equal(res.codes.double(), codes_ref)
+    assert bool((res.scales < 0).any())  # negative scales occur and survive

@@ -16,7 +16,6 @@ from .config import CalibConfig, Method, QuantConfig
 from .errors import UserError
 from .fsutil import check_output
 from .hf import load_fp_model, load_tokenizer, require_model_dir
-from .models import arch_spec, quantized_layer_names
 from .pipeline import LayerReport, quantize_model
 
 
@@ -67,9 +66,8 @@ def quantize(
         text = calib if isinstance(calib, list) else read_text(calib, calib_cfg.text_range)
         windows = calibration_windows(tokenize(tokenizer, text), nsamples, seqlen, seed)
     fp = load_fp_model(model)
-    spec = arch_spec(fp.config.model_type)
     layers, reports = quantize_model(fp, windows, cfg, progress=progress)
-    quantized = {f"{n}.weight" for n in quantized_layer_names(fp, spec)}
+    quantized = {f"{n}.weight" for n in layers}  # layers left out by --skip stay ordinary tensors
     tensors, seen = {}, set()
     for name, t in fp.state_dict().items():
         if name in quantized or t.data_ptr() in seen:  # quantized weights, and tied duplicates (lm_head)

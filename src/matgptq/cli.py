@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--act-order", action="store_true", help="quantize columns by decreasing Hessian diagonal")
     q.add_argument("--static-groups", action="store_true", help="group scales/zeros from the original weights (before GPTQ updates and act-order)")
     q.add_argument("--mse", action="store_true", help="search the scale on a shrink grid (min L2.4 error)")
+    q.add_argument("--signed-scale", action="store_true",
+                   help="symmetric grid whose scale takes the sign of the largest-|w| weight (llama.cpp Q4_0's grid)")
+    q.add_argument("--skip", action="append", default=[], metavar="REGEX",
+                   help="leave block Linears whose module name matches unquantized (repeatable)")
     q.add_argument("--damp", type=float, default=0.01, help="relative Hessian damping (retried x10 if needed)")
     q.add_argument("--block-size", type=int, default=128, help="GPTQ lazy-update block size")
     q.add_argument("--no-true-sequential", dest="true_sequential", action="store_false",
@@ -96,7 +100,7 @@ def cmd_quantize(a: argparse.Namespace) -> None:
         bit_weights=a.bit_weights, calib_range=a.calib_range, nsamples=a.nsamples, seqlen=a.seqlen, seed=a.seed,
         overwrite=a.overwrite, progress=not a.quiet, group_size=a.group_size, sym=a.sym, act_order=a.act_order,
         static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
-        true_sequential=a.true_sequential,
+        true_sequential=a.true_sequential, signed_scale=a.signed_scale, skip=tuple(a.skip),
     )  # fmt: skip
     widths = sorted({r for rep in reports for r in rep.rel_error})
     rows = [[f"{r}-bit", len(reports), sum(rep.rel_error[r] for rep in reports) / len(reports),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
@@ -35,6 +36,8 @@ class QuantConfig:
     damp: float = 0.01
     block_size: int = 128
     true_sequential: bool = True
+    signed_scale: bool = False  # symmetric grid with the sign of the extreme weight (llama.cpp Q4_0's), grid.py
+    skip: tuple[str, ...] = ()  # regexes on full module names of block Linears to leave unquantized
     target_bits: tuple[int, ...] = ()
     bit_weights: tuple[float, ...] = ()
 
@@ -48,6 +51,13 @@ class QuantConfig:
             raise UserError(f"damping must be in (0, 1] (relative to mean(diag H)), got {self.damp}")
         if self.block_size < 1:
             raise UserError(f"block size must be positive, got {self.block_size}")
+        if self.signed_scale and not self.sym:
+            raise UserError("--signed-scale is a symmetric grid; drop --asym or --signed-scale")
+        for pattern in self.skip:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise UserError(f"--skip {pattern!r} is not a valid regular expression ({e})") from None
         targets = tuple(sorted(set(self.target_bits))) if self.target_bits else (self.bits,)
         if self.method is not Method.MATGPTQ and targets != (self.bits,):
             raise UserError(f"method {self.method.value} quantizes one width; use --method matgptq for several")

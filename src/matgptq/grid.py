@@ -7,6 +7,9 @@ Grid (formats.md §1.5, GPTQ's `Quantizer`): per group of weights w with b-bit c
   code q = clamp(round(w / s) + z, 0, maxq),  w ≈ s · (q − z)        (round = half to even, as torch/GPTQ)
 Scales are rounded to float16 *before* codes are chosen, so every exported format (GPTQ fp16 scales, GGUF fp16 block
 scales) holds exactly the weights this project evaluated; s·(q − z) is then exact in float32.
+Signed scale (`signed=True`, symmetric only; llama.cpp's Q4_0 grid): s = −m / 2^(b−1) with m the group's weight of
+largest magnitude, sign kept, z = 2^(b−1): m lands exactly on code 0 and the 2^b-th level that 2·max|w|/maxq leaves
+unused is spent on the side of m; s may be negative.
 MSE search (`mse=True`, the shrink grid of IST-DASLab/gptq): try ranges p·[xmin, xmax] for p = 1, 0.99, …, 0.21 and
 keep, per group, the one with the smallest Σ|ŵ − w|^2.4.
 """
@@ -55,9 +58,15 @@ class NearestRounding:
         return (w - scale * (codes - zero)).abs_().pow_(norm).sum(-1)
 
 
-def minmax_params(w: torch.Tensor, bits: int, sym: bool, shrink: float | torch.Tensor = 1.0):
-    """Scale and zero for each row of `w` ([rows, n]) from its (shrunk) range; scale float16-representable, > 0."""
+def minmax_params(w: torch.Tensor, bits: int, sym: bool, shrink: float | torch.Tensor = 1.0, signed: bool = False):
+    """Scale and zero for each row of `w` ([rows, n]) from its (shrunk) range; scale float16-representable, ≠ 0."""
     maxq = (1 << bits) - 1
+    if signed:
+        half = float(1 << (bits - 1))
+        m = torch.gather(w, -1, w.abs().argmax(dim=-1, keepdim=True))[..., 0] * shrink
+        scale = (m / -half).to(torch.float16).to(w.dtype)
+        scale = torch.where((scale != 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
+        return scale, torch.full_like(scale, half)
     xmin = torch.clamp(w.min(dim=-1).values, max=0) * shrink
     xmax = torch.clamp(w.max(dim=-1).values, min=0) * shrink
     if sym:
@@ -74,14 +83,14 @@ def minmax_params(w: torch.Tensor, bits: int, sym: bool, shrink: float | torch.T
     return scale, zero
 
 
-def find_params(w: torch.Tensor, rounding: Rounding, sym: bool, mse: bool):
+def find_params(w: torch.Tensor, rounding: Rounding, sym: bool, mse: bool, signed: bool = False):
     """Per-row (scale, zero) for `w` [rows, n]: min-max, or the MSE shrink-grid search under `rounding`."""
-    scale, zero = minmax_params(w, rounding.bits, sym)
+    scale, zero = minmax_params(w, rounding.bits, sym, signed=signed)
     if not mse:
         return scale, zero
     best = torch.full_like(scale, float("inf"))
     for i in range(int(MSE_MAX_SHRINK * MSE_GRID)):
-        s1, z1 = minmax_params(w, rounding.bits, sym, shrink=1 - i / MSE_GRID)
+        s1, z1 = minmax_params(w, rounding.bits, sym, shrink=1 - i / MSE_GRID, signed=signed)
         s1c, z1c = s1.unsqueeze(-1), z1.unsqueeze(-1)
         err = rounding.loss(w, rounding.codes(w, s1c, z1c), s1c, z1c, MSE_NORM)
         better = err < best

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass
 
@@ -148,8 +149,13 @@ def quantize_model(
     layers: dict[str, QuantizedWeight] = {}
     reports: list[LayerReport] = []
     bar = tqdm(total=len(blocks) * sum(len(g) for g in groups), desc="quantize", unit="layer", disable=not progress)
+    skipped = lambda full: any(re.search(p, full) for p in cfg.skip)  # noqa: E731
     for i, block in enumerate(blocks):
-        for group in groups:
+        for all_names in groups:
+            group = tuple(n for n in all_names if not skipped(f"{spec.blocks}.{i}.{n}"))
+            bar.update(len(all_names) - len(group))
+            if not group:
+                continue
             hessians = _collect_hessians(block, group, inputs) if needs_data else {}
             for name in group:
                 full = f"{spec.blocks}.{i}.{name}"
@@ -160,10 +166,10 @@ def quantize_model(
                     res = gptq_quantize(
                         w, hessians[name], rounding, group_size=cfg.group_size, sym=cfg.sym,
                         act_order=cfg.act_order, static_groups=cfg.static_groups, mse=cfg.mse,
-                        damp=cfg.damp, block_size=cfg.block_size,
+                        damp=cfg.damp, block_size=cfg.block_size, signed=cfg.signed_scale,
                     )  # fmt: skip
                 else:
-                    res = rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse)
+                    res = rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse, cfg.signed_scale)
                 qw = _to_weight(res, cfg.bits)
                 seconds = time.perf_counter() - t0
                 errors = {}

@@ -57,16 +57,18 @@ def _group_bounds(k: int, group_size: int) -> list[tuple[int, int]]:
     return [(a, min(a + g, k)) for a in range(0, k, g)]
 
 
-def _static_params(w: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, mse: bool):
+def _static_params(w: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, mse: bool, signed: bool = False):
     """Parameters for contiguous column groups of `w` ([N, K] → scales, zeros [N, G])."""
-    pairs = [find_params(w[:, a:b], rounding, sym, mse) for a, b in _group_bounds(w.shape[1], group_size)]
+    pairs = [find_params(w[:, a:b], rounding, sym, mse, signed) for a, b in _group_bounds(w.shape[1], group_size)]
     return torch.stack([p[0] for p in pairs], 1), torch.stack([p[1] for p in pairs], 1)
 
 
-def rtn_quantize(weight: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, mse: bool = False) -> QuantResult:
+def rtn_quantize(
+    weight: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, mse: bool = False, signed: bool = False
+) -> QuantResult:
     """Round-to-nearest with the same grid as GPTQ and contiguous groups."""
     w = weight.to(torch.promote_types(weight.dtype, torch.float32))
-    scales, zeros = _static_params(w, rounding, group_size, sym, mse)
+    scales, zeros = _static_params(w, rounding, group_size, sym, mse, signed)
     g_idx = torch.arange(w.shape[1]) // (w.shape[1] if group_size == -1 else group_size)
     codes = rounding.codes(w, scales[:, g_idx], zeros[:, g_idx])
     return _to_result(codes, scales, zeros, g_idx, None, 0.0)
@@ -100,6 +102,7 @@ def gptq_quantize(
     mse: bool = False,
     damp: float = 0.01,
     block_size: int = 128,
+    signed: bool = False,
 ) -> QuantResult:
     """GPTQ on `weight` [N, K] with Hessian [K, K]. Computes in float32 (or float64 if given float64)."""
     dtype = torch.promote_types(weight.dtype, torch.float32)
@@ -111,7 +114,7 @@ def gptq_quantize(
     w[:, dead] = 0
 
     if static_groups:
-        static_scales, static_zeros = _static_params(w, rounding, group_size, sym, mse)
+        static_scales, static_zeros = _static_params(w, rounding, group_size, sym, mse, signed)
     perm = None
     if act_order:
         perm = torch.argsort(torch.diag(h), descending=True, stable=True)
@@ -150,7 +153,7 @@ def gptq_quantize(
                         wt[s1 : min(b1, e)] - u[s0:j, s1 : min(b1, e)].T @ err[s0 - b0 : i],
                         wt[b1:e] - u[b0:j, b1:e].T @ err[:i],
                     ])  # fmt: skip
-                    scale, zero = find_params(current.T, rounding, sym, mse)
+                    scale, zero = find_params(current.T, rounding, sym, mse, signed)
                     scales[:, j // g], zeros[:, j // g] = scale, zero
                 col = wt[j]
                 q = rounding.codes(col, scale, zero)

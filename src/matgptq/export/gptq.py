@@ -143,6 +143,11 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
         raise UserError(f"{src} is not quantized; quantize it first (matgptq quantize) and export the result")
     widths = resolve_bits(bits if bits is not None else bits_config, ckpt)
     qmeta = ckpt.meta.get("quantization") or {}
+    if qmeta.get("skip"):
+        raise UserError(
+            f"{src} leaves block Linears unquantized (--skip {' '.join(qmeta['skip'])}); GPTQ loaders expect every "
+            "block Linear quantized: re-quantize without --skip, or use --format gguf"
+        )
     if "group_size" not in qmeta:
         raise UserError(f"{src} does not record its group size (matgptq.json quantization.group_size); re-quantize it")
     group_size = int(qmeta["group_size"])
