@@ -25,7 +25,6 @@ from matgptq.evaluate import kl_divergence, perplexity, reference_logprobs
 from matgptq.hf import load_fp_model, load_tokenizer
 from matgptq.pipeline import quantize_model
 from matgptq.report import format_table
-from matgptq.slicing import slice_codes  # noqa: F401  (documents where slicing lives)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .errors import UserError
 
@@ -22,10 +22,6 @@ def require_model_dir(path: str | Path) -> Path:
     if not (p / "config.json").is_file():
         raise UserError(f"no model found at {p} (expected a directory with config.json); give a local model directory")
     return p
-
-
-def load_config(path: str | Path):
-    return AutoConfig.from_pretrained(require_model_dir(path))
 
 
 def load_tokenizer(path: str | Path):
