@@ -57,6 +57,15 @@ def make_tiny_llama(path: Path, hidden=64, intermediate=128, layers=2, heads=4, 
     return path
 
 
+def quick_quantize(model: Path, out: Path, **kw) -> Path:
+    """A small, fast quantization of `model` (8 windows × 64 tokens of TinyStories) for export tests."""
+    import matgptq
+
+    kw.setdefault("method", "gptq")
+    matgptq.quantize(model, out, calib=TINYSTORIES, calib_range=(0.6, 1.0), nsamples=8, seqlen=64, progress=False, **kw)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "llama")

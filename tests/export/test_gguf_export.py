@@ -14,7 +14,6 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-import matgptq  # noqa: E402
 from matgptq.checkpoint import read_checkpoint  # noqa: E402
 from matgptq.errors import UserError  # noqa: E402
 from matgptq.export.gguf import (  # noqa: E402
@@ -24,13 +23,7 @@ from matgptq.export.gguf import (  # noqa: E402
     read_gguf_weights,
 )
 
-from tests.conftest import STORIES, TINYSTORIES, make_tiny_llama  # noqa: E402
-
-
-def _quantize(model: Path, out: Path, **kw) -> Path:
-    kw.setdefault("method", "gptq")
-    matgptq.quantize(model, out, calib=TINYSTORIES, calib_range=(0.6, 1.0), nsamples=8, seqlen=64, progress=False, **kw)
-    return out
+from tests.conftest import STORIES, make_tiny_llama, quick_quantize  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +39,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def parent(models):  # MatGPTQ 8-bit symmetric parent, group 32: every width is a slice
-    return _quantize(models["small"], models["root"] / "parent", method="matgptq", bits="4,8", group_size=32)
+    return quick_quantize(models["small"], models["root"] / "parent", method="matgptq", bits="4,8", group_size=32)
 
 
 def _reference(ckpt_dir: Path, bits) -> dict[str, np.ndarray]:
@@ -164,7 +157,7 @@ def test_bits_config_mix(parent, tmp_path):
 
 def test_per_channel_k_quants_are_exact(models, tmp_path):
     """Per-channel (one scale per 256 columns): Q2_K/Q3_K/Q6_K with sub-scale 1 hold the codes exactly."""
-    ck = _quantize(models["k256"], tmp_path / "pc", method="rtn", bits=8)
+    ck = quick_quantize(models["k256"], tmp_path / "pc", method="rtn", bits=8)
     for bits, typ in {2: "Q2_K", 3: "Q3_K", 4: "Q4_0", 5: "Q5_0", 6: "Q6_K", 8: "Q8_0"}.items():
         rep = export_gguf(ck, tmp_path / f"{bits}.gguf", bits=bits)
         assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {typ}, bits
@@ -176,7 +169,7 @@ def test_per_channel_k_quants_are_exact(models, tmp_path):
 def test_grouped_k_quants_keep_codes_and_report_scale_error(models, tmp_path, qtype, bits):
     """Group 16: codes kept, per-16 scales rounded onto the K-quant grid; the reported error is the measured one."""
     ck = tmp_path / "g16"
-    _quantize(models["k256"], ck, method="rtn", bits=8, group_size=16)
+    quick_quantize(models["k256"], ck, method="rtn", bits=8, group_size=16)
     rep = export_gguf(ck, tmp_path / "m.gguf", bits=bits, qtype=qtype)
     layers = [t for t in rep.tensors if t.bits is not None]
     assert {t.ggml_type for t in layers} == {qtype.upper()} and {t.method for t in layers} == {"codes"}
@@ -200,7 +193,7 @@ def test_k_quant_on_short_rows_falls_back_to_exact_legacy(parent, tmp_path):
 
 
 def test_asymmetric(models, tmp_path):
-    g4 = _quantize(models["small"], tmp_path / "a4", bits=4, sym=False, group_size=32)
+    g4 = quick_quantize(models["small"], tmp_path / "a4", bits=4, sym=False, group_size=32)
     rep = export_gguf(g4, tmp_path / "a4.gguf")
     layers = [t for t in rep.tensors if t.bits is not None]
     assert {t.ggml_type for t in layers} == {"Q4_1"}
@@ -213,12 +206,12 @@ def test_asymmetric(models, tmp_path):
     assert exact8.exact
     _check_readback(tmp_path / "a4q8.gguf", _reference(g4, None), exact8)
 
-    g3 = _quantize(models["small"], tmp_path / "a3", method="rtn", bits=3, sym=False, group_size=64)
+    g3 = quick_quantize(models["small"], tmp_path / "a3", method="rtn", bits=3, sym=False, group_size=64)
     rep3 = export_gguf(g3, tmp_path / "a3.gguf")  # nibble = q + 8 − z ∈ [1, 15]
     assert {t.ggml_type for t in rep3.tensors if t.bits is not None} == {"Q4_0"} and rep3.exact
     _check_readback(tmp_path / "a3.gguf", _reference(g3, None), rep3)
 
-    par = _quantize(models["small"], tmp_path / "ap", method="rtn", bits=8, sym=False, group_size=32)
+    par = quick_quantize(models["small"], tmp_path / "ap", method="rtn", bits=8, sym=False, group_size=32)
     rep_s = export_gguf(par, tmp_path / "ap4.gguf", bits=4)  # fractional zero z/16 → Q4_1 with m = −s·z
     assert {t.ggml_type for t in rep_s.tensors if t.bits is not None} == {"Q4_1"}
     _check_readback(tmp_path / "ap4.gguf", _reference(par, 4), rep_s)
@@ -234,7 +227,7 @@ def test_asymmetric(models, tmp_path):
 
 
 def test_act_order(models, tmp_path):
-    ck = _quantize(models["small"], tmp_path / "ao", bits=4, group_size=32, act_order=True)
+    ck = quick_quantize(models["small"], tmp_path / "ao", bits=4, group_size=32, act_order=True)
     with pytest.warns(GGUFExportWarning, match="act-order"):
         rep = export_gguf(ck, tmp_path / "ao.gguf")
     layers = [t for t in rep.tensors if t.bits is not None]
@@ -243,7 +236,7 @@ def test_act_order(models, tmp_path):
     _check_readback(tmp_path / "ao.gguf", _reference(ck, None), rep)
     assert max(t.rel_err for t in layers) <= 0.57 / 127
 
-    st = _quantize(models["small"], tmp_path / "st", bits=4, group_size=32, act_order=True, static_groups=True)
+    st = quick_quantize(models["small"], tmp_path / "st", bits=4, group_size=32, act_order=True, static_groups=True)
     rep_st = export_gguf(st, tmp_path / "st.gguf")  # static groups: g_idx = k // 32 → exact Q4_0
     assert {t.ggml_type for t in rep_st.tensors if t.bits is not None} == {"Q4_0"} and rep_st.exact
 
@@ -251,7 +244,7 @@ def test_act_order(models, tmp_path):
 @pytest.mark.parametrize("group_size", [16, 48])
 def test_group_size_not_multiple_of_32(models, tmp_path, group_size):
     """Groups of 16 or 48 columns split Q4_0/Q8_0 blocks (and rows of 64/128 are too short for K-quants): Q8_0."""
-    ck = _quantize(models["small"], tmp_path / "g", method="rtn", bits=4, group_size=group_size)
+    ck = quick_quantize(models["small"], tmp_path / "g", method="rtn", bits=4, group_size=group_size)
     with pytest.warns(GGUFExportWarning, match="not aligned"):
         rep = export_gguf(ck, tmp_path / "m.gguf")
     layers = [t for t in rep.tensors if t.bits is not None]
@@ -261,7 +254,7 @@ def test_group_size_not_multiple_of_32(models, tmp_path, group_size):
 
 
 def test_in_features_not_multiple_of_32(models, tmp_path):
-    ck = _quantize(models["odd"], tmp_path / "odd", method="rtn", bits=4)
+    ck = quick_quantize(models["odd"], tmp_path / "odd", method="rtn", bits=4)
     with pytest.warns(GGUFExportWarning, match="not a multiple of 32"):
         rep = export_gguf(ck, tmp_path / "f32.gguf")
     down = next(t for t in rep.tensors if t.name == "blk.0.ffn_down.weight")

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import STORIES, TINYSTORIES, make_tiny_llama, require_peer
+from tests.conftest import STORIES, TINYSTORIES, make_tiny_llama, quick_quantize, require_peer
 
 pytestmark = pytest.mark.interop
 gguf = pytest.importorskip("gguf")
@@ -132,12 +132,6 @@ def per_position(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # --- fixtures -------------------------------------------------------------------------------------------------------
 
 
-def _quantize(model: Path, out: Path, **kw) -> Path:
-    kw.setdefault("method", "gptq")
-    matgptq.quantize(model, out, calib=TINYSTORIES, calib_range=(0.6, 1.0), nsamples=8, seqlen=64, progress=False, **kw)
-    return out
-
-
 @pytest.fixture(scope="module")
 def ck(tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf_interop")
@@ -145,9 +139,9 @@ def ck(tmp_path_factory):
     k256 = make_tiny_llama(root / "k256", hidden=256, intermediate=256, heads=4, kv_heads=2, layers=1)
     return {
         "root": root, "small": small,
-        "parent": _quantize(small, root / "parent", method="matgptq", bits="4,8", group_size=32),
-        "asym": _quantize(small, root / "asym", bits=4, sym=False, group_size=32),
-        "pc": _quantize(k256, root / "pc", method="rtn", bits=8),  # per-channel: exact K-quants
+        "parent": quick_quantize(small, root / "parent", method="matgptq", bits="4,8", group_size=32),
+        "asym": quick_quantize(small, root / "asym", bits=4, sym=False, group_size=32),
+        "pc": quick_quantize(k256, root / "pc", method="rtn", bits=8),  # per-channel: exact K-quants
     }  # fmt: skip
 
 
@@ -258,7 +252,7 @@ def test_stories260k_logits(llama_cpp, tmp_path):
     f32 = tmp_path / "f32.gguf"
     export_gguf(STORIES, f32)
     assert per_position(cpp_logits(f32, tokens, **F32_KV), hf_logits(STORIES, tokens)).max() <= 1e-4
-    q = _quantize(STORIES, tmp_path / "q4", bits=4, group_size=32)
+    q = quick_quantize(STORIES, tmp_path / "q4", bits=4, group_size=32)
     with pytest.warns(UserWarning, match="not a multiple of 32"):
         rep = export_gguf(q, tmp_path / "q4.gguf", qtype="q4_0", float_type="f16", embed_type="q8_0")
     types = {t.name: t.ggml_type for t in rep.tensors}
