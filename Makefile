@@ -5,13 +5,16 @@ BIN     := $(VENV)/bin
 SHARED  ?= ../shared
 MODEL   := $(SHARED)/models/stories260K
 TEXT    := $(SHARED)/data/tinystories/tinystories_val_head.txt
-PIP     := $(BIN)/pip install -q --disable-pip-version-check -c .ci/constraints.txt
+# Every install is pinned by one constraints file (.ci/constraints.txt, dated); exported as PIP_CONSTRAINT too so the
+# isolated build environments of packages built from source (llama-cpp-python, ...) get the pinned build tools.
+PINS    := $(abspath .ci/constraints.txt)
+PIP     := PIP_CONSTRAINT=$(PINS) $(BIN)/pip install -q --disable-pip-version-check -c $(PINS)
 
 .PHONY: venv demo test interop bench results clean
 
 # torch is installed first and pinned (.ci/constraints.txt): 2.13.0 is a local CPU wheel; any other version
 # would pull gigabytes of CUDA wheels.
-$(BIN)/matgptq: pyproject.toml .ci/constraints.txt
+$(BIN)/matgptq: pyproject.toml $(PINS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -e ".[dev]"
@@ -35,14 +38,23 @@ interop: venv
 	GPTQMODEL_CPU_WORKERS=2 CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 	    $(PIP) -e ".[dev,interop]"
 
-# llm-compressor 0.14 needs transformers<=5.17 (it downgrades the venv's transformers; the tests pass with both).
-bench: interop
-	$(PIP) -e ".[bench]"
-	GPTQMODEL_CPU_WORKERS=2 TORCHDYNAMO_DISABLE=1 $(BIN)/python scripts/bench_gptq.py
-	$(BIN)/python scripts/bench_multibit.py
+# The peers for the benchmarks live in their own venv with their own pins (.ci/constraints-bench.txt says why:
+# llm-compressor 0.14 needs transformers<=5.17); the test stack is untouched.
+BENCH_VENV ?= .venv-bench
+BENCH_PINS := $(abspath .ci/constraints-bench.txt)
+BENCH_PIP  := PIP_CONSTRAINT=$(BENCH_PINS) $(BENCH_VENV)/bin/pip install -q --disable-pip-version-check -c $(BENCH_PINS)
+$(BENCH_VENV)/bin/matgptq: pyproject.toml $(BENCH_PINS)
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_PIP) torch==2.13.0
+	GPTQMODEL_CPU_WORKERS=2 $(BENCH_PIP) -e ".[dev,bench]"
+	touch $@
+
+bench: $(BENCH_VENV)/bin/matgptq
+	GPTQMODEL_CPU_WORKERS=2 TORCHDYNAMO_DISABLE=1 $(BENCH_VENV)/bin/python scripts/bench_gptq.py
+	$(BENCH_VENV)/bin/python scripts/bench_multibit.py
 
 results: venv
 	$(BIN)/python scripts/results.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) runs .pytest_cache
