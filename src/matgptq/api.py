@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from . import __version__
+from ._version import __version__
 from .calibration import calibration_windows, file_sha256, read_text, tokenize
 from .checkpoint import save_checkpoint
 from .config import CalibConfig, Method, QuantConfig

@@ -475,7 +475,7 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
         extra = _add_metadata(writer, hp, src.name)
         writer.add_file_type(_FILE_TYPES[file_type])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        from .. import __version__
+        from .._version import __version__
 
         writer.add_string("general.quantized_by", f"matgptq {__version__}")
         if widths:

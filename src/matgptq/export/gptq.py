@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .. import __version__
+from .._version import __version__
 from ..checkpoint import Checkpoint
 from ..errors import UserError
 from ..formats.gptq_packing import SUPPORTED_BITS, pack_cols, pack_rows, packed_words, unpack_cols, unpack_rows
