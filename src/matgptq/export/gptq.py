@@ -45,8 +45,7 @@ from .._version import __version__
 from ..checkpoint import Checkpoint
 from ..errors import UserError
 from ..formats.gptq_packing import SUPPORTED_BITS, pack_cols, pack_rows, packed_words, unpack_cols, unpack_rows
-from ..fsutil import atomic_output, check_output
-from ..hf import copy_tokenizer_files
+from ..fsutil import atomic_output, check_output, copy_tokenizer_files
 from ..quantized import QuantizedWeight
 
 FORMATS = {"gptq_v1": "gptq", "gptq_v2": "gptq_v2"}  # CLI name -> checkpoint_format
