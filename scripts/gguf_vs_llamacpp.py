@@ -164,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     import matgptq
-    from matgptq.calibration import eval_windows, read_text, tokenize
+    from matgptq.models.text import eval_windows, read_text, tokenize
     from matgptq.evaluate import reference_logprobs
     from matgptq.export.gguf import export_gguf
-    from matgptq.hf import load_fp_model, load_tokenizer
+    from matgptq.models.hf import load_fp_model, load_tokenizer
     from matgptq.report import format_table
 
     t_start = time.time()

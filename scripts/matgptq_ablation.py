@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from matgptq.api import make_config
-from matgptq.calibration import calibration_windows, eval_windows, read_text, tokenize
+from matgptq.models.text import calibration_windows, eval_windows, read_text, tokenize
 from matgptq.evaluate import perplexity
-from matgptq.hf import load_fp_model, load_tokenizer
+from matgptq.models.hf import load_fp_model, load_tokenizer
 from matgptq.multibit import MatryoshkaRounding
 from matgptq.pipeline import quantize_model
 from matgptq.report import format_table

@@ -8,7 +8,7 @@ from transformers import (
 
 from matgptq.api import make_config
 from matgptq.errors import UserError
-from matgptq.models import arch_spec, quantized_layer_names, weight_matrix
+from matgptq.models.arch import arch_spec, quantized_layer_names, weight_matrix
 from matgptq.pipeline import quantize_model
 
 COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

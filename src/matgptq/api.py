@@ -10,12 +10,13 @@ import torch
 import transformers
 
 from ._version import __version__
-from .calibration import calibration_windows, file_sha256, read_text, tokenize
 from .checkpoint import save_checkpoint
 from .config import CalibConfig, Method, QuantConfig
 from .errors import UserError
 from .fsutil import check_output
-from .hf import load_fp_model, load_tokenizer, require_model_dir
+from .models import (
+    calibration_windows, file_sha256, load_fp_model, load_tokenizer, read_text, require_model_dir, tokenize,
+)  # fmt: skip
 from .pipeline import LayerReport, quantize_model
 
 

@@ -111,9 +111,8 @@ def cmd_quantize(a: argparse.Namespace) -> None:
 
 
 def cmd_eval(a: argparse.Namespace) -> None:
-    from .calibration import eval_windows, read_text, tokenize
     from .evaluate import kl_divergence, perplexity, reference_logprobs
-    from .hf import load_tokenizer
+    from .models import eval_windows, load_tokenizer, read_text, tokenize
     from .report import format_table
     from .runtime import load, set_bits
 

@@ -17,8 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from .checkpoint import Checkpoint, is_checkpoint, read_checkpoint
 from .errors import UserError
-from .hf import load_fp_model, require_model_dir
-from .models import arch_spec, set_weight_matrix
+from .models import arch_spec, load_fp_model, require_model_dir, set_weight_matrix
 
 BitsSpec = int | dict[str, int] | str | Path | None
 

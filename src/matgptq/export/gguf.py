@@ -371,7 +371,7 @@ def _source(src: Path, bits, bits_config):
     if ckpt is None:
         if bits is not None or bits_config is not None:
             raise UserError(f"{src} is not quantized; --bits/--bits-config apply to quantized checkpoints only")
-        from ..hf import load_fp_model
+        from ..models import load_fp_model
 
         model = load_fp_model(src, torch.float32)
         tensors, seen = {}, set()

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .errors import UserError
+from ..errors import UserError
 
 
 def require_model_dir(path: str | Path) -> Path:
