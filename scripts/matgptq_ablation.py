@@ -23,8 +23,8 @@ from matgptq.api import make_config
 from matgptq.models.text import calibration_windows, eval_windows, read_text, tokenize
 from matgptq.evaluate import perplexity
 from matgptq.models.hf import load_fp_model, load_tokenizer
-from matgptq.multibit import MatryoshkaRounding
-from matgptq.pipeline import quantize_model
+from matgptq.quantization.multibit import MatryoshkaRounding
+from matgptq.quantization.pipeline import quantize_model
 from matgptq.report import format_table
 
 ROOT = Path(__file__).resolve().parents[1]

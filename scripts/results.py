@@ -23,7 +23,7 @@ from matgptq.api import make_config
 from matgptq.models.text import calibration_windows, eval_windows, read_text, tokenize
 from matgptq.evaluate import kl_divergence, perplexity, reference_logprobs
 from matgptq.models.hf import load_fp_model, load_tokenizer
-from matgptq.pipeline import quantize_model
+from matgptq.quantization.pipeline import quantize_model
 from matgptq.report import format_table
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from matgptq.multibit import MatryoshkaRounding, brute_force_codes, envelope, multibit_loss
+from matgptq.quantization.multibit import MatryoshkaRounding, brute_force_codes, envelope, multibit_loss
 from matgptq.slicing import position_table
 
 

@@ -88,7 +88,7 @@ def test_quantization_is_reproducible_bit_exactly(tiny_llama_dir, tmp_path):
     from safetensors.torch import load_file
 
     from matgptq.checkpoint import read_checkpoint
-    from matgptq.config import QuantConfig
+    from matgptq.quantization.config import QuantConfig
 
     kw = dict(calib=TINYSTORIES, calib_range=(0.9, 1.0), method="gptq", bits=3, nsamples=4, seqlen=64,
               group_size=32, act_order=True, mse=True, progress=False)  # fmt: skip

@@ -11,13 +11,12 @@ import transformers
 
 from ._version import __version__
 from .checkpoint import save_checkpoint
-from .config import CalibConfig, Method, QuantConfig
 from .errors import UserError
 from .fsutil import check_output
 from .models import (
     calibration_windows, file_sha256, load_fp_model, load_tokenizer, read_text, require_model_dir, tokenize,
 )  # fmt: skip
-from .pipeline import LayerReport, quantize_model
+from .quantization import CalibConfig, LayerReport, Method, QuantConfig, quantize_model
 
 
 def parse_bits(bits: int | str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
