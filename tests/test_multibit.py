@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from matgptq.quantization.multibit import MatryoshkaRounding, brute_force_codes, envelope, multibit_loss
-from matgptq.slicing import position_table
+from matgptq.formats.slicing import position_table
 
 
 @st.composite

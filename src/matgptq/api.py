@@ -10,8 +10,8 @@ import torch
 import transformers
 
 from ._version import __version__
-from .checkpoint import save_checkpoint
 from .errors import UserError
+from .formats import save_checkpoint
 from .fsutil import check_output
 from .models import (
     calibration_windows, file_sha256, load_fp_model, load_tokenizer, read_text, require_model_dir, tokenize,

@@ -156,7 +156,7 @@ def _bits_label(model, bits) -> str:
 
 
 def cmd_slice(a: argparse.Namespace) -> None:
-    from .checkpoint import read_checkpoint, save_checkpoint
+    from .formats import read_checkpoint, save_checkpoint
 
     ckpt = read_checkpoint(a.parent)
     if ckpt.layers and next(iter(ckpt.layers.values())).shift:

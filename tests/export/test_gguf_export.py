@@ -14,7 +14,7 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-from matgptq.checkpoint import read_checkpoint  # noqa: E402
+from matgptq.formats.parent import read_checkpoint  # noqa: E402
 from matgptq.errors import UserError  # noqa: E402
 from matgptq.export.gguf import (  # noqa: E402
     GGUFExportWarning,
@@ -113,7 +113,7 @@ def test_offset_types_mirror_blocks(qtype, bits):
     """Blocks whose grid sits the other way round (zero 2^(b−1) − 1, e.g. [−7s, 8s]: llama.cpp's own Q4_0 grid
     with the largest weight at +8s) or with negative scales are stored exactly with d = −s and mirrored codes."""
     from matgptq.export.gguf import QTYPES, _encode_codes
-    from matgptq.quantized import QuantizedWeight
+    from matgptq.formats.quantized import QuantizedWeight
 
     rng = np.random.default_rng(bits)
     n, k, g = 8, 256, 16 if qtype.endswith("_k") else 32

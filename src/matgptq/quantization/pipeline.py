@@ -20,8 +20,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import UserError
+from ..formats import QuantizedWeight
 from ..models import ArchSpec, arch_spec, get_blocks, set_weight_matrix, weight_matrix
-from ..quantized import QuantizedWeight
 from .config import Method, QuantConfig
 from .grid import NearestRounding, Rounding
 from .multibit import MatryoshkaRounding
