@@ -16,7 +16,7 @@ import torch
 
 from matgptq.quantization.grid import NearestRounding, minmax_params
 from matgptq.quantization.multibit import MatryoshkaRounding, brute_force_codes
-from matgptq.report import format_table
+from matgptq.evaluation.report import format_table
 from matgptq.quantization.solver import gptq_quantize
 
 

@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_quantize(a: argparse.Namespace) -> None:
     from .api import quantize
-    from .report import format_table
+    from .evaluation import format_table
 
     t0 = time.perf_counter()
     out, reports = quantize(
@@ -111,9 +111,9 @@ def cmd_quantize(a: argparse.Namespace) -> None:
 
 
 def cmd_eval(a: argparse.Namespace) -> None:
-    from .evaluate import kl_divergence, perplexity, reference_logprobs
+    from .evaluation import format_table
+    from .evaluation.perplexity import kl_divergence, perplexity, reference_logprobs
     from .models import eval_windows, load_tokenizer, read_text, tokenize
-    from .report import format_table
     from .runtime import load, set_bits
 
     tokens = tokenize(load_tokenizer(a.model), read_text(a.text, a.text_range))

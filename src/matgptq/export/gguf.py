@@ -171,7 +171,7 @@ class GGUFExport:
         return out
 
     def table(self) -> str:
-        from ..report import format_table
+        from ..evaluation import format_table
 
         rows = [[t.name, t.ggml_type, t.bits, t.method, "yes" if t.exact else "no", t.max_abs_err, t.note]
                 for t in self.tensors]  # fmt: skip

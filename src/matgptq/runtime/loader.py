@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .errors import UserError
-from .formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_checkpoint
-from .models import arch_spec, load_fp_model, require_model_dir, set_weight_matrix
+from ..errors import UserError
+from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_checkpoint
+from ..models import arch_spec, load_fp_model, require_model_dir, set_weight_matrix
 
 BitsSpec = int | dict[str, int] | str | Path | None
 
