@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="output checkpoint directory")
     s.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
-    from .export.cli import add_export_parser
+    from .export import add_export_parser
 
     add_export_parser(sub)
     return p
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _export(a: argparse.Namespace) -> None:
-    from .export.cli import cmd_export
+    from .export import cmd_export
 
     cmd_export(a)
 
