@@ -14,10 +14,10 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-from matgptq.formats.parent import read_checkpoint  # noqa: E402
 from matgptq.errors import UserError  # noqa: E402
 from matgptq.export.gguf import GGUFExportWarning, export_gguf, read_gguf_weights  # noqa: E402
 from matgptq.export.gguf_arch import llama_qk_permutation  # noqa: E402
+from matgptq.formats.parent import read_checkpoint  # noqa: E402
 
 from tests.conftest import STORIES, make_tiny_llama, quick_quantize  # noqa: E402
 

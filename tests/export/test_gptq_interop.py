@@ -30,9 +30,9 @@ import torch
 from safetensors.torch import load_file
 
 import matgptq
-from matgptq.formats.parent import read_checkpoint
 from matgptq.export.gptq import FORMATS, export_gptq, gptq_layer
 from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
+from matgptq.formats.parent import read_checkpoint
 
 from tests.conftest import STORIES, TINYSTORIES, require_peer
 

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from matgptq.formats.parent import pack_bits, read_checkpoint, save_checkpoint, unpack_bits
 from matgptq.errors import UserError
+from matgptq.formats.parent import pack_bits, read_checkpoint, save_checkpoint, unpack_bits
 from matgptq.formats.quantized import QuantizedWeight
 
 

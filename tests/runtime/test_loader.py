@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import matgptq
-from matgptq.formats.parent import read_checkpoint
 from matgptq.cli import main
 from matgptq.errors import UserError
+from matgptq.formats.parent import read_checkpoint
 from tests.conftest import TINYSTORIES
 
 IDS = torch.tensor([[1, 20, 30, 40, 50, 60, 70, 80]])
