@@ -14,9 +14,9 @@ import time
 
 import torch
 
+from matgptq.evaluation.report import format_table
 from matgptq.quantization.grid import NearestRounding, minmax_params
 from matgptq.quantization.multibit import MatryoshkaRounding, brute_force_codes
-from matgptq.evaluation.report import format_table
 from matgptq.quantization.solver import gptq_quantize
 
 

@@ -164,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     import matgptq
-    from matgptq.models.text import eval_windows, read_text, tokenize
     from matgptq.evaluation.perplexity import reference_logprobs
+    from matgptq.evaluation.report import format_table
     from matgptq.export.gguf import export_gguf
     from matgptq.models.hf import load_fp_model, load_tokenizer
-    from matgptq.evaluation.report import format_table
+    from matgptq.models.text import eval_windows, read_text, tokenize
 
     t_start = time.time()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="gguf_vs_llamacpp-"))

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from matgptq.api import make_config
-from matgptq.models.text import calibration_windows, eval_windows, read_text, tokenize
 from matgptq.evaluation.perplexity import kl_divergence, perplexity, reference_logprobs
-from matgptq.models.hf import load_fp_model, load_tokenizer
-from matgptq.quantization.pipeline import quantize_model
 from matgptq.evaluation.report import format_table
+from matgptq.models.hf import load_fp_model, load_tokenizer
+from matgptq.models.text import calibration_windows, eval_windows, read_text, tokenize
+from matgptq.quantization.pipeline import quantize_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
