@@ -43,9 +43,9 @@ os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")  # GPTQModel reads it at imp
 
 import torch  # noqa: E402
 
-from matgptq.grid import NearestRounding  # noqa: E402
-from matgptq.report import format_table  # noqa: E402
-from matgptq.solver import gptq_quantize  # noqa: E402
+from matgptq.evaluation.report import format_table  # noqa: E402
+from matgptq.quantization.grid import NearestRounding  # noqa: E402
+from matgptq.quantization.solver import gptq_quantize  # noqa: E402
 
 DAMP = 0.01
 BLOCK_SIZE = 128

@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from matgptq.grid import NearestRounding, minmax_params
-from matgptq.multibit import MatryoshkaRounding, brute_force_codes
-from matgptq.report import format_table
-from matgptq.solver import gptq_quantize
+from matgptq.evaluation.report import format_table
+from matgptq.quantization.grid import NearestRounding, minmax_params
+from matgptq.quantization.multibit import MatryoshkaRounding, brute_force_codes
+from matgptq.quantization.solver import gptq_quantize
 
 
 def timed(fn, repeat: int = 3) -> tuple[float, object]:

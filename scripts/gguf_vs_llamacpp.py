@@ -138,7 +138,7 @@ def type_summary(types: dict[str, str]) -> str:
 
 def hf_scores(model_dir: Path, bits, windows, ref_lp) -> tuple[float, float]:
     import matgptq
-    from matgptq.evaluate import kl_divergence, perplexity
+    from matgptq.evaluation.perplexity import kl_divergence, perplexity
 
     model = matgptq.load(model_dir, bits=bits, dtype=torch.float32)
     return perplexity(model, windows), kl_divergence(model, windows, ref_lp)
@@ -164,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     import matgptq
-    from matgptq.calibration import eval_windows, read_text, tokenize
-    from matgptq.evaluate import reference_logprobs
+    from matgptq.evaluation.perplexity import reference_logprobs
+    from matgptq.evaluation.report import format_table
     from matgptq.export.gguf import export_gguf
-    from matgptq.hf import load_fp_model, load_tokenizer
-    from matgptq.report import format_table
+    from matgptq.models.hf import load_fp_model, load_tokenizer
+    from matgptq.models.text import eval_windows, read_text, tokenize
 
     t_start = time.time()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="gguf_vs_llamacpp-"))
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"llama.cpp F32 reference: ppl {ppl_f32:.4f} ({time.time() - t0:.1f}s)")
     fp = load_fp_model(a.model, torch.float32)
     ref_hf = reference_logprobs(fp, windows)
-    from matgptq.evaluate import perplexity
+    from matgptq.evaluation.perplexity import perplexity
 
     ppl_hf_fp = perplexity(fp, windows)
     del fp

@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 
 from matgptq.api import make_config
-from matgptq.calibration import calibration_windows, eval_windows, read_text, tokenize
-from matgptq.evaluate import perplexity
-from matgptq.hf import load_fp_model, load_tokenizer
-from matgptq.multibit import MatryoshkaRounding
-from matgptq.pipeline import quantize_model
-from matgptq.report import format_table
+from matgptq.evaluation.perplexity import perplexity
+from matgptq.evaluation.report import format_table
+from matgptq.models.hf import load_fp_model, load_tokenizer
+from matgptq.models.text import calibration_windows, eval_windows, read_text, tokenize
+from matgptq.quantization.multibit import MatryoshkaRounding
+from matgptq.quantization.pipeline import quantize_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

@@ -1,7 +1,7 @@
 """Regenerate the quality tables (and plot) on stories260K with the reference protocol of ../shared/data/README.md.
 
 Calibration: 128 windows × 256 tokens, seed 0, from the last 40% (by characters) of tinystories_val_head.txt.
-Perplexity: first 60%, first 40,000 tokens, non-overlapping 256-token windows (matgptq.evaluate).
+Perplexity: first 60%, first 40,000 tokens, non-overlapping 256-token windows (matgptq.evaluation.perplexity).
 Runs fp32, RTN, GPTQ (plain / act-order / MSE / both) at 2, 3, 4, 6, 8 bits and a MatGPTQ parent (c = 8, R = {3,4,8},
 λ = 1, symmetric, per-channel, with and without act-order) evaluated at slices 2, 3, 4, 6, 8; also KL to fp32.
 Writes docs/results.md, docs/results.json and docs/results.png.
@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from matgptq.api import make_config
-from matgptq.calibration import calibration_windows, eval_windows, read_text, tokenize
-from matgptq.evaluate import kl_divergence, perplexity, reference_logprobs
-from matgptq.hf import load_fp_model, load_tokenizer
-from matgptq.pipeline import quantize_model
-from matgptq.report import format_table
+from matgptq.evaluation.perplexity import kl_divergence, perplexity, reference_logprobs
+from matgptq.evaluation.report import format_table
+from matgptq.models.hf import load_fp_model, load_tokenizer
+from matgptq.models.text import calibration_windows, eval_windows, read_text, tokenize
+from matgptq.quantization.pipeline import quantize_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

@@ -9,14 +9,14 @@ from pathlib import Path
 import torch
 import transformers
 
-from . import __version__
-from .calibration import calibration_windows, file_sha256, read_text, tokenize
-from .checkpoint import save_checkpoint
-from .config import CalibConfig, Method, QuantConfig
+from ._version import __version__
 from .errors import UserError
+from .formats import save_checkpoint
 from .fsutil import check_output
-from .hf import load_fp_model, load_tokenizer, require_model_dir
-from .pipeline import LayerReport, quantize_model
+from .models import (
+    calibration_windows, file_sha256, load_fp_model, load_tokenizer, read_text, require_model_dir, tokenize,
+)  # fmt: skip
+from .quantization import CalibConfig, LayerReport, Method, QuantConfig, quantize_model
 
 
 def parse_bits(bits: int | str | tuple[int, ...] | list[int]) -> tuple[int, ...]:

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="output checkpoint directory")
     s.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
-    from .export.cli import add_export_parser
+    from .export import add_export_parser
 
     add_export_parser(sub)
     return p
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_quantize(a: argparse.Namespace) -> None:
     from .api import quantize
-    from .report import format_table
+    from .evaluation import format_table
 
     t0 = time.perf_counter()
     out, reports = quantize(
@@ -111,10 +111,9 @@ def cmd_quantize(a: argparse.Namespace) -> None:
 
 
 def cmd_eval(a: argparse.Namespace) -> None:
-    from .calibration import eval_windows, read_text, tokenize
-    from .evaluate import kl_divergence, perplexity, reference_logprobs
-    from .hf import load_tokenizer
-    from .report import format_table
+    from .evaluation import format_table
+    from .evaluation.perplexity import kl_divergence, perplexity, reference_logprobs
+    from .models import eval_windows, load_tokenizer, read_text, tokenize
     from .runtime import load, set_bits
 
     tokens = tokenize(load_tokenizer(a.model), read_text(a.text, a.text_range))
@@ -157,7 +156,7 @@ def _bits_label(model, bits) -> str:
 
 
 def cmd_slice(a: argparse.Namespace) -> None:
-    from .checkpoint import read_checkpoint, save_checkpoint
+    from .formats import read_checkpoint, save_checkpoint
 
     ckpt = read_checkpoint(a.parent)
     if ckpt.layers and next(iter(ckpt.layers.values())).shift:
@@ -196,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _export(a: argparse.Namespace) -> None:
-    from .export.cli import cmd_export
+    from .export import cmd_export
 
     cmd_export(a)
 

@@ -1,4 +1,5 @@
-"""Atomic outputs: everything is written into a temporary sibling and renamed into place only when complete."""
+"""Files on disk: atomic outputs (written into a temporary sibling and renamed into place only when complete), and the
+tokenizer files every written checkpoint carries along."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import UserError
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
+    "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json",
+)  # fmt: skip
 
 
 def check_output(path: str | Path, overwrite: bool) -> Path:
@@ -38,3 +44,11 @@ def atomic_output(path: str | Path, overwrite: bool = False, directory: bool = T
             shutil.rmtree(old) if old.is_dir() else old.unlink()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def copy_tokenizer_files(src: str | Path, dst: str | Path) -> None:
+    """Copy the tokenizer (and generation config) files of model directory `src` that exist into `dst`."""
+    for name in TOKENIZER_FILES:
+        f = Path(src) / name
+        if f.is_file():
+            shutil.copy2(f, Path(dst) / name)

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.interop
 gguf = pytest.importorskip("gguf")
 
 import matgptq  # noqa: E402
-from matgptq.export.gguf import _BLOCK_NAMES, export_gguf, read_gguf_weights  # noqa: E402
+from matgptq.export.gguf import export_gguf, read_gguf_weights  # noqa: E402
+from matgptq.export.gguf_arch import _BLOCK_NAMES  # noqa: E402
 
 TOKENS = [1] + list(range(5, 60)) + [100, 200, 300, 400, 511, 3, 13, 300]  # 64 ids (ids 3.. are bytes / pieces)
 F32_KV = {"type_k": 0, "type_v": 0}  # GGML_TYPE_F32: no F16 rounding of K/V
@@ -94,7 +95,8 @@ def _q8_1_matmul(x: torch.Tensor, w: torch.Tensor, m: torch.Tensor) -> torch.Ten
 
 def model_logits(model, tokens: list[int], emulate: Path | None = None) -> np.ndarray:
     if emulate is not None:
-        from matgptq.export.gguf import llama_qk_permutation, read_gguf_weights
+        from matgptq.export.gguf import read_gguf_weights
+        from matgptq.export.gguf_arch import llama_qk_permutation
 
         inv = {v: k for k, v in _BLOCK_NAMES.items()}
         cfg = model.config

@@ -9,13 +9,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import matgptq
-from matgptq.checkpoint import read_checkpoint, save_checkpoint
 from matgptq.cli import main
 from matgptq.errors import UserError
-from matgptq.export.gptq import export_gptq, read_gptq_checkpoint
+from matgptq.export.gptq import export_gptq
+from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
 from matgptq.formats.gptq_packing import pack_cols, unpack_cols
-from matgptq.quantized import QuantizedWeight
-from matgptq.slicing import slice_codes
+from matgptq.formats.parent import read_checkpoint, save_checkpoint
+from matgptq.formats.quantized import QuantizedWeight
+from matgptq.formats.slicing import slice_codes
 
 from tests.conftest import make_tiny_llama
 

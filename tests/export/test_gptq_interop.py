@@ -36,8 +36,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import matgptq
-from matgptq.checkpoint import read_checkpoint
-from matgptq.export.gptq import FORMATS, export_gptq, gptq_layer, read_gptq_checkpoint
+from matgptq.export.gptq import FORMATS, export_gptq, gptq_layer
+from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
+from matgptq.formats.parent import read_checkpoint
 
 from tests.conftest import STORIES, TINYSTORIES, require_peer
 

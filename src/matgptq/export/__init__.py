@@ -1,1 +1,5 @@
-"""Exports of quantized checkpoints to formats other tools run: GPTQ (v1/v2) and GGUF."""
+"""Exports of quantized checkpoints to formats other tools run: GPTQ (v1/v2) and GGUF; `matgptq export` (cli)."""
+
+from .cli import add_export_parser, cmd_export
+
+__all__ = ["add_export_parser", "cmd_export"]

@@ -1,6 +1,7 @@
 """GGUF metadata for llama.cpp: Llama hyper-parameters (formats.md §5.3) and the tokenizer (tokenizer.ggml.*).
 
-Split from gguf.py, which maps tensors; this file only describes the model to llama.cpp.
+gguf_arch.py names the tensors, gguf_tensors.py encodes them and gguf.py writes the file; this module only
+describes the model to llama.cpp.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ straddle words in blocks of 32 (3 words) and no GPTQ loader reads a partial bloc
 lengths must stay multiples of 32.
 
 Zero-point conventions (formats.md §2.1-2.2): ``gptq_v2`` stores the true zero z, ``gptq``
-(v1) stores z - 1 per field. The v1 helpers here work on *unpacked* zeros.
+(v1) stores z - 1 per field. ``to_v1_zeros``/``from_v1_zeros`` work on *unpacked* zeros;
+``to_v1_words`` converts packed ``qzeros`` words the way GPTQModel does (``V1_WORD_ADD``).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 __all__ = ["SUPPORTED_BITS", "packed_words", "pack_rows", "unpack_rows", "pack_cols", "unpack_cols",
-           "to_v1_zeros", "from_v1_zeros"]
+           "to_v1_zeros", "from_v1_zeros", "V1_WORD_ADD", "to_v1_words"]
 
 SUPPORTED_BITS: tuple[int, ...] = (2, 3, 4, 8)
+V1_WORD_ADD = {2: 0x55555555, 4: 0x11111111, 8: 0x01010101}  # GPTQModel's v1 ⇄ v2 word constants (§2.2)
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
@@ -176,3 +178,12 @@ def from_v1_zeros(stored: ArrayLike, bits: int) -> NDArray[np.int32]:
     """
     _check_bits(bits)
     return _check_codes(stored, bits, "stored zeros").astype(np.int32) + 1
+
+
+def to_v1_words(qzeros: np.ndarray, bits: int) -> np.ndarray:
+    """GPTQModel's v2 → v1 (convert_gptq_v2_to_v1_format_module): one subtracted per field, as a word constant at
+    2/4/8 bits (only zero-filled padding fields borrow; v1 is written for symmetric zeros ≥ 1), field by field at 3."""
+    if bits == 3:
+        return pack_cols(unpack_cols(qzeros, 3, qzeros.shape[-1] * 32 // 3).astype(np.int32) - 1, 3)
+    words = (qzeros.view(np.uint32).astype(np.int64) - V1_WORD_ADD[bits]) & 0xFFFFFFFF
+    return words.astype(np.uint32).view(np.int32)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .errors import UserError
+from ..errors import UserError
 
 _LLAMA_GROUPS = (
     ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -46,7 +46,7 @@ def arch_spec(model_type: str) -> ArchSpec:
     if model_type not in ARCHITECTURES:
         raise UserError(
             f"model type '{model_type}' is not supported (supported: {', '.join(sorted(ARCHITECTURES))}); "
-            "add an ArchSpec to matgptq.models.ARCHITECTURES naming its block list and Linear layer groups"
+            "add an ArchSpec to matgptq.models.arch.ARCHITECTURES naming its block list and Linear layer groups"
         )
     return ARCHITECTURES[model_type]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 
 def read_text(path: str | Path, text_range: tuple[float, float] = (0.0, 1.0)) -> str:

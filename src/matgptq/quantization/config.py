@@ -6,7 +6,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from .errors import UserError
+from ..errors import UserError
 
 
 class Method(str, Enum):

@@ -15,10 +15,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .checkpoint import Checkpoint, is_checkpoint, read_checkpoint
-from .errors import UserError
-from .hf import load_fp_model, require_model_dir
-from .models import arch_spec, set_weight_matrix
+from ..errors import UserError
+from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_checkpoint
+from ..models import arch_spec, load_fp_model, require_model_dir, set_weight_matrix
 
 BitsSpec = int | dict[str, int] | str | Path | None
 
@@ -109,8 +108,6 @@ def open_checkpoint(path: str | Path) -> Checkpoint | None:
     config = json.loads((require_model_dir(p) / "config.json").read_text())
     method = (config.get("quantization_config") or {}).get("quant_method")
     if method == "gptq":
-        from .export.gptq import read_gptq_checkpoint
-
         return read_gptq_checkpoint(p)
     if method is not None:
         raise UserError(f"{p} is quantized with '{method}', which matgptq cannot read (it reads matgptq and gptq)")

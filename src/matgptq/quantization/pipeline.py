@@ -19,12 +19,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..errors import UserError
+from ..formats import QuantizedWeight
+from ..models import ArchSpec, arch_spec, get_blocks, set_weight_matrix, weight_matrix
 from .config import Method, QuantConfig
-from .errors import UserError
 from .grid import NearestRounding, Rounding
-from .models import ArchSpec, arch_spec, get_blocks, set_weight_matrix, weight_matrix
 from .multibit import MatryoshkaRounding
-from .quantized import QuantizedWeight
 from .solver import QuantResult, gptq_quantize, rtn_quantize
 
 

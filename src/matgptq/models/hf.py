@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .errors import UserError
-
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
-    "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json",
-)  # fmt: skip
+from ..errors import UserError
 
 
 def require_model_dir(path: str | Path) -> Path:
@@ -39,10 +33,3 @@ def load_fp_model(path: str | Path, dtype: torch.dtype | None = None):
     logging.getLogger("transformers.modeling_utils").setLevel(logging.ERROR)
     model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or "auto", use_safetensors=True)
     return model.eval()
-
-
-def copy_tokenizer_files(src: str | Path, dst: str | Path) -> None:
-    for name in TOKENIZER_FILES:
-        f = Path(src) / name
-        if f.is_file():
-            shutil.copy2(f, Path(dst) / name)

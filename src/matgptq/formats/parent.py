@@ -23,9 +23,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .errors import UserError
-from .fsutil import atomic_output
-from .hf import copy_tokenizer_files
+from ..errors import UserError
+from ..fsutil import atomic_output, copy_tokenizer_files
 from .quantized import QuantizedWeight
 
 FORMAT = "matgptq"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 from .grid import Rounding, find_params
 
 SUB_BLOCK = 32  # columns whose per-column updates stay in cache (scripts/bench_gptq.py profile: 2x faster at 4096²)

@@ -4,8 +4,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from matgptq.multibit import MatryoshkaRounding, brute_force_codes, envelope, multibit_loss
-from matgptq.slicing import position_table
+from matgptq.formats.slicing import position_table
+from matgptq.quantization.multibit import MatryoshkaRounding, brute_force_codes, envelope, multibit_loss
 
 
 @st.composite

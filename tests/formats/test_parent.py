@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from matgptq.checkpoint import pack_bits, read_checkpoint, save_checkpoint, unpack_bits
 from matgptq.errors import UserError
-from matgptq.quantized import QuantizedWeight
+from matgptq.formats.parent import pack_bits, read_checkpoint, save_checkpoint, unpack_bits
+from matgptq.formats.quantized import QuantizedWeight
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])

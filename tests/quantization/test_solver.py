@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from matgptq.grid import NearestRounding, find_params
-from matgptq.multibit import MatryoshkaRounding
-from matgptq.solver import gptq_quantize, rtn_quantize
+from matgptq.quantization.grid import NearestRounding, find_params
+from matgptq.quantization.multibit import MatryoshkaRounding
+from matgptq.quantization.solver import gptq_quantize, rtn_quantize
 
 
 def reference_gptq(w, h, rounding, group_size, sym, act_order, static_groups, damp):
@@ -148,7 +148,7 @@ def test_static_groups_without_act_order_use_original_weights():
 
 
 def test_signed_scale_grid_puts_the_extreme_weight_on_code_zero():
-    from matgptq.grid import minmax_params
+    from matgptq.quantization.grid import minmax_params
 
     w = torch.tensor([[0.5, -0.25, 1.5, -1.0], [-2.0, 0.5, 1.0, 1.75]])
     scale, zero = minmax_params(w, 4, sym=True, signed=True)
@@ -161,7 +161,7 @@ def test_signed_scale_grid_puts_the_extreme_weight_on_code_zero():
 
 @pytest.mark.parametrize("act_order", [False, True])
 def test_gptq_with_signed_scale_matches_reference(act_order):
-    import matgptq.grid as grid
+    import matgptq.quantization.grid as grid
 
     w, h, _ = random_problem(16, 48, seed=7)
     r = NearestRounding(4)

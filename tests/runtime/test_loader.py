@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import matgptq
-from matgptq.checkpoint import read_checkpoint
 from matgptq.cli import main
 from matgptq.errors import UserError
+from matgptq.formats.parent import read_checkpoint
 from tests.conftest import TINYSTORIES
 
 IDS = torch.tensor([[1, 20, 30, 40, 50, 60, 70, 80]])
@@ -44,7 +44,7 @@ def test_generate_works(parent):
 
 def test_switching_width_in_memory_equals_loading_that_width(parent, monkeypatch):
     model = matgptq.load(parent)
-    import matgptq.checkpoint as ck
+    import matgptq.formats.parent as ck
 
     monkeypatch.setattr(ck, "load_file", lambda *a, **k: pytest.fail("set_bits must not re-read the file"))
     for bits in (3, 6, 8):
@@ -87,8 +87,8 @@ def test_unquantized_model_loads_as_is(tiny_llama_dir):
 def test_quantization_is_reproducible_bit_exactly(tiny_llama_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from matgptq.checkpoint import read_checkpoint
-    from matgptq.config import QuantConfig
+    from matgptq.formats.parent import read_checkpoint
+    from matgptq.quantization.config import QuantConfig
 
     kw = dict(calib=TINYSTORIES, calib_range=(0.9, 1.0), method="gptq", bits=3, nsamples=4, seqlen=64,
               group_size=32, act_order=True, mse=True, progress=False)  # fmt: skip

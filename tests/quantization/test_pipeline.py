@@ -8,8 +8,8 @@ from transformers import (
 
 from matgptq.api import make_config
 from matgptq.errors import UserError
-from matgptq.models import arch_spec, quantized_layer_names, weight_matrix
-from matgptq.pipeline import quantize_model
+from matgptq.models.arch import arch_spec, quantized_layer_names, weight_matrix
+from matgptq.quantization.pipeline import quantize_model
 
 COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip

@@ -2,8 +2,8 @@
 
 import torch
 
-from matgptq.quantized import QuantizedWeight
-from matgptq.slicing import slice_codes
+from matgptq.formats.quantized import QuantizedWeight
+from matgptq.formats.slicing import slice_codes
 
 
 def official_slice(q: int, c: int, r: int) -> int:

@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .slicing import position_table
+from ..formats import position_table
 
 
 def multibit_loss(w, codes, scale, zero, table: torch.Tensor, lambdas: torch.Tensor, norm: float = 2.0):
