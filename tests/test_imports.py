@@ -21,7 +21,7 @@ RANK: dict[str, int] = {
     "quantization": 2, "runtime": 2,  # model → parent; parent or slice → a model that runs
     "evaluation": 3,  # scores of a loaded model, and the tables that report them
     "export": 4,  # GPTQ / GGUF writers (their reports use evaluation's tables)
-    "api": 5, "cli": 5, "": 5,  # the entry points: only these import everything
+    "api": 5, "cli": 5, "__main__": 5, "": 5,  # the entry points: only these import everything
 }  # fmt: skip
 
 Edge = tuple[str, str, int]  # (importer, imported, line)

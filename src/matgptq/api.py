@@ -82,7 +82,8 @@ def quantize(
         "model_type": fp.config.model_type,
         "versions": {"matgptq": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version(),
-                     "torch_threads": torch.get_num_threads()},  # float summation order: part of bit-exactness
+                     # float summation order, part of bit-exactness: thread count and the CPU's vector unit
+                     "torch_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()},
         "report": [asdict(r) for r in reports],
     }  # fmt: skip
     save_checkpoint(out, fp.config.to_dict(), tensors, layers, meta, model, overwrite)

@@ -1,0 +1,7 @@
+"""`python -m matgptq ...` runs the `matgptq` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
