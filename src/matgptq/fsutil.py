@@ -3,6 +3,7 @@ tokenizer files every written checkpoint carries along."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import uuid
@@ -35,15 +36,43 @@ def atomic_output(path: str | Path, overwrite: bool = False, directory: bool = T
     try:
         target = tmp if directory else tmp / final.name
         yield target
-        old = None
-        if final.exists():
-            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-            final.rename(old)
-        target.rename(final)
-        if old is not None:
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        _commit(target, final, overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _commit(target: Path, final: Path, overwrite: bool) -> None:
+    """Move the finished `target` to `final` in one rename, so a reader sees all of it or none of it.
+
+    Another process may write the same path at the same time. Without `overwrite` nothing that appeared meanwhile is
+    replaced: a directory is renamed onto `final` (which fails if `final` is a non-empty directory or a file) and a file
+    is hard-linked to it (which fails if anything is there). With `overwrite` the old output is first moved aside; if
+    another writer's output lands in between, the rename fails. Either way one complete output stays, never a mix,
+    and the loser gets a UserError.
+    """
+    lost = UserError(f"{final} was written by another process while this one was writing it; it was kept as it is "
+                     "(run again with --overwrite to replace it, or choose another output path)")  # fmt: skip
+    if not overwrite:
+        try:
+            if target.is_dir():
+                os.rename(target, final)
+            else:
+                os.link(target, final)
+        except OSError:
+            raise lost from None
+        return
+    old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(final, old)
+    except FileNotFoundError:
+        old = None
+    try:
+        os.rename(target, final)
+    except OSError:
+        raise lost from None
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
 
 
 def copy_tokenizer_files(src: str | Path, dst: str | Path) -> None:
