@@ -22,17 +22,16 @@ Written by export/gptq.py.
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
 from ..errors import UserError
-from .gptq_packing import V1_WORD_ADD, packed_words, unpack_cols, unpack_rows
+from ..untrusted import read_json, read_tensors
+from .gptq_packing import SUPPORTED_BITS, V1_WORD_ADD, packed_words, unpack_cols, unpack_rows
 from .parent import Checkpoint
 from .quantized import QuantizedWeight
 
@@ -42,27 +41,55 @@ def trivial_g_idx(k: int, group_size: int) -> torch.Tensor:
     return torch.arange(k, dtype=torch.int32) // (k if group_size == -1 else group_size)
 
 
+FIX = "the GPTQ checkpoint is damaged or incomplete; re-download or re-export it"
+
+
 def _read_config(p: Path) -> tuple[dict, dict]:
-    try:
-        config = json.loads((p / "config.json").read_text())
-        for name in ("quantize_config.json", "quant_config.json"):  # GPTQModel's order of preference (§2.3)
-            if (p / name).is_file():
-                return config, json.loads((p / name).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read the GPTQ config of {p} ({e}); is it a complete GPTQ checkpoint?") from None
-    return config, dict(config.get("quantization_config") or {})
+    config = read_json(p / "config.json", FIX)
+    for name in ("quantize_config.json", "quant_config.json"):  # GPTQModel's order of preference (§2.3)
+        if (p / name).is_file():
+            return config, read_json(p / name, FIX)
+    qc = config.get("quantization_config") or {}
+    if not isinstance(qc, dict):
+        raise UserError(f"{p}/config.json: `quantization_config` is not an object; {FIX}")
+    return config, dict(qc)
 
 
 def _read_tensors(p: Path) -> dict[str, torch.Tensor]:
     index = p / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else None
+    files = None
+    if index.is_file():
+        weight_map = read_json(index, FIX).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) and Path(f).name == f and f.endswith(
+                ".safetensors") for f in weight_map.values()):  # fmt: skip
+            raise UserError(f"{index}: `weight_map` must name .safetensors files in this directory; {FIX}")
+        files = sorted(set(weight_map.values()))
     files = files or sorted(f.name for f in p.glob("*.safetensors"))
     if not files:
         raise UserError(f"{p} has no .safetensors weights; matgptq reads only safetensors (never pickles)")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        out.update(load_file(str(p / f)))
+        out.update(read_tensors(p / f, FIX))
     return out
+
+
+def _settings(p: Path, qc: dict) -> tuple[int, int, dict]:
+    """bits, group_size and `dynamic` of a GPTQ config, type- and range-checked."""
+    bits, group_size, dynamic = qc.get("bits"), qc.get("group_size", 128), qc.get("dynamic") or {}
+    if not isinstance(bits, int) or isinstance(bits, bool) or bits not in SUPPORTED_BITS:
+        raise UserError(f"{p}: the GPTQ config's `bits` is {bits!r}; matgptq reads {sorted(SUPPORTED_BITS)}-bit GPTQ")
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size == 0 or group_size < -1:
+        raise UserError(f"{p}: the GPTQ config's `group_size` is {group_size!r}, expected -1 or a positive integer")
+    ok = isinstance(dynamic, dict) and all(isinstance(v, dict) and (not isinstance(v.get("bits", bits), bool))
+                                           and v.get("bits", bits) in SUPPORTED_BITS for v in dynamic.values())  # fmt: skip
+    if not ok:
+        raise UserError(f"{p}: the GPTQ config's `dynamic` must map patterns to {{\"bits\": 2|3|4|8}}; {FIX}")
+    for pattern in dynamic:
+        try:
+            re.compile(pattern[2:] if pattern[:2] in ("-:", "+:") else pattern)
+        except re.error:
+            raise UserError(f"{p}: `dynamic` pattern {pattern!r} is not a regular expression; {FIX}") from None
+    return bits, group_size, dynamic
 
 
 def _layer_bits(name: str, base: int, dynamic: dict) -> int | None:
@@ -117,12 +144,17 @@ def _in_features(qweight: torch.Tensor, g_idx: torch.Tensor | None, bits: int) -
 
 
 def _layer(p: Path, name: str, raw: dict, r: int, zeros: np.ndarray, group_size: int) -> QuantizedWeight:
-    qweight, scales, g_idx = raw.pop(f"{name}.qweight"), raw.pop(f"{name}.scales"), raw.pop(f"{name}.g_idx", None)
+    qweight, scales, g_idx = raw.pop(f"{name}.qweight"), raw.pop(f"{name}.scales", None), raw.pop(f"{name}.g_idx", None)
     k, n = _in_features(qweight, g_idx, r), qweight.shape[1]
-    g_idx = trivial_g_idx(k, group_size) if g_idx is None else g_idx.to(torch.int32)
+    g_idx = trivial_g_idx(k, group_size) if g_idx is None else g_idx
+    if scales is None or not scales.is_floating_point():
+        raise UserError(f"{p}: {name}.scales is missing or not floating-point; {FIX}")
+    g_idx = g_idx.to(torch.int32)
     if scales.shape != (zeros.shape[0], n) or g_idx.shape != (k,):
         raise UserError(f"{p}: {name} has scales {tuple(scales.shape)} and g_idx {tuple(g_idx.shape)} for a {k}×{n} "
                         f"layer with {zeros.shape[0]} groups; the checkpoint is corrupt")  # fmt: skip
+    if not bool(torch.isfinite(scales).all()):
+        raise UserError(f"{p}: {name}.scales hold NaN or Inf; the checkpoint is corrupt")
     if k and (int(g_idx.min()) < 0 or int(g_idx.max()) >= zeros.shape[0]):
         raise UserError(f"{p}: {name}.g_idx points outside its {zeros.shape[0]} groups; the checkpoint is corrupt")
     half = scales.to(torch.float16)
@@ -145,9 +177,7 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
         raise UserError(f"{p} is GPTQ format '{label}'; matgptq reads 'gptq' (v1) and 'gptq_v2' (re-save it as one)")
     if str(qc.get("pack_dtype", "int32")) != "int32":
         raise UserError(f"{p} packs into {qc['pack_dtype']} words; matgptq reads int32-packed GPTQ only")
-    if "bits" not in qc:
-        raise UserError(f"{p}: the GPTQ config has no `bits`; the checkpoint is incomplete")
-    base, group_size, dynamic = int(qc["bits"]), int(qc.get("group_size", 128)), qc.get("dynamic") or {}
+    base, group_size, dynamic = _settings(p, qc)
     quantizers = (qc.get("meta") or {}).get("quantizer") or []
     by_gptqmodel = any(str(s).lower().startswith("gptqmodel:") for s in np.atleast_1d(quantizers))
     raw = _read_tensors(p)
@@ -156,7 +186,13 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
         r = _layer_bits(name, base, dynamic)
         if r is None:
             raise UserError(f"{p}: {name} is stored quantized but the config's `dynamic` excludes it; fix the config")
-        rows, n = raw[f"{name}.qweight"].shape
+        qweight, qzeros = raw[f"{name}.qweight"], raw.get(f"{name}.qzeros")
+        if qweight.dtype != torch.int32 or qweight.dim() != 2 or qzeros is None or qzeros.dtype != torch.int32:
+            raise UserError(f"{p}: {name} needs int32 2-D qweight and int32 qzeros tensors; {FIX}")
+        rows, n = qweight.shape
+        g_idx = raw.get(f"{name}.g_idx")
+        if g_idx is not None and (g_idx.dim() != 1 or g_idx.is_floating_point()):
+            raise UserError(f"{p}: {name}.g_idx must be a 1-D integer tensor; {FIX}")
         k = _in_features(raw[f"{name}.qweight"], raw.get(f"{name}.g_idx"), r)
         if not _holds(rows, k, r):
             raise UserError(f"{p}: {name} has qweight {(rows, n)} for {k} inputs, which is not {r}-bit GPTQ")

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from ..errors import UserError
 from ..fsutil import atomic_output, copy_tokenizer_files
+from ..untrusted import read_json, read_tensors, take
 from .quantized import QuantizedWeight
 
 FORMAT = "matgptq"
@@ -100,26 +101,78 @@ def is_checkpoint(path: str | Path) -> bool:
     return (Path(path) / META_FILE).is_file()
 
 
+def _int_field(where: Path, meta: dict, key: str, lo: int, hi: int) -> int:
+    v = meta.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise UserError(f"{where}: `{key}` is {v!r}, expected an integer in {lo}..{hi}; the checkpoint is damaged")
+    return v
+
+
+def _layer_shapes(where: Path, meta: dict) -> dict[str, tuple[int, int]]:
+    layers = meta.get("layers")
+    ok = isinstance(layers, dict) and all(
+        isinstance(v, list) and len(v) == 2 and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in v)
+        for v in layers.values()
+    )
+    if not ok:
+        raise UserError(f"{where}: `layers` must map each layer to [out, in] positive sizes; the checkpoint is damaged")
+    return {name: (n, k) for name, (n, k) in layers.items()}
+
+
+def _check_quantization(where: Path, meta: dict) -> None:
+    """The recorded settings the exporters read: types and ranges, so a damaged record fails here, not later."""
+    q = meta.get("quantization", {})
+    if not isinstance(q, dict):
+        raise UserError(f"{where}: `quantization` must be an object; the checkpoint is damaged")
+    g = q.get("group_size", -1)
+    bad = (not isinstance(g, int) or isinstance(g, bool) or g == 0 or g < -1
+           or not isinstance(q.get("sym", True), bool) or not isinstance(q.get("act_order", False), bool)
+           or not isinstance(q.get("skip", []), list) or not all(isinstance(x, str) for x in q.get("skip", [])))  # fmt: skip
+    if bad:
+        raise UserError(f"{where}: the `quantization` record has a value of the wrong type or range "
+                        "(group_size, sym, act_order, skip); the checkpoint is damaged, re-create it")  # fmt: skip
+
+
+def _layer(where: Path, raw: dict, name: str, n: int, k: int, bits: int, shift: int) -> QuantizedWeight:
+    """One layer's tensors, checked against the metadata: dtypes, shapes, g_idx and zeros in range, perm a
+    permutation, scales finite and non-zero."""
+    codes = take(raw, f"{name}.codes", torch.uint8, (n, k if bits == 8 else -(-k * bits // 8)), where)
+    scales = take(raw, f"{name}.scales", torch.float16, (n, None), where)
+    groups = scales.shape[1]
+    zeros = take(raw, f"{name}.zeros", torch.uint8, (n, groups), where)
+    g_idx = take(raw, f"{name}.g_idx", torch.int32, (k,), where)
+    perm = take(raw, f"{name}.perm", torch.int32, (k,), where, optional=True)
+    if int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
+        raise UserError(f"{where}: {name}.g_idx points outside its {groups} groups; the checkpoint is damaged")
+    if int(zeros.max()) >= 1 << (bits + shift):
+        raise UserError(f"{where}: {name}.zeros exceed the {bits + shift}-bit grid; the checkpoint is damaged")
+    if not bool(torch.isfinite(scales).all()) or bool((scales == 0).any()):
+        raise UserError(f"{where}: {name}.scales hold zero, NaN or Inf; the checkpoint is damaged")
+    if perm is not None and not torch.equal(perm.sort().values, torch.arange(k, dtype=torch.int32)):
+        raise UserError(f"{where}: {name}.perm is not a permutation of its {k} columns; the checkpoint is damaged")
+    return QuantizedWeight(
+        codes=unpack_bits(codes, bits, k), scales=scales, zeros=zeros, g_idx=g_idx, bits=bits, shift=shift,
+        perm=None if perm is None else perm.long(),
+    )  # fmt: skip
+
+
 def read_checkpoint(path: str | Path) -> Checkpoint:
+    """A parent or slice directory, validated before use: any damage is one `UserError` naming the file."""
     p = Path(path)
-    try:
-        meta = json.loads((p / META_FILE).read_text())
-        config = json.loads((p / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"{p} is not a readable matgptq checkpoint ({e}); quantize the model again") from None
-    if meta.get("format") != FORMAT or int(meta.get("format_version", 0)) > FORMAT_VERSION:
-        raise UserError(f"{p} holds format {meta.get('format')} v{meta.get('format_version')}; upgrade matgptq")
+    meta_path, weights = p / META_FILE, p / WEIGHTS_FILE
+    fix = "the checkpoint is damaged or incomplete, re-create it"
+    meta, config = read_json(meta_path, fix), read_json(p / "config.json", fix)
+    if meta.get("format") != FORMAT:
+        raise UserError(f"{meta_path} says format {meta.get('format')!r}, not {FORMAT!r}; it is not a matgptq checkpoint")
+    version = meta.get("format_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        raise UserError(f"{p} holds format {FORMAT} v{version}; this matgptq reads up to v{FORMAT_VERSION}: upgrade it")
+    _int_field(meta_path, meta, "format_version", 1, FORMAT_VERSION)
+    bits = _int_field(meta_path, meta, "stored_bits", 1, 8)
+    shift = _int_field(meta_path, meta, "shift", 0, 8 - bits)
+    shapes = _layer_shapes(meta_path, meta)
+    _check_quantization(meta_path, meta)
     config.pop("quantization_config", None)
-    raw = load_file(str(p / WEIGHTS_FILE))
-    bits, shift = int(meta["stored_bits"]), int(meta["shift"])
-    layers = {}
-    for name, (n, k) in meta["layers"].items():
-        perm = raw.pop(f"{name}.perm", None)
-        layers[name] = QuantizedWeight(
-            codes=unpack_bits(raw.pop(f"{name}.codes"), bits, k), scales=raw.pop(f"{name}.scales"),
-            zeros=raw.pop(f"{name}.zeros"), g_idx=raw.pop(f"{name}.g_idx"), bits=bits, shift=shift,
-            perm=None if perm is None else perm.long(),
-        )  # fmt: skip
-        if layers[name].codes.shape != (n, k):
-            raise UserError(f"{p}: layer {name} has shape {tuple(layers[name].codes.shape)}, metadata says {(n, k)}")
+    raw = read_tensors(weights, fix)
+    layers = {name: _layer(weights, raw, name, n, k, bits, shift) for name, (n, k) in shapes.items()}
     return Checkpoint(meta, config, layers, raw, p)

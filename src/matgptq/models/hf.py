@@ -9,6 +9,23 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..errors import UserError
+from ..untrusted import read_header, read_json
+
+
+def _strict_config_error() -> tuple[type[Exception], ...]:
+    try:  # transformers 5 validates configs as huggingface_hub strict dataclasses
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
+
+
+# What transformers (and torch's module constructors) raise on a damaged config.json or weights they cannot place,
+# found by fuzzing (tests/test_damaged_inputs.py): reported as one UserError line naming the directory.
+LOAD_ERRORS: tuple[type[Exception], ...] = (
+    OSError, ValueError, LookupError, TypeError, RuntimeError, AttributeError, ArithmeticError, AssertionError,
+    *_strict_config_error(),
+)
 
 
 def require_model_dir(path: str | Path) -> Path:
@@ -19,17 +36,28 @@ def require_model_dir(path: str | Path) -> Path:
 
 
 def load_tokenizer(path: str | Path):
+    p = require_model_dir(path)
     try:
-        return AutoTokenizer.from_pretrained(require_model_dir(path))
-    except (OSError, ValueError) as e:
+        return AutoTokenizer.from_pretrained(p)
+    except Exception as e:  # noqa: BLE001 — the tokenizers library reports a damaged tokenizer.json as bare Exception
         raise UserError(f"cannot load a tokenizer from {path}: {e}".splitlines()[0]) from None
 
 
 def load_fp_model(path: str | Path, dtype: torch.dtype | None = None):
-    """The unquantized model in eval mode (its own dtype unless `dtype`)."""
+    """The unquantized model in eval mode (its own dtype unless `dtype`). config.json and every safetensors header
+    are validated first, so a damaged download is one UserError naming the file, not a loader traceback."""
     p = require_model_dir(path)
-    if not any(p.glob("*.safetensors")):
+    fix = "the model directory is damaged or incomplete; re-download or re-create it"
+    config = read_json(p / "config.json", fix)
+    shards = sorted(p.glob("*.safetensors"))
+    if not shards:
         raise UserError(f"{p} has no .safetensors weights; this tool loads only safetensors (never pickles)")
+    for shard in shards:
+        read_header(shard, fix)
     logging.getLogger("transformers.modeling_utils").setLevel(logging.ERROR)
-    model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or "auto", use_safetensors=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or "auto", use_safetensors=True)
+    except LOAD_ERRORS as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"cannot load the {config.get('model_type', 'unknown')} model in {p} ({first}); {fix}") from None
     return model.eval()

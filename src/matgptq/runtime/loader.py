@@ -7,7 +7,6 @@ values (float32 arithmetic, cast to the model dtype). The parent's integer data 
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +15,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..errors import UserError
+from ..untrusted import read_json
 from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_checkpoint
-from ..models import arch_spec, load_fp_model, require_model_dir, set_weight_matrix
+from ..models import LOAD_ERRORS, arch_spec, load_fp_model, require_model_dir, set_weight_matrix, weight_matrix
 
 BitsSpec = int | dict[str, int] | str | Path | None
 
@@ -40,16 +40,15 @@ def resolve_bits(spec: BitsSpec, ckpt: Checkpoint) -> dict[str, int]:
     if spec is None:
         return {n: q.bits for n, q in ckpt.layers.items()}
     if isinstance(spec, (str, Path)) and not str(spec).isdigit():
-        p = Path(spec)
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise UserError(f"cannot read the bits config {p} ({e}); give a JSON file {{layer: bits}}") from None
-        spec = data.get("bits", data) if isinstance(data, dict) else data
-    if isinstance(spec, (int, str)):
+        data = read_json(spec, "give a bits config: a JSON file {layer: bits} (\"*\" = default)")
+        spec = data.get("bits", data)
+    if isinstance(spec, (int, str)) and not isinstance(spec, bool) and str(spec).isdigit():
         spec = {"*": int(spec)}
     if not isinstance(spec, dict):
         raise UserError(f"bits must be an int, a {{layer: bits}} mapping or a JSON file, got {type(spec).__name__}")
+    wrong = [k for k, v in spec.items() if not isinstance(v, int) or isinstance(v, bool)]
+    if wrong:
+        raise UserError(f"the bits config gives {wrong[0]} the width {spec[wrong[0]]!r}; widths must be integers")
     unknown = sorted(set(spec) - set(names) - {"*"})
     if unknown:
         raise UserError(f"the bits config names {len(unknown)} unknown layers (e.g. {unknown[0]}); use names from {names[0]}…")
@@ -81,19 +80,47 @@ def set_bits(model, bits: BitsSpec) -> None:
     state.bits = widths
 
 
+def _config(ckpt: Checkpoint):
+    """The transformers config of a checkpoint's config.json (a damaged one is a UserError, not a parser error)."""
+    try:
+        config = AutoConfig.for_model(**ckpt.config)
+    except LOAD_ERRORS as e:
+        raise UserError(f"{ckpt.path}/config.json is not a valid model config ({str(e)[:200]}); re-create the "
+                        "checkpoint") from None  # fmt: skip
+    arch_spec(config.model_type)
+    return config
+
+
 def build_model(ckpt: Checkpoint, bits: BitsSpec = None, dtype: torch.dtype | None = None):
-    config = AutoConfig.for_model(**ckpt.config)
+    config = _config(ckpt)
     dtype = dtype or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     logging.getLogger("transformers.modeling_utils").setLevel(logging.ERROR)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    missing, unexpected = model.load_state_dict(ckpt.tensors, strict=False)
+    try:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except LOAD_ERRORS as e:  # sizes a damaged config.json implies
+        raise UserError(f"{ckpt.path}/config.json describes no buildable model ({str(e)[:200]}); re-create the "
+                        "checkpoint") from None  # fmt: skip
+    expected = dict(model.state_dict())
     quantized = {f"{n}.weight" for n in ckpt.layers}
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    if unexpected or set(missing) - quantized - tied:
-        bad = unexpected or sorted(set(missing) - quantized - tied)
-        raise UserError(f"{ckpt.path} does not match its config.json (tensor {bad[0]}); re-create the checkpoint")
+    unexpected = sorted(set(ckpt.tensors) - set(expected))
+    missing = sorted(set(expected) - set(ckpt.tensors) - quantized - tied)
+    if unexpected or missing:
+        bad = (unexpected or missing)[0]
+        raise UserError(f"{ckpt.path} does not match its config.json (tensor {bad}); re-create the checkpoint")
+    for name, t in ckpt.tensors.items():
+        if t.shape != expected[name].shape or not t.is_floating_point():
+            raise UserError(f"{ckpt.path}: tensor {name} is {t.dtype} {list(t.shape)}, the config implies "
+                            f"{list(expected[name].shape)}; re-create the checkpoint")  # fmt: skip
+    spec = arch_spec(config.model_type)
+    for name, q in ckpt.layers.items():
+        shape = tuple(weight_matrix(model.get_submodule(name), spec).shape) if f"{name}.weight" in expected else None
+        if shape != q.shape:
+            raise UserError(f"{ckpt.path}: quantized layer {name} is {list(q.shape)}, the config implies "
+                            f"{list(shape) if shape else 'no such Linear'}; re-create the checkpoint")  # fmt: skip
+    model.load_state_dict(ckpt.tensors, strict=False)
     model.tie_weights()
     model.matgptq = QuantizedState(ckpt, {})
     set_bits(model, bits)
@@ -105,8 +132,9 @@ def open_checkpoint(path: str | Path) -> Checkpoint | None:
     p = Path(path)
     if is_checkpoint(p):
         return read_checkpoint(p)
-    config = json.loads((require_model_dir(p) / "config.json").read_text())
-    method = (config.get("quantization_config") or {}).get("quant_method")
+    config = read_json(require_model_dir(p) / "config.json", "the model directory is damaged; re-download or re-create it")
+    qc = config.get("quantization_config") or {}
+    method = qc.get("quant_method") if isinstance(qc, dict) else "unknown"
     if method == "gptq":
         return read_gptq_checkpoint(p)
     if method is not None:

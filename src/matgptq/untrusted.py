@@ -1,0 +1,82 @@
+"""Reading files other people made (JSON, safetensors), which may be damaged or hostile: every failure becomes one
+`UserError` naming the file and what to do, never a parser's exception.
+
+safetensors parses its JSON header and checks that the tensors' byte ranges tile the file exactly ("incomplete
+metadata", "invalid header length", ...); it never unpickles. These helpers turn its errors into one line, and check
+that what was read is what the caller expects (present, dtype, shape) before anything uses it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import json
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
+
+from .errors import UserError
+
+_PARSE_ERRORS = (SafetensorError, ValueError, TypeError, RuntimeError, OverflowError, OSError, UnicodeDecodeError)
+
+
+def read_json(path: str | Path, fix: str = "re-create it") -> dict:
+    """A JSON object from a UTF-8 file."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{p} is missing; {fix}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        raise UserError(f"{p} is not readable JSON ({str(e)[:200]}); {fix}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{p} holds a JSON {type(data).__name__}, not an object; {fix}")
+    return data
+
+
+def _damaged(path: Path, err: BaseException, fix: str) -> UserError:
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    return UserError(f"{path} is not a complete safetensors file ({reason}); {fix}")
+
+
+def read_tensors(path: str | Path, fix: str = "re-create or re-download it") -> dict[str, torch.Tensor]:
+    """All tensors of one safetensors file."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p} is missing; {fix}")
+    try:
+        return load_file(str(p))
+    except _PARSE_ERRORS as e:
+        raise _damaged(p, e, fix) from None
+
+
+def read_header(path: str | Path, fix: str = "re-create or re-download it") -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{name: (safetensors dtype, shape)} from the header alone, after safetensors' own consistency checks."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p} is missing; {fix}")
+    try:
+        with safe_open(str(p), "pt") as f:
+            return {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}
+    except _PARSE_ERRORS as e:
+        raise _damaged(p, e, fix) from None
+
+
+def take(raw: dict[str, torch.Tensor], key: str, dtype: torch.dtype, shape: tuple[int | None, ...], where: Path,
+         optional: bool = False) -> torch.Tensor | None:  # fmt: skip
+    """Remove `key` from `raw` and check its dtype and shape (None: any positive size on that axis); a missing tensor
+    is an error unless `optional`."""
+    t = raw.pop(key, None)
+    if t is None:
+        if optional:
+            return None
+        raise UserError(f"{where}: tensor {key} is missing; the checkpoint is incomplete, re-create it")
+    fits = t.dim() == len(shape) and all(s == d if s is not None else d > 0 for s, d in zip(shape, t.shape))
+    if t.dtype != dtype or not fits:
+        raise UserError(
+            f"{where}: tensor {key} is {str(t.dtype).removeprefix('torch.')} {list(t.shape)}, expected "
+            f"{str(dtype).removeprefix('torch.')} {[d if d is not None else 'any' for d in shape]}; the checkpoint is "
+            "damaged, re-create it"
+        )
+    return t
