@@ -136,12 +136,12 @@ def type_summary(types: dict[str, str]) -> str:
     return "; ".join(f"{t}: {','.join(v)}" for t, v in sorted(groups.items()))
 
 
-def hf_scores(model_dir: Path, bits, windows, ref_lp) -> tuple[float, float]:
+def hf_scores(model_dir: Path, bits, windows, teacher) -> tuple[float, float]:
     import matgptq
-    from matgptq.evaluation.perplexity import kl_divergence, perplexity
+    from matgptq.evaluation.perplexity import score
 
-    model = matgptq.load(model_dir, bits=bits, dtype=torch.float32)
-    return perplexity(model, windows), kl_divergence(model, windows, ref_lp)
+    s = score(matgptq.load(model_dir, bits=bits, dtype=torch.float32), windows, teacher)
+    return s.ppl, s.kl
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     import matgptq
-    from matgptq.evaluation.perplexity import reference_logprobs
+    from matgptq.evaluation.perplexity import Teacher
     from matgptq.evaluation.report import format_table
     from matgptq.export.gguf import export_gguf
     from matgptq.models.hf import load_fp_model, load_tokenizer
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     ppl_f32, _, ref_cpp = score_llamacpp(f32, windows, None, a.threads)
     log(f"llama.cpp F32 reference: ppl {ppl_f32:.4f} ({time.time() - t0:.1f}s)")
     fp = load_fp_model(a.model, torch.float32)
-    ref_hf = reference_logprobs(fp, windows)
+    ref_hf = Teacher(fp, windows)
     from matgptq.evaluation.perplexity import perplexity
 
     ppl_hf_fp = perplexity(fp, windows)

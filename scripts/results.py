@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from matgptq.api import make_config
-from matgptq.evaluation.perplexity import kl_divergence, perplexity, reference_logprobs
+from matgptq.evaluation.perplexity import Teacher, score
 from matgptq.evaluation.report import format_table
 from matgptq.models.hf import load_fp_model, load_tokenizer
 from matgptq.models.text import calibration_windows, eval_windows, read_text, tokenize
@@ -48,11 +48,12 @@ def main() -> None:
     calib = calibration_windows(tokenize(tok, read_text(TEXT, (0.6, 1.0))), 128, 256, 0)
     windows = eval_windows(tokenize(tok, read_text(TEXT, (0.0, 0.6))), 256, 40_000)
     fp = load_fp_model(MODEL)
-    ref = reference_logprobs(fp, windows, 32)
-    rows: list[dict] = [{"method": "fp32", "options": "", "bits": 32, "ppl": perplexity(fp, windows, 32), "kl": 0.0}]
+    ref = Teacher(fp, windows, 32)
+    rows: list[dict] = [{"method": "fp32", "options": "", "bits": 32, "ppl": score(fp, windows, None, 32).ppl, "kl": 0.0}]
 
     def measure(model) -> tuple[float, float]:
-        return perplexity(model, windows, 32), kl_divergence(model, windows, ref, 32)
+        s = score(model, windows, ref, 32)
+        return s.ppl, s.kl
 
     widths = (3, 4) if args.quick else (2, 3, 4, 6, 8)
     variants = {"": {}, "act-order": {"act_order": True}, "mse": {"mse": True}, "act-order+mse": {"act_order": True, "mse": True}}

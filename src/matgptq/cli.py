@@ -112,15 +112,13 @@ def cmd_quantize(a: argparse.Namespace) -> None:
 
 def cmd_eval(a: argparse.Namespace) -> None:
     from .evaluation import format_table
-    from .evaluation.perplexity import kl_divergence, perplexity, reference_logprobs
+    from .evaluation.perplexity import Teacher, score
     from .models import eval_windows, load_tokenizer, read_text, tokenize
     from .runtime import load, set_bits
 
     tokens = tokenize(load_tokenizer(a.model), read_text(a.text, a.text_range))
     windows = eval_windows(tokens, a.seqlen, a.max_tokens)
-    ref = None
-    if a.kl_to:
-        ref = reference_logprobs(load(a.kl_to), windows, a.batch_size)
+    teacher = Teacher(load(a.kl_to), windows, a.batch_size, progress=True) if a.kl_to else None  # model freed after
     bits_list: list = [None]
     if a.bits:  # "3,4,6,8" → several uniform widths; anything else is a mix JSON file
         widths = a.bits.split(",")
@@ -130,12 +128,12 @@ def cmd_eval(a: argparse.Namespace) -> None:
     for bits in bits_list:
         if bits is not None:
             set_bits(model, bits)
-        row = {"model": a.model, "bits": _bits_label(model, bits), "tokens": int(windows.numel()),
-               "ppl": perplexity(model, windows, a.batch_size, progress=True)}  # fmt: skip
-        if ref is not None:
-            row["kl"] = kl_divergence(model, windows, ref, a.batch_size)
+        s = score(model, windows, teacher, a.batch_size, progress=True)
+        row = {"model": a.model, "bits": _bits_label(model, bits), "tokens": int(windows.numel()), "ppl": s.ppl}
+        if teacher is not None:
+            row["kl"] = s.kl
         results.append(row)
-    headers = ["model", "bits", "tokens", "ppl"] + (["kl"] if ref is not None else [])
+    headers = ["model", "bits", "tokens", "ppl"] + (["kl"] if teacher is not None else [])
     print(format_table(headers, [[r[h] for h in headers] for r in results]))
     if a.json:
         from .fsutil import atomic_output
