@@ -33,10 +33,10 @@ test: venv
 	$(BIN)/python -m pytest -q
 
 # Peer libraries for the interop tests (GPTQModel, optimum, llama-cpp-python; the last builds llama.cpp once,
-# about 10 minutes, then comes from pip's wheel cache).
+# about 10 minutes, then comes from pip's wheel cache) and lm-eval for the zero-shot tests (the tasks extra).
 interop: venv
 	GPTQMODEL_CPU_WORKERS=2 CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
-	    $(PIP) -e ".[dev,interop]"
+	    $(PIP) -e ".[dev,interop,tasks]"
 
 # SmolLM2-135M-Instruct as a float32 Hugging Face model directory in $(MATGPTQ_CACHE) (outside the repository; made
 # once, then only its path is printed). scripts/real_model.py says how; `make real-model MATGPTQ_CACHE=DIR` moves it.
