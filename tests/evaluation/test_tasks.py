@@ -10,6 +10,8 @@ same questions, so they are compared exactly.
 import json
 import math
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -218,3 +220,26 @@ def test_default_tasks_dir_is_shared_beside_the_checkout(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert resolve_tasks(["piqa"]) == [TaskSpec("piqa", (tmp_path / "shared/data/zero-shot/piqa.jsonl").resolve(),
                                                 "choices", 1838)]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_real_model_equals_lm_evals_own_hf_path(lm_eval, tmp_path):
+    """SmolLM2-135M-Instruct (`make real-model`; skipped when it was never made), 20 questions of each shared task."""
+    sys_path = str(Path(__file__).resolve().parents[2] / "scripts")
+    if sys_path not in sys.path:
+        sys.path.insert(0, sys_path)
+    import real_model
+
+    real = real_model.default_cache() / real_model.NAME
+    if not (real / "model.safetensors").is_file():
+        pytest.skip(f"{real} not made (make real-model)")
+    specs = resolve_tasks("arc_easy,piqa", ZERO_SHOT)
+    ours = cli_scores([real, "--tasks", "arc_easy,piqa", "--tasks-dir", ZERO_SHOT, "--limit", 20,
+                       "--task-batch-size", 8], tmp_path)  # fmt: skip
+    theirs = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={real},dtype=float32,device=cpu", batch_size=8,
+                                     tasks=[task_config(s) for s in specs], limit=20, bootstrap_iters=0,
+                                     task_manager=lm_eval.tasks.TaskManager(include_defaults=False))  # fmt: skip
+    for s in specs:
+        for metric in ("acc", "acc_norm"):
+            assert ours[("fp", s.name)][metric] == theirs["results"][s.name][f"{metric},none"], (s.name, metric)
+        assert ours[("fp", s.name)]["n"] == 20
