@@ -10,7 +10,7 @@ TEXT    := $(SHARED)/data/tinystories/tinystories_val_head.txt
 PINS    := $(abspath .ci/constraints.txt)
 PIP     := PIP_CONSTRAINT=$(PINS) $(BIN)/pip install -q --disable-pip-version-check -c $(PINS)
 
-.PHONY: venv demo test interop bench results clean
+.PHONY: venv demo test interop real-model bench results clean
 
 # torch is installed first and pinned (.ci/constraints.txt): 2.13.0 is a local CPU wheel; any other version
 # would pull gigabytes of CUDA wheels.
@@ -33,10 +33,17 @@ test: venv
 	$(BIN)/python -m pytest -q
 
 # Peer libraries for the interop tests (GPTQModel, optimum, llama-cpp-python; the last builds llama.cpp once,
-# about 10 minutes, then comes from pip's wheel cache).
+# about 10 minutes, then comes from pip's wheel cache) and lm-eval for the zero-shot tests (the tasks extra).
 interop: venv
 	GPTQMODEL_CPU_WORKERS=2 CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
-	    $(PIP) -e ".[dev,interop]"
+	    $(PIP) -e ".[dev,interop,tasks]"
+
+# SmolLM2-135M-Instruct as a float32 Hugging Face model directory in $(MATGPTQ_CACHE) (outside the repository; made
+# once, then only its path is printed). scripts/real_model.py says how; `make real-model MATGPTQ_CACHE=DIR` moves it.
+MATGPTQ_CACHE ?= $(HOME)/.cache/matgptq
+real-model: venv
+	$(PIP) -e ".[dev,real-model]"
+	@$(BIN)/python scripts/real_model.py --cache "$(MATGPTQ_CACHE)"
 
 # The peers for the benchmarks live in their own venv with their own pins (.ci/constraints-bench.txt says why:
 # llm-compressor 0.14 needs transformers<=5.17); the test stack is untouched.

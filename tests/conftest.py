@@ -57,6 +57,43 @@ def make_tiny_llama(path: Path, hidden=64, intermediate=128, layers=2, heads=4, 
     return path
 
 
+def make_bpe_tokenizer(path: Path, vocab_size: int = 384, chars: int = 60_000):
+    """A GPT-2-style byte-level BPE tokenizer (SmolLM2's kind: ByteLevel pre-tokenizer and decoder, no byte fallback,
+    specials <|endoftext|>=0, <|im_start|>=1 (bos), <|im_end|>=2 (eos)) trained on the first `chars` characters of
+    TinyStories; saved to `path` as a transformers tokenizer. Deterministic, no network."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
+    tok.train_from_iterator([TINYSTORIES.read_text(encoding="utf-8")[:chars]], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   unk_token="<|endoftext|>", pad_token="<|im_end|>")  # fmt: skip
+    fast.save_pretrained(path)
+    return fast
+
+
+def make_tiny_bpe_llama(path: Path, seed: int = 0) -> Path:
+    """A random LlamaForCausalLM (hidden 64, 2 layers, tied embeddings) with the byte-level BPE tokenizer above."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    tok = make_bpe_tokenizer(path)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
+                      eos_token_id=2, pad_token_id=2, tie_word_embeddings=True)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # larger-than-init weights: quantization visibly changes the scores
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                p.mul_(5)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
 def quick_quantize(model: Path, out: Path, **kw) -> Path:
     """A small, fast quantization of `model` (8 windows × 64 tokens of TinyStories) for export tests."""
     import matgptq
@@ -69,3 +106,8 @@ def quick_quantize(model: Path, out: Path, **kw) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_bpe_llama_dir(tmp_path_factory) -> Path:
+    return make_tiny_bpe_llama(tmp_path_factory.mktemp("tiny") / "bpe-llama")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from .errors import UserError
 
+EVAL_TOKENS_PER_PASS = 2048  # default eval batch: this many tokens of windows per forward pass (2048 // --seqlen)
+
 
 def _range(text: str) -> tuple[float, float]:
     try:
@@ -67,15 +69,22 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    e = sub.add_parser("eval", help="perplexity (and KL to a reference) of a model, checkpoint or parent widths")
+    e = sub.add_parser("eval", help="perplexity (and KL) and/or zero-shot accuracy of a model, checkpoint or parent widths")
     e.add_argument("model", help="unquantized model dir, matgptq checkpoint/parent, or GPTQ checkpoint")
-    e.add_argument("--text", required=True, help="evaluation text file (UTF-8)")
+    e.add_argument("--text", help="evaluation text file (UTF-8) for perplexity; --text and/or --tasks is required")
     e.add_argument("--text-range", type=_range, default=(0.0, 1.0), help="character range START:END of --text")
     e.add_argument("--seqlen", type=int, default=256, help="tokens per non-overlapping window")
     e.add_argument("--max-tokens", type=int, help="use only the first N tokens of the text")
+    e.add_argument("--tasks", help="zero-shot multiple-choice tasks scored by lm-eval, e.g. arc_easy,piqa: each is "
+                                   "<tasks-dir>/<name>.jsonl (needs pip install 'matgptq[tasks]')")
+    e.add_argument("--tasks-dir", help="folder of <task>.jsonl files (default: $MATGPTQ_TASKS_DIR, else "
+                                       "../shared/data/zero-shot relative to the current directory)")
+    e.add_argument("--limit", type=int, help="score only the first N questions of each task")
     e.add_argument("--bits", help="widths to evaluate from a parent (e.g. 3,4,6,8) or a mix JSON file")
     e.add_argument("--kl-to", help="unquantized reference model directory: also report KL(reference || model)")
-    e.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
+    e.add_argument("--batch-size", type=int, default=None,
+                   help="windows per forward pass (default: 2048 tokens' worth, i.e. 2048 // --seqlen, at least 1)")
+    e.add_argument("--task-batch-size", type=int, default=16, help="lm-eval requests per forward pass (--tasks)")
     e.add_argument("--json", help="write the results as JSON to this file")
 
     s = sub.add_parser("slice", help="write a standalone r-bit checkpoint (only the r-bit data) from a parent")
@@ -113,34 +122,60 @@ def cmd_quantize(a: argparse.Namespace) -> None:
 def cmd_eval(a: argparse.Namespace) -> None:
     from .evaluation import format_table
     from .evaluation.perplexity import Teacher, score
+    from .evaluation.tasks import require_lm_eval, resolve_tasks, score_tasks, with_average, wrap_model
     from .models import eval_windows, load_tokenizer, read_text, tokenize
     from .runtime import load, set_bits
 
-    tokens = tokenize(load_tokenizer(a.model), read_text(a.text, a.text_range))
-    windows = eval_windows(tokens, a.seqlen, a.max_tokens)
-    teacher = Teacher(load(a.kl_to), windows, a.batch_size, progress=True) if a.kl_to else None  # model freed after
+    if not a.text and not a.tasks:
+        raise UserError("nothing to evaluate; give --text FILE (perplexity) and/or --tasks NAMES (zero-shot accuracy)")
+    if a.kl_to and not a.text:
+        raise UserError("--kl-to compares next-token distributions on text; give --text FILE too")
+    for flag, value in (("--limit", a.limit), ("--task-batch-size", a.task_batch_size), ("--batch-size", a.batch_size)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}")
+    specs = resolve_tasks(a.tasks, a.tasks_dir) if a.tasks else []  # every file checked before any model is loaded
+    if specs:
+        require_lm_eval()
+    tokenizer = load_tokenizer(a.model)
+    windows = eval_windows(tokenize(tokenizer, read_text(a.text, a.text_range)), a.seqlen, a.max_tokens) if a.text else None
+    batch = a.batch_size or max(1, EVAL_TOKENS_PER_PASS // a.seqlen)
+    teacher = Teacher(load(a.kl_to), windows, batch, progress=True) if a.kl_to else None  # model freed after
     bits_list: list = [None]
     if a.bits:  # "3,4,6,8" → several uniform widths; anything else is a mix JSON file
         widths = a.bits.split(",")
         bits_list = [int(b) for b in widths] if all(b.strip().isdigit() for b in widths) else [a.bits]
     model = load(a.model, bits=bits_list[0])
-    results = []
+    lm = wrap_model(model, tokenizer, a.task_batch_size) if specs else None
+    results, task_results = [], []
     for bits in bits_list:
         if bits is not None:
             set_bits(model, bits)
-        s = score(model, windows, teacher, a.batch_size, progress=True)
-        row = {"model": a.model, "bits": _bits_label(model, bits), "tokens": int(windows.numel()), "ppl": s.ppl}
-        if teacher is not None:
-            row["kl"] = s.kl
-        results.append(row)
-    headers = ["model", "bits", "tokens", "ppl"] + (["kl"] if teacher is not None else [])
-    print(format_table(headers, [[r[h] for h in headers] for r in results]))
+        label = _bits_label(model, bits)
+        if windows is not None:
+            sc = score(model, windows, teacher, batch, progress=True)
+            row = {"model": a.model, "bits": label, "tokens": int(windows.numel()), "ppl": sc.ppl}
+            if teacher is not None:
+                row["kl"] = sc.kl
+            results.append(row)
+        if specs:
+            scores = with_average(score_tasks(lm, specs, a.limit))
+            task_results += [{"model": a.model, "bits": label, "task": t, **s} for t, s in scores.items()]
+    if results:
+        headers = ["model", "bits", "tokens", "ppl"] + (["kl"] if teacher is not None else [])
+        print(format_table(headers, [[r[h] for h in headers] for r in results]))
+    if task_results:
+        print(("\n" if results else "") + format_table(["model", "bits", "task", "n", "acc", "acc_norm"],
+              [[r["model"], r["bits"], r["task"], r["n"], r["acc"], r["acc_norm"]] for r in task_results]))  # fmt: skip
     if a.json:
         from .fsutil import atomic_output
 
+        report = {"model": a.model}
+        if results:
+            report.update({"text": a.text, "text_range": list(a.text_range), "seqlen": a.seqlen, "results": results})
+        if task_results:
+            report.update({"tasks": {s.name: str(s.path) for s in specs}, "limit": a.limit, "task_results": task_results})
         with atomic_output(a.json, overwrite=True, directory=False) as f:
-            f.write_text(json.dumps({"text": a.text, "text_range": list(a.text_range), "seqlen": a.seqlen,
-                                     "results": results}, indent=2))  # fmt: skip
+            f.write_text(json.dumps(report, indent=2))
 
 
 def _bits_label(model, bits) -> str:

@@ -8,6 +8,7 @@ logit scale); sums are float64. Relative 1e-5 on ppl and KL bounds that with mar
 token dropped, one window's KL missing, a shifted target) changes them by > 1e-2.
 """
 
+import math
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import matgptq
 import matgptq.evaluation.perplexity as perplexity_mod
 import matgptq.evaluation.teacher as teacher_mod
 from matgptq.evaluation.perplexity import Teacher, score
@@ -89,3 +91,16 @@ def test_peak_memory_does_not_grow_with_tokens(tmp_path):
                  .stdout.split()[-1]) for n in (4, 32)]  # fmt: skip
     stored = (32 - 4) * 255 * 32000 * 4
     assert peaks[1] - peaks[0] < 0.1 * stored, peaks
+
+
+def test_perplexity_is_transformers_loss_per_window(tiny_bpe_llama_dir):
+    """Second oracle: transformers' own loss (labels=input_ids), window by window, at several batch sizes."""
+    model = matgptq.load(tiny_bpe_llama_dir)
+    ids = torch.randint(0, model.config.vocab_size, (5, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # HF's loss: mean NLL of tokens 2..seqlen of one window
+        losses = [model(w[None], labels=w[None]).loss.double().item() for w in ids]
+    expected = math.exp(sum(losses) / len(losses))  # equal-length windows: mean of means = overall mean
+    # Both sum 47 float32 NLLs of ≈ ln(384) ≈ 6 per window, in different orders: worst-case rounding 47·2⁻²⁴ ≈ 3e-6
+    # relative, ≈ 2e-5 absolute in the mean NLL, which is the relative change of exp(NLL).
+    for batch in (1, 2, 5):
+        assert math.isclose(perplexity_mod.perplexity(model, ids, batch), expected, rel_tol=2e-5), batch

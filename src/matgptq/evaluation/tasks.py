@@ -1,0 +1,161 @@
+"""Zero-shot multiple-choice accuracy through lm-eval (EleutherAI's harness), on local JSONL files, offline.
+
+A task name maps to `<tasks dir>/<name>.jsonl`; each line is one question in one of two shapes:
+    {"query": str, "choices": [str, ...], "gold": int}                  ARC, PIQA, OpenBookQA, ...
+    {"context_options": [str, ...], "continuation": str, "gold": int}   Winogrande-style
+The file is checked here (one-line errors naming file:line), then scored by lm-eval from a task config built from the
+templates shipped in `task_templates/` (package data) with the file as a local `json` dataset. The model is the object
+`matgptq.load` returns, wrapped once in lm-eval's HFLM, so `set_bits` switches widths between scorings in memory.
+Needs the `tasks` extra: pip install 'matgptq[tasks]'.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from ..errors import UserError
+
+DEFAULT_TASKS_DIR = "../shared/data/zero-shot"  # the project's layout: ../shared beside the checkout
+TASKS_DIR_ENV = "MATGPTQ_TASKS_DIR"
+SHAPES = {  # template name → the keys of one line
+    "choices": ("query", "choices", "gold"),
+    "context_options": ("context_options", "continuation", "gold"),
+}
+METRICS = ("acc", "acc_norm")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    path: Path
+    shape: str  # a key of SHAPES
+    size: int  # questions in the file
+
+
+def default_tasks_dir() -> Path:
+    return Path(os.environ.get(TASKS_DIR_ENV) or DEFAULT_TASKS_DIR)
+
+
+def _line_shape(path: Path, lineno: int, line: str) -> str:
+    where = f"{path}:{lineno}"
+    try:
+        doc = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where} is not valid JSON ({e.msg}); each line must be one JSON object") from None
+    shape = next((s for s, keys in SHAPES.items() if isinstance(doc, dict) and set(keys) <= set(doc)), None)
+    if shape is None:
+        got = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
+        raise UserError(f"{where} has keys {got}; expected query/choices/gold or context_options/continuation/gold")
+    options = doc["choices" if shape == "choices" else "context_options"]
+    text = doc["query" if shape == "choices" else "continuation"]
+    if not isinstance(text, str) or not isinstance(options, list) or len(options) < 2 \
+            or not all(isinstance(o, str) for o in options):  # fmt: skip
+        raise UserError(f"{where}: expected a string and a list of at least two strings ({', '.join(SHAPES[shape])})")
+    gold = doc["gold"]
+    if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(options):
+        raise UserError(f"{where}: gold {gold!r} is not an index of its {len(options)} options (0..{len(options) - 1})")
+    return shape
+
+
+def read_task_file(path: Path) -> tuple[str, int]:
+    """(shape, number of questions) of a task file, every line checked."""
+    shapes, n = set(), 0
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                raise UserError(f"{path}:{lineno} is empty; remove blank lines (one JSON object per line)")
+            shapes.add(_line_shape(path, lineno, line))
+            n += 1
+    if n == 0:
+        raise UserError(f"{path} has no questions; give a JSONL file with one question per line")
+    if len(shapes) > 1:
+        raise UserError(f"{path} mixes the query/choices and context_options shapes; use one shape per file")
+    return shapes.pop(), n
+
+
+def resolve_tasks(names: str | list[str], tasks_dir: str | Path | None = None) -> list[TaskSpec]:
+    """Check every named task file before any model is loaded."""
+    d = Path(tasks_dir) if tasks_dir is not None else default_tasks_dir()
+    if not d.is_dir():
+        raise UserError(f"tasks directory {d} not found; pass --tasks-dir DIR (a folder of <task>.jsonl files)")
+    names = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
+    if not names:
+        raise UserError("--tasks names no task; give comma-separated names like arc_easy,piqa")
+    specs = []
+    for name in names:
+        path = d / f"{name}.jsonl"
+        if not path.is_file():
+            have = ", ".join(sorted(p.stem for p in d.glob("*.jsonl"))) or "none"
+            raise UserError(f"unknown task {name!r}: no {path} (tasks in {d}: {have})")
+        shape, size = read_task_file(path)
+        specs.append(TaskSpec(name, path.resolve(), shape, size))
+    return specs
+
+
+def task_config(spec: TaskSpec) -> dict:
+    """The lm-eval task config (a dict, as lm-eval reads from YAML) for one local task file."""
+    import yaml
+
+    text = resources.files(__package__).joinpath("task_templates", f"{spec.shape}.yaml").read_text(encoding="utf-8")
+    return {"task": spec.name, "dataset_kwargs": {"data_files": {"test": str(spec.path)}}, **yaml.safe_load(text)}
+
+
+def require_lm_eval():
+    """lm-eval, imported offline (no hub access: the data are local files, the model an object or a directory)."""
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager  # noqa: F401
+    except ImportError as e:
+        raise UserError(f"zero-shot tasks need lm-eval ({e}); pip install 'matgptq[tasks]'") from None
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its notes on passing a model object, --limit, …
+    return lm_eval
+
+
+def wrap_model(model, tokenizer, batch_size: int = 16):
+    """lm-eval's HFLM around a loaded model object (no copy: widths set later by `set_bits` are what it scores)."""
+    require_lm_eval()
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+
+
+def run_lm_eval(lm, specs: list[TaskSpec], limit: int | None = None) -> dict:
+    """lm-eval's `simple_evaluate` on the tasks; `lm` is an HFLM or a model name ("hf") — the same configs either way.
+    Returns lm-eval's own results dict."""
+    lm_eval = require_lm_eval()
+    from lm_eval.tasks import TaskManager
+
+    return lm_eval.simple_evaluate(
+        model=lm, tasks=[task_config(s) for s in specs], task_manager=TaskManager(include_defaults=False),
+        limit=limit, bootstrap_iters=0, log_samples=False,
+    )  # fmt: skip
+
+
+def accuracies(results: dict, specs: list[TaskSpec]) -> dict[str, dict]:
+    """{task: {"n": questions scored, "acc": …, "acc_norm": …}} from lm-eval's results."""
+    out = {}
+    for s in specs:
+        r = results["results"][s.name]
+        acc = float(r["acc,none"])
+        # context_options: every option scores the same continuation, so normalising by its length changes nothing
+        acc_norm = acc if s.shape == "context_options" else float(r["acc_norm,none"])
+        out[s.name] = {"n": int(results["n-samples"][s.name]["effective"]), "acc": acc, "acc_norm": acc_norm}
+    return out
+
+
+def score_tasks(lm, specs: list[TaskSpec], limit: int | None = None) -> dict[str, dict]:
+    return accuracies(run_lm_eval(lm, specs, limit), specs)
+
+
+def with_average(scores: dict[str, dict]) -> dict[str, dict]:
+    """The scores plus an "average" entry: the unweighted mean over tasks (as papers average zero-shot tasks)."""
+    avg = {"n": sum(s["n"] for s in scores.values())}
+    avg.update({m: sum(s[m] for s in scores.values()) / len(scores) for m in METRICS})
+    return {**scores, "average": avg}
