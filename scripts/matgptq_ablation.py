@@ -65,7 +65,7 @@ def main() -> None:
         m = copy.deepcopy(fp)
         cfg = make_config("matgptq", (3, 4, 8), bit_weights=lam, mse=mse)
         rounding = (MasterErrorRounding if prop == "master" else MatryoshkaRounding)(8, (3, 4, 8), cfg.bit_weights)
-        layers, _ = quantize_model(m, calib, cfg, progress=False, rounding=rounding)
+        layers, _, _ = quantize_model(m, calib, cfg, progress=False, rounding=rounding)
         for r in SLICES:
             for name, q in layers.items():
                 m.get_submodule(name).weight.data = q.slice(r).dequantize()

@@ -72,7 +72,7 @@ def main() -> None:
     for label, kw in [("", {}), ("act-order", {"act_order": True})]:
         model = copy.deepcopy(fp)
         t0 = time.perf_counter()
-        layers, _ = quantize_model(model, calib, make_config("matgptq", (3, 4, 8), **kw), progress=False)
+        layers, _, _ = quantize_model(model, calib, make_config("matgptq", (3, 4, 8), **kw), progress=False)
         seconds = time.perf_counter() - t0
         for r in slices:
             for name, q in layers.items():

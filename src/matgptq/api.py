@@ -66,7 +66,7 @@ def quantize(
         text = calib if isinstance(calib, list) else read_text(calib, calib_cfg.text_range)
         windows = calibration_windows(tokenize(tokenizer, text), nsamples, seqlen, seed)
     fp = load_fp_model(model)
-    layers, reports = quantize_model(fp, windows, cfg, progress=progress)
+    layers, reports, _ = quantize_model(fp, windows, cfg, progress=progress)
     quantized = {f"{n}.weight" for n in layers}  # layers left out by --skip stay ordinary tensors
     tensors, seen = {}, set()
     for name, t in fp.state_dict().items():

@@ -38,7 +38,7 @@ def test_every_architecture_quantizes_every_block_linear(kind):
     model = tiny_model(kind)
     fp_logits = model(windows()).logits
     spec = arch_spec(model.config.model_type)
-    layers, reports = quantize_model(model, windows(), make_config("gptq", 4, group_size=16), progress=False)
+    layers, reports, _ = quantize_model(model, windows(), make_config("gptq", 4, group_size=16), progress=False)
     assert list(layers) == quantized_layer_names(model, spec)
     assert len(layers) == 2 * LAYERS_PER_BLOCK[kind]
     for name, q in layers.items():
@@ -66,7 +66,7 @@ def test_gptq_beats_rtn_on_model_output():
 def test_matgptq_propagates_master_width_and_reports_every_target():
     model = tiny_model("llama")
     cfg = make_config("matgptq", (3, 4, 8), act_order=True)
-    layers, reports = quantize_model(model, windows(), cfg, progress=False)
+    layers, reports, _ = quantize_model(model, windows(), cfg, progress=False)
     assert all(q.bits == 8 for q in layers.values())
     assert all(set(rep.rel_error) == {3, 4, 8} for rep in reports)
     assert all(rep.rel_error[3] > rep.rel_error[8] for rep in reports)
@@ -89,6 +89,6 @@ def test_nan_weights_are_refused():
 def test_skip_leaves_matching_linears_unquantized():
     model = tiny_model("llama")
     before = {n: p.clone() for n, p in model.named_parameters() if "down_proj" in n}
-    layers, _ = quantize_model(model, windows(), make_config("gptq", 4, skip=(r"mlp\.down_proj$",)), progress=False)
+    layers, _, _ = quantize_model(model, windows(), make_config("gptq", 4, skip=(r"mlp\.down_proj$",)), progress=False)
     assert not any("down_proj" in n for n in layers) and len(layers) == 2 * 6
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if "down_proj" in n)

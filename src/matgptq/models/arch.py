@@ -27,6 +27,10 @@ class ArchSpec:
     blocks: str  # dotted path of the nn.ModuleList of decoder blocks
     groups: tuple[tuple[str, ...], ...]  # Linear names inside a block, in true-sequential order
     conv1d: bool = False  # GPT-2 style Conv1D: weight stored [in, out]
+    # The block's output is `residual + last(x)` for the one Linear of the last group (true for every block listed
+    # here: the MLP's output projection feeds only the final residual add). Lets the pipeline replay that Linear
+    # instead of re-running the block (quantization/passes.py); False for blocks with a norm after the MLP.
+    residual_last: bool = True
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {

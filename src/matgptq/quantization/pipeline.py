@@ -1,19 +1,22 @@
 """Sequential, memory-bounded quantization of a decoder-only HF model, one block at a time.
 
 1. Run the calibration windows up to the first block and keep its inputs (and the keyword arguments the model passes
-   to blocks: masks, position embeddings).
-2. For each block and each true-sequential group of Linear layers: run the block on the current inputs with forward
-   hooks accumulating each layer's Hessian H = (2/n) Σ x xᵀ, quantize the group, and write the dequantized weights
-   back (MatGPTQ: the master width) so later groups and blocks see quantized inputs.
-3. Re-run the block to produce the next block's inputs. Only one block's activations and Hessians are alive at a time.
+   to blocks: masks, position embeddings), one tensor per batch of windows.
+2. For each block and each true-sequential group of Linear layers: one pass of the block on the current inputs
+   collects each layer's Hessian H = (2/n) Σ x xᵀ (passes.py: one per distinct input, stopped at the group's last
+   Linear); quantize the group and write the dequantized weights back (MatGPTQ: the master width) so later groups and
+   blocks see quantized inputs.
+3. The next block's inputs: the last group's pass already left `residual` and the last Linear's input, so the output
+   is `residual + last(x)` (passes.py), or, where that does not hold, a plain re-run of the block. Only one block's
+   activations and Hessians are alive at a time.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -25,6 +28,7 @@ from ..models import ArchSpec, arch_spec, get_blocks, set_weight_matrix, weight_
 from .config import Method, QuantConfig
 from .grid import NearestRounding, Rounding
 from .multibit import MatryoshkaRounding
+from .passes import Inputs, PassTimes, collect_hessians, replay_outputs, run_block
 from .solver import QuantResult, gptq_quantize, rtn_quantize
 
 
@@ -35,6 +39,20 @@ class LayerReport:
     rel_error: dict[int, float]  # width -> ‖(W − Ŵ)X‖² / ‖WX‖² on the calibration inputs (rows subsampled)
     damp: float
     seconds: float
+
+
+@dataclass
+class StageTimes(PassTimes):
+    """Where a run's seconds went (benchmarks): forward passes, Hessian accumulation, solver, error report."""
+
+    solver: float = 0.0
+    report: float = 0.0
+
+
+class QuantizeOutput(NamedTuple):
+    layers: dict[str, QuantizedWeight]  # full module name -> codes
+    reports: list[LayerReport]
+    times: StageTimes
 
 
 class _StopForward(Exception):
@@ -81,42 +99,6 @@ def capture_block_inputs(model: nn.Module, spec: ArchSpec, windows: torch.Tensor
     return captured
 
 
-def _run_block(block: nn.Module, inputs) -> list[torch.Tensor]:
-    outs = []
-    for hidden, kwargs in inputs:
-        out = block(hidden, **kwargs)
-        outs.append(out[0] if isinstance(out, tuple) else out)
-    return outs
-
-
-@torch.no_grad()
-def _collect_hessians(block: nn.Module, names: tuple[str, ...], inputs) -> dict[str, torch.Tensor]:
-    hessians: dict[str, torch.Tensor] = {}
-    counts: dict[str, int] = {}
-
-    def hook(name):
-        def fn(module, args, output):
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
-            n_old, n_new = counts.get(name, 0), x.shape[0]
-            h = hessians.get(name)
-            if h is None:
-                h = hessians[name] = torch.zeros(x.shape[1], x.shape[1])
-            h.mul_(n_old / (n_old + n_new))
-            counts[name] = n_old + n_new
-            x = x * math.sqrt(2 / counts[name])
-            h.addmm_(x.T, x)
-
-        return fn
-
-    handles = [block.get_submodule(n).register_forward_hook(hook(n)) for n in names]
-    try:
-        _run_block(block, inputs)
-    finally:
-        for h in handles:
-            h.remove()
-    return hessians
-
-
 def _relative_error(w: torch.Tensor, deq: torch.Tensor, h: torch.Tensor, max_rows: int = 128) -> float:
     rows = torch.linspace(0, w.shape[0] - 1, min(max_rows, w.shape[0])).long()
     w, e = w[rows].float(), (w[rows] - deq[rows]).float()
@@ -132,7 +114,7 @@ def _to_weight(res: QuantResult, bits: int) -> QuantizedWeight:
 def quantize_model(
     model: nn.Module, windows: torch.Tensor, cfg: QuantConfig, batch_tokens: int = 4096, progress: bool = True,
     rounding: Rounding | None = None,
-) -> tuple[dict[str, QuantizedWeight], list[LayerReport]]:
+) -> QuantizeOutput:
     """Quantize every block Linear of `model` in place (weights become the dequantized master codes).
 
     `rounding` overrides the code choice derived from `cfg` (used by ablation scripts).
@@ -144,19 +126,24 @@ def quantize_model(
     groups = spec.groups if cfg.true_sequential else (tuple(n for g in spec.groups for n in g),)
     needs_data = cfg.method is not Method.RTN
     batch = max(1, batch_tokens // windows.shape[1])
-    inputs = capture_block_inputs(model, spec, windows, batch) if needs_data else []
+    inputs: Inputs = capture_block_inputs(model, spec, windows, batch) if needs_data else []
 
     layers: dict[str, QuantizedWeight] = {}
     reports: list[LayerReport] = []
+    times = StageTimes()
     bar = tqdm(total=len(blocks) * sum(len(g) for g in groups), desc="quantize", unit="layer", disable=not progress)
     skipped = lambda full: any(re.search(p, full) for p in cfg.skip)  # noqa: E731
     for i, block in enumerate(blocks):
-        for all_names in groups:
+        replayed = False
+        for g, all_names in enumerate(groups):
             group = tuple(n for n in all_names if not skipped(f"{spec.blocks}.{i}.{n}"))
             bar.update(len(all_names) - len(group))
             if not group:
                 continue
-            hessians = _collect_hessians(block, group, inputs) if needs_data else {}
+            # the last group of a true-sequential block, one Linear: its pass also yields the block's outputs
+            replay = group[0] if (spec.residual_last and cfg.true_sequential and g == len(groups) - 1
+                                  and len(group) == 1 and needs_data) else None  # fmt: skip
+            hessians, kept = collect_hessians(block, group, inputs, times, replay) if needs_data else ({}, [])
             for name in group:
                 full = f"{spec.blocks}.{i}.{name}"
                 module = block.get_submodule(name)
@@ -172,9 +159,12 @@ def quantize_model(
                     res = rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse, cfg.signed_scale)
                 qw = _to_weight(res, cfg.bits)
                 seconds = time.perf_counter() - t0
+                times.solver += seconds
                 errors = {}
                 if needs_data:
+                    t1 = time.perf_counter()
                     errors = {r: _relative_error(w, qw.slice(r).dequantize(), hessians[name]) for r in cfg.target_bits}
+                    times.report += time.perf_counter() - t1
                 set_weight_matrix(module, spec, qw.dequantize())
                 layers[full] = qw
                 reports.append(LayerReport(full, tuple(w.shape), errors, res.damp, seconds))
@@ -182,7 +172,10 @@ def quantize_model(
                 bar.set_postfix_str(f"{full} {err_txt}".strip())
                 bar.update(1)
             del hessians
-        if needs_data:
-            inputs = [(out, kw) for out, (_, kw) in zip(_run_block(block, inputs), inputs)]
+            if replay is not None:
+                replay_outputs(block.get_submodule(replay), inputs, kept, times)
+                replayed = True
+        if needs_data and not replayed:
+            inputs = [(out, kw) for out, (_, kw) in zip(run_block(block, inputs, times), inputs)]
     bar.close()
-    return layers, reports
+    return QuantizeOutput(layers, reports, times)

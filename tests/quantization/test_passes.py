@@ -1,0 +1,115 @@
+"""The pass structure of the pipeline (quantization/passes.py) changes no result bit.
+
+Oracle: the plain sequential GPTQ pipeline, written out here the slow, obvious way — for every group a whole forward
+of the block with one Hessian per layer (no sharing, no early stop), and a whole re-run of the block for the next
+block's inputs. Same solver, same hooks' arithmetic, so codes, scales and zeros must be *equal*, not close: every
+shortcut in passes.py claims to perform the very same float operations on the very same operands.
+"""
+
+import math
+import re
+
+import pytest
+import torch
+
+from matgptq.api import make_config
+from matgptq.models.arch import arch_spec, get_blocks, set_weight_matrix, weight_matrix
+from matgptq.quantization.passes import PassTimes, collect_hessians
+from matgptq.quantization.pipeline import capture_block_inputs, make_rounding, quantize_model
+from matgptq.quantization.solver import gptq_quantize
+from tests.quantization.test_pipeline import CONFIGS, tiny_model, windows
+
+
+def reference_pipeline(model, ids, cfg, batch):
+    spec = arch_spec(model.config.model_type)
+    rounding = make_rounding(cfg)
+    inputs = capture_block_inputs(model, spec, ids, batch)
+    groups = spec.groups if cfg.true_sequential else (tuple(n for g in spec.groups for n in g),)
+    codes = {}
+    for i, block in enumerate(get_blocks(model, spec)):
+        for all_names in groups:
+            group = [n for n in all_names if not any(re.search(p, f"{spec.blocks}.{i}.{n}") for p in cfg.skip)]
+            sums, rows = {}, {}
+
+            def hook(name):
+                def fn(module, args, output):
+                    x = args[0].reshape(-1, args[0].shape[-1]).float()
+                    n_old = rows.get(name, 0)
+                    h = sums.setdefault(name, torch.zeros(x.shape[1], x.shape[1]))
+                    h.mul_(n_old / (n_old + x.shape[0]))
+                    rows[name] = n_old + x.shape[0]
+                    x = x * math.sqrt(2 / rows[name])
+                    h.addmm_(x.T, x)
+
+                return fn
+
+            handles = [block.get_submodule(n).register_forward_hook(hook(n)) for n in group]
+            with torch.no_grad():
+                for hidden, kw in inputs:
+                    block(hidden, **kw)
+            for h in handles:
+                h.remove()
+            for name in group:
+                module = block.get_submodule(name)
+                res = gptq_quantize(weight_matrix(module, spec).float(), sums[name], rounding,
+                                    group_size=cfg.group_size, sym=cfg.sym, act_order=cfg.act_order,
+                                    static_groups=cfg.static_groups, damp=cfg.damp, block_size=cfg.block_size)  # fmt: skip
+                codes[f"{spec.blocks}.{i}.{name}"] = res
+                q = res.scales.float()[:, res.g_idx.long()] * (res.codes.float() - res.zeros.float()[:, res.g_idx.long()])
+                set_weight_matrix(module, spec, q)
+        with torch.no_grad():
+            inputs = [((lambda o: o[0] if isinstance(o, tuple) else o)(block(h, **kw)), kw) for h, kw in inputs]
+    return codes
+
+
+CASES = {
+    "gptq4": dict(method="gptq", bits=4, group_size=16),
+    "gptq3-act-order-asym": dict(method="gptq", bits=3, act_order=True, sym=False),
+    "not-true-sequential": dict(method="gptq", bits=4, true_sequential=False),
+    "matgptq-348": dict(method="matgptq", bits=(3, 4, 8), group_size=16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_pipeline_equals_the_plain_pipeline_bit_for_bit(kind, case):
+    opts = dict(CASES[case])
+    method, bits = opts.pop("method"), opts.pop("bits")
+    cfg = make_config(method, bits, **opts)
+    ids = windows(6, 20)
+    expected = reference_pipeline(tiny_model(kind), ids, cfg, batch=4)
+    layers, _, times = quantize_model(tiny_model(kind), ids, cfg, batch_tokens=4 * 20, progress=False)
+    assert list(layers) == list(expected)
+    for name, q in layers.items():
+        e = expected[name]
+        assert torch.equal(q.codes, e.codes) and torch.equal(q.scales, e.scales) and torch.equal(q.zeros, e.zeros), name
+    # the shortcuts were taken: true-sequential runs one pass per group and no re-run (4 groups, 2 blocks)
+    assert times.forward_passes == (2 * 4 if cfg.true_sequential else 2 * 2)
+
+
+def test_skipping_the_last_linear_falls_back_to_a_re_run():
+    cfg = make_config("gptq", 4, skip=(r"mlp\.down_proj$",))
+    ids = windows(6, 20)
+    expected = reference_pipeline(tiny_model("llama"), ids, cfg, batch=4)
+    layers, _, times = quantize_model(tiny_model("llama"), ids, cfg, batch_tokens=80, progress=False)
+    assert times.forward_passes == 2 * (3 + 1)  # three groups, then a re-run: nothing to replay
+    assert list(layers) == list(expected)
+    assert all(torch.equal(q.codes, expected[n].codes) for n, q in layers.items())
+
+
+def test_shared_inputs_share_one_hessian_and_the_pass_stops_early():
+    model = tiny_model("llama")
+    spec = arch_spec("llama")
+    inputs = capture_block_inputs(model, spec, windows(4, 16), 2)
+    block = get_blocks(model, spec)[0]
+    calls = []
+    handle = block.mlp.register_forward_hook(lambda *a: calls.append(1))
+    hessians, kept = collect_hessians(block, spec.groups[0], inputs, PassTimes())
+    handle.remove()
+    assert calls == [] and kept == []  # stopped after v_proj: the MLP never ran
+    assert hessians["self_attn.q_proj"] is hessians["self_attn.k_proj"] is hessians["self_attn.v_proj"]
+    with torch.no_grad():  # and it is the Hessian of the normalized input, (2/n) Σ x xᵀ, in float64
+        x = torch.cat([block.input_layernorm(h) for h, _ in inputs]).reshape(-1, 32).double()
+    expected = 2 * x.T @ x / x.shape[0]
+    # float32 running mean over 2 batches of 32 rows: relative error ≲ (rows + 2)·2⁻²⁴ ≈ 2e-6 of Σ|x||x|
+    assert torch.allclose(hessians["self_attn.q_proj"].double(), expected, rtol=0, atol=1e-5 * expected.abs().max())
