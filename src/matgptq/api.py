@@ -19,6 +19,9 @@ from .models import (
 from .quantization import CalibConfig, LayerReport, Method, QuantConfig, quantize_model
 
 
+COMPUTE_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def parse_bits(bits: int | str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     if isinstance(bits, int):
         return (bits,)
@@ -40,16 +43,32 @@ def make_config(method: str | Method = "gptq", bits=4, master_bits: int | None =
     return QuantConfig(method=method, bits=widths[0], **options)
 
 
+def unquantized_tensors(model, layers: dict) -> dict[str, torch.Tensor]:
+    """The tensors a checkpoint stores as they are: all but the quantized weights and tied duplicates (lm_head)."""
+    quantized = {f"{n}.weight" for n in layers}  # layers left out by --skip stay ordinary tensors
+    tensors, seen = {}, set()
+    for name, t in model.state_dict().items():
+        if name in quantized or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        tensors[name] = t
+    return tensors
+
+
 def quantize(
     model: str | Path, out: str | Path, *, calib: str | Path | list[str] | None = None, method: str = "gptq",
     bits=4, master_bits: int | None = None, bit_weights=None, calib_range: tuple[float, float] = (0.0, 1.0),
     nsamples: int = 128, seqlen: int = 256, seed: int = 0, overwrite: bool = False, progress: bool = True,
-    **options,
+    dtype: str = "auto", **options,
 ) -> tuple[Path, list[LayerReport]]:  # fmt: skip
     """Quantize the HF model directory `model` and write a matgptq checkpoint to `out` (atomically).
 
     `calib`: a UTF-8 text file (cut to `calib_range` by characters) or a list of strings; not needed for RTN.
+    `dtype`: the model's dtype while calibrating, and that of the unquantized tensors written ("auto": its own, from
+    config.json; "bfloat16" is what GPTQModel uses on CPU). Hessians and the solver are float32 either way.
     """
+    if dtype not in COMPUTE_DTYPES:
+        raise UserError(f"--dtype {dtype} is not one of {', '.join(COMPUTE_DTYPES)}")
     cfg = make_config(method, bits, master_bits, bit_weights, **options)
     calib_cfg = CalibConfig(
         path=str(calib) if isinstance(calib, (str, Path)) else None, text_range=tuple(calib_range),
@@ -65,18 +84,13 @@ def quantize(
     else:
         text = calib if isinstance(calib, list) else read_text(calib, calib_cfg.text_range)
         windows = calibration_windows(tokenize(tokenizer, text), nsamples, seqlen, seed)
-    fp = load_fp_model(model)
+    fp = load_fp_model(model, COMPUTE_DTYPES[dtype])
     layers, reports, _ = quantize_model(fp, windows, cfg, progress=progress)
-    quantized = {f"{n}.weight" for n in layers}  # layers left out by --skip stay ordinary tensors
-    tensors, seen = {}, set()
-    for name, t in fp.state_dict().items():
-        if name in quantized or t.data_ptr() in seen:  # quantized weights, and tied duplicates (lm_head)
-            continue
-        seen.add(t.data_ptr())
-        tensors[name] = t
+    tensors = unquantized_tensors(fp, layers)
     meta = {
         "quantization": cfg.to_json(),
         "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range),
+                        "dtype": str(fp.dtype).removeprefix("torch."),
                         "sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None},
         "source_model": str(Path(model).resolve()),
         "model_type": fp.config.model_type,

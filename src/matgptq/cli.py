@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--nsamples", type=int, default=128, help="number of calibration windows")
     q.add_argument("--seqlen", type=int, default=256, help="tokens per calibration window")
     q.add_argument("--seed", type=int, default=0, help="seed for drawing the windows")
+    q.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="model dtype while calibrating, and of the unquantized tensors written (default auto: the "
+                        "model's own). bfloat16 halves memory and is ~4x faster on CPUs with AVX512-BF16 or AMX, as "
+                        "GPTQModel does on CPU; results then differ slightly. Hessians and the solver stay float32")
     q.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -107,8 +111,8 @@ def cmd_quantize(a: argparse.Namespace) -> None:
     out, reports = quantize(
         a.model, a.out, calib=a.calib, method=a.method, bits=a.bits, master_bits=a.master_bits,
         bit_weights=a.bit_weights, calib_range=a.calib_range, nsamples=a.nsamples, seqlen=a.seqlen, seed=a.seed,
-        overwrite=a.overwrite, progress=not a.quiet, group_size=a.group_size, sym=a.sym, act_order=a.act_order,
-        static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
+        overwrite=a.overwrite, progress=not a.quiet, dtype=a.dtype, group_size=a.group_size, sym=a.sym,
+        act_order=a.act_order, static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
         true_sequential=a.true_sequential, signed_scale=a.signed_scale, skip=tuple(a.skip),
     )  # fmt: skip
     widths = sorted({r for rep in reports for r in rep.rel_error})

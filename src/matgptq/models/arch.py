@@ -65,7 +65,14 @@ def weight_matrix(module: nn.Module, spec: ArchSpec) -> torch.Tensor:
 
 
 def set_weight_matrix(module: nn.Module, spec: ArchSpec, w: torch.Tensor) -> None:
-    module.weight.data = (w.T if spec.conv1d else w).to(module.weight.dtype).contiguous()
+    """Overwrite the weight with `w` [out, in], in place: a model loaded from safetensors holds its weights in a
+    private (copy-on-write) memory map, so writing in place replaces the file's pages instead of adding a second
+    copy of every layer to the process (the file itself is never written)."""
+    new = (w.T if spec.conv1d else w).to(module.weight.dtype)
+    if new.shape == module.weight.shape:
+        module.weight.data.copy_(new)
+    else:
+        module.weight.data = new.contiguous()
 
 
 def quantized_layer_names(model: nn.Module, spec: ArchSpec) -> list[str]:
