@@ -15,7 +15,8 @@ Prefix cache (issue #10 item 4). A mutation changes a few layers; every block be
 exactly what the stage's reference mix computed. `prefix_cache(mix, windows)` runs that mix once and keeps each
 batch's output of every block; a candidate whose first changed block is j then runs blocks j.. only — blocks 0..j−1
 are swapped, for that call, for a module that returns the cached output of block j−1. Same batches, same arithmetic:
-the KL is bit-identical to a full pass (tested). Memory: blocks × tokens × hidden × 4 bytes.
+the KL is bit-identical to a full pass (tested). Memory: blocks × windows × L × hidden × 4 bytes; above
+`cache_limit` bytes (default 1 GiB) no cache is made and candidates run in full.
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ class PrefixCache:
 class Fitness:
     """Scores mixes of a loaded parent (`matgptq.load`) against a teacher built on `windows` [n, L]."""
 
-    def __init__(self, model, teacher: Teacher, windows: torch.Tensor, names: tuple[str, ...], batch_size: int = 8) -> None:
+    def __init__(self, model, teacher: Teacher, windows: torch.Tensor, names: tuple[str, ...], batch_size: int = 8,
+                 cache_limit: int = 1 << 30) -> None:  # fmt: skip
         if tuple(teacher.windows_shape) != tuple(windows.shape):
             raise ValueError("the teacher was built on other windows")
         self.model, self.teacher, self.windows, self.names = model, teacher, windows, tuple(names)
-        self.batch_size = batch_size
+        self.batch_size, self.cache_limit = batch_size, cache_limit
         self.body, self.head = body_and_head(model)
         spec = arch_spec(model.config.model_type)
         self.blocks = get_blocks(model, spec)
@@ -80,7 +82,10 @@ class Fitness:
         return [list(windows[i : i + self.batch_size]) for i in range(0, len(windows), self.batch_size)]
 
     @torch.no_grad()
-    def prefix_cache(self, mix: Mix, windows: tuple[int, ...]) -> PrefixCache:
+    def prefix_cache(self, mix: Mix, windows: tuple[int, ...]) -> PrefixCache | None:
+        """Block outputs of `mix` on `windows`, or None when they would take more than `cache_limit` bytes."""
+        if len(self.blocks) * len(windows) * self.windows.shape[1] * self.body.hidden_size * 4 > self.cache_limit:
+            return None
         self.apply(mix)
         outputs: list[list[torch.Tensor]] = []
         for batch in self._batches(windows):
