@@ -5,7 +5,6 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-import torch
 
 import matgptq
 from matgptq.errors import UserError
