@@ -9,7 +9,7 @@ from matgptq.cli import main
 from tests.conftest import STORIES, TINYSTORIES, make_tiny_llama
 
 
-@pytest.mark.parametrize("cmd", [[], ["quantize"], ["eval"], ["slice"], ["export"]])
+@pytest.mark.parametrize("cmd", [[], ["quantize"], ["eval"], ["slice"], ["export"], ["search"]])
 def test_help_everywhere(cmd, capsys):
     with pytest.raises(SystemExit) as e:
         main(cmd + ["--help"])

@@ -1,4 +1,4 @@
-"""The `matgptq` command line: quantize, eval, slice, export. User errors print one line and exit with status 2."""
+"""The `matgptq` command line: quantize, eval, slice, export, search. User errors print one line and exit with status 2."""
 
 from __future__ import annotations
 
@@ -100,7 +100,34 @@ def build_parser() -> argparse.ArgumentParser:
     from .export import add_export_parser
 
     add_export_parser(sub)
+    _add_search_parser(sub)
     return p
+
+
+def _add_search_parser(sub) -> None:
+    s = sub.add_parser("search", help="best per-layer widths of a parent under bit budgets (knapsack start + EvoPress)")
+    s.add_argument("parent", help="matgptq parent checkpoint (from quantize --method matgptq)")
+    s.add_argument("--budget", required=True, help="average bits per quantized weight, one or several: 3.0,2.5")
+    s.add_argument("--calib", required=True, help="calibration text file (UTF-8) the fitness KL is measured on")
+    s.add_argument("--calib-range", type=_range, default=(0.0, 1.0), help="character range START:END of --calib")
+    s.add_argument("--out", required=True, help="folder for mix-<budget>.json (and the resumable search states)")
+    s.add_argument("--levels", type=_ints, help="widths a layer may take (default: every width 2..c of the parent)")
+    s.add_argument("--budget-kind", choices=["code", "storage"], default="code",
+                   help="enforce code bits (the paper's count) or storage bits (codes + scales + zeros + indices)")
+    s.add_argument("--generations", type=int, default=50, help="EvoPress generations")
+    s.add_argument("--offspring", type=int, default=16, help="children per generation (λ)")
+    s.add_argument("--stages", default="1024:4,4096:2,16384:1",
+                   help="selection stages TOKENS:SURVIVORS,…; the parent re-enters at the last (ends with :1)")
+    s.add_argument("--seed", type=int, default=0, help="seed of every random draw (mutations, windows)")
+    s.add_argument("--seqlen", type=int, default=256, help="tokens per calibration window")
+    s.add_argument("--sensitivity-tokens", type=int, default=4096, help="scored tokens per sensitivity measurement")
+    s.add_argument("--kl-to", help="unquantized reference model (default: the parent's recorded source model)")
+    s.add_argument("--text", help="held-out text: also report perplexity and KL of the DP and searched mixes")
+    s.add_argument("--text-range", type=_range, default=(0.0, 1.0), help="character range START:END of --text")
+    s.add_argument("--max-tokens", type=int, help="use only the first N tokens of --text")
+    s.add_argument("--resume", action="store_true", help="continue the searches whose states are in --out")
+    s.add_argument("--overwrite", action="store_true", help="replace existing mix files")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def cmd_quantize(a: argparse.Namespace) -> None:
@@ -192,6 +219,27 @@ def _bits_label(model, bits) -> str:
     return f"mix {sum(widths) / len(widths):.2f} avg"
 
 
+def cmd_search(a: argparse.Namespace) -> None:
+    from .evaluation import format_table
+    from .search import BudgetKind, EvoConfig, SearchRequest, mix_path, parse_stages, run_search
+
+    evo = EvoConfig(generations=a.generations, offspring=a.offspring, stages=parse_stages(a.stages), seed=a.seed)
+    req = SearchRequest(
+        parent=Path(a.parent), budgets=tuple(b.strip() for b in a.budget.split(",")), calib=Path(a.calib),
+        out=Path(a.out), calib_range=a.calib_range, levels=a.levels, kind=BudgetKind(a.budget_kind), evo=evo,
+        seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens, reference=Path(a.kl_to) if a.kl_to else None,
+        text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
+        resume=a.resume, overwrite=a.overwrite, progress=not a.quiet,
+    )  # fmt: skip
+    rows = run_search(req)
+    headers = ["budget", "kind", "code_bits", "storage_bits", "dp_kl", "kl"]
+    if a.text:
+        headers += ["dp_text_ppl", "text_ppl", "text_kl"]
+    headers += ["evaluations", "seconds"]
+    print(format_table(headers, [[r[h] for h in headers] for r in rows]))
+    print("wrote " + ", ".join(str(mix_path(Path(a.out), r["budget"])) for r in rows))
+
+
 def cmd_slice(a: argparse.Namespace) -> None:
     from .formats import read_checkpoint, save_checkpoint
 
@@ -221,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _quiet_transformers()
     try:
-        {"quantize": cmd_quantize, "eval": cmd_eval, "slice": cmd_slice}.get(args.command, _export)(args)
+        {"quantize": cmd_quantize, "eval": cmd_eval, "slice": cmd_slice, "search": cmd_search}.get(args.command, _export)(args)
     except UserError as e:
         print(f"matgptq: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,207 @@
+"""Mix'n'Match on stories260K: uniform slices vs the knapsack (DP) start vs the EvoPress-searched mix, per budget,
+over several calibration seeds. Writes docs/search.{md,json,png}.
+
+Protocol (the reference protocol of ../shared/data/README.md): for each seed s, a MatGPTQ parent (c = 8,
+R = {2,3,4,6,8}, symmetric, per-channel) is calibrated on 128 × 256 tokens drawn with seed s from the last 40% of
+tinystories_val_head.txt; `matgptq search` (default settings, --seed s) searches 2.5, 3.0 and 3.5 code bits per weight
+on the first 16,384 tokens of that same 40%; everything is scored on the first 40,000 tokens of the first 60% (held
+out): perplexity and KL to the fp32 model. Per-width GPTQ-3 comes from docs/results.json (scripts/results.py, seed 0).
+Also measures the fitness evaluations per second with and without the prefix cache (fitness.py).
+
+    python scripts/search_results.py [--seeds 0,1] [--budgets 2.5,3.0,3.5]      # ~15 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import torch
+
+import matgptq
+from matgptq.evaluation.perplexity import Teacher, score
+from matgptq.evaluation.report import format_table
+from matgptq.formats import read_checkpoint
+from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
+from matgptq.search import BudgetKind, CostModel, EvoConfig, SearchRequest, run_search
+from matgptq.search.evopress import evolve
+from matgptq.search.fitness import Fitness
+from matgptq.search.sensitivity import knapsack_mix, measure
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+MODEL = SHARED / "models" / "stories260K"
+TEXT = SHARED / "data" / "tinystories" / "tinystories_val_head.txt"
+UNIFORM = (2, 3, 4, 6, 8)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--budgets", default="2.5,3.0,3.5")
+    ap.add_argument("--out", default=str(ROOT / "docs"))
+    ap.add_argument("--from-json", action="store_true", help="re-render search.md/png from search.json")
+    a = ap.parse_args()
+    out = Path(a.out)
+    if a.from_json:
+        render(json.loads((out / "search.json").read_text()), out)
+        return
+    torch.set_num_threads(1)
+    seeds = [int(s) for s in a.seeds.split(",")]
+    budgets = tuple(a.budgets.split(","))
+    tok = load_tokenizer(MODEL)
+    held_out = eval_windows(tokenize(tok, read_text(TEXT, (0.0, 0.6))), 256, 40_000)
+    teacher = Teacher(matgptq.load(MODEL), held_out, 32)
+    rows, speed = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in seeds:
+            parent = Path(tmp) / f"parent-{seed}"
+            matgptq.quantize(MODEL, parent, calib=TEXT, calib_range=(0.6, 1.0), method="matgptq", bits=UNIFORM,
+                             nsamples=128, seqlen=256, seed=seed, progress=False)  # fmt: skip
+            model = matgptq.load(parent, bits=8)
+            for r in UNIFORM:
+                matgptq.set_bits(model, r)
+                s = score(model, held_out, teacher, 32)
+                rows.append({"seed": seed, "kind": "uniform", "bits": r, "ppl": s.ppl, "kl": s.kl})
+            t0 = time.perf_counter()
+            req = SearchRequest(parent=parent, budgets=budgets, calib=TEXT, out=Path(tmp) / f"mix-{seed}",
+                                calib_range=(0.6, 1.0), evo=EvoConfig(seed=seed), text=TEXT, text_range=(0.0, 0.6),
+                                text_tokens=40_000, progress=False)  # fmt: skip
+            for r in run_search(req):
+                rows.append({"seed": seed, "kind": "dp", "budget": r["budget"], "bits": float(r["budget"]),
+                             "ppl": r["dp_text_ppl"], "kl": r["dp_text_kl"], "calib_kl": r["dp_kl"]})  # fmt: skip
+                rows.append({"seed": seed, "kind": "searched", "budget": r["budget"], "bits": r["code_bits"],
+                             "storage_bits": r["storage_bits"], "ppl": r["text_ppl"], "kl": r["text_kl"],
+                             "calib_kl": r["kl"], "evaluations": r["evaluations"], "seconds": r["seconds"],
+                             "history": json.loads((req.out / f"mix-{r['budget']}.json").read_text())["history"]})  # fmt: skip
+            print(f"seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
+            if speed is None:
+                speed = cache_speed(parent, tok, Path(tmp))
+    gptq = [r for r in json.loads((ROOT / "docs" / "results.json").read_text())["rows"]
+            if r["method"] == "GPTQ" and r["options"] == "" and r["bits"] == 3]  # fmt: skip
+    data = {"rows": rows, "gptq3": gptq[0] if gptq else None, "cache_speed": speed, "seeds": seeds,
+            "threads": torch.get_num_threads()}  # fmt: skip
+    (out / "search.json").write_text(json.dumps(data, indent=1))
+    render(data, out)
+
+
+def cache_speed(parent: Path, tok, tmp: Path, generations: int = 4) -> dict:
+    """Fitness evaluations per second of the default search at 3.0 bits, with and without the prefix cache."""
+    calib = eval_windows(tokenize(tok, read_text(TEXT, (0.6, 1.0))), 256)[:65]
+    levels = tuple(range(2, 9))
+    teacher = Teacher(matgptq.load(MODEL), calib, 8)
+    cost = CostModel.from_checkpoint(read_checkpoint(parent), levels)
+    result = {}
+    for cached in (False, True):
+        f = Fitness(matgptq.load(parent, bits=8), teacher, calib, cost.names)
+        start = knapsack_mix(cost, measure(f, levels, tuple(range(17))), Fraction(3), BudgetKind.CODE)
+        f.evaluations = f.tokens = 0
+        t0 = time.perf_counter()
+        st = evolve(f, levels, cost.table(BudgetKind.CODE), cost.limit(Fraction(3), BudgetKind.CODE), start,
+                    EvoConfig(generations=generations, prefix_cache=cached), tmp / f"speed-{cached}.json", {})  # fmt: skip
+        seconds = time.perf_counter() - t0
+        result["cached" if cached else "full"] = {"evaluations": st.evaluations, "seconds": seconds,
+                                                  "per_second": st.evaluations / seconds}  # fmt: skip
+    teacher.close()
+    return result
+
+
+def _mean_sd(xs: list[float]) -> str:
+    return f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs):.4f}" if len(xs) > 1 else f"{xs[0]:.4f}"
+
+
+def _line(uniform: dict[int, float], bits: float) -> float:
+    """The straight line between the neighbouring uniform slices at `bits`."""
+    lo = max(r for r in uniform if r <= bits)
+    hi = min(r for r in uniform if r >= bits)
+    return uniform[lo] if lo == hi else uniform[lo] + (bits - lo) / (hi - lo) * (uniform[hi] - uniform[lo])
+
+
+def render(data: dict, out: Path) -> None:
+    rows, seeds = data["rows"], data["seeds"]
+    table = []
+    for r in UNIFORM:
+        sel = [x for x in rows if x["kind"] == "uniform" and x["bits"] == r]
+        table.append([f"uniform {r}-bit slice", r, "", _mean_sd([x["ppl"] for x in sel]), _mean_sd([x["kl"] for x in sel]), ""])
+    budgets = sorted({x["budget"] for x in rows if "budget" in x}, key=float)
+    wins = []
+    for b in budgets:
+        for kind, label in (("dp", "knapsack (DP) start"), ("searched", "EvoPress mix")):
+            sel = [x for x in rows if x["kind"] == kind and x["budget"] == b]
+            bits = _mean_sd([x["bits"] for x in sel]) if kind == "searched" else b
+            storage = _mean_sd([x["storage_bits"] for x in sel]) if kind == "searched" else ""
+            table.append([f"{label} @ {b}", bits, storage, _mean_sd([x["ppl"] for x in sel]),
+                          _mean_sd([x["kl"] for x in sel]), _mean_sd([x["calib_kl"] for x in sel])])  # fmt: skip
+        for seed in seeds:
+            uni = {x["bits"]: x["ppl"] for x in rows if x["kind"] == "uniform" and x["seed"] == seed}
+            mix = next(x for x in rows if x["kind"] == "searched" and x["budget"] == b and x["seed"] == seed)
+            dp = next(x for x in rows if x["kind"] == "dp" and x["budget"] == b and x["seed"] == seed)
+            wins.append([b, seed, round(mix["bits"], 4), mix["ppl"], dp["ppl"], _line(uni, mix["bits"]),
+                         "yes" if mix["ppl"] < _line(uni, mix["bits"]) else "NO", "yes" if mix["ppl"] < dp["ppl"] else "NO",
+                         mix["evaluations"], mix["seconds"]])  # fmt: skip
+    md = ["# Mix'n'Match search on stories260K", "", "Generated by `python scripts/search_results.py`; mean ± sample "
+          f"standard deviation over calibration seeds {seeds} (parent calibration and search seed). Held-out: first "
+          "40,000 tokens of the first 60% of TinyStories; perplexity and KL to fp32 there; `calib KL` is the search's "
+          "own fitness on its 16,384 calibration tokens.", "",
+          format_table(["model", "code bits", "storage bits", "ppl (held-out)", "KL (held-out)", "calib KL"], table), ""]
+    g = data.get("gptq3")
+    if g:
+        md += [f"Per-width GPTQ 3-bit (docs/results.json, seed 0): ppl {g['ppl']:.4f}, KL {g['kl']:.4f}.", ""]
+    md += ["Per seed: the searched mix against the straight line between its neighbouring uniform slices and against "
+           "its knapsack start (perplexity, held-out):", "",
+           format_table(["budget", "seed", "code bits", "mix ppl", "DP ppl", "uniform line", "beats line",
+                         "beats DP", "evaluations", "seconds"], wins), ""]  # fmt: skip
+    sp = data.get("cache_speed")
+    if sp:
+        md += ["Prefix cache (fitness.py), default search at 3.0 bits, 4 generations, same evaluations either way:", "",
+               format_table(["forward", "evaluations", "seconds", "evaluations / s"],
+                            [[k, v["evaluations"], round(v["seconds"], 2), round(v["per_second"], 2)]
+                             for k, v in sp.items()]), ""]  # fmt: skip
+    (out / "search.md").write_text("\n".join(md))
+    print("\n".join(md))
+    _plot(data, out)
+
+
+def _plot(data: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = data["rows"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, key in zip(axes[:2], ("ppl", "kl")):
+        for seed in data["seeds"]:
+            uni = sorted((x["bits"], x[key]) for x in rows if x["kind"] == "uniform" and x["seed"] == seed)
+            ax.plot(*zip(*uni), "o-", color="gray", alpha=0.6, label="uniform slices" if seed == data["seeds"][0] else None)
+            for kind, marker, color in (("dp", "s", "tab:blue"), ("searched", "*", "tab:red")):
+                pts = sorted((x["bits"], x[key]) for x in rows if x["kind"] == kind and x["seed"] == seed)
+                ax.plot(*zip(*pts), marker, color=color, ms=9 if kind == "searched" else 6,
+                        label={"dp": "knapsack start", "searched": "EvoPress mix"}[kind] if seed == data["seeds"][0] else None)  # fmt: skip
+        if data.get("gptq3"):
+            ax.plot([3], [data["gptq3"][key]], "D", color="tab:green", label="GPTQ-3 (seed 0)")
+        ax.set_xlabel("code bits per weight")
+        ax.set_ylabel({"ppl": "perplexity (held-out)", "kl": "KL to fp32 (held-out)"}[key])
+        ax.set_yscale("log")
+        ax.set_xlim(1.9, 4.2)
+        ax.legend()
+    ax = axes[2]
+    for x in rows:
+        if x["kind"] == "searched":
+            h = x["history"]
+            ax.plot([e["evaluations"] for e in h], [e["kl"] for e in h], label=f"{x['budget']} bits, seed {x['seed']}")
+    ax.set_xlabel("fitness evaluations")
+    ax.set_ylabel("winner's last-stage KL (calibration)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "search.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()

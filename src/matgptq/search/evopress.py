@@ -1,0 +1,190 @@
+"""(1+λ) EvoPress with multi-stage selection, resumable (prior-art §2; MatGPTQ §3.3, Appendix B.3).
+
+One generation, from parent P:
+1. λ distinct children of P (mutation.py; P itself and duplicates are rejected and redrawn, at most
+   λ·MAX_DRAWS_PER_CHILD draws);
+2. stage s = 1..S: draw ⌈tokens_s / (L − 1)⌉ calibration windows without replacement, score the survivors of the
+   previous stage on them (fitness.py), keep the best `survivors_s` (ties: the earlier-made child). At the last stage
+   P re-enters and competes on the same windows (elitism): the best of survivors and P is the next parent.
+Fitness is the mean KL to the unquantized model; the last stage's score of the winner is the generation's record.
+
+Reproducible and resumable: every random draw (windows, mutations) comes from one numpy PCG64 generator seeded with
+`seed`; after each generation the state — parent, the generator's state, the history — is written atomically
+(fsutil.atomic_output) next to the output. `resume` continues from it; since a generation depends only on the parent
+and the generator state, the resumed run ends with the same mix as an uninterrupted one (tested). The state records
+the settings it was made with; resuming with other settings is refused. `generations` is not among them, so a
+finished run can be extended.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..errors import UserError
+from ..fsutil import atomic_output
+from ..untrusted import read_json
+from .fitness import Fitness, Mix
+from .mutation import Levels, mutate
+
+STATE_FORMAT = "matgptq-search-state"
+STATE_VERSION = 1
+MAX_DRAWS_PER_CHILD = 20
+
+
+@dataclass(frozen=True)
+class Stage:
+    tokens: int  # predicted positions scored per candidate
+    survivors: int  # candidates kept for the next stage
+
+
+def parse_stages(text: str) -> tuple[Stage, ...]:
+    """'1024:4,4096:2,16384:1' → stages; tokens must grow, survivors shrink to 1."""
+    try:
+        stages = tuple(Stage(*(int(x) for x in part.split(":"))) for part in text.split(","))
+    except (TypeError, ValueError):
+        raise UserError(f"--stages takes TOKENS:SURVIVORS,… like 1024:4,4096:2,16384:1, got {text!r}") from None
+    return stages
+
+
+@dataclass(frozen=True)
+class EvoConfig:
+    generations: int = 50
+    offspring: int = 16
+    stages: tuple[Stage, ...] = (Stage(1024, 4), Stage(4096, 2), Stage(16384, 1))
+    seed: int = 0
+    max_flips: int = 3
+    prefix_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if self.generations < 0 or self.offspring < 1 or self.max_flips < 1:
+            raise UserError("--generations must be ≥ 0 and --offspring ≥ 1")
+        if not self.stages:
+            raise UserError("give at least one selection stage")
+        tokens = [s.tokens for s in self.stages]
+        survivors = [s.survivors for s in self.stages]
+        if min(tokens) < 1 or tokens != sorted(tokens):
+            raise UserError(f"--stages: token counts must be positive and non-decreasing, got {tokens}")
+        if survivors[-1] != 1 or survivors != sorted(survivors, reverse=True) or survivors[0] > self.offspring:
+            raise UserError(f"--stages: survivors must shrink from at most --offspring ({self.offspring}) to 1, got "
+                            f"{survivors}")  # fmt: skip
+
+    def settings(self) -> dict:
+        """What the search result depends on (everything but the number of generations)."""
+        d = asdict(self)
+        d.pop("generations")
+        d.pop("prefix_cache")  # bit-identical scores with or without (fitness.py)
+        return d
+
+
+@dataclass
+class EvoState:
+    generation: int
+    parent: Mix
+    rng: dict
+    start: Mix
+    history: list[dict] = field(default_factory=list)  # per generation: kl, evaluations, tokens, seconds
+    evaluations: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+def write_state(path: Path, settings: dict, state: EvoState) -> None:
+    body = {"format": STATE_FORMAT, "version": STATE_VERSION, "settings": settings, "state": asdict(state)}
+    with atomic_output(path, overwrite=True, directory=False) as f:
+        f.write_text(json.dumps(body))
+
+
+def read_state(path: Path, settings: dict, n_layers: int) -> EvoState:
+    """The state at `path`, made with exactly `settings`; anything else is one UserError."""
+    fix = "delete it or run without --resume to start afresh"
+    body = read_json(path, fix)
+    if body.get("format") != STATE_FORMAT or body.get("version") != STATE_VERSION:
+        raise UserError(f"{path} is not a matgptq search state (v{STATE_VERSION}); {fix}")
+    if body.get("settings") != json.loads(json.dumps(settings)):
+        theirs = body.get("settings") if isinstance(body.get("settings"), dict) else {}
+        diff = sorted(k for k in set(theirs) | set(settings) if theirs.get(k) != json.loads(json.dumps(settings.get(k))))
+        raise UserError(f"{path} was made with other settings ({', '.join(diff[:4]) or 'unreadable'}); resume with the "
+                        f"same parent, calibration and search options, or {fix}")  # fmt: skip
+    try:
+        s = body["state"]
+        state = EvoState(int(s["generation"]), tuple(int(x) for x in s["parent"]), dict(s["rng"]),
+                         tuple(int(x) for x in s["start"]), list(s["history"]), int(s["evaluations"]),
+                         int(s["tokens"]), float(s["seconds"]))  # fmt: skip
+        rng = np.random.Generator(np.random.PCG64())
+        rng.bit_generator.state = state.rng
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{path} is damaged (its state record is incomplete); {fix}") from None
+    if len(state.parent) != n_layers or len(state.start) != n_layers or state.generation < 0:
+        raise UserError(f"{path} is damaged (its mix has {len(state.parent)} layers, the parent {n_layers}); {fix}")
+    return state
+
+
+def _draw_windows(rng: np.random.Generator, n_windows: int, seqlen: int, tokens: int) -> tuple[int, ...]:
+    count = min(n_windows, math.ceil(tokens / (seqlen - 1)))
+    return tuple(sorted(int(i) for i in rng.choice(n_windows, size=count, replace=False)))
+
+
+def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, start: Mix,
+           config: EvoConfig, state_path: Path, settings: dict, resume: bool = False, progress: bool = False,
+           stop_after: int | None = None) -> EvoState:  # fmt: skip
+    """Run (or continue) the search from `start` to `config.generations`; `stop_after` ends early after that generation
+    (as a kill would, for tests)."""
+    index = {r: i for i, r in enumerate(levels)}
+    to_levels = lambda mix: tuple(index[r] for r in mix)  # noqa: E731
+    to_mix = lambda lv: tuple(levels[i] for i in lv)  # noqa: E731
+    if resume and state_path.exists():
+        state = read_state(state_path, settings, len(start))
+    else:
+        rng0 = np.random.Generator(np.random.PCG64(config.seed))
+        state = EvoState(0, tuple(start), rng0.bit_generator.state, tuple(start))
+    rng = np.random.Generator(np.random.PCG64())
+    rng.bit_generator.state = state.rng
+    n_windows, seqlen = fitness.windows.shape
+    bar = tqdm(total=config.generations, initial=min(state.generation, config.generations), desc="search",
+               unit="gen", disable=not progress, leave=False)  # fmt: skip
+    while state.generation < config.generations:
+        t0, evals0, tokens0 = time.perf_counter(), fitness.evaluations, fitness.tokens
+        parent = to_levels(state.parent)
+        children: list[Levels] = []
+        for _ in range(config.offspring * MAX_DRAWS_PER_CHILD):
+            if len(children) == config.offspring:
+                break
+            child = mutate(parent, costs, limit, rng, config.max_flips)
+            if child is None:
+                break
+            if child != parent and child not in children:
+                children.append(child)
+        survivors = [to_mix(c) for c in children]
+        best_kl = None
+        for s, stage in enumerate(config.stages):
+            windows = _draw_windows(rng, n_windows, seqlen, stage.tokens)
+            last = s == len(config.stages) - 1
+            pool = survivors + ([state.parent] if last else [])
+            if not pool:
+                break
+            cache = fitness.prefix_cache(state.parent, windows) if config.prefix_cache else None
+            scores = [fitness.kl(m, windows, cache) for m in pool]
+            order = sorted(range(len(pool)), key=lambda i: (scores[i], i))[: stage.survivors]
+            survivors, best_kl = [pool[i] for i in order], scores[order[0]]
+            bar.set_postfix(stage=f"{s + 1}/{len(config.stages)}", kl=f"{best_kl:.4g}")
+        state.parent = tuple(survivors[0]) if survivors else state.parent
+        state.generation += 1
+        state.evaluations += fitness.evaluations - evals0
+        state.tokens += fitness.tokens - tokens0
+        state.seconds += time.perf_counter() - t0
+        state.rng = rng.bit_generator.state
+        state.history.append({"generation": state.generation, "kl": best_kl, "evaluations": state.evaluations,
+                              "tokens": state.tokens, "seconds": round(state.seconds, 3)})  # fmt: skip
+        write_state(state_path, settings, state)
+        bar.update(1)
+        if stop_after is not None and state.generation >= stop_after:
+            break
+    bar.close()
+    return state

@@ -1,0 +1,197 @@
+"""`matgptq search`: from a parent and calibration text to one mix file per budget, plus the summary rows.
+
+Order of work, so that bad input fails before anything is computed or written: settings and budgets are checked,
+the parent and its reference model are opened, the calibration text is cut into windows (too little text is an
+error), existing mix files and resume states are checked — only then are the teacher, the sensitivities, the knapsack
+start and the search run. Each budget's mix file is written atomically when its search ends; its search state is
+written atomically after every generation (evopress.py).
+
+The mix file is what `matgptq.load(parent, bits=FILE)`, `matgptq eval --bits FILE` and `matgptq export
+--bits-config FILE` read (runtime.loader.resolve_bits takes the `bits` object of a JSON file): {"bits": {layer:
+width}, ...} with the budget, both bit counts, the scores and the search settings alongside.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from ..evaluation.perplexity import score
+from ..evaluation.teacher import Teacher
+from ..formats import is_checkpoint, read_checkpoint
+from ..fsutil import atomic_output, check_output
+from ..models import eval_windows, file_sha256, load_tokenizer, read_text, require_model_dir, tokenize
+from ..runtime import load
+from .budget import BudgetKind, CostModel, parse_budget
+from .evopress import EvoConfig, evolve
+from .fitness import Fitness, Mix
+from .sensitivity import knapsack_mix, measure
+
+MIX_FORMAT = "matgptq-mix"
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    parent: Path
+    budgets: tuple[str, ...]  # as typed: they name the output files
+    calib: Path
+    out: Path
+    calib_range: tuple[float, float] = (0.0, 1.0)
+    levels: tuple[int, ...] | None = None  # default: every width 2..c
+    kind: BudgetKind = BudgetKind.CODE
+    evo: EvoConfig = field(default_factory=EvoConfig)
+    seqlen: int = 256
+    sensitivity_tokens: int = 4096
+    reference: Path | None = None  # default: the parent's recorded source model
+    text: Path | None = None
+    text_range: tuple[float, float] = (0.0, 1.0)
+    text_tokens: int | None = None
+    batch_size: int = 8
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+
+
+def mix_path(out: Path, budget: str) -> Path:
+    return out / f"mix-{budget}.json"
+
+
+def state_path(out: Path, budget: str) -> Path:
+    return out / f".state-{budget}.json"
+
+
+def _levels(ckpt, requested: tuple[int, ...] | None) -> tuple[int, ...]:
+    master = max(q.master_bits for q in ckpt.layers.values())
+    if any(q.shift for q in ckpt.layers.values()):
+        raise UserError(f"{ckpt.path} is a slice and holds only one width; search needs the parent checkpoint")
+    if master < 3:
+        raise UserError(f"{ckpt.path} stores {master}-bit codes, so it has no widths to choose between; use a parent "
+                        "with a master width of 3 or more")  # fmt: skip
+    levels = tuple(sorted(set(requested))) if requested else tuple(range(2, master + 1))
+    bad = [r for r in levels if not 2 <= r <= master]
+    if bad:
+        raise UserError(f"--levels {bad[0]} is not a width of this parent; it can slice 2..{master}")
+    if len(levels) < 2:
+        raise UserError(f"--levels {levels[0]} leaves nothing to choose; give at least two widths")
+    return levels
+
+
+def _reference(ckpt, requested: Path | None) -> Path:
+    ref = requested or ckpt.meta.get("source_model")
+    if not isinstance(ref, (str, Path)) or not Path(ref).is_dir():
+        raise UserError(f"the unquantized model of {ckpt.path} ({ref!r}) is not available; pass --kl-to MODEL_DIR")
+    require_model_dir(ref)
+    return Path(ref)
+
+
+def _windows(tokens: torch.Tensor, seqlen: int, needed_tokens: int, what: str) -> torch.Tensor:
+    needed = math.ceil(needed_tokens / (seqlen - 1))
+    have = tokens.numel() // seqlen
+    if have < needed:
+        raise UserError(f"{what} gives {have} windows of {seqlen} tokens, the search needs {needed} "
+                        f"({needed_tokens} scored tokens); give more text, a wider range or smaller --stages")  # fmt: skip
+    return tokens[: needed * seqlen].view(needed, seqlen)
+
+
+def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows: torch.Tensor) -> dict:
+    """Everything a search result depends on (JSON types); a resume state must carry the same."""
+    meta_hash = hashlib.sha256(json.dumps(ckpt.meta, sort_keys=True, default=str).encode()).hexdigest()
+    settings = {"parent": str(Path(req.parent).resolve()), "parent_meta_sha256": meta_hash,
+                "calib_sha256": file_sha256(req.calib), "calib_range": list(req.calib_range), "seqlen": req.seqlen,
+                "calib_windows": int(calib_windows.shape[0]), "sensitivity_tokens": req.sensitivity_tokens,
+                "budget": str(budget), "budget_kind": req.kind.value, "levels": list(levels), **req.evo.settings()}  # fmt: skip
+    return json.loads(json.dumps(settings))
+
+
+def run_search(req: SearchRequest) -> list[dict]:
+    """Search every budget of `req`; returns one summary row per budget (also written into its mix file)."""
+    if req.seqlen < 2 or req.sensitivity_tokens < 1 or req.batch_size < 1:
+        raise UserError("--seqlen must be ≥ 2, --sensitivity-tokens and --batch-size ≥ 1")
+    if not is_checkpoint(req.parent):
+        raise UserError(f"{req.parent} is not a matgptq parent (no matgptq.json); give the output of "
+                        "`matgptq quantize --method matgptq`")  # fmt: skip
+    ckpt = read_checkpoint(req.parent)
+    levels = _levels(ckpt, req.levels)
+    cost_model = CostModel.from_checkpoint(ckpt, levels)
+    budgets = [(label, parse_budget(label)) for label in req.budgets]
+    for _, b in budgets:
+        cost_model.check_budget(b, req.kind)
+    if len({b for _, b in budgets}) != len(budgets):
+        raise UserError("--budget lists the same budget twice")
+    reference = _reference(ckpt, req.reference)
+    for label, _ in budgets:
+        if not req.resume:
+            check_output(mix_path(req.out, label), req.overwrite)
+    tokenizer = load_tokenizer(req.parent)
+    calib_tokens = tokenize(tokenizer, read_text(req.calib, req.calib_range))
+    needed = max(req.evo.stages[-1].tokens, req.sensitivity_tokens)
+    calib = _windows(calib_tokens, req.seqlen, needed, f"--calib {req.calib} in range {req.calib_range}")
+    text = None
+    if req.text is not None:
+        text = eval_windows(tokenize(tokenizer, read_text(req.text, req.text_range)), req.seqlen, req.text_tokens)
+    settings = {label: _settings(req, ckpt, levels, b, calib) for label, b in budgets}
+    if req.resume:  # a state from other settings fails now, not after the teacher and sensitivities
+        from .evopress import read_state
+
+        for label, _ in budgets:
+            if state_path(req.out, label).exists():
+                read_state(state_path(req.out, label), settings[label], len(cost_model.layers))
+
+    ref_model = load(reference)
+    teacher = Teacher(ref_model, calib, req.batch_size, progress=req.progress)
+    text_teacher = Teacher(ref_model, text, req.batch_size, progress=req.progress) if text is not None else None
+    del ref_model
+    model = load(req.parent, bits=levels[-1])
+    fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size)
+    sens_windows = tuple(range(min(calib.shape[0], math.ceil(req.sensitivity_tokens / (req.seqlen - 1)))))
+    all_windows = tuple(range(calib.shape[0]))
+    sensitivity: list[list[float]] | None = None
+    rows = []
+    try:
+        for label, budget in budgets:
+            t0 = time.perf_counter()
+            if sensitivity is None:
+                sensitivity = measure(fitness, levels, sens_windows, progress=req.progress)
+            start = knapsack_mix(cost_model, sensitivity, budget, req.kind)
+            state = evolve(fitness, levels, cost_model.table(req.kind), cost_model.limit(budget, req.kind), start,
+                           req.evo, state_path(req.out, label), settings[label], req.resume, req.progress)  # fmt: skip
+            row = _report(req, label, budget, cost_model, fitness, state.start, state.parent, all_windows, text,
+                          text_teacher)  # fmt: skip
+            row.update(evaluations=state.evaluations, generations=state.generation,
+                       seconds=round(time.perf_counter() - t0, 1))  # fmt: skip
+            _write_mix(req, label, row, cost_model, state, settings[label])
+            rows.append(row)
+    finally:
+        teacher.close()
+        if text_teacher is not None:
+            text_teacher.close()
+    return rows
+
+
+def _report(req, label, budget, cost_model, fitness, dp_mix: Mix, mix: Mix, all_windows, text, text_teacher) -> dict:
+    row = {"budget": label, "kind": req.kind.value,
+           "code_bits": cost_model.average(mix, BudgetKind.CODE),
+           "storage_bits": cost_model.average(mix, BudgetKind.STORAGE),
+           "dp_kl": fitness.kl(dp_mix, all_windows), "kl": fitness.kl(mix, all_windows)}  # fmt: skip
+    if text is not None:
+        for key, m in (("dp_text", dp_mix), ("text", mix)):
+            fitness.apply(m)
+            sc = score(fitness.model, text, text_teacher, req.batch_size)
+            row[f"{key}_ppl"], row[f"{key}_kl"] = sc.ppl, sc.kl
+    return row
+
+
+def _write_mix(req, label, row, cost_model, state, settings) -> None:
+    body = {"format": MIX_FORMAT, "bits": dict(zip(cost_model.names, state.parent)),
+            "summary": row, "dp_bits": dict(zip(cost_model.names, state.start)),
+            "settings": settings, "history": state.history}  # fmt: skip
+    with atomic_output(mix_path(req.out, label), overwrite=True, directory=False) as f:
+        f.write_text(json.dumps(body, indent=1))

@@ -1,0 +1,77 @@
+"""`matgptq search` end to end: the mix files load, evaluate and export as they are; bad input is one line, exit 2,
+nothing written."""
+
+import json
+
+import pytest
+import torch
+
+import matgptq
+from matgptq.cli import main
+from tests.conftest import STORIES, TINYSTORIES
+from tests.test_cli import run_error
+
+QUICK = ["--calib", str(TINYSTORIES), "--calib-range", "0.6:0.7", "--levels", "2,4,8", "--generations", "2",
+         "--offspring", "4", "--stages", "126:2,504:1", "--seqlen", "64", "--sensitivity-tokens", "126", "--quiet"]  # fmt: skip
+
+
+def search(parent, out, *extra):
+    return ["search", str(parent), "--out", str(out), *QUICK, *extra]
+
+
+@pytest.fixture(scope="module")
+def searched(stories_parent, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "mixes"
+    assert main(search(stories_parent, out, "--budget", "3.0,2.5", "--text", str(TINYSTORIES), "--text-range",
+                       "0:0.01", "--seqlen", "64")) == 0  # fmt: skip
+    return out
+
+
+def test_mix_files_are_read_by_load_eval_and_export(searched, stories_parent, tmp_path, capsys):
+    for budget in ("3.0", "2.5"):
+        mix = json.loads((searched / f"mix-{budget}.json").read_text())
+        assert mix["summary"]["code_bits"] <= float(budget) and set(mix["bits"].values()) <= {2, 4, 8}
+        model = matgptq.load(stories_parent, bits=searched / f"mix-{budget}.json")
+        assert model.matgptq.bits == mix["bits"]
+    path = searched / "mix-2.5.json"
+    assert main(["eval", str(stories_parent), "--bits", str(path), "--text", str(TINYSTORIES), "--text-range", "0:0.01"]) == 0
+    assert "mix" in capsys.readouterr().out
+    out = tmp_path / "gptq"
+    assert main(["export", str(stories_parent), "--format", "gptq_v2", "--bits-config", str(path), "--out", str(out)]) == 0
+    exported = matgptq.load(out)
+    reference = matgptq.load(stories_parent, bits=path)
+    name = next(iter(mix["bits"]))
+    assert torch.equal(exported.get_submodule(name).weight.data.float(), reference.get_submodule(name).weight.data.float())
+
+
+def test_resume_of_a_finished_search_rewrites_the_same_mix(searched, stories_parent):
+    before = json.loads((searched / "mix-3.0.json").read_text())["bits"]
+    assert main(search(stories_parent, searched, "--budget", "3.0", "--resume")) == 0
+    assert json.loads((searched / "mix-3.0.json").read_text())["bits"] == before
+
+
+def test_bad_input(searched, stories_parent, tmp_path, capsys):
+    out = tmp_path / "none"
+    cases = [
+        (search(stories_parent, out, "--budget", "1.5"), "below what the lowest level 2"),
+        (search(stories_parent, out, "--budget", "8.5"), "above what the highest level 8"),
+        (search(stories_parent, out, "--budget", "3", "--levels", "2,9"), "not a width of this parent"),
+        (search(STORIES, out, "--budget", "3"), "not a matgptq parent"),
+        (search(stories_parent, out, "--budget", "3", "--calib-range", "0.6:0.6005"), "the search needs"),
+        (search(stories_parent, out, "--budget", "3", "--stages", "504:1,126:1"), "non-decreasing"),
+        (search(stories_parent, searched, "--budget", "3.0"), "--overwrite"),
+        (search(stories_parent, searched, "--budget", "3.0", "--resume", "--seed", "7"), "other settings"),
+    ]  # fmt: skip
+    for args, message in cases:
+        assert message in run_error(args, capsys), args
+    assert not out.exists()
+    bad_mix = tmp_path / "bad.json"
+    bad_mix.write_text(json.dumps({"bits": {"model.layers.9.mlp.up_proj": 3, "*": 4}}))
+    assert "unknown layers" in run_error(["eval", str(stories_parent), "--bits", str(bad_mix), "--text",
+                                          str(TINYSTORIES)], capsys)  # fmt: skip
+
+
+def test_a_slice_has_no_levels(stories_parent, tmp_path, capsys):
+    sliced = tmp_path / "slice3"
+    assert main(["slice", str(stories_parent), "--bits", "3", "--out", str(sliced)]) == 0
+    assert "a slice" in run_error(search(sliced, tmp_path / "o", "--budget", "3"), capsys)

@@ -1,0 +1,92 @@
+"""EvoPress on stories260K: resuming gives the uninterrupted result; the search beats its knapsack start and random
+search given the same number of fitness evaluations."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import matgptq
+from matgptq.errors import UserError
+from matgptq.evaluation.teacher import Teacher
+from matgptq.formats import read_checkpoint
+from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
+from matgptq.search.budget import BudgetKind, CostModel
+from matgptq.search.evopress import EvoConfig, Stage, evolve, parse_stages
+from matgptq.search.fitness import Fitness
+from matgptq.search.mutation import random_mix
+from matgptq.search.sensitivity import knapsack_mix, measure
+from tests.conftest import STORIES, TINYSTORIES
+
+LEVELS = (2, 3, 4, 6, 8)
+BUDGET = Fraction(3)
+# stage 1 scores 4 of the 16 calibration windows of 64 tokens, stage 2 all of them: the parent then competes on the
+# same tokens every generation, so its KL on them can only fall (elitism), and random noise in the last stage is no
+# excuse for losing to the start
+CONFIG = EvoConfig(generations=30, offspring=12, stages=(Stage(252, 4), Stage(1008, 1)), seed=3)
+SETTINGS = {"test": "stories"}
+
+
+@pytest.fixture(scope="module")
+def problem(stories_parent):
+    windows = calibration_windows(tokenize(load_tokenizer(STORIES), read_text(TINYSTORIES, (0.6, 0.8))), 16, 64, 1)
+    teacher = Teacher(matgptq.load(STORIES), windows)
+    ckpt = read_checkpoint(stories_parent)
+    model = CostModel.from_checkpoint(ckpt, LEVELS)
+
+    def fitness():  # a fresh model, as a new process would have
+        return Fitness(matgptq.load(stories_parent, bits=8), teacher, windows, model.names)
+
+    f = fitness()
+    start = knapsack_mix(model, measure(f, LEVELS, (0, 1, 2, 3)), BUDGET, BudgetKind.CODE)
+    yield model, fitness, start, windows
+    teacher.close()
+
+
+def run(problem, path, **kw):
+    model, fitness, start, _ = problem
+    costs, limit = model.table(BudgetKind.CODE), model.limit(BUDGET, BudgetKind.CODE)
+    return evolve(fitness(), LEVELS, costs, limit, start, kw.pop("config", CONFIG), path, SETTINGS, **kw)
+
+
+SHORT = EvoConfig(generations=8, offspring=8, stages=(Stage(126, 3), Stage(504, 1)), seed=5)
+
+
+def test_resume_after_a_stop_ends_with_the_uninterrupted_result(problem, tmp_path):
+    whole = run(problem, tmp_path / "a.json", config=SHORT)
+    stopped = run(problem, tmp_path / "b.json", config=SHORT, stop_after=3)
+    assert stopped.generation == 3
+    resumed = run(problem, tmp_path / "b.json", config=SHORT, resume=True)
+    assert resumed.generation == whole.generation == SHORT.generations
+    assert resumed.parent == whole.parent
+    assert [h["kl"] for h in resumed.history] == [h["kl"] for h in whole.history]
+    assert resumed.evaluations == whole.evaluations
+    # the prefix cache changes no score, so neither the path nor the result
+    uncached = run(problem, tmp_path / "c.json", config=EvoConfig(**{**SHORT.__dict__, "prefix_cache": False}))
+    assert uncached.parent == whole.parent
+    with pytest.raises(UserError, match="other settings"):
+        evolve(problem[1](), LEVELS, problem[0].table(BudgetKind.CODE), 0, problem[2], CONFIG, tmp_path / "b.json",
+               {"test": "other"}, resume=True)  # fmt: skip
+
+
+def test_search_beats_its_start_and_random_search(problem, tmp_path):
+    model, fitness, start, windows = problem
+    state = run(problem, tmp_path / "s.json")
+    f = fitness()
+    everything = tuple(range(windows.shape[0]))
+    searched, dp = f.kl(state.parent, everything), f.kl(start, everything)
+    assert model.fits(state.parent, BUDGET, BudgetKind.CODE)
+    assert searched < dp
+    # random search: as many random budget-filling mixes as the search scored, each on all 16 windows (more tokens
+    # per evaluation than most of the search's), keep the best
+    rng = np.random.default_rng(0)
+    costs, limit = model.table(BudgetKind.CODE), model.limit(BUDGET, BudgetKind.CODE)
+    best = min(f.kl(tuple(LEVELS[i] for i in random_mix(costs, limit, rng)), everything) for _ in range(state.evaluations))
+    assert searched < best
+
+
+def test_stage_and_config_validation():
+    assert parse_stages("2048:16,16384:4,131072:1") == (Stage(2048, 16), Stage(16384, 4), Stage(131072, 1))
+    for bad in ("2048", "a:b", "2048:4,1024:1", "1024:4,2048:2", "1024:20,2048:1"):
+        with pytest.raises(UserError):
+            EvoConfig(offspring=16, stages=parse_stages(bad))

@@ -1,0 +1,69 @@
+"""Fitness = the all-at-once KL formula; the prefix cache changes nothing; sensitivities and the DP start."""
+
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import matgptq
+from matgptq.evaluation.teacher import Teacher
+from matgptq.formats import read_checkpoint
+from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
+from matgptq.search.budget import BudgetKind, CostModel
+from matgptq.search.fitness import Fitness
+from matgptq.search.sensitivity import knapsack_mix, measure
+from tests.conftest import STORIES, TINYSTORIES
+
+
+@pytest.fixture(scope="module")
+def setup(stories_parent):
+    torch.manual_seed(0)
+    windows = calibration_windows(tokenize(load_tokenizer(STORIES), read_text(TINYSTORIES, (0.6, 0.7))), 6, 64, 0)
+    reference = matgptq.load(STORIES)
+    teacher = Teacher(reference, windows, batch_size=4)
+    model = matgptq.load(stories_parent, bits=8)
+    names = tuple(read_checkpoint(stories_parent).layers)
+    yield Fitness(model, teacher, windows, names, batch_size=4), reference, windows, stories_parent
+    teacher.close()
+
+
+def test_kl_is_the_all_at_once_formula(setup):
+    fitness, reference, windows, parent = setup
+    mix = tuple(3 if i % 3 else 2 for i in range(len(fitness.names)))
+    chosen = (0, 2, 3, 5)
+    got = fitness.kl(mix, chosen)
+    candidate = matgptq.load(parent, bits=dict(zip(fitness.names, mix)))  # built from the file, not set_bits
+    with torch.no_grad():
+        logp = F.log_softmax(reference(windows[list(chosen)]).logits[:, :-1].double(), -1)
+        logq = F.log_softmax(candidate(windows[list(chosen)]).logits[:, :-1].double(), -1)
+    want = float((logp.exp() * (logp - logq)).sum(-1).mean())
+    # float32 log-softmax vs float64 of the same float32 logits: relative error ~1e-6 per term, averaged
+    assert got == pytest.approx(want, rel=1e-5)
+    assert fitness.tokens >= 4 * 63
+
+
+def test_prefix_cache_gives_bit_identical_scores(setup):
+    fitness = setup[0]
+    n = len(fitness.names)
+    base = tuple(4 for _ in range(n))
+    windows = (1, 2, 4)
+    cache = fitness.prefix_cache(base, windows)
+    for changed in ([n - 1], [7, 20], [0], []):
+        mix = tuple(2 if i in changed else 4 for i in range(n))
+        assert fitness.kl(mix, windows, cache) == fitness.kl(mix, windows)
+    assert fitness.first_changed_block(base, tuple(2 if i == 20 else 4 for i in range(n))) == 20 // 7
+
+
+def test_sensitivity_and_knapsack_start(setup):
+    fitness, _, _, parent = setup
+    levels = (2, 4, 8)
+    table = measure(fitness, levels, (0, 1))
+    n = len(fitness.names)
+    # each entry is a real scoring of "top everywhere, one layer lowered"
+    assert table[5][0] == fitness.kl(tuple(2 if i == 5 else 8 for i in range(n)), (0, 1))
+    assert all(row[2] == table[0][2] for row in table)  # the top level: the same mix for every layer
+    model = CostModel.from_checkpoint(read_checkpoint(parent), levels)
+    mix = knapsack_mix(model, table, Fraction(3), BudgetKind.CODE)
+    assert model.fits(mix, Fraction(3), BudgetKind.CODE)
+    assert set(mix) <= set(levels) and len(set(mix)) > 1
