@@ -10,7 +10,7 @@ TEXT    := $(SHARED)/data/tinystories/tinystories_val_head.txt
 PINS    := $(abspath .ci/constraints.txt)
 PIP     := PIP_CONSTRAINT=$(PINS) $(BIN)/pip install -q --disable-pip-version-check -c $(PINS)
 
-.PHONY: venv demo test interop real-model bench results clean
+.PHONY: venv demo test interop real-model bench bench-pipeline results clean
 
 # torch is installed first and pinned (.ci/constraints.txt): 2.13.0 is a local CPU wheel; any other version
 # would pull gigabytes of CUDA wheels.
@@ -59,6 +59,11 @@ $(BENCH_VENV)/bin/matgptq: pyproject.toml $(BENCH_PINS)
 bench: $(BENCH_VENV)/bin/matgptq
 	GPTQMODEL_CPU_WORKERS=2 TORCHDYNAMO_DISABLE=1 $(BENCH_VENV)/bin/python scripts/bench_gptq.py
 	$(BENCH_VENV)/bin/python scripts/bench_multibit.py
+
+# End to end on the real model (make real-model first): matgptq vs GPTQModel vs llm-compressor, same windows.
+bench-pipeline: $(BENCH_VENV)/bin/matgptq
+	$(BENCH_VENV)/bin/python scripts/bench_pipeline.py "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct" \
+	    --calib $(SHARED)/data/wikitext-2-raw/wiki.test.joined.txt --calib-range 0.5:1 --nsamples 64 --seqlen 512
 
 results: venv
 	$(BIN)/python scripts/results.py
