@@ -14,8 +14,8 @@ import torch
 
 from matgptq.api import make_config
 from matgptq.models.arch import arch_spec, get_blocks, set_weight_matrix, weight_matrix
-from matgptq.quantization.passes import PassTimes, collect_hessians
-from matgptq.quantization.pipeline import capture_block_inputs, make_rounding, quantize_model
+from matgptq.quantization.passes import PassTimes, capture_block_inputs, collect_hessians
+from matgptq.quantization.pipeline import make_rounding, quantize_model
 from matgptq.quantization.solver import gptq_quantize
 from tests.quantization.test_pipeline import CONFIGS, tiny_model, windows
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..models import ArchSpec, get_blocks
+
 Inputs = list[tuple[torch.Tensor, dict]]  # per batch of windows: (hidden states, keyword arguments of the block)
 
 
@@ -124,6 +126,34 @@ def run_block(block: nn.Module, inputs: Inputs, times: PassTimes | None = None) 
         times.forward += time.perf_counter() - t0
         times.forward_passes += 1
     return outs
+
+
+@torch.no_grad()
+def capture_block_inputs(model: nn.Module, spec: ArchSpec, windows: torch.Tensor, batch: int):
+    """Inputs of the first block for every batch of windows: list of (hidden_states, kwargs)."""
+    blocks = get_blocks(model, spec)
+    first = blocks[0]
+    captured: list[tuple[torch.Tensor, dict]] = []
+
+    class Catcher(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = first
+
+        def forward(self, hidden_states, *args, **kwargs):
+            captured.append((hidden_states, kwargs))
+            raise _StopForward
+
+    blocks[0] = Catcher()
+    try:
+        for b0 in range(0, windows.shape[0], batch):
+            try:
+                model(windows[b0 : b0 + batch], use_cache=False)
+            except _StopForward:
+                pass
+    finally:
+        blocks[0] = first
+    return captured
 
 
 @torch.no_grad()

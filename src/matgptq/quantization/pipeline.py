@@ -24,11 +24,11 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..formats import QuantizedWeight
-from ..models import ArchSpec, arch_spec, get_blocks, set_weight_matrix, weight_matrix
+from ..models import arch_spec, get_blocks, set_weight_matrix, weight_matrix
 from .config import Method, QuantConfig
 from .grid import NearestRounding, Rounding
 from .multibit import MatryoshkaRounding
-from .passes import Inputs, PassTimes, collect_hessians, replay_outputs, run_block
+from .passes import Inputs, PassTimes, capture_block_inputs, collect_hessians, replay_outputs, run_block
 from .solver import QuantResult, gptq_quantize, rtn_quantize
 
 
@@ -55,10 +55,6 @@ class QuantizeOutput(NamedTuple):
     times: StageTimes
 
 
-class _StopForward(Exception):
-    pass
-
-
 def make_rounding(cfg: QuantConfig) -> Rounding:
     if cfg.method is Method.MATGPTQ:
         return MatryoshkaRounding(cfg.bits, cfg.target_bits, cfg.bit_weights)
@@ -69,34 +65,6 @@ def check_finite(model: nn.Module) -> None:
     for name, p in model.named_parameters():
         if not torch.isfinite(p).all():
             raise UserError(f"the model weight {name} contains NaN or Inf values; fix or re-export the model first")
-
-
-@torch.no_grad()
-def capture_block_inputs(model: nn.Module, spec: ArchSpec, windows: torch.Tensor, batch: int):
-    """Inputs of the first block for every batch of windows: list of (hidden_states, kwargs)."""
-    blocks = get_blocks(model, spec)
-    first = blocks[0]
-    captured: list[tuple[torch.Tensor, dict]] = []
-
-    class Catcher(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = first
-
-        def forward(self, hidden_states, *args, **kwargs):
-            captured.append((hidden_states, kwargs))
-            raise _StopForward
-
-    blocks[0] = Catcher()
-    try:
-        for b0 in range(0, windows.shape[0], batch):
-            try:
-                model(windows[b0 : b0 + batch], use_cache=False)
-            except _StopForward:
-                pass
-    finally:
-        blocks[0] = first
-    return captured
 
 
 def _relative_error(w: torch.Tensor, deq: torch.Tensor, h: torch.Tensor, max_rows: int = 128) -> float:
