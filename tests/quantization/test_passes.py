@@ -103,13 +103,29 @@ def test_shared_inputs_share_one_hessian_and_the_pass_stops_early():
     inputs = capture_block_inputs(model, spec, windows(4, 16), 2)
     block = get_blocks(model, spec)[0]
     calls = []
-    handle = block.mlp.register_forward_hook(lambda *a: calls.append(1))
-    hessians, kept = collect_hessians(block, spec.groups[0], inputs, PassTimes())
-    handle.remove()
-    assert calls == [] and kept == []  # stopped after v_proj: the MLP never ran
+    handles = [block.get_submodule(n).register_forward_hook(lambda *a, n=n: calls.append(n))
+               for n in ("mlp", "self_attn.v_proj")]  # fmt: skip
+    hessians, kept, _ = collect_hessians(block, spec.groups[0], inputs, PassTimes())
+    for handle in handles:
+        handle.remove()
+    assert calls == [] and kept == []  # stopped before v_proj computed: neither it nor the MLP ran
     assert hessians["self_attn.q_proj"] is hessians["self_attn.k_proj"] is hessians["self_attn.v_proj"]
     with torch.no_grad():  # and it is the Hessian of the normalized input, (2/n) Σ x xᵀ, in float64
         x = torch.cat([block.input_layernorm(h) for h, _ in inputs]).reshape(-1, 32).double()
     expected = 2 * x.T @ x / x.shape[0]
     # float32 running mean over 2 batches of 32 rows: relative error ≲ (rows + 2)·2⁻²⁴ ≈ 2e-6 of Σ|x||x|
     assert torch.allclose(hessians["self_attn.q_proj"].double(), expected, rtol=0, atol=1e-5 * expected.abs().max())
+
+
+def test_attention_runs_once_per_block_after_its_output_projection_is_quantized():
+    """Per batch and block: q/k run in the q/k/v pass (which stops before v) and in the o pass; the gate/up and down
+    passes use the cached attention output. up_proj is skipped by the gate/up pass's early stop and runs once, in the
+    down pass. (The plain pipeline runs q_proj 4 times and up_proj 3 times per batch: once per group + the re-run.)"""
+    model = tiny_model("llama")
+    calls: dict[str, int] = {}
+    for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj"):
+        model.model.layers[0].get_submodule(name).register_forward_hook(
+            lambda *a, n=name: calls.__setitem__(n, calls.get(n, 0) + 1))  # fmt: skip
+    batches = 2
+    quantize_model(model, windows(6, 20), make_config("gptq", 4), batch_tokens=3 * 20, progress=False)
+    assert calls == {"self_attn.q_proj": 2 * batches, "self_attn.v_proj": 1 * batches, "mlp.up_proj": 1 * batches}

@@ -31,6 +31,9 @@ class ArchSpec:
     # here: the MLP's output projection feeds only the final residual add). Lets the pipeline replay that Linear
     # instead of re-running the block (quantization/passes.py); False for blocks with a norm after the MLP.
     residual_last: bool = True
+    # The Linear whose output is the attention module's output (its parent module): `(o(y), weights)`. Lets the
+    # pipeline compute the attention once per block instead of once per later group (quantization/passes.py).
+    attention_out: str | None = "self_attn.o_proj"
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -42,7 +45,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         "model.layers",
         (("self_attn.qkv_proj",), ("self_attn.o_proj",), ("mlp.gate_up_proj",), ("mlp.down_proj",)),
     ),
-    "gpt2": ArchSpec("transformer.h", (("attn.c_attn",), ("attn.c_proj",), ("mlp.c_fc",), ("mlp.c_proj",)), conv1d=True),
+    "gpt2": ArchSpec("transformer.h", (("attn.c_attn",), ("attn.c_proj",), ("mlp.c_fc",), ("mlp.c_proj",)), conv1d=True,
+                    attention_out="attn.c_proj"),
 }
 
 

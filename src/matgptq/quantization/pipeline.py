@@ -6,6 +6,8 @@
    collects each layer's Hessian H = (2/n) Σ x xᵀ (passes.py: one per distinct input, stopped at the group's last
    Linear); quantize the group and write the dequantized weights back (MatGPTQ: the master width) so later groups and
    blocks see quantized inputs.
+   Once the attention's output projection is quantized, the attention's output is computed once and stands in for
+   the attention module in the block's later passes (passes.py).
 3. The next block's inputs: the last group's pass already left `residual` and the last Linear's input, so the output
    is `residual + last(x)` (passes.py), or, where that does not hold, a plain re-run of the block. Only one block's
    activations and Hessians are alive at a time.
@@ -28,7 +30,9 @@ from ..models import arch_spec, get_blocks, set_weight_matrix, weight_matrix
 from .config import Method, QuantConfig
 from .grid import NearestRounding, Rounding
 from .multibit import MatryoshkaRounding
-from .passes import Inputs, PassTimes, capture_block_inputs, collect_hessians, replay_outputs, run_block
+from .passes import (
+    Inputs, PassTimes, attention_cache, capture_block_inputs, collect_hessians, replay_outputs, run_block,
+)  # fmt: skip
 from .solver import QuantResult, gptq_quantize, rtn_quantize
 
 
@@ -102,16 +106,19 @@ def quantize_model(
     bar = tqdm(total=len(blocks) * sum(len(g) for g in groups), desc="quantize", unit="layer", disable=not progress)
     skipped = lambda full: any(re.search(p, full) for p in cfg.skip)  # noqa: E731
     for i, block in enumerate(blocks):
-        replayed = False
+        replayed, attention = False, None
         for g, all_names in enumerate(groups):
             group = tuple(n for n in all_names if not skipped(f"{spec.blocks}.{i}.{n}"))
             bar.update(len(all_names) - len(group))
             if not group:
                 continue
-            # the last group of a true-sequential block, one Linear: its pass also yields the block's outputs
-            replay = group[0] if (spec.residual_last and cfg.true_sequential and g == len(groups) - 1
-                                  and len(group) == 1 and needs_data) else None  # fmt: skip
-            hessians, kept = collect_hessians(block, group, inputs, times, replay) if needs_data else ({}, [])
+            # one Linear whose output is the block's (`residual + last(x)`) or the attention's: passes.py points 3-4
+            single = group[0] if needs_data and cfg.true_sequential and len(group) == 1 else None
+            replay = single if spec.residual_last and g == len(groups) - 1 else None
+            cut = single if single == spec.attention_out and g < len(groups) - 1 else None
+            until = cut.rpartition(".")[0] if cut else None
+            collected = collect_hessians(block, group, inputs, times, replay or cut, until, attention) \
+                if needs_data else None  # fmt: skip
             for name in group:
                 full = f"{spec.blocks}.{i}.{name}"
                 module = block.get_submodule(name)
@@ -119,7 +126,7 @@ def quantize_model(
                 t0 = time.perf_counter()
                 if needs_data:
                     res = gptq_quantize(
-                        w, hessians[name], rounding, group_size=cfg.group_size, sym=cfg.sym,
+                        w, collected.hessians[name], rounding, group_size=cfg.group_size, sym=cfg.sym,
                         act_order=cfg.act_order, static_groups=cfg.static_groups, mse=cfg.mse,
                         damp=cfg.damp, block_size=cfg.block_size, signed=cfg.signed_scale,
                     )  # fmt: skip
@@ -131,7 +138,8 @@ def quantize_model(
                 errors = {}
                 if needs_data:
                     t1 = time.perf_counter()
-                    errors = {r: _relative_error(w, qw.slice(r).dequantize(), hessians[name]) for r in cfg.target_bits}
+                    errors = {r: _relative_error(w, qw.slice(r).dequantize(), collected.hessians[name])
+                              for r in cfg.target_bits}  # fmt: skip
                     times.report += time.perf_counter() - t1
                 set_weight_matrix(module, spec, qw.dequantize())
                 layers[full] = qw
@@ -139,10 +147,12 @@ def quantize_model(
                 err_txt = " ".join(f"{r}b={e:.2e}" for r, e in errors.items())
                 bar.set_postfix_str(f"{full} {err_txt}".strip())
                 bar.update(1)
-            del hessians
             if replay is not None:
-                replay_outputs(block.get_submodule(replay), inputs, kept, times)
+                replay_outputs(block.get_submodule(replay), inputs, collected.kept, times)
                 replayed = True
+            if cut is not None:
+                attention = attention_cache(block.get_submodule(until), block.get_submodule(cut), collected, times)
+            del collected
         if needs_data and not replayed:
             inputs = [(out, kw) for out, (_, kw) in zip(run_block(block, inputs, times), inputs)]
     bar.close()
