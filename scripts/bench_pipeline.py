@@ -99,6 +99,26 @@ def matgptq_worker(tool: str, model_dir: str, ids, out: str, bits: int, group_si
             "block runs": times.forward_passes, "threads": torch.get_num_threads()}  # fmt: skip
 
 
+# Linux carries a process's peak RSS across fork and exec (exec records the old image's high-water mark), so a child
+# forked from a big parent reports at least the parent's peak. Children are therefore started by this small launcher,
+# whose own peak at fork time is a bare interpreter's: wait4's ru_maxrss is then the command's own.
+_LAUNCHER = """import json, os, subprocess, sys, time
+t0 = time.perf_counter()
+with open(sys.argv[2], "w") as log:
+    proc = subprocess.Popen(sys.argv[3:], stdout=log, stderr=subprocess.STDOUT)
+    _, status, usage = os.wait4(proc.pid, 0)
+open(sys.argv[1], "w").write(json.dumps({"wall": time.perf_counter() - t0, "cpu": usage.ru_utime + usage.ru_stime,
+    "rss_gb": usage.ru_maxrss / 2**20, "ok": os.waitstatus_to_exitcode(status) == 0}))
+"""
+
+
+def run_measured(cmd: list[str], env: dict, log: Path) -> dict:
+    """Run `cmd` (output to `log`) and return its wall and CPU seconds (user+sys), peak RSS in GiB and success."""
+    result = log.with_suffix(".usage.json")
+    subprocess.run([sys.executable, "-c", _LAUNCHER, str(result), str(log), *cmd], env=env, check=True)
+    return json.loads(result.read_text())
+
+
 def run_child(args, tool: str, ids_file: Path, work: Path) -> dict:
     out = work / tool
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "GPTQMODEL_CPU_WORKERS": str(args.threads),
@@ -106,13 +126,8 @@ def run_child(args, tool: str, ids_file: Path, work: Path) -> dict:
     report = work / f"{tool}.json"
     cmd = [sys.executable, __file__, "--worker", tool, args.model, "--ids", str(ids_file), "--out-model", str(out),
            "--bits", str(args.bits), "--group-size", str(args.group_size), "--report", str(report)]  # fmt: skip
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(work / f"{tool}.log", "w"))
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    ok = os.waitstatus_to_exitcode(status) == 0
-    return {"tool": tool, "ok": ok, "wall": wall, "cpu": usage.ru_utime + usage.ru_stime,
-            "rss_gb": usage.ru_maxrss / 2**20, "breakdown": json.loads(report.read_text()) if ok else {}}  # fmt: skip
+    usage = run_measured(cmd, env, work / f"{tool}.log")
+    return {"tool": tool, **usage, "breakdown": json.loads(report.read_text()) if usage["ok"] else {}}
 
 
 def main() -> None:
