@@ -129,3 +129,33 @@ def test_attention_runs_once_per_block_after_its_output_projection_is_quantized(
     batches = 2
     quantize_model(model, windows(6, 20), make_config("gptq", 4), batch_tokens=3 * 20, progress=False)
     assert calls == {"self_attn.q_proj": 2 * batches, "self_attn.v_proj": 1 * batches, "mlp.up_proj": 1 * batches}
+
+
+@pytest.mark.parametrize("windows_per_batch", [1, 2, 4])
+def test_hessians_do_not_depend_on_the_batch_size(windows_per_batch):
+    """The batch size enters a result only through the Hessians' float32 summation order: whatever the batching,
+    each Hessian is (2/n) Σ x xᵀ within the float32 bound. The codes are a deterministic function of the Hessians
+    (the pass structure is pinned bit for bit above), so that bound is the whole of the batch size's effect."""
+    model = tiny_model("llama")
+    spec = arch_spec("llama")
+    ids = windows(4, 16)
+    inputs = capture_block_inputs(model, spec, ids, windows_per_batch)
+    block = get_blocks(model, spec)[0]
+    assert len(inputs) == 4 // windows_per_batch
+    with torch.no_grad():  # float64 references: the normalized input of q/k/v, and of gate/up after the attention
+        h = torch.cat([hid for hid, _ in inputs])
+        x_attn = block.input_layernorm(h).reshape(-1, 32).double()
+    for group, x in ((spec.groups[0], x_attn), (spec.groups[2], None)):
+        hessians = collect_hessians(block, group, inputs, PassTimes()).hessians
+        if x is None:  # gate/up: the float64 reference from the same block run on all windows at once
+            got = []
+            handle = block.mlp.gate_proj.register_forward_pre_hook(lambda m, args: got.append(args[0]))
+            with torch.no_grad():
+                for hid, kwargs in capture_block_inputs(model, spec, ids, 4):
+                    block(hid, **kwargs)
+            handle.remove()
+            x = got[0].reshape(-1, 32).double()
+        expected = 2 * x.T @ x / x.shape[0]
+        # float32: (rows + batches)·2⁻²⁴ ≈ 4e-6 of Σ|x||x| ≤ max|H| (derivation in the test above)
+        for name in group:
+            assert torch.allclose(hessians[name].double(), expected, rtol=0, atol=1e-5 * expected.abs().max()), name
