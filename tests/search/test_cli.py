@@ -2,6 +2,12 @@
 nothing written."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,6 +54,28 @@ def test_resume_of_a_finished_search_rewrites_the_same_mix(searched, stories_par
     before = json.loads((searched / "mix-3.0.json").read_text())["bits"]
     assert main(search(stories_parent, searched, "--budget", "3.0", "--resume")) == 0
     assert json.loads((searched / "mix-3.0.json").read_text())["bits"] == before
+
+
+def test_a_search_killed_with_sigkill_resumes_to_the_same_mix(stories_parent, tmp_path):
+    """`kill -9` between generations (the state is written atomically after each), then --resume: the same mix as an
+    uninterrupted run with the same seed."""
+    args = ["--budget", "3.0", "--generations", "24"]
+    assert main(search(stories_parent, tmp_path / "whole", *args)) == 0
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "matgptq", *search(stories_parent, killed, *args)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    state, generation = killed / ".state-3.0.json", 0
+    deadline = time.monotonic() + 300
+    while generation < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+        generation = json.loads(state.read_text())["state"]["generation"] if state.exists() else 0
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the search ended before it could be killed"
+    assert 2 <= json.loads(state.read_text())["state"]["generation"] < 24 and not (killed / "mix-3.0.json").exists()
+    assert main(search(stories_parent, killed, *args, "--resume")) == 0
+    bits = lambda d: json.loads((d / "mix-3.0.json").read_text())["bits"]  # noqa: E731
+    assert bits(killed) == bits(tmp_path / "whole")
 
 
 def test_bad_input(searched, stories_parent, tmp_path, capsys):
