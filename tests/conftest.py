@@ -57,30 +57,31 @@ def make_tiny_llama(path: Path, hidden=64, intermediate=128, layers=2, heads=4, 
     return path
 
 
-def make_bpe_tokenizer(path: Path, vocab_size: int = 384, chars: int = 60_000):
+def make_bpe_tokenizer(path: Path, vocab_size: int = 384, chars: int = 60_000, pre_tokenizer=None, extra_text=""):
     """A GPT-2-style byte-level BPE tokenizer (SmolLM2's kind: ByteLevel pre-tokenizer and decoder, no byte fallback,
     specials <|endoftext|>=0, <|im_start|>=1 (bos), <|im_end|>=2 (eos)) trained on the first `chars` characters of
-    TinyStories; saved to `path` as a transformers tokenizer. Deterministic, no network."""
+    TinyStories; saved to `path` as a transformers tokenizer. Deterministic, no network. `pre_tokenizer` replaces
+    the plain ByteLevel one (tokenizers.pre_tokenizers object); `extra_text` is trained on too."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizer or pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
-    tok.train_from_iterator([TINYSTORIES.read_text(encoding="utf-8")[:chars]], trainer)
+    tok.train_from_iterator([TINYSTORIES.read_text(encoding="utf-8")[:chars], extra_text], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                    unk_token="<|endoftext|>", pad_token="<|im_end|>")  # fmt: skip
     fast.save_pretrained(path)
     return fast
 
 
-def make_tiny_bpe_llama(path: Path, seed: int = 0) -> Path:
+def make_tiny_bpe_llama(path: Path, seed: int = 0, **tokenizer_options) -> Path:
     """A random LlamaForCausalLM (hidden 64, 2 layers, tied embeddings) with the byte-level BPE tokenizer above."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    tok = make_bpe_tokenizer(path)
+    tok = make_bpe_tokenizer(path, **tokenizer_options)
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,

@@ -1,7 +1,7 @@
 """GGUF export (llama.cpp) of a matgptq parent, slice or per-layer mix, keeping the integer codes.
 
 The parts: gguf_arch.py names and orders the tensors (Llama), gguf_tensors.py encodes each one (which block type
-keeps a layer's codes), gguf_metadata.py describes the model and its tokenizer; this module writes the file.
+keeps a layer's codes), gguf_metadata.py describes the model, gguf_vocab.py its tokenizer; this module writes the file.
 
 Metadata follows convert_hf_to_gguf.py (formats.md §5.3), Q/K rows get the Llama RoPE permutation (§5.4, applied to
 whole encoded rows, which commutes with the row-wise blocks), norms are F32, embeddings/lm_head `embed_type`
@@ -29,7 +29,8 @@ from ..fsutil import atomic_output, check_output
 from ..models import load_fp_model
 from ..runtime import open_checkpoint, resolve_bits
 from .gguf_arch import _BLOCK_NAMES, _TOP_NAMES, _order, gguf_tensor_name, llama_qk_permutation
-from .gguf_metadata import _add_metadata, _add_vocab, _gguf, _hparams
+from .gguf_metadata import _add_metadata, _gguf, _hparams
+from .gguf_vocab import add_vocab
 from .gguf_tensors import EMBED_TYPES, FLOAT_TYPES, QTYPES, _encode_layer, _float_encode, _requantize
 
 __all__ = ["export_gguf", "export_gguf_cli", "read_gguf_weights", "GGUFExport", "TensorExport", "GGUFExportWarning"]
@@ -221,7 +222,7 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
         level = gguf_log.level
         gguf_log.setLevel(logging.ERROR)  # SpecialVocab's notes on unused template tokens
         try:
-            _add_vocab(writer, Path(tok_dir), hp["n_vocab"], warn)
+            add_vocab(writer, Path(tok_dir), hp["n_vocab"], warn)
         finally:
             gguf_log.setLevel(level)
         for g, arr in extra:

@@ -1,14 +1,10 @@
-"""GGUF metadata for llama.cpp: Llama hyper-parameters (formats.md §5.3) and the tokenizer (tokenizer.ggml.*).
+"""GGUF metadata for llama.cpp: the Llama hyper-parameters (formats.md §5.3).
 
-gguf_arch.py names the tensors, gguf_tensors.py encodes them and gguf.py writes the file; this module only
-describes the model to llama.cpp.
+gguf_arch.py names the tensors, gguf_tensors.py encodes them, gguf_vocab.py writes the tokenizer and gguf.py writes
+the file; this module only describes the model's shape to llama.cpp.
 """
 
 from __future__ import annotations
-
-import json
-import re
-from pathlib import Path
 
 import numpy as np
 
@@ -21,98 +17,6 @@ def _gguf():
     except ImportError:
         raise UserError("GGUF export needs the gguf package (gguf-py): pip install gguf") from None
     return gguf
-
-
-# --- tokenizer ------------------------------------------------------------------------------------------------------
-
-
-def _add_vocab(writer, tok_dir: Path, n_vocab: int, warn) -> None:
-    """tokenizer.ggml.* for llama.cpp: SentencePiece-style ("llama") from a byte-fallback BPE tokenizer.json.
-
-    llama.cpp's SPM tokenizer merges the adjacent pair whose *result* has the highest score; HF's BPE applies merges
-    in rank order. With score(token) = −(rank of the first merge producing it) both pick the same merges (gguf-py's
-    LlamaHfVocab writes −1000 for every token, which makes llama.cpp merge left to right and tokenize differently).
-    """
-    gguf = _gguf()
-    tj = tok_dir / "tokenizer.json"
-    if not tj.is_file():
-        if (tok_dir / "tokenizer.model").is_file():
-            _add_sentencepiece_vocab(writer, tok_dir, n_vocab)
-            return
-        warn(f"no tokenizer.json in {tok_dir}: the GGUF has no vocabulary (llama.cpp cannot tokenize text)")
-        writer.add_tokenizer_model("none")
-        return
-    data = json.loads(tj.read_text(encoding="utf-8"))
-    model = data.get("model", {})
-    if model.get("type") != "BPE" or not model.get("byte_fallback", False):
-        raise UserError(f"{tj}: only Llama/SentencePiece-style tokenizers (BPE with byte_fallback) can be written to "
-                        "GGUF by matgptq; convert this model's tokenizer with llama.cpp's convert_hf_to_gguf.py")
-    vocab: dict[str, int] = dict(model["vocab"])
-    added = {t["content"]: t for t in data.get("added_tokens", [])}
-    for content, t in added.items():
-        vocab.setdefault(content, t["id"])
-    size = max(vocab.values()) + 1
-    if size > n_vocab:
-        raise UserError(f"{tj} has {size} tokens but the model's vocab_size is {n_vocab}")
-    tokens = [f"[PAD{i}]" for i in range(n_vocab)]
-    types = [gguf.TokenType.UNUSED] * n_vocab
-    scores = [-1000.0] * n_vocab
-    rank: dict[str, int] = {}
-    for r, mg in enumerate(model.get("merges", [])):
-        a, b = mg.split(" ", 1) if isinstance(mg, str) else mg
-        rank.setdefault(a + b, r)
-    unk = model.get("unk_token")
-    for text, i in vocab.items():
-        tokens[i] = text
-        scores[i] = -float(rank[text]) if text in rank else 0.0
-        if text in added and added[text].get("special", False):
-            types[i] = gguf.TokenType.UNKNOWN if text == unk else gguf.TokenType.CONTROL
-        elif text in added:
-            types[i] = gguf.TokenType.USER_DEFINED
-        elif re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", text):
-            types[i] = gguf.TokenType.BYTE
-        elif text == unk:
-            types[i] = gguf.TokenType.UNKNOWN
-        else:
-            types[i] = gguf.TokenType.NORMAL
-    writer.add_tokenizer_model("llama")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_add_space_prefix(_prepends_space(data))
-    gguf.SpecialVocab(tok_dir, load_merges=False, n_vocab=n_vocab).add_to_gguf(writer, quiet=True)
-
-
-def _prepends_space(tokenizer_json: dict) -> bool:
-    text = json.dumps([tokenizer_json.get("normalizer"), tokenizer_json.get("pre_tokenizer")])
-    if '"Prepend"' in text:
-        return True
-    m = re.search(r'"prepend_scheme":\s*"(\w+)"', text)
-    if m:
-        return m.group(1) != "never"
-    return '"add_prefix_space": true' in text
-
-
-def _add_sentencepiece_vocab(writer, tok_dir: Path, n_vocab: int) -> None:
-    gguf = _gguf()
-    try:
-        vocab = gguf.vocab.SentencePieceVocab(tok_dir)
-    except (ImportError, FileNotFoundError) as e:
-        raise UserError(f"{tok_dir}/tokenizer.model needs the sentencepiece package for GGUF ({e})") from None
-    tokens, scores, types = [], [], []
-    for text, score, typ in vocab.all_tokens():
-        tokens.append(text), scores.append(score), types.append(typ)
-    if len(tokens) > n_vocab:
-        raise UserError(f"{tok_dir}/tokenizer.model has {len(tokens)} tokens but the model's vocab_size is {n_vocab}")
-    for i in range(len(tokens), n_vocab):
-        tokens.append(f"[PAD{i}]".encode()), scores.append(-1000.0), types.append(gguf.TokenType.UNUSED)
-    writer.add_tokenizer_model("llama")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    gguf.SpecialVocab(tok_dir, load_merges=False, n_vocab=n_vocab).add_to_gguf(writer, quiet=True)
 
 
 # --- metadata -------------------------------------------------------------------------------------------------------
