@@ -9,10 +9,11 @@ Protocol (every row sees the same data):
   perplexity   the first --eval-windows non-overlapping windows of 2048 tokens of the *first* half of the same text
                (never calibrated on); KL(fp32 ‖ model) on the same positions (streamed teacher, exact)
   zero-shot    ARC-Easy and PIQA through lm-eval (matgptq eval --tasks), first --limit questions of each
+  scoring      every model in float32 (a checkpoint calibrated in bf16 stores bf16 embeddings; they are upcast)
   time, RSS    end to end (load → calibrate → quantize → save), one child process per quantization, os.wait4's
                wall, CPU (user+sys) and peak RSS; --threads threads each
 Rows: fp32; RTN 3/4; GPTQ 3/4/6/8 (matgptq, the model's float32); GPTQ 4 with --dtype bfloat16 (the dtype GPTQModel
-calibrates in on CPU); one MatGPTQ parent (c = 8, R = {3,4,8}) sliced at 3/4/6/8; and, when the bench venv is there
+calibrates in on CPU); GPTQ 3/4 with GPTQModel's default settings (--act-order --static-groups --damp 0.05); one MatGPTQ parent (c = 8, R = {3,4,8}) sliced at 3/4/6/8; and, when the bench venv is there
 (.venv-bench, `make bench-venv`), GPTQModel 7.6.0 and llm-compressor 0.14 GPTQ at 3 and 4 bits (scripts/bench_pipeline.py's
 workers), evaluated by the same code as ours (GPTQModel writes a GPTQ checkpoint, which `matgptq.load` reads).
 
@@ -44,11 +45,13 @@ QUANTS = {
     "rtn3": ("rtn", (3,), (3,)), "rtn4": ("rtn", (4,), (4,)),
     "gptq3": ("gptq", (3,), (3,)), "gptq4": ("gptq", (4,), (4,)), "gptq6": ("gptq", (6,), (6,)),
     "gptq8": ("gptq", (8,), (8,)), "gptq4-bf16": ("gptq-bf16", (4,), (4,)),
+    "gptq3-ao": ("gptq-ao", (3,), (3,)), "gptq4-ao": ("gptq-ao", (4,), (4,)),
     "matgptq348": ("matgptq", (3, 4, 8), (3, 4, 6, 8)),
     "gptqmodel3": ("gptqmodel", (3,), (3,)), "gptqmodel4": ("gptqmodel", (4,), (4,)),
     "llmcompressor3": ("llmcompressor", (3,), (3,)), "llmcompressor4": ("llmcompressor", (4,), (4,)),
 }  # fmt: skip
 LABELS = {"rtn": "RTN", "gptq": "GPTQ (matgptq)", "gptq-bf16": "GPTQ (matgptq, bf16 calibration)",
+          "gptq-ao": "GPTQ (matgptq, --act-order --static-groups --damp 0.05)",
           "matgptq": "MatGPTQ slice (one parent)", "gptqmodel": "GPTQModel 7.6.0", "llmcompressor": "llm-compressor 0.14"}  # fmt: skip
 PEERS = ("gptqmodel", "llmcompressor")
 
@@ -67,7 +70,7 @@ def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path) -> di
                str(ids_file), "--out-model", str(out), "--bits", str(bits[0]), "--group-size", str(a.group_size),
                "--report", str(work / f"{name}.report.json")]  # fmt: skip
     else:
-        method = {"rtn": "rtn", "gptq": "gptq", "gptq-bf16": "gptq", "matgptq": "matgptq"}[tool]
+        method = {"rtn": "rtn", "gptq": "gptq", "gptq-bf16": "gptq", "gptq-ao": "gptq", "matgptq": "matgptq"}[tool]
         cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(out), "--method", method,
                "--bits", ",".join(map(str, bits)), "--group-size", str(a.group_size), "--overwrite", "--quiet"]  # fmt: skip
         if method != "rtn":
@@ -75,6 +78,8 @@ def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path) -> di
                     str(a.seqlen), "--seed", str(a.seed)]  # fmt: skip
         if tool == "gptq-bf16":
             cmd += ["--dtype", "bfloat16"]
+        if tool == "gptq-ao":  # GPTQModel's defaults: damp 0.05, act-order that keeps each group's columns together
+            cmd += ["--act-order", "--static-groups", "--damp", "0.05"]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "GPTQMODEL_CPU_WORKERS": str(a.threads),
            "TORCHDYNAMO_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
     row = {**run_measured(cmd, env, log), "load_average": os.getloadavg()[0]}
@@ -90,8 +95,11 @@ def evaluate(path: Path | str, widths, windows, teacher, specs, a, tokenizer) ->
     from matgptq.evaluation.tasks import score_tasks, with_average, wrap_model
     from matgptq.runtime import load, set_bits
 
+    import torch
+
     parent = len(widths) > 1  # a parent: every width after one load; otherwise the checkpoint as it is
-    model = load(path, bits=widths[0] if parent else None)
+    # float32 whatever the checkpoint stores (bf16-calibrated ones keep bf16 embeddings): every row computes alike
+    model = load(path, bits=widths[0] if parent else None, dtype=torch.float32)
     lm = wrap_model(model, tokenizer, 16)
     out = {}
     for bits in widths:
@@ -235,7 +243,7 @@ def peer_ratios(rows: list[dict]) -> str:
     """The issue's goals at each width: matgptq GPTQ perplexity vs the best peer's, CPU time vs the fastest peer's."""
     lines = []
     for bits in (3, 4):
-        ours = [r for r in rows if r["tool"] in ("gptq", "gptq-bf16") and r["bits"] == bits and r.get("ppl")]
+        ours = [r for r in rows if r["tool"] in ("gptq", "gptq-bf16", "gptq-ao") and r["bits"] == bits and r.get("ppl")]
         peers = [r for r in rows if r["tool"] in PEERS and r["bits"] == bits and r.get("ppl")]
         if not ours or not peers:
             continue
@@ -258,7 +266,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, (ax, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     fp = next((r for r in rows if r["tool"] == "fp32" and r.get("ppl")), None)
-    for tool in ("rtn", "gptq", "matgptq", "gptqmodel", "llmcompressor"):
+    for tool in ("rtn", "gptq", "gptq-ao", "matgptq", "gptqmodel", "llmcompressor"):
         pts = sorted((r["bits"], r["ppl"], r["avg_acc"]) for r in rows if r["tool"] == tool and r.get("ppl"))
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=LABELS[tool])

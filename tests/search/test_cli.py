@@ -48,6 +48,15 @@ def test_mix_files_are_read_by_load_eval_and_export(searched, stories_parent, tm
     reference = matgptq.load(stories_parent, bits=path)
     name = next(iter(mix["bits"]))
     assert torch.equal(exported.get_submodule(name).weight.data.float(), reference.get_submodule(name).weight.data.float())
+    # and as GGUF, each layer in the block type of its own width, read back by gguf-py
+    from matgptq.export.gguf import read_gguf_weights
+
+    assert main(["export", str(stories_parent), "--format", "gguf", "--bits-config", str(path), "--out",
+                 str(tmp_path / "mix.gguf")]) == 0  # fmt: skip
+    weights = read_gguf_weights(tmp_path / "mix.gguf")
+    for name in mix["bits"]:
+        if name.endswith(("up_proj", "gate_proj", "o_proj", "v_proj")):  # 64 columns: whole Q4_0/Q8_0 blocks, exact
+            assert torch.equal(torch.from_numpy(weights[f"{name}.weight"]), reference.get_submodule(name).weight.data), name
 
 
 def test_resume_of_a_finished_search_rewrites_the_same_mix(searched, stories_parent):
