@@ -76,8 +76,9 @@ def measure(version: str, src: Path, widths: str, a: argparse.Namespace, out: Pa
            "--batch-size", str(a.batch_size), "--json", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": str(a.threads)}
     usage = run_measured(cmd, env, out.with_suffix(".log"))
-    if not usage["ok"]:
-        sys.exit(f"bench_eval: {version} failed; see {out.with_suffix('.log')}:\n" + out.with_suffix(".log").read_text()[-2000:])
+    if not usage["ok"]:  # the child's last line (matgptq's own one-line error, or the exception) names the problem
+        lines = [ln for ln in out.with_suffix(".log").read_text(errors="replace").splitlines() if ln.strip()]
+        sys.exit(f"bench_eval: {version}, --bits {widths} failed: {lines[-1] if lines else 'no output'}")
     print(f"  {version}, --bits {widths}: wall {usage['wall']:.0f} s, CPU {usage['cpu']:.0f} s, "
           f"peak RSS {usage['rss_gb']:.2f} GB", flush=True)  # fmt: skip
     return {"version": version, "widths": widths, **usage, "scores": json.loads(out.read_text())["results"]}
