@@ -89,15 +89,16 @@ def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path) -> di
     return row
 
 
-def evaluate(path: Path | str, widths, windows, teacher, specs, a, tokenizer) -> dict:
-    """Perplexity, KL and zero-shot accuracy of every width of one checkpoint, after one load."""
+def evaluate(path: Path | str, widths, windows, teacher, specs, a, tokenizer, parent: bool | None = None) -> dict:
+    """Perplexity, KL and zero-shot accuracy of every width of one checkpoint, after one load. `parent`: slice
+    `widths` (widths or mix files) out of it; default: when there are several."""
     from matgptq.evaluation.perplexity import score
     from matgptq.evaluation.tasks import score_tasks, with_average, wrap_model
     from matgptq.runtime import load, set_bits
 
     import torch
 
-    parent = len(widths) > 1  # a parent: every width after one load; otherwise the checkpoint as it is
+    parent = len(widths) > 1 if parent is None else parent  # else the checkpoint as it is
     # float32 whatever the checkpoint stores (bf16-calibrated ones keep bf16 embeddings): every row computes alike
     model = load(path, bits=widths[0] if parent else None, dtype=torch.float32)
     lm = wrap_model(model, tokenizer, 16)

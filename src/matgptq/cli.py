@@ -114,13 +114,23 @@ def _add_search_parser(sub) -> None:
     s.add_argument("--levels", type=_ints, help="widths a layer may take (default: every width 2..c of the parent)")
     s.add_argument("--budget-kind", choices=["code", "storage"], default="code",
                    help="enforce code bits (the paper's count) or storage bits (codes + scales + zeros + indices)")
-    s.add_argument("--generations", type=int, default=50, help="EvoPress generations")
-    s.add_argument("--offspring", type=int, default=16, help="children per generation (λ)")
-    s.add_argument("--stages", default="1024:4,4096:2,16384:1",
-                   help="selection stages TOKENS:SURVIVORS,…; the parent re-enters at the last (ends with :1)")
-    s.add_argument("--seed", type=int, default=0, help="seed of every random draw (mutations, windows)")
-    s.add_argument("--seqlen", type=int, default=256, help="tokens per calibration window")
-    s.add_argument("--sensitivity-tokens", type=int, default=4096, help="scored tokens per sensitivity measurement")
+    from .search.evopress import EvoConfig, format_stages
+    from .search.runner import SearchRequest
+    from .search.sensitivity import Sensitivity
+
+    evo, req = EvoConfig(), SearchRequest  # the defaults live in the dataclasses; --help shows them
+    s.add_argument("--generations", type=int, default=evo.generations, help="EvoPress generations (default %(default)s)")
+    s.add_argument("--offspring", type=int, default=evo.offspring, help="children per generation, λ (default %(default)s)")
+    s.add_argument("--stages", default=format_stages(evo.stages),
+                   help="selection stages TOKENS:SURVIVORS,…; the parent re-enters at the last, which ends with :1 "
+                        "(default %(default)s)")  # fmt: skip
+    s.add_argument("--seed", type=int, default=evo.seed, help="seed of every random draw (mutations, windows)")
+    s.add_argument("--seqlen", type=int, default=req.seqlen, help="tokens per calibration window (default %(default)s)")
+    s.add_argument("--sensitivity", choices=[k.value for k in Sensitivity], default=req.sensitivity.value,
+                   help="starting mix: score each layer at one probe level and extrapolate by its weight error "
+                        "(probe), or at every level (full; levels − 1 times the cost)")  # fmt: skip
+    s.add_argument("--sensitivity-tokens", type=int, default=req.sensitivity_tokens,
+                   help="scored tokens per sensitivity measurement (default %(default)s)")
     s.add_argument("--kl-to", help="unquantized reference model (default: the parent's recorded source model)")
     s.add_argument("--text", help="held-out text: also report perplexity and KL of the DP and searched mixes")
     s.add_argument("--text-range", type=_range, default=(0.0, 1.0), help="character range START:END of --text")
@@ -222,12 +232,13 @@ def _bits_label(model, bits) -> str:
 def cmd_search(a: argparse.Namespace) -> None:
     from .evaluation import format_table
     from .search import BudgetKind, EvoConfig, SearchRequest, mix_path, parse_stages, run_search
+    from .search.sensitivity import Sensitivity
 
     evo = EvoConfig(generations=a.generations, offspring=a.offspring, stages=parse_stages(a.stages), seed=a.seed)
     req = SearchRequest(
         parent=Path(a.parent), budgets=tuple(b.strip() for b in a.budget.split(",")), calib=Path(a.calib),
         out=Path(a.out), calib_range=a.calib_range, levels=a.levels, kind=BudgetKind(a.budget_kind), evo=evo,
-        seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens, reference=Path(a.kl_to) if a.kl_to else None,
+        seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens, sensitivity=Sensitivity(a.sensitivity), reference=Path(a.kl_to) if a.kl_to else None,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
         resume=a.resume, overwrite=a.overwrite, progress=not a.quiet,
     )  # fmt: skip

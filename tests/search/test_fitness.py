@@ -12,7 +12,7 @@ from matgptq.formats import read_checkpoint
 from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
 from matgptq.search.budget import BudgetKind, CostModel
 from matgptq.search.fitness import Fitness
-from matgptq.search.sensitivity import knapsack_mix, measure
+from matgptq.search.sensitivity import Sensitivity, knapsack_mix, measure, probe_level
 from tests.conftest import STORIES, TINYSTORIES
 
 
@@ -67,3 +67,42 @@ def test_sensitivity_and_knapsack_start(setup):
     mix = knapsack_mix(model, table, Fraction(3), BudgetKind.CODE)
     assert model.fits(mix, Fraction(3), BudgetKind.CODE)
     assert set(mix) <= set(levels) and len(set(mix)) > 1
+
+
+def test_each_cache_part_is_kept_only_within_the_limit(setup):
+    fitness = setup[0]
+    n, windows = len(fitness.names), (0, 3)
+    blocks_bytes = len(fitness.blocks) * len(windows) * fitness.windows.shape[1] * fitness.body.hidden_size * 4
+    teacher_bytes = len(windows) * (fitness.windows.shape[1] - 1) * (fitness.head.out_features + 4) * 4
+    assert blocks_bytes < teacher_bytes  # stories260K: 5 blocks × 64 wide against a 512-token vocabulary
+    small = Fitness(fitness.model, fitness.teacher, fitness.windows, fitness.names, batch_size=4,
+                    cache_limit=blocks_bytes)  # fmt: skip
+    cache = small.prefix_cache(tuple(4 for _ in range(n)), windows)
+    assert cache.outputs is not None and cache.teacher is None
+    mix = tuple(2 if i % 4 == 3 else 4 for i in range(n))
+    assert small.kl(mix, windows, cache) == small.kl(mix, windows) == fitness.kl(mix, windows)
+
+
+def test_probe_sensitivity_follows_the_linearity_model(setup):
+    """PROBE: measured at the probe level, the other levels scaled by the layer's relative squared weight error,
+    the errors taken here from slices loaded from the file (an independent path to the same weights)."""
+    fitness, _, _, parent = setup
+    levels = (2, 3, 4, 8)
+    windows = (0, 1)
+    table = measure(fitness, levels, windows, Sensitivity.PROBE)
+    n = len(fitness.names)
+    top = tuple(8 for _ in range(n))
+    base = fitness.kl(top, windows)
+    assert probe_level(levels) == 3
+    for layer in (0, 9, n - 1):
+        name = fitness.names[layer]
+        weights = {}
+        for r in levels:
+            model = matgptq.load(parent, bits={name: r} | {x: 8 for x in fitness.names if x != name})
+            weights[r] = model.get_submodule(name).weight.detach().double()
+        t = {r: float((weights[r] - weights[8]).square().sum() / weights[8].square().sum()) for r in levels}
+        probed = fitness.kl(tuple(3 if i == layer else 8 for i in range(n)), windows)
+        slope = max(0.0, probed - base) / t[3]
+        # the model's float32 weights vs the float64 dequantization of the probe: t agrees to ~1e-7 relative
+        assert table[layer] == pytest.approx([base + slope * t[r] for r in levels], rel=1e-6, abs=1e-9)
+    assert all(row[-1] == base for row in table)

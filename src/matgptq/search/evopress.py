@@ -44,6 +44,10 @@ class Stage:
     survivors: int  # candidates kept for the next stage
 
 
+def format_stages(stages: tuple[Stage, ...]) -> str:
+    return ",".join(f"{s.tokens}:{s.survivors}" for s in stages)
+
+
 def parse_stages(text: str) -> tuple[Stage, ...]:
     """'1024:4,4096:2,16384:1' → stages; tokens must grow, survivors shrink to 1."""
     try:
@@ -55,9 +59,11 @@ def parse_stages(text: str) -> tuple[Stage, ...]:
 
 @dataclass(frozen=True)
 class EvoConfig:
-    generations: int = 50
+    # Defaults sized for the goal "≤ 30 minutes per budget for a 135M model on 2 CPU cores" (issue #10): on
+    # SmolLM2-135M one generation scores ~28k tokens at ~650 tokens/s (docs/search_real_model.md)
+    generations: int = 25
     offspring: int = 16
-    stages: tuple[Stage, ...] = (Stage(1024, 4), Stage(4096, 2), Stage(16384, 1))
+    stages: tuple[Stage, ...] = (Stage(512, 4), Stage(2048, 2), Stage(4096, 1))
     seed: int = 0
     max_flips: int = 3
     prefix_cache: bool = True
@@ -181,7 +187,8 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
         state.seconds += time.perf_counter() - t0
         state.rng = rng.bit_generator.state
         state.history.append({"generation": state.generation, "kl": best_kl, "evaluations": state.evaluations,
-                              "tokens": state.tokens, "seconds": round(state.seconds, 3)})  # fmt: skip
+                              "tokens": state.tokens, "seconds": round(state.seconds, 3),
+                              "parent": list(state.parent)})  # fmt: skip
         write_state(state_path, settings, state)
         bar.update(1)
         if stop_after is not None and state.generation >= stop_after:

@@ -11,12 +11,24 @@ batch of hidden states and one CHUNK_ELEMENTS chunk in RAM — instead of 500k �
 
 A candidate is made by `runtime.set_bits`, which re-slices only the layers whose width changed (no file reads).
 
+Per row, with z_t and z the teacher's and the candidate's logits, log p = z_t − lse(z_t), log q = z − lse(z):
+
+    KL_row = Σ_v p_v (log p_v − log q_v) = [Σ_v p_v z_t,v − lse(z_t) Σ_v p_v] − Σ_v p_v z_v + lse(z) Σ_v p_v
+
+The bracket and Σ p depend only on the windows, so a stage's candidates share them with p (`PrefixCache`); a candidate
+then costs its own forward, one logsumexp and one row-wise dot product. Σ p is kept, not taken as 1: float32 p from a
+float32 softmax sums to 1 ± ~1e-5 at a 49k vocabulary, and Σ p log p with that p would carry the same bias (~1e-5
+nats per row, measured); written with the lse's, the offsets cancel. Rounding of what is left: each float32 product
+p_v z_v is off by ≤ 2⁻²⁴ relative and the sums run in float64, so a dot product is within 6e-8 · max|z| per row —
+~1e-6 nats at |z| ≈ 20, the size of the float32 rounding of log-softmax in the all-at-once formula.
+
 Prefix cache (issue #10 item 4). A mutation changes a few layers; every block before the first changed one computes
 exactly what the stage's reference mix computed. `prefix_cache(mix, windows)` runs that mix once and keeps each
 batch's output of every block; a candidate whose first changed block is j then runs blocks j.. only — blocks 0..j−1
-are swapped, for that call, for a module that returns the cached output of block j−1. Same batches, same arithmetic:
-the KL is bit-identical to a full pass (tested). Memory: blocks × windows × L × hidden × 4 bytes; above
-`cache_limit` bytes (default 1 GiB) no cache is made and candidates run in full.
+are swapped, for that call, for a module that returns the cached output of block j−1. The same cache keeps the
+teacher part of the KL. Same batches, same arithmetic: the KL is bit-identical to a full pass (tested). Memory:
+blocks × windows × L × hidden × 4 bytes for the block outputs, windows × L × (vocabulary + 4) × 4 bytes for the
+teacher part; each is kept only within `cache_limit` bytes (default 1 GiB each), otherwise recomputed per candidate.
 """
 
 from __future__ import annotations
@@ -24,7 +36,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..evaluation.teacher import CHUNK_ELEMENTS, Teacher, body_and_head
@@ -45,13 +56,18 @@ class _Replay(nn.Module):
         return self.output
 
 
+Terms = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # per chunk of rows: p, Σ p z_t − lse(z_t) Σ p, Σ p
+
+
 @dataclass
 class PrefixCache:
-    """Block outputs of `mix` on `windows`, per batch: outputs[batch][block]."""
+    """For `windows`, per batch: the block outputs of `mix` (outputs[batch][block]; None when over the memory limit)
+    and the teacher part of the KL (teacher[batch]; None when over the limit)."""
 
     mix: Mix
     windows: tuple[int, ...]
-    outputs: list[list[torch.Tensor]]
+    outputs: list[list[torch.Tensor]] | None
+    teacher: list[Terms] | None
 
 
 class Fitness:
@@ -82,10 +98,14 @@ class Fitness:
         return [list(windows[i : i + self.batch_size]) for i in range(0, len(windows), self.batch_size)]
 
     @torch.no_grad()
-    def prefix_cache(self, mix: Mix, windows: tuple[int, ...]) -> PrefixCache | None:
-        """Block outputs of `mix` on `windows`, or None when they would take more than `cache_limit` bytes."""
+    def prefix_cache(self, mix: Mix, windows: tuple[int, ...]) -> PrefixCache:
+        """Block outputs of `mix` and the teacher part on `windows`, each kept if it fits in `cache_limit` bytes."""
+        rows = len(windows) * (self.windows.shape[1] - 1)
+        teacher = None
+        if rows * (self.head.out_features + 4) * 4 <= self.cache_limit:
+            teacher = [self._teacher_terms(batch) for batch in self._batches(windows)]
         if len(self.blocks) * len(windows) * self.windows.shape[1] * self.body.hidden_size * 4 > self.cache_limit:
-            return None
+            return PrefixCache(tuple(mix), tuple(windows), None, teacher)
         self.apply(mix)
         outputs: list[list[torch.Tensor]] = []
         for batch in self._batches(windows):
@@ -97,7 +117,7 @@ class Fitness:
                 for h in hooks:
                     h.remove()
             outputs.append(seen)
-        return PrefixCache(tuple(mix), tuple(windows), outputs)
+        return PrefixCache(tuple(mix), tuple(windows), outputs, teacher)
 
     @torch.no_grad()
     def kl(self, mix: Mix, windows: tuple[int, ...], cache: PrefixCache | None = None) -> float:
@@ -107,12 +127,13 @@ class Fitness:
         if cache is not None:
             if cache.windows != tuple(windows):
                 raise ValueError("the prefix cache was built on other windows")
-            skip = self.first_changed_block(cache.mix, tuple(mix))
+            if cache.outputs is not None:
+                skip = self.first_changed_block(cache.mix, tuple(mix))
         total, count = 0.0, 0
         for b, batch in enumerate(self._batches(windows)):
             hidden = self._hidden(batch, cache.outputs[b][skip - 1] if skip else None, skip)
-            ref = torch.cat([self.teacher.hidden(w, w + 1) for w in batch])
-            total += self._kl_sum(ref, hidden)
+            terms = cache.teacher[b] if cache is not None and cache.teacher is not None else self._teacher_terms(batch)
+            total += self._kl_sum(terms, hidden)
             count += hidden.shape[0]
         self.evaluations += 1
         self.tokens += count
@@ -128,12 +149,26 @@ class Fitness:
             for i, block in enumerate(saved):
                 self.blocks[i] = block
 
-    def _kl_sum(self, ref_hidden: torch.Tensor, hidden: torch.Tensor) -> float:
-        """Σ over rows of KL(p ‖ q), in vocabulary chunks of ≤ CHUNK_ELEMENTS floats (as evaluation.perplexity)."""
+    def _chunk(self) -> int:
+        return max(1, CHUNK_ELEMENTS // self.head.out_features)  # rows per vocabulary-sized tensor
+
+    @torch.no_grad()
+    def _teacher_terms(self, batch: list[int]) -> Terms:
+        ref = torch.cat([self.teacher.hidden(w, w + 1) for w in batch])
+        terms = []
+        for c0 in range(0, ref.shape[0], self._chunk()):
+            zt = self.teacher.head(ref[c0 : c0 + self._chunk()]).float()
+            lse = torch.logsumexp(zt, -1, keepdim=True)
+            p = (zt - lse).exp()
+            mass = p.sum(-1, dtype=torch.float64)
+            terms.append((p, (p * zt).sum(-1, dtype=torch.float64) - lse[:, 0].double() * mass, mass))
+        return terms
+
+    def _kl_sum(self, terms: Terms, hidden: torch.Tensor) -> float:
+        """Σ over rows of KL(p ‖ q), chunk by chunk (the formula of the module docstring)."""
         total = 0.0
-        chunk = max(1, CHUNK_ELEMENTS // self.head.out_features)
-        for c0 in range(0, hidden.shape[0], chunk):
-            logq = F.log_softmax(self.head(hidden[c0 : c0 + chunk]).float(), -1)
-            logp = self.teacher.logprobs(ref_hidden[c0 : c0 + chunk])
-            total += float((logp.exp() * (logp - logq)).sum(dtype=torch.float64))
+        for (p, teacher_part, mass), c0 in zip(terms, range(0, hidden.shape[0], self._chunk())):
+            z = self.head(hidden[c0 : c0 + self._chunk()]).float()
+            cross = (p * z).sum(-1, dtype=torch.float64)
+            total += float((teacher_part - cross + torch.logsumexp(z, -1).double() * mass).sum())
         return total

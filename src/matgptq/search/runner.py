@@ -33,7 +33,7 @@ from ..runtime import load
 from .budget import BudgetKind, CostModel, parse_budget
 from .evopress import EvoConfig, evolve
 from .fitness import Fitness, Mix
-from .sensitivity import knapsack_mix, measure
+from .sensitivity import Sensitivity, knapsack_mix, measure
 
 MIX_FORMAT = "matgptq-mix"
 
@@ -49,7 +49,8 @@ class SearchRequest:
     kind: BudgetKind = BudgetKind.CODE
     evo: EvoConfig = field(default_factory=EvoConfig)
     seqlen: int = 256
-    sensitivity_tokens: int = 4096
+    sensitivity_tokens: int = 2048
+    sensitivity: Sensitivity = Sensitivity.PROBE
     reference: Path | None = None  # default: the parent's recorded source model
     text: Path | None = None
     text_range: tuple[float, float] = (0.0, 1.0)
@@ -107,6 +108,7 @@ def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows:
     settings = {"parent": str(Path(req.parent).resolve()), "parent_meta_sha256": meta_hash,
                 "calib_sha256": file_sha256(req.calib), "calib_range": list(req.calib_range), "seqlen": req.seqlen,
                 "calib_windows": int(calib_windows.shape[0]), "sensitivity_tokens": req.sensitivity_tokens,
+                "sensitivity": req.sensitivity.value,
                 "budget": str(budget), "budget_kind": req.kind.value, "levels": list(levels), **req.evo.settings()}  # fmt: skip
     return json.loads(json.dumps(settings))
 
@@ -159,7 +161,7 @@ def run_search(req: SearchRequest) -> list[dict]:
         for label, budget in budgets:
             t0 = time.perf_counter()
             if sensitivity is None:
-                sensitivity = measure(fitness, levels, sens_windows, progress=req.progress)
+                sensitivity = measure(fitness, levels, sens_windows, req.sensitivity, req.progress)
             start = knapsack_mix(cost_model, sensitivity, budget, req.kind)
             state = evolve(fitness, levels, cost_model.table(req.kind), cost_model.limit(budget, req.kind), start,
                            req.evo, state_path(req.out, label), settings[label], req.resume, req.progress)  # fmt: skip

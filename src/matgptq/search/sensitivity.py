@@ -4,13 +4,25 @@ Sensitivity s_l(r) = F(top everywhere, layer l at r; W): the KL of the parent at
 sliced to r (fitness.py), on fixed calibration windows W. Under the additive model of HIGGS' linearity theorem the
 loss of a mix is ≈ const + Σ_l (s_l(r_l) − s_l(top)), so the best mix under the budget is the multiple-choice knapsack
 min Σ_l s_l(r_l) s.t. Σ_l cost_l(r_l) ≤ limit (knapsack.py) — exact for the model, an approximation for the network.
-Cost: layers × (levels − 1) scorings, each running only from the layer's block on (prefix cache of the top mix).
+
+Two ways to fill the table (`Sensitivity`):
+- FULL scores every layer at every level: layers × (levels − 1) scorings.
+- PROBE (default) scores every layer at one probe level p (the second-lowest) and takes the other levels from the same
+  linearity theorem, which says the loss grows linearly in the layer's relative squared weight error
+  t_l(r) = ‖W_l(r) − W_l(top)‖² / ‖W_l(top)‖² (measured here from the parent's own slices, no data):
+      s_l(r) = s_l(top) + max(0, s_l(p) − s_l(top)) · t_l(r) / t_l(p).
+  Layers × 1 scorings. Measured on stories260K (parent {2..8}, 16k tokens, levels 2..8): the probe table correlates
+  0.987 with the full one, and its knapsack starts score 2.353 / 0.825 / 0.4235 calibration KL at 2.5 / 3.0 / 3.5
+  bits against the full table's 2.349 / 0.844 / 0.4222 (probe 2: 2.358 / 0.848 / 0.426; probe 4 worse).
+Each scoring runs only from the layer's block on (prefix cache of the top mix).
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from fractions import Fraction
 
+import torch
 from tqdm.auto import tqdm
 
 from .budget import BudgetKind, CostModel
@@ -18,24 +30,51 @@ from .fitness import Fitness, Mix
 from .knapsack import solve
 
 
-def measure(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], progress: bool = False) -> list[list[float]]:
+class Sensitivity(str, Enum):
+    PROBE = "probe"
+    FULL = "full"
+
+
+def probe_level(levels: tuple[int, ...]) -> int:
+    return levels[1] if len(levels) > 2 else levels[0]
+
+
+def relative_errors(fitness: Fitness, levels: tuple[int, ...]) -> list[list[float]]:
+    """t[l][i] = ‖W_l(levels[i]) − W_l(top)‖² / ‖W_l(top)‖² from the loaded parent's in-memory layers."""
+    layers = fitness.model.matgptq.layers
+    table = []
+    for name in fitness.names:
+        top = layers[name].slice(levels[-1]).dequantize(torch.float64)
+        norm = float(top.square().sum()) or 1.0
+        table.append([float((layers[name].slice(r).dequantize(torch.float64) - top).square().sum()) / norm
+                      for r in levels])  # fmt: skip
+    return table
+
+
+def measure(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], kind: Sensitivity = Sensitivity.FULL,
+            progress: bool = False) -> list[list[float]]:  # fmt: skip
     """s[l][i] = s_l(levels[i]) for every layer l of `fitness.names`."""
     top = tuple(levels[-1] for _ in fitness.names)
+    scored = levels[:-1] if kind is Sensitivity.FULL else (probe_level(levels),)
     cache = fitness.prefix_cache(top, windows)
     base = fitness.kl(top, windows, cache)
-    bar = tqdm(total=len(top) * (len(levels) - 1), desc="sensitivity", unit="eval", disable=not progress, leave=False)
-    table = []
+    bar = tqdm(total=len(top) * len(scored), desc="sensitivity", unit="eval", disable=not progress, leave=False)
+    measured = []
     for layer in range(len(top)):
-        row = []
-        for r in levels:
-            if r == levels[-1]:
-                row.append(base)
-                continue
-            mix = top[:layer] + (r,) + top[layer + 1 :]
-            row.append(fitness.kl(mix, windows, cache))
+        row = {}
+        for r in scored:
+            row[r] = fitness.kl(top[:layer] + (r,) + top[layer + 1 :], windows, cache)
             bar.update(1)
-        table.append(row)
+        measured.append(row)
     bar.close()
+    if kind is Sensitivity.FULL:
+        return [[row.get(r, base) for r in levels] for row in measured]
+    p = probe_level(levels)
+    errors = relative_errors(fitness, levels)
+    table = []
+    for row, t in zip(measured, errors):
+        slope = max(0.0, row[p] - base) / t[levels.index(p)] if t[levels.index(p)] > 0 else 0.0
+        table.append([base + slope * t_r for t_r in t])
     return table
 
 

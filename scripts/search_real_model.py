@@ -1,0 +1,205 @@
+"""Mix'n'Match on SmolLM2-135M-Instruct: searched mixes against uniform slices and per-width GPTQ, scored as
+`make real-model-table` scores every row (`make search-real-model`, after `make real-model-table`).
+
+Protocol:
+  parent      the Table-1 MatGPTQ parent of scripts/real_model_table.py (c = 8, R = {3,4,8}, g128 symmetric, 64 × 512
+              WikiText-2 tokens, seed 0), runs/real-model-table/matgptq348; the search slices it at 2..8 bits
+  search      `matgptq search` with its default settings (--seed 0), every budget in one process (the teacher and the
+              sensitivities are shared), calibration text = the second half of WikiText-2 test (what the parent was
+              calibrated on); a measured child process: wall, CPU and peak RSS
+  scoring     real_model_table.evaluate: WikiText-2 perplexity and KL to fp32 on the first 32 × 2048 tokens of the
+              first half, ARC-Easy and PIQA (first 300 questions) through lm-eval, float32, one load per model
+  rows        the searched mix and its knapsack (DP) start per budget, the uniform 2-bit slice; the 3/4/6/8-bit slices
+              and per-width GPTQ 3/4/6/8 are read from the real-model-table state (the same scoring)
+  curve       the searched parent after every 5th generation re-scored on 16 fixed windows from the end of the
+              calibration text, not among the search's (fitness vs evaluations; the search's own record is on fresh
+              windows each generation)
+
+Resumable (state in --work, one step at a time: the search itself resumes with --resume). Writes
+docs/search_real_model.{md,json,png}.
+
+    python scripts/search_real_model.py [MODEL_DIR] [--budgets 2.5,3.0,3.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from bench_pipeline import run_measured
+from real_model_table import DEFAULT_MODEL, SHARED, WIKI, evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "runs" / "real-model-table"
+PARENT = TABLE / "matgptq348"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=str(DEFAULT_MODEL), help="the fp32 model directory (make real-model)")
+    p.add_argument("--budgets", default="2.25,2.5,2.75,3.0,3.25,3.5,4.0", help="code bits per weight")
+    p.add_argument("--threads", type=int, default=2, help="threads of every process")
+    p.add_argument("--limit", type=int, default=300, help="questions per zero-shot task")
+    p.add_argument("--work", default=str(ROOT / "runs" / "search-real-model"), help="mix files and measurements")
+    p.add_argument("--render-only", action="store_true")
+    a = p.parse_args()
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    state_file = work / "state.json"
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {"search": {}, "eval": {}, "curve": {}}
+
+    def save() -> None:
+        tmp = state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(state_file)
+
+    if not a.render_only:
+        if not (PARENT / "matgptq.json").is_file():
+            sys.exit(f"search_real_model: error: no parent at {PARENT}; run `make real-model-table` first")
+        budgets = [b for b in a.budgets.split(",") if b]
+        todo = [b for b in budgets if not (work / f"mix-{b}.json").is_file()]
+        if todo:
+            cmd = [sys.executable, "-m", "matgptq", "search", str(PARENT), "--budget", ",".join(todo), "--calib",
+                   str(WIKI), "--calib-range", "0.5:1", "--kl-to", a.model, "--out", str(work), "--resume", "--quiet"]  # fmt: skip
+            env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONPATH": str(ROOT / "src")}
+            usage = run_measured(cmd, env, work / f"search-{'_'.join(todo)}.log")
+            if not usage["ok"]:
+                sys.exit(f"search_real_model: error: the search failed; see {work}/search-*.log")
+            state["search"][",".join(todo)] = usage
+            save()
+        measure(a, work, budgets, state, save)
+    render(state, work)
+
+
+def measure(a, work: Path, budgets: list[str], state: dict, save) -> None:
+    import torch
+
+    from matgptq.evaluation.perplexity import Teacher
+    from matgptq.evaluation.tasks import resolve_tasks
+    from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
+    from matgptq.runtime import load
+
+    torch.set_num_threads(a.threads)
+    tokenizer = load_tokenizer(a.model)
+    windows = eval_windows(tokenize(tokenizer, read_text(WIKI, (0.0, 0.5))), 2048, 2048 * 32)
+    specs = resolve_tasks("arc_easy,piqa", SHARED / "data" / "zero-shot")
+    args = argparse.Namespace(limit=a.limit)
+    jobs = [("uniform-2", 2)]
+    for b in budgets:
+        mix = json.loads((work / f"mix-{b}.json").read_text())
+        dp_file = work / f"dp-{b}.json"
+        dp_file.write_text(json.dumps({"bits": mix["dp_bits"]}))
+        jobs += [(f"mix-{b}", str(work / f"mix-{b}.json")), (f"dp-{b}", str(dp_file))]
+    todo = [(k, bits) for k, bits in jobs if k not in state["eval"]]
+    if todo:
+        teacher = Teacher(load(a.model), windows, batch_size=1, progress=True)
+        for key, bits in todo:
+            state["eval"][key] = evaluate(PARENT, [bits], windows, teacher, specs, args, tokenizer, parent=True)[str(bits)]
+            save()
+        teacher.close()
+    for b in budgets:
+        if b not in state["curve"]:
+            state["curve"][b] = curve(a, work / f"mix-{b}.json", tokenizer)
+            save()
+
+
+def curve(a, mix_file: Path, tokenizer, every: int = 5) -> list[dict]:
+    """KL of the search's parent after generation 0, every, 2·every, … on 16 fixed calibration windows."""
+    from matgptq.evaluation.teacher import Teacher
+    from matgptq.models import eval_windows, read_text, tokenize
+    from matgptq.runtime import load
+    from matgptq.search.fitness import Fitness
+
+    mix = json.loads(mix_file.read_text())
+    names = tuple(mix["bits"])
+    windows = eval_windows(tokenize(tokenizer, read_text(WIKI, (0.5, 1.0))), 256)[-16:]  # the text's last windows
+    points = [(0, 0, tuple(mix["dp_bits"][n] for n in names))]
+    points += [(h["generation"], h["evaluations"], tuple(h["parent"])) for h in mix["history"]
+               if h["generation"] % every == 0 or h is mix["history"][-1]]  # fmt: skip
+    with Teacher(load(a.model), windows) as teacher:
+        fitness = Fitness(load(PARENT, bits=8), teacher, windows, names)
+        all_w = tuple(range(windows.shape[0]))
+        return [{"generation": g, "evaluations": e, "kl": fitness.kl(m, all_w)} for g, e, m in points]
+
+
+def render(state: dict, work: Path) -> None:
+    from matgptq.evaluation.report import format_table
+
+    table_state = json.loads((TABLE / "state.json").read_text())
+    ev = table_state["eval"]
+    rows = [{"model": "fp32", "bits": 32, **ev["fp32"]["32"]}]
+    rows += [{"model": f"GPTQ-{r}", "bits": r, "kind": "gptq", **ev[f"gptq{r}"][str(r)]} for r in (3, 4, 6, 8)]
+    uniform = {2: state["eval"].get("uniform-2")} | {r: ev["matgptq348"].get(str(r)) for r in (3, 4, 6, 8)}
+    rows += [{"model": f"uniform {r}-bit slice", "bits": r, "kind": "uniform", **e} for r, e in uniform.items() if e]
+    for key in sorted((k for k in state["eval"] if k.startswith(("dp-", "mix-"))), key=lambda k: float(k.split("-")[1])):
+        budget = key.split("-", 1)[1]
+        mix = json.loads((work / f"mix-{budget}.json").read_text())
+        bits = mix["summary"]["code_bits"] if key.startswith("mix") else float(budget)
+        label = "EvoPress mix" if key.startswith("mix") else "knapsack (DP) start"
+        rows.append({"model": f"{label} @ {budget}", "bits": bits, "kind": key.split("-")[0], **state["eval"][key],
+                     "storage_bits": mix["summary"]["storage_bits"] if key.startswith("mix") else None,
+                     "search_s": mix["summary"]["seconds"] if key.startswith("mix") else None,
+                     "evaluations": mix["summary"]["evaluations"] if key.startswith("mix") else None})  # fmt: skip
+    f = lambda r, k, fmt: (fmt % r[k]) if r.get(k) is not None else ""  # noqa: E731
+    text = format_table(
+        ["model", "code bits", "storage bits", "WikiText-2 ppl", "KL to fp32", "ARC-e", "PIQA", "avg acc",
+         "search s", "evaluations"],
+        [[r["model"], f(r, "bits", "%.4g"), f(r, "storage_bits", "%.3f"), f(r, "ppl", "%.3f"), f(r, "kl", "%.4f"),
+          f(r["tasks"]["arc_easy"], "acc", "%.3f"), f(r["tasks"]["piqa"], "acc", "%.3f"),
+          f(r["tasks"]["average"], "acc", "%.4f"), f(r, "search_s", "%.0f"), f(r, "evaluations", "%d")] for r in rows],
+    )  # fmt: skip
+    usage = [f"- search process for budgets {k}: wall {u['wall']:.0f} s, CPU {u['cpu']:.0f} s, peak RSS "
+             f"{u['rss_gb']:.2f} GB" for k, u in state["search"].items()]  # fmt: skip
+    curves = [f"- {b} bits: " + ", ".join(f"gen {p['generation']} ({p['evaluations']} evals) {p['kl']:.4f}" for p in c)
+              for b, c in state["curve"].items()]  # fmt: skip
+    md = ["<!-- generated by scripts/search_real_model.py; do not edit -->",
+          "# Mix'n'Match search on SmolLM2-135M-Instruct", "", __doc__.split("\n\n")[1].strip(), "", text, "",
+          *usage, "", "Fitness vs evaluations (KL on 16 fixed windows of 256 tokens from the end of the calibration text; generation 0 is the knapsack start):", "", *curves, ""]  # fmt: skip
+    docs = ROOT / "docs"
+    (docs / "search_real_model.md").write_text("\n".join(md))
+    (docs / "search_real_model.json").write_text(json.dumps({"rows": rows, **state}, indent=1))
+    plot(rows, state, docs / "search_real_model.png")
+    print("\n".join(md))
+
+
+def plot(rows: list[dict], state: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.2))
+    styles = {"uniform": ("o-", "gray", "uniform slices"), "gptq": ("D", "tab:green", "per-width GPTQ"),
+              "dp": ("s", "tab:blue", "knapsack start"), "mix": ("*", "tab:red", "EvoPress mix")}  # fmt: skip
+    for ax, (key, ylabel) in zip(axes, (("ppl", "WikiText-2 perplexity"), ("kl", "KL to fp32"),
+                                        ("acc", "zero-shot accuracy (ARC-e + PIQA)"))):  # fmt: skip
+        for kind, (marker, color, label) in styles.items():
+            pts = sorted((r["bits"], r["tasks"]["average"]["acc"] if key == "acc" else r[key])
+                         for r in rows if r.get("kind") == kind)  # fmt: skip
+            if pts:
+                ax.plot(*zip(*pts), marker, color=color, ms=10 if kind == "mix" else 6, label=label)
+        fp = rows[0]
+        ax.axhline(fp["tasks"]["average"]["acc"] if key == "acc" else fp[key] or 1e-9, color="k", ls=":", label="fp32")
+        ax.set_xlabel("code bits per weight")
+        ax.set_ylabel(ylabel)
+        if key != "acc":
+            ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    ax = axes[3]
+    for b, c in state["curve"].items():
+        ax.plot([p["evaluations"] for p in c], [p["kl"] for p in c], "o-", label=f"{b} bits")
+    ax.set_xlabel("fitness evaluations")
+    ax.set_ylabel("KL on 16 fixed calibration windows")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.suptitle("SmolLM2-135M-Instruct: searched mixes of one MatGPTQ parent (g128) vs uniform slices and GPTQ")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
