@@ -10,7 +10,7 @@ TEXT    := $(SHARED)/data/tinystories/tinystories_val_head.txt
 PINS    := $(abspath .ci/constraints.txt)
 PIP     := PIP_CONSTRAINT=$(PINS) $(BIN)/pip install -q --disable-pip-version-check -c $(PINS)
 
-.PHONY: venv demo test interop real-model real-model-table bench-venv bench bench-pipeline results clean
+.PHONY: venv demo test interop real-model real-model-table search-real-model bench-venv bench bench-pipeline results clean
 
 # torch is installed first and pinned (.ci/constraints.txt): 2.13.0 is a local CPU wheel; any other version
 # would pull gigabytes of CUDA wheels.
@@ -34,9 +34,21 @@ test: venv
 
 # Peer libraries for the interop tests (GPTQModel, optimum, llama-cpp-python; the last builds llama.cpp once,
 # about 10 minutes, then comes from pip's wheel cache) and lm-eval for the zero-shot tests (the tasks extra).
-interop: venv
+# llama.cpp's reference converter (convert_hf_to_gguf.py, its conversion/ package and gguf-py), unpacked from the
+# pinned llama-cpp-python source distribution into the venv: the GGUF architecture tests compare our files with its.
+LLAMA_CPP_CONVERT := $(VENV)/llama.cpp/convert_hf_to_gguf.py
+interop: venv $(LLAMA_CPP_CONVERT)
 	GPTQMODEL_CPU_WORKERS=2 CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 	    $(PIP) -e ".[dev,interop,tasks]"
+
+$(LLAMA_CPP_CONVERT): $(PINS) | venv
+	rm -rf $(VENV)/llama.cpp $(VENV)/llama.cpp-sdist
+	$(BIN)/pip download -q --disable-pip-version-check --no-deps --no-binary :all: -c $(PINS) llama-cpp-python \
+	    -d $(VENV)/llama.cpp-sdist
+	mkdir -p $(VENV)/llama.cpp
+	tar xzf $(VENV)/llama.cpp-sdist/llama_cpp_python-*.tar.gz -C $(VENV)/llama.cpp --strip-components=3 --wildcards \
+	    '*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/conversion' '*/vendor/llama.cpp/gguf-py'
+	rm -rf $(VENV)/llama.cpp-sdist
 
 # SmolLM2-135M-Instruct as a float32 Hugging Face model directory in $(MATGPTQ_CACHE) (outside the repository; made
 # once, then only its path is printed). scripts/real_model.py says how; `make real-model MATGPTQ_CACHE=DIR` moves it.
@@ -50,6 +62,11 @@ real-model: venv
 real-model-table: venv
 	$(PIP) -e ".[dev,tasks]"
 	$(BIN)/python scripts/real_model_table.py "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct"
+
+# Mix'n'Match on the real model (after real-model-table, whose MatGPTQ parent it searches; resumable)
+search-real-model: venv
+	$(PIP) -e ".[dev,tasks]"
+	$(BIN)/python scripts/search_real_model.py "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct"
 
 # The peers for the benchmarks live in their own venv with their own pins (.ci/constraints-bench.txt says why:
 # llm-compressor 0.14 needs transformers<=5.17); the test stack is untouched.

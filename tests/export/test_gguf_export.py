@@ -5,6 +5,7 @@ reported error elsewhere (formats.md §5–7)."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -273,6 +274,23 @@ def test_embeddings_q8_0(parent, tmp_path):
     _check_readback(tmp_path / "m.gguf", _reference(parent, 4), rep)
 
 
+def test_embeddings_auto_as_llamacpp_presets(parent, models, tmp_path):
+    """auto: Q6_K when rows are multiples of 256, else Q8_0 (llama-quant.cpp's rule for the output matrix); the
+    printed bits per weight is Σ tensor bytes · 8 / Σ weights, recounted here from the file by gguf-py."""
+    k256 = quick_quantize(models["k256"], models["root"] / "k256-q", bits=4, group_size=32)
+    for src, bits, want in ((parent, 4, "Q8_0"), (k256, None, "Q6_K")):
+        out = tmp_path / f"{want}.gguf"
+        rep = export_gguf(src, out, bits=bits, embed_type="auto")
+        emb = {t.name: t for t in rep.tensors if t.name in ("token_embd.weight", "output.weight")}
+        assert {t.ggml_type for t in emb.values()} == {want} and len(emb) == 2
+        _check_readback(out, _reference(src, bits), rep)
+        tensors = gguf.GGUFReader(str(out)).tensors
+        assert rep.bits_per_weight == pytest.approx(8 * sum(int(t.n_bytes) for t in tensors)
+                                                    / sum(int(t.n_elements) for t in tensors), rel=1e-12)  # fmt: skip
+    unquantized = export_gguf(models["small"], tmp_path / "f.gguf", embed_type="auto")  # nothing quantized: float
+    assert {t.ggml_type for t in unquantized.tensors} == {"F32"}
+
+
 # --- metadata, tokenizer, permutation -------------------------------------------------------------------------------
 
 
@@ -360,15 +378,15 @@ def test_refusals(parent, models, tmp_path):
     _no_leftovers(tmp_path, {"m.gguf"})
 
 
-def test_non_llama_refused(parent, tmp_path):
+def test_unmapped_architecture_refused(parent, tmp_path):
     import shutil
 
-    other = tmp_path / "mistral"
+    other = tmp_path / "gpt2"
     shutil.copytree(parent, other)
     cfg = json.loads((other / "config.json").read_text())
-    cfg["model_type"] = "mistral"
+    cfg["model_type"] = "gpt2"  # quantizable by matgptq, not mapped to llama.cpp's names
     (other / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UserError, match="Llama architecture only"):
+    with pytest.raises(UserError, match="GGUF export supports the model types llama, mistral, qwen2, qwen3, phi3;"):
         export_gguf(other, tmp_path / "m.gguf", bits=4)
     assert not (tmp_path / "m.gguf").exists()
 
@@ -379,7 +397,8 @@ def test_cli(parent, tmp_path, capsys):
     out = tmp_path / "m.gguf"
     assert main(["export", str(parent), "--format", "gguf", "--bits", "3", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "blk.0.attn_q.weight" in text and "Q4_0" in text and "bit-exact" in text
+    assert "blk.0.attn_q.weight" in text and "Q4_0" in text and "bit-exact" in text and "bits per weight" in text
+    assert re.search(r"token_embd.weight +\| Q8_0", text)  # the CLI's default --embed-type auto (hidden 64: Q8_0)
     assert main(["export", str(parent), "--format", "gguf", "--bits", "8", "--type", "q4_0", "--out",
                  str(tmp_path / "x.gguf")]) == 2  # fmt: skip
     assert "Q4_0 cannot hold" in capsys.readouterr().err

@@ -31,7 +31,7 @@ gguf = pytest.importorskip("gguf")
 
 import matgptq  # noqa: E402
 from matgptq.export.gguf import export_gguf, read_gguf_weights  # noqa: E402
-from matgptq.export.gguf_arch import _BLOCK_NAMES  # noqa: E402
+from matgptq.export.gguf_arch import ARCHITECTURES, llama_qk_permutation  # noqa: E402
 
 TOKENS = [1] + list(range(5, 60)) + [100, 200, 300, 400, 511, 3, 13, 300]  # 64 ids (ids 3.. are bytes / pieces)
 F32_KV = {"type_k": 0, "type_v": 0}  # GGML_TYPE_F32: no F16 rounding of K/V
@@ -95,31 +95,30 @@ def _q8_1_matmul(x: torch.Tensor, w: torch.Tensor, m: torch.Tensor) -> torch.Ten
 
 def model_logits(model, tokens: list[int], emulate: Path | None = None) -> np.ndarray:
     if emulate is not None:
-        from matgptq.export.gguf import read_gguf_weights
-        from matgptq.export.gguf_arch import llama_qk_permutation
-
-        inv = {v: k for k, v in _BLOCK_NAMES.items()}
+        reader = gguf.GGUFReader(str(emulate))
+        arch = next(a for a in ARCHITECTURES.values() if a.name == reader.fields["general.architecture"].contents())
         cfg = model.config
         weights = None
-        for t in gguf.GGUFReader(str(emulate)).tensors:
+        for t in reader.tensors:
             p = t.name.split(".")
             fq = ACTIVATION[t.tensor_type.name]
             if fq is not None and p[0] == "blk" and p[-1] == "weight" and not p[2].endswith("norm"):
-                mod = model.get_submodule(f"model.layers.{p[1]}.{inv[p[2]]}")
+                hf = arch.hf_name(t.name)
+                mod = model.get_submodule(hf.removesuffix(".weight"))
                 if t.tensor_type.name in ("Q4_1", "Q5_1"):  # the offset term uses the Q8_1 block sums
                     weights = weights or read_gguf_weights(emulate)
                     raw = np.asarray(t.data)
                     nbytes = gguf.GGML_QUANT_SIZES[t.tensor_type][1]
                     m = raw.reshape(raw.shape[0], -1, nbytes)[..., 2:4].copy().view(np.float16)[..., 0]
-                    if p[2] in ("attn_q", "attn_k"):
+                    if p[2] in ("attn_q", "attn_k") and arch.permute_qk:
                         heads = cfg.num_attention_heads if p[2] == "attn_q" else cfg.num_key_value_heads
                         m = m[np.argsort(llama_qk_permutation(m.shape[0], heads))]
-                    w = torch.from_numpy(weights[f"model.layers.{p[1]}.{inv[p[2]]}.weight"])
+                    w = torch.from_numpy(weights[hf])
                     m = torch.from_numpy(m.astype(np.float32))
                     mod.register_forward_hook(lambda mod, args, out, w=w, m=m: _q8_1_matmul(args[0], w, m))
                 else:
                     mod.register_forward_pre_hook(lambda mod, args, fq=fq: (fq(args[0]),))
-        types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(emulate)).tensors}
+        types = {t.name: t.tensor_type.name for t in reader.tensors}
         fq = ACTIVATION[types.get("output.weight", types["token_embd.weight"])]  # tied: token_embd is the output
         if fq is not None:
             model.lm_head.register_forward_pre_hook(lambda mod, args, fq=fq: (fq(args[0]),))

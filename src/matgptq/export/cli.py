@@ -15,7 +15,9 @@ def add_export_parser(sub) -> None:
     x.add_argument("--bits-config", help="JSON {layer: bits} per-layer mix (e.g. from a search)")
     x.add_argument("--type", default="auto", help="gguf: block type (auto|q4_0|q4_1|q5_0|q5_1|q8_0|q2_k|q3_k|q6_k)")
     x.add_argument("--float-type", choices=["f32", "f16"], default="f32", help="gguf: type of unquantized tensors")
-    x.add_argument("--embed-type", choices=["f32", "f16", "q8_0"], help="gguf: token embedding / output type")
+    x.add_argument("--embed-type", choices=["auto", "f32", "f16", "q8_0", "q6_k"], default="auto",
+                   help="gguf: token embedding / output type; auto (default) = llama.cpp's presets: Q6_K, or Q8_0 "
+                        "when a row is not a multiple of 256; f32 keeps them exact")  # fmt: skip
     x.add_argument("--out", required=True, help="output directory (GPTQ) or .gguf file")
     x.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 

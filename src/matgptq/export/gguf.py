@@ -1,9 +1,9 @@
 """GGUF export (llama.cpp) of a matgptq parent, slice or per-layer mix, keeping the integer codes.
 
-The parts: gguf_arch.py names and orders the tensors (Llama), gguf_tensors.py encodes each one (which block type
-keeps a layer's codes), gguf_metadata.py describes the model, gguf_vocab.py its tokenizer; this module writes the file.
+The parts: gguf_arch.py names and orders the tensors (Llama, Mistral, Qwen2, Qwen3, Phi-3), gguf_tensors.py encodes
+each one (which block type keeps a layer's codes), gguf_metadata.py describes the model, gguf_vocab.py its tokenizer; this module writes the file.
 
-Metadata follows convert_hf_to_gguf.py (formats.md §5.3), Q/K rows get the Llama RoPE permutation (§5.4, applied to
+Metadata follows convert_hf_to_gguf.py (formats.md §5.3), Llama's Q/K rows get its RoPE permutation (§5.4, applied to
 whole encoded rows, which commutes with the row-wise blocks), norms are F32, embeddings/lm_head `embed_type`
 (default `float_type` = F32). The file is written atomically and every tensor is read back through gguf-py's
 dequantizer to measure max |Δw| against matgptq's dequantized weight for the report.
@@ -28,10 +28,11 @@ from ..evaluation import format_table
 from ..fsutil import atomic_output, check_output
 from ..models import load_fp_model
 from ..runtime import open_checkpoint, resolve_bits
-from .gguf_arch import _BLOCK_NAMES, _TOP_NAMES, _order, gguf_tensor_name, llama_qk_permutation
+from ..untrusted import read_json
+from .gguf_arch import ARCHITECTURES, _order, llama_qk_permutation
 from .gguf_metadata import _add_metadata, _gguf, _hparams
 from .gguf_vocab import add_vocab
-from .gguf_tensors import EMBED_TYPES, FLOAT_TYPES, QTYPES, _encode_layer, _float_encode, _requantize
+from .gguf_tensors import EMBED_TYPES, FLOAT_TYPES, QTYPES, _encode_layer, _float_encode, _requantize, embed_type_for
 
 __all__ = ["export_gguf", "export_gguf_cli", "read_gguf_weights", "GGUFExport", "TensorExport", "GGUFExportWarning"]
 
@@ -61,6 +62,7 @@ class TensorExport:
     max_abs_err: float  # max |w_gguf − w_matgptq| (after undoing the Q/K permutation)
     rel_err: float  # max_abs_err / max |w_matgptq|
     note: str = ""
+    nbytes: int = 0  # bytes of the stored tensor data
 
 
 @dataclass
@@ -76,6 +78,12 @@ class GGUFExport:
     @property
     def exact(self) -> bool:
         return all(t.exact for t in self.tensors)
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Tensor data bits per stored weight, over every tensor: the BPW llama.cpp prints for a file."""
+        weights = sum(int(np.prod(t.shape)) for t in self.tensors)
+        return 8 * sum(t.nbytes for t in self.tensors) / weights if weights else 0.0
 
     @property
     def max_abs_err(self) -> float:
@@ -120,7 +128,7 @@ def _source(src: Path, bits, bits_config):
                 continue
             seen.add(t.data_ptr())
             tensors[k] = t
-        return None, {}, model.config.to_dict(), tensors, src
+        return None, {}, read_json(src / "config.json", "re-create the model directory"), tensors, src
     widths = resolve_bits(bits_config if bits_config is not None else bits, ckpt)
     return ckpt, widths, ckpt.config, ckpt.tensors, ckpt.path
 
@@ -128,12 +136,13 @@ def _source(src: Path, bits, bits_config):
 def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
                 bits_config: str | Path | dict | None = None, qtype: str = "auto", overwrite: bool = False, *,
                 float_type: str = "f32", embed_type: str | None = None) -> GGUFExport:  # fmt: skip
-    """Write `src` (a matgptq parent/slice, GPTQ checkpoint or unquantized Llama) as one GGUF file for llama.cpp.
+    """Write `src` (a matgptq parent/slice, GPTQ checkpoint or unquantized model) as one GGUF file for llama.cpp.
 
     bits / bits_config: the slice width for all layers, or a {layer: bits} mix (JSON file or dict, "*" = default).
     qtype: "auto" (per layer, the smallest exact type; see the module doc) or one of QTYPES for every layer.
     float_type: "f32" (exact) or "f16" for tensors no block type holds; embed_type: token_embd/output type
-    ("f32", "f16", or "q8_0" re-quantized as llama.cpp's quantizer does; default float_type).
+    ("f32", "f16", or "q8_0"/"q6_k" re-quantized as llama.cpp's quantizer does; "auto": llama.cpp's preset rule,
+    gguf_tensors.embed_type_for, for quantized sources; default float_type: every tensor exact).
     """
     qtype = qtype.lower()
     if qtype != "auto" and qtype not in QTYPES:
@@ -168,20 +177,23 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
         err = float(np.abs(back.reshape(ref.shape).astype(np.float64) - ref).max(initial=0.0))
         top = float(np.abs(ref).max(initial=0.0))
         rel = err / top if top else 0.0
-        row = TensorExport(g, hf, typ.upper(), tuple(ref.shape), bits, method, err == 0.0, err, rel, note)
+        row = TensorExport(g, hf, typ.upper(), tuple(ref.shape), bits, method, err == 0.0, err, rel, note,
+                           int(np.asarray(data).nbytes))  # fmt: skip
         entries.append((row, data, perm))
 
+    arch = hp["arch"]
     perms = {"self_attn.q_proj": hp["n_head"], "self_attn.k_proj": hp["n_head_kv"]}
     layer_of = {f"{n}.weight": n for n in widths}
     for hf in list(tensors) + list(layer_of):
-        g = gguf_tensor_name(hf)
+        g = arch.tensor_name(hf)
         if g is None:
-            raise UserError(f"{src}: tensor {hf} has no GGUF name in the Llama layout; is this a plain Llama model?")
+            raise UserError(f"{src}: tensor {hf} has no GGUF name in llama.cpp's {arch.name} layout; this variant of "
+                            "the architecture is not supported")  # fmt: skip
         if hf == "lm_head.weight" and hp["tied"]:
             continue
         m = re.fullmatch(r"model\.layers\.\d+\.(self_attn\.[qk]_proj)\.(weight|bias)", hf)
         perm = None
-        if m:
+        if m and arch.permute_qk:
             rows = ckpt.layers[layer_of[hf]].shape[0] if hf in layer_of else tensors[hf].shape[0]
             perm = llama_qk_permutation(rows, perms[m.group(1)])
         if hf in layer_of:
@@ -197,8 +209,11 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
         if t.ndim == 1:
             add(g, hf, t.astype(np.float32), "f32", "float", None, t, perm)
         elif g in ("token_embd.weight", "output.weight"):
-            data = _requantize(t, "q8_0") if embed_type == "q8_0" else _float_encode(t, embed_type)
-            add(g, hf, data, embed_type, "float" if embed_type in FLOAT_TYPES else "requantized", None, t, perm)
+            typ = embed_type
+            if typ == "auto":
+                typ = embed_type_for(t.shape[1], float_type) if ckpt is not None else float_type
+            data = _float_encode(t, typ) if typ in FLOAT_TYPES else _requantize(t, typ)
+            add(g, hf, data, typ, "float" if typ in FLOAT_TYPES else "requantized", None, t, perm)
         else:  # an unquantized 2-D weight (unquantized source model)
             add(g, hf, _float_encode(t, float_type), float_type, "float", None, t, perm)
 
@@ -211,7 +226,7 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
 
     report = GGUFExport(out, file_type, 0, [row for row, _, _ in entries], report_warnings)
     with atomic_output(out, overwrite, directory=False) as tmp:
-        writer = gguf.GGUFWriter(str(tmp), "llama")
+        writer = gguf.GGUFWriter(str(tmp), arch.name)
         extra = _add_metadata(writer, hp, src.name)
         writer.add_file_type(_FILE_TYPES[file_type])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -227,7 +242,8 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
             gguf_log.setLevel(level)
         for g, arr in extra:
             writer.add_tensor(g, arr)
-            report.tensors.insert(0, TensorExport(g, "(rope scaling)", "F32", arr.shape, None, "float", True, 0.0, 0.0))
+            report.tensors.insert(0, TensorExport(g, "(rope scaling)", "F32", arr.shape, None, "float", True, 0.0, 0.0,
+                                                  nbytes=arr.nbytes))  # fmt: skip
         for row, data, perm in entries:
             stored = np.ascontiguousarray(data if perm is None else data[perm])
             if row.ggml_type in ("F32", "F16"):
@@ -248,40 +264,35 @@ def export_gguf_cli(args) -> None:
         warnings.simplefilter("ignore", GGUFExportWarning)  # the report lists them
         rep = export_gguf(args.src, args.out, bits=args.bits, bits_config=args.bits_config, qtype=args.type,
                           overwrite=args.overwrite, float_type=getattr(args, "float_type", None) or "f32",
-                          embed_type=getattr(args, "embed_type", None))  # fmt: skip
+                          embed_type=getattr(args, "embed_type", None) or "auto")  # fmt: skip
     print(rep.table())
     for w in rep.warnings:
         print(f"warning: {w}", file=sys.stderr)
     exact = sum(t.exact for t in rep.tensors)
-    print(f"wrote {rep.path} ({rep.size_bytes / 2**20:.2f} MiB, mostly {rep.file_type.upper()}, types {rep.types()}): "
-          f"{exact}/{len(rep.tensors)} tensors bit-exact, max |Δw| {rep.max_abs_err:.3g}")  # fmt: skip
+    print(f"wrote {rep.path} ({rep.size_bytes / 2**20:.2f} MiB, {rep.bits_per_weight:.2f} bits per weight, mostly "
+          f"{rep.file_type.upper()}, types {rep.types()}): {exact}/{len(rep.tensors)} tensors bit-exact, max |Δw| "
+          f"{rep.max_abs_err:.3g}")  # fmt: skip
 
 
 # --- reading back (independent check through gguf-py) ---------------------------------------------------------------
 
 
 def read_gguf_weights(path: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of a Llama GGUF, dequantized by gguf-py, as float32 under its HF name and layout.
-
-    The Q/K RoPE permutation is undone, so the arrays compare directly with the HF / matgptq weights.
-    """
+    """Every tensor of a GGUF written for one of gguf_arch.py's architectures, dequantized by gguf-py, as float32
+    under its HF name and layout (the Llama Q/K RoPE permutation undone), to compare with the HF / matgptq weights."""
     gguf = _gguf()
     reader = gguf.GGUFReader(str(path))
     fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
-    n_head = int(fields["llama.attention.head_count"])
-    n_kv = int(fields.get("llama.attention.head_count_kv", n_head))
-    hf_of = {v: k for k, v in _TOP_NAMES.items()}
-    block_hf = {v: k for k, v in _BLOCK_NAMES.items()}
+    name = fields["general.architecture"]
+    arch = next(a for a in ARCHITECTURES.values() if a.name == name)
+    n_head = int(fields[f"{name}.attention.head_count"])
+    n_kv = int(fields.get(f"{name}.attention.head_count_kv", n_head))
     out = {}
     for t in reader.tensors:
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
         w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32).reshape(shape)
-        m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", t.name)
-        if m:
-            name = f"model.layers.{m.group(1)}.{block_hf[m.group(2)]}.{m.group(3)}"
-            if m.group(2) in ("attn_q", "attn_k"):
-                w = w[np.argsort(llama_qk_permutation(w.shape[0], n_head if m.group(2) == "attn_q" else n_kv))]
-        else:
-            name = hf_of.get(t.name, t.name)
-        out[name] = w
+        m = re.fullmatch(r"blk\.\d+\.(attn_q|attn_k)\.(weight|bias)", t.name)
+        if m and arch.permute_qk:
+            w = w[np.argsort(llama_qk_permutation(w.shape[0], n_head if m.group(1) == "attn_q" else n_kv))]
+        out[arch.hf_name(t.name)] = w
     return out

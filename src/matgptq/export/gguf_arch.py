@@ -1,16 +1,24 @@
-"""Llama in GGUF (formats.md §5.3–5.4): the GGUF name of each HF tensor, convert_hf_to_gguf's tensor order, and
-the RoPE row permutation of the Q/K projections. Another architecture's tables go here.
+"""The architectures llama.cpp runs, in GGUF (formats.md §5.3–5.4): per HF `model_type`, llama.cpp's architecture
+name, the GGUF name of each HF tensor, convert_hf_to_gguf's tensor order, and whether Q/K rows get Llama's RoPE
+permutation. Checked against llama.cpp's own converter (tests/export/test_gguf_arch.py).
+
+- llama, mistral → `llama` (convert_hf_to_gguf maps MistralForCausalLM to LlamaModel): interleaved RoPE, so the Q/K
+  rows are permuted (LlamaModel.permute).
+- qwen2 → `qwen2` (q/k/v biases), qwen3 → `qwen3` (RMSNorm of q and k per head: attn_q_norm / attn_k_norm),
+  phi3 → `phi3` (fused attn_qkv, fused gate|up as ffn_up, gate first as in HF's `chunk(2)`): NEOX RoPE (rotate
+  halves), which needs no permutation.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import UserError
 
-_BLOCK_NAMES = {
+_LLAMA_BLOCK = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -19,17 +27,55 @@ _TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weig
               "lm_head.weight": "output.weight"}  # fmt: skip
 
 
-def gguf_tensor_name(hf_name: str) -> str | None:
-    """GGUF name of a Llama HF tensor (formats.md §5.3), or None if it has none."""
-    if hf_name in _TOP_NAMES:
-        return _TOP_NAMES[hf_name]
-    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf_name)
-    if m and m.group(2) in _BLOCK_NAMES:
-        return f"blk.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
-    return None
+@dataclass(frozen=True)
+class GGUFArch:
+    name: str  # general.architecture, and the prefix of the model's metadata keys
+    permute_qk: bool  # Llama's interleaved RoPE: Q/K rows permuted (formats.md §5.4)
+    block_names: dict[str, str] = field(default_factory=lambda: dict(_LLAMA_BLOCK))
+
+    def tensor_name(self, hf_name: str) -> str | None:
+        """GGUF name of an HF tensor, or None if it has none."""
+        if hf_name in _TOP_NAMES:
+            return _TOP_NAMES[hf_name]
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf_name)
+        if m and m.group(2) in self.block_names:
+            return f"blk.{m.group(1)}.{self.block_names[m.group(2)]}.{m.group(3)}"
+        return None
+
+    def hf_name(self, gguf_name: str) -> str:
+        """The inverse of tensor_name."""
+        m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+        if m:
+            inv = {v: k for k, v in self.block_names.items()}
+            return f"model.layers.{m.group(1)}.{inv[m.group(2)]}.{m.group(3)}"
+        return {v: k for k, v in _TOP_NAMES.items()}.get(gguf_name, gguf_name)
 
 
-_IN_BLOCK = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+ARCHITECTURES = {
+    "llama": GGUFArch("llama", True),
+    "mistral": GGUFArch("llama", True),
+    "qwen2": GGUFArch("qwen2", False),
+    "qwen3": GGUFArch("qwen3", False, {**_LLAMA_BLOCK, "self_attn.q_norm": "attn_q_norm",
+                                       "self_attn.k_norm": "attn_k_norm"}),  # fmt: skip
+    "phi3": GGUFArch("phi3", False, {"self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
+                                     "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+                                     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}),
+}  # fmt: skip
+
+
+def gguf_arch(model_type: str | None) -> GGUFArch:
+    if model_type not in ARCHITECTURES:
+        raise UserError(f"GGUF export supports the model types {', '.join(ARCHITECTURES)}; this model is "
+                        f"'{model_type}' (its llama.cpp tensor names and metadata are not mapped yet)")  # fmt: skip
+    return ARCHITECTURES[model_type]
+
+
+def gguf_tensor_name(hf_name: str, arch: GGUFArch = ARCHITECTURES["llama"]) -> str | None:
+    return arch.tensor_name(hf_name)
+
+
+_IN_BLOCK = ("attn_norm", "attn_q", "attn_q_norm", "attn_k", "attn_k_norm", "attn_v", "attn_qkv", "attn_output",
+             "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")  # fmt: skip
 
 
 def _order(gguf_name: str) -> tuple:

@@ -1,4 +1,4 @@
-"""GGUF metadata for llama.cpp: the Llama hyper-parameters (formats.md §5.3).
+"""GGUF metadata for llama.cpp: the hyper-parameters of each architecture of gguf_arch.py (formats.md §5.3).
 
 gguf_arch.py names the tensors, gguf_tensors.py encodes them, gguf_vocab.py writes the tokenizer and gguf.py writes
 the file; this module only describes the model's shape to llama.cpp.
@@ -6,9 +6,12 @@ the file; this module only describes the model's shape to llama.cpp.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import UserError
+from .gguf_arch import gguf_arch
 
 
 def _gguf():
@@ -23,44 +26,50 @@ def _gguf():
 
 
 def _hparams(config: dict) -> dict:
+    """The hyper-parameters llama.cpp needs, from the HF config (the dict of config.json)."""
     from transformers import AutoConfig
 
-    if config.get("model_type") != "llama":
-        raise UserError(f"GGUF export supports the Llama architecture only (model_type 'llama'); this model is "
-                        f"'{config.get('model_type')}'")  # fmt: skip
+    arch = gguf_arch(config.get("model_type"))
     cfg = AutoConfig.for_model(**config)
     if getattr(cfg, "hidden_act", "silu") != "silu":
-        raise UserError(f"llama.cpp's Llama graph uses SiLU; this model uses {cfg.hidden_act}")
+        raise UserError(f"llama.cpp's {arch.name} graph uses SiLU; this model uses {cfg.hidden_act}")
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     rope = dict(getattr(cfg, "rope_parameters", None) or {})
     if not rope:
         rope = {"rope_theta": getattr(cfg, "rope_theta", 10000.0), **(getattr(cfg, "rope_scaling", None) or {})}
+    rope.setdefault("original_max_position_embeddings", getattr(cfg, "original_max_position_embeddings", None))
+    rope.setdefault("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))
     return {
-        "n_vocab": cfg.vocab_size, "n_ctx": cfg.max_position_embeddings, "n_embd": cfg.hidden_size,
+        "arch": arch, "n_vocab": cfg.vocab_size, "n_ctx": cfg.max_position_embeddings, "n_embd": cfg.hidden_size,
         "n_layer": cfg.num_hidden_layers, "n_ff": cfg.intermediate_size, "n_head": heads,
         "n_head_kv": getattr(cfg, "num_key_value_heads", None) or heads, "head_dim": head_dim,
-        "eps": cfg.rms_norm_eps, "rope": rope, "tied": bool(getattr(cfg, "tie_word_embeddings", False)),
+        "head_dim_in_config": "head_dim" in config, "eps": cfg.rms_norm_eps, "rope": rope,
+        "tied": bool(getattr(cfg, "tie_word_embeddings", False)), "sliding_window": config.get("sliding_window"),
     }  # fmt: skip
 
 
 def _add_metadata(writer, hp: dict, name: str) -> list[tuple[str, np.ndarray]]:
-    """Llama keys; returns extra tensors (rope_freqs for llama3 RoPE scaling)."""
+    """The model keys convert_hf_to_gguf writes for this architecture (TextModel.set_gguf_parameters, plus
+    LlamaModel's vocab size and RoPE dimensions, or Phi3MiniModel's own set); returns extra tensors (RoPE factors)."""
     writer.add_name(name)
+    if hp["arch"].name == "phi3":
+        return _phi3_metadata(writer, hp)
+    writer.add_block_count(hp["n_layer"])
     writer.add_context_length(hp["n_ctx"])
     writer.add_embedding_length(hp["n_embd"])
-    writer.add_block_count(hp["n_layer"])
     writer.add_feed_forward_length(hp["n_ff"])
     writer.add_head_count(hp["n_head"])
     writer.add_head_count_kv(hp["n_head_kv"])
-    writer.add_layer_norm_rms_eps(float(hp["eps"]))
-    writer.add_rope_dimension_count(hp["head_dim"])
-    if hp["head_dim"] != hp["n_embd"] // hp["n_head"]:
-        writer.add_key_length(hp["head_dim"])
-        writer.add_value_length(hp["head_dim"])
-    writer.add_vocab_size(hp["n_vocab"])
     rope = hp["rope"]
     writer.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
+    writer.add_layer_norm_rms_eps(float(hp["eps"]))
+    if hp["head_dim_in_config"]:
+        writer.add_key_length(hp["head_dim"])
+        writer.add_value_length(hp["head_dim"])
+    if hp["arch"].name == "llama":
+        writer.add_vocab_size(hp["n_vocab"])
+        writer.add_rope_dimension_count(hp["head_dim"])
     kind = (rope.get("rope_type") or rope.get("type") or "default").lower()
     if kind == "default":
         return []
@@ -69,21 +78,68 @@ def _add_metadata(writer, hp: dict, name: str) -> list[tuple[str, np.ndarray]]:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope["factor"]))
         return []
-    if kind == "llama3":  # convert_hf_to_gguf LlamaModel.generate_extra_tensors
-        base, dim = float(rope.get("rope_theta", 10000.0)), hp["head_dim"]
-        freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
-        factor, lo, hi = float(rope.get("factor", 8.0)), float(rope.get("low_freq_factor", 1.0)), float(
-            rope.get("high_freq_factor", 4.0))  # fmt: skip
-        old = float(rope.get("original_max_position_embeddings", 8192))
-        out = []
-        for f in freqs:
-            wavelen = 2 * np.pi / f
-            if wavelen < old / hi:
-                out.append(1.0)
-            elif wavelen > old / lo:
-                out.append(factor)
-            else:
-                smooth = (old / wavelen - lo) / (hi - lo)
-                out.append(1 / ((1 - smooth) / factor + smooth))
-        return [("rope_freqs.weight", np.asarray(out, dtype=np.float32))]
-    raise UserError(f"RoPE scaling '{kind}' is not supported by the GGUF exporter (supported: none, linear, llama3)")
+    if kind == "yarn":  # Qwen2.5's long-context setting
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(float(rope["factor"]))
+        writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+        for key, add in (("extrapolation_factor", writer.add_rope_scaling_yarn_ext_factor),
+                         ("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
+                         ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+                         ("beta_slow", writer.add_rope_scaling_yarn_beta_slow)):  # fmt: skip
+            if rope.get(key) is not None:
+                add(float(rope[key]))
+        return []
+    if kind == "llama3" and hp["arch"].name == "llama":  # convert_hf_to_gguf LlamaModel.generate_extra_tensors
+        return [("rope_freqs.weight", _llama3_factors(rope, hp["head_dim"]))]
+    raise UserError(f"RoPE scaling '{kind}' of a {hp['arch'].name} model is not supported by the GGUF exporter "
+                    "(supported: none, linear, yarn, llama3 for Llama, longrope for Phi-3)")  # fmt: skip
+
+
+def _llama3_factors(rope: dict, dim: int) -> np.ndarray:
+    base = float(rope.get("rope_theta", 10000.0))
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, lo, hi = float(rope.get("factor", 8.0)), float(rope.get("low_freq_factor", 1.0)), float(
+        rope.get("high_freq_factor", 4.0))  # fmt: skip
+    old = float(rope.get("original_max_position_embeddings", 8192))
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < old / hi:
+            out.append(1.0)
+        elif wavelen > old / lo:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def _phi3_metadata(writer, hp: dict) -> list[tuple[str, np.ndarray]]:
+    """convert_hf_to_gguf Phi3MiniModel.set_gguf_parameters / generate_extra_tensors."""
+    rope = hp["rope"]
+    orig = rope.get("original_max_position_embeddings")
+    if orig is None:
+        raise UserError("this Phi-3 config has no original_max_position_embeddings, which llama.cpp's phi3 needs")
+    rope_dims = int(float(rope.get("partial_rotary_factor") or 1.0) * hp["n_embd"]) // hp["n_head"]
+    writer.add_context_length(hp["n_ctx"])
+    writer.add_rope_scaling_orig_ctx_len(int(orig))
+    writer.add_embedding_length(hp["n_embd"])
+    writer.add_feed_forward_length(hp["n_ff"])
+    writer.add_block_count(hp["n_layer"])
+    writer.add_head_count(hp["n_head"])
+    writer.add_head_count_kv(hp["n_head_kv"])
+    writer.add_layer_norm_rms_eps(float(hp["eps"]))
+    writer.add_rope_dimension_count(rope_dims)
+    writer.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
+    writer.add_sliding_window(int(hp["sliding_window"] or 0))
+    long, short = rope.get("long_factor"), rope.get("short_factor")
+    if not long:
+        return []
+    kind = (rope.get("rope_type") or rope.get("type") or "").lower()
+    scale = hp["n_ctx"] / int(orig)
+    if kind not in ("su", "longrope") or not short or len(long) != len(short) or len(long) != rope_dims / 2:
+        raise UserError(f"Phi-3 RoPE scaling '{kind}' with these factors is not supported by the GGUF exporter "
+                        "(supported: longrope with long/short factors of rope_dims/2 each)")  # fmt: skip
+    writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(int(orig))) if scale > 1.0 else 1.0)
+    return [("rope_factors_long.weight", np.asarray(long, dtype=np.float32)),
+            ("rope_factors_short.weight", np.asarray(short, dtype=np.float32))]  # fmt: skip

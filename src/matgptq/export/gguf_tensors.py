@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..formats import gguf_blocks as gb
+from ..formats.gguf_quantize import quantize_q6_k
 from .gguf_metadata import _gguf
 
 
@@ -67,7 +68,14 @@ QTYPES: dict[str, _Spec] = {
 }  # ascending bits per weight: auto tries them in this order
 _OFFSET_ROUNDED_OK = {"q4_1", "q5_1"}  # auto accepts fp16 rounding of their block offset m
 FLOAT_TYPES = ("f32", "f16")
-EMBED_TYPES = ("f32", "f16", "q8_0")
+EMBED_TYPES = ("auto", "f32", "f16", "q8_0", "q6_k")  # auto: llama.cpp's preset rule (embed_type_for)
+
+
+def embed_type_for(cols: int, float_type: str) -> str:
+    """llama.cpp's type for the output matrix (and a tied token_embd) in its Q4_0/Q4_K_M/Q3_K_M/… presets
+    (llama-quant.cpp llama_tensor_get_type): Q6_K, or Q8_0 when a row is not a multiple of 256 (SmolLM2's 576);
+    the float type when not even Q8_0's 32 divides it. Used here for token_embd and output alike."""
+    return "q6_k" if cols % 256 == 0 else "q8_0" if cols % 32 == 0 else float_type
 
 
 class _NoFit(Exception):
@@ -184,6 +192,10 @@ def _float_encode(w: np.ndarray, ftype: str) -> np.ndarray:
 
 
 def _requantize(w: np.ndarray, qname: str) -> np.ndarray:
+    """A float tensor in a block type as llama.cpp's quantizer makes it: gguf-py's ports of the legacy types, and
+    formats.gguf_quantize for Q6_K (gguf-py has no K-quant quantizer); both byte-equal to llama.cpp's (tested)."""
+    if qname == "q6_k":
+        return quantize_q6_k(w)
     gguf = _gguf()
     return gguf.quants.quantize(np.ascontiguousarray(w, dtype=np.float32), QTYPES[qname].ggml)
 

@@ -211,12 +211,17 @@ def encode_q6_k(codes: ArrayLike, sub_scales: ArrayLike) -> KQuantBlocks:
     rows, k = qc.shape
     s = _subparam(sub_scales, rows, k, "sub_scales")
     d, sc = _fit(s, -128, 127)
-    q = qc.astype(np.uint8).reshape(rows, k // QK_K, 2, 4, 32)
+    return _result(pack_q6_k(qc, sc, d), s, _eff(d, sc), qc - 32)
+
+
+def pack_q6_k(codes: NDArray, sc: NDArray, d: NDArray[np.float16]) -> NDArray[np.uint8]:
+    """Q6_K bytes of codes [rows, K] in [0, 63], int8 sub-scales [rows, K // 16] and fp16 d [rows, K // 256]."""
+    rows, k = codes.shape
+    q = codes.astype(np.uint8).reshape(rows, k // QK_K, 2, 4, 32)
     ql = np.concatenate([(q[:, :, :, 0] & 15) | ((q[:, :, :, 2] & 15) << 4),
-                         (q[:, :, :, 1] & 15) | ((q[:, :, :, 3] & 15) << 4)], axis=-1)
+                         (q[:, :, :, 1] & 15) | ((q[:, :, :, 3] & 15) << 4)], axis=-1)  # fmt: skip
     qh = np.bitwise_or.reduce((q >> 4) << _SHIFT2[:, None], axis=3)
-    data = _join(rows, ql, qh, sc.astype(np.int8).view(np.uint8), _f16_bytes(d))
-    return _result(data, s, _eff(d, sc), qc - 32)
+    return _join(rows, ql, qh, np.asarray(sc).astype(np.int8).view(np.uint8), _f16_bytes(np.asarray(d, np.float16)))
 
 
 def encode_q3_k(codes: ArrayLike, sub_scales: ArrayLike) -> KQuantBlocks:

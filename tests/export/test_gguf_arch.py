@@ -1,0 +1,140 @@
+"""GGUF for every architecture gguf_arch.py maps (Llama, Mistral, Qwen2, Qwen3, Phi-3), on tiny random models.
+
+Two independent oracles:
+- llama.cpp's own converter (convert_hf_to_gguf.py of the pinned llama-cpp-python source, which `make interop`
+  unpacks into the venv): its F32 file and ours have the same model metadata, the same tensor names and types and
+  bit-identical tensor data. The converter runs in its own process with its own gguf-py; its vocabulary step is
+  skipped (the tokenizer is tested in test_gguf_vocab.py; these models borrow stories260K's).
+- llama.cpp itself (llama-cpp-python) runs our files: F32 logits equal transformers' (tolerance of
+  test_gguf_interop.py: float summation order, ≤ 1e-4 with an F32 KV cache), and a GPTQ 4-bit export (Q4_0, bit-exact)
+  equals matgptq.load once llama.cpp's Q8_0 activation quantization is emulated (median over positions ≤ 1e-4, as
+  there), with the next narrower width as negative control.
+The models have random norms, biases and q/k-norm weights (not HF's ones/zeros init), so each is visible in the logits.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import STORIES, quick_quantize, require_peer
+from tests.export.test_gguf_interop import F32_KV, TOKENS, cpp_logits, hf_logits, per_position
+
+pytestmark = pytest.mark.interop
+gguf = pytest.importorskip("gguf")
+
+from matgptq.export.gguf import export_gguf, read_gguf_weights  # noqa: E402
+
+CONVERTER = Path(sys.prefix) / "llama.cpp" / "convert_hf_to_gguf.py"
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+# runs llama.cpp's converter with its vocabulary step skipped (the models borrow a tokenizer it would not read)
+_RUN_CONVERTER = """
+import runpy, sys
+conv = sys.argv[1]
+sys.path.insert(0, conv)
+sys.argv = [conv + "/convert_hf_to_gguf.py", *sys.argv[2:]]
+import conversion
+_get = conversion.get_model_class
+def _without_vocab(name, mmproj=False):
+    cls = _get(name, mmproj)
+    cls.set_vocab = lambda self: None
+    return cls
+conversion.get_model_class = _without_vocab
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def make_model(kind: str, path: Path) -> Path:
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+                  tie_word_embeddings=False)  # fmt: skip
+    config = {"llama": lambda: LlamaConfig(**common), "mistral": lambda: MistralConfig(**common),
+              "qwen2": lambda: Qwen2Config(**common), "qwen3": lambda: Qwen3Config(**common, head_dim=16),
+              "phi3": lambda: Phi3Config(**common, pad_token_id=0)}[kind]()  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.mul_(5)  # as make_tiny_llama: quantization error visible, model still sane
+            elif name.endswith("bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+            else:  # RMSNorm weights (incl. Qwen3's per-head q/k norms)
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+    model.save_pretrained(path, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy2(STORIES / name, path / name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf_arch")
+    # not named after the architecture: llama.cpp gives the tokens of Phi-3's vocabulary special attributes when
+    # general.name (the directory's name) contains "phi3", and the borrowed vocabulary has no <|endoftext|>
+    return {kind: make_model(kind, root / kind / "model") for kind in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def converter() -> Path:
+    if not CONVERTER.is_file():
+        message = f"llama.cpp's converter is not at {CONVERTER}; `make interop` unpacks it"
+        if os.environ.get("MATGPTQ_REQUIRE_PEERS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return CONVERTER
+
+
+def _fields(path: Path) -> dict:
+    reader = gguf.GGUFReader(str(path))
+    skip = ("tokenizer.", "general.", "GGUF.", "matgptq.")
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith(skip)}
+
+
+@pytest.mark.parametrize("kind", ARCHS)
+def test_same_file_as_llamacpp_converter(converter, models, tmp_path, kind):
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    env = {**os.environ, "PYTHONPATH": ""}
+    run = subprocess.run([sys.executable, "-c", _RUN_CONVERTER, str(converter.parent), str(models[kind]), "--outtype",
+                          "f32", "--outfile", str(theirs)], env=env, capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    export_gguf(models[kind], ours)
+    a, b = gguf.GGUFReader(str(theirs)), gguf.GGUFReader(str(ours))
+    assert a.fields["general.architecture"].contents() == b.fields["general.architecture"].contents()
+    assert _fields(theirs) == _fields(ours)
+    ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
+    assert sorted(ta) == sorted(tb)
+    for name, t in ta.items():
+        assert t.tensor_type == tb[name].tensor_type, name
+        np.testing.assert_array_equal(np.asarray(t.data), np.asarray(tb[name].data), err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ARCHS)
+def test_llamacpp_runs_each_architecture(models, tmp_path, kind):
+    require_peer("llama_cpp")
+    f32 = tmp_path / "f32.gguf"
+    export_gguf(models[kind], f32)
+    ref = hf_logits(models[kind], TOKENS)
+    assert per_position(cpp_logits(f32, TOKENS, **F32_KV), ref).max() <= 1e-4
+
+    parent = quick_quantize(models[kind], tmp_path / "q", method="matgptq", bits="4,8", group_size=32)
+    q4 = tmp_path / "q4.gguf"
+    rep = export_gguf(parent, q4, bits=4)
+    assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {"Q4_0"} and rep.exact
+    weights = read_gguf_weights(q4)  # gguf-py's reading, Llama's permutation undone: matgptq's weights exactly
+    model = __import__("matgptq").load(parent, bits=4, dtype=torch.float32)
+    for name, w in weights.items():
+        if name.endswith(".weight") and "norm" not in name:
+            np.testing.assert_array_equal(w, model.get_submodule(name.removesuffix(".weight")).weight.detach().numpy(), name)
+    got = cpp_logits(q4, TOKENS, **F32_KV)
+    assert np.median(per_position(got, hf_logits(parent, TOKENS, 4, emulate=q4))) <= 1e-4
+    assert np.median(per_position(got, hf_logits(parent, TOKENS, 3, emulate=q4))) >= 0.05  # negative control
