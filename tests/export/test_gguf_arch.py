@@ -34,6 +34,7 @@ from matgptq.export.gguf import export_gguf, read_gguf_weights  # noqa: E402
 
 CONVERTER = Path(sys.prefix) / "llama.cpp" / "convert_hf_to_gguf.py"
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+ROPE_SCALING = ("qwen2-yarn", "phi3-longrope")  # metadata and RoPE-factor tensors, checked against the converter
 # runs llama.cpp's converter with its vocabulary step skipped (the models borrow a tokenizer it would not read)
 _RUN_CONVERTER = """
 import runpy, sys
@@ -57,9 +58,15 @@ def make_model(kind: str, path: Path) -> Path:
     common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
                   tie_word_embeddings=False)  # fmt: skip
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+    longrope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
+                "long_factor": [1.0 + i / 4 for i in range(8)], "short_factor": [1.0 + i / 16 for i in range(8)]}
     config = {"llama": lambda: LlamaConfig(**common), "mistral": lambda: MistralConfig(**common),
               "qwen2": lambda: Qwen2Config(**common), "qwen3": lambda: Qwen3Config(**common, head_dim=16),
-              "phi3": lambda: Phi3Config(**common, pad_token_id=0)}[kind]()  # fmt: skip
+              "phi3": lambda: Phi3Config(**common, pad_token_id=0),
+              "qwen2-yarn": lambda: Qwen2Config(**common, rope_parameters=yarn),
+              "phi3-longrope": lambda: Phi3Config(**common, pad_token_id=0, rope_parameters=longrope,
+                                                  original_max_position_embeddings=64)}[kind]()  # fmt: skip
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
@@ -81,7 +88,7 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf_arch")
     # not named after the architecture: llama.cpp gives the tokens of Phi-3's vocabulary special attributes when
     # general.name (the directory's name) contains "phi3", and the borrowed vocabulary has no <|endoftext|>
-    return {kind: make_model(kind, root / kind / "model") for kind in ARCHS}
+    return {kind: make_model(kind, root / kind / "model") for kind in ARCHS + ROPE_SCALING}
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +107,7 @@ def _fields(path: Path) -> dict:
     return {k: f.contents() for k, f in reader.fields.items() if not k.startswith(skip)}
 
 
-@pytest.mark.parametrize("kind", ARCHS)
+@pytest.mark.parametrize("kind", ARCHS + ROPE_SCALING)
 def test_same_file_as_llamacpp_converter(converter, models, tmp_path, kind):
     theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
     env = {**os.environ, "PYTHONPATH": ""}
