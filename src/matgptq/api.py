@@ -17,6 +17,7 @@ from .models import (
     calibration_windows, file_sha256, load_fp_model, load_tokenizer, read_text, require_model_dir, tokenize,
 )  # fmt: skip
 from .quantization import CalibConfig, LayerReport, Method, QuantConfig, quantize_model
+from .quantization.resume import BlockState
 
 
 COMPUTE_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -59,13 +60,15 @@ def quantize(
     model: str | Path, out: str | Path, *, calib: str | Path | list[str] | None = None, method: str = "gptq",
     bits=4, master_bits: int | None = None, bit_weights=None, calib_range: tuple[float, float] = (0.0, 1.0),
     nsamples: int = 128, seqlen: int = 256, seed: int = 0, overwrite: bool = False, progress: bool = True,
-    dtype: str = "auto", **options,
+    dtype: str = "auto", resume: bool = False, **options,
 ) -> tuple[Path, list[LayerReport]]:  # fmt: skip
     """Quantize the HF model directory `model` and write a matgptq checkpoint to `out` (atomically).
 
     `calib`: a UTF-8 text file (cut to `calib_range` by characters) or a list of strings; not needed for RTN.
     `dtype`: the model's dtype while calibrating, and that of the unquantized tensors written ("auto": its own, from
     config.json; "bfloat16" is what GPTQModel uses on CPU). Hessians and the solver are float32 either way.
+    `resume`: continue a killed run from its last finished block (quantization/resume.py); progress is kept beside
+    `out` until the checkpoint is written.
     """
     if dtype not in COMPUTE_DTYPES:
         raise UserError(f"--dtype {dtype} is not one of {', '.join(COMPUTE_DTYPES)}")
@@ -84,8 +87,9 @@ def quantize(
     else:
         text = calib if isinstance(calib, list) else read_text(calib, calib_cfg.text_range)
         windows = calibration_windows(tokenize(tokenizer, text), nsamples, seqlen, seed)
+    state = BlockState(out, _run_settings(model, cfg, calib_cfg, calib, windows, dtype), resume)
     fp = load_fp_model(model, COMPUTE_DTYPES[dtype])
-    layers, reports, _ = quantize_model(fp, windows, cfg, progress=progress)
+    layers, reports, _ = quantize_model(fp, windows, cfg, progress=progress, state=state)
     tensors = unquantized_tensors(fp, layers)
     meta = {
         "quantization": cfg.to_json(),
@@ -101,4 +105,17 @@ def quantize(
         "report": [asdict(r) for r in reports],
     }  # fmt: skip
     save_checkpoint(out, fp.config.to_dict(), tensors, layers, meta, model, overwrite)
+    state.finish()
     return Path(out), reports
+
+
+def _run_settings(model, cfg: QuantConfig, calib_cfg: CalibConfig, calib, windows: torch.Tensor, dtype: str) -> dict:
+    """What a quantization's result depends on, for refusing to resume another run's state: the model (its path,
+    config and weight files' sizes and times — hashing 16 GB of shards would cost a minute), the options, the
+    calibration text (its hash, or the windows' when given as strings) and the dtype."""
+    files = sorted(Path(model).glob("*.safetensors"))
+    return {"model": str(Path(model).resolve()), "config": (Path(model) / "config.json").read_text(),
+            "weights": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files],
+            "quantization": cfg.to_json(), "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range)},
+            "calib_sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None,
+            "windows": [list(windows.shape), int(windows.sum())], "dtype": dtype}  # fmt: skip

@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "model's own). bfloat16 halves memory and is ~4x faster on CPUs with AVX512-BF16 or AMX, as "
                         "GPTQModel does on CPU; results then differ slightly. Hessians and the solver stay float32")
     q.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    q.add_argument("--resume", action="store_true",
+                   help="continue a killed run from its last finished block (progress is kept in .OUT.resume beside "
+                        "--out until the checkpoint is written)")  # fmt: skip
     q.add_argument("--quiet", action="store_true", help="no progress bars")
 
     e = sub.add_parser("eval", help="perplexity (and KL) and/or zero-shot accuracy of a model, checkpoint or parent widths")
@@ -148,7 +151,7 @@ def cmd_quantize(a: argparse.Namespace) -> None:
     out, reports = quantize(
         a.model, a.out, calib=a.calib, method=a.method, bits=a.bits, master_bits=a.master_bits,
         bit_weights=a.bit_weights, calib_range=a.calib_range, nsamples=a.nsamples, seqlen=a.seqlen, seed=a.seed,
-        overwrite=a.overwrite, progress=not a.quiet, dtype=a.dtype, group_size=a.group_size, sym=a.sym,
+        overwrite=a.overwrite, progress=not a.quiet, dtype=a.dtype, resume=a.resume, group_size=a.group_size, sym=a.sym,
         act_order=a.act_order, static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
         true_sequential=a.true_sequential, signed_scale=a.signed_scale, skip=tuple(a.skip),
     )  # fmt: skip

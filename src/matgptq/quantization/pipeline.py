@@ -11,6 +11,8 @@
 3. The next block's inputs: the last group's pass already left `residual` and the last Linear's input, so the output
    is `residual + last(x)` (passes.py), or, where that does not hold, a plain re-run of the block. Only one block's
    activations and Hessians are alive at a time.
+4. With a `BlockState` (resume.py), each finished block's weights and the next block's inputs are saved, and a
+   killed run continues from the first unfinished block.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..models import arch_spec, get_blocks, set_weight_matrix, weight_matrix
 from .config import Method, QuantConfig
 from .grid import NearestRounding, Rounding
 from .multibit import MatryoshkaRounding
+from .resume import BlockState
 from .passes import (
     Inputs, PassTimes, attention_cache, capture_block_inputs, collect_hessians, replay_outputs, run_block,
 )  # fmt: skip
@@ -85,11 +88,12 @@ def _to_weight(res: QuantResult, bits: int) -> QuantizedWeight:
 @torch.no_grad()
 def quantize_model(
     model: nn.Module, windows: torch.Tensor, cfg: QuantConfig, batch_tokens: int = 4096, progress: bool = True,
-    rounding: Rounding | None = None,
+    rounding: Rounding | None = None, state: BlockState | None = None,
 ) -> QuantizeOutput:
     """Quantize every block Linear of `model` in place (weights become the dequantized master codes).
 
-    `rounding` overrides the code choice derived from `cfg` (used by ablation scripts).
+    `rounding` overrides the code choice derived from `cfg` (used by ablation scripts); `state` saves progress after
+    every block and continues a killed run (resume.py).
     """
     spec = arch_spec(model.config.model_type)
     check_finite(model)
@@ -105,7 +109,10 @@ def quantize_model(
     times = StageTimes()
     bar = tqdm(total=len(blocks) * sum(len(g) for g in groups), desc="quantize", unit="layer", disable=not progress)
     skipped = lambda full: any(re.search(p, full) for p in cfg.skip)  # noqa: E731
+    start = _restore(model, spec, state, len(blocks), inputs, layers, reports, bar)
     for i, block in enumerate(blocks):
+        if i < start:
+            continue
         replayed, attention = False, None
         for g, all_names in enumerate(groups):
             group = tuple(n for n in all_names if not skipped(f"{spec.blocks}.{i}.{n}"))
@@ -155,5 +162,26 @@ def quantize_model(
             del collected
         if needs_data and not replayed:
             inputs = [(out, kw) for out, (_, kw) in zip(run_block(block, inputs, times), inputs)]
+        if state is not None:
+            prefix = f"{spec.blocks}.{i}."
+            state.save(i + 1, {n: q for n, q in layers.items() if n.startswith(prefix)}, reports, [h for h, _ in inputs])
     bar.close()
     return QuantizeOutput(layers, reports, times)
+
+
+def _restore(model, spec, state: BlockState | None, n_blocks: int, inputs: Inputs, layers: dict, reports: list,
+             bar) -> int:  # fmt: skip
+    """Continue a killed run: its finished layers (written back into the model), reports and the next block's inputs
+    (in place); returns the first block to quantize."""
+    restored = state.load(n_blocks, len(inputs)) if state is not None else None
+    if restored is None:
+        return 0
+    for b, hidden in enumerate(restored.hidden):
+        inputs[b] = (hidden, inputs[b][1])
+    for name, q in restored.layers.items():
+        set_weight_matrix(model.get_submodule(name), spec, q.dequantize())
+    layers.update(restored.layers)
+    reports.extend(LayerReport(r["name"], tuple(r["shape"]), {int(k): v for k, v in r["rel_error"].items()},
+                               r["damp"], r["seconds"]) for r in restored.reports)  # fmt: skip
+    bar.update(len(restored.layers))
+    return restored.done

@@ -1,0 +1,121 @@
+"""Resumable quantization (issue #13 item 3): after every block, what the run needs to go on from the next one.
+
+A run writing OUT keeps its progress in the sibling directory `.OUT.resume/` (OUT itself appears only when the
+whole checkpoint is written, fsutil.atomic_output):
+
+    state.json              {"format", "version", "settings", "done": d, "layers": {name: [bits, shift, block]},
+                             "reports": [...]}: blocks 0..d−1 are finished
+    block-<i>.safetensors   block i's QuantizedWeights (codes unpacked, scales, zeros, g_idx, perm)
+    hidden-<d>.safetensors  block d's input hidden states, one tensor per calibration batch
+
+Each file is written under a temporary name and renamed; state.json is renamed last and names the hidden file it
+goes with, so a kill at any point leaves either the previous state or the new one, complete. The pipeline is a
+function of the block inputs, so a run resumed from block d computes what the uninterrupted run computed (tested
+bit for bit, same threads and CPU: float summation order is part of that). The other arguments of the blocks
+(masks, position embeddings) are the same for every block and are recomputed from the windows. A state made with
+other settings (model, calibration, quantization options) is refused; without --resume an existing state is
+refused too, so nothing is silently thrown away or mixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..errors import UserError
+from ..formats import QuantizedWeight
+from ..untrusted import read_json
+
+STATE_FORMAT = "matgptq-quantize-state"
+STATE_VERSION = 1
+
+
+@dataclass
+class Restored:
+    done: int  # finished blocks
+    layers: dict[str, QuantizedWeight]
+    reports: list[dict]
+    hidden: list[torch.Tensor]
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+class BlockState:
+    """The resume directory of one output; `load` what a killed run left, `save` after each block, `finish`."""
+
+    def __init__(self, out: str | Path, settings: dict, resume: bool) -> None:
+        out = Path(out)
+        self.dir = out.parent / f".{out.name}.resume"
+        self.settings = json.loads(json.dumps(settings, default=str))
+        self.fix = f"run with --resume to continue it, or delete {self.dir} to start afresh"
+        if self.dir.exists() and not resume:
+            raise UserError(f"{self.dir} holds the state of an unfinished run for {out}; {self.fix}")
+        self._blocks: dict[int, list[str]] = {}
+        self._bits: dict[str, list[int]] = {}
+
+    def load(self, n_blocks: int, n_batches: int) -> Restored | None:
+        """What a killed run finished, checked against this run's settings; None when there is nothing."""
+        path = self.dir / "state.json"
+        if not path.exists():
+            return None
+        fix = f"delete {self.dir} to start afresh"
+        body = read_json(path, fix)
+        if body.get("format") != STATE_FORMAT or body.get("version") != STATE_VERSION:
+            raise UserError(f"{path} is not a matgptq quantization state (v{STATE_VERSION}); {fix}")
+        if body.get("settings") != self.settings:
+            theirs = body.get("settings") if isinstance(body.get("settings"), dict) else {}
+            diff = sorted(k for k in set(theirs) | set(self.settings) if theirs.get(k) != self.settings.get(k))
+            raise UserError(f"{self.dir} was made with other settings ({', '.join(diff[:4]) or 'unreadable'}); resume "
+                            f"with the same model, calibration and options, or {fix}")  # fmt: skip
+        try:
+            done, bits = int(body["done"]), {k: [int(x) for x in v] for k, v in body["layers"].items()}
+            reports = list(body["reports"])
+            layers = {}
+            for i in range(done):
+                raw = load_file(str(self.dir / f"block-{i}.safetensors"))
+                for name in (n for n, (_, _, b) in bits.items() if b == i):
+                    perm = raw.get(f"{name}.perm")
+                    layers[name] = QuantizedWeight(raw[f"{name}.codes"], raw[f"{name}.scales"], raw[f"{name}.zeros"],
+                                                   raw[f"{name}.g_idx"], bits[name][0], bits[name][1], perm)  # fmt: skip
+            hidden = load_file(str(self.dir / f"hidden-{done}.safetensors")) if n_batches else {}
+            hidden_list = [hidden[f"batch_{b}"] for b in range(n_batches)]
+        except (KeyError, TypeError, ValueError, OSError) as e:
+            raise UserError(f"{self.dir} is damaged ({type(e).__name__}: {str(e)[:80]}); {fix}") from None
+        if not 0 <= done <= n_blocks:
+            raise UserError(f"{self.dir} records {done} finished blocks of {n_blocks}; {fix}")
+        self._bits = bits
+        return Restored(done, layers, reports, hidden_list)
+
+    def save(self, done: int, layers: dict[str, QuantizedWeight], reports: list, hidden: list[torch.Tensor]) -> None:
+        """Block done−1 is finished: `layers` are its weights, `hidden` the inputs of block `done`."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for name, q in layers.items():
+            tensors.update({f"{name}.codes": q.codes, f"{name}.scales": q.scales, f"{name}.zeros": q.zeros,
+                            f"{name}.g_idx": q.g_idx})  # fmt: skip
+            if q.perm is not None:
+                tensors[f"{name}.perm"] = q.perm
+            self._bits[name] = [q.bits, q.shift, done - 1]
+        tensors = {k: v.contiguous() for k, v in tensors.items()}
+        _atomic_write(self.dir / f"block-{done - 1}.safetensors", lambda p: save_file(tensors, str(p)))
+        if hidden:
+            batches = {f"batch_{b}": h.contiguous() for b, h in enumerate(hidden)}
+            _atomic_write(self.dir / f"hidden-{done}.safetensors", lambda p: save_file(batches, str(p)))
+        body = {"format": STATE_FORMAT, "version": STATE_VERSION, "settings": self.settings, "done": done,
+                "layers": self._bits, "reports": [asdict(r) if not isinstance(r, dict) else r for r in reports]}  # fmt: skip
+        _atomic_write(self.dir / "state.json", lambda p: p.write_text(json.dumps(body)))
+        (self.dir / f"hidden-{done - 1}.safetensors").unlink(missing_ok=True)
+
+    def finish(self) -> None:
+        """The checkpoint is written: the state is no longer needed."""
+        shutil.rmtree(self.dir, ignore_errors=True)

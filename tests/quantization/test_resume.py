@@ -1,0 +1,101 @@
+"""Resumable quantization: a run killed after some blocks continues with --resume to the checkpoint an uninterrupted
+run writes (tensors bit for bit); states from other settings, or left without --resume, are refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import matgptq
+from matgptq.cli import main
+from matgptq.errors import UserError
+from matgptq.quantization.resume import BlockState
+from tests.conftest import TINYSTORIES, make_tiny_llama
+
+ARGS = dict(calib=TINYSTORIES, calib_range=(0.6, 1.0), method="matgptq", bits=(3, 4, 8), nsamples=16, seqlen=64,
+            group_size=32, act_order=True, progress=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("resume") / "deep", layers=6)
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+def _same_checkpoint(a: Path, b: Path) -> None:
+    ta, tb = _tensors(a), _tensors(b)
+    assert sorted(ta) == sorted(tb)
+    for name in ta:
+        assert torch.equal(ta[name], tb[name]), name
+    ra = [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads((a / "matgptq.json").read_text())["report"]]
+    rb = [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads((b / "matgptq.json").read_text())["report"]]
+    assert ra == rb
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_stopped_run_resumes_to_the_uninterrupted_checkpoint(deep, tmp_path, monkeypatch):
+    whole = tmp_path / "whole"
+    matgptq.quantize(deep, whole, **ARGS)
+    assert not (tmp_path / ".whole.resume").exists()  # removed once the checkpoint is written
+
+    out = tmp_path / "stopped"
+    save = BlockState.save
+
+    def stop_after_three(self, done, *args):
+        save(self, done, *args)
+        if done == 3:
+            raise _Stop
+
+    monkeypatch.setattr(BlockState, "save", stop_after_three)
+    with pytest.raises(_Stop):
+        matgptq.quantize(deep, out, **ARGS)
+    monkeypatch.undo()
+    assert not out.exists() and json.loads((tmp_path / ".stopped.resume" / "state.json").read_text())["done"] == 3
+    with pytest.raises(UserError, match="unfinished run"):  # neither thrown away nor mixed in silently
+        matgptq.quantize(deep, out, **ARGS)
+    with pytest.raises(UserError, match="other settings"):
+        matgptq.quantize(deep, out, **{**ARGS, "bits": (3, 8)}, resume=True)
+    matgptq.quantize(deep, out, **ARGS, resume=True)
+    _same_checkpoint(whole, out)
+    assert not (tmp_path / ".stopped.resume").exists()
+
+
+def test_a_run_killed_with_sigkill_resumes(deep, tmp_path):
+    whole = tmp_path / "whole"
+    matgptq.quantize(deep, whole, **ARGS)
+    killed = tmp_path / "killed"
+    cli = ["quantize", str(deep), "--out", str(killed), "--calib", str(TINYSTORIES), "--calib-range", "0.6:1",
+           "--method", "matgptq", "--bits", "3,4,8", "--nsamples", "16", "--seqlen", "64", "--group-size", "32",
+           "--act-order", "--quiet"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
+           "OMP_NUM_THREADS": str(torch.get_num_threads())}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "matgptq", *cli], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    state, done = tmp_path / ".killed.resume" / "state.json", 0
+    deadline = time.monotonic() + 300
+    while done < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+        try:
+            done = json.loads(state.read_text())["done"] if state.exists() else 0
+        except (OSError, ValueError):  # replaced while read: read again
+            pass
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not killed.exists() and 2 <= json.loads(state.read_text())["done"] < 6
+    assert main([*cli, "--resume"]) == 0
+    _same_checkpoint(whole, killed)
