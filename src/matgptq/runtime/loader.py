@@ -1,7 +1,8 @@
 """`load()`: a transformers model computing with the (sliced) quantized weights, and width switching in memory.
 
 The model is an ordinary transformers model whose quantized Linear weights are replaced by the exact dequantized
-values (float32 arithmetic, cast to the model dtype). The parent's integer data stays attached as `model.matgptq`, so
+values (float32 arithmetic, cast to the model dtype), or, with `packed=True`, by PackedLinear modules that keep the
+r-bit codes packed and dequantize on the fly to the same values. The parent's integer data stays attached as `model.matgptq`, so
 `set_bits(model, 3)` re-slices without touching the file.
 """
 
@@ -18,6 +19,7 @@ from ..errors import UserError
 from ..untrusted import read_json
 from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_checkpoint
 from ..models import LOAD_ERRORS, arch_spec, load_fp_model, require_model_dir, set_weight_matrix, weight_matrix
+from .packed import PackedLinear
 
 BitsSpec = int | dict[str, int] | str | Path | None
 
@@ -28,6 +30,7 @@ class QuantizedState:
 
     checkpoint: Checkpoint
     bits: dict[str, int]
+    packed: bool = False  # quantized layers are PackedLinear modules (runtime/packed.py)
 
     @property
     def layers(self):
@@ -73,10 +76,15 @@ def set_bits(model, bits: BitsSpec) -> None:
         raise UserError("this model was not loaded from a quantized checkpoint by matgptq.load")
     widths = resolve_bits(bits, state.checkpoint)
     spec = arch_spec(model.config.model_type)
-    dtype = next(model.parameters()).dtype
+    dtype = model.get_input_embeddings().weight.dtype
     for name, r in widths.items():
-        if state.bits.get(name) != r:
-            set_weight_matrix(model.get_submodule(name), spec, state.layers[name].slice(r).dequantize(dtype))
+        if state.bits.get(name) == r:
+            continue
+        module = model.get_submodule(name)
+        if state.packed:  # re-packed from the parent in memory
+            model.set_submodule(name, PackedLinear(state.layers[name].slice(r), module.bias, dtype))
+        else:
+            set_weight_matrix(module, spec, state.layers[name].slice(r).dequantize(dtype))
     state.bits = widths
 
 
@@ -91,7 +99,7 @@ def _config(ckpt: Checkpoint):
     return config
 
 
-def build_model(ckpt: Checkpoint, bits: BitsSpec = None, dtype: torch.dtype | None = None):
+def build_model(ckpt: Checkpoint, bits: BitsSpec = None, dtype: torch.dtype | None = None, packed: bool = False):
     config = _config(ckpt)
     dtype = dtype or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
@@ -122,7 +130,10 @@ def build_model(ckpt: Checkpoint, bits: BitsSpec = None, dtype: torch.dtype | No
                             f"{list(shape) if shape else 'no such Linear'}; re-create the checkpoint")  # fmt: skip
     model.load_state_dict(ckpt.tensors, strict=False)
     model.tie_weights()
-    model.matgptq = QuantizedState(ckpt, {})
+    if packed and spec.conv1d:
+        raise UserError(f"packed layers hold nn.Linear weights; {config.model_type} uses Conv1D: load it with "
+                        "packed=False")  # fmt: skip
+    model.matgptq = QuantizedState(ckpt, {}, packed)
     set_bits(model, bits)
     return model.eval()
 
@@ -142,16 +153,18 @@ def open_checkpoint(path: str | Path) -> Checkpoint | None:
     return None
 
 
-def load(path: str | Path, bits: BitsSpec = None, dtype: torch.dtype | None = None):
+def load(path: str | Path, bits: BitsSpec = None, dtype: torch.dtype | None = None, packed: bool = False):
     """A transformers causal LM (eval mode) from a matgptq parent/slice, a GPTQ checkpoint or an unquantized model.
 
     `bits`: for a parent, one width for all layers (any 2..c), a {layer: bits} mapping, or a JSON file of one.
+    `packed`: quantized layers keep their r-bit codes packed (runtime/packed.py: r bits per weight instead of a float
+    matrix, the same outputs); `set_bits` re-packs from the parent held in memory.
     """
     if not Path(path).exists():
         raise UserError(f"{path} does not exist; give a model or checkpoint directory")
     ckpt = open_checkpoint(path)
     if ckpt is None:
-        if bits is not None:
-            raise UserError(f"{path} is not quantized; --bits applies to matgptq/GPTQ checkpoints only")
+        if bits is not None or packed:
+            raise UserError(f"{path} is not quantized; --bits and packed apply to matgptq/GPTQ checkpoints only")
         return load_fp_model(path, dtype)
-    return build_model(ckpt, bits, dtype)
+    return build_model(ckpt, bits, dtype, packed)

@@ -1,0 +1,59 @@
+"""Packed layers (runtime/packed.py): the same outputs as the float model of the same slice, bit for bit, with r bits
+per weight; generate and set_bits work."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import matgptq
+from matgptq.errors import UserError
+from matgptq.formats.parent import pack_bits
+from matgptq.runtime.packed import PackedLinear, unpack_rows, weight_bytes
+from tests.conftest import make_tiny_llama, quick_quantize
+
+IDS = torch.tensor([[1, 5, 9, 200, 17, 300, 42, 7, 99, 1000 % 512, 3, 64]])
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory):
+    root = tmp_path_factory.mktemp("packed")
+    model = make_tiny_llama(root / "m", intermediate=96)  # down_proj K = 96: rows of 36 bytes at 3 bits
+    return quick_quantize(model, root / "p", method="matgptq", bits="3,4,8", group_size=32, act_order=True)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])
+def test_unpack_inverts_pack(bits):
+    codes = torch.randint(0, 1 << bits, (5, 37), generator=torch.Generator().manual_seed(bits), dtype=torch.uint8)
+    assert torch.equal(unpack_rows(pack_bits(codes, bits), bits, 37), codes)
+
+
+@pytest.mark.parametrize("bits", [3, 4, 8, {"*": 4, "model.layers.0.mlp.down_proj": 2}])
+def test_same_logits_as_the_float_model(parent, bits):
+    dense = matgptq.load(parent, bits=bits)
+    packed = matgptq.load(parent, bits=bits, packed=True)
+    with torch.no_grad():
+        assert torch.equal(packed(IDS).logits, dense(IDS).logits)
+    layers = [m for m in packed.modules() if isinstance(m, PackedLinear)]
+    assert len(layers) == 14
+    for m in layers:  # r bits per weight: the packed rows, plus fp16 scales, uint8 zeros, int32 g_idx
+        assert m.packed.numel() == m.out_features * math.ceil(m.in_features * m.bits / 8)
+    assert weight_bytes(packed) < weight_bytes(dense)
+
+
+def test_generate_and_set_bits(parent):
+    packed = matgptq.load(parent, bits=3, packed=True)
+    matgptq.set_bits(packed, 4)
+    dense = matgptq.load(parent, bits=4)
+    with torch.no_grad():
+        assert torch.equal(packed(IDS).logits, dense(IDS).logits)
+    out = packed.generate(IDS, max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, dense.generate(IDS, max_new_tokens=6, do_sample=False))
+
+
+def test_packed_needs_a_quantized_checkpoint(tmp_path):
+    model = make_tiny_llama(tmp_path / "fp")
+    with pytest.raises(UserError, match="not quantized"):
+        matgptq.load(model, packed=True)
