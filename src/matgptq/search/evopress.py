@@ -139,9 +139,9 @@ def _draw_windows(rng: np.random.Generator, n_windows: int, seqlen: int, tokens:
 
 def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, start: Mix,
            config: EvoConfig, state_path: Path, settings: dict, resume: bool = False, progress: bool = False,
-           stop_after: int | None = None) -> EvoState:  # fmt: skip
+           stop_after: int | None = None, weights: int | None = None) -> EvoState:  # fmt: skip
     """Run (or continue) the search from `start` to `config.generations`; `stop_after` ends early after that generation
-    (as a kill would, for tests)."""
+    (as a kill would, for tests). `weights` (Σ N·K): the progress bar then shows the parent's bits per weight."""
     index = {r: i for i, r in enumerate(levels)}
     to_levels = lambda mix: tuple(index[r] for r in mix)  # noqa: E731
     to_mix = lambda lv: tuple(levels[i] for i in lv)  # noqa: E731
@@ -179,7 +179,10 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
             scores = [fitness.kl(m, windows, cache) for m in pool]
             order = sorted(range(len(pool)), key=lambda i: (scores[i], i))[: stage.survivors]
             survivors, best_kl = [pool[i] for i in order], scores[order[0]]
-            bar.set_postfix(stage=f"{s + 1}/{len(config.stages)}", kl=f"{best_kl:.4g}")
+            shown = {"stage": f"{s + 1}/{len(config.stages)}", "kl": f"{best_kl:.4g}"}
+            if weights:
+                shown["bits"] = f"{sum(costs[i][lv] for i, lv in enumerate(to_levels(survivors[0]))) / weights:.4f}"
+            bar.set_postfix(shown)
         state.parent = tuple(survivors[0]) if survivors else state.parent
         state.generation += 1
         state.evaluations += fitness.evaluations - evals0

@@ -164,7 +164,8 @@ def run_search(req: SearchRequest) -> list[dict]:
                 sensitivity = measure(fitness, levels, sens_windows, req.sensitivity, req.progress)
             start = knapsack_mix(cost_model, sensitivity, budget, req.kind)
             state = evolve(fitness, levels, cost_model.table(req.kind), cost_model.limit(budget, req.kind), start,
-                           req.evo, state_path(req.out, label), settings[label], req.resume, req.progress)  # fmt: skip
+                           req.evo, state_path(req.out, label), settings[label], req.resume, req.progress,
+                           weights=cost_model.total_weights)  # fmt: skip
             row = _report(req, label, budget, cost_model, fitness, state.start, state.parent, all_windows, text,
                           text_teacher)  # fmt: skip
             row.update(evaluations=state.evaluations, generations=state.generation,
