@@ -162,15 +162,16 @@ def run_search(req: SearchRequest) -> list[dict]:
             t0 = time.perf_counter()
             if sensitivity is None:
                 sensitivity = measure(fitness, levels, sens_windows, req.sensitivity, req.progress)
-            start = knapsack_mix(cost_model, sensitivity, budget, req.kind)
+            dp = knapsack_mix(cost_model, sensitivity, budget, req.kind)
+            start, start_kind = _start(fitness, cost_model, dp, budget, req.kind, sens_windows)
             state = evolve(fitness, levels, cost_model.table(req.kind), cost_model.limit(budget, req.kind), start,
                            req.evo, state_path(req.out, label), settings[label], req.resume, req.progress,
                            weights=cost_model.total_weights)  # fmt: skip
-            row = _report(req, label, budget, cost_model, fitness, state.start, state.parent, all_windows, text,
+            row = _report(req, label, budget, cost_model, fitness, dp, state.parent, all_windows, text,
                           text_teacher)  # fmt: skip
-            row.update(evaluations=state.evaluations, generations=state.generation,
+            row.update(start=start_kind, evaluations=state.evaluations, generations=state.generation,
                        seconds=round(time.perf_counter() - t0, 1))  # fmt: skip
-            _write_mix(req, label, row, cost_model, state, settings[label])
+            _write_mix(req, label, row, cost_model, state, dp, settings[label])
             rows.append(row)
     finally:
         teacher.close()
@@ -192,9 +193,22 @@ def _report(req, label, budget, cost_model, fitness, dp_mix: Mix, mix: Mix, all_
     return row
 
 
-def _write_mix(req, label, row, cost_model, state, settings) -> None:
+def _start(fitness: Fitness, cost_model: CostModel, dp: Mix, budget: Fraction, kind: BudgetKind,
+           windows: tuple[int, ...]) -> tuple[Mix, str]:
+    """The search's first parent: the knapsack mix, or the widest uniform mix under the budget when that scores
+    better on the sensitivity windows (the additive model can misjudge a network far from linear; the search then
+    never starts behind a plain slice)."""
+    fitting = [r for r in cost_model.levels if cost_model.fits(tuple(r for _ in dp), budget, kind)]
+    uniform = tuple(fitting[-1] for _ in dp)
+    if uniform != dp and fitness.kl(uniform, windows) < fitness.kl(dp, windows):
+        return uniform, f"uniform {fitting[-1]}"
+    return dp, "knapsack"
+
+
+def _write_mix(req, label, row, cost_model, state, dp: Mix, settings) -> None:
     body = {"format": MIX_FORMAT, "bits": dict(zip(cost_model.names, state.parent)),
-            "summary": row, "dp_bits": dict(zip(cost_model.names, state.start)),
+            "summary": row, "dp_bits": dict(zip(cost_model.names, dp)),
+            "start_bits": dict(zip(cost_model.names, state.start)),
             "settings": settings, "history": state.history}  # fmt: skip
     with atomic_output(mix_path(req.out, label), overwrite=True, directory=False) as f:
         f.write_text(json.dumps(body, indent=1))
