@@ -17,6 +17,7 @@ from .models import (
     calibration_windows, file_sha256, load_fp_model, load_tokenizer, read_text, require_model_dir, tokenize,
 )  # fmt: skip
 from .quantization import CalibConfig, LayerReport, Method, QuantConfig, quantize_model
+from .quantization.distributed import dist_backend, init_from_env, world
 from .quantization.resume import BlockState
 
 
@@ -87,9 +88,15 @@ def quantize(
     else:
         text = calib if isinstance(calib, list) else read_text(calib, calib_cfg.text_range)
         windows = calibration_windows(tokenize(tokenizer, text), nsamples, seqlen, seed)
-    state = BlockState(out, _run_settings(model, cfg, calib_cfg, calib, windows, dtype), resume)
+    init_from_env()  # under torchrun: one process of several (quantization/distributed.py)
+    rank, size = world()
+    if size > 1 and resume:
+        raise UserError("--resume is for single-process runs; run the resumed quantization without torchrun")
+    state = BlockState(out, _run_settings(model, cfg, calib_cfg, calib, windows, dtype), resume) if size == 1 else None
     fp = load_fp_model(model, COMPUTE_DTYPES[dtype])
     layers, reports, _ = quantize_model(fp, windows, cfg, progress=progress, state=state)
+    if rank > 0:  # every rank holds the result; one writes it
+        return Path(out), reports
     tensors = unquantized_tensors(fp, layers)
     meta = {
         "quantization": cfg.to_json(),
@@ -104,8 +111,11 @@ def quantize(
                      "torch_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()},
         "report": [asdict(r) for r in reports],
     }  # fmt: skip
+    if size > 1:
+        meta["distributed"] = {"world_size": size, "backend": dist_backend()}
     save_checkpoint(out, fp.config.to_dict(), tensors, layers, meta, model, overwrite)
-    state.finish()
+    if state is not None:
+        state.finish()
     return Path(out), reports
 
 

@@ -155,6 +155,10 @@ def cmd_quantize(a: argparse.Namespace) -> None:
         act_order=a.act_order, static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
         true_sequential=a.true_sequential, signed_scale=a.signed_scale, skip=tuple(a.skip),
     )  # fmt: skip
+    from .quantization.distributed import world
+
+    if world()[0] > 0:  # torchrun: the other ranks hold the same result; rank 0 reports it
+        return
     widths = sorted({r for rep in reports for r in rep.rel_error})
     rows = [[f"{r}-bit", len(reports), sum(rep.rel_error[r] for rep in reports) / len(reports),
              max(rep.rel_error[r] for rep in reports)] for r in widths]  # fmt: skip
@@ -246,7 +250,7 @@ def cmd_search(a: argparse.Namespace) -> None:
         resume=a.resume, overwrite=a.overwrite, progress=not a.quiet,
     )  # fmt: skip
     rows = run_search(req)
-    headers = ["budget", "kind", "code_bits", "storage_bits", "dp_kl", "kl"]
+    headers = ["budget", "kind", "code_bits", "storage_bits", "dp_kl", "start", "kl"]
     if a.text:
         headers += ["dp_text_ppl", "text_ppl", "text_kl"]
     headers += ["evaluations", "seconds"]

@@ -32,6 +32,7 @@ from ..models import arch_spec, get_blocks, set_weight_matrix, weight_matrix
 from .config import Method, QuantConfig
 from .grid import NearestRounding, Rounding
 from .multibit import MatryoshkaRounding
+from .distributed import combine_hessians, share, shard, world
 from .resume import BlockState
 from .passes import (
     Inputs, PassTimes, attention_cache, capture_block_inputs, collect_hessians, replay_outputs, run_block,
@@ -102,12 +103,20 @@ def quantize_model(
     groups = spec.groups if cfg.true_sequential else (tuple(n for g in spec.groups for n in g),)
     needs_data = cfg.method is not Method.RTN
     batch = max(1, batch_tokens // windows.shape[1])
+    rank, size = world()
+    if size > 1 and needs_data:
+        if windows.shape[0] < size:
+            raise UserError(f"{windows.shape[0]} calibration windows for {size} processes leave some without work; "
+                            "use fewer processes or more --nsamples")  # fmt: skip
+        windows = shard(windows, rank, size)
     inputs: Inputs = capture_block_inputs(model, spec, windows, batch) if needs_data else []
+    rows = sum(h.shape[0] * h.shape[1] for h, _ in inputs)  # calibration tokens on this rank
 
     layers: dict[str, QuantizedWeight] = {}
     reports: list[LayerReport] = []
     times = StageTimes()
-    bar = tqdm(total=len(blocks) * sum(len(g) for g in groups), desc="quantize", unit="layer", disable=not progress)
+    bar = tqdm(total=len(blocks) * sum(len(g) for g in groups), desc="quantize", unit="layer",
+               disable=not progress or rank > 0)  # fmt: skip
     skipped = lambda full: any(re.search(p, full) for p in cfg.skip)  # noqa: E731
     start = _restore(model, spec, state, len(blocks), inputs, layers, reports, bar)
     for i, block in enumerate(blocks):
@@ -126,33 +135,19 @@ def quantize_model(
             until = cut.rpartition(".")[0] if cut else None
             collected = collect_hessians(block, group, inputs, times, replay or cut, until, attention) \
                 if needs_data else None  # fmt: skip
-            for name in group:
-                full = f"{spec.blocks}.{i}.{name}"
-                module = block.get_submodule(name)
-                w = weight_matrix(module, spec).float()
-                t0 = time.perf_counter()
-                if needs_data:
-                    res = gptq_quantize(
-                        w, collected.hessians[name], rounding, group_size=cfg.group_size, sym=cfg.sym,
-                        act_order=cfg.act_order, static_groups=cfg.static_groups, mse=cfg.mse,
-                        damp=cfg.damp, block_size=cfg.block_size, signed=cfg.signed_scale,
-                    )  # fmt: skip
-                else:
-                    res = rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse, cfg.signed_scale)
-                qw = _to_weight(res, cfg.bits)
-                seconds = time.perf_counter() - t0
-                times.solver += seconds
-                errors = {}
-                if needs_data:
-                    t1 = time.perf_counter()
-                    errors = {r: _relative_error(w, qw.slice(r).dequantize(), collected.hessians[name])
-                              for r in cfg.target_bits}  # fmt: skip
-                    times.report += time.perf_counter() - t1
-                set_weight_matrix(module, spec, qw.dequantize())
-                layers[full] = qw
-                reports.append(LayerReport(full, tuple(w.shape), errors, res.damp, seconds))
-                err_txt = " ".join(f"{r}b={e:.2e}" for r, e in errors.items())
-                bar.set_postfix_str(f"{full} {err_txt}".strip())
+            if size > 1 and needs_data:
+                combine_hessians(collected.hessians, rows)
+            owners = [j % size for j in range(len(group))]
+            results = [_solve(block, spec, f"{spec.blocks}.{i}.{name}", name, collected, rounding, cfg, times)
+                       if owner == rank else None for name, owner in zip(group, owners)]  # fmt: skip
+            if size > 1:
+                results = share(results, owners)
+            for name, (qw, report) in zip(group, results):
+                set_weight_matrix(block.get_submodule(name), spec, qw.dequantize())
+                layers[report.name] = qw
+                reports.append(report)
+                err_txt = " ".join(f"{r}b={e:.2e}" for r, e in report.rel_error.items())
+                bar.set_postfix_str(f"{report.name} {err_txt}".strip())
                 bar.update(1)
             if replay is not None:
                 replay_outputs(block.get_submodule(replay), inputs, collected.kept, times)
@@ -167,6 +162,30 @@ def quantize_model(
             state.save(i + 1, {n: q for n, q in layers.items() if n.startswith(prefix)}, reports, [h for h, _ in inputs])
     bar.close()
     return QuantizeOutput(layers, reports, times)
+
+
+def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg: QuantConfig,
+           times: StageTimes) -> tuple[QuantizedWeight, LayerReport]:  # fmt: skip
+    """One layer's codes (GPTQ with the collected Hessian, or RTN without) and its report."""
+    w = weight_matrix(block.get_submodule(name), spec).float()
+    t0 = time.perf_counter()
+    if collected is not None:
+        res = gptq_quantize(
+            w, collected.hessians[name], rounding, group_size=cfg.group_size, sym=cfg.sym, act_order=cfg.act_order,
+            static_groups=cfg.static_groups, mse=cfg.mse, damp=cfg.damp, block_size=cfg.block_size,
+            signed=cfg.signed_scale,
+        )  # fmt: skip
+    else:
+        res = rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse, cfg.signed_scale)
+    qw = _to_weight(res, cfg.bits)
+    seconds = time.perf_counter() - t0
+    times.solver += seconds
+    errors = {}
+    if collected is not None:
+        t1 = time.perf_counter()
+        errors = {r: _relative_error(w, qw.slice(r).dequantize(), collected.hessians[name]) for r in cfg.target_bits}
+        times.report += time.perf_counter() - t1
+    return qw, LayerReport(full, tuple(w.shape), errors, res.damp, seconds)
 
 
 def _restore(model, spec, state: BlockState | None, n_blocks: int, inputs: Inputs, layers: dict, reports: list,
