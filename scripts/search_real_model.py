@@ -162,6 +162,12 @@ def render(state: dict, work: Path) -> None:
           *usage, "", "Fitness vs evaluations (KL on 16 fixed windows of 256 tokens from the end of the calibration text; generation 0 is the search's start):", "", *curves, ""]  # fmt: skip
     docs = ROOT / "docs"
     (docs / "search_real_model.md").write_text("\n".join(md))
+    start, end = "<!-- search-real-model:start -->", "<!-- search-real-model:end -->"
+    readme = (ROOT / "README.md").read_text()
+    if start in readme and end in readme:
+        block = "\n".join([text, "", *usage])
+        readme = readme[: readme.index(start)] + f"{start}\n{block}\n{end}" + readme[readme.index(end) + len(end) :]
+        (ROOT / "README.md").write_text(readme)
     (docs / "search_real_model.json").write_text(json.dumps({"rows": rows, **state}, indent=1))
     plot(rows, state, docs / "search_real_model.png")
     print("\n".join(md))
