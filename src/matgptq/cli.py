@@ -132,6 +132,9 @@ def _add_search_parser(sub) -> None:
     s.add_argument("--sensitivity", choices=[k.value for k in Sensitivity], default=req.sensitivity.value,
                    help="starting mix: score each layer at one probe level and extrapolate by its weight error "
                         "(probe), or at every level (full; levels − 1 times the cost)")  # fmt: skip
+    s.add_argument("--calib-tokens", type=int, default=req.calib_tokens,
+                   help="calibration tokens the stages draw their windows from (default %(default)s; at least the "
+                        "last stage's)")  # fmt: skip
     s.add_argument("--sensitivity-tokens", type=int, default=req.sensitivity_tokens,
                    help="scored tokens per sensitivity measurement (default %(default)s)")
     s.add_argument("--kl-to", help="unquantized reference model (default: the parent's recorded source model)")
@@ -245,7 +248,8 @@ def cmd_search(a: argparse.Namespace) -> None:
     req = SearchRequest(
         parent=Path(a.parent), budgets=tuple(b.strip() for b in a.budget.split(",")), calib=Path(a.calib),
         out=Path(a.out), calib_range=a.calib_range, levels=a.levels, kind=BudgetKind(a.budget_kind), evo=evo,
-        seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens, sensitivity=Sensitivity(a.sensitivity), reference=Path(a.kl_to) if a.kl_to else None,
+        seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens, sensitivity=Sensitivity(a.sensitivity),
+        calib_tokens=a.calib_tokens, reference=Path(a.kl_to) if a.kl_to else None,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
         resume=a.resume, overwrite=a.overwrite, progress=not a.quiet,
     )  # fmt: skip
