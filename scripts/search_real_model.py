@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from bench_pipeline import run_measured
-from real_model_table import DEFAULT_MODEL, SHARED, WIKI, evaluate
+from real_model_table import DEFAULT_MODEL, SHARED, WIKI, evaluate, readme_block
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "runs" / "real-model-table"
@@ -162,13 +162,7 @@ def render(state: dict, work: Path) -> None:
           *usage, *([f"- {state['note']}"] if state.get("note") else []), "", "Fitness vs evaluations (KL on 16 fixed windows of 256 tokens from the end of the calibration text; generation 0 is the search's start):", "", *curves, ""]  # fmt: skip
     docs = ROOT / "docs"
     (docs / "search_real_model.md").write_text("\n".join(md))
-    start, end = "<!-- search-real-model:start -->", "<!-- search-real-model:end -->"
-    readme = (ROOT / "README.md").read_text()
-    if start in readme and end in readme:
-        block = "\n".join([text, "", *usage, *([f"- {state['note']}"] if state.get("note") else [])])
-        readme = readme[: readme.index(start)] + f"{start}\n{block}\n{end}" + readme[readme.index(end) + len(end) :]
-        (ROOT / "README.md").write_text(readme)
-    (docs / "search_real_model.json").write_text(json.dumps({"rows": rows, **state}, indent=1))
+    readme_block("search-real-model", "\n".join([text, "", *usage, *([f"- {state['note']}"] if state.get("note") else [])]))
     plot(rows, state, docs / "search_real_model.png")
     print("\n".join(md))
 

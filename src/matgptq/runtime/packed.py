@@ -3,7 +3,7 @@ uint8 zeros and the group index), not that of a float matrix.
 
 Storage (buffers): `packed` uint8 [N, ⌈K·r/8⌉], the row-wise little-endian bit stream of formats.parent.pack_bits
 (code k of a row in stream bits [k·r, (k+1)·r)); `scales` fp16 [N, G]; `zeros` uint8 [N, G] on the master grid;
-`g_idx` int32 [K]. Forward: the weight is dequantized by the formula of formats.quantized.QuantizedWeight
+`g_idx` int32 [K]. Forward: the weight is dequantized by QuantizedWeight.dequantize itself
 (Ŵ = s[:, g] · (q · 2^shift − z[:, g]) in float32, cast to the model dtype) and multiplied with torch's own matmul,
 so outputs equal those of the float model `matgptq.load(..., packed=False)` bit for bit (tested). The dequantized
 weight lives only during the call (one layer at a time): this trades speed for memory; kernels that never
@@ -44,9 +44,7 @@ class PackedLinear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         codes = unpack_rows(self.packed, self.bits, self.in_features)
-        idx = self.g_idx.long()
-        scale, zero = self.scales.float()[:, idx], self.zeros.float()[:, idx]
-        return (scale * (codes.float() * float(1 << self.shift) - zero)).to(self.dtype)
+        return QuantizedWeight(codes, self.scales, self.zeros, self.g_idx, self.bits, self.shift).dequantize(self.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.dequantized_weight(), self.bias)
