@@ -13,7 +13,9 @@ Protocol (every row sees the same data):
   time, RSS    end to end (load → calibrate → quantize → save), one child process per quantization, os.wait4's
                wall, CPU (user+sys) and peak RSS; --threads threads each
 Rows: fp32; RTN 3/4; GPTQ 3/4/6/8 (matgptq, the model's float32); GPTQ 4 with --dtype bfloat16 (the dtype GPTQModel
-calibrates in on CPU); GPTQ 3/4 with GPTQModel's default settings (--act-order --static-groups --damp 0.05); one MatGPTQ parent (c = 8, R = {3,4,8}) sliced at 3/4/6/8; and, when the bench venv is there
+calibrates in on CPU); GPTQ 3/4 with GPTQModel's default settings (--act-order --static-groups --damp 0.05); two
+MatGPTQ parents (c = 8, R = {3,4,8}; the published algorithm and the default variant) sliced at 3/4/6/8; and, when the
+bench venv is there
 (.venv-bench, `make bench-venv`), GPTQModel 7.6.0 and llm-compressor 0.14 GPTQ at 3 and 4 bits (scripts/bench_pipeline.py's
 workers), evaluated by the same code as ours (GPTQModel writes a GPTQ checkpoint, which `matgptq.load` reads).
 
@@ -46,13 +48,14 @@ QUANTS = {
     "gptq3": ("gptq", (3,), (3,)), "gptq4": ("gptq", (4,), (4,)), "gptq6": ("gptq", (6,), (6,)),
     "gptq8": ("gptq", (8,), (8,)), "gptq4-bf16": ("gptq-bf16", (4,), (4,)),
     "gptq3-ao": ("gptq-ao", (3,), (3,)), "gptq4-ao": ("gptq-ao", (4,), (4,)),
-    "matgptq348": ("matgptq", (3, 4, 8), (3, 4, 6, 8)),
+    "matgptq348-paper": ("matgptq-paper", (3, 4, 8), (3, 4, 6, 8)), "matgptq348": ("matgptq", (3, 4, 8), (3, 4, 6, 8)),
     "gptqmodel3": ("gptqmodel", (3,), (3,)), "gptqmodel4": ("gptqmodel", (4,), (4,)),
     "llmcompressor3": ("llmcompressor", (3,), (3,)), "llmcompressor4": ("llmcompressor", (4,), (4,)),
 }  # fmt: skip
 LABELS = {"rtn": "RTN", "gptq": "GPTQ (matgptq)", "gptq-bf16": "GPTQ (matgptq, bf16 calibration)",
           "gptq-ao": "GPTQ (matgptq, --act-order --static-groups --damp 0.05)",
-          "matgptq": "MatGPTQ slice (one parent)", "gptqmodel": "GPTQModel 7.6.0", "llmcompressor": "llm-compressor 0.14"}  # fmt: skip
+          "matgptq-paper": "MatGPTQ slice (one parent, --variant paper)",
+          "matgptq": "MatGPTQ slice (one parent, default per-width-scales)", "gptqmodel": "GPTQModel 7.6.0", "llmcompressor": "llm-compressor 0.14"}  # fmt: skip
 PEERS = ("gptqmodel", "llmcompressor")
 
 
@@ -70,12 +73,15 @@ def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path) -> di
                str(ids_file), "--out-model", str(out), "--bits", str(bits[0]), "--group-size", str(a.group_size),
                "--report", str(work / f"{name}.report.json")]  # fmt: skip
     else:
-        method = {"rtn": "rtn", "gptq": "gptq", "gptq-bf16": "gptq", "gptq-ao": "gptq", "matgptq": "matgptq"}[tool]
+        method = {"rtn": "rtn", "gptq": "gptq", "gptq-bf16": "gptq", "gptq-ao": "gptq", "matgptq": "matgptq",
+                  "matgptq-paper": "matgptq"}[tool]  # fmt: skip
         cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(out), "--method", method,
                "--bits", ",".join(map(str, bits)), "--group-size", str(a.group_size), "--overwrite", "--quiet"]  # fmt: skip
         if method != "rtn":
             cmd += ["--calib", str(WIKI), "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen",
                     str(a.seqlen), "--seed", str(a.seed)]  # fmt: skip
+        if tool == "matgptq-paper":
+            cmd += ["--variant", "paper"]
         if tool == "gptq-bf16":
             cmd += ["--dtype", "bfloat16"]
         if tool == "gptq-ao":  # GPTQModel's defaults: damp 0.05, act-order that keeps each group's columns together
@@ -273,7 +279,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, (ax, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     fp = next((r for r in rows if r["tool"] == "fp32" and r.get("ppl")), None)
-    for tool in ("rtn", "gptq", "gptq-ao", "matgptq", "gptqmodel", "llmcompressor"):
+    for tool in ("rtn", "gptq", "gptq-ao", "matgptq-paper", "matgptq", "gptqmodel", "llmcompressor"):
         pts = sorted((r["bits"], r["ppl"], r["avg_acc"]) for r in rows if r["tool"] == tool and r.get("ppl"))
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=LABELS[tool])

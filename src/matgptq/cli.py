@@ -36,6 +36,8 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .quantization.config import QuantConfig, Variant
+
     p = argparse.ArgumentParser(prog="matgptq", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -46,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--bits", type=_ints, default=(4,), help="width (2-8); for matgptq the target set R, e.g. 3,4,8")
     q.add_argument("--master-bits", type=int, help="matgptq: master width c of the stored codes (default max of --bits)")
     q.add_argument("--bit-weights", type=_floats, help="matgptq: weight λ_r per target width, same order as --bits")
+    q.add_argument("--variant", choices=[v.value for v in Variant], default=QuantConfig.variant.value,
+                   help="matgptq: paper = seed 001 as published (mean error fed back, master scale); per-width = one "
+                        "error-feedback track per width; per-width-scales (default) = that plus each width's own "
+                        "least-squares scales (docs/ablation.md)")
     q.add_argument("--group-size", type=int, default=-1, help="columns per scale group; -1 = one group per output row")
     sym = q.add_mutually_exclusive_group()
     sym.add_argument("--sym", dest="sym", action="store_true", default=True, help="symmetric grid (default)")
@@ -156,7 +162,7 @@ def cmd_quantize(a: argparse.Namespace) -> None:
         bit_weights=a.bit_weights, calib_range=a.calib_range, nsamples=a.nsamples, seqlen=a.seqlen, seed=a.seed,
         overwrite=a.overwrite, progress=not a.quiet, dtype=a.dtype, resume=a.resume, group_size=a.group_size, sym=a.sym,
         act_order=a.act_order, static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
-        true_sequential=a.true_sequential, signed_scale=a.signed_scale, skip=tuple(a.skip),
+        true_sequential=a.true_sequential, signed_scale=a.signed_scale, skip=tuple(a.skip), variant=a.variant,
     )  # fmt: skip
     from .quantization.distributed import world
 

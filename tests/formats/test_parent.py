@@ -71,3 +71,48 @@ def test_existing_output_refused_and_failed_write_leaves_nothing(tmp_path):
         save_checkpoint(tmp_path / "new", {}, {}, bad, {}, None)
     assert not (tmp_path / "new").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["ck"]
+
+
+def _with_width_scales(q):
+    gen = torch.Generator().manual_seed(7)
+    return QuantizedWeight(q.codes, q.scales, q.zeros, q.g_idx, q.bits, 0, q.perm,
+                           {r: (q.scales.float() * (1 + 0.1 * torch.rand(q.scales.shape, generator=gen))).half()
+                            for r in range(2, q.bits)})  # fmt: skip
+
+
+def test_per_width_scales_round_trip_as_v2_and_slices_use_them(tmp_path):
+    q = _with_width_scales(_weight(8, False))
+    save_checkpoint(tmp_path / "ck", {}, {}, {"a.b": q}, {}, None)
+    assert json.loads((tmp_path / "ck" / "matgptq.json").read_text())["format_version"] == 2
+    r = read_checkpoint(tmp_path / "ck").layers["a.b"]
+    assert sorted(r.width_scales) == list(range(2, 8))
+    for b in range(2, 8):
+        assert torch.equal(r.width_scales[b], q.width_scales[b])
+        s = r.slice(b)  # W = s_r · (S(q, r)·2^(c−r) − z): the r-bit scales, the master zero (quantized.py)
+        expected = q.width_scales[b].float()[:, q.g_idx.long()] * (
+            (s.codes.float() * 2 ** (8 - b)) - q.zeros.float()[:, q.g_idx.long()])
+        assert torch.equal(s.dequantize(), expected) and s.width_scales is None
+    assert torch.equal(r.slice(8).dequantize(), q.dequantize())  # the master keeps its own scale
+
+
+def test_parents_without_per_width_scales_stay_v1(tmp_path):
+    save_checkpoint(tmp_path / "ck", {}, {}, {"a.b": _weight(8, False)}, {}, None)
+    assert json.loads((tmp_path / "ck" / "matgptq.json").read_text())["format_version"] == 1
+    r = read_checkpoint(tmp_path / "ck").layers["a.b"]
+    assert r.width_scales is None and torch.equal(r.slice(3).scales, r.scales)
+
+
+def test_damaged_per_width_scale_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    save_checkpoint(tmp_path / "ck", {}, {}, {"a.b": _with_width_scales(_weight(8, False))}, {}, None)
+    f = tmp_path / "ck" / "model.safetensors"
+    raw = load_file(str(f))
+    raw["a.b.scales.3"][0, 0] = float("nan")
+    save_file(raw, str(f))
+    with pytest.raises(UserError, match="a.b.scales.3 holds zero, NaN or Inf"):
+        read_checkpoint(tmp_path / "ck")
+    raw["a.b.scales.3"] = raw["a.b.scales.3"][:, :2].contiguous()
+    save_file(raw, str(f))
+    with pytest.raises(UserError, match="a.b.scales.3 is float16"):
+        read_checkpoint(tmp_path / "ck")

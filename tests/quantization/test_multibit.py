@@ -5,7 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from matgptq.formats.slicing import position_table
-from matgptq.quantization.multibit import MatryoshkaRounding, brute_force_codes, envelope, multibit_loss
+from matgptq.quantization.multibit import (
+    MatryoshkaRounding, PerWidthRounding, brute_force_codes, envelope, multibit_loss,
+)
 
 
 @st.composite
@@ -68,3 +70,58 @@ def test_propagated_error_is_unweighted_mean_over_widths():
     assert torch.allclose(r.residual(w, q, s, z), sum(per_width) / 3)
     loss = multibit_loss(w, q.long(), s, z, r.table, r.lambda_t)
     assert torch.allclose(loss, sum(lam * e**2 for lam, e in zip((5.0, 1.0, 0.1), per_width)))
+
+
+def brute_force_tracks(u: torch.Tensor, c: int, widths: tuple[int, ...], lambdas: tuple[float, ...]) -> torch.Tensor:
+    """Σ_r λ_r (u_r − D_r(q))² for every master code q (float64): [N, 2^c], from u [R, N] on the master grid."""
+    pos = position_table(c, widths).double()  # [R, 2^c]
+    lam = torch.tensor(lambdas, dtype=torch.float64)
+    return (lam[:, None, None] * (u[:, :, None] - pos[:, None, :]) ** 2).sum(0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(), st.sampled_from([0.0, 0.3, 3.0, 40.0]))
+def test_per_width_codes_minimise_the_objective_like_enumeration(problem, spread):
+    """PerWidthRounding's cell search returns a brute-force minimiser for per-track targets (module docstring)."""
+    c, widths, lambdas, sym, seed = problem
+    gen = torch.Generator().manual_seed(seed)
+    n, t = 1500, len(widths)
+    scale = (torch.rand(n, generator=gen, dtype=torch.float64) * 0.2 + 1e-3).half().double()
+    zero = torch.full((n,), 2.0 ** (c - 1), dtype=torch.float64) if sym else \
+        torch.randint(0, 2**c, (n,), generator=gen).double()  # fmt: skip
+    base = torch.rand(n, generator=gen, dtype=torch.float64) * (2**c + 6) - 3  # positions, some beyond the grid
+    base[:100] = torch.randint(0, 2**c, (100,), generator=gen).double() + 0.5 * (torch.arange(100) % 2)  # ties
+    u = base + spread * torch.randn(t, n, generator=gen, dtype=torch.float64)  # the tracks drift apart
+    w = scale * (u - zero)
+    got = PerWidthRounding(c, widths, lambdas).codes_tracks(w, scale, zero).long()
+    obj = brute_force_tracks(w / scale + zero, c, widths, lambdas)
+    best = obj.min(1).values
+    chosen = obj.gather(1, got[:, None])[:, 0]
+    assert torch.allclose(chosen, best, rtol=1e-12, atol=1e-9)  # always a minimiser
+    clear = (obj - best[:, None] > 1e-7).sum(1) == obj.shape[1] - 1  # a unique minimiser beyond float noise
+    assert torch.equal(got[clear], obj.argmin(1)[clear])
+
+
+def test_per_width_codes_with_equal_tracks_are_the_paper_codes():
+    """With no drift between tracks the objective is Algorithm 1's: same codes as the envelope search."""
+    gen = torch.Generator().manual_seed(0)
+    scale, zero = torch.full((3000,), 0.01), torch.full((3000,), 128.0)
+    w = torch.randn(3000, generator=gen) * 0.6
+    paper = MatryoshkaRounding(8, (3, 4, 8), (1.0, 1.0, 4.0)).codes(w, scale, zero)
+    per_width = PerWidthRounding(8, (3, 4, 8), (1.0, 1.0, 4.0)).codes_tracks(w.expand(3, -1), scale, zero)
+    assert (paper == per_width).float().mean() > 0.999  # differ only where float noise decides a near-tie
+    u = (w / scale + zero).double()
+    obj = brute_force_tracks(u.expand(3, -1), 8, (3, 4, 8), (1.0, 1.0, 4.0))
+    differ = paper != per_width
+    gap = obj.gather(1, paper.long()[:, None]) - obj.gather(1, per_width.long()[:, None])
+    assert (gap[differ].abs() < 1e-6).all()
+
+
+def test_per_width_residual_is_each_tracks_own_slice_error():
+    r = PerWidthRounding(8, (3, 4, 8), (1.0, 1.0, 1.0))
+    w = torch.tensor([[0.37, -0.2], [0.36, -0.21], [0.35, -0.19]])
+    s, z = torch.tensor([0.01, 0.01]), torch.tensor([128.0, 128.0])
+    q = r.codes_tracks(w, s, z)
+    for t, b in enumerate((3, 4, 8)):
+        expected = w[t] - s * (position_table(8, (b,))[0, q.long()] - z)
+        assert torch.allclose(r.residual_tracks(w, q, s, z)[t], expected)

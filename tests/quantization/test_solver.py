@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from matgptq.quantization.grid import NearestRounding, find_params
-from matgptq.quantization.multibit import MatryoshkaRounding
+from matgptq.formats.slicing import position_table
+from matgptq.quantization.multibit import MatryoshkaRounding, PerWidthRounding
 from matgptq.quantization.solver import gptq_quantize, rtn_quantize
 
 
@@ -87,6 +88,43 @@ def test_matgptq_matches_reference():
     rounding = MatryoshkaRounding(8, (3, 4, 8), (1.0, 1.0, 1.0))
     res = gptq_quantize(w, h, rounding, group_size=16, sym=True, act_order=True, block_size=8)
     codes_ref, _ = reference_gptq(w, h, rounding, 16, True, True, False, 0.01)
+    assert torch.equal(res.codes.double(), codes_ref)
+
+
+def reference_per_width_gptq(w, h, c, widths, lambdas, group_size, damp=0.01):
+    """GPTQ with one weight copy per width, each updated only by its own slice's error (the plain recursion run
+    len(widths) times in lockstep); the shared code of a column enumerates all 2^c codes. Float64."""
+    w, h = w.double().clone(), h.double().clone()
+    k = w.shape[1]
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1
+    w[:, dead] = 0
+    h = h + damp * torch.diag(h).mean() * torch.eye(k, dtype=h.dtype)
+    u = torch.linalg.cholesky(torch.linalg.inv(h), upper=True)
+    tracks = [w.clone() for _ in widths]
+    lam = torch.tensor(lambdas, dtype=torch.float64)
+    pos = position_table(c, widths).double()  # [R, 2^c]
+    paper = MatryoshkaRounding(c, widths, lambdas)  # the parameter search sees the λ-mean track
+    codes = torch.zeros_like(w)
+    for j in range(k):
+        if j % group_size == 0:
+            mean = sum(lam[t] * tracks[t][:, j : j + group_size] for t in range(len(widths))) / lam.sum()
+            scale, zero = (t[:, None] for t in find_params(mean, paper, True, False))
+        objective = sum(lam[t] * (tracks[t][:, j, None] - scale * (pos[t][None] - zero)) ** 2 for t in range(len(widths)))
+        q = objective.argmin(1)
+        codes[:, j] = q.double()
+        for t in range(len(widths)):
+            err = (tracks[t][:, j] - scale[:, 0] * (pos[t][q] - zero[:, 0])) / u[j, j]
+            for col in range(j, k):
+                tracks[t][:, col] -= err * u[j, col]
+    return codes
+
+
+def test_per_width_matgptq_matches_reference():
+    w, h, _ = random_problem(16, 50, seed=4)
+    rounding = PerWidthRounding(8, (3, 4, 8), (1.0, 1.0, 2.0))
+    res = gptq_quantize(w, h, rounding, group_size=16, sym=True, block_size=8)
+    codes_ref = reference_per_width_gptq(w, h, 8, (3, 4, 8), (1.0, 1.0, 2.0), 16)
     assert torch.equal(res.codes.double(), codes_ref)
 
 

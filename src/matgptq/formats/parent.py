@@ -8,7 +8,11 @@ Tensors, per quantized layer `<name>` (the Linear's module path; weights as [out
   <name>.zeros   uint8  [N, G]               master zero point
   <name>.g_idx   int32  [K]                  group of each input column
   <name>.perm    int32  [K]                  act-order processing order (only with act-order)
+  <name>.scales.<r> float16 [N, G]           v2: the r-bit slice's own scales, r = 2..bits−1 (per-width-scales
+                                             parents, quantization/refit.py); a slice without one uses `scales`
 and every unquantized tensor of the model under its usual name (embeddings, norms, biases, untied lm_head).
+A parent with per-width scales is format v2 (a v1 reader would slice it on the master scale: wrong weights, so it
+must refuse); everything else is still written as v1, which this version reads as before.
 `matgptq.json` records the format version, the QuantConfig, the stored width and shift (slices), the slicing rule,
 calibration settings and versions — everything needed to reproduce the weights bit-exactly.
 """
@@ -26,10 +30,10 @@ from safetensors.torch import save_file
 from ..errors import UserError
 from ..fsutil import atomic_output, copy_tokenizer_files
 from ..untrusted import read_json, read_tensors, take
-from .quantized import QuantizedWeight
+from .quantized import QuantizedWeight, width_scale_name, width_scale_tensors
 
 FORMAT = "matgptq"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # highest version read; v2 adds <name>.scales.<r>
 META_FILE = "matgptq.json"
 WEIGHTS_FILE = "model.safetensors"
 SLICING_RULE = "msb_round_half_up_saturating"  # slicing.py
@@ -82,8 +86,10 @@ def save_checkpoint(
         out_tensors[f"{name}.g_idx"] = q.g_idx.to(torch.int32).contiguous()
         if q.perm is not None:
             out_tensors[f"{name}.perm"] = q.perm.to(torch.int32).contiguous()
+        out_tensors.update(width_scale_tensors(name, q))
+    version = 2 if any(q.width_scales for q in layers.values()) else 1
     full_meta = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "stored_bits": bits, "shift": shift,
+        "format": FORMAT, "format_version": version, "stored_bits": bits, "shift": shift,
         "slicing": SLICING_RULE, **meta,
         "layers": {name: list(q.shape) for name, q in layers.items()},
     }  # fmt: skip
@@ -150,9 +156,16 @@ def _layer(where: Path, raw: dict, name: str, n: int, k: int, bits: int, shift: 
         raise UserError(f"{where}: {name}.scales hold zero, NaN or Inf; the checkpoint is damaged")
     if perm is not None and not torch.equal(perm.sort().values, torch.arange(k, dtype=torch.int32)):
         raise UserError(f"{where}: {name}.perm is not a permutation of its {k} columns; the checkpoint is damaged")
+    width_scales = {}
+    for r in range(2, bits) if shift == 0 else ():
+        s = take(raw, width_scale_name(name, r), torch.float16, (n, groups), where, optional=True)
+        if s is not None:
+            if not bool(torch.isfinite(s).all()) or bool((s == 0).any()):
+                raise UserError(f"{where}: {width_scale_name(name, r)} holds zero, NaN or Inf; the checkpoint is damaged")
+            width_scales[r] = s
     return QuantizedWeight(
         codes=unpack_bits(codes, bits, k), scales=scales, zeros=zeros, g_idx=g_idx, bits=bits, shift=shift,
-        perm=None if perm is None else perm.long(),
+        perm=None if perm is None else perm.long(), width_scales=width_scales or None,
     )  # fmt: skip
 
 

@@ -2,9 +2,11 @@
 
     W[n, k] = scale[n, g] · (code[n, k] · 2^shift − zero[n, g]),   g = g_idx[k]
 
-A GPTQ/RTN layer and a MatGPTQ parent have shift = 0. An r-bit slice of a c-bit parent keeps the parent's scale and
-zero and has codes S(q, r) with shift = c − r (slicing.py), so every slice is exact, including asymmetric ones whose
-zero is not a multiple of 2^(c−r). Scales are float16 values; the product above is exact in float32.
+A GPTQ/RTN layer and a MatGPTQ parent have shift = 0. An r-bit slice of a c-bit parent keeps the parent's zero and
+has codes S(q, r) with shift = c − r (slicing.py), so every slice is exact, including asymmetric ones whose zero is not
+a multiple of 2^(c−r). Its scale is the parent's, or, where the parent holds per-width scales (`width_scales`, the
+least-squares refit of quantization/refit.py), the r-bit ones. Scales are float16 values; the product above is exact
+in float32.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class QuantizedWeight:
     bits: int  # width of `codes`
     shift: int = 0
     perm: torch.Tensor | None = None  # act-order processing order (informational; g_idx already encodes groups)
+    width_scales: dict[int, torch.Tensor] | None = None  # parent only: width r < bits -> float16 [N, G] for its slice
 
     @property
     def master_bits(self) -> int:
@@ -48,4 +51,15 @@ class QuantizedWeight:
             raise ValueError(f"this weight is already a {self.bits}-bit slice; slice the parent instead")
         if not 2 <= bits <= self.bits:
             raise ValueError(f"cannot slice {bits} bits out of a {self.bits}-bit parent (use 2..{self.bits})")
-        return replace(self, codes=slice_codes(self.codes, self.bits, bits), bits=bits, shift=self.bits - bits)
+        scales = self.width_scales[bits] if self.width_scales and bits in self.width_scales else self.scales
+        return replace(self, codes=slice_codes(self.codes, self.bits, bits), scales=scales, bits=bits,
+                       shift=self.bits - bits, width_scales=None)  # fmt: skip
+
+
+def width_scale_name(name: str, bits: int) -> str:
+    """Where a parent file keeps layer `name`'s scales for its `bits`-wide slice (formats/parent.py)."""
+    return f"{name}.scales.{bits}"
+
+
+def width_scale_tensors(name: str, q: QuantizedWeight) -> dict[str, torch.Tensor]:
+    return {width_scale_name(name, r): s.to(torch.float16).contiguous() for r, s in sorted((q.width_scales or {}).items())}

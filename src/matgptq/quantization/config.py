@@ -15,6 +15,14 @@ class Method(str, Enum):
     MATGPTQ = "matgptq"  # multi-precision GPTQ (seed 001, Algorithms 1 + 2)
 
 
+class Variant(str, Enum):
+    """How MatGPTQ shares one set of codes between its widths (issue 11, docs/ablation.md)."""
+
+    PAPER = "paper"  # seed 001 as published: the mean error over R fed back, every slice on the master scale
+    PER_WIDTH = "per-width"  # one error-feedback track per width (multibit.PerWidthRounding), master scale
+    PER_WIDTH_SCALES = "per-width-scales"  # per-width tracks + each width's own least-squares scales (refit.py)
+
+
 MIN_BITS, MAX_BITS = 2, 8
 
 
@@ -40,9 +48,15 @@ class QuantConfig:
     skip: tuple[str, ...] = ()  # regexes on full module names of block Linears to leave unquantized
     target_bits: tuple[int, ...] = ()
     bit_weights: tuple[float, ...] = ()
+    variant: Variant = Variant.PER_WIDTH_SCALES  # MatGPTQ only; parents recorded before it existed are PAPER
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))
+        try:
+            object.__setattr__(self, "variant", Variant(self.variant))
+        except ValueError:
+            raise UserError(f"unknown MatGPTQ variant {self.variant!r}; use one of "
+                            f"{', '.join(v.value for v in Variant)}") from None  # fmt: skip
         if not MIN_BITS <= self.bits <= MAX_BITS:
             raise UserError(f"bits must be between {MIN_BITS} and {MAX_BITS}, got {self.bits}")
         if self.group_size == 0 or self.group_size < -1:
@@ -80,12 +94,14 @@ class QuantConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d["method"] = self.method.value
+        d["variant"] = self.variant.value
         d["target_bits"] = list(self.target_bits)
         d["bit_weights"] = list(self.bit_weights)
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "QuantConfig":
+        d = {"variant": Variant.PAPER.value, **d}  # recorded before variants existed: the published algorithm
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 

@@ -14,6 +14,16 @@ neighbours, so near-ties resolve exactly as the enumeration would: one table loo
 
 The error fed back to later columns is the unweighted mean over R of (w − deq_r(q)) (Algorithm 2; λ only steers the
 choice of q).
+
+`PerWidthRounding` (this project's default, issue 11): GPTQ keeps one error-feedback track per width — the r-track
+receives only the r-bit slice's own error, exactly as a separate r-bit GPTQ run would — and the shared code minimises
+Σ_r λ_r (u_r − D_r(q))² with u_r = w_r/s + z each track's own position. No single u, so no envelope: instead, the
+codes where D_r changes for some r < c cut [0, 2^c) into cells on which every lower slice is constant, and inside a
+cell only the master term λ_c (u_c − q)² varies, minimised by the code nearest u_c clamped to the cell. The optimum
+lies within W = [min_r u_r − 2^(c−r₀), max_r u_r + 2^(c−r₀)] (r₀ the smallest width): above W every D_r already
+overshoots its u_r or is saturated (|D_r(q) − q| ≤ 2^(c−r−1) off saturation), so stepping down to W's top changes no
+lower term for the worse and strictly improves the master one; symmetrically below (D_r(0) = 0, no saturation). So
+the search scores one candidate per cell meeting W — exact, with ties to the lowest code like the enumeration.
 """
 
 from __future__ import annotations
@@ -142,3 +152,54 @@ class MatryoshkaRounding:
 
     def loss(self, w, codes, scale, zero, norm):
         return multibit_loss(w, codes, scale, zero, self.table, self.lambda_t, norm).sum(-1)
+
+
+class PerWidthRounding(MatryoshkaRounding):
+    """Shared codes with one error-feedback track per width (module docstring); `tracks` rows of weights per column.
+
+    The solver stacks the tracks as [tracks, N]: track t holds the weights as updated by width widths[t]'s errors.
+    Parameter searches (find_params) see one track-averaged weight through the inherited single-target methods.
+    """
+
+    def __init__(self, master_bits: int, widths: tuple[int, ...], lambdas: tuple[float, ...]) -> None:
+        super().__init__(master_bits, widths, lambdas)
+        if self.widths[-1] != master_bits:
+            raise ValueError("the master width must be the widest target width")
+        self.tracks = len(self.widths)
+        lower = position_table(master_bits, self.widths[:-1]).numpy().astype(np.float64) if len(self.widths) > 1 \
+            else np.zeros((0, 1 << master_bits))  # [R−1, 2^c]  # fmt: skip
+        change = np.ones(1 << master_bits, dtype=bool)
+        change[1:] = (np.diff(lower, axis=1) != 0).any(0)
+        self.cell_lo = np.nonzero(change)[0]
+        self.cell_hi = np.append(self.cell_lo[1:] - 1, (1 << master_bits) - 1)
+        self.cell_pos = lower[:, self.cell_lo].T  # [cells, R−1]: each lower slice's position in the cell
+        self.margin = float(1 << (master_bits - self.widths[0])) if len(self.widths) > 1 else 0.0
+        self.lam = np.asarray(self.lambdas, dtype=np.float64)
+
+    def mean_track(self, w: torch.Tensor) -> torch.Tensor:
+        """λ-weighted mean over the leading track axis: what parameter searches see."""
+        lam = self.lambda_t.to(w.dtype).view(-1, *([1] * (w.dim() - 1)))
+        return (w * lam).sum(0) / lam.sum()
+
+    def codes_tracks(self, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+        """Codes [N] for track weights w [tracks, N] with scale, zero [N]."""
+        s, z = scale.numpy().astype(np.float64), zero.numpy().astype(np.float64)
+        u = w.numpy().astype(np.float64) / s + z  # [R, N]
+        top = float((1 << self.bits) - 1)
+        lo = np.clip(np.ceil(u.min(0) - self.margin), 0, top).astype(np.int64)
+        hi = np.clip(np.floor(u.max(0) + self.margin), 0, top).astype(np.int64)
+        k0 = np.searchsorted(self.cell_lo, lo, side="right") - 1
+        k1 = np.searchsorted(self.cell_lo, hi, side="right") - 1
+        idx = np.minimum(k0[:, None] + np.arange(int((k1 - k0).max()) + 1), k1[:, None])  # [N, m] cells in W
+        nearest = np.clip(np.ceil(u[-1] - 0.5), 0, top)[:, None]  # nearest master code, ties to the lower
+        cand = np.clip(nearest, self.cell_lo[idx], self.cell_hi[idx])  # [N, m]
+        loss = self.lam[-1] * (u[-1][:, None] - cand) ** 2
+        for t in range(self.tracks - 1):
+            loss += self.lam[t] * (u[t][:, None] - self.cell_pos[idx, t]) ** 2
+        best = cand[np.arange(len(cand)), loss.argmin(1)]
+        return torch.from_numpy(best.astype(np.float32)).to(w.dtype)
+
+    def residual_tracks(self, w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+        """Each track's own slice error w_t − s·(D_t(q) − z): [tracks, N]."""
+        pos = self.table.index_select(0, codes.long()).T.to(w.dtype)  # [R, N]
+        return w - scale * (pos - zero)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -29,9 +29,10 @@ from tqdm.auto import tqdm
 from ..errors import UserError
 from ..formats import QuantizedWeight
 from ..models import arch_spec, get_blocks, set_weight_matrix, weight_matrix
-from .config import Method, QuantConfig
+from .config import MIN_BITS, Method, QuantConfig, Variant
 from .grid import NearestRounding, Rounding
-from .multibit import MatryoshkaRounding
+from .multibit import MatryoshkaRounding, PerWidthRounding
+from .refit import refit_scales
 from .distributed import combine_hessians, share, shard, world
 from .resume import BlockState
 from .passes import (
@@ -65,8 +66,18 @@ class QuantizeOutput(NamedTuple):
 
 def make_rounding(cfg: QuantConfig) -> Rounding:
     if cfg.method is Method.MATGPTQ:
-        return MatryoshkaRounding(cfg.bits, cfg.target_bits, cfg.bit_weights)
+        per_width = cfg.variant is not Variant.PAPER
+        return (PerWidthRounding if per_width else MatryoshkaRounding)(cfg.bits, cfg.target_bits, cfg.bit_weights)
     return NearestRounding(cfg.bits)
+
+
+def with_width_scales(qw: QuantizedWeight, w: torch.Tensor, h: torch.Tensor, damp: float) -> QuantizedWeight:
+    """The parent with each slice width's own least-squares scales (refit.py) in `width_scales`: every width 2..c−1,
+    so interpolated widths gain too. The master keeps the scale its codes were chosen on (refitting it measured no
+    better, docs/ablation.md), so what later layers see is the same as without the refit."""
+    fit = {r: refit_scales(w, h, qw.codes, qw.scales, qw.zeros, qw.g_idx, qw.bits, r, damp)
+           for r in range(MIN_BITS, qw.bits)}  # fmt: skip
+    return replace(qw, width_scales=fit)
 
 
 def check_finite(model: nn.Module) -> None:
@@ -178,6 +189,8 @@ def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg
     else:
         res = rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse, cfg.signed_scale)
     qw = _to_weight(res, cfg.bits)
+    if collected is not None and cfg.method is Method.MATGPTQ and cfg.variant is Variant.PER_WIDTH_SCALES:
+        qw = with_width_scales(qw, w, collected.hessians[name], res.damp)
     seconds = time.perf_counter() - t0
     times.solver += seconds
     errors = {}

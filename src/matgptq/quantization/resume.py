@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import UserError
-from ..formats import QuantizedWeight
+from ..formats.quantized import QuantizedWeight, width_scale_name, width_scale_tensors
 from ..untrusted import read_json
 
 STATE_FORMAT = "matgptq-quantize-state"
@@ -85,8 +85,11 @@ class BlockState:
                 raw = load_file(str(self.dir / f"block-{i}.safetensors"))
                 for name in (n for n, (_, _, b) in bits.items() if b == i):
                     perm = raw.get(f"{name}.perm")
+                    width_scales = {r: raw[width_scale_name(name, r)] for r in range(2, bits[name][0])
+                                    if width_scale_name(name, r) in raw}  # fmt: skip
                     layers[name] = QuantizedWeight(raw[f"{name}.codes"], raw[f"{name}.scales"], raw[f"{name}.zeros"],
-                                                   raw[f"{name}.g_idx"], bits[name][0], bits[name][1], perm)  # fmt: skip
+                                                   raw[f"{name}.g_idx"], bits[name][0], bits[name][1], perm,
+                                                   width_scales or None)  # fmt: skip
             hidden = load_file(str(self.dir / f"hidden-{done}.safetensors")) if n_batches else {}
             hidden_list = [hidden[f"batch_{b}"] for b in range(n_batches)]
         except (KeyError, TypeError, ValueError, OSError) as e:
@@ -105,6 +108,7 @@ class BlockState:
                             f"{name}.g_idx": q.g_idx})  # fmt: skip
             if q.perm is not None:
                 tensors[f"{name}.perm"] = q.perm
+            tensors.update(width_scale_tensors(name, q))
             self._bits[name] = [q.bits, q.shift, done - 1]
         tensors = {k: v.contiguous() for k, v in tensors.items()}
         _atomic_write(self.dir / f"block-{done - 1}.safetensors", lambda p: save_file(tensors, str(p)))

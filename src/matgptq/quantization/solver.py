@@ -5,8 +5,10 @@ H = (2/n) Σ x xᵀ, columns are quantized one at a time in a fixed order and ea
 is pushed onto the not-yet-quantized columns, W_{:, j:} −= e_j U_{j, j:}, where U is the upper Cholesky factor of
 (H + δ·mean(diag H)·I)⁻¹. Updates inside a block of `block_size` columns are applied at once ("lazy batch"); group
 parameters are computed from the *current* (fully updated) weights when a group starts, so the result equals the
-plain column-by-column algorithm. MatGPTQ differs only in the `Rounding` (multibit.MatryoshkaRounding): how a column's
-codes are chosen and which error is propagated.
+plain column-by-column algorithm. MatGPTQ differs only in the `Rounding` (multibit.py): how a column's codes are chosen
+and which error is propagated. A rounding with `tracks` T > 1 (multibit.PerWidthRounding) keeps T copies of the weights,
+one per width, stacked as extra rows ([K, T·N] below): every update is the same matrix product on more rows, and the
+column's codes are chosen once from all T rows; group parameters come from the tracks' λ-weighted mean.
 
 act-order (`desc_act`): columns are processed by decreasing diag(H); groups are formed in that order (g_idx[k] =
 position of k in the order // g). `static_groups` (with or without act-order): group parameters come from contiguous
@@ -127,7 +129,8 @@ def gptq_quantize(
     # Work on Wᵀ ([K, N]) so each column is a contiguous row, and split each lazy block into cache-sized sub-blocks:
     # the per-column rank-1 update touches only the rest of the sub-block; the rest of the block gets one small
     # matmul per sub-block, the rest of the matrix one per block. Same arithmetic as the plain recursion.
-    wt = w.T.contiguous()
+    tracks = getattr(rounding, "tracks", 1)
+    wt = w.T.repeat(1, tracks).contiguous()  # [K, T·N]: track t in columns t·N..(t+1)·N
     codes = torch.empty(k, n_rows, dtype=dtype)
     scales = torch.zeros(n_rows, n_groups, dtype=dtype)
     zeros = torch.zeros(n_rows, n_groups, dtype=dtype)
@@ -138,7 +141,7 @@ def gptq_quantize(
     scale = zero = None
     for b0 in range(0, k, block_size):
         b1 = min(b0 + block_size, k)
-        err = torch.empty(b1 - b0, n_rows, dtype=dtype)
+        err = torch.empty(b1 - b0, tracks * n_rows, dtype=dtype)
         for s0 in range(b0, b1, SUB_BLOCK):
             s1 = min(s0 + SUB_BLOCK, b1)
             for j in range(s0, s1):
@@ -153,12 +156,19 @@ def gptq_quantize(
                         wt[s1 : min(b1, e)] - u[s0:j, s1 : min(b1, e)].T @ err[s0 - b0 : i],
                         wt[b1:e] - u[b0:j, b1:e].T @ err[:i],
                     ])  # fmt: skip
+                    if tracks > 1:
+                        current = rounding.mean_track(current.view(-1, tracks, n_rows).transpose(0, 1))
                     scale, zero = find_params(current.T, rounding, sym, mse, signed)
                     scales[:, j // g], zeros[:, j // g] = scale, zero
                 col = wt[j]
-                q = rounding.codes(col, scale, zero)
+                if tracks > 1:
+                    q = rounding.codes_tracks(col.view(tracks, n_rows), scale, zero)
+                    residual = rounding.residual_tracks(col.view(tracks, n_rows), q, scale, zero).view(-1)
+                else:
+                    q = rounding.codes(col, scale, zero)
+                    residual = rounding.residual(col, q, scale, zero)
                 codes[j] = q
-                torch.div(rounding.residual(col, q, scale, zero), diag[j], out=err[i])
+                torch.div(residual, diag[j], out=err[i])
                 if j + 1 < s1:
                     wt[j + 1 : s1].addr_(u[j, j + 1 : s1], err[i], alpha=-1)
             if s1 < b1:

@@ -1,0 +1,62 @@
+"""Per-width scale refit: the codes of a parent stay shared, each slice width gets its own least-squares scales.
+
+A MatGPTQ parent chooses its codes q for every width at once (multibit.py), all on the master scale s. Once the codes
+are fixed, the r-bit slice's positions p = S(q, r)·2^(c−r) − z (slicing.py) are fixed too, and the scale that
+minimises that slice's layer-output error on the calibration inputs is a linear least-squares problem. For one output
+row w with the groups' position vectors p_g (p restricted to the columns of group g, zero elsewhere):
+
+    min_s  (w − Σ_g s_g p_g)ᵀ H (w − Σ_g s_g p_g)    ⇒    M s = b,   M_gh = p_gᵀ H p_h,   b_g = p_gᵀ H w
+
+with H the layer Hessian damped as GPTQ damps it (H + δ·mean(diag H)·I, solver.py), w the original weights. The
+groups of a row are solved jointly (H couples them); the master scale is one feasible point, so the refit error is
+never larger (up to float16 rounding of the result). A group whose positions are all zero keeps its master scale.
+
+Cost per width: one pass of H against the positions, N·K² multiply-adds for an [N, K] layer (the size of one GPTQ
+update), computed group by group in row chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats.slicing import positions
+
+CHUNK_BYTES = 1 << 28  # per-chunk working set of the [rows, G, K] products
+
+
+def refit_scales(
+    weight: torch.Tensor, hessian: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+    g_idx: torch.Tensor, master_bits: int, bits: int, damp: float,
+) -> torch.Tensor:  # fmt: skip
+    """Float16 scales [N, G] minimising ‖(W − s_r·(P_r − z))X‖² for the `bits`-wide slice of master `codes`."""
+    w = weight.float()
+    h = hessian.float().clone()
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1
+    w = w.masked_fill(dead, 0)  # as the solver: dead inputs carry no signal
+    h += damp * torch.diag(h).mean() * torch.eye(h.shape[0])
+    n_rows, k = w.shape
+    n_groups = scales.shape[1]
+    g_idx = g_idx.long()
+    p = positions(codes, master_bits, bits).float() - zeros.float()[:, g_idx]  # [N, K]
+    onehot = torch.nn.functional.one_hot(g_idx, n_groups).float()  # [K, G]
+    cols = [torch.nonzero(g_idx == g).flatten() for g in range(n_groups)]
+    hw = w @ h  # [N, K]; b_g = Σ_{j∈g} p_j (Hw)_j
+    b = (p * hw) @ onehot  # [N, G]
+    m = torch.empty(n_rows, n_groups, n_groups)
+    chunk = max(1, CHUNK_BYTES // (4 * k * 2))
+    for g, c in enumerate(cols):
+        h_rows = h[c]  # [|g|, K]
+        for r0 in range(0, n_rows, chunk):
+            r1 = min(r0 + chunk, n_rows)
+            v = p[r0:r1, c] @ h_rows  # [rows, K]: p_gᵀ H for each row
+            m[r0:r1, g] = (v * p[r0:r1]) @ onehot  # M_gh = Σ_{j∈h} (p_gᵀ H)_j p_j
+    m, b = m.double(), b.double()
+    empty = torch.diagonal(m, dim1=1, dim2=2) <= 0  # a group with no non-zero position: keep its master scale
+    eye = torch.eye(n_groups, dtype=torch.float64)
+    m = torch.where(empty.unsqueeze(-1) | empty.unsqueeze(-2), eye * empty.unsqueeze(-1), m)
+    b = torch.where(empty, scales.double(), b)
+    s = torch.linalg.solve(m, b.unsqueeze(-1)).squeeze(-1).to(torch.float16).float()
+    master = scales.float()
+    keep = ~torch.isfinite(s) | (s == 0) | (torch.sign(s) != torch.sign(master))
+    return torch.where(keep, master, s).to(torch.float16)
