@@ -37,7 +37,10 @@ def _layer(n, k, sym, act_order, gen, master=8, group=GROUP):
     size = k if group == -1 else group
     perm = torch.randperm(k, generator=gen) if act_order else None
     order = torch.argsort(perm) if act_order else torch.arange(k)
-    return QuantizedWeight(codes, scales, zeros, (order // size).to(torch.int32), master, 0, perm)
+    # per-width scales (a v2 parent, as the default variant writes) on sym parents: slices must carry them out
+    width_scales = {r: (scales.float() * (0.9 + 0.2 * torch.rand(scales.shape, generator=gen))).half()
+                    for r in range(2, master)} if sym else None  # fmt: skip
+    return QuantizedWeight(codes, scales, zeros, (order // size).to(torch.int32), master, 0, perm, width_scales)
 
 
 def synthetic(path, model_dir, sym=True, act_order=False, master=8, group=GROUP, shapes=None, seed=0):
@@ -91,6 +94,7 @@ def test_round_trip_is_bit_exact(parents, tmp_path, bits, sym, fmt, ao):
     assert set(back.layers) == set(parent.layers)
     for name, q in parent.layers.items():
         want, got = q.slice(bits), back.layers[name]
+        assert sym == bool(q.width_scales)  # sym parents are v2, with a scale set per slice width
         assert got.bits == bits and got.shift == 0
         assert torch.equal(got.codes, slice_codes(q.codes, q.bits, bits))
         assert torch.equal(got.g_idx, q.g_idx)
@@ -157,6 +161,7 @@ def test_loaded_export_has_the_logits_of_the_slice(quantized, tmp_path, kind, bi
     out = export_gptq(quantized[kind], tmp_path / "g", fmt, bits=bits)
     back = read_gptq_checkpoint(out)
     for name, q in read_checkpoint(quantized[kind]).layers.items():
+        assert (kind == "sym") == bool(q.width_scales)  # the default MatGPTQ variant stores per-width scales
         assert torch.equal(back.layers[name].dequantize(), q.slice(bits).dequantize()), name
     assert torch.equal(_logits(matgptq.load(out)), _logits(matgptq.load(quantized[kind], bits=bits)))
     qc = json.loads((out / "quantize_config.json").read_text())

@@ -72,6 +72,23 @@ def test_matgptq_propagates_master_width_and_reports_every_target():
     assert all(rep.rel_error[3] > rep.rel_error[8] for rep in reports)
 
 
+def test_default_variant_stores_target_width_scales_and_each_variant_its_rounding():
+    from matgptq.quantization.config import Variant
+    from matgptq.quantization.multibit import MatryoshkaRounding, PerWidthRounding
+    from matgptq.quantization.pipeline import make_rounding
+
+    default, paper = make_config("matgptq", (3, 4, 8)), make_config("matgptq", (3, 4, 8), variant="paper")
+    assert default.variant is Variant.PER_WIDTH_SCALES and default.bit_weights == (1.0, 1.0, 4.0)
+    assert paper.bit_weights == (1.0, 1.0, 1.0) and make_config("gptq", 4).bit_weights == (1.0,)
+    assert type(make_rounding(paper)) is MatryoshkaRounding and type(make_rounding(default)) is PerWidthRounding
+    layers, reports, _ = quantize_model(tiny_model("llama"), windows(), default, progress=False)
+    for q in layers.values():
+        assert sorted(q.width_scales) == [3, 4]  # the targets below the master; 6 and 8 slice on the master scale
+        assert torch.equal(q.slice(3).scales, q.width_scales[3]) and torch.equal(q.slice(6).scales, q.scales)
+    with pytest.raises(UserError, match="unknown MatGPTQ variant 'best'"):
+        make_config("matgptq", (3, 4, 8), variant="best")
+
+
 def test_unknown_architecture_is_a_clear_error():
     model = AutoModelForCausalLM.from_config(OPTConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1,
                                                        ffn_dim=64, num_attention_heads=4, word_embed_proj_dim=32))  # fmt: skip

@@ -38,7 +38,7 @@ def lstsq_scales(w, x, codes, zeros, g_idx, c, r, damp):
 def test_refit_is_the_least_squares_scale(group_size, r):
     w, h, x = random_problem(12, 70, seed=group_size + r)
     res = gptq_quantize(w, h, PerWidthRounding(8, (3, 4, 8), (1.0, 1.0, 1.0)), group_size=group_size, block_size=16)
-    got = refit_scales(w, h, res.codes, res.scales, res.zeros, res.g_idx, 8, r, damp=0.01)
+    got = refit_scales(w, h, res.codes, res.scales, res.zeros, res.g_idx, 8, (2, r), damp=0.01)[r]
     expected = lstsq_scales(w, x, res.codes, res.zeros, res.g_idx, 8, r, 0.01)
     assert got.dtype == torch.float16 and got.shape == res.scales.shape
     # both are the same float64-accurate optimum rounded to float16: equal, or one float16 step apart where the
@@ -56,7 +56,7 @@ def test_refit_never_loses_to_the_master_scale_and_gains_at_low_widths():
     w, h, _ = random_problem(32, 64, seed=11)
     res = gptq_quantize(w, h, PerWidthRounding(8, (3, 4, 8), (1.0, 1.0, 1.0)), group_size=32, block_size=16)
     for r in (2, 3, 4, 6):
-        fit = refit_scales(w, h, res.codes, res.scales, res.zeros, res.g_idx, 8, r, damp=0.01)
+        fit = refit_scales(w, h, res.codes, res.scales, res.zeros, res.g_idx, 8, (r,), damp=0.01)[r]
         before = layer_error(w, h, res.scales, res.codes, res.zeros, res.g_idx, r)
         after = layer_error(w, h, fit, res.codes, res.zeros, res.g_idx, r)
         # optimal for the damped H and then rounded to float16: allow that rounding's share of the error (2^-11)
@@ -69,5 +69,5 @@ def test_a_group_with_no_signal_keeps_its_master_scale():
     res = gptq_quantize(w, h, PerWidthRounding(8, (3, 4, 8), (1.0, 1.0, 1.0)), group_size=16, block_size=16)
     codes = res.codes.clone()
     codes[0, :16] = 128  # every position of row 0, group 0 is the zero point: p = 0
-    fit = refit_scales(w, h, codes, res.scales, res.zeros, res.g_idx, 8, 3, damp=0.01)
+    fit = refit_scales(w, h, codes, res.scales, res.zeros, res.g_idx, 8, (3, 5), damp=0.01)[3]
     assert fit[0, 0] == res.scales[0, 0] and torch.isfinite(fit.float()).all()

@@ -24,6 +24,7 @@ class Variant(str, Enum):
 
 
 MIN_BITS, MAX_BITS = 2, 8
+MASTER_BIT_WEIGHT = 4.0  # default λ_c of the per-width variants (QuantConfig.default_bit_weight)
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,17 @@ class QuantConfig:
                 f"got {len(self.bit_weights)} bit weights for {len(self.target_bits)} target widths; give one per width"
             )
         weights = dict(zip(self.target_bits, self.bit_weights)) if self.bit_weights else {}
-        lambdas = tuple(float(weights.get(r, 1.0)) for r in targets)
+        lambdas = tuple(float(weights.get(r, self.default_bit_weight(r))) for r in targets)
         if any(not (w > 0) for w in lambdas):
             raise UserError(f"bit weights must be positive, got {list(self.bit_weights)}")
         object.__setattr__(self, "target_bits", targets)
         object.__setattr__(self, "bit_weights", lambdas)
+
+    def default_bit_weight(self, width: int) -> float:
+        """λ_r when none is given: 1 (the paper), except the master's in the per-width variants: 4, which keeps the
+        3/4-bit slices within their seed spread and brings the 6/8-bit ones closer to GPTQ (docs/ablation.md)."""
+        per_width = self.method is Method.MATGPTQ and self.variant is not Variant.PAPER
+        return MASTER_BIT_WEIGHT if per_width and width == self.bits else 1.0
 
     def to_json(self) -> dict:
         d = asdict(self)

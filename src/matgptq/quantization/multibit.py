@@ -20,10 +20,11 @@ receives only the r-bit slice's own error, exactly as a separate r-bit GPTQ run 
 Σ_r λ_r (u_r − D_r(q))² with u_r = w_r/s + z each track's own position. No single u, so no envelope: instead, the
 codes where D_r changes for some r < c cut [0, 2^c) into cells on which every lower slice is constant, and inside a
 cell only the master term λ_c (u_c − q)² varies, minimised by the code nearest u_c clamped to the cell. The optimum
-lies within W = [min_r u_r − 2^(c−r₀), max_r u_r + 2^(c−r₀)] (r₀ the smallest width): above W every D_r already
-overshoots its u_r or is saturated (|D_r(q) − q| ≤ 2^(c−r−1) off saturation), so stepping down to W's top changes no
-lower term for the worse and strictly improves the master one; symmetrically below (D_r(0) = 0, no saturation). So
-the search scores one candidate per cell meeting W — exact, with ties to the lowest code like the enumeration.
+lies within W = [min_r u_r − h − 1, max_r u_r + h] with h = 2^(c−r₀−1) (r₀ the smallest width): off saturation
+q − h + 1 ≤ D_r(q) ≤ q + h, so at W's top code every D_r already reaches its u_r or is saturated, and stepping down to
+it from above changes no lower term for the worse and strictly improves the master one; symmetrically below
+(D_r(0) = 0, no saturation). So the search scores one candidate per cell meeting W — exact, with ties to the lowest
+code like the enumeration.
 """
 
 from __future__ import annotations
@@ -173,7 +174,14 @@ class PerWidthRounding(MatryoshkaRounding):
         self.cell_lo = np.nonzero(change)[0]
         self.cell_hi = np.append(self.cell_lo[1:] - 1, (1 << master_bits) - 1)
         self.cell_pos = lower[:, self.cell_lo].T  # [cells, R−1]: each lower slice's position in the cell
-        self.margin = float(1 << (master_bits - self.widths[0])) if len(self.widths) > 1 else 0.0
+        self.cell_of = np.cumsum(change) - 1  # code -> its cell
+        # per cell: [lo, hi, Σ_{r<c} λ_r D_r², λ_r D_r for r < c], padded with copies of the last cell so that a run of
+        # m cells from any start needs no bounds check (an extra candidate is harmless: each is scored exactly)
+        lam_lower = np.asarray(self.lambdas[:-1], dtype=np.float64)
+        table = np.column_stack([self.cell_lo, self.cell_hi, (self.cell_pos**2 * lam_lower).sum(1),
+                                 self.cell_pos * lam_lower]).astype(np.float64)  # fmt: skip
+        self.cell_table = np.concatenate([table, np.repeat(table[-1:], 1 << master_bits, 0)])
+        self.half = float(1 << (master_bits - self.widths[0] - 1)) if len(self.widths) > 1 else 0.0
         self.lam = np.asarray(self.lambdas, dtype=np.float64)
 
     def mean_track(self, w: torch.Tensor) -> torch.Tensor:
@@ -186,16 +194,14 @@ class PerWidthRounding(MatryoshkaRounding):
         s, z = scale.numpy().astype(np.float64), zero.numpy().astype(np.float64)
         u = w.numpy().astype(np.float64) / s + z  # [R, N]
         top = float((1 << self.bits) - 1)
-        lo = np.clip(np.ceil(u.min(0) - self.margin), 0, top).astype(np.int64)
-        hi = np.clip(np.floor(u.max(0) + self.margin), 0, top).astype(np.int64)
-        k0 = np.searchsorted(self.cell_lo, lo, side="right") - 1
-        k1 = np.searchsorted(self.cell_lo, hi, side="right") - 1
-        idx = np.minimum(k0[:, None] + np.arange(int((k1 - k0).max()) + 1), k1[:, None])  # [N, m] cells in W
-        nearest = np.clip(np.ceil(u[-1] - 0.5), 0, top)[:, None]  # nearest master code, ties to the lower
-        cand = np.clip(nearest, self.cell_lo[idx], self.cell_hi[idx])  # [N, m]
-        loss = self.lam[-1] * (u[-1][:, None] - cand) ** 2
-        for t in range(self.tracks - 1):
-            loss += self.lam[t] * (u[t][:, None] - self.cell_pos[idx, t]) ** 2
+        k0 = self.cell_of[np.clip(np.ceil(u.min(0) - self.half - 1.0), 0, top).astype(np.int64)]
+        k1 = self.cell_of[np.clip(np.floor(u.max(0) + self.half), 0, top).astype(np.int64)]
+        cells = self.cell_table[k0[:, None] + np.arange(int((k1 - k0).max()) + 1)]  # [N, m, 3 + R−1]: W's cells
+        nearest = np.ceil(u[-1] - 0.5)[:, None]  # nearest master code, ties to the lower (clamped by the cell)
+        cand = np.minimum(np.maximum(nearest, cells[..., 0]), cells[..., 1])  # [N, m]
+        # Σ_r λ_r (u_r − D_r)² minus the candidate-independent Σ_{r<c} λ_r u_r²
+        loss = self.lam[-1] * (u[-1][:, None] - cand) ** 2 + cells[..., 2]
+        loss -= 2 * np.einsum("nmt,tn->nm", cells[..., 3:], u[:-1])
         best = cand[np.arange(len(cand)), loss.argmin(1)]
         return torch.from_numpy(best.astype(np.float32)).to(w.dtype)
 

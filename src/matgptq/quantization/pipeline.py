@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..errors import UserError
 from ..formats import QuantizedWeight
 from ..models import arch_spec, get_blocks, set_weight_matrix, weight_matrix
-from .config import MIN_BITS, Method, QuantConfig, Variant
+from .config import Method, QuantConfig, Variant
 from .grid import NearestRounding, Rounding
 from .multibit import MatryoshkaRounding, PerWidthRounding
 from .refit import refit_scales
@@ -71,12 +71,15 @@ def make_rounding(cfg: QuantConfig) -> Rounding:
     return NearestRounding(cfg.bits)
 
 
-def with_width_scales(qw: QuantizedWeight, w: torch.Tensor, h: torch.Tensor, damp: float) -> QuantizedWeight:
-    """The parent with each slice width's own least-squares scales (refit.py) in `width_scales`: every width 2..c−1,
-    so interpolated widths gain too. The master keeps the scale its codes were chosen on (refitting it measured no
-    better, docs/ablation.md), so what later layers see is the same as without the refit."""
-    fit = {r: refit_scales(w, h, qw.codes, qw.scales, qw.zeros, qw.g_idx, qw.bits, r, damp)
-           for r in range(MIN_BITS, qw.bits)}  # fmt: skip
+def with_width_scales(qw: QuantizedWeight, w: torch.Tensor, h: torch.Tensor, damp: float,
+                      widths: tuple[int, ...]) -> QuantizedWeight:  # fmt: skip
+    """The parent with its own least-squares scales (refit.py) for each target width below the master, in
+    `width_scales`; other widths (interpolated ones, the master) slice on the master scale. The master keeps the scale
+    its codes were chosen on, so what later layers see is the same as without the refit. Refitting only R's widths
+    keeps the cost to |R| − 1 passes of H (every width 2..c−1 would be c − 2: ~2× GPTQ-8's solver time at 4096²)."""
+    if not widths:
+        return qw
+    fit = refit_scales(w, h, qw.codes, qw.scales, qw.zeros, qw.g_idx, qw.bits, widths, damp)
     return replace(qw, width_scales=fit)
 
 
@@ -190,7 +193,7 @@ def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg
         res = rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse, cfg.signed_scale)
     qw = _to_weight(res, cfg.bits)
     if collected is not None and cfg.method is Method.MATGPTQ and cfg.variant is Variant.PER_WIDTH_SCALES:
-        qw = with_width_scales(qw, w, collected.hessians[name], res.damp)
+        qw = with_width_scales(qw, w, collected.hessians[name], res.damp, cfg.target_bits[:-1])
     seconds = time.perf_counter() - t0
     times.solver += seconds
     errors = {}

@@ -11,8 +11,9 @@ with H the layer Hessian damped as GPTQ damps it (H + δ·mean(diag H)·I, solve
 groups of a row are solved jointly (H couples them); the master scale is one feasible point, so the refit error is
 never larger (up to float16 rounding of the result). A group whose positions are all zero keeps its master scale.
 
-Cost per width: one pass of H against the positions, N·K² multiply-adds for an [N, K] layer (the size of one GPTQ
-update), computed group by group in row chunks.
+Cost per width: one pass of H against the positions, about N·K²/2 multiply-adds for an [N, K] layer with groups (M is
+symmetric, so only the blocks h ≥ g are formed) and N·K² per channel, in row chunks. The pipeline refits the target
+widths below the master only (pipeline.with_width_scales).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ CHUNK_BYTES = 1 << 28  # per-chunk working set of the [rows, G, K] products
 
 def refit_scales(
     weight: torch.Tensor, hessian: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-    g_idx: torch.Tensor, master_bits: int, bits: int, damp: float,
-) -> torch.Tensor:  # fmt: skip
-    """Float16 scales [N, G] minimising ‖(W − s_r·(P_r − z))X‖² for the `bits`-wide slice of master `codes`."""
+    g_idx: torch.Tensor, master_bits: int, widths: tuple[int, ...], damp: float,
+) -> dict[int, torch.Tensor]:  # fmt: skip
+    """Per width r in `widths`: float16 scales [N, G] minimising ‖(W − s_r·(P_r − z))X‖² for the r-bit slice of
+    the master `codes` (all widths in one pass of H)."""
     w = weight.float()
     h = hessian.float().clone()
     dead = torch.diag(h) == 0
@@ -36,27 +38,29 @@ def refit_scales(
     w = w.masked_fill(dead, 0)  # as the solver: dead inputs carry no signal
     h += damp * torch.diag(h).mean() * torch.eye(h.shape[0])
     n_rows, k = w.shape
-    n_groups = scales.shape[1]
+    n_widths, n_groups = len(widths), scales.shape[1]
     g_idx = g_idx.long()
-    p = positions(codes, master_bits, bits).float() - zeros.float()[:, g_idx]  # [N, K]
+    zero = zeros.float()[:, g_idx]
+    p = torch.stack([positions(codes, master_bits, r).float() - zero for r in widths]).view(-1, k)  # [R·N, K]
     onehot = torch.nn.functional.one_hot(g_idx, n_groups).float()  # [K, G]
-    cols = [torch.nonzero(g_idx == g).flatten() for g in range(n_groups)]
-    hw = w @ h  # [N, K]; b_g = Σ_{j∈g} p_j (Hw)_j
-    b = (p * hw) @ onehot  # [N, G]
-    m = torch.empty(n_rows, n_groups, n_groups)
+    b = (p * (w @ h).repeat(n_widths, 1)) @ onehot  # [R·N, G]: b_g = Σ_{j∈g} p_j (Hw)_j
+    m = torch.empty(p.shape[0], n_groups, n_groups)
     chunk = max(1, CHUNK_BYTES // (4 * k * 2))
-    for g, c in enumerate(cols):
-        h_rows = h[c]  # [|g|, K]
-        for r0 in range(0, n_rows, chunk):
-            r1 = min(r0 + chunk, n_rows)
-            v = p[r0:r1, c] @ h_rows  # [rows, K]: p_gᵀ H for each row
-            m[r0:r1, g] = (v * p[r0:r1]) @ onehot  # M_gh = Σ_{j∈h} (p_gᵀ H)_j p_j
+    for g in range(n_groups):  # M is symmetric: row g from the groups h ≥ g only, mirrored
+        cols, later = torch.nonzero(g_idx == g).flatten(), torch.nonzero(g_idx >= g).flatten()
+        h_block, onehot_later = h[cols][:, later], onehot[later][:, g:]  # [|g|, K_≥g], [K_≥g, G − g]
+        for r0 in range(0, p.shape[0], chunk):
+            r1 = min(r0 + chunk, p.shape[0])
+            v = p[r0:r1, cols] @ h_block  # [rows, K_≥g]: p_gᵀ H restricted to the later groups' columns
+            m[r0:r1, g, g:] = (v * p[r0:r1, later]) @ onehot_later  # M_gh = Σ_{j∈h} (p_gᵀ H)_j p_j
+            m[r0:r1, g:, g] = m[r0:r1, g, g:]
     m, b = m.double(), b.double()
+    master = scales.float().repeat(n_widths, 1)
     empty = torch.diagonal(m, dim1=1, dim2=2) <= 0  # a group with no non-zero position: keep its master scale
     eye = torch.eye(n_groups, dtype=torch.float64)
     m = torch.where(empty.unsqueeze(-1) | empty.unsqueeze(-2), eye * empty.unsqueeze(-1), m)
-    b = torch.where(empty, scales.double(), b)
+    b = torch.where(empty, master.double(), b)
     s = torch.linalg.solve(m, b.unsqueeze(-1)).squeeze(-1).to(torch.float16).float()
-    master = scales.float()
     keep = ~torch.isfinite(s) | (s == 0) | (torch.sign(s) != torch.sign(master))
-    return torch.where(keep, master, s).to(torch.float16)
+    fit = torch.where(keep, master, s).to(torch.float16).view(n_widths, n_rows, n_groups)
+    return {r: fit[i] for i, r in enumerate(widths)}
