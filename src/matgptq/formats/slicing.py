@@ -6,9 +6,10 @@ from its hard-coded 8-bit storage to any master width c:
     S(q, r) = min(⌊q / 2^(c−r)⌋ + bit_(c−r−1)(q), 2^r − 1)   for r < c   (top r bits + the next bit as a rounding carry,
     S(q, c) = q                                                          saturating at the top code)
 
-and a slice is dequantized on the master grid with the master scale s and zero z:
+and a slice is dequantized on the master grid with the master zero z and the master scale s — or, in a parent with
+per-width scales (format v2, quantization/refit.py), that width's own s_r:
 
-    deq_r(q) = s · (S(q, r) · 2^(c−r) − z).
+    deq_r(q) = s_r · (S(q, r) · 2^(c−r) − z),   s_r = s unless the parent stores one for r.
 
 `S(q, r)·2^(c−r)` is the slice's position on the master grid; `positions(...)` returns it.
 """
