@@ -3,7 +3,8 @@
 
 Protocol:
   parent      the Table-1 MatGPTQ parent of scripts/real_model_table.py (c = 8, R = {3,4,8}, g128 symmetric, 64 × 512
-              WikiText-2 tokens, seed 0), runs/real-model-table/matgptq348; the search slices it at 2..8 bits
+              WikiText-2 tokens, seed 0, the default variant), runs/real-model-table/matgptq348; the search slices it
+              at 2..8 bits (docs/search_real_model.md until its rerun: the `--variant paper` parent)
   search      `matgptq search` with its default settings (--seed 0), every budget in one process (the teacher and the
               sensitivities are shared), calibration text = the second half of WikiText-2 test (what the parent was
               calibrated on); a measured child process: wall, CPU and peak RSS
