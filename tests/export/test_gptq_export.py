@@ -130,11 +130,12 @@ def test_symmetric_qzeros_words(parents, tmp_path, bits, v1_word, v2_word):
         assert (qzeros.numpy().view(np.uint32) == word).all()
 
 
-def test_slice_scale_is_parent_scale_times_power_of_two(parents, tmp_path):
+def test_slice_scale_is_the_widths_scale_times_power_of_two(parents, tmp_path):
     export_gptq(parents["sym", False], tmp_path / "g", "gptq_v2", bits=3)
     raw = load_file(str(tmp_path / "g" / "model.safetensors"))
     q = read_checkpoint(parents["sym", False]).layers["model.layers.0.mlp.up_proj"]
-    assert torch.equal(raw["model.layers.0.mlp.up_proj.scales"], (q.scales.float() * 32).half().T)
+    # the 3-bit slice's own scales (v2 parent), on the 3-bit grid: × 2^(8−3)
+    assert torch.equal(raw["model.layers.0.mlp.up_proj.scales"], (q.width_scales[3].float() * 32).half().T)
     z = unpack_cols(raw["model.layers.0.mlp.up_proj.qzeros"].numpy(), 3, 128)
     assert (z == 4).all()
 
