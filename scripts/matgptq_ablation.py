@@ -14,7 +14,13 @@ spread. Also the solver's seconds per layer (stories260K's are tiny: the cost at
 Results are cached in docs/ablation.json as they come (a killed run continues); --fresh starts over.
 Writes docs/ablation.{md,json} and README.md's `ablation` block.
 
-    python scripts/matgptq_ablation.py [--fresh]
+--real-model: the same comparison on SmolLM2-135M-Instruct (`make real-model`) with Table 1's protocol
+(scripts/real_model_table.py: g128, 64 × 512 calibration tokens from the second half of WikiText-2 test) for seeds
+0-2, GPTQ 3/4/8 against the default parent, perplexity and KL on 16 × 2048 tokens of the first half (Table 1 scores
+32 × 2048, so its numbers differ slightly), two threads. Writes docs/ablation_real_model.{md,json} and its README
+block.
+
+    python scripts/matgptq_ablation.py [--real-model] [--fresh]
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import argparse
 import copy
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,16 +40,36 @@ from matgptq.evaluation.report import format_table
 from matgptq.models.hf import load_fp_model, load_tokenizer
 from matgptq.models.text import calibration_windows, eval_windows, read_text, tokenize
 from matgptq.quantization.pipeline import quantize_model
-from real_model_table import readme_block
+from real_model_table import DEFAULT_MODEL, WIKI, readme_block
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
-MODEL = SHARED / "models" / "stories260K"
-TEXT = SHARED / "data" / "tinystories" / "tinystories_val_head.txt"
-OUT = ROOT / "docs" / "ablation.json"
 SEEDS = (0, 1, 2)
 SLICES = (3, 4, 6, 8)
-GROUPINGS = {"per channel": -1, "g128": 128}
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    model: Path
+    text: Path
+    calib_range: tuple[float, float]
+    eval_range: tuple[float, float]
+    nsamples: int
+    seqlen: int
+    eval_seqlen: int
+    eval_tokens: int
+    groupings: dict
+    variants: tuple[str, ...]  # keys of VARIANTS measured
+    out: str  # docs/<out>.{json,md}, README block <out>
+    threads: int
+
+
+STORIES = Protocol("stories260K", SHARED / "models" / "stories260K",
+                   SHARED / "data" / "tinystories" / "tinystories_val_head.txt", (0.6, 1.0), (0.0, 0.6), 128, 256, 256,
+                   40_000, {"per channel": -1, "g128": 128}, (), "ablation", 1)  # fmt: skip
+SMOLLM2 = Protocol("SmolLM2-135M-Instruct", DEFAULT_MODEL, WIKI, (0.5, 1.0), (0.0, 0.5), 64, 512, 2048, 16 * 2048,
+                   {"g128": 128}, ("per-width-scales λ=1,1,4 (default)",), "ablation_real_model", 2)  # fmt: skip
 ONES, MASTER4 = (1.0, 1.0, 1.0), (1.0, 1.0, 4.0)
 VARIANTS = {  # name -> quantize options (λ explicit, so a change of defaults never relabels a cached row)
     "paper": dict(variant="paper", bit_weights=ONES),
@@ -53,42 +80,54 @@ VARIANTS = {  # name -> quantize options (λ explicit, so a change of defaults n
 MSE_VARIANT = "per-width-scales λ=1,1,1"
 
 
-def runs():
-    """(key, method, options) for every run, in order: GPTQ rows then parents, per grouping and seed."""
-    for gname, gs in GROUPINGS.items():
-        grids = [False, True] if gs == -1 else [False]
-        for seed in SEEDS:
+def variants(p: Protocol) -> list[str]:
+    return list(p.variants or VARIANTS)
+
+
+def gptq_widths(p: Protocol) -> tuple[int, ...]:
+    return SLICES if p is STORIES else (3, 4, 8)  # the real model's 6-bit goal is against slice-8, not GPTQ-6
+
+
+def runs(p: Protocol):
+    """(key, method, options) for every run, in order: GPTQ rows then parents, per seed and grouping."""
+    for seed in SEEDS:
+        for gname, gs in p.groupings.items():
+            grids = [False, True] if gs == -1 else [False]
             for mse in grids:
                 tag = " +mse" if mse else ""
-                for bits in SLICES:
+                for bits in gptq_widths(p):
                     yield f"{gname}|GPTQ{tag}|{bits}|{seed}", "gptq", bits, dict(group_size=gs, mse=mse), seed
-                for name, opts in VARIANTS.items():
+                for name in variants(p):
+                    opts = VARIANTS[name]
                     if mse and name != MSE_VARIANT:
                         continue
                     yield f"{gname}|{name}{tag}|-|{seed}", "matgptq", (3, 4, 8), dict(group_size=gs, mse=mse, **opts), seed
 
 
-def measure(results: dict) -> None:
-    torch.set_num_threads(1)
-    tok = load_tokenizer(MODEL)
-    calib_tokens = tokenize(tok, read_text(TEXT, (0.6, 1.0)))
-    windows = eval_windows(tokenize(tok, read_text(TEXT, (0.0, 0.6))), 256, 40_000)
-    fp = load_fp_model(MODEL)
-    teacher = Teacher(fp, windows, 32)
-    for key, method, bits, opts, seed in runs():
-        if key in results:
-            continue
+def measure(p: Protocol, results: dict, out: Path) -> None:
+    todo = [r for r in runs(p) if r[0] not in results]
+    if not todo:
+        return
+    torch.set_num_threads(p.threads)
+    tok = load_tokenizer(p.model)
+    calib_tokens = tokenize(tok, read_text(p.text, p.calib_range))
+    windows = eval_windows(tokenize(tok, read_text(p.text, p.eval_range)), p.eval_seqlen, p.eval_tokens)
+    fp = load_fp_model(p.model, torch.float32)
+    batch = max(1, 8192 // p.eval_seqlen)
+    teacher = Teacher(fp, windows, batch)
+    for key, method, bits, opts, seed in todo:
         model = copy.deepcopy(fp)
         cfg = make_config(method, bits, **opts)
-        layers, reports, _ = quantize_model(model, calibration_windows(calib_tokens, 128, 256, seed), cfg, progress=False)
+        calib = calibration_windows(calib_tokens, p.nsamples, p.seqlen, seed)
+        layers, reports, _ = quantize_model(model, calib, cfg, progress=False)
         entry = {"seconds_per_layer": sum(r.seconds for r in reports) / len(reports)}
         for r in SLICES if method == "matgptq" else (bits,):
             for name, q in layers.items():
                 model.get_submodule(name).weight.data = q.slice(r).dequantize()
-            s = score(model, windows, teacher, 32)
+            s = score(model, windows, teacher, batch)
             entry[str(r)] = {"ppl": s.ppl, "kl": s.kl}
         results[key] = entry
-        OUT.write_text(json.dumps(results, indent=1))
+        out.write_text(json.dumps(results, indent=1))
         print(key, {k: v for k, v in entry.items()}, flush=True)
 
 
@@ -97,6 +136,7 @@ def stats(values: list[float]) -> tuple[float, float]:
 
 
 def collect(results: dict, grouping: str, row: str, width: int, metric: str) -> list[float]:
+    """One value per seed (all seeds must be measured)."""
     if row.startswith("GPTQ"):
         return [results[f"{grouping}|{row}|{width}|{s}"][str(width)][metric] for s in SEEDS]
     return [results[f"{grouping}|{row}|-|{s}"][str(width)][metric] for s in SEEDS]
@@ -111,22 +151,25 @@ def verdict(a: list[float], b: list[float], goal: float) -> str:
     return f"{ratio:.3f} {'✓' if ma < goal * mb else '✗'}"
 
 
-def render(results: dict) -> str:
-    fmt = lambda v, d: f"{stats(v)[0]:.{d}f} ± {stats(v)[1]:.{d}f}"  # noqa: E731
-    out = [f"Mean ± std over calibration seeds {', '.join(map(str, SEEDS))}; stories260K (fp32 perplexity 4.16)."]
-    for gname in GROUPINGS:
+def render(p: Protocol, results: dict) -> str:
+    fmt = lambda v, d: f"{stats(v)[0]:.{d}f} ± {stats(v)[1]:.{d}f}" if v else "-"  # noqa: E731
+    out = [f"Mean ± std over calibration seeds {', '.join(map(str, SEEDS))}; {p.name}, calibration {p.nsamples} × "
+           f"{p.seqlen} tokens, perplexity and KL to fp32 on {p.eval_tokens} held-out tokens (windows of "
+           f"{p.eval_seqlen})."]  # fmt: skip
+    for gname, gs in p.groupings.items():
         rows = []
-        names = ["GPTQ", *VARIANTS] + (["GPTQ +mse", f"{MSE_VARIANT} +mse"] if GROUPINGS[gname] == -1 else [])
+        names = ["GPTQ", *variants(p)] + (["GPTQ +mse", f"{MSE_VARIANT} +mse"] if gs == -1 else [])
         for name in names:
             sec = [results[k]["seconds_per_layer"] for k in results if k.startswith(f"{gname}|{name}|")]
-            rows.append([name, *[f"{fmt(collect(results, gname, name, w, 'ppl'), 3)}" for w in SLICES],
-                         *[f"{fmt(collect(results, gname, name, w, 'kl'), 4)}" for w in SLICES],
+            widths = gptq_widths(p) if name.startswith("GPTQ") else SLICES
+            get = lambda w, m, name=name: collect(results, gname, name, w, m) if w in widths else []  # noqa: E731
+            rows.append([name, *[fmt(get(w, "ppl"), 3) for w in SLICES], *[fmt(get(w, "kl"), 4) for w in SLICES],
                          f"{statistics.mean(sec) * 1e3:.0f}"])  # fmt: skip
         headers = ["", *[f"ppl {w}" for w in SLICES], *[f"KL {w}" for w in SLICES], "ms/layer"]
         out += [f"\n**{gname}**\n", format_table(headers, rows)]
         goals = []
-        for name, gptq in [(n, "GPTQ") for n in VARIANTS] + ([(f"{MSE_VARIANT} +mse", "GPTQ +mse")]
-                                                             if GROUPINGS[gname] == -1 else []):  # fmt: skip
+        for name, gptq in [(n, "GPTQ") for n in variants(p)] + ([(f"{MSE_VARIANT} +mse", "GPTQ +mse")]
+                                                                if gs == -1 else []):  # fmt: skip
             line = [name]
             for metric in ("ppl", "kl"):
                 get = lambda w, row=name: collect(results, gname, row, w, metric)  # noqa: E731
@@ -143,15 +186,22 @@ def render(results: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fresh", action="store_true", help="ignore cached results in docs/ablation.json")
+    ap.add_argument("--real-model", action="store_true",
+                    help="SmolLM2-135M (make real-model) instead of stories260K: g128, GPTQ 3/4/8 and the paper and "
+                         "default parents, 16 × 2048 tokens scored; ~10 min per seed on 2 cores")  # fmt: skip
+    ap.add_argument("--fresh", action="store_true", help="ignore cached results in docs/<table>.json")
     args = ap.parse_args()
-    results = {} if args.fresh or not OUT.exists() else json.loads(OUT.read_text())
+    p = SMOLLM2 if args.real_model else STORIES
+    if not (p.model / "config.json").is_file():
+        raise SystemExit(f"matgptq_ablation: error: no model at {p.model}; run `make real-model` first")
+    out = ROOT / "docs" / f"{p.out}.json"
+    results = {} if args.fresh or not out.exists() else json.loads(out.read_text())
     if isinstance(results, list):  # the single-seed table of earlier versions
         results = {}
-    measure(results)
-    text = render(results)
-    (ROOT / "docs" / "ablation.md").write_text("<!-- generated by scripts/matgptq_ablation.py -->\n" + text + "\n")
-    readme_block("ablation", text)
+    measure(p, results, out)
+    text = render(p, results)
+    (ROOT / "docs" / f"{p.out}.md").write_text("<!-- generated by scripts/matgptq_ablation.py -->\n" + text + "\n")
+    readme_block(p.out, text)
     print(text)
 
 

@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--method", choices=["gptq", "rtn", "matgptq"], default="gptq", help="quantization method")
     q.add_argument("--bits", type=_ints, default=(4,), help="width (2-8); for matgptq the target set R, e.g. 3,4,8")
     q.add_argument("--master-bits", type=int, help="matgptq: master width c of the stored codes (default max of --bits)")
-    q.add_argument("--bit-weights", type=_floats, help="matgptq: weight λ_r per target width, same order as --bits (default 1 each, the master's 4 "
-                        "except with --variant paper)")
+    q.add_argument("--bit-weights", type=_floats,
+                   help="matgptq: weight λ_r per target width, same order as --bits (default: 1 each, and 4 for the "
+                        "master width except with --variant paper)")
     q.add_argument("--variant", choices=[v.value for v in Variant], default=QuantConfig.variant.value,
                    help="matgptq: paper = seed 001 as published (mean error fed back, master scale); per-width = one "
                         "error-feedback track per width; per-width-scales (default) = that plus each width's own "

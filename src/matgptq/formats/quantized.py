@@ -62,4 +62,6 @@ def width_scale_name(name: str, bits: int) -> str:
 
 
 def width_scale_tensors(name: str, q: QuantizedWeight) -> dict[str, torch.Tensor]:
-    return {width_scale_name(name, r): s.to(torch.float16).contiguous() for r, s in sorted((q.width_scales or {}).items())}
+    """The tensors a parent file stores for `q`'s per-width scales (none without them)."""
+    widths = sorted((q.width_scales or {}).items())
+    return {width_scale_name(name, r): s.to(torch.float16).contiguous() for r, s in widths}
