@@ -37,6 +37,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     from .quantization.config import QuantConfig, Variant
+    from .quantization.kquant_scales import KQuantType
 
     p = argparse.ArgumentParser(prog="matgptq", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -63,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--mse", action="store_true", help="search the scale on a shrink grid (min L2.4 error)")
     q.add_argument("--signed-scale", action="store_true",
                    help="symmetric grid whose scale takes the sign of the largest-|w| weight (llama.cpp Q4_0's grid)")
+    q.add_argument("--kquant", choices=[t.value for t in KQuantType],
+                   help="put group scales on this GGUF K-quant's super-block lattice (one fp16 d per 256 columns, "
+                        "small integer sub-scales), so `export --format gguf` writes it, and every K-quant with wider "
+                        "sub-scales, exactly; symmetric grids, group size 16-128 (32-128 for q4_k/q5_k)")
     q.add_argument("--skip", action="append", default=[], metavar="REGEX",
                    help="leave block Linears whose module name matches unquantized (repeatable)")
     q.add_argument("--damp", type=float, default=0.01, help="relative Hessian damping (retried x10 if needed)")
@@ -165,6 +170,7 @@ def cmd_quantize(a: argparse.Namespace) -> None:
         overwrite=a.overwrite, progress=not a.quiet, dtype=a.dtype, resume=a.resume, group_size=a.group_size, sym=a.sym,
         act_order=a.act_order, static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
         true_sequential=a.true_sequential, signed_scale=a.signed_scale, skip=tuple(a.skip), variant=a.variant,
+        kquant=a.kquant,
     )  # fmt: skip
     from .quantization.distributed import world
 

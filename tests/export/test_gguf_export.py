@@ -178,6 +178,34 @@ def test_grouped_k_quants_keep_codes_and_report_scale_error(models, tmp_path, qt
         assert 0 < t.max_abs_err < 0.25 * step, (t.name, t.max_abs_err / step)
 
 
+@pytest.fixture(scope="module")
+def lattice_parent(models):  # MatGPTQ parent with scales on Q2_K's lattice (the narrowest), per-width scales too
+    return quick_quantize(models["k256"], models["root"] / "lattice", method="matgptq", bits="2,3,4,8", group_size=32,
+                          kquant="q2_k")  # fmt: skip
+
+
+@pytest.mark.parametrize("bits,typ", [(2, "Q2_K"), (3, "Q3_K"), (4, "Q4_0"), (5, "Q5_0"), (6, "Q6_K"), (8, "Q8_0")])
+def test_kquant_lattice_slices_take_the_smallest_exact_type(lattice_parent, tmp_path, bits, typ):
+    """`quantize --kquant`: with grouped scales, auto now writes 2/3/6-bit slices as Q2_K/Q3_K/Q6_K (2.6/3.4/6.6 bpw
+    instead of Q4_0's 4.5 and Q8_0's 8.5), and gguf-py reads back matgptq's weights bit for bit."""
+    rep = export_gguf(lattice_parent, tmp_path / "m.gguf", bits=bits)
+    assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {typ} and rep.exact
+    _check_readback(tmp_path / "m.gguf", _reference(lattice_parent, bits), rep)
+
+
+@pytest.mark.parametrize("bits,qtype", [(2, "q3_k"), (2, "q4_k"), (3, "q4_k"), (4, "q4_k"), (5, "q5_k"), (6, "q6_k")])
+def test_kquant_lattice_holds_every_wider_k_quant(lattice_parent, tmp_path, bits, qtype):
+    rep = export_gguf(lattice_parent, tmp_path / "m.gguf", bits=bits, qtype=qtype)
+    assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {qtype.upper()} and rep.exact
+    _check_readback(tmp_path / "m.gguf", _reference(lattice_parent, bits), rep)
+
+
+def test_without_the_lattice_grouped_k_quants_are_not_chosen(models, tmp_path):
+    ck = quick_quantize(models["k256"], tmp_path / "free", method="gptq", bits=3, group_size=32)
+    rep = export_gguf(ck, tmp_path / "m.gguf")
+    assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {"Q4_0"} and rep.exact
+
+
 def test_k_quant_on_short_rows_falls_back_to_exact_legacy(parent, tmp_path):
     with pytest.warns(GGUFExportWarning, match="fallback|not a multiple"):
         warnings.simplefilter("always")
@@ -361,7 +389,7 @@ def test_refusals(parent, models, tmp_path):
     with pytest.raises(UserError, match="Q4_0 cannot hold"):
         export_gguf(parent, out, bits=8, qtype="q4_0")
     with pytest.raises(UserError, match="unknown GGUF type"):
-        export_gguf(parent, out, qtype="q4_k")
+        export_gguf(parent, out, qtype="iq4_xs")
     with pytest.raises(UserError, match="either"):
         export_gguf(parent, out, bits=4, bits_config={"*": 4})
     with pytest.raises(UserError, match="not quantized"):

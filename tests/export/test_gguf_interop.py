@@ -74,7 +74,7 @@ def _q8_k(x: torch.Tensor) -> torch.Tensor:  # quantize_row_q8_K: iscale = −12
 
 
 ACTIVATION = {"Q4_0": _q8_0, "Q5_0": _q8_0, "Q8_0": _q8_0, "Q4_1": _q8_0, "Q5_1": _q8_0, "Q2_K": _q8_k,
-              "Q3_K": _q8_k, "Q6_K": _q8_k, "F16": lambda x: x.half().float(), "F32": None}  # fmt: skip
+              "Q3_K": _q8_k, "Q4_K": _q8_k, "Q5_K": _q8_k, "Q6_K": _q8_k, "F16": lambda x: x.half().float(), "F32": None}  # fmt: skip
 
 
 def hf_logits(src: Path, tokens: list[int], bits=None, emulate: Path | None = None) -> np.ndarray:
@@ -143,6 +143,9 @@ def ck(tmp_path_factory):
         "parent": quick_quantize(small, root / "parent", method="matgptq", bits="4,8", group_size=32),
         "asym": quick_quantize(small, root / "asym", bits=4, sym=False, group_size=32),
         "pc": quick_quantize(k256, root / "pc", method="rtn", bits=8),  # per-channel: exact K-quants
+        # group 32 with scales on Q2_K's lattice (quantize --kquant): every K-quant exact; written as the type named
+        "lattice": quick_quantize(k256, root / "lattice", method="matgptq", bits="2,3,4,8", group_size=32,
+                                  kquant="q2_k"),
     }  # fmt: skip
 
 
@@ -150,12 +153,14 @@ CASES = [  # checkpoint, bits, expected type of the quantized layers
     ("parent", 2, "Q4_0"), ("parent", 3, "Q4_0"), ("parent", 4, "Q4_0"), ("parent", 5, "Q5_0"),
     ("parent", 6, "Q8_0"), ("parent", 8, "Q8_0"), ("asym", None, "Q4_1"),
     ("pc", 2, "Q2_K"), ("pc", 3, "Q3_K"), ("pc", 6, "Q6_K"),
+    ("lattice", 2, "Q2_K"), ("lattice", 3, "Q3_K"), ("lattice", 4, "Q4_K"), ("lattice", 5, "Q5_K"),
+    ("lattice", 6, "Q6_K"),
 ]  # fmt: skip
 
 
-def _export(ck, key, bits, tmp_path):
+def _export(ck, key, bits, tmp_path, typ):
     out = tmp_path / f"{key}-{bits}.gguf"
-    rep = export_gguf(ck[key], out, bits=bits)
+    rep = export_gguf(ck[key], out, bits=bits, qtype=typ.lower() if key == "lattice" else "auto")
     return out, rep
 
 
@@ -172,7 +177,8 @@ def test_f32_baseline(llama_cpp, ck, tmp_path):
 
 @pytest.mark.parametrize("key,bits,typ", CASES, ids=[f"{k}-{b}-{t}" for k, b, t in CASES])
 def test_llamacpp_logits_match_matgptq(llama_cpp, ck, tmp_path, key, bits, typ):
-    path, rep = _export(ck, key, bits, tmp_path)
+    path, rep = _export(ck, key, bits, tmp_path, typ)
+    assert rep.exact or key == "asym"  # Q4_1 rounds its offsets to fp16
     assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {typ}
     got = cpp_logits(path, TOKENS, **F32_KV)
     ref = hf_logits(ck[key], TOKENS, bits)
@@ -190,7 +196,7 @@ def test_transformers_gguf_loader_agrees(ck, tmp_path, key, bits):
     require_peer("gguf")
     from transformers import AutoModelForCausalLM
 
-    path, rep = _export(ck, key, bits, tmp_path)
+    path, rep = _export(ck, key, bits, tmp_path, "auto")
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32)
     ref = matgptq.load(ck[key], bits=bits, dtype=torch.float32)
     got, want = model.state_dict(), ref.state_dict()

@@ -14,8 +14,10 @@ from matgptq.formats.gguf_blocks import (  # noqa: E402
     encode_q3_k,
     encode_q4_0,
     encode_q4_1,
+    encode_q4_k,
     encode_q5_0,
     encode_q5_1,
+    encode_q5_k,
     encode_q6_k,
     encode_q8_0,
 )
@@ -171,6 +173,61 @@ def test_q2_k_approx():
     _check_approx(res, _deq(res.data, T.Q2_K, rows, k), codes, s, 0, m)
     assert res.scale_error <= s.max() / 15 / 2 * (1 + 2**-9)
     assert res.min_error <= m.max() / 15 / 2 * (1 + 2**-9)
+
+
+# --- Q4_K / Q5_K (per-32 scale and min), and scales on the K-quant lattice ---------------
+
+K45 = [(T.Q4_K, encode_q4_k, 15), (T.Q5_K, encode_q5_k, 31)]
+
+
+@pytest.mark.parametrize("qtype,enc,top", K45, ids=[c[0].name for c in K45])
+def test_q45_k_exact_on_a_lattice(qtype, enc, top):
+    """Scales d·sc and mins dmin·m with fp16 d, dmin and 6-bit integers: gguf-py reads back exactly d·sc·q − dmin·m
+    (products of an fp16 value and integers below 2^13 are exact in fp32, so the expected values are exact)."""
+    rng = np.random.default_rng(7)
+    rows, k = 3, 512
+    codes = rng.integers(0, top + 1, size=(rows, k))
+    d = _fp16(rng, (rows, k // 256, 1), 1e-4, 0.01).astype(F32)
+    dmin = _fp16(rng, (rows, k // 256, 1), 1e-4, 0.01).astype(F32)
+    sc, m = rng.integers(1, 64, (rows, k // 256, 8)), rng.integers(0, 64, (rows, k // 256, 8))
+    sc[..., 0], m[..., 0] = 63, 63  # one pivot at the grid's end, as the lattice's largest scale is
+    s, mn = (d * sc).reshape(rows, -1), (dmin * m).reshape(rows, -1)
+    res = enc(codes, s, mn)
+    expected = np.repeat(s, 32, axis=1) * codes.astype(F32) - np.repeat(mn, 32, axis=1)
+    assert np.array_equal(_deq(res.data, qtype, rows, k), expected)
+    assert res.scale_error == res.min_error == res.max_error == 0.0
+
+
+@pytest.mark.parametrize("qtype,enc,top", K45, ids=[c[0].name for c in K45])
+def test_q45_k_approx(qtype, enc, top):
+    """Arbitrary scales: codes kept, the reader's values are exactly the reported effective scales and mins, and
+    the scale error is at most half a step of the 6-bit grid (d = max/63 rounded up to fp16)."""
+    rng = np.random.default_rng(8)
+    rows, k = 4, 512
+    codes = rng.integers(0, top + 1, size=(rows, k))
+    s = rng.uniform(0.005, 0.05, (rows, k // 32)).astype(F16).astype(F32)
+    mn = (s * rng.integers(0, top + 1, (rows, k // 32))).astype(F16).astype(F32)
+    res = enc(codes, s, mn)
+    deq = _deq(res.data, qtype, rows, k)
+    rep = lambda x: np.repeat(x, 32, axis=1)  # noqa: E731
+    assert np.array_equal(deq, rep(res.scales) * codes.astype(F32) - rep(res.mins))
+    assert 0 < res.scale_error <= s.max() / 63 / 2 * (1 + 2**-9)
+    assert res.min_error <= mn.max() / 63 / 2 * (1 + 2**-9)
+
+
+@pytest.mark.parametrize("qtype,enc,top,off", KQ, ids=[c[0].name for c in KQ])
+def test_kquant_finds_the_exact_lattice(qtype, enc, top, off):
+    """Sub-scales d·sc whose largest sc is below the grid's end (a lattice made for a narrower type, e.g. sc ≤ 15
+    for Q2_K written as Q6_K): the encoder finds an exact d instead of rounding onto max/127."""
+    rng = np.random.default_rng(9)
+    rows, k = 3, 512
+    codes = rng.integers(0, top + 1, size=(rows, k))
+    d = _fp16(rng, (rows, k // 256, 1), 1e-4, 0.01).astype(F32)
+    sc = rng.integers(1, 16, (rows, k // 256, 16))
+    s = (d * sc).reshape(rows, -1)
+    res = enc(codes, s)
+    assert res.max_error == 0.0
+    assert np.array_equal(_deq(res.data, qtype, rows, k), _rep16(s) * (codes - off).astype(F32))
 
 
 # --- validation -------------------------------------------------------------------------

@@ -13,7 +13,8 @@ def add_export_parser(sub) -> None:
     x.add_argument("--format", required=True, choices=["gptq_v1", "gptq_v2", "gguf"], help="target format")
     x.add_argument("--bits", type=int, help="slice width to export (default: the stored width)")
     x.add_argument("--bits-config", help="JSON {layer: bits} per-layer mix (e.g. from a search)")
-    x.add_argument("--type", default="auto", help="gguf: block type (auto|q4_0|q4_1|q5_0|q5_1|q8_0|q2_k|q3_k|q6_k)")
+    x.add_argument("--type", default="auto", help="gguf: block type (auto|q4_0|q4_1|q5_0|q5_1|q8_0|q2_k|q3_k|q4_k|q5_k|q6_k); "
+                                                  "K-quants are exact for parents quantized with --kquant")
     x.add_argument("--float-type", choices=["f32", "f16"], default="f32", help="gguf: type of unquantized tensors")
     x.add_argument("--embed-type", choices=["auto", "f32", "f16", "q8_0", "q6_k"], default="auto",
                    help="gguf: token embedding / output type; auto (default) = llama.cpp's presets: Q6_K, or Q8_0 "

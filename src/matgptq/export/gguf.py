@@ -42,7 +42,7 @@ class GGUFExportWarning(UserWarning):
 
 
 _FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k": 11,
-               "q6_k": 18}  # fmt: skip  LlamaFileType (Q3_K → MOSTLY_Q3_K_S)
+               "q4_k": 14, "q5_k": 16, "q6_k": 18}  # fmt: skip  LlamaFileType (Q3_K → MOSTLY_Q3_K_S, Q4_K → _S)
 
 
 # --- reports ------------------------------------------------------------------------------------------------------

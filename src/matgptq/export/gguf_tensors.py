@@ -6,16 +6,19 @@ columns; 16 for the sub-scales of K-quants) lies inside one quantization group, 
 
 - offset types, w = d·(n − o): Q4_0 (o = 8), Q5_0 (16), Q8_0 (128, stored as int8 n − 128), Q3_K (4), Q6_K (32):
   n = c + o − Z must be an integer in the type's code range for every code 0..2^r − 1, and d = D (or, per block,
-  mirrored: n = o + Z − c, d = −D, which holds a grid [−7s, 8s] or a negative scale). Legacy types are then
-  bit-exact; K-quants store d·sc with one fp16 d per 256 columns and small integer sub-scales sc, exact only when all
-  sub-scales of a super-block are equal (per-channel), otherwise the rounding of D onto that grid is measured.
+  mirrored: n = o + Z − c, d = −D, which holds a grid [−7s, 8s] or a negative scale).
 - min types, w = d·n + m: Q4_1, Q5_1 (n = c, d = D, m = −D·Z rounded to fp16: the only error, ≤ 2^-11·|m|) and
-  Q2_K (sub-scales and mins on 4-bit grids).
+  Q2_K, Q4_K, Q5_K (sub-scale D, sub-min D·Z).
 
-`auto` takes, per layer, the smallest of Q2_K, Q3_K, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0 that keeps the codes and is
-exact, accepting for Q4_1/Q5_1 the fp16 rounding of the offset (so asymmetric 4/5-bit layers become Q4_1/Q5_1
-rather than the exact but 70% larger Q8_0). Symmetric 2/3/4-bit → Q4_0 (K-quant when per-channel), 5 → Q5_0,
-6 → Q8_0 (Q6_K when per-channel), 8 → Q8_0, all bit-exact.
+Legacy types are bit-exact. K-quants store each sub-block's D as fp32(d)·sc, one fp16 d per 256 columns and a small
+integer sc (and the min likewise): exact when a super-block's scales are equal (per channel) or lie on the K-quant
+lattice (`quantize --kquant`, quantization/kquant_scales.py; formats/gguf_blocks.py finds the exact d), otherwise D
+is rounded onto that grid and the error is measured and reported.
+
+`auto` takes, per layer, the smallest of Q2_K, Q3_K, Q4_0, Q4_K, Q4_1, Q5_0, Q5_K, Q5_1, Q6_K, Q8_0 that keeps the
+codes and is exact, accepting for Q4_1/Q5_1 the fp16 rounding of the offset (so asymmetric 4/5-bit layers become
+Q4_1/Q5_1 rather than the exact but 70% larger Q8_0). Symmetric 2/3/4-bit → Q4_0 (Q2_K/Q3_K on the lattice or per
+channel), 5 → Q5_0, 6 → Q8_0 (Q6_K on the lattice or per channel), 8 → Q8_0, all bit-exact.
 
 Layers no block type can hold with their codes (act-order without static groups, so a 32-block mixes groups; group
 sizes that are not a multiple of 32 (16 for K-quants)) are **re-quantized to Q8_0 from the dequantized weights**
@@ -60,8 +63,10 @@ QTYPES: dict[str, _Spec] = {
     "q2_k": _Spec("q2_k", 2, None, 16, 256, True),
     "q3_k": _Spec("q3_k", 3, 4, 16, 256, True),
     "q4_0": _Spec("q4_0", 4, 8, 32, 32),
+    "q4_k": _Spec("q4_k", 4, None, 32, 256, True),
     "q4_1": _Spec("q4_1", 4, None, 32, 32),
     "q5_0": _Spec("q5_0", 5, 16, 32, 32),
+    "q5_k": _Spec("q5_k", 5, None, 32, 256, True),
     "q5_1": _Spec("q5_1", 5, None, 32, 32),
     "q6_k": _Spec("q6_k", 6, 32, 16, 256, True),
     "q8_0": _Spec("q8_0", 8, 128, 32, 32),
@@ -156,8 +161,9 @@ def _encode_codes(q, spec: _Spec) -> tuple[np.ndarray, float]:
     if (lay.d < 0).any():
         raise _NoFit("scale", "negative scales")
     m = -lay.d.astype(np.float64) * lay.z  # w = D·c + m
-    if spec.name == "q2_k":
-        res = gb.encode_q2_k(lay.codes.astype(np.uint8), lay.d.astype(np.float64), -m)
+    if spec.kquant:  # w = d·sc·c − dmin·m_j: sub-scale D, sub-min D·Z
+        enc = {"q2_k": gb.encode_q2_k, "q4_k": gb.encode_q4_k, "q5_k": gb.encode_q5_k}[spec.name]
+        res = enc(lay.codes.astype(np.uint8), lay.d.astype(np.float64), -m)
         return res.data, res.max_error
     m16 = m.astype(np.float16)
     if not np.isfinite(m16).all():
@@ -165,18 +171,6 @@ def _encode_codes(q, spec: _Spec) -> tuple[np.ndarray, float]:
     err = float(np.abs(m16.astype(np.float64) - m).max(initial=0.0))
     enc = gb.encode_q4_1 if spec.name == "q4_1" else gb.encode_q5_1
     return enc(lay.codes.astype(np.uint8), lay.d, m16), err
-
-
-def _kquant_uniform(q, spec: _Spec) -> bool:
-    """Cheap pre-check for `auto`: a K-quant is exact only if each super-block has one (scale, zero) per row."""
-    try:
-        lay = _block_view(q, 16, spec.name.upper())
-    except _NoFit:
-        return False
-    if q.shape[1] % 256:
-        return False
-    d, z = lay.d.reshape(q.shape[0], -1, 16), lay.z.reshape(q.shape[0], -1, 16)
-    return bool((d == d[..., :1]).all() and (z == z[..., :1]).all())
 
 
 @dataclass
@@ -200,20 +194,18 @@ def _requantize(w: np.ndarray, qname: str) -> np.ndarray:
     return gguf.quants.quantize(np.ascontiguousarray(w, dtype=np.float32), QTYPES[qname].ggml)
 
 
-def _auto(q) -> tuple[_Encoded | None, list[str]]:
+def _auto(q) -> tuple[_Encoded | None, dict[str, str]]:
     """Smallest codes-keeping type that is exact (or Q4_1/Q5_1 with rounded offsets); reasons for the rest."""
-    reasons = []
+    reasons = {}
     for spec in QTYPES.values():
-        if spec.kquant and not _kquant_uniform(q, spec):
-            reasons.append(f"{spec.name.upper()}: sub-scales not uniform per 256 columns")
-            continue
         try:
             data, err = _encode_codes(q, spec)
         except _NoFit as e:
-            reasons.append(f"{spec.name.upper()}: {e.reason}")
+            reasons[spec.name] = f"{spec.name.upper()}: {e.reason}"
             continue
         if err == 0.0 or spec.name in _OFFSET_ROUNDED_OK:
             return _Encoded(data, spec.name, "codes", "offset m rounded to fp16" if err else ""), reasons
+        reasons[spec.name] = f"{spec.name.upper()}: scales not on its super-block lattice (quantize with --kquant)"
     return None, reasons
 
 
@@ -229,7 +221,9 @@ def _encode_layer(name: str, q, w: np.ndarray, qtype: str, float_type: str) -> _
         enc, reasons = _auto(q)
         if enc is not None:
             return enc
-        why = next((r for r in reasons if "groups" in r or "multiple" in r), reasons[-1])
+        legacy = [r for name, r in reasons.items() if not QTYPES[name].kquant]  # K-quants only add "not 256"
+        why = next((r for r in legacy if "groups" in r), None) or next((r for r in legacy if "multiple" in r),
+                                                                        legacy[-1])  # fmt: skip
         return _fallback(q, w, float_type, why)
     spec = QTYPES[qtype]
     try:

@@ -27,6 +27,7 @@ per-16 scale is rounded onto that grid and the error is reported; exact when all
   is bit ``e // 32`` of ``hmask[e % 32]``; 6-bit ``L_k = sc_k + 32``: low nibble in
   ``scales[k]`` (k < 8) or high nibble of ``scales[k - 8]``, top 2 bits at bits ``2(k // 4)``
   of ``scales[8 + k % 4]``.
+- Q4_K (144 B), Q5_K (176 B): 8 sub-blocks of 32 with 6-bit scale and min (``encode_q4_k``).
 - Q6_K (210 B): ``ql[128] | qh[64] | scales[16] (int8) | d``; low nibble of code e in
   ``ql[64h + 32(t % 2) + l]`` (low nibble for t < 2, high for t >= 2); top 2 bits at
   bits ``2t..2t+1`` of ``qh[32h + l]``.
@@ -48,6 +49,8 @@ __all__ = [
     "encode_q8_0",
     "encode_q2_k",
     "encode_q3_k",
+    "encode_q4_k",
+    "encode_q5_k",
     "encode_q6_k",
 ]
 
@@ -148,22 +151,47 @@ def encode_q8_0(values: ArrayLike, d: ArrayLike) -> NDArray[np.uint8]:
     return _join(rows, _f16_bytes(_param(d, (rows, nb), "d")), q.view(np.uint8))
 
 
-def _subparam(x: ArrayLike, rows: int, k: int, name: str) -> NDArray[np.float64]:
+def _subparam(x: ArrayLike, rows: int, k: int, name: str, sub: int = 16) -> NDArray[np.float64]:
     a = np.asarray(x, dtype=np.float64)
-    if a.shape != (rows, k // 16):
-        raise ValueError(f"{name} must have shape {(rows, k // 16)} (one per 16 elements), got {a.shape}.")
+    if a.shape != (rows, k // sub):
+        raise ValueError(f"{name} must have shape {(rows, k // sub)} (one per {sub} elements), got {a.shape}.")
     if not np.isfinite(a).all():
         raise ValueError(f"{name} must be finite.")
-    return a.reshape(rows, k // QK_K, 16)
+    return a.reshape(rows, k // QK_K, QK_K // sub)
+
+
+def _exact_fit(s: NDArray[np.float64], lo: int, hi: int) -> tuple[NDArray[np.float16], NDArray[np.int16],
+                                                                    NDArray[np.bool_]]:  # fmt: skip
+    """Where one exists, an fp16 d and integers sc in [lo, hi] with fp32(d)·sc == s exactly, per super-block of
+    `s` [R, nsb, n]; the mask says where. Scales put on the K-quant lattice by quantization/kquant_scales.py have one
+    (d = the largest |s| / its sc); tries d = max|s| / j for j from the grid's end down (a few steps for those)."""
+    flat = s.reshape(-1, s.shape[-1])
+    pivot = np.abs(flat).max(-1)
+    d_out = np.zeros(len(flat), np.float16)
+    sc_out = np.zeros(flat.shape, np.int16)
+    found = np.zeros(len(flat), bool)
+    todo = np.flatnonzero((pivot > 0) & ~(flat == flat[:, :1]).all(-1))  # equal scales: d = s, sc = 1 (_fit)
+    for j in range(max(hi, -lo), 0, -1):
+        if not todo.size:
+            break
+        d = (pivot[todo] / j).astype(np.float16)
+        df = d.astype(np.float64)[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.rint(flat[todo] / df)
+        ok = (df[:, 0] > 0) & ((sc >= lo) & (sc <= hi) & (df * sc == flat[todo])).all(-1)
+        hit = todo[ok]
+        d_out[hit], sc_out[hit], found[hit] = d[ok], sc[ok], True
+        todo = todo[~ok]
+    return d_out.reshape(s.shape[:-1]), sc_out.reshape(s.shape), found.reshape(s.shape[:-1])
 
 
 def _fit(s: NDArray[np.float64], lo: int, hi: int) -> tuple[NDArray[np.float16], NDArray[np.int16]]:
-    """Per super-block fp16 d and integer sc in [lo, hi] with d * sc ~= s; s is [R, nsb, 16].
+    """Per super-block fp16 d and integer sc in [lo, hi] with d * sc ~= s; s is [R, nsb, n].
 
-    Generic: the largest-magnitude scale s* maps to the grid end of its sign (``d = s*/lo`` for
-    signed grids, as ggml's make_qx_quants, else ``s*/hi``), d rounded away from zero to fp16 so
+    Exact where possible: equal scales in a super-block: ``d = s, sc = 1``; scales on a K-quant lattice
+    (``_exact_fit``). Otherwise generic: the largest-magnitude scale s* maps to the grid end of its sign
+    (``d = s*/lo`` for signed grids, as ggml's make_qx_quants, else ``s*/hi``), d rounded away from zero to fp16 so
     ``|s / d|`` never exceeds the grid, then ``sc = round(s / d)``: ``|d * sc - s| <= d / 2``.
-    Equal scales in a super-block: ``d = s, sc = 1`` (exact when s is fp16).
     """
     pivot = np.take_along_axis(s, np.abs(s).argmax(-1)[..., None], -1)[..., 0]
     want = pivot / (lo if lo < 0 else hi)
@@ -178,7 +206,9 @@ def _fit(s: NDArray[np.float64], lo: int, hi: int) -> tuple[NDArray[np.float16],
     with np.errstate(divide="ignore", invalid="ignore"):
         sc = np.where(df != 0, np.rint(s / df), 0.0)
     sc = np.where(equal[..., None], 1.0, np.clip(sc, lo, hi))
-    return d, sc.astype(np.int16)
+    d_x, sc_x, exact = _exact_fit(s, lo, hi)
+    exact &= ~equal
+    return np.where(exact, d_x, d), np.where(exact[..., None], sc_x, sc).astype(np.int16)
 
 
 def _eff(d: NDArray[np.float16], sc: NDArray[np.int16]) -> NDArray[np.float32]:
@@ -197,7 +227,7 @@ def _result(data: NDArray[np.uint8], s: NDArray[np.float64], eff: NDArray[np.flo
             eff_m: NDArray[np.float32] | None = None) -> KQuantBlocks:
     rows = s.shape[0]
     ds = eff.astype(np.float64) - s
-    dw = ds[..., None] * qc.reshape(*s.shape, 16)
+    dw = ds[..., None] * qc.reshape(*s.shape, -1)
     dm = np.zeros_like(s) if m is None or eff_m is None else eff_m.astype(np.float64) - m
     dw = dw - dm[..., None]
     return KQuantBlocks(data, eff.reshape(rows, -1), None if eff_m is None else eff_m.reshape(rows, -1),
@@ -254,3 +284,41 @@ def encode_q2_k(codes: ArrayLike, sub_scales: ArrayLike, sub_mins: ArrayLike) ->
     scales = sc.astype(np.uint8) | (mi.astype(np.uint8) << 4)
     data = _join(rows, scales, _qs2(q), _f16_bytes(d), _f16_bytes(dmin))
     return _result(data, s, _eff(d, sc), qc, mn, _eff(dmin, mi))
+
+
+def _scales_k4(sc: NDArray, m: NDArray) -> NDArray[np.uint8]:
+    """[R, nsb, 8] 6-bit scales and mins -> scales[12], the inverse of ggml's get_scale_min_k4: bytes 0-3 = sc_j and
+    4-7 = m_j (j < 4), each with the top 2 bits of sc_{j+4} / m_{j+4} in bits 6-7; bytes 8-11 = low nibbles of
+    sc_{j+4} | m_{j+4} << 4."""
+    sc, m = sc.astype(np.uint8), m.astype(np.uint8)
+    return np.concatenate([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), m[..., :4] | ((m[..., 4:] >> 4) << 6),
+                           (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)], axis=-1)  # fmt: skip
+
+
+def _encode_q45_k(codes: ArrayLike, sub_scales: ArrayLike, sub_mins: ArrayLike, bits: int) -> KQuantBlocks:
+    qc = _codes(codes, 0, (1 << bits) - 1, QK_K)
+    rows, k = qc.shape
+    s = _subparam(sub_scales, rows, k, "sub_scales", 32)
+    mn = _subparam(sub_mins, rows, k, "sub_mins", 32)
+    if (s < 0).any() or (mn < 0).any():
+        raise ValueError(f"Q{bits}_K needs non-negative sub_scales and sub_mins (w = scale * code - min).")
+    d, sc = _fit(s, 0, 63)
+    dmin, mi = _fit(mn, 0, 63)
+    q = qc.astype(np.uint8).reshape(rows, k // QK_K, 4, 2, 32)  # 64-element chunks: first 32 low, next 32 high nibbles
+    qs = ((q[:, :, :, 0] & 15) | ((q[:, :, :, 1] & 15) << 4)).reshape(rows, -1, 128)
+    fields = [_f16_bytes(d), _f16_bytes(dmin), _scales_k4(sc, mi)]
+    if bits == 5:  # bit 4 of code e is bit e // 32 of qh[e % 32]
+        hbit = ((qc.astype(np.uint8) >> 4) & 1).reshape(rows, -1, 8, 32).swapaxes(-1, -2)
+        fields.append(np.packbits(hbit, axis=-1, bitorder="little"))
+    return _result(_join(rows, *fields, qs), s, _eff(d, sc), qc, mn, _eff(dmin, mi))
+
+
+def encode_q4_k(codes: ArrayLike, sub_scales: ArrayLike, sub_mins: ArrayLike) -> KQuantBlocks:
+    """Q4_K (144 B per 256): ``d | dmin | scales[12] | qs[128]``; codes in [0, 15], ``w = d * sc_j * code - dmin *
+    m_j`` with 6-bit sc, m per 32 columns; sub_scales, sub_mins >= 0, [rows, K // 32]."""
+    return _encode_q45_k(codes, sub_scales, sub_mins, 4)
+
+
+def encode_q5_k(codes: ArrayLike, sub_scales: ArrayLike, sub_mins: ArrayLike) -> KQuantBlocks:
+    """Q5_K (176 B per 256): ``d | dmin | scales[12] | qh[32] | qs[128]``; as Q4_K with codes in [0, 31]."""
+    return _encode_q45_k(codes, sub_scales, sub_mins, 5)

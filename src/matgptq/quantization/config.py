@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 from ..errors import UserError
+from .kquant_scales import KQuantType, check_group_size
 
 
 class Method(str, Enum):
@@ -50,6 +51,7 @@ class QuantConfig:
     target_bits: tuple[int, ...] = ()
     bit_weights: tuple[float, ...] = ()
     variant: Variant = Variant.PER_WIDTH_SCALES  # MatGPTQ only; parents recorded before it existed are PAPER
+    kquant: KQuantType | None = None  # scales on this GGUF K-quant's super-block lattice (kquant_scales.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))
@@ -68,6 +70,19 @@ class QuantConfig:
             raise UserError(f"block size must be positive, got {self.block_size}")
         if self.signed_scale and not self.sym:
             raise UserError("--signed-scale is a symmetric grid; drop --asym or --signed-scale")
+        if self.kquant is not None:
+            try:
+                object.__setattr__(self, "kquant", KQuantType(self.kquant))
+            except ValueError:
+                raise UserError(f"unknown K-quant type {self.kquant!r}; use one of "
+                                f"{', '.join(t.value for t in KQuantType)}") from None  # fmt: skip
+            if not self.sym or self.signed_scale:
+                raise UserError("--kquant needs the plain symmetric grid; drop --asym / --signed-scale")
+            if self.act_order and not self.static_groups:
+                raise UserError("--kquant needs contiguous groups; add --static-groups to --act-order")
+            why = check_group_size(self.kquant, self.group_size)
+            if why:
+                raise UserError(f"--kquant {self.kquant.value}: {why}")
         for pattern in self.skip:
             try:
                 re.compile(pattern)
@@ -102,6 +117,7 @@ class QuantConfig:
         d = asdict(self)
         d["method"] = self.method.value
         d["variant"] = self.variant.value
+        d["kquant"] = self.kquant.value if self.kquant else None
         d["target_bits"] = list(self.target_bits)
         d["bit_weights"] = list(self.bit_weights)
         return d

@@ -38,6 +38,7 @@ from .resume import BlockState
 from .passes import (
     Inputs, PassTimes, attention_cache, capture_block_inputs, collect_hessians, replay_outputs, run_block,
 )  # fmt: skip
+from .kquant_scales import ScaleLattice, lattice_for
 from .solver import QuantResult, gptq_quantize, rtn_quantize
 
 
@@ -72,7 +73,8 @@ def make_rounding(cfg: QuantConfig) -> Rounding:
 
 
 def with_width_scales(qw: QuantizedWeight, w: torch.Tensor, h: torch.Tensor, damp: float,
-                      widths: tuple[int, ...]) -> QuantizedWeight:  # fmt: skip
+                      widths: tuple[int, ...], lattice: ScaleLattice | None = None,
+                      group_size: int = -1) -> QuantizedWeight:  # fmt: skip
     """The parent with its own least-squares scales (refit.py) for each target width below the master, in
     `width_scales`; other widths (interpolated ones, the master) slice on the master scale. The master keeps the scale
     its codes were chosen on, so what later layers see is the same as without the refit. Refitting only R's widths
@@ -80,6 +82,8 @@ def with_width_scales(qw: QuantizedWeight, w: torch.Tensor, h: torch.Tensor, dam
     if not widths:
         return qw
     fit = refit_scales(w, h, qw.codes, qw.scales, qw.zeros, qw.g_idx, qw.bits, widths, damp)
+    if lattice is not None:  # each width's scales on its own K-quant lattice (kquant_scales.py)
+        fit = {r: lattice.snap(s, lattice.super_scales(s, group_size)) for r, s in fit.items()}
     return replace(qw, width_scales=fit)
 
 
@@ -182,18 +186,20 @@ def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg
            times: StageTimes) -> tuple[QuantizedWeight, LayerReport]:  # fmt: skip
     """One layer's codes (GPTQ with the collected Hessian, or RTN without) and its report."""
     w = weight_matrix(block.get_submodule(name), spec).float()
+    lattice = lattice_for(cfg.kquant, cfg.group_size, w.shape[1])
     t0 = time.perf_counter()
     if collected is not None:
         res = gptq_quantize(
             w, collected.hessians[name], rounding, group_size=cfg.group_size, sym=cfg.sym, act_order=cfg.act_order,
             static_groups=cfg.static_groups, mse=cfg.mse, damp=cfg.damp, block_size=cfg.block_size,
-            signed=cfg.signed_scale,
+            signed=cfg.signed_scale, lattice=lattice,
         )  # fmt: skip
     else:
-        res = rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse, cfg.signed_scale)
+        res = rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse, cfg.signed_scale, lattice)
     qw = _to_weight(res, cfg.bits)
     if collected is not None and cfg.method is Method.MATGPTQ and cfg.variant is Variant.PER_WIDTH_SCALES:
-        qw = with_width_scales(qw, w, collected.hessians[name], res.damp, cfg.target_bits[:-1])
+        qw = with_width_scales(qw, w, collected.hessians[name], res.damp, cfg.target_bits[:-1], lattice,
+                               cfg.group_size)  # fmt: skip
     seconds = time.perf_counter() - t0
     times.solver += seconds
     errors = {}

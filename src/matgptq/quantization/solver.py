@@ -27,6 +27,7 @@ import torch
 
 from ..errors import UserError
 from .grid import Rounding, find_params
+from .kquant_scales import ScaleLattice
 
 SUB_BLOCK = 32  # columns whose per-column updates stay in cache (scripts/bench_gptq.py profile: 2x faster at 4096²)
 
@@ -65,12 +66,23 @@ def _static_params(w: torch.Tensor, rounding: Rounding, group_size: int, sym: bo
     return torch.stack([p[0] for p in pairs], 1), torch.stack([p[1] for p in pairs], 1)
 
 
+def _lattice_d(w: torch.Tensor, rounding: Rounding, group_size: int, mse: bool, lattice: ScaleLattice | None):
+    """Super-scale d per row and group (kquant_scales.py), from the static scales of the weights before GPTQ; None
+    without a lattice. Symmetric grids only (the zero stays 2^(b−1) when a scale moves)."""
+    if lattice is None:
+        return None
+    return lattice.super_scales(_static_params(w, rounding, group_size, True, mse)[0], group_size)
+
+
 def rtn_quantize(
-    weight: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, mse: bool = False, signed: bool = False
+    weight: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, mse: bool = False, signed: bool = False,
+    lattice: ScaleLattice | None = None,
 ) -> QuantResult:
     """Round-to-nearest with the same grid as GPTQ and contiguous groups."""
     w = weight.to(torch.promote_types(weight.dtype, torch.float32))
     scales, zeros = _static_params(w, rounding, group_size, sym, mse, signed)
+    if lattice is not None:
+        scales = lattice.snap(scales, lattice.super_scales(scales, group_size))
     g_idx = torch.arange(w.shape[1]) // (w.shape[1] if group_size == -1 else group_size)
     codes = rounding.codes(w, scales[:, g_idx], zeros[:, g_idx])
     return _to_result(codes, scales, zeros, g_idx, None, 0.0)
@@ -105,8 +117,12 @@ def gptq_quantize(
     damp: float = 0.01,
     block_size: int = 128,
     signed: bool = False,
+    lattice: ScaleLattice | None = None,
 ) -> QuantResult:
-    """GPTQ on `weight` [N, K] with Hessian [K, K]. Computes in float32 (or float64 if given float64)."""
+    """GPTQ on `weight` [N, K] with Hessian [K, K]. Computes in float32 (or float64 if given float64).
+
+    `lattice` (symmetric, contiguous groups): every group scale is moved onto d·sc (kquant_scales.py), d per row and
+    super-block from the scales of the weights before any update, as soon as the group's scale is found."""
     dtype = torch.promote_types(weight.dtype, torch.float32)
     w = weight.to(dtype).clone()
     h = hessian.to(dtype).clone()
@@ -115,8 +131,11 @@ def gptq_quantize(
     h[dead, dead] = 1
     w[:, dead] = 0
 
+    lattice_d = _lattice_d(w, rounding, group_size, mse, lattice)
     if static_groups:
         static_scales, static_zeros = _static_params(w, rounding, group_size, sym, mse, signed)
+        if lattice_d is not None:
+            static_scales = lattice.snap(static_scales, lattice_d)
     perm = None
     if act_order:
         perm = torch.argsort(torch.diag(h), descending=True, stable=True)
@@ -159,6 +178,8 @@ def gptq_quantize(
                     if tracks > 1:
                         current = rounding.mean_track(current.view(-1, tracks, n_rows).transpose(0, 1))
                     scale, zero = find_params(current.T, rounding, sym, mse, signed)
+                    if lattice_d is not None:
+                        scale = lattice.snap(scale, lattice_d[:, j // g])
                     scales[:, j // g], zeros[:, j // g] = scale, zero
                 col = wt[j]
                 if tracks > 1:
