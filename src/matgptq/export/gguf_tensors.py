@@ -30,7 +30,7 @@ asymmetric grid on a symmetric type) is a UserError; a shape/group mismatch fall
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -194,12 +194,22 @@ def _requantize(w: np.ndarray, qname: str) -> np.ndarray:
     return gguf.quants.quantize(np.ascontiguousarray(w, dtype=np.float32), QTYPES[qname].ggml)
 
 
+PROBE_ROWS = 8  # auto rejects a K-quant from this many rows first (the exact-d search is ~1 s per 4096² layer)
+
+
+def _rows(q, n: int):
+    return replace(q, codes=q.codes[:n], scales=q.scales[:n], zeros=q.zeros[:n])
+
+
 def _auto(q) -> tuple[_Encoded | None, dict[str, str]]:
     """Smallest codes-keeping type that is exact (or Q4_1/Q5_1 with rounded offsets); reasons for the rest."""
     reasons = {}
     for spec in QTYPES.values():
         try:
-            data, err = _encode_codes(q, spec)
+            if spec.kquant and q.shape[0] > PROBE_ROWS and _encode_codes(_rows(q, PROBE_ROWS), spec)[1]:
+                data, err = None, 1.0  # a few rows already off the lattice: the whole layer cannot be exact
+            else:
+                data, err = _encode_codes(q, spec)
         except _NoFit as e:
             reasons[spec.name] = f"{spec.name.upper()}: {e.reason}"
             continue
