@@ -3,7 +3,6 @@ with it against the plain column-by-column recursion of test_solver with the sam
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
