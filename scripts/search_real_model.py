@@ -163,6 +163,7 @@ def render(state: dict, work: Path) -> None:
           *usage, *([f"- {state['note']}"] if state.get("note") else []), "", "Fitness vs evaluations (KL on 16 fixed windows of 256 tokens from the end of the calibration text; generation 0 is the search's start):", "", *curves, ""]  # fmt: skip
     docs = ROOT / "docs"
     (docs / "search_real_model.md").write_text("\n".join(md))
+    (docs / "search_real_model.json").write_text(json.dumps({"rows": rows, **state}, indent=1))
     readme_block("search-real-model", "\n".join([text, "", *usage, *([f"- {state['note']}"] if state.get("note") else [])]))
     plot(rows, state, docs / "search_real_model.png")
     print("\n".join(md))
