@@ -7,7 +7,8 @@ and KL to the float32 model on the first 60% (40k tokens). Per grouping (per cha
       paper             seed 001 as published: mean error fed back, every slice on the master scale
       per-width         one error-feedback track per width (multibit.PerWidthRounding)
       per-width-scales  + each target width's least-squares scales (quantization/refit.py), with λ = 1,1,1 and
-                        with the master weighted ×4 (λ = 1,1,4: the default)
+                        with the master weighted ×4 (λ = 1,1,4), ×16 and ×64 (how far weighting the master buys
+                        back slice-8 and what it costs the lower slices)
     and, per channel only, the default and GPTQ with the MSE grid (`--mse`).
 Reported: mean ± standard deviation over seeds; a ratio to GPTQ is a tie when the two means are closer than the larger
 spread. Also the solver's seconds per layer (stories260K's are tiny: the cost at 4096² is scripts/bench_gptq.py's).
@@ -76,6 +77,8 @@ VARIANTS = {  # name -> quantize options (λ explicit, so a change of defaults n
     "per-width": dict(variant="per-width", bit_weights=ONES),
     "per-width-scales λ=1,1,1": dict(variant="per-width-scales", bit_weights=ONES),
     "per-width-scales λ=1,1,4 (default)": dict(variant="per-width-scales", bit_weights=MASTER4),
+    "per-width-scales λ=1,1,16": dict(variant="per-width-scales", bit_weights=(1.0, 1.0, 16.0)),
+    "per-width-scales λ=1,1,64": dict(variant="per-width-scales", bit_weights=(1.0, 1.0, 64.0)),
 }
 MSE_VARIANT = "per-width-scales λ=1,1,1"
 
