@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
-import tempfile
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 
@@ -111,10 +112,11 @@ def quantize(
     lazy = LazyModel.open(model, COMPUTE_DTYPES[dtype]) if stream is not False else None
     if stream and lazy is None:
         raise UserError(f"the safetensors files in {model} do not name the model's parameters as transformers does; "
-                        "they cannot be streamed: quantize without --stream")  # fmt: skip
+                        "they cannot be streamed: pass stream=None (stream when possible) or False")  # fmt: skip
     fp = lazy.model if lazy is not None else load_fp_model(model, COMPUTE_DTYPES[dtype])
-    stage = StagedCheckpoint(state.dir if state is not None else tempfile.mkdtemp(
-        prefix=f".{Path(out).name}.blocks-", dir=Path(out).resolve().parent)) if rank == 0 else _Discard()  # fmt: skip
+    # finished blocks: in the resume directory, else a private sibling of `out` (created by the first block written)
+    scratch = Path(out).resolve().parent / f".{Path(out).name}.blocks-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    stage = StagedCheckpoint(state.dir if state is not None else scratch) if rank == 0 else _Discard()
     try:
         _, reports, _ = quantize_model(fp, windows, cfg, progress=progress, state=state, device=dev, source=lazy,
                                        sink=stage)  # fmt: skip

@@ -138,3 +138,5 @@ def test_stream_required_but_impossible_is_refused(tmp_path):
     with pytest.raises(UserError, match="cannot be streamed"):
         matgptq.quantize(path, tmp_path / "o", stream=True, **ARGS)
     assert not (tmp_path / "o").exists()
+    matgptq.quantize(path, tmp_path / "new" / "o", **ARGS)  # falls back to loading it whole; the parent is created
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["o"]  # no staging left behind
