@@ -57,7 +57,7 @@ def unquantized_tensors(model, layers: dict, outside: str | None = None) -> dict
     quantized = {f"{n}.weight" for n in layers}  # layers left out by --skip stay ordinary tensors
     tensors, seen = {}, set()
     for name, t in model.state_dict().items():
-        if name in quantized or t.data_ptr() in seen or (outside is not None and name.startswith(f"{outside}.")):
+        if (outside is not None and name.startswith(f"{outside}.")) or name in quantized or t.data_ptr() in seen:
             continue
         seen.add(t.data_ptr())
         tensors[name] = t
