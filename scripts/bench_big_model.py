@@ -29,8 +29,19 @@ ROOT = Path(__file__).resolve().parents[1]
 CALIB = ROOT.parent / "shared" / "data" / "tinystories" / "tinystories_val_head.txt"
 
 
+# `matgptq quantize` in a child that reports its own peak RSS (VmHWM of its process image: ru_maxrss from wait4
+# would include this parent's peak, inherited over fork and exec)
+CHILD = """
+import re, sys
+from matgptq.cli import main
+code = main(sys.argv[1:])
+print("VmHWM", re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1), file=sys.stderr)
+sys.exit(code)
+"""
+
+
 def run(model: Path, out: Path, stream: bool, a) -> dict:
-    cmd = [sys.executable, "-m", "matgptq", "quantize", str(model), "--out", str(out), "--calib", str(CALIB),
+    cmd = [sys.executable, "-c", CHILD, "quantize", str(model), "--out", str(out), "--calib", str(CALIB),
            "--method", "gptq", "--bits", "4", "--group-size", "128", "--nsamples", str(a.nsamples), "--seqlen",
            str(a.seqlen), "--quiet", *([] if stream else ["--no-stream"])]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONPATH": str(ROOT / "src")}
@@ -44,7 +55,8 @@ def run(model: Path, out: Path, stream: bool, a) -> dict:
     if status != 0:
         raise SystemExit(f"quantize failed ({status}): {err[-2000:]}")
     report = json.loads((out / "matgptq.json").read_text())["report"]
-    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss * 1024,
+    rss = int(err.rsplit("VmHWM", 1)[1].split()[0]) * 1024
+    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": rss,
             "solver": sum(r["seconds"] for r in report)}  # fmt: skip
 
 

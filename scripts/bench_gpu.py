@@ -25,14 +25,14 @@ from random_llama import SHAPES, build, weight_bytes  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 CALIB = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.joined.txt"
 CHILD = """
-import json, resource, sys, time, torch
+import json, re, sys, time, torch
 import matgptq
 model, out, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 t0 = time.perf_counter()
 _, reports = matgptq.quantize(model, out, device="cuda", progress=False, **opts)
 torch.cuda.synchronize()
 print(json.dumps({"wall": time.perf_counter() - t0, "gpu": torch.cuda.max_memory_allocated(),
-                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "rss": int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024,
                   "solver": sum(r.seconds for r in reports), "device": torch.cuda.get_device_name()}))
 """
 
