@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--nsamples", type=int, default=32, help="calibration windows (split across processes)")
     ap.add_argument("--seqlen", type=int, default=256, help="tokens per window")
     ap.add_argument("--threads", type=int, default=2, help="threads of the one-process comparison run")
+    ap.add_argument("--skip-threads", action="store_true", help="leave out the 1 process x --threads run")
     a = ap.parse_args()
     if not a.model.is_dir():
         raise SystemExit(f"{a.model} is missing: run `make real-model` first")
@@ -61,7 +62,8 @@ def main() -> None:
         out = {k: Path(work) / k for k in ("p1t1", "p1tN", "p2t1")}
         single = [sys.executable, "-m", "matgptq", "quantize", str(a.model)]
         rows["1 process x 1 thread"] = run([*single, "--out", str(out["p1t1"]), *args], 1)
-        rows[f"1 process x {a.threads} threads"] = run([*single, "--out", str(out["p1tN"]), *args], a.threads)
+        if not a.skip_threads:
+            rows[f"1 process x {a.threads} threads"] = run([*single, "--out", str(out["p1tN"]), *args], a.threads)
         two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "matgptq",
                "quantize", str(a.model), "--out", str(out["p2t1"]), *args]  # fmt: skip
         rows["2 processes x 1 thread (gloo)"] = run(two, 1)
