@@ -76,7 +76,7 @@ def main() -> None:
     print("|-----|--------|-------|-----------------|")
     for name, r in rows.items():
         print(f"| {name} | {r['wall']:.1f} | {r['cpu']:.1f} | {base / r['wall']:.2f}x |")
-    print(f"\n2 processes vs 1: {equal} of {len(codes)} code tensors bit-identical, {same:.4%} of codes equal")
+    print(f"\n2 processes vs 1: {equal} of {len(codes)} code tensors bit-identical, {same:.4%} of packed code bytes equal")
 
 
 if __name__ == "__main__":
