@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import shutil
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 
@@ -10,12 +13,15 @@ import torch
 import transformers
 
 from ._version import __version__
+from .devices import resolve_device
 from .errors import UserError
-from .formats import save_checkpoint
+from .formats.staged import SHARD_BYTES, StagedCheckpoint
 from .fsutil import check_output
 from .models import (
-    calibration_windows, file_sha256, load_fp_model, load_tokenizer, read_text, require_model_dir, tokenize,
+    arch_spec, calibration_windows, file_sha256, get_blocks, load_fp_model, load_tokenizer, read_text, require_model_dir,
+    tokenize,
 )  # fmt: skip
+from .models.lazy import LazyModel
 from .quantization import CalibConfig, LayerReport, Method, QuantConfig, quantize_model
 from .quantization.distributed import dist_backend, init_from_env, world
 from .quantization.resume import BlockState
@@ -45,12 +51,13 @@ def make_config(method: str | Method = "gptq", bits=4, master_bits: int | None =
     return QuantConfig(method=method, bits=widths[0], **options)
 
 
-def unquantized_tensors(model, layers: dict) -> dict[str, torch.Tensor]:
-    """The tensors a checkpoint stores as they are: all but the quantized weights and tied duplicates (lm_head)."""
+def unquantized_tensors(model, layers: dict, outside: str | None = None) -> dict[str, torch.Tensor]:
+    """The tensors a checkpoint stores as they are: all but the quantized weights and tied duplicates (lm_head);
+    with `outside` (the blocks' path), only those outside the blocks (the blocks' own went to their files)."""
     quantized = {f"{n}.weight" for n in layers}  # layers left out by --skip stay ordinary tensors
     tensors, seen = {}, set()
     for name, t in model.state_dict().items():
-        if name in quantized or t.data_ptr() in seen:
+        if (outside is not None and name.startswith(f"{outside}.")) or name in quantized or t.data_ptr() in seen:
             continue
         seen.add(t.data_ptr())
         tensors[name] = t
@@ -61,7 +68,8 @@ def quantize(
     model: str | Path, out: str | Path, *, calib: str | Path | list[str] | None = None, method: str = "gptq",
     bits=4, master_bits: int | None = None, bit_weights=None, calib_range: tuple[float, float] = (0.0, 1.0),
     nsamples: int = 128, seqlen: int = 256, seed: int = 0, overwrite: bool = False, progress: bool = True,
-    dtype: str = "auto", resume: bool = False, **options,
+    dtype: str = "auto", resume: bool = False, device: str = "auto", stream: bool | None = None,
+    shard_bytes: int = SHARD_BYTES, **options,
 ) -> tuple[Path, list[LayerReport]]:  # fmt: skip
     """Quantize the HF model directory `model` and write a matgptq checkpoint to `out` (atomically).
 
@@ -70,9 +78,16 @@ def quantize(
     config.json; "bfloat16" is what GPTQModel uses on CPU). Hessians and the solver are float32 either way.
     `resume`: continue a killed run from its last finished block (quantization/resume.py); progress is kept beside
     `out` until the checkpoint is written.
+    `device`: auto | cpu | cuda | cuda:i (devices.py). `stream`: read each block from the model's files when it is
+    quantized instead of loading the model whole (models/lazy.py); None = whenever the files allow it (the result is
+    the same either way), False = load it whole, True = required. Finished blocks always go to disk at once
+    (formats/staged.py); `shard_bytes` caps each file of the written checkpoint.
     """
     if dtype not in COMPUTE_DTYPES:
         raise UserError(f"--dtype {dtype} is not one of {', '.join(COMPUTE_DTYPES)}")
+    if shard_bytes < 1:
+        raise UserError(f"--shard-size must be positive, got {shard_bytes} bytes")
+    dev = resolve_device(device)
     cfg = make_config(method, bits, master_bits, bit_weights, **options)
     calib_cfg = CalibConfig(
         path=str(calib) if isinstance(calib, (str, Path)) else None, text_range=tuple(calib_range),
@@ -88,44 +103,74 @@ def quantize(
     else:
         text = calib if isinstance(calib, list) else read_text(calib, calib_cfg.text_range)
         windows = calibration_windows(tokenize(tokenizer, text), nsamples, seqlen, seed)
-    init_from_env()  # under torchrun: one process of several (quantization/distributed.py)
+    init_from_env(dev)  # under torchrun: one process of several (quantization/distributed.py)
     rank, size = world()
     if size > 1 and resume:
         raise UserError("--resume is for single-process runs; run the resumed quantization without torchrun")
-    state = BlockState(out, _run_settings(model, cfg, calib_cfg, calib, windows, dtype), resume) if size == 1 else None
-    fp = load_fp_model(model, COMPUTE_DTYPES[dtype])
-    layers, reports, _ = quantize_model(fp, windows, cfg, progress=progress, state=state)
-    if rank > 0:  # every rank holds the result; one writes it
-        return Path(out), reports
-    tensors = unquantized_tensors(fp, layers)
-    meta = {
-        "quantization": cfg.to_json(),
-        "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range),
-                        "dtype": str(fp.dtype).removeprefix("torch."),
-                        "sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None},
-        "source_model": str(Path(model).resolve()),
-        "model_type": fp.config.model_type,
-        "versions": {"matgptq": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": platform.python_version(),
-                     # float summation order, part of bit-exactness: thread count and the CPU's vector unit
-                     "torch_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()},
-        "report": [asdict(r) for r in reports],
-    }  # fmt: skip
-    if size > 1:
-        meta["distributed"] = {"world_size": size, "backend": dist_backend()}
-    save_checkpoint(out, fp.config.to_dict(), tensors, layers, meta, model, overwrite)
+    settings = _run_settings(model, cfg, calib_cfg, calib, windows, dtype, dev)
+    state = BlockState(out, settings, resume) if size == 1 else None
+    lazy = LazyModel.open(model, COMPUTE_DTYPES[dtype]) if stream is not False else None
+    if stream and lazy is None:
+        raise UserError(f"the safetensors files in {model} do not name the model's parameters as transformers does; "
+                        "they cannot be streamed: pass stream=None (stream when possible) or False")  # fmt: skip
+    fp = lazy.model if lazy is not None else load_fp_model(model, COMPUTE_DTYPES[dtype])
+    # finished blocks: in the resume directory, else a private sibling of `out` (created by the first block written)
+    scratch = Path(out).resolve().parent / f".{Path(out).name}.blocks-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    stage = StagedCheckpoint(state.dir if state is not None else scratch) if rank == 0 else _Discard()
+    try:
+        _, reports, _ = quantize_model(fp, windows, cfg, progress=progress, state=state, device=dev, source=lazy,
+                                       sink=stage)  # fmt: skip
+        if rank > 0:  # every rank holds the result; one writes it
+            return Path(out), reports
+        spec = arch_spec(fp.config.model_type)
+        tensors = unquantized_tensors(fp, {}, outside=spec.blocks)
+        meta = {
+            "quantization": cfg.to_json(),
+            "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range),
+                            "dtype": str(fp.dtype).removeprefix("torch."),
+                            "sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None},
+            "source_model": str(Path(model).resolve()),
+            "model_type": fp.config.model_type,
+            "versions": {"matgptq": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                         "python": platform.python_version(),
+                         # float summation order, part of bit-exactness: thread count and the CPU's vector unit
+                         "torch_threads": torch.get_num_threads(),
+                         "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+            "report": [asdict(r) for r in reports],
+        }  # fmt: skip
+        if dev.type != "cpu":
+            meta["device"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
+        if size > 1:
+            meta["distributed"] = {"world_size": size, "backend": dist_backend()}
+        stage.assemble(out, len(get_blocks(fp, spec)), fp.config.to_dict(), tensors,
+                       {r.name: list(r.shape) for r in reports}, cfg.bits, meta, model, overwrite, shard_bytes)  # fmt: skip
+    finally:
+        if state is None and rank == 0:
+            shutil.rmtree(stage.dir, ignore_errors=True)
     if state is not None:
         state.finish()
     return Path(out), reports
 
 
-def _run_settings(model, cfg: QuantConfig, calib_cfg: CalibConfig, calib, windows: torch.Tensor, dtype: str) -> dict:
+class _Discard:
+    """The sink of ranks > 0 under torchrun: rank 0 writes the finished blocks."""
+
+    def write_block(self, *args) -> None:
+        pass
+
+    def read_layers(self, *args) -> dict:
+        return {}
+
+
+def _run_settings(model, cfg: QuantConfig, calib_cfg: CalibConfig, calib, windows: torch.Tensor, dtype: str,
+                  device: torch.device) -> dict:  # fmt: skip
     """What a quantization's result depends on, for refusing to resume another run's state: the model (its path,
     config and weight files' sizes and times — hashing 16 GB of shards would cost a minute), the options, the
-    calibration text (its hash, or the windows' when given as strings) and the dtype."""
+    calibration text (its hash, or the windows' when given as strings), the dtype and the kind of device (float
+    summation order). Streaming or not changes nothing (tested), so it is not recorded."""
     files = sorted(Path(model).glob("*.safetensors"))
     return {"model": str(Path(model).resolve()), "config": (Path(model) / "config.json").read_text(),
             "weights": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files],
             "quantization": cfg.to_json(), "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range)},
             "calib_sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None,
-            "windows": [list(windows.shape), int(windows.sum())], "dtype": dtype}  # fmt: skip
+            "windows": [list(windows.shape), int(windows.sum())], "dtype": dtype, "device": device.type}  # fmt: skip

@@ -35,7 +35,14 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 3,4,8, got {text!r}") from None
 
 
+def _add_device(parser: argparse.ArgumentParser, what: str) -> None:
+    from .devices import CHOICES_HELP
+
+    parser.add_argument("--device", default="auto", help=f"where {what}: {CHOICES_HELP}; default auto")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .formats.staged import SHARD_BYTES
     from .quantization.config import QuantConfig, Variant
     from .quantization.kquant_scales import KQuantType
 
@@ -87,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--resume", action="store_true",
                    help="continue a killed run from its last finished block (progress is kept in .OUT.resume beside "
                         "--out until the checkpoint is written)")  # fmt: skip
+    _add_device(q, "the model runs and the solver computes (the model in its own dtype, Hessians and solver in "
+                   "float32); under torchrun, auto and cuda mean each process's own GPU")  # fmt: skip
+    q.add_argument("--no-stream", dest="stream", action="store_false", default=None,
+                   help="load the whole model into memory first instead of reading each block from its safetensors "
+                        "files when it is quantized (the checkpoint is the same; streaming keeps one block in memory)")
+    q.add_argument("--shard-size", type=float, default=SHARD_BYTES / 2**20, metavar="MB",
+                   help="largest file of the written checkpoint in MiB (default %(default)g): a larger checkpoint is "
+                        "written as model-0000k-of-0000N.safetensors shards with model.safetensors.index.json")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
 
     e = sub.add_parser("eval", help="perplexity (and KL) and/or zero-shot accuracy of a model, checkpoint or parent widths")
@@ -106,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="windows per forward pass (default: 2048 tokens' worth, i.e. 2048 // --seqlen, at least 1)")
     e.add_argument("--task-batch-size", type=int, default=16, help="lm-eval requests per forward pass (--tasks)")
     e.add_argument("--json", help="write the results as JSON to this file")
+    _add_device(e, "the models are scored")
 
     s = sub.add_parser("slice", help="write a standalone r-bit checkpoint (only the r-bit data) from a parent")
     s.add_argument("parent", help="matgptq parent checkpoint directory")
@@ -157,6 +173,7 @@ def _add_search_parser(sub) -> None:
     s.add_argument("--resume", action="store_true", help="continue the searches whose states are in --out")
     s.add_argument("--overwrite", action="store_true", help="replace existing mix files")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_device(s, "the candidates are scored")
 
 
 def cmd_quantize(a: argparse.Namespace) -> None:
@@ -170,7 +187,7 @@ def cmd_quantize(a: argparse.Namespace) -> None:
         overwrite=a.overwrite, progress=not a.quiet, dtype=a.dtype, resume=a.resume, group_size=a.group_size, sym=a.sym,
         act_order=a.act_order, static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
         true_sequential=a.true_sequential, signed_scale=a.signed_scale, skip=tuple(a.skip), variant=a.variant,
-        kquant=a.kquant,
+        kquant=a.kquant, device=a.device, stream=a.stream, shard_bytes=int(a.shard_size * 2**20),
     )  # fmt: skip
     from .quantization.distributed import world
 
@@ -185,6 +202,7 @@ def cmd_quantize(a: argparse.Namespace) -> None:
 
 
 def cmd_eval(a: argparse.Namespace) -> None:
+    from .devices import resolve_device
     from .evaluation import format_table
     from .evaluation.perplexity import Teacher, score
     from .evaluation.tasks import require_lm_eval, resolve_tasks, score_tasks, with_average, wrap_model
@@ -198,18 +216,19 @@ def cmd_eval(a: argparse.Namespace) -> None:
     for flag, value in (("--limit", a.limit), ("--task-batch-size", a.task_batch_size), ("--batch-size", a.batch_size)):
         if value is not None and value < 1:
             raise UserError(f"{flag} must be at least 1, got {value}")
+    device = resolve_device(a.device)
     specs = resolve_tasks(a.tasks, a.tasks_dir) if a.tasks else []  # every file checked before any model is loaded
     if specs:
         require_lm_eval()
     tokenizer = load_tokenizer(a.model)
     windows = eval_windows(tokenize(tokenizer, read_text(a.text, a.text_range)), a.seqlen, a.max_tokens) if a.text else None
     batch = a.batch_size or max(1, EVAL_TOKENS_PER_PASS // a.seqlen)
-    teacher = Teacher(load(a.kl_to), windows, batch, progress=True) if a.kl_to else None  # model freed after
+    teacher = Teacher(load(a.kl_to).to(device), windows, batch, progress=True) if a.kl_to else None  # model freed
     bits_list: list = [None]
     if a.bits:  # "3,4,6,8" → several uniform widths; anything else is a mix JSON file
         widths = a.bits.split(",")
         bits_list = [int(b) for b in widths] if all(b.strip().isdigit() for b in widths) else [a.bits]
-    model = load(a.model, bits=bits_list[0])
+    model = load(a.model, bits=bits_list[0]).to(device)
     lm = wrap_model(model, tokenizer, a.task_batch_size) if specs else None
     results, task_results = [], []
     for bits in bits_list:
@@ -265,7 +284,7 @@ def cmd_search(a: argparse.Namespace) -> None:
         seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens, sensitivity=Sensitivity(a.sensitivity),
         calib_tokens=a.calib_tokens, reference=Path(a.kl_to) if a.kl_to else None,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
-        resume=a.resume, overwrite=a.overwrite, progress=not a.quiet,
+        resume=a.resume, overwrite=a.overwrite, progress=not a.quiet, device=a.device,
     )  # fmt: skip
     rows = run_search(req)
     headers = ["budget", "kind", "code_bits", "storage_bits", "dp_kl", "start", "kl"]

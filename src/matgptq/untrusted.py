@@ -63,6 +63,27 @@ def read_header(path: str | Path, fix: str = "re-create or re-download it") -> d
         raise _damaged(p, e, fix) from None
 
 
+def read_sharded(index: str | Path, fix: str = "re-create or re-download it") -> dict[str, torch.Tensor]:
+    """All tensors of a sharded safetensors directory: Hugging Face's `*.safetensors.index.json`, whose `weight_map`
+    names each tensor's file. Every named file must be a plain .safetensors name in the index's directory and hold
+    exactly the tensors mapped to it: a missing, extra or moved tensor is damage, never a silent mix of files."""
+    p = Path(index)
+    weight_map = read_json(p, fix).get("weight_map")
+    ok = isinstance(weight_map, dict) and weight_map and all(
+        isinstance(f, str) and Path(f).name == f and f.endswith(".safetensors") for f in weight_map.values())  # fmt: skip
+    if not ok:
+        raise UserError(f"{p}: `weight_map` must map tensor names to .safetensors files in its directory; {fix}")
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(set(weight_map.values())):
+        tensors = read_tensors(p.parent / name, fix)
+        expected = {k for k, f in weight_map.items() if f == name}
+        if set(tensors) != expected:
+            odd = sorted(set(tensors) ^ expected)[0]
+            raise UserError(f"{p.parent / name} does not hold the tensors {p.name} maps to it (e.g. {odd}); {fix}")
+        out.update(tensors)
+    return out
+
+
 def take(raw: dict[str, torch.Tensor], key: str, dtype: torch.dtype, shape: tuple[int | None, ...], where: Path,
          optional: bool = False) -> torch.Tensor | None:  # fmt: skip
     """Remove `key` from `raw` and check its dtype and shape (None: any positive size on that axis); a missing tensor

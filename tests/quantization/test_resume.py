@@ -99,3 +99,42 @@ def test_a_run_killed_with_sigkill_resumes(deep, tmp_path):
     assert not killed.exists() and 2 <= json.loads(state.read_text())["done"] < 6
     assert main([*cli, "--resume"]) == 0
     _same_checkpoint(whole, killed)
+
+
+def _stop_after(monkeypatch, blocks: int):
+    save = BlockState.save
+
+    def stop(self, done, *args):
+        save(self, done, *args)
+        if done == blocks:
+            raise _Stop
+
+    monkeypatch.setattr(BlockState, "save", stop)
+
+
+@pytest.mark.parametrize("first,second", [(False, False), (True, False), (False, True)])
+def test_resume_across_streamed_and_in_memory_runs(deep, tmp_path, monkeypatch, first, second):
+    """Streaming changes nothing in the result, so a state left by either kind of run (model streamed from its
+    files, or loaded whole: its finished layers are written back into the model from the block files) resumes
+    under either to the uninterrupted streamed checkpoint."""
+    whole = tmp_path / "whole"
+    matgptq.quantize(deep, whole, **ARGS)
+    out = tmp_path / "out"
+    _stop_after(monkeypatch, 2)
+    with pytest.raises(_Stop):
+        matgptq.quantize(deep, out, stream=first, **ARGS)
+    monkeypatch.undo()
+    matgptq.quantize(deep, out, stream=second, resume=True, **ARGS)
+    _same_checkpoint(whole, out)
+
+
+def test_a_lost_block_file_is_damage(deep, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _stop_after(monkeypatch, 3)
+    with pytest.raises(_Stop):
+        matgptq.quantize(deep, out, **ARGS)
+    monkeypatch.undo()
+    (tmp_path / ".out.resume" / "block-1.safetensors").unlink()
+    with pytest.raises(UserError, match="damaged.*block-1"):
+        matgptq.quantize(deep, out, resume=True, **ARGS)
+    assert not out.exists()

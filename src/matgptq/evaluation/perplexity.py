@@ -43,11 +43,12 @@ def score(model, windows: torch.Tensor, teacher: Teacher | None = None, batch_si
     if teacher is not None and tuple(teacher.windows_shape) != tuple(windows.shape):
         raise ValueError("the teacher was built on other windows")
     body, head = body_and_head(model)
+    device = head.weight.device  # the model's (eval --device); windows and the teacher's rows go there
     nll = kl = 0.0
     count = 0
     bar = tqdm(total=windows.shape[0], desc=desc, unit="window", disable=not progress, leave=False)
     for b0 in range(0, windows.shape[0], batch_size):
-        batch = windows[b0 : b0 + batch_size]
+        batch = windows[b0 : b0 + batch_size].to(device)
         hidden = body(batch)[:, :-1].reshape(-1, body.hidden_size)
         targets = batch[:, 1:].reshape(-1)
         ref_hidden = teacher.hidden(b0, b0 + batch.shape[0]) if teacher is not None else None
@@ -56,7 +57,7 @@ def score(model, windows: torch.Tensor, teacher: Teacher | None = None, batch_si
             logq = F.log_softmax(head(hidden[c0 : c0 + chunk]).float(), -1)
             nll -= float(logq.gather(1, targets[c0 : c0 + chunk, None]).sum(dtype=torch.float64))
             if ref_hidden is not None:
-                logp = teacher.logprobs(ref_hidden[c0 : c0 + chunk])
+                logp = teacher.logprobs(ref_hidden[c0 : c0 + chunk]).to(device)
                 kl += float((logp.exp() * (logp - logq)).sum(dtype=torch.float64))
         count += targets.numel()
         bar.update(batch.shape[0])

@@ -4,9 +4,10 @@ A causal LM's logits are head(h) with h the body's final (normed) hidden state. 
 H floats per token instead of V (576 vs 49,152 for SmolLM2; 4096 vs 128,256 for Llama-3-8B), and writing it to a
 temporary file makes resident memory independent of the token count: one batch of hidden states is read back at a
 time and the reference log-probabilities are recomputed exactly, chunk by chunk, by the reference's own head
-(a copy of its weights, so the reference model itself can be freed). Memory for a 128k vocabulary at 500k tokens:
-disk 500k × H × 4 bytes (2 GB at H = 1024, 8 GB at H = 4096); RAM one batch of hidden states plus
-CHUNK_ELEMENTS-sized chunks, whatever the token count. The search (#10) reuses it: one teacher, many candidates.
+(a copy of its weights, so the reference model itself can be freed). On a GPU the reference runs there and its
+hidden states go through the CPU to the file; `logprobs`/`logits` take rows from anywhere to the head's device.
+Memory for a 128k vocabulary at 500k tokens: disk 500k × H × 4 bytes (2 GB at H = 1024, 8 GB at H = 4096); RAM
+one batch of hidden states plus CHUNK_ELEMENTS-sized chunks, whatever the token count. The search (#10) reuses it: one teacher, many candidates.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ class Teacher:
         bar = tqdm(total=windows.shape[0], desc="reference", unit="window", disable=not progress, leave=False)
         with torch.no_grad():
             for b0 in range(0, windows.shape[0], batch_size):
-                h = body(windows[b0 : b0 + batch_size])[:, :-1].float().contiguous()
+                ids = windows[b0 : b0 + batch_size].to(self.head.weight.device)
+                h = body(ids)[:, :-1].float().cpu().contiguous()
                 self._file.write(h.numpy().tobytes())
                 bar.update(h.shape[0])
         bar.close()
@@ -76,8 +78,12 @@ class Teacher:
         return torch.from_numpy(data.copy()).view(rows, self._width)
 
     @torch.no_grad()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden.to(self.head.weight.device))
+
+    @torch.no_grad()
     def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.log_softmax(self.head(hidden).float(), -1)
+        return F.log_softmax(self.logits(hidden).float(), -1)
 
     def close(self) -> None:
         self._file.close()

@@ -1,7 +1,10 @@
 """The matgptq checkpoint: one directory holding a parent (all widths) or a standalone slice.
 
 Files: `config.json` (the HF config plus `quantization_config: {"quant_method": "matgptq"}`, so plain transformers
-refuses it instead of loading random weights), tokenizer files, `model.safetensors` and `matgptq.json`.
+refuses it instead of loading random weights), tokenizer files, `model.safetensors` and `matgptq.json`. A parent
+larger than one shard (`quantize` writes shards of at most `shard_bytes`, default SHARD_BYTES) has Hugging Face's
+sharded layout instead: `model-00001-of-0000N.safetensors`, … and `model.safetensors.index.json` naming each tensor's
+file; the tensors are the same, and the readers take either layout.
 Tensors, per quantized layer `<name>` (the Linear's module path; weights as [out, in]):
   <name>.codes   uint8  [N, ceil(K·bits/8)]  codes as a little-endian bit stream per row (bits = stored width)
   <name>.scales  float16 [N, G]              master scale per output row and group
@@ -29,13 +32,15 @@ from safetensors.torch import save_file
 
 from ..errors import UserError
 from ..fsutil import atomic_output, copy_tokenizer_files
-from ..untrusted import read_json, read_tensors, take
+from ..untrusted import read_json, read_sharded, read_tensors, take
 from .quantized import QuantizedWeight, width_scale_name, width_scale_tensors
 
 FORMAT = "matgptq"
 FORMAT_VERSION = 2  # highest version read; v2 adds <name>.scales.<r>
 META_FILE = "matgptq.json"
 WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"  # the sharded layout (Hugging Face's)
+TENSOR_METADATA = {"format": "pt", "producer": FORMAT}
 SLICING_RULE = "msb_round_half_up_saturating"  # slicing.py
 
 
@@ -69,37 +74,46 @@ class Checkpoint:
         return max(q.bits for q in self.layers.values())
 
 
+def layer_tensors(name: str, q: QuantizedWeight) -> dict[str, torch.Tensor]:
+    """The tensors a checkpoint file stores for quantized layer `name` (codes packed at q's stored width)."""
+    out = {f"{name}.codes": pack_bits(q.codes, q.bits), f"{name}.scales": q.scales.to(torch.float16).contiguous(),
+           f"{name}.zeros": q.zeros.to(torch.uint8).contiguous(), f"{name}.g_idx": q.g_idx.to(torch.int32).contiguous()}  # fmt: skip
+    if q.perm is not None:
+        out[f"{name}.perm"] = q.perm.to(torch.int32).contiguous()
+    out.update(width_scale_tensors(name, q))
+    return out
+
+
+def _write_dir(tmp: Path, config: dict, meta: dict, layers: dict[str, list[int]], bits: int, shift: int, version: int,
+               tokenizer_dir: str | Path | None) -> None:  # fmt: skip
+    full_meta = {
+        "format": FORMAT, "format_version": version, "stored_bits": bits, "shift": shift,
+        "slicing": SLICING_RULE, **meta, "layers": layers,
+    }  # fmt: skip
+    hf_config = dict(config, quantization_config={"quant_method": FORMAT, "bits": bits})
+    (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, default=str))
+    (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2))
+    if tokenizer_dir is not None:
+        copy_tokenizer_files(tokenizer_dir, tmp)
+
+
 def save_checkpoint(
     out: str | Path, config: dict, tensors: dict[str, torch.Tensor], layers: dict[str, QuantizedWeight],
     meta: dict, tokenizer_dir: str | Path | None, overwrite: bool = False,
 ) -> Path:  # fmt: skip
-    """Write a checkpoint directory atomically. `tensors` are the unquantized ones."""
+    """Write a checkpoint directory atomically, in one file. `tensors` are the unquantized ones."""
     widths = {(q.bits, q.shift) for q in layers.values()}
     if len(widths) != 1:
         raise ValueError(f"a checkpoint stores one width; got {sorted(widths)}")
     bits, shift = widths.pop()
     out_tensors = {k: v.contiguous() for k, v in tensors.items()}
     for name, q in layers.items():
-        out_tensors[f"{name}.codes"] = pack_bits(q.codes, bits)
-        out_tensors[f"{name}.scales"] = q.scales.to(torch.float16).contiguous()
-        out_tensors[f"{name}.zeros"] = q.zeros.to(torch.uint8).contiguous()
-        out_tensors[f"{name}.g_idx"] = q.g_idx.to(torch.int32).contiguous()
-        if q.perm is not None:
-            out_tensors[f"{name}.perm"] = q.perm.to(torch.int32).contiguous()
-        out_tensors.update(width_scale_tensors(name, q))
+        out_tensors.update(layer_tensors(name, q))
     version = 2 if any(q.width_scales for q in layers.values()) else 1
-    full_meta = {
-        "format": FORMAT, "format_version": version, "stored_bits": bits, "shift": shift,
-        "slicing": SLICING_RULE, **meta,
-        "layers": {name: list(q.shape) for name, q in layers.items()},
-    }  # fmt: skip
-    hf_config = dict(config, quantization_config={"quant_method": FORMAT, "bits": bits})
     with atomic_output(out, overwrite) as tmp:
-        save_file(out_tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "producer": FORMAT})
-        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, default=str))
-        (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2))
-        if tokenizer_dir is not None:
-            copy_tokenizer_files(tokenizer_dir, tmp)
+        save_file(out_tensors, str(tmp / WEIGHTS_FILE), metadata=TENSOR_METADATA)
+        _write_dir(tmp, config, meta, {name: list(q.shape) for name, q in layers.items()}, bits, shift, version,
+                   tokenizer_dir)  # fmt: skip
     return Path(out)
 
 
@@ -186,6 +200,10 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     shapes = _layer_shapes(meta_path, meta)
     _check_quantization(meta_path, meta)
     config.pop("quantization_config", None)
-    raw = read_tensors(weights, fix)
+    if (p / INDEX_FILE).is_file():  # the sharded layout
+        weights = p / INDEX_FILE
+        raw = read_sharded(weights, fix)
+    else:
+        raw = read_tensors(weights, fix)
     layers = {name: _layer(weights, raw, name, n, k, bits, shift) for name, (n, k) in shapes.items()}
     return Checkpoint(meta, config, layers, raw, p)

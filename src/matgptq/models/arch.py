@@ -72,7 +72,7 @@ def set_weight_matrix(module: nn.Module, spec: ArchSpec, w: torch.Tensor) -> Non
     """Overwrite the weight with `w` [out, in], in place: a model loaded from safetensors holds its weights in a
     private (copy-on-write) memory map, so writing in place replaces the file's pages instead of adding a second
     copy of every layer to the process (the file itself is never written)."""
-    new = (w.T if spec.conv1d else w).to(module.weight.dtype)
+    new = (w.T if spec.conv1d else w).to(module.weight.device, module.weight.dtype)
     if new.shape == module.weight.shape:
         module.weight.data.copy_(new)
     else:

@@ -20,10 +20,14 @@ import torch
 import torch.distributed as dist
 
 
-def init_from_env() -> None:
-    """Under torchrun (WORLD_SIZE > 1) join the process group once."""
+def init_from_env(device: torch.device | None = None) -> None:
+    """Under torchrun (WORLD_SIZE > 1) join the process group once: NCCL when computing on a GPU (each process on
+    its own, devices.resolve_device), gloo on CPUs."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
+        if cuda and device is not None:
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if cuda else "gloo")
 
 
 def world() -> tuple[int, int]:
@@ -45,7 +49,7 @@ def shard(windows: torch.Tensor, rank: int, size: int) -> torch.Tensor:
 
 def combine_hessians(hessians: dict[str, torch.Tensor], rows: int) -> None:
     """In place: every rank's running-mean Hessians → Σ_r n_r·H_r / Σ_r n_r (layers sharing an input share one)."""
-    total = torch.tensor([float(rows)], dtype=torch.float64)
+    total = torch.tensor([float(rows)], dtype=torch.float64, device=next(iter(hessians.values())).device)
     dist.all_reduce(total)
     seen = set()
     for h in hessians.values():

@@ -25,6 +25,10 @@ q − h + 1 ≤ D_r(q) ≤ q + h, so at W's top code every D_r already reaches i
 it from above changes no lower term for the worse and strictly improves the master one; symmetrically below
 (D_r(0) = 0, no saturation). So the search scores one candidate per cell meeting W — exact, with ties to the lowest
 code like the enumeration.
+
+Devices: the code searches run in numpy on the host. On a GPU the solver's column (N weights, its scales and zeros)
+is copied to the host and the codes (and the paper variant's error) back, one synchronising round trip per column:
+~3 copies of N floats, tens of microseconds, against the column's own update work. On the CPU nothing is copied.
 """
 
 from __future__ import annotations
@@ -37,15 +41,20 @@ import torch
 from ..formats import position_table
 
 
+def _host(t) -> np.ndarray:
+    """A tensor's values as a numpy array (copied to the host when it lives on a GPU), or a scalar as float32."""
+    return t.cpu().numpy() if torch.is_tensor(t) else np.float32(t)
+
+
 def multibit_loss(w, codes, scale, zero, table: torch.Tensor, lambdas: torch.Tensor, norm: float = 2.0):
     """Σ_r λ_r |w − s·(D_r(q) − z)|^norm, elementwise over `codes` (the objective both searches evaluate).
 
     `table` is D transposed, [2^c, |R|]; w, scale and zero broadcast against `codes`.
     """
-    pos = table.index_select(0, codes.reshape(-1).long()).view(*codes.shape, -1).to(w.dtype)
+    pos = table.to(codes.device).index_select(0, codes.reshape(-1).long()).view(*codes.shape, -1).to(w.dtype)
     diff = w.unsqueeze(-1) - scale.unsqueeze(-1) * (pos - zero.unsqueeze(-1) if torch.is_tensor(zero) else pos - zero)
     err = diff * diff if norm == 2.0 else diff.abs().pow(norm)
-    return (err * lambdas.to(w.dtype)).sum(-1)
+    return (err * lambdas.to(w.device, w.dtype)).sum(-1)
 
 
 def brute_force_codes(w, scale, zero, master_bits: int, widths: tuple[int, ...], lambdas: tuple[float, ...]):
@@ -129,7 +138,7 @@ class MatryoshkaRounding:
         return self.cell_left[cell] + (uc > self.cell_break[cell])
 
     def codes(self, w, scale, zero):
-        w_np, s_np, z_np = (t.numpy() if torch.is_tensor(t) else np.float32(t) for t in (w, scale, zero))
+        w_np, s_np, z_np = (_host(t) for t in (w, scale, zero))
         u = w_np.astype(np.float64) / s_np + z_np
         k = self.envelope_index(u)
         codes = self.env_codes[k]
@@ -144,12 +153,12 @@ class MatryoshkaRounding:
             loss = ((diff * diff) * self.lambda_np.astype(w_np.dtype)).sum(-1)
             codes = codes.copy()
             codes[at] = cand[np.arange(len(cand)), loss.argmin(-1)]
-        return torch.from_numpy(codes.astype(w_np.dtype))
+        return torch.from_numpy(codes.astype(w_np.dtype)).to(w.device)
 
     def residual(self, w, codes, scale, zero):
-        w_np, s_np, z_np = (t.numpy() if torch.is_tensor(t) else np.float32(t) for t in (w, scale, zero))
-        mean_pos = self.mean_pos[codes.numpy().astype(np.int64)].astype(w_np.dtype)
-        return torch.from_numpy(w_np - s_np * (mean_pos - z_np))
+        w_np, s_np, z_np = (_host(t) for t in (w, scale, zero))
+        mean_pos = self.mean_pos[_host(codes).astype(np.int64)].astype(w_np.dtype)
+        return torch.from_numpy(w_np - s_np * (mean_pos - z_np)).to(w.device)
 
     def loss(self, w, codes, scale, zero, norm):
         return multibit_loss(w, codes, scale, zero, self.table, self.lambda_t, norm).sum(-1)
@@ -186,13 +195,13 @@ class PerWidthRounding(MatryoshkaRounding):
 
     def mean_track(self, w: torch.Tensor) -> torch.Tensor:
         """λ-weighted mean over the leading track axis: what parameter searches see."""
-        lam = self.lambda_t.to(w.dtype).view(-1, *([1] * (w.dim() - 1)))
+        lam = self.lambda_t.to(w.device, w.dtype).view(-1, *([1] * (w.dim() - 1)))
         return (w * lam).sum(0) / lam.sum()
 
     def codes_tracks(self, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
         """Codes [N] for track weights w [tracks, N] with scale, zero [N]."""
-        s, z = scale.numpy().astype(np.float64), zero.numpy().astype(np.float64)
-        u = w.numpy().astype(np.float64) / s + z  # [R, N]
+        s, z = _host(scale).astype(np.float64), _host(zero).astype(np.float64)
+        u = _host(w).astype(np.float64) / s + z  # [R, N]
         top = float((1 << self.bits) - 1)
         k0 = self.cell_of[np.clip(np.ceil(u.min(0) - self.half - 1.0), 0, top).astype(np.int64)]
         k1 = self.cell_of[np.clip(np.floor(u.max(0) + self.half), 0, top).astype(np.int64)]
@@ -203,9 +212,9 @@ class PerWidthRounding(MatryoshkaRounding):
         loss = self.lam[-1] * (u[-1][:, None] - cand) ** 2 + cells[..., 2]
         loss -= 2 * np.einsum("nmt,tn->nm", cells[..., 3:], u[:-1])
         best = cand[np.arange(len(cand)), loss.argmin(1)]
-        return torch.from_numpy(best.astype(np.float32)).to(w.dtype)
+        return torch.from_numpy(best.astype(np.float32)).to(w.device, w.dtype)
 
     def residual_tracks(self, w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
         """Each track's own slice error w_t − s·(D_t(q) − z): [tracks, N]."""
-        pos = self.table.index_select(0, codes.long()).T.to(w.dtype)  # [R, N]
+        pos = self.table.to(codes.device).index_select(0, codes.long()).T.to(w.dtype)  # [R, N]
         return w - scale * (pos - zero)

@@ -68,7 +68,7 @@ class _Accumulator:
     def add(self, x: torch.Tensor) -> None:
         x = x.detach().reshape(-1, x.shape[-1]).float()
         if self.hessian is None:
-            self.hessian = torch.zeros(x.shape[1], x.shape[1])
+            self.hessian = torch.zeros(x.shape[1], x.shape[1], device=x.device)
         n_old, n_new = self.rows, x.shape[0]
         self.hessian.mul_(n_old / (n_old + n_new))
         self.rows = n_old + n_new
@@ -143,7 +143,7 @@ class _Collector:
         """Stands in for the zeroed layer's forward: its output shape, all zeros, nothing computed."""
         layer = self.layers[self.zeroed]
         out_features = getattr(layer, "out_features", None) or layer.nf  # nn.Linear, or transformers' Conv1D
-        self._zeros = torch.zeros(*x.shape[:-1], out_features, dtype=x.dtype)
+        self._zeros = torch.zeros(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
         return self._zeros
 
     def end(self, module, args, output):

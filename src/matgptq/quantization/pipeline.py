@@ -11,16 +11,25 @@
 3. The next block's inputs: the last group's pass already left `residual` and the last Linear's input, so the output
    is `residual + last(x)` (passes.py), or, where that does not hold, a plain re-run of the block. Only one block's
    activations and Hessians are alive at a time.
-4. With a `BlockState` (resume.py), each finished block's weights and the next block's inputs are saved, and a
-   killed run continues from the first unfinished block.
+4. With a `sink` (formats/staged.py), each finished block's checkpoint tensors are written at once and not kept;
+   with a `BlockState` (resume.py) too, the next block's inputs are saved after every block, and a killed run
+   continues from the first unfinished block.
+5. With a `source` (models/lazy.py), the model's blocks stay on disk: block i is read onto the device when it is
+   quantized and released after, so memory holds one block's weights, not the model's.
+
+Devices (issue #13 item 1): with `device` (default: where the model is), the modules outside the blocks visit it
+for the first block's inputs, each block is moved there (or read there) while it is quantized and leaves again, and
+the calibration activations, Hessians and the solver live there; finished layers go to the CPU. On the CPU nothing
+moves: the computation is the one without devices, bit for bit.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -60,9 +69,25 @@ class StageTimes(PassTimes):
 
 
 class QuantizeOutput(NamedTuple):
-    layers: dict[str, QuantizedWeight]  # full module name -> codes
+    layers: dict[str, QuantizedWeight]  # full module name -> codes (empty with a sink: they went there)
     reports: list[LayerReport]
     times: StageTimes
+
+
+class BlockSink(Protocol):
+    """Where finished blocks go (formats.staged.StagedCheckpoint): quantized layers and other tensors, on the CPU."""
+
+    def write_block(self, block: int, layers: dict[str, QuantizedWeight], tensors: dict[str, torch.Tensor]) -> None: ...
+
+    def read_layers(self, block: int, bits: int) -> dict[str, QuantizedWeight]: ...
+
+
+class BlockSource(Protocol):
+    """Where blocks come from when the model is not in memory (models.lazy.LazyModel)."""
+
+    def load_block(self, i: int, device: torch.device) -> nn.Module: ...
+
+    def free_block(self, i: int) -> None: ...
 
 
 def make_rounding(cfg: QuantConfig) -> Rounding:
@@ -94,7 +119,7 @@ def check_finite(model: nn.Module) -> None:
 
 
 def _relative_error(w: torch.Tensor, deq: torch.Tensor, h: torch.Tensor, max_rows: int = 128) -> float:
-    rows = torch.linspace(0, w.shape[0] - 1, min(max_rows, w.shape[0])).long()
+    rows = torch.linspace(0, w.shape[0] - 1, min(max_rows, w.shape[0]), device=w.device).long()
     w, e = w[rows].float(), (w[rows] - deq[rows]).float()
     den = torch.einsum("nk,kl,nl->", w, h, w)
     return float(torch.einsum("nk,kl,nl->", e, h, e) / den) if den > 0 else 0.0
@@ -104,18 +129,57 @@ def _to_weight(res: QuantResult, bits: int) -> QuantizedWeight:
     return QuantizedWeight(res.codes, res.scales, res.zeros, res.g_idx, bits, 0, res.perm)
 
 
+def _on_cpu(q: QuantizedWeight) -> QuantizedWeight:
+    """`q` with its tensors on the CPU (the same object there)."""
+    if q.codes.device.type == "cpu":
+        return q
+    scales = {r: s.cpu() for r, s in q.width_scales.items()} if q.width_scales else None
+    return replace(q, codes=q.codes.cpu(), scales=q.scales.cpu(), zeros=q.zeros.cpu(), g_idx=q.g_idx.cpu(),
+                   perm=None if q.perm is None else q.perm.cpu(), width_scales=scales)  # fmt: skip
+
+
+@contextmanager
+def _outside_blocks_on(model: nn.Module, spec, device: torch.device, home: torch.device):
+    """The modules outside the decoder blocks (embeddings, rotary tables, ...) on `device` for the duration, then
+    back `home`; the blocks stay where they are."""
+    parent, _, attr = spec.blocks.rpartition(".")
+    holder = model.get_submodule(parent) if parent else model
+    blocks = getattr(holder, attr)
+    setattr(holder, attr, nn.ModuleList())
+    try:
+        model.to(device)
+        setattr(holder, attr, blocks)
+        yield
+    finally:
+        setattr(holder, attr, nn.ModuleList())
+        model.to(home)
+        setattr(holder, attr, blocks)
+
+
+def block_tensors(block: nn.Module, prefix: str, quantized: set[str]) -> dict[str, torch.Tensor]:
+    """A block's state-dict tensors except its quantized Linears' weights, under their full names, on the CPU."""
+    weights = {f"{n}.weight" for n in quantized}
+    return {prefix + k: v.cpu() for k, v in block.state_dict().items() if k not in weights}
+
+
 @torch.no_grad()
 def quantize_model(
     model: nn.Module, windows: torch.Tensor, cfg: QuantConfig, batch_tokens: int = 4096, progress: bool = True,
-    rounding: Rounding | None = None, state: BlockState | None = None,
+    rounding: Rounding | None = None, state: BlockState | None = None, device: torch.device | None = None,
+    source: BlockSource | None = None, sink: BlockSink | None = None,
 ) -> QuantizeOutput:
     """Quantize every block Linear of `model` in place (weights become the dequantized master codes).
 
-    `rounding` overrides the code choice derived from `cfg` (used by ablation scripts); `state` saves progress after
-    every block and continues a killed run (resume.py).
+    `rounding` overrides the code choice derived from `cfg` (used by ablation scripts); `sink` takes each finished
+    block instead of the returned `layers`; `state` (needs a sink) saves progress after every block and continues a
+    killed run (resume.py); `source` supplies the blocks of a model not in memory; `device`: where to compute
+    (module docstring).
     """
     spec = arch_spec(model.config.model_type)
-    check_finite(model)
+    if source is None:
+        check_finite(model)  # a lazy model's files were checked when it was opened
+    if state is not None and sink is None:
+        raise ValueError("a resumable run needs a sink for its finished blocks")
     rounding = rounding or make_rounding(cfg)
     blocks = get_blocks(model, spec)
     groups = spec.groups if cfg.true_sequential else (tuple(n for g in spec.groups for n in g),)
@@ -127,19 +191,33 @@ def quantize_model(
             raise UserError(f"{windows.shape[0]} calibration windows for {size} processes leave some without work; "
                             "use fewer processes or more --nsamples")  # fmt: skip
         windows = shard(windows, rank, size)
-    inputs: Inputs = capture_block_inputs(model, spec, windows, batch) if needs_data else []
+    home = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    device = torch.device(device) if device is not None else home
+    moving = device != home
+    inputs: Inputs = []
+    if needs_data:
+        if moving:
+            with _outside_blocks_on(model, spec, device, home):
+                inputs = capture_block_inputs(model, spec, windows.to(device), batch)
+        else:
+            inputs = capture_block_inputs(model, spec, windows, batch)
     rows = sum(h.shape[0] * h.shape[1] for h, _ in inputs)  # calibration tokens on this rank
 
     layers: dict[str, QuantizedWeight] = {}
     reports: list[LayerReport] = []
     times = StageTimes()
-    bar = tqdm(total=len(blocks) * sum(len(g) for g in groups), desc="quantize", unit="layer",
+    per_block = sum(len(g) for g in groups)
+    bar = tqdm(total=len(blocks) * per_block, desc="quantize", unit="layer",
                disable=not progress or rank > 0)  # fmt: skip
     skipped = lambda full: any(re.search(p, full) for p in cfg.skip)  # noqa: E731
-    start = _restore(model, spec, state, len(blocks), inputs, layers, reports, bar)
-    for i, block in enumerate(blocks):
-        if i < start:
-            continue
+    start = _restore(model, spec, state, sink, source, cfg.bits, len(blocks), inputs, reports)
+    bar.update(start * per_block)
+    for i in range(start, len(blocks)):
+        if source is not None:
+            block = source.load_block(i, device)
+        else:
+            block = blocks[i].to(device) if moving else blocks[i]
+        done: dict[str, QuantizedWeight] = {}
         replayed, attention = False, None
         for g, all_names in enumerate(groups):
             group = tuple(n for n in all_names if not skipped(f"{spec.blocks}.{i}.{n}"))
@@ -162,7 +240,7 @@ def quantize_model(
                 results = share(results, owners)
             for name, (qw, report) in zip(group, results):
                 set_weight_matrix(block.get_submodule(name), spec, qw.dequantize())
-                layers[report.name] = qw
+                done[report.name] = qw
                 reports.append(report)
                 err_txt = " ".join(f"{r}b={e:.2e}" for r, e in report.rel_error.items())
                 bar.set_postfix_str(f"{report.name} {err_txt}".strip())
@@ -175,9 +253,17 @@ def quantize_model(
             del collected
         if needs_data and not replayed:
             inputs = [(out, kw) for out, (_, kw) in zip(run_block(block, inputs, times), inputs)]
+        prefix = f"{spec.blocks}.{i}."
+        if sink is not None:
+            sink.write_block(i, done, block_tensors(block, prefix, {n[len(prefix):] for n in done}))
+        else:
+            layers.update(done)
         if state is not None:
-            prefix = f"{spec.blocks}.{i}."
-            state.save(i + 1, {n: q for n, q in layers.items() if n.startswith(prefix)}, reports, [h for h, _ in inputs])
+            state.save(i + 1, reports, [h for h, _ in inputs])
+        if source is not None:
+            source.free_block(i)
+        elif moving:
+            blocks[i].to(home)
     bar.close()
     return QuantizeOutput(layers, reports, times)
 
@@ -207,22 +293,22 @@ def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg
         t1 = time.perf_counter()
         errors = {r: _relative_error(w, qw.slice(r).dequantize(), collected.hessians[name]) for r in cfg.target_bits}
         times.report += time.perf_counter() - t1
-    return qw, LayerReport(full, tuple(w.shape), errors, res.damp, seconds)
+    return _on_cpu(qw), LayerReport(full, tuple(w.shape), errors, res.damp, seconds)
 
 
-def _restore(model, spec, state: BlockState | None, n_blocks: int, inputs: Inputs, layers: dict, reports: list,
-             bar) -> int:  # fmt: skip
-    """Continue a killed run: its finished layers (written back into the model), reports and the next block's inputs
-    (in place); returns the first block to quantize."""
+def _restore(model, spec, state: BlockState | None, sink: BlockSink | None, source: BlockSource | None, bits: int,
+             n_blocks: int, inputs: Inputs, reports: list) -> int:  # fmt: skip
+    """Continue a killed run: its reports, the next block's inputs (in place) and, for a model in memory, its
+    finished layers written back into the model (read from the sink); returns the first block to quantize."""
     restored = state.load(n_blocks, len(inputs)) if state is not None else None
     if restored is None:
         return 0
     for b, hidden in enumerate(restored.hidden):
-        inputs[b] = (hidden, inputs[b][1])
-    for name, q in restored.layers.items():
-        set_weight_matrix(model.get_submodule(name), spec, q.dequantize())
-    layers.update(restored.layers)
+        inputs[b] = (hidden.to(inputs[b][0].device), inputs[b][1])
+    if source is None:  # a lazy model's finished blocks are never read again
+        for i in range(restored.done):
+            for name, q in sink.read_layers(i, bits).items():
+                set_weight_matrix(model.get_submodule(name), spec, q.dequantize())
     reports.extend(LayerReport(r["name"], tuple(r["shape"]), {int(k): v for k, v in r["rel_error"].items()},
                                r["damp"], r["seconds"]) for r in restored.reports)  # fmt: skip
-    bar.update(len(restored.layers))
     return restored.done

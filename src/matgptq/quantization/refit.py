@@ -36,14 +36,15 @@ def refit_scales(
     dead = torch.diag(h) == 0
     h[dead, dead] = 1
     w = w.masked_fill(dead, 0)  # as the solver: dead inputs carry no signal
-    h += damp * torch.diag(h).mean() * torch.eye(h.shape[0])
+    h += damp * torch.diag(h).mean() * torch.eye(h.shape[0], device=h.device)
     n_rows, k = w.shape
     n_widths, n_groups = len(widths), scales.shape[1]
     g_idx = g_idx.long()
     zero = zeros.float()[:, g_idx]
     p = torch.stack([positions(codes, master_bits, r).float() - zero for r in widths]).view(-1, k)  # [R·N, K]
-    b = torch.zeros(p.shape[0], n_groups).index_add_(1, g_idx, p * (w @ h).repeat(n_widths, 1))  # b_g = Σ_{j∈g} p_j (Hw)_j
-    m = torch.empty(p.shape[0], n_groups, n_groups)
+    b = torch.zeros(p.shape[0], n_groups, device=p.device)
+    b.index_add_(1, g_idx, p * (w @ h).repeat(n_widths, 1))  # b_g = Σ_{j∈g} p_j (Hw)_j
+    m = torch.empty(p.shape[0], n_groups, n_groups, device=p.device)
     chunk = max(1, CHUNK_BYTES // (4 * k * 2))
     for g in range(n_groups):  # M is symmetric: row g from the groups h ≥ g only, mirrored
         cols, later = torch.nonzero(g_idx == g).flatten(), torch.nonzero(g_idx >= g).flatten()
@@ -52,12 +53,12 @@ def refit_scales(
             r1 = min(r0 + chunk, p.shape[0])
             v = p[r0:r1, cols] @ h_block  # [rows, K_≥g]: p_gᵀ H restricted to the later groups' columns
             v.mul_(p[r0:r1, later])  # M_gh = Σ_{j∈h} (p_gᵀ H)_j p_j: summed per group below
-            row = torch.zeros(r1 - r0, n_groups - g).index_add_(1, later_group, v)
+            row = torch.zeros(r1 - r0, n_groups - g, device=p.device).index_add_(1, later_group, v)
             m[r0:r1, g, g:], m[r0:r1, g:, g] = row, row
     m, b = m.double(), b.double()
     master = scales.float().repeat(n_widths, 1)
     empty = torch.diagonal(m, dim1=1, dim2=2) <= 0  # a group with no non-zero position: keep its master scale
-    eye = torch.eye(n_groups, dtype=torch.float64)
+    eye = torch.eye(n_groups, dtype=torch.float64, device=p.device)
     m = torch.where(empty.unsqueeze(-1) | empty.unsqueeze(-2), eye * empty.unsqueeze(-1), m)
     b = torch.where(empty, master.double(), b)
     s = torch.linalg.solve(m, b.unsqueeze(-1)).squeeze(-1).to(torch.float16).float()

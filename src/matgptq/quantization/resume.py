@@ -3,13 +3,15 @@
 A run writing OUT keeps its progress in the sibling directory `.OUT.resume/` (OUT itself appears only when the
 whole checkpoint is written, fsutil.atomic_output):
 
-    state.json              {"format", "version", "settings", "done": d, "layers": {name: [bits, shift, block]},
-                             "reports": [...]}: blocks 0..d−1 are finished
-    block-<i>.safetensors   block i's QuantizedWeights (codes unpacked, scales, zeros, g_idx, perm)
+    state.json              {"format", "version", "settings", "done": d, "reports": [...]}: blocks 0..d−1 are finished
+    block-<i>.safetensors   block i's checkpoint tensors, as the output stores them (formats/staged.py: the pipeline
+                            writes them there before the state names the block finished; the checkpoint is
+                            assembled from them at the end)
     hidden-<d>.safetensors  block d's input hidden states, one tensor per calibration batch
 
-Each file is written under a temporary name and renamed; state.json is renamed last and names the hidden file it
-goes with, so a kill at any point leaves either the previous state or the new one, complete. The pipeline is a
+Each file is written under a temporary name and renamed; state.json is renamed last, after the block's file and the
+hidden file it goes with, so a kill at any point leaves either the previous state or the new one, complete (a block
+file newer than the state is written again). The pipeline is a
 function of the block inputs, so a run resumed from block d computes what the uninterrupted run computed (tested
 bit for bit, same threads and CPU: float summation order is part of that). The other arguments of the blocks
 (masks, position embeddings) are the same for every block and are recomputed from the windows. A state made with
@@ -29,17 +31,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import UserError
-from ..formats.quantized import QuantizedWeight, width_scale_name, width_scale_tensors
 from ..untrusted import read_json
 
 STATE_FORMAT = "matgptq-quantize-state"
-STATE_VERSION = 1
+STATE_VERSION = 2  # v2: the finished blocks' files are the checkpoint's own tensors (v1 states are refused)
 
 
 @dataclass
 class Restored:
     done: int  # finished blocks
-    layers: dict[str, QuantizedWeight]
     reports: list[dict]
     hidden: list[torch.Tensor]
 
@@ -60,8 +60,6 @@ class BlockState:
         self.fix = f"run with --resume to continue it, or delete {self.dir} to start afresh"
         if self.dir.exists() and not resume:
             raise UserError(f"{self.dir} holds the state of an unfinished run for {out}; {self.fix}")
-        self._blocks: dict[int, list[str]] = {}
-        self._bits: dict[str, list[int]] = {}
 
     def load(self, n_blocks: int, n_batches: int) -> Restored | None:
         """What a killed run finished, checked against this run's settings; None when there is nothing."""
@@ -78,45 +76,26 @@ class BlockState:
             raise UserError(f"{self.dir} was made with other settings ({', '.join(diff[:4]) or 'unreadable'}); resume "
                             f"with the same model, calibration and options, or {fix}")  # fmt: skip
         try:
-            done, bits = int(body["done"]), {k: [int(x) for x in v] for k, v in body["layers"].items()}
-            reports = list(body["reports"])
-            layers = {}
-            for i in range(done):
-                raw = load_file(str(self.dir / f"block-{i}.safetensors"))
-                for name in (n for n, (_, _, b) in bits.items() if b == i):
-                    perm = raw.get(f"{name}.perm")
-                    width_scales = {r: raw[width_scale_name(name, r)] for r in range(2, bits[name][0])
-                                    if width_scale_name(name, r) in raw}  # fmt: skip
-                    layers[name] = QuantizedWeight(raw[f"{name}.codes"], raw[f"{name}.scales"], raw[f"{name}.zeros"],
-                                                   raw[f"{name}.g_idx"], bits[name][0], bits[name][1], perm,
-                                                   width_scales or None)  # fmt: skip
+            done, reports = int(body["done"]), list(body["reports"])
+            missing = [i for i in range(done) if not (self.dir / f"block-{i}.safetensors").is_file()]
+            if missing:
+                raise FileNotFoundError(f"block-{missing[0]}.safetensors")
             hidden = load_file(str(self.dir / f"hidden-{done}.safetensors")) if n_batches else {}
             hidden_list = [hidden[f"batch_{b}"] for b in range(n_batches)]
         except (KeyError, TypeError, ValueError, OSError) as e:
             raise UserError(f"{self.dir} is damaged ({type(e).__name__}: {str(e)[:80]}); {fix}") from None
         if not 0 <= done <= n_blocks:
             raise UserError(f"{self.dir} records {done} finished blocks of {n_blocks}; {fix}")
-        self._bits = bits
-        return Restored(done, layers, reports, hidden_list)
+        return Restored(done, reports, hidden_list)
 
-    def save(self, done: int, layers: dict[str, QuantizedWeight], reports: list, hidden: list[torch.Tensor]) -> None:
-        """Block done−1 is finished: `layers` are its weights, `hidden` the inputs of block `done`."""
+    def save(self, done: int, reports: list, hidden: list[torch.Tensor]) -> None:
+        """Block done−1 is finished (its file is written): `hidden` are the inputs of block `done`."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        tensors = {}
-        for name, q in layers.items():
-            tensors.update({f"{name}.codes": q.codes, f"{name}.scales": q.scales, f"{name}.zeros": q.zeros,
-                            f"{name}.g_idx": q.g_idx})  # fmt: skip
-            if q.perm is not None:
-                tensors[f"{name}.perm"] = q.perm
-            tensors.update(width_scale_tensors(name, q))
-            self._bits[name] = [q.bits, q.shift, done - 1]
-        tensors = {k: v.contiguous() for k, v in tensors.items()}
-        _atomic_write(self.dir / f"block-{done - 1}.safetensors", lambda p: save_file(tensors, str(p)))
         if hidden:
-            batches = {f"batch_{b}": h.contiguous() for b, h in enumerate(hidden)}
+            batches = {f"batch_{b}": h.contiguous().cpu() for b, h in enumerate(hidden)}
             _atomic_write(self.dir / f"hidden-{done}.safetensors", lambda p: save_file(batches, str(p)))
         body = {"format": STATE_FORMAT, "version": STATE_VERSION, "settings": self.settings, "done": done,
-                "layers": self._bits, "reports": [asdict(r) if not isinstance(r, dict) else r for r in reports]}  # fmt: skip
+                "reports": [asdict(r) if not isinstance(r, dict) else r for r in reports]}  # fmt: skip
         _atomic_write(self.dir / "state.json", lambda p: p.write_text(json.dumps(body)))
         (self.dir / f"hidden-{done - 1}.safetensors").unlink(missing_ok=True)
 

@@ -83,7 +83,7 @@ def rtn_quantize(
     scales, zeros = _static_params(w, rounding, group_size, sym, mse, signed)
     if lattice is not None:
         scales = lattice.snap(scales, lattice.super_scales(scales, group_size))
-    g_idx = torch.arange(w.shape[1]) // (w.shape[1] if group_size == -1 else group_size)
+    g_idx = torch.arange(w.shape[1], device=w.device) // (w.shape[1] if group_size == -1 else group_size)
     codes = rounding.codes(w, scales[:, g_idx], zeros[:, g_idx])
     return _to_result(codes, scales, zeros, g_idx, None, 0.0)
 
@@ -91,7 +91,7 @@ def rtn_quantize(
 def inverse_hessian_factor(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
     """Upper Cholesky factor of (H + δ·mean(diag H)·I)⁻¹, increasing δ ×10 (up to 1) until H is positive definite."""
     mean_diag = torch.diag(h).mean()
-    eye = torch.eye(h.shape[0], dtype=h.dtype)
+    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
     while True:
         chol, info = torch.linalg.cholesky_ex(h + damp * mean_diag * eye)
         if info.item() == 0:
@@ -140,7 +140,7 @@ def gptq_quantize(
     if act_order:
         perm = torch.argsort(torch.diag(h), descending=True, stable=True)
         w, h = w[:, perm], h[perm][:, perm]
-    order = perm if perm is not None else torch.arange(k)
+    order = perm if perm is not None else torch.arange(k, device=w.device)
     u, damp = inverse_hessian_factor(h, damp)
 
     g = k if group_size == -1 else group_size
@@ -150,9 +150,9 @@ def gptq_quantize(
     # matmul per sub-block, the rest of the matrix one per block. Same arithmetic as the plain recursion.
     tracks = getattr(rounding, "tracks", 1)
     wt = w.T.repeat(1, tracks).contiguous()  # [K, T·N]: track t in columns t·N..(t+1)·N
-    codes = torch.empty(k, n_rows, dtype=dtype)
-    scales = torch.zeros(n_rows, n_groups, dtype=dtype)
-    zeros = torch.zeros(n_rows, n_groups, dtype=dtype)
+    codes = torch.empty(k, n_rows, dtype=dtype, device=w.device)
+    scales = torch.zeros(n_rows, n_groups, dtype=dtype, device=w.device)
+    zeros = torch.zeros(n_rows, n_groups, dtype=dtype, device=w.device)
     diag = torch.diagonal(u).tolist()
     if static_groups:
         group_of = (order // g).tolist()
@@ -160,7 +160,7 @@ def gptq_quantize(
     scale = zero = None
     for b0 in range(0, k, block_size):
         b1 = min(b0 + block_size, k)
-        err = torch.empty(b1 - b0, tracks * n_rows, dtype=dtype)
+        err = torch.empty(b1 - b0, tracks * n_rows, dtype=dtype, device=w.device)
         for s0 in range(b0, b1, SUB_BLOCK):
             s1 = min(s0 + SUB_BLOCK, b1)
             for j in range(s0, s1):
@@ -197,8 +197,8 @@ def gptq_quantize(
         if b1 < k:
             wt[b1:].addmm_(u[b0:b1, b1:].T, err, alpha=-1)
 
-    g_idx = torch.empty(k, dtype=torch.int64)
-    g_idx[order] = order // g if static_groups else torch.arange(k) // g
+    g_idx = torch.empty(k, dtype=torch.int64, device=w.device)
+    g_idx[order] = order // g if static_groups else torch.arange(k, device=w.device) // g
     if static_groups:
         scales, zeros = static_scales, static_zeros
     codes = codes.T

@@ -80,6 +80,7 @@ class Fitness:
         self.model, self.teacher, self.windows, self.names = model, teacher, windows, tuple(names)
         self.batch_size, self.cache_limit = batch_size, cache_limit
         self.body, self.head = body_and_head(model)
+        self.device = self.head.weight.device  # windows go where the model is (search --device)
         spec = arch_spec(model.config.model_type)
         self.blocks = get_blocks(model, spec)
         prefix = spec.blocks + "."
@@ -112,7 +113,7 @@ class Fitness:
             seen: list[torch.Tensor] = []
             hooks = [b.register_forward_hook(lambda m, i, o: seen.append(o)) for b in self.blocks]
             try:
-                self.body(self.windows[batch])
+                self.body(self.windows[batch].to(self.device))
             finally:
                 for h in hooks:
                     h.remove()
@@ -144,7 +145,7 @@ class Fitness:
         for i in range(skip):
             self.blocks[i] = _Replay(replay)
         try:
-            return self.body(self.windows[batch])[:, :-1].reshape(-1, self.body.hidden_size)
+            return self.body(self.windows[batch].to(self.device))[:, :-1].reshape(-1, self.body.hidden_size)
         finally:
             for i, block in enumerate(saved):
                 self.blocks[i] = block
@@ -157,7 +158,7 @@ class Fitness:
         ref = torch.cat([self.teacher.hidden(w, w + 1) for w in batch])
         terms = []
         for c0 in range(0, ref.shape[0], self._chunk()):
-            zt = self.teacher.head(ref[c0 : c0 + self._chunk()]).float()
+            zt = self.teacher.logits(ref[c0 : c0 + self._chunk()]).float().to(self.device)
             lse = torch.logsumexp(zt, -1, keepdim=True)
             p = (zt - lse).exp()
             mass = p.sum(-1, dtype=torch.float64)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..devices import resolve_device
 from ..errors import UserError
 from ..evaluation.perplexity import score
 from ..evaluation.teacher import Teacher
@@ -62,6 +63,7 @@ class SearchRequest:
     resume: bool = False
     overwrite: bool = False
     progress: bool = True
+    device: str = "auto"  # where the candidates are scored (devices.py)
 
 
 def mix_path(out: Path, budget: str) -> Path:
@@ -120,6 +122,7 @@ def run_search(req: SearchRequest) -> list[dict]:
     """Search every budget of `req`; returns one summary row per budget (also written into its mix file)."""
     if req.seqlen < 2 or req.sensitivity_tokens < 1 or req.batch_size < 1 or req.calib_tokens < 1:
         raise UserError("--seqlen must be ≥ 2, --calib-tokens, --sensitivity-tokens and --batch-size ≥ 1")
+    device = resolve_device(req.device)
     if not is_checkpoint(req.parent):
         raise UserError(f"{req.parent} is not a matgptq parent (no matgptq.json); give the output of "
                         "`matgptq quantize --method matgptq`")  # fmt: skip
@@ -150,11 +153,11 @@ def run_search(req: SearchRequest) -> list[dict]:
             if state_path(req.out, label).exists():
                 read_state(state_path(req.out, label), settings[label], len(cost_model.layers))
 
-    ref_model = load(reference)
+    ref_model = load(reference).to(device)
     teacher = Teacher(ref_model, calib, req.batch_size, progress=req.progress)
     text_teacher = Teacher(ref_model, text, req.batch_size, progress=req.progress) if text is not None else None
     del ref_model
-    model = load(req.parent, bits=levels[-1])
+    model = load(req.parent, bits=levels[-1]).to(device)
     fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size)
     sens_windows = tuple(range(min(calib.shape[0], math.ceil(req.sensitivity_tokens / (req.seqlen - 1)))))
     all_windows = tuple(range(calib.shape[0]))

@@ -1,0 +1,51 @@
+"""`--device auto|cpu|cuda[:i]`: where a command computes (issue #13 item 1).
+
+auto = CUDA when present, else the CPU. Under torchrun with CUDA, `auto` and a bare `cuda` mean this process's own GPU,
+cuda:LOCAL_RANK (one process per GPU, the torch.distributed convention). A CUDA device on a machine without CUDA, or an
+index past the last GPU, is a one-line UserError before any work.
+
+What runs where (quantization): the model in its own dtype on the device, one decoder block at a time; the Hessians
+and the solver in float32 on the device; what is written goes through the CPU. The CPU device is the code path as it
+was before devices existed: nothing is moved or copied, so CPU results stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .errors import UserError
+
+CHOICES_HELP = "auto (CUDA when present, else CPU), cpu, cuda or cuda:INDEX"
+
+
+def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
+    """The torch.device for `spec`; UserError for a CUDA device this machine does not have or an unknown name."""
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    text = (spec or "auto").strip().lower()
+    if text == "auto":
+        text = "cuda" if torch.cuda.is_available() else "cpu"
+    if text == "cpu":
+        return torch.device("cpu")
+    kind, _, index = text.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise UserError(f"--device {spec!r} is not a device; use {CHOICES_HELP}")
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {spec} needs CUDA, and torch finds no CUDA device on this machine "
+                        f"(torch {torch.__version__}); use --device cpu or auto")  # fmt: skip
+    if not index:  # one process per GPU under torchrun; the current GPU otherwise
+        local = os.environ.get("LOCAL_RANK")
+        torchrun = local is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        index = local if torchrun else str(torch.cuda.current_device())
+    count = torch.cuda.device_count()
+    if int(index) >= count:
+        raise UserError(f"--device cuda:{index}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+    return torch.device("cuda", int(index))
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's first parameter (the CPU for a model without parameters)."""
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")

@@ -1,0 +1,103 @@
+"""A parent checkpoint written block by block (issue #13 item 2): bounded memory for models of any depth.
+
+`quantize` hands each finished decoder block to `StagedCheckpoint.write_block`, which writes that block's checkpoint
+tensors (parent.layer_tensors for its quantized Linears, and its other tensors: norms, biases, skipped layers) to
+`DIR/block-<i>.safetensors` at once — under a temporary name, renamed when complete — so no finished layer stays in
+memory. In a single-process run DIR is the resume directory (quantization/resume.py): the block files are what a
+killed run keeps of its finished blocks.
+
+`assemble` writes the checkpoint directory when every block is done, atomically (fsutil.atomic_output): the tensors
+outside the blocks (embeddings, final norm, an untied lm_head) first, then the block files in order, grouped
+greedily into shards of at most `shard_bytes` (a block file larger than that is a shard of its own). Memory: one
+shard's tensors at a time. One shard → `model.safetensors`, the layout `save_checkpoint` writes, with the same
+tensors; more → Hugging Face's `model-0000k-of-0000N.safetensors` and `model.safetensors.index.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from ..errors import UserError
+from ..fsutil import atomic_output
+from ..untrusted import read_header, read_tensors
+from .parent import INDEX_FILE, TENSOR_METADATA, WEIGHTS_FILE, _layer, _write_dir, layer_tensors
+from .quantized import QuantizedWeight
+
+SHARD_BYTES = 512 << 20  # default largest shard: an extra ~0.5 GB of memory while the checkpoint is assembled
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class StagedCheckpoint:
+    """Block files in `dir`; see the module docstring."""
+
+    def __init__(self, dir: str | Path) -> None:
+        self.dir = Path(dir)
+        self.fix = f"delete {self.dir} and run the quantization again"
+
+    def path(self, block: int) -> Path:
+        return self.dir / f"block-{block}.safetensors"
+
+    def write_block(self, block: int, layers: dict[str, QuantizedWeight], tensors: dict[str, torch.Tensor]) -> None:
+        """Block `block`'s quantized `layers` (full names) and its other `tensors` (full names), on the CPU."""
+        out = {k: v.contiguous() for k, v in tensors.items()}
+        for name, q in layers.items():
+            out.update(layer_tensors(name, q))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".{self.path(block).name}.tmp"
+        save_file(out, str(tmp), metadata=TENSOR_METADATA)
+        os.replace(tmp, self.path(block))
+
+    def read_layers(self, block: int, bits: int) -> dict[str, QuantizedWeight]:
+        """The quantized layers of a written block (bits: their stored width), checked as a checkpoint's are."""
+        where = self.path(block)
+        raw = read_tensors(where, self.fix)
+        names = sorted(k[: -len(".codes")] for k in raw if k.endswith(".codes"))
+        return {n: _layer(where, raw, n, raw[f"{n}.codes"].shape[0], raw[f"{n}.g_idx"].shape[0], bits, 0)
+                for n in names if f"{n}.g_idx" in raw}  # fmt: skip
+
+    def assemble(self, out: str | Path, n_blocks: int, config: dict, tensors: dict[str, torch.Tensor],
+                 layers: dict[str, list[int]], bits: int, meta: dict, tokenizer_dir: str | Path | None,
+                 overwrite: bool = False, shard_bytes: int = SHARD_BYTES) -> Path:  # fmt: skip
+        """The checkpoint directory `out` from the tensors outside the blocks and blocks 0..n_blocks−1's files.
+        `layers`: each quantized layer's [out, in] shape, in pipeline order (the parent's layer order)."""
+        missing = [i for i in range(n_blocks) if not self.path(i).is_file()]
+        if missing:
+            raise UserError(f"{self.path(missing[0])} is missing: block {missing[0]} was never written; {self.fix}")
+        sizes = [_nbytes(tensors)] + [self.path(i).stat().st_size for i in range(n_blocks)]
+        headers = [read_header(self.path(i), self.fix) for i in range(n_blocks)]
+        version = 2 if any(".scales." in k for h in headers for k in h) else 1  # per-width scales: format v2
+        shards: list[list[int]] = []  # source 0 = `tensors`, source i + 1 = block i
+        size = 0
+        for source, n in enumerate(sizes):
+            if not shards or size + n > shard_bytes:
+                shards.append([])
+                size = 0
+            shards[-1].append(source)
+            size += n
+        names = [WEIGHTS_FILE] if len(shards) == 1 else \
+            [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]  # fmt: skip
+        weight_map: dict[str, str] = {}
+        total = 0
+        with atomic_output(out, overwrite) as tmp:
+            for name, sources in zip(names, shards):
+                shard = {}
+                for source in sources:
+                    shard.update({k: v.contiguous() for k, v in tensors.items()} if source == 0
+                                 else read_tensors(self.path(source - 1), self.fix))  # fmt: skip
+                save_file(shard, str(tmp / name), metadata=TENSOR_METADATA)
+                weight_map.update(dict.fromkeys(shard, name))
+                total += _nbytes(shard)
+                del shard
+            if len(shards) > 1:
+                index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+                (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2))
+            _write_dir(tmp, config, meta, layers, bits, 0, version, tokenizer_dir)
+        return Path(out)

@@ -1,0 +1,138 @@
+"""A model whose decoder blocks stay in their safetensors files until the pipeline needs them (issue #13 item 2).
+
+`LazyModel.open(path)` builds the transformers model with every parameter on the meta device (no memory: parameters
+are created where transformers creates them and moved to meta at once, as accelerate's
+`init_empty_weights(include_buffers=False)` does; buffers such as rotary frequencies are computed as usual), then
+reads the tensors outside the decoder blocks (embeddings, final norm, lm_head) from the files. `load_block(i, device)`
+reads block i's tensors straight from the shards onto `device` and `free_block(i)` puts them back on meta, so at
+most one block's weights are resident: memory ≈ embeddings + lm_head + one block, whatever the depth.
+
+The values are those `from_pretrained` loads: the same file tensors cast to each parameter's dtype (the requested
+dtype, else config.json's, else that of the first floating tensor, transformers' "auto" rule), tied weights tied
+by the model itself; tests/models/test_lazy.py checks every tensor and the logits against `load_fp_model`. Tensor
+names are the model's own, or without the base-model prefix (checkpoints saved from the bare base model, e.g.
+GPT-2's "h.0.attn..."). Files whose names do not cover the model's parameters cannot be streamed: `open` returns
+None and the caller loads the model whole. Every tensor is checked for NaN/Inf before any work, one at a time.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from ..errors import UserError
+from ..untrusted import read_header, read_json
+from .arch import ArchSpec, arch_spec, get_blocks
+from .hf import LOAD_ERRORS, require_model_dir
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+@contextmanager
+def parameters_on_meta():
+    """Modules built inside get meta parameters (moved as they are registered); buffers stay real."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+class LazyModel:
+    """See the module docstring. `model` is the transformers model (eval mode), blocks on meta until loaded."""
+
+    def __init__(self, model: nn.Module, spec: ArchSpec, where: dict[str, tuple[Path, str]]) -> None:
+        self.model, self.spec, self.where = model, spec, where  # where: model tensor name -> (file, name in file)
+        self.blocks = get_blocks(model, spec)
+
+    @classmethod
+    def open(cls, path: str | Path, dtype: torch.dtype | None = None) -> "LazyModel | None":
+        p = require_model_dir(path)
+        fix = "the model directory is damaged or incomplete; re-download or re-create it"
+        read_json(p / "config.json", fix)
+        files = sorted(p.glob("*.safetensors"))
+        if not files:
+            raise UserError(f"{p} has no .safetensors weights; this tool loads only safetensors (never pickles)")
+        stored: dict[str, tuple[Path, str, tuple[int, ...]]] = {}
+        for f in files:
+            for name, (kind, shape) in read_header(f, fix).items():
+                if name in stored:
+                    return None  # the same tensor in two files: leave the choice to transformers
+                stored[name] = (f, kind, shape)
+        try:
+            config = AutoConfig.from_pretrained(p)
+            spec = arch_spec(config.model_type)
+            if dtype is None:  # transformers' "auto": config.json's dtype, else the first floating tensor's
+                dtype = getattr(config, "dtype", None) or next(
+                    (_DTYPES[k] for _, k, _ in stored.values() if k in _DTYPES), torch.float32)  # fmt: skip
+                dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+            with parameters_on_meta():
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        except LOAD_ERRORS as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise UserError(f"cannot build the model in {p} ({first}); {fix}") from None
+        prefix = f"{model.base_model_prefix}."
+        where: dict[str, tuple[Path, str]] = {}
+        seen: set[int] = set()
+        for name, t in model.state_dict(keep_vars=True).items():
+            if id(t) in seen:
+                continue  # tied to a tensor named before (lm_head to the embeddings): the model ties it again
+            seen.add(id(t))
+            key = name if name in stored else name.removeprefix(prefix)
+            if key in stored and tuple(stored[key][2]) == tuple(t.shape):
+                where[name] = (stored[key][0], key)
+            elif t.device.type == "meta":
+                return None  # a parameter the files do not hold (as named and shaped): not streamable
+            # else: a buffer the files do not hold keeps its computed value, as with from_pretrained
+        lazy = cls(model.eval(), spec, where)
+        lazy._check_finite(fix)
+        lazy._load(lambda n: not n.startswith(f"{spec.blocks}."), torch.device("cpu"))
+        model.tie_weights()
+        return lazy
+
+    def _check_finite(self, fix: str) -> None:
+        """NaN/Inf in any weight is bad input, found before any work (one tensor in memory at a time)."""
+        for name, (file, key) in self.where.items():
+            with safe_open(str(file), "pt") as f:
+                t = f.get_tensor(key)
+            if t.is_floating_point() and not torch.isfinite(t).all():
+                raise UserError(f"the model weight {name} contains NaN or Inf values; fix or re-export the model first")
+
+    def _load(self, wanted, device: torch.device) -> None:
+        """Read the tensors whose names `wanted` accepts onto `device`, each in its parameter's dtype."""
+        names = [n for n in self.where if wanted(n)]
+        current = self.model.state_dict(keep_vars=True)
+        loaded: dict[str, torch.Tensor] = {}
+        for file in sorted({self.where[n][0] for n in names}):
+            with safe_open(str(file), "pt") as f:
+                for n in (n for n in names if self.where[n][0] == file):
+                    t = f.get_tensor(self.where[n][1])
+                    dtype = current[n].dtype if t.is_floating_point() else t.dtype
+                    loaded[n] = t.to(device=device, dtype=dtype)
+        self.model.load_state_dict(loaded, strict=False, assign=True)
+
+    def load_block(self, i: int, device: torch.device) -> nn.Module:
+        """Block i with its weights read from the files onto `device` (its buffers moved there too)."""
+        prefix = f"{self.spec.blocks}.{i}."
+        self._load(lambda n: n.startswith(prefix), device)
+        return self.blocks[i].to(device)
+
+    def free_block(self, i: int) -> None:
+        """Block i's parameters back on meta: their memory is released."""
+        block = self.blocks[i]
+        for module in block.modules():
+            for name, param in list(module._parameters.items()):
+                if param is not None:
+                    module._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)

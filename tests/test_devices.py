@@ -1,0 +1,64 @@
+"""--device: names resolved to torch devices; a CUDA device on a machine without one is a one-line error (exit 2)
+for quantize, eval and search, before anything is loaded or written."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from matgptq.devices import resolve_device
+from matgptq.errors import UserError
+from tests.conftest import STORIES, TINYSTORIES
+from tests.test_cli import run_error
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+
+
+def test_cpu_and_auto_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == resolve_device(None) == torch.device("cpu")
+    assert resolve_device(" CPU ") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("spec", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_cuda_is_refused(monkeypatch, spec):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="needs CUDA"):
+        resolve_device(spec)
+
+
+@pytest.mark.parametrize("spec", ["gpu", "cuda:x", "mps:0", "cuda:-1"])
+def test_unknown_names_are_refused(spec):
+    with pytest.raises(UserError, match="is not a device"):
+        resolve_device(spec)
+
+
+def test_index_past_the_last_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(UserError, match="has 2 CUDA device"):
+        resolve_device("cuda:2")
+
+
+def test_bare_cuda_under_torchrun_is_the_local_rank(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert resolve_device("auto") == resolve_device("cuda") == torch.device("cuda", 3)
+
+
+@no_cuda
+def test_cli_device_cuda_without_cuda(tmp_path, capsys):
+    """quantize, eval and search: exit 2, one line, nothing written."""
+    out = tmp_path / "out"
+    quantize = ["quantize", str(STORIES), "--out", str(out), "--calib", str(TINYSTORIES), "--nsamples", "2",
+                "--seqlen", "32", "--quiet", "--device", "cuda"]  # fmt: skip
+    assert "needs CUDA" in run_error(quantize, capsys)
+    assert "needs CUDA" in run_error(["eval", str(STORIES), "--text", str(TINYSTORIES), "--device", "cuda:0"], capsys)
+    search = ["search", str(tmp_path / "parent"), "--budget", "3.5", "--calib", str(TINYSTORIES), "--out", str(out),
+              "--device", "cuda"]  # fmt: skip
+    assert "needs CUDA" in run_error(search, capsys)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
