@@ -67,7 +67,8 @@ def run_hf(cfg: dict, ids: list[int], new: int) -> dict:
 def run_llamacpp(cfg: dict, ids: list[int], new: int, threads: int) -> dict:
     from llama_cpp import Llama
 
-    llm = Llama(model_path=cfg["gguf"], n_ctx=len(ids) + new + 8, n_batch=len(ids), n_threads=threads,
+    n_ctx = len(ids) + new + 8  # n_batch = n_ctx: llama-cpp-python keeps n_batch rows of scores
+    llm = Llama(model_path=cfg["gguf"], n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
                 n_threads_batch=threads, verbose=False)  # fmt: skip
     llm.eval(ids[:8])
     llm.reset()
@@ -111,8 +112,8 @@ def export_gguf(parent: str, bits: int, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="the float HF model directory the parent was quantized from")
-    ap.add_argument("--parent", required=True, help="matgptq parent (quantize --method matgptq)")
+    ap.add_argument("--model", help="the float HF model directory the parent was quantized from")
+    ap.add_argument("--parent", help="matgptq parent (quantize --method matgptq)")
     ap.add_argument("--bits", default="3,4,8", help="widths to time (comma-separated)")
     ap.add_argument("--memory-bits", default="2", help="extra widths to measure memory/speed for (no llama.cpp)")
     ap.add_argument("--mix", action="store_true", help="also a mix: 3 bits, mlp.down_proj at 4")
@@ -125,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(json.loads(args.child))
         return 0
+    if not args.model or not args.parent:
+        ap.error("give --model and --parent")
     from matgptq.evaluation.report import format_table
 
     ids = prompt_ids(Path(args.model), args.prompt_tokens)

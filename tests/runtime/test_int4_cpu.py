@@ -66,7 +66,7 @@ def _exact_terms(q: QuantizedWeight):
 def test_kernel_weight():
     """x = I makes the kernel return its weight: (q − 8)·ŝ + ẑ in float32 from the bf16 pairs, rounded to bf16 once."""
     q = parent(32, 64, 32, False).slice(4)
-    planes, sz, gs, perm = build(q.codes, q.scales, q.zeros, q.g_idx, q.bits, q.shift)
+    planes, sz, gs, perm, _ = build(q.codes, q.scales, q.zeros, q.g_idx, q.bits, q.shift)
     y = ops._weight_int4pack_mm_for_cpu(torch.eye(64, dtype=torch.bfloat16), planes[0], gs, sz[0])
     g = torch.arange(64) // gs
     w = (q.codes.float() - 8) * sz[0][g, :, 0].float().t() + sz[0][g, :, 1].float().t()
@@ -82,6 +82,7 @@ def test_packed_int4_matches_the_reference(bits, group, act_order):
     layer = PackedLinear(q, bias, torch.bfloat16)
     assert layer.kernel == Kernel.INT4
     assert torch.equal(layer.codes(), q.codes)
+    assert torch.equal(layer.dequantized_weight(), q.dequantize(torch.bfloat16))
     ref_w = q.dequantize(torch.bfloat16)
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(3, k, generator=gen).to(torch.bfloat16)  # decode path: the kernel
@@ -109,6 +110,6 @@ def test_unservable_layers_keep_the_bit_stream():
 
 def test_codes_read_back_in_original_order():
     q = parent(32, 128, 32, True).slice(8)
-    planes, _, _, perm = build(q.codes, q.scales, q.zeros, q.g_idx, q.bits, q.shift)
+    planes, _, _, perm, _ = build(q.codes, q.scales, q.zeros, q.g_idx, q.bits, q.shift)
     assert perm is not None and len(planes) == 2
     assert torch.equal(int4_codes(planes, perm, 32, 128), q.codes.to(torch.int32))

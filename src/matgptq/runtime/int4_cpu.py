@@ -60,8 +60,9 @@ def unpack_int4pack(w: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 
 def build(codes, scales, zeros, g_idx, bits, shift, dtype=torch.bfloat16):
-    """The kernel operands of a slice (mapping in the module doc): (planes, scale_zeros, gs, perm) with 1 plane for
-    r ≤ 4, 2 for r ≤ 8 and perm None when the groups are in order; None when the kernel cannot serve the layer."""
+    """The kernel operands of a slice (mapping in the module doc): (planes, scale_zeros, gs, perm, groups) with 1
+    plane for r ≤ 4, 2 for r ≤ 8, perm None when the groups are in order and groups[j] the parent group of kernel
+    group j; None when the kernel cannot serve the layer."""
     n, k = codes.shape
     if bits > 8 or n % 16 or k % 2:
         return None
@@ -86,7 +87,7 @@ def build(codes, scales, zeros, g_idx, bits, shift, dtype=torch.bfloat16):
         parts = [(q >> 4, s * (16 * step), s * (128 * step - z)), (q & 15, s * step, s * (8 * step))]
     planes = [ops._convert_weight_to_int4pack_for_cpu(p.contiguous(), 1) for p, _, _ in parts]
     sz = [torch.stack([sc, ze], dim=-1).to(dtype).contiguous() for _, sc, ze in parts]
-    return planes, sz, gs, None if perm is None else perm.to(torch.int32)
+    return planes, sz, gs, None if perm is None else perm.to(torch.int32), groups
 
 
 def int4_matmul(x: torch.Tensor, planes, scale_zeros, gs: int, perm: torch.Tensor | None) -> torch.Tensor:
@@ -102,11 +103,28 @@ def int4_matmul(x: torch.Tensor, planes, scale_zeros, gs: int, perm: torch.Tenso
     return y.view(*shape[:-1], y.shape[-1])
 
 
+def _sorted_codes(planes, n: int, k: int) -> torch.Tensor:
+    q = unpack_int4pack(planes[0], n, k)
+    return q if len(planes) == 1 else (q << 4) | unpack_int4pack(planes[1], n, k)
+
+
+def int4_dequantize(planes, perm, scales, zeros, gs: int, shift: int, dtype: torch.dtype) -> torch.Tensor:
+    """Ŵ [N, K] from the planes with QuantizedWeight.dequantize's float32 arithmetic, s · (q · 2^h − z) in that order,
+    so bit-identical to it; per kernel group instead of per column (no [N, K] gather of scales: ~5× faster).
+    `scales`/`zeros` [N, K/gs] are the parent's per kernel group (sorted column order)."""
+    n, k = scales.shape[0], scales.shape[1] * gs
+    q = _sorted_codes(planes, n, k).view(n, -1, gs).float()
+    w = (scales.float()[..., None] * (q * float(1 << shift) - zeros.float()[..., None])).view(n, k).to(dtype)
+    if perm is None:
+        return w
+    out = torch.empty_like(w)
+    out[:, perm.long()] = w
+    return out
+
+
 def int4_codes(planes, perm: torch.Tensor | None, n: int, k: int) -> torch.Tensor:
     """The slice codes [N, K] (int32) in the original column order, read back from the planes."""
-    q = unpack_int4pack(planes[0], n, k)
-    if len(planes) == 2:
-        q = (q << 4) | unpack_int4pack(planes[1], n, k)
+    q = _sorted_codes(planes, n, k)
     if perm is not None:
         out = torch.empty_like(q)
         out[:, perm.long()] = q

@@ -10,9 +10,9 @@ weight lives only during the call (one layer at a time): this trades speed for m
 
 Kernel.INT4 (the default for bfloat16 models, where torch has a vectorised int4 kernel; int4_cpu.py): the codes are
 held in torch's int4 layout (4 bits per weight for r ≤ 4, two planes for r ≤ 8) with bfloat16 scale/zero pairs, and
-calls of fewer than PREFILL_ROWS rows (decode) go through `_weight_int4pack_mm_for_cpu`: outputs equal the
+calls of fewer than PREFILL_ROWS rows (decode and ordinary prompts) go through `_weight_int4pack_mm_for_cpu`: outputs equal the
 dequantized reference within the tolerance derived in tests/runtime/test_int4_cpu.py (the kernel's scales are rounded
-to bfloat16). Larger calls (prefill) read the codes back, dequantize exactly like the bit-stream path and use
+to bfloat16). Larger calls (long prompts) read the codes back, dequantize exactly like the bit-stream path and use
 F.linear, so they equal the reference bit for bit. Kernel.BITSTREAM keeps the smallest memory (r bits per weight).
 """
 
@@ -26,12 +26,13 @@ from torch import nn
 
 from ..formats import QuantizedWeight
 from ..formats.parent import pack_bits
-from .int4_cpu import build, int4_codes, int4_matmul
+from .int4_cpu import build, int4_codes, int4_dequantize, int4_matmul
 
-# Rows per call from which the int4 path dequantizes and uses F.linear instead of the kernel: measured on 2 cores
-# (bfloat16, SmolLM2 shapes) the kernel beats a dense GEMV ~2× at 1 row, breaks even near 8 rows and is ~2.3× slower
-# at 64 (scripts/bench_packed_cpu.py prints the end-to-end effect).
-PREFILL_ROWS = 16
+# Rows per call from which the int4 path dequantizes (exactly, int4_cpu.int4_dequantize) and uses F.linear instead of
+# the kernel. Measured on 2 loaded cores (bf16, a 1536×576 layer): the kernel costs ~43 µs per row (2× faster than a
+# dense GEMV at 1 row), the exact dequantization ~13 ms per call plus ~8 µs per row of matmul: break-even near 300 rows
+# (scripts/bench_packed_cpu.py prints the end-to-end effect).
+PREFILL_ROWS = 256
 
 
 class Kernel(str, Enum):
@@ -65,12 +66,14 @@ class PackedLinear(nn.Module):
         if ops is None:
             self.register_buffer("packed", pack_bits(q.codes, q.bits))
         else:
-            planes, sz, self.group, perm = ops
+            planes, sz, self.group, perm, groups = ops
             self.planes = len(planes)
             for i, (w, z) in enumerate(zip(planes, sz)):
                 self.register_buffer(f"plane{i}", w)
                 self.register_buffer(f"scale_zero{i}", z)
             self.register_buffer("perm", perm)
+            self.register_buffer("kernel_scales", q.scales.to(torch.float16)[:, groups].contiguous())
+            self.register_buffer("kernel_zeros", q.zeros.to(torch.uint8)[:, groups].contiguous())
         self.register_buffer("scales", q.scales.to(torch.float16).contiguous())
         self.register_buffer("zeros", q.zeros.to(torch.uint8).contiguous())
         self.register_buffer("g_idx", q.g_idx.to(torch.int32).contiguous())
@@ -86,6 +89,9 @@ class PackedLinear(nn.Module):
         return unpack_rows(self.packed, self.bits, self.in_features)
 
     def dequantized_weight(self) -> torch.Tensor:
+        if self.kernel == Kernel.INT4:
+            return int4_dequantize(self._int4()[0], self.perm, self.kernel_scales, self.kernel_zeros, self.group,
+                                   self.shift, self.dtype)  # fmt: skip
         q = QuantizedWeight(self.codes(), self.scales, self.zeros, self.g_idx, self.bits, self.shift)
         return q.dequantize(self.dtype)
 
