@@ -95,7 +95,8 @@ def child(cfg: dict) -> None:
 
 def spawn(cfg: dict) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(cfg["threads"]))
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True, text=True, env=env)
+    cmd = [sys.executable, __file__, "--child", json.dumps(cfg)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not lines:
         print(f"{cfg['label']}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)

@@ -3,9 +3,9 @@
 Oracle: the same packed model run eagerly. With backend="aot_eager" (Dynamo + AOTAutograd graph capture, fullgraph:
 no graph break is allowed, then the captured aten ops run as in eager) outputs must be bit-identical; that checks the
 packed layers (the int4 kernel call, the bit-stream unpack, the act-order gather) trace into one graph. With inductor
-one PackedLinear on the int4 decode path is compiled (a bit-stream layer with aot_eager): the kernel stays an extern call and the bias add is a single
-rounding, so the output must again be bit-identical. tests/conftest.py disables Dynamo for the suite
-(TORCHDYNAMO_DISABLE=1, read at call time); these tests lift that for themselves.
+one PackedLinear on the int4 decode path is compiled (a bit-stream layer with aot_eager): the kernel stays an extern
+call and the bias add is a single rounding, so the output must again be bit-identical. tests/conftest.py disables
+Dynamo for the suite (TORCHDYNAMO_DISABLE=1, read at call time); these tests lift that for themselves.
 """
 
 from __future__ import annotations

@@ -76,7 +76,8 @@ def test_kernel_weight():
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
 @pytest.mark.parametrize("group,act_order", [(-1, False), (32, True), (64, False), (128, False), (128, True)])
 def test_packed_int4_matches_the_reference(bits, group, act_order):
-    n, k = 80, 384 if group != 128 else 576  # 80 rows: one block of 64 and a tail of 16 (module doc)  # 576 = 4.5 groups of 128: kernel groups of 64
+    # 80 rows: one block of 64 and a tail of 16 (int4_cpu's layout); 576 = 4.5 groups of 128: kernel groups of 64
+    n, k = 80, 384 if group != 128 else 576
     q = parent(n, k, group, act_order, seed=bits).slice(bits)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     layer = PackedLinear(q, bias, torch.bfloat16)

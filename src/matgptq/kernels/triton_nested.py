@@ -53,7 +53,7 @@ def _kernels():
 
 def nested_matmul(x: torch.Tensor, layout: NestedLayout, bits: int, kernel: NestedKernel = NestedKernel.AUTO,
                   block_n: int = 64, block_k: int = 64, block_m: int = 16) -> torch.Tensor:  # fmt: skip
-    """x [..., K] → x Ŵ_rᵀ [..., N] through the Triton kernels (a CUDA tensor, or any tensor under TRITON_INTERPRET=1)."""
+    """x [..., K] → x Ŵ_rᵀ [..., N] through the Triton kernels (CUDA tensors, or any under TRITON_INTERPRET=1)."""
     layout.check(bits)
     if not x.is_cuda and not interpreting():
         raise UserError("the nested Triton kernels need a CUDA GPU (this tensor is on "

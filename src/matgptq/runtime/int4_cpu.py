@@ -21,8 +21,8 @@ uses the 4-bit kernel (its values < 8 are valid int4 codes), so such a layer hol
 Groups: the kernel's group of column k is k // gs. Act-order groups (g_idx not monotone) are made contiguous by
 permuting the columns once (stable sort of g_idx; x is gathered with the same permutation per call); gs is the largest
 of 256/128/64/32 that divides K and inside whose blocks the sorted group index is constant (a 128-column parent group
-on K = 576 gives gs = 64, its last group being 64 wide). Anything else (N % 16 ≠ 0, K odd, groups no kernel size fits) → None: the caller
-keeps the bit-stream path.
+on K = 576 gives gs = 64, its last group being 64 wide). Anything else (N % 16 ≠ 0, K odd, groups no kernel size
+fits) → None: the caller keeps the bit-stream path.
 
 The packed layout (torch's, found by probing; unpack_int4pack inverts it and the tests check that on every row-count
 family): rows in blocks of 64, each stored as bytes [K, 32] whose byte j holds row j (low nibble) and row j + 32 (high
