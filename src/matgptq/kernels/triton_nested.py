@@ -12,14 +12,14 @@ tile cast to x's dtype, float32 accumulation). On a GPU x is float16/bfloat16; i
 CPU tensors) float32 works too, which the tests use to separate the layout (exact) from the accumulation order.
 
 Triton is imported on first use (the `kernels` extra); the interpreter is chosen by triton itself from
-TRITON_INTERPRET when the kernels are first compiled, so set it before the first call.
+TRITON_INTERPRET when triton is first imported, so set it before anything imports triton.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from enum import Enum
-from functools import cache
 
 import torch
 
@@ -39,15 +39,21 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@cache
 def _kernels():
+    """(triton, gemv, gemm). Triton picks interpreter or compiler when a function is decorated (TRITON_INTERPRET at
+    import), so _triton_src is re-imported when that choice no longer matches the environment; triton.language's own
+    helpers are decorated when triton is first imported, so TRITON_INTERPRET must be set before that (tests/conftest)."""
     try:
         import triton
+        from triton.runtime.interpreter import InterpretedFunction
     except ImportError:
         raise UserError("the nested GPU kernels need Triton: pip install 'matgptq[kernels]'") from None
 
     from . import _triton_src
 
+    fns = (_triton_src._weight_tile, _triton_src.gemv, _triton_src.gemm)
+    if any(isinstance(f, InterpretedFunction) != interpreting() for f in fns):
+        importlib.reload(_triton_src)
     return triton, _triton_src.gemv, _triton_src.gemm
 
 
