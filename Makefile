@@ -32,14 +32,15 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
-# Peer libraries for the interop tests (GPTQModel, optimum, llama-cpp-python; the last builds llama.cpp once,
+# Peer libraries for the interop tests (GPTQModel, optimum, llama-cpp-python; Triton for the kernel tests in its
+# CPU interpreter (the kernels extra); the last builds llama.cpp once,
 # about 10 minutes, then comes from pip's wheel cache) and lm-eval for the zero-shot tests (the tasks extra).
 # llama.cpp's reference converter (convert_hf_to_gguf.py, its conversion/ package and gguf-py), unpacked from the
 # pinned llama-cpp-python source distribution into the venv: the GGUF architecture tests compare our files with its.
 LLAMA_CPP_CONVERT := $(VENV)/llama.cpp/convert_hf_to_gguf.py
 interop: venv $(LLAMA_CPP_CONVERT)
 	GPTQMODEL_CPU_WORKERS=2 CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
-	    $(PIP) -e ".[dev,interop,tasks]"
+	    $(PIP) -e ".[dev,interop,tasks,kernels]"
 
 $(LLAMA_CPP_CONVERT): $(PINS) | venv
 	rm -rf $(VENV)/llama.cpp $(VENV)/llama.cpp-sdist

@@ -15,6 +15,9 @@ import torch
 # GPTQModel: two CPU workers on this machine; its torch kernel otherwise torch.compile()s on every load (seconds).
 os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+# Triton decides interpreter vs compiler when its own library is first imported (by GPTQModel or torch too), so the
+# nested-kernel tests' CPU interpreter must be chosen before any import: tests/kernels/test_triton_nested.py.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 STORIES = SHARED / "models" / "stories260K"

@@ -19,6 +19,7 @@ RANK: dict[str, int] = {
     "errors": 0, "fsutil": 0, "untrusted": 0, "_version": 0, "devices": 0,  # base: import nothing above
     "models": 1, "formats": 1,  # the Hugging Face side; bytes on disk (each with its reader and writer)
     "quantization": 2, "runtime": 2,  # model → parent; parent or slice → a model that runs
+    "kernels": 2,  # GPU layouts and Triton kernels for a parent (beside runtime: reads formats only)
     "evaluation": 3,  # scores of a loaded model, and the tables that report them
     "export": 4,  # GPTQ / GGUF writers (their reports use evaluation's tables)
     "search": 4,  # per-layer mixes of a parent under a budget (scores candidates with evaluation's KL)

@@ -11,7 +11,7 @@ import torch
 import matgptq
 from matgptq.errors import UserError
 from matgptq.formats.parent import pack_bits
-from matgptq.runtime.packed import PackedLinear, unpack_rows, weight_bytes
+from matgptq.runtime.packed import PREFILL_ROWS, Kernel, PackedLinear, unpack_rows, weight_bytes
 from tests.conftest import make_tiny_llama, quick_quantize
 
 IDS = torch.tensor([[1, 5, 9, 200, 17, 300, 42, 7, 99, 1000 % 512, 3, 64]])
@@ -57,3 +57,21 @@ def test_packed_needs_a_quantized_checkpoint(tmp_path):
     model = make_tiny_llama(tmp_path / "fp")
     with pytest.raises(UserError, match="not quantized"):
         matgptq.load(model, packed=True)
+
+
+def test_bfloat16_models_use_the_int4_kernel(parent):
+    """bf16 + packed: every layer on Kernel.INT4; a prefill of ≥ PREFILL_ROWS tokens equals the dense bf16 model bit for
+    bit (that path dequantizes exactly, test_int4_cpu.py); decode steps go through the kernel and generate runs."""
+    ids = torch.arange(3, 3 + PREFILL_ROWS + 4).view(1, -1) * 7 % 500
+    packed = matgptq.load(parent, bits=3, dtype=torch.bfloat16, packed=True)
+    layers = [m for m in packed.modules() if isinstance(m, PackedLinear)]
+    assert {m.kernel for m in layers} == {Kernel.INT4}
+    dense = matgptq.load(parent, bits=3, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(packed(ids).logits, dense(ids).logits)
+    matgptq.set_bits(packed, 8)  # two planes
+    matgptq.set_bits(dense, 8)
+    with torch.no_grad():
+        assert torch.equal(packed(ids).logits, dense(ids).logits)
+    out = packed.generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, ids.shape[1] + 4) and torch.equal(out[:, : ids.shape[1]], ids)

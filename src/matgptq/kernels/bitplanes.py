@@ -1,0 +1,134 @@
+"""The nested bit-plane layout: one stored parent serves every width r without re-packing (issue 14, item 3).
+
+The slicing rule (formats/slicing.py, the official MatGPTQ `matryoshka_slice` generalised to a c-bit master):
+
+    S(q, r) = min(⌊q / 2^(c−r)⌋ + bit_(c−r−1)(q), 2^r − 1)  for r < c,   S(q, c) = q,
+
+reads exactly the top r + 1 bits of q: ⌊q / 2^(c−r)⌋ is bits c−1 … c−r and the rounding carry is bit c−r−1. So the
+layout stores q as c one-bit planes, most significant first — plane p holds bit c−1−p of every code — and width r
+reads planes 0 … r (r + 1 planes; r = c reads all c):
+
+    top   = Σ_{p<r} plane_p · 2^(r−1−p)              (= ⌊q / 2^(c−r)⌋)
+    carry = plane_r                  (r < c; 0 at r = c)
+    S     = min(top + carry, 2^r − 1)
+
+which is S(q, r) bit for bit, including the saturation at the top code. The weight is the slice's (quantized.py):
+w = s_r · (S · 2^(c−r) − z), with the parent's master zero z and the width's own scales s_r where the parent has them
+(width_scales), else the master scale. A layout may keep only the top P planes (`widths=` at build: P = the planes
+the widest requested width needs); it then serves the widths r with r + 1 ≤ P (and r = c when P = c); any other width
+is a UserError naming the widths it serves.
+
+Memory: P bits per weight plus fp16 scales per stored width and uint8 zeros, for all widths ≤ P − 1 at once (the
+paper stores 2-bit + 1-bit planes for 2–4 bits, i.e. without the rounding bit; here the extra plane makes its rule
+exact). Packing: plane p, column k (after sorting columns by group, see below), row n is bit (k mod 32) of the int32
+word planes[p, k // 32, n] — K-major so that a GPU tile of BLOCK_K × BLOCK_N loads whole words along N (coalesced);
+K is zero-padded to a multiple of 32. Groups are made contiguous (group of column k = k // group_size) by a stable
+sort of the parent's g_idx; act-order layers therefore carry `perm` and the input is gathered with it, like the CPU
+int4 path (runtime/int4_cpu.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UserError
+from ..formats import QuantizedWeight
+
+
+@dataclass(frozen=True)
+class NestedLayout:
+    planes: torch.Tensor  # int32 [P, ⌈K/32⌉, N], plane p = bit c−1−p of the (column-sorted) codes
+    scales: dict[int, torch.Tensor]  # width → float16 [G, N] (the master scale under the master width c)
+    zeros: torch.Tensor  # uint8 [G, N], master grid
+    group_size: int  # columns per group after sorting (K for one group per row)
+    master_bits: int
+    in_features: int
+    perm: torch.Tensor | None  # int64 [K]: x[..., perm] is the sorted column order; None when already sorted
+
+    @property
+    def out_features(self) -> int:
+        return self.planes.shape[2]
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Widths this layout serves exactly: r + 1 ≤ P planes (r = c with all c planes), at least 1 bit."""
+        p, c = self.planes.shape[0], self.master_bits
+        return tuple(r for r in range(1, c + 1) if (r + 1 <= p) or (r == c and p == c))
+
+    def check(self, bits: int) -> None:
+        if bits not in self.widths:
+            have = self.widths
+            raise UserError(f"this nested layout holds {self.planes.shape[0]} of the {self.master_bits} bit planes and "
+                            f"serves widths {have[0]}..{have[-1]}, not {bits}; rebuild it with "
+                            f"NestedLayout.build(parent, widths=[..., {bits}])")  # fmt: skip
+
+    def scale(self, bits: int) -> torch.Tensor:
+        return self.scales.get(bits, self.scales[self.master_bits])
+
+    @classmethod
+    def build(cls, parent: QuantizedWeight, widths: tuple[int, ...] | list[int] | None = None) -> "NestedLayout":
+        """The layout of a c-bit parent (shift 0) keeping the planes the widest of `widths` needs (all by default)."""
+        if parent.shift:
+            raise UserError(f"a nested layout is built from a parent; this weight is already a {parent.bits}-bit "
+                            "slice: load the parent checkpoint")  # fmt: skip
+        c = parent.bits
+        widths = tuple(widths or (c,))
+        bad = [r for r in widths if not 1 <= r <= c]
+        if bad:
+            raise UserError(f"cannot serve {bad[0]} bits from a {c}-bit parent; widths 1..{c} exist")
+        keep = min(max(widths) + 1, c)
+        n, k = parent.shape
+        g = parent.g_idx.long()
+        perm = torch.argsort(g, stable=True)
+        counts = torch.bincount(g)
+        gs = int(counts[0])
+        if (counts[:-1] != gs).any() or int(counts[-1]) > gs:
+            raise UserError("a nested layout needs equal groups (every group but the last of the same size); this "
+                            "layer's g_idx has uneven groups: re-quantize with --static-groups or without act-order")
+        codes = parent.codes[:, perm].to(torch.int64)
+        k32 = -(-k // 32)
+        codes = torch.nn.functional.pad(codes, (0, k32 * 32 - k))  # [N, K32*32], zero columns never loaded
+        weights = torch.ones(32, dtype=torch.int64) << torch.arange(32)
+        planes = []
+        for p in range(keep):
+            bit = (codes >> (c - 1 - p)) & 1
+            word = (bit.view(n, k32, 32) * weights).sum(-1)  # < 2^32: fits an int64, stored as its int32 bit pattern
+            planes.append(torch.where(word >= 2**31, word - 2**32, word).to(torch.int32).t())
+        scales = {c: parent.scales.t().contiguous()}
+        for r, s in (parent.width_scales or {}).items():
+            scales[r] = s.t().contiguous()
+        return cls(torch.stack(planes).contiguous(), scales, parent.zeros.t().contiguous(), gs, c, k,
+                   None if torch.equal(perm, torch.arange(k)) else perm)  # fmt: skip
+
+    def slice_codes(self, bits: int) -> torch.Tensor:
+        """S(q, r) [N, K] (int32, the original column order) read from planes 0..r as in the module doc (torch)."""
+        self.check(bits)
+        c, k = self.master_bits, self.in_features
+        shifts = torch.arange(32, dtype=torch.int32)
+
+        def plane(p: int) -> torch.Tensor:  # [N, K] bits
+            w = self.planes[p].t()  # [N, K32]
+            return ((w[..., None] >> shifts) & 1).reshape(w.shape[0], -1)[:, :k]
+
+        top = torch.zeros(self.out_features, k, dtype=torch.int32)
+        for p in range(bits):
+            top = (top << 1) | plane(p)
+        s = top + plane(bits) if bits < c else top
+        s = s.clamp(max=(1 << bits) - 1)
+        if self.perm is not None:
+            out = torch.empty_like(s)
+            out[:, self.perm] = s
+            s = out
+        return s
+
+    def dequantize(self, bits: int) -> torch.Tensor:
+        """Ŵ [N, K] float32 of width r from the layout: s_r · (S · 2^(c−r) − z) (the kernels' arithmetic)."""
+        q = self.slice_codes(bits).float() * float(1 << (self.master_bits - bits))
+        g = torch.arange(self.in_features) // self.group_size
+        if self.perm is not None:  # column perm[j] sits at sorted position j: its group is g[j]
+            inv = torch.empty_like(g)
+            inv[self.perm] = g.clone()
+            g = inv
+        return self.scale(bits).float().t()[:, g] * (q - self.zeros.float().t()[:, g])

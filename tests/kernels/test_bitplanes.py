@@ -1,0 +1,60 @@
+"""The nested bit-plane layout (kernels/bitplanes.py) reproduces every slice of a parent exactly: its codes equal
+formats.slicing's S(q, r) and its dequantized weight equals QuantizedWeight.slice(r).dequantize(), bit for bit, for
+every width it serves; a width it cannot serve is a one-line UserError."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from matgptq.errors import UserError
+from matgptq.formats import QuantizedWeight
+from matgptq.formats.slicing import slice_codes
+from matgptq.kernels import NestedLayout
+
+
+def parent(n, k, group, act_order, bits=8, width_scales=False, seed=0) -> QuantizedWeight:
+    """A random c-bit parent; every code 0..2^c−1 occurs (the saturating top codes included)."""
+    gen = torch.Generator().manual_seed(seed)
+    gs = k if group == -1 else group
+    g_idx = torch.arange(k, dtype=torch.int32) // gs
+    if act_order:
+        g_idx = g_idx[torch.randperm(k, generator=gen)]
+    g = int(g_idx.max()) + 1
+    codes = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
+    codes.view(-1)[: 1 << bits] = torch.arange(1 << bits, dtype=torch.uint8)
+    scales = (torch.rand(n, g, generator=gen) * 0.02 + 1e-3).to(torch.float16)
+    zeros = torch.randint(0, 1 << bits, (n, g), generator=gen, dtype=torch.uint8)
+    ws = {r: (scales.float() * (1 << (bits - r)) * 0.9).to(torch.float16) for r in (3, 4)} if width_scales else None
+    return QuantizedWeight(codes, scales, zeros, g_idx, bits, width_scales=ws)
+
+
+@pytest.mark.parametrize("group,act_order", [(-1, False), (32, False), (64, True), (128, False)])
+def test_every_width_is_exact(group, act_order):
+    q = parent(24, 200, group, act_order, width_scales=True)  # K = 200: padded words, a short last group
+    layout = NestedLayout.build(q)
+    assert layout.widths == tuple(range(1, 9))
+    for r in range(2, 9):
+        assert torch.equal(layout.slice_codes(r), slice_codes(q.codes, 8, r).to(torch.int32))
+        assert torch.equal(layout.dequantize(r), q.slice(r).dequantize())
+
+
+def test_other_master_widths():
+    q = parent(8, 40, 32, False, bits=5)
+    layout = NestedLayout.build(q)
+    for r in range(2, 6):
+        assert torch.equal(layout.dequantize(r), q.slice(r).dequantize())
+
+
+def test_a_layout_keeps_only_the_planes_its_widths_need():
+    q = parent(16, 64, 32, False)
+    layout = NestedLayout.build(q, widths=(2, 4))
+    assert layout.planes.shape[0] == 5 and layout.widths == (1, 2, 3, 4)
+    assert torch.equal(layout.dequantize(4), q.slice(4).dequantize())
+    with pytest.raises(UserError, match="serves widths 1..4, not 8") as e:
+        layout.dequantize(8)
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="cannot serve 9 bits"):
+        NestedLayout.build(q, widths=(9,))
+    with pytest.raises(UserError, match="already a 3-bit slice"):
+        NestedLayout.build(q.slice(3))

@@ -1,0 +1,116 @@
+"""The int4 CPU path (runtime/int4_cpu.py, PackedLinear Kernel.INT4) against the dequantized reference
+F.linear(x, QuantizedWeight.slice(r).dequantize(bf16)), computed independently in float64 where a bound is needed.
+
+Tolerance of the decode path (derived; u = 2^-8 is bfloat16's unit roundoff, γ_K = K·2^-24 / (1 − K·2^-24) float32's
+accumulation bound). Per plane the kernel's scale/zero (sc, ze: exact float32 values, int4_cpu.py) are rounded to
+bfloat16 once, so its weight w̃ = (q − 8)·ŝ + ẑ is off the exact w by at most e = u·(|q − 8|·|sc| + |ze|) (summed over
+the planes; test_kernel_weight checks the kernel computes w̃ in float32 without a further rounding). The reference's
+weight is bf16(w): off by u·|w|. Both sides accumulate in float32 (γ_K·Σ|x|·|w|, with |w| + e for the kernel) and round
+their output to bfloat16 (u·|y| each; with two planes each plane's output and their sum are rounded: u·Σ|y_plane|). So
+
+    |y − y_ref| ≤ Σ_k |x_k|·(e_k + u·|w_k|) + 2·γ_K·Σ_k |x_k|·(|w_k| + e_k) + u·(|y| + |y_ref| + Σ_planes |y_plane|),
+
+evaluated per output element in float64 (plus a float64 slack of 1e-12).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from matgptq.formats import QuantizedWeight
+from matgptq.runtime.int4_cpu import build, int4_codes, unpack_int4pack
+from matgptq.runtime.packed import PREFILL_ROWS, Kernel, PackedLinear
+
+ops = torch.ops.aten
+U = 2.0**-8
+
+
+def parent(n, k, group, act_order, seed=0):
+    """A random 8-bit parent (codes, fp16 scales, master zeros; act-order g_idx = a permutation of the groups)."""
+    gen = torch.Generator().manual_seed(seed)
+    gs = k if group == -1 else group
+    g_idx = torch.arange(k, dtype=torch.int32) // gs
+    if act_order:
+        g_idx = g_idx[torch.randperm(k, generator=gen)]
+    g = int(g_idx.max()) + 1
+    codes = torch.randint(0, 256, (n, k), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(n, g, generator=gen) * 0.02 + 1e-3).to(torch.float16)
+    zeros = torch.randint(0, 256, (n, g), generator=gen, dtype=torch.uint8)
+    return QuantizedWeight(codes, scales, zeros, g_idx, 8)
+
+
+@pytest.mark.parametrize("n,k", [(16, 64), (48, 64), (64, 576), (96, 160), (208, 32)])
+def test_unpack_inverts_torchs_layout(n, k):
+    q = torch.randint(0, 16, (n, k), generator=torch.Generator().manual_seed(n + k), dtype=torch.int32)
+    assert torch.equal(unpack_int4pack(ops._convert_weight_to_int4pack_for_cpu(q, 1), n, k), q)
+
+
+def _exact_terms(q: QuantizedWeight):
+    """(w, e, plane weights) in float64: the exact slice weight, the bound e of the module doc, each plane's weight."""
+    idx = q.g_idx.long()
+    s = q.scales.double()[:, idx]
+    z = q.zeros.double()[:, idx]
+    step = 2.0**q.shift
+    c = q.codes.double()
+    w = s * (c * step - z)
+    if q.bits <= 4:
+        return w, U * ((c - 8).abs() * s * step + (s * (8 * step - z)).abs()), [w]
+    a, b = torch.div(c, 16, rounding_mode="floor"), c.remainder(16)
+    e = U * ((a - 8).abs() * 16 * s * step + (s * (128 * step - z)).abs())
+    e = e + U * ((b - 8).abs() * s * step + 8 * s * step)
+    return w, e, [s * (16 * a * step - z), s * b * step]
+
+
+def test_kernel_weight():
+    """x = I makes the kernel return its weight: (q − 8)·ŝ + ẑ in float32 from the bf16 pairs, rounded to bf16 once."""
+    q = parent(32, 64, 32, False).slice(4)
+    planes, sz, gs, perm, _ = build(q.codes, q.scales, q.zeros, q.g_idx, q.bits, q.shift)
+    y = ops._weight_int4pack_mm_for_cpu(torch.eye(64, dtype=torch.bfloat16), planes[0], gs, sz[0])
+    g = torch.arange(64) // gs
+    w = (q.codes.float() - 8) * sz[0][g, :, 0].float().t() + sz[0][g, :, 1].float().t()
+    assert torch.equal(y.t(), w.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("group,act_order", [(-1, False), (32, True), (64, False), (128, False), (128, True)])
+def test_packed_int4_matches_the_reference(bits, group, act_order):
+    # 80 rows: one block of 64 and a tail of 16 (int4_cpu's layout); 576 = 4.5 groups of 128: kernel groups of 64
+    n, k = 80, 384 if group != 128 else 576
+    q = parent(n, k, group, act_order, seed=bits).slice(bits)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    layer = PackedLinear(q, bias, torch.bfloat16)
+    assert layer.kernel == Kernel.INT4
+    assert torch.equal(layer.codes(), q.codes)
+    assert torch.equal(layer.dequantized_weight(), q.dequantize(torch.bfloat16))
+    ref_w = q.dequantize(torch.bfloat16)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, k, generator=gen).to(torch.bfloat16)  # decode path: the kernel
+    y, y_ref = layer(x), F.linear(x, ref_w, bias)
+    w, e, plane_w = _exact_terms(q)
+    xa = x.double().abs()
+    gamma = k * 2.0**-24 / (1 - k * 2.0**-24)
+    planes_y = sum((x.double() @ p.t()).abs() for p in plane_w) if len(plane_w) == 2 else 0
+    bound = xa @ (e + U * w.abs()).t() + 2 * gamma * xa @ (w.abs() + e).t()
+    bound = bound + U * (y.double().abs() + y_ref.double().abs() + planes_y) + 1e-12
+    assert ((y.double() - y_ref.double()).abs() <= bound).all()
+    xp = torch.randn(2, PREFILL_ROWS, k, generator=gen).to(torch.bfloat16)  # prefill: exact
+    assert torch.equal(layer(xp), F.linear(xp, ref_w, bias))
+
+
+def test_unservable_layers_keep_the_bit_stream():
+    q = parent(40, 64, 32, False).slice(3)  # N % 16 != 0
+    layer = PackedLinear(q, None, torch.bfloat16, Kernel.INT4)
+    assert layer.kernel == Kernel.BITSTREAM
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    assert torch.equal(layer(x), F.linear(x, q.dequantize(torch.bfloat16)))
+    assert build(q.codes[:16, :48], q.scales[:16], q.zeros[:16], q.g_idx[:48] * 0 + torch.arange(48) // 24,
+                 3, 5) is None  # groups of 24: no kernel group size fits  # fmt: skip
+
+
+def test_codes_read_back_in_original_order():
+    q = parent(32, 128, 32, True).slice(8)
+    planes, _, _, perm, _ = build(q.codes, q.scales, q.zeros, q.g_idx, q.bits, q.shift)
+    assert perm is not None and len(planes) == 2
+    assert torch.equal(int4_codes(planes, perm, 32, 128), q.codes.to(torch.int32))
