@@ -10,7 +10,7 @@ TEXT    := $(SHARED)/data/tinystories/tinystories_val_head.txt
 PINS    := $(abspath .ci/constraints.txt)
 PIP     := PIP_CONSTRAINT=$(PINS) $(BIN)/pip install -q --disable-pip-version-check -c $(PINS)
 
-.PHONY: venv demo test interop real-model real-model-table search-real-model bench-venv bench bench-pipeline results clean
+.PHONY: venv demo test interop llama-cpp-tools real-model real-model-table search-real-model bench-venv bench bench-pipeline results clean
 
 # torch is installed first and pinned (.ci/constraints.txt): 2.13.0 is a local CPU wheel; any other version
 # would pull gigabytes of CUDA wheels.
@@ -50,6 +50,27 @@ $(LLAMA_CPP_CONVERT): $(PINS) | venv
 	tar xzf $(VENV)/llama.cpp-sdist/llama_cpp_python-*.tar.gz -C $(VENV)/llama.cpp --strip-components=3 --wildcards \
 	    '*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/conversion' '*/vendor/llama.cpp/gguf-py'
 	rm -rf $(VENV)/llama.cpp-sdist
+
+# llama.cpp's own command-line tools (llama-quantize, llama-imatrix, llama-perplexity), built once from the llama.cpp
+# vendored in the same pinned llama-cpp-python sdist (CPU, GGML_NATIVE=OFF, static, 2 jobs; ~10-15 min on 2 cores):
+# scripts/gguf_vs_llamacpp_real.py quantizes and scores with them (the python binding cannot pass an imatrix).
+LLAMA_CPP_TOOLS := $(VENV)/llama.cpp-tools
+llama-cpp-tools: $(LLAMA_CPP_TOOLS)/llama-perplexity
+$(LLAMA_CPP_TOOLS)/llama-perplexity: $(PINS) | venv
+	rm -rf $(LLAMA_CPP_TOOLS) $(VENV)/llama.cpp-tools-build
+	mkdir -p $(VENV)/llama.cpp-tools-build/src
+	$(BIN)/pip download -q --disable-pip-version-check --no-deps --no-binary :all: -c $(PINS) llama-cpp-python \
+	    -d $(VENV)/llama.cpp-tools-build
+	tar xzf $(VENV)/llama.cpp-tools-build/llama_cpp_python-*.tar.gz -C $(VENV)/llama.cpp-tools-build/src \
+	    --strip-components=3 --wildcards '*/vendor/llama.cpp/*'
+	cmake -S $(VENV)/llama.cpp-tools-build/src -B $(VENV)/llama.cpp-tools-build/build -DCMAKE_BUILD_TYPE=Release \
+	    -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF
+	cmake --build $(VENV)/llama.cpp-tools-build/build -j 2 --target llama-quantize llama-imatrix llama-perplexity
+	mkdir -p $(LLAMA_CPP_TOOLS)
+	cp $(addprefix $(VENV)/llama.cpp-tools-build/build/bin/,llama-quantize llama-imatrix llama-perplexity) \
+	    $(LLAMA_CPP_TOOLS)/
+	rm -rf $(VENV)/llama.cpp-tools-build
 
 # SmolLM2-135M-Instruct as a float32 Hugging Face model directory in $(MATGPTQ_CACHE) (outside the repository; made
 # once, then only its path is printed). scripts/real_model.py says how; `make real-model MATGPTQ_CACHE=DIR` moves it.

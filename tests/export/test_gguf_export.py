@@ -193,6 +193,23 @@ def test_kquant_lattice_slices_take_the_smallest_exact_type(lattice_parent, tmp_
     _check_readback(tmp_path / "m.gguf", _reference(lattice_parent, bits), rep)
 
 
+def test_kquant_lattice_mix_writes_per_tensor_types(lattice_parent, tmp_path):
+    """Issue 12 item 4: a per-layer mix (as `matgptq search` writes it) of a --kquant parent becomes per-tensor GGUF
+    types, each layer the smallest exact type of its own width, read back by gguf-py bit for bit."""
+    layers = "model.layers.0"
+    mix = {"*": 4, f"{layers}.mlp.down_proj": 2, f"{layers}.self_attn.q_proj": 3, f"{layers}.mlp.up_proj": 6,
+           f"{layers}.self_attn.v_proj": 8}  # fmt: skip
+    (tmp_path / "mix.json").write_text(json.dumps({"bits": mix, "summary": {}}))  # the search's file layout
+    rep = export_gguf(lattice_parent, tmp_path / "m.gguf", bits_config=tmp_path / "mix.json")
+    types = {t.source: t.ggml_type for t in rep.tensors if t.bits is not None}
+    assert types == {f"{layers}.mlp.down_proj.weight": "Q2_K", f"{layers}.self_attn.q_proj.weight": "Q3_K",
+                     f"{layers}.mlp.up_proj.weight": "Q6_K", f"{layers}.self_attn.v_proj.weight": "Q8_0",
+                     f"{layers}.self_attn.k_proj.weight": "Q4_0", f"{layers}.self_attn.o_proj.weight": "Q4_0",
+                     f"{layers}.mlp.gate_proj.weight": "Q4_0"}  # fmt: skip
+    assert rep.exact
+    _check_readback(tmp_path / "m.gguf", _reference(lattice_parent, mix), rep)
+
+
 @pytest.mark.parametrize("bits,qtype", [(2, "q3_k"), (2, "q4_k"), (3, "q4_k"), (4, "q4_k"), (5, "q5_k"), (6, "q6_k")])
 def test_kquant_lattice_holds_every_wider_k_quant(lattice_parent, tmp_path, bits, qtype):
     rep = export_gguf(lattice_parent, tmp_path / "m.gguf", bits=bits, qtype=qtype)

@@ -1,0 +1,365 @@
+#!/usr/bin/env python
+"""Our GGUF exports of SmolLM2-135M-Instruct against llama.cpp's own quantizer (issue 12 item 5), all scored by
+llama.cpp's own tools.
+
+Protocol
+  float model   llama.cpp's `convert_hf_to_gguf.py` (vendored in the pinned llama-cpp-python sdist, `make interop`)
+                writes the F32 GGUF every llama.cpp preset starts from and every file is compared with
+  calibration   the project's SmolLM2 protocol (scripts/real_model_table.py): 64 windows × 512 tokens, seed 0, from
+                the second half (by characters) of WikiText-2 test. GPTQ gets them as token ids; llama-imatrix gets
+                the same 64 windows decoded to text (`calib.txt`, one window per 512-token chunk after llama.cpp
+                re-tokenizes it; the byte-level BPE round-trips, so the tokens are the same up to chunk boundaries)
+  presets       `llama-quantize F32 OUT Q4_0|Q4_K_M|Q3_K_M`, each without and with `--imatrix` (llama-imatrix on
+                calib.txt, -c 512); the per-tensor types each really writes are read back with gguf-py
+  ours          GPTQ, group size 32, llama.cpp's signed Q4_0/Q5_0 grid (`--signed-scale`), act-order + static groups
+                + MSE scale search, exported with `matgptq export --format gguf --type auto` (bit-exact Q4_0/Q5_0;
+                embeddings `auto` = Q8_0 for 576-wide rows, as every preset here has them)
+  scoring       `llama-perplexity -c 512` on the first half of WikiText-2 test (--wiki-chunks chunks) and on the
+                TinyStories file (--ts-chunks chunks): the F32 file's logits are saved with --kl-divergence-base, each
+                quantized file is run with --kl-divergence. llama.cpp scores the second half of every 512-token chunk
+                (256 positions each), so perplexity and KL are over chunks·256 positions. Values are llama.cpp's
+                "Mean PPL(Q)" and "Mean KLD" with its ± (one standard error)
+  size          tensor bytes (the sum of the tensors' data, what llama.cpp's BPW counts); ours must be ≤ the
+                preset's. BPW = tensor bytes · 8 / parameters (all tensors, norms included). Whole-file bytes are shown
+                too: ours carry ~8 KB more metadata (matgptq.* keys), so at equal tensor bytes the file is 0.01% larger
+  goal          our KL ≤ 0.7 × the preset's (the better of without/with imatrix), at ≤ its file size
+
+Needs `make llama-cpp-tools` (llama-quantize, llama-imatrix, llama-perplexity in .venv/llama.cpp-tools) and
+`make real-model`. Resumable: every finished step is kept in docs/gguf_vs_llamacpp_real.json (files and logits in
+--work); re-running skips them. Writes docs/gguf_vs_llamacpp_real.md and README's `gguf-vs-llamacpp-real` block.
+
+    python scripts/gguf_vs_llamacpp_real.py [--threads 1] [--wiki-chunks 24] [--ts-chunks 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+VENV = Path(sys.prefix)
+TOOLS = VENV / "llama.cpp-tools"
+CONVERTER = VENV / "llama.cpp" / "convert_hf_to_gguf.py"
+DEFAULT_MODEL = Path.home() / ".cache" / "matgptq" / "SmolLM2-135M-Instruct"
+WIKI = SHARED / "data" / "wikitext-2-raw" / "wiki.test.joined.txt"
+TINYSTORIES = SHARED / "data" / "tinystories" / "tinystories_val_head.txt"
+STATE = ROOT / "docs" / "gguf_vs_llamacpp_real.json"
+PRESETS = ("Q4_0", "Q4_K_M", "Q3_K_M")
+# ours: name -> (checkpoint, the width or per-layer mix exported, the presets it is compared with); --type auto writes
+# 4 -> Q4_0, 5 -> Q5_0. The mix keeps attn_v/attn_output at 5 bits (Q5_0), as Q3_K_M does, from one MatGPTQ [4,5]
+# parent: 13.3M weights · 1 bit more than Q4_0 = 1.66 MB, inside the 1.78 MB Q3_K_M spends over Q4_0.
+V_O_AT_5 = {"*": 4, **{f"model.layers.{i}.self_attn.{m}": 5 for i in range(30) for m in ("v_proj", "o_proj")}}
+CKPTS = {"gptq4": ("gptq", "4"), "gptq5": ("gptq", "5"), "matgptq45": ("matgptq", "4,5")}
+OURS = {"gptq4": ("gptq4", None, ("Q4_0", "Q3_K_M")), "gptq5": ("gptq5", None, ("Q4_K_M",)),
+        "matgptq45-mix": ("matgptq45", V_O_AT_5, ("Q3_K_M",)), "matgptq45-5": ("matgptq45", 5, ("Q4_K_M",))}  # fmt: skip
+GPTQ_FLAGS = ["--group-size", "32", "--signed-scale", "--act-order", "--static-groups", "--mse"]
+DATASETS = ("wiki", "ts")
+GOAL = 0.7
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], logfile: Path, env: dict | None = None) -> str:
+    """Run a tool, its output to `logfile`; a failure ends the script with the log's last lines."""
+    log(" ".join(str(c) for c in cmd))
+    with open(logfile, "w") as f:
+        rc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    text = logfile.read_text(errors="replace")
+    if rc != 0:
+        sys.exit(f"gguf_vs_llamacpp_real: error: {cmd[0]} failed ({rc}), see {logfile}:\n" + "\n".join(text.splitlines()[-8:]))
+    return text
+
+
+def child_env(threads: int) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "TORCHDYNAMO_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
+
+
+def tensor_types(path: Path) -> dict[str, int]:
+    """{'ROLE:TYPE': how many tensors} of the weight matrices (norms left out), read back with gguf-py."""
+    import gguf
+
+    out: dict[str, int] = {}
+    n_params = n_bytes = 0
+    for t in gguf.GGUFReader(str(path)).tensors:
+        n_params += int(t.n_elements)
+        n_bytes += int(t.n_bytes)
+        if t.name.endswith("norm.weight"):
+            continue
+        role = t.name.split(".")[-2] if t.name.startswith("blk.") else t.name.split(".")[0]
+        key = f"{role}:{t.tensor_type.name}"
+        out[key] = out.get(key, 0) + 1
+    return {"types": out, "params": n_params, "tensor_bytes": n_bytes}
+
+
+def file_info(path: Path) -> dict:
+    info = tensor_types(path)
+    size = path.stat().st_size
+    return {"bytes": size, "bpw": info["tensor_bytes"] * 8 / info["params"], **info}
+
+
+def f32_gguf(model: Path, work: Path) -> Path:
+    """llama.cpp's converter on the HF model. SmolLM2's config.json (as `make real-model` writes it) has no
+    `architectures` entry, which the converter keys on: it reads a copy (symlinks + config with LlamaForCausalLM)."""
+    out = work / "f32.gguf"
+    if out.is_file():
+        return out
+    hf = work / "hf"
+    hf.mkdir(exist_ok=True)
+    for f in model.iterdir():
+        if f.name != "config.json" and not (hf / f.name).exists():
+            (hf / f.name).symlink_to(f.resolve())
+    cfg = json.loads((model / "config.json").read_text())
+    cfg.setdefault("architectures", ["LlamaForCausalLM"])
+    (hf / "config.json").write_text(json.dumps(cfg, indent=2))
+    conv = CONVERTER.parent
+    env = {**os.environ, "PYTHONPATH": f"{conv}:{conv / 'gguf-py'}"}
+    run([sys.executable, CONVERTER, hf, "--outtype", "f32", "--outfile", work / "f32.tmp.gguf"], work / "f32.log", env)
+    (work / "f32.tmp.gguf").replace(out)
+    return out
+
+
+def calib_text(model: Path, work: Path, a: argparse.Namespace) -> Path:
+    """The GPTQ calibration windows decoded to text, one after another (llama-imatrix re-tokenizes and chunks it)."""
+    out = work / "calib.txt"
+    if not out.is_file():
+        from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
+
+        tok = load_tokenizer(model)
+        ids = calibration_windows(tokenize(tok, read_text(WIKI, (0.5, 1.0))), a.nsamples, a.seqlen, a.seed)
+        out.write_text("".join(tok.decode(w, skip_special_tokens=False) for w in ids.tolist()), encoding="utf-8")
+    return out
+
+
+def eval_text(work: Path, ds: str) -> Path:
+    out = work / f"{ds}_eval.txt"
+    if not out.is_file():
+        if ds == "wiki":  # the first half: never calibrated on
+            t = WIKI.read_text(encoding="utf-8")
+            out.write_text(t[: len(t) // 2], encoding="utf-8")
+        else:
+            out.write_text(TINYSTORIES.read_text(encoding="utf-8"), encoding="utf-8")
+    return out
+
+
+_PPL = re.compile(r"Mean PPL\(Q\)\s*:\s*([0-9.]+)\s*±\s*([0-9.]+)")
+_KLD = re.compile(r"Mean\s+KLD:\s*([0-9.]+)\s*±\s*([0-9.]+)")
+_TOP = re.compile(r"Same top p:\s*([0-9.]+)\s*±\s*([0-9.]+)")
+_BASE_PPL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
+
+
+def score(gguf_file: Path, ds: str, work: Path, a: argparse.Namespace) -> dict:
+    """llama-perplexity's perplexity and KL(F32 ‖ file) on `chunks` × 512 tokens of one text."""
+    chunks = a.wiki_chunks if ds == "wiki" else a.ts_chunks
+    base = work / f"base-{ds}-{chunks}.kld"
+    common = ["-c", "512", "-b", "512", "--chunks", str(chunks), "-t", str(a.threads)]
+    if gguf_file.name == "f32.gguf":
+        text = run([TOOLS / "llama-perplexity", "-m", gguf_file, "-f", eval_text(work, ds), *common,
+                    "--kl-divergence-base", base], work / f"f32-{ds}.score.log")  # fmt: skip
+        m = _BASE_PPL.search(text)
+        return {"ppl": float(m[1]), "ppl_se": float(m[2]), "kl": 0.0, "kl_se": 0.0, "positions": chunks * 256}
+    text = run([TOOLS / "llama-perplexity", "-m", gguf_file, *common, "--kl-divergence-base", base, "--kl-divergence"],
+               work / f"{gguf_file.stem}-{ds}.score.log")  # fmt: skip
+    p, k, top = _PPL.search(text), _KLD.search(text), _TOP.search(text)
+    return {"ppl": float(p[1]), "ppl_se": float(p[2]), "kl": float(k[1]), "kl_se": float(k[2]),
+            "same_top": float(top[1]), "positions": chunks * 256}  # fmt: skip
+
+
+def settings(a: argparse.Namespace) -> dict:
+    return {"model": str(Path(a.model).resolve()), "nsamples": a.nsamples, "seqlen": a.seqlen, "seed": a.seed,
+            "wiki_chunks": a.wiki_chunks, "ts_chunks": a.ts_chunks, "ctx": 512, "gptq_flags": GPTQ_FLAGS}  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the fp32 HF model directory (make real-model)")
+    p.add_argument("--work", type=Path, default=Path.home() / ".cache" / "matgptq" / "gguf_vs_llamacpp_real",
+                   help="GGUF files, checkpoints, saved F32 logits and logs (~3 GB)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=1, help="threads for llama.cpp's tools and GPTQ")
+    p.add_argument("--wiki-chunks", type=int, default=24, help="512-token chunks of WikiText-2 scored")
+    p.add_argument("--ts-chunks", type=int, default=16, help="512-token chunks of TinyStories scored")
+    p.add_argument("--nsamples", type=int, default=64, help="calibration windows (GPTQ and imatrix)")
+    p.add_argument("--seqlen", type=int, default=512, help="tokens per calibration window")
+    p.add_argument("--seed", type=int, default=0, help="seed of the calibration draw")
+    p.add_argument("--only", default="", help="comma list of rows to compute (default all): f32, llama:PRESET[+im], gptq4…")
+    p.add_argument("--render-only", action="store_true", help="only re-render docs/ and README from the JSON")
+    a = p.parse_args()
+
+    state = json.loads(STATE.read_text()) if STATE.is_file() else {"settings": settings(a), "files": {}, "scores": {}}
+    if state["settings"] != settings(a):
+        sys.exit(f"gguf_vs_llamacpp_real: error: {STATE} holds a run with other settings; move it away or match them")
+
+    def save() -> None:
+        tmp = STATE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(STATE)
+        render(state, readme=False)
+
+    if a.render_only:
+        render(state, readme=True)
+        return 0
+    for tool in ("llama-quantize", "llama-imatrix", "llama-perplexity"):
+        if not (TOOLS / tool).is_file():
+            sys.exit(f"gguf_vs_llamacpp_real: error: no {TOOLS / tool}; run `make llama-cpp-tools` first")
+    if not (a.model / "config.json").is_file():
+        sys.exit(f"gguf_vs_llamacpp_real: error: no model at {a.model}; run `make real-model` first")
+    work = a.work
+    work.mkdir(parents=True, exist_ok=True)
+    only = set(filter(None, a.only.split(",")))
+    want = lambda name: not only or name in only  # noqa: E731
+
+    f32 = f32_gguf(a.model, work)
+    files: dict[str, Path] = {"f32": f32}
+    state["files"]["f32"] = file_info(f32)
+    imatrix = work / "imatrix.gguf"
+    if not imatrix.is_file():
+        run([TOOLS / "llama-imatrix", "-m", f32, "-f", calib_text(a.model, work, a), "-c", str(a.seqlen), "-b",
+             str(a.seqlen), "--chunks", str(a.nsamples), "-t", str(a.threads), "-o", imatrix], work / "imatrix.log")  # fmt: skip
+    for preset in PRESETS:
+        for im in (False, True):
+            name = f"llama:{preset}" + ("+im" if im else "")
+            out = work / f"llama-{preset}{'-im' if im else ''}.gguf"
+            if not out.is_file():
+                tmp = out.with_suffix(".tmp.gguf")
+                run([TOOLS / "llama-quantize", *(["--imatrix", imatrix] if im else []), f32, tmp, preset,
+                     str(a.threads)], out.with_suffix(".log"))  # fmt: skip
+                tmp.replace(out)
+            files[name] = out
+            state["files"][name] = file_info(out)
+    for name in OURS:  # files of an earlier run: read again (file_info may have grown fields)
+        if (work / f"{name}.gguf").is_file():
+            state["files"][name] = file_info(work / f"{name}.gguf")
+    save()
+
+    def score_all(name: str, path: Path) -> None:
+        for ds in DATASETS:
+            if ds not in state["scores"].get(name, {}):
+                state["scores"].setdefault(name, {})[ds] = score(path, ds, work, a)
+                save()
+
+    # in the order of the comparisons (F32 base, then each of ours followed by the presets it is matched with), so
+    # a run cut short still holds whole comparisons
+    score_all("f32", f32)
+    for name, (ck, width, vs) in OURS.items():
+        if want(name):
+            out = work / f"{name}.gguf"
+            if not out.is_file():
+                ckpt = work / f"{ck}-ckpt"
+                if not (ckpt / "config.json").is_file():
+                    method, bits = CKPTS[ck]
+                    t0 = time.time()
+                    run([sys.executable, "-m", "matgptq", "quantize", a.model, "--out", ckpt, "--method", method,
+                         "--bits", bits, *GPTQ_FLAGS, "--calib", WIKI, "--calib-range", "0.5:1", "--nsamples",
+                         str(a.nsamples), "--seqlen", str(a.seqlen), "--seed", str(a.seed), "--overwrite", "--quiet"],
+                        work / f"{ck}.quantize.log", child_env(a.threads))  # fmt: skip
+                    state.setdefault("quantize_seconds", {})[ck] = round(time.time() - t0, 1)
+                sel = []
+                if isinstance(width, dict):
+                    (work / f"{name}.mix.json").write_text(json.dumps({"bits": width}))
+                    sel = ["--bits-config", work / f"{name}.mix.json"]
+                elif width is not None:
+                    sel = ["--bits", str(width)]
+                run([sys.executable, "-m", "matgptq", "export", ckpt, *sel, "--format", "gguf", "--type", "auto",
+                     "--out", out, "--overwrite"], work / f"{name}.export.log", child_env(a.threads))  # fmt: skip
+            state["files"][name] = file_info(out)
+            save()
+            score_all(name, out)
+        for preset in vs:
+            for ref in (f"llama:{preset}", f"llama:{preset}+im"):
+                if want(ref):
+                    score_all(ref, files[ref])
+    render(state, readme=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------- render
+LABEL = {"f32": "F32 (convert_hf_to_gguf)", "gptq4": "**ours: GPTQ-4 → Q4_0**", "gptq5": "**ours: GPTQ-5 → Q5_0**",
+         "matgptq45-mix": "**ours: MatGPTQ[4,5] mix, attn_v/o 5-bit → Q4_0+Q5_0**",
+         "matgptq45-5": "**ours: MatGPTQ[4,5] 5-bit slice → Q5_0**"}
+
+
+def label(name: str) -> str:
+    if name.startswith("llama:"):
+        preset, im = name[6:].split("+")[0], name.endswith("+im")
+        return f"llama.cpp {preset}" + (" + imatrix" if im else "")
+    return LABEL.get(name, name)
+
+
+def types_text(info: dict) -> str:
+    by_type: dict[str, list[str]] = {}
+    for key, n in sorted(info["types"].items()):
+        role, typ = key.split(":")
+        by_type.setdefault(typ, []).append(f"{role}×{n}" if n > 1 else role)
+    return "; ".join(f"{t}: {', '.join(v)}" for t, v in sorted(by_type.items()))
+
+
+def fmt(s: dict | None, key: str, digits: int) -> str:
+    if s is None:
+        return "–"
+    return f"{s[key]:.{digits}f} ± {s[key + '_se']:.{digits}f}" if s.get(key + "_se") else f"{s[key]:.{digits}f}"
+
+
+def render(state: dict, readme: bool) -> None:
+    files, scores, st = state["files"], state["scores"], state["settings"]
+    head = (f"SmolLM2-135M-Instruct; KL(F32 ‖ file) and perplexity by `llama-perplexity -c 512` over "
+            f"{st['wiki_chunks'] * 256} WikiText-2 positions ({st['wiki_chunks']} chunks) and {st['ts_chunks'] * 256} "
+            f"TinyStories positions ({st['ts_chunks']} chunks); calibration (GPTQ and imatrix) {st['nsamples']} × "
+            f"{st['seqlen']} tokens of WikiText-2's second half, seed {st['seed']}. BPW = tensor bytes · 8 / parameters.")  # fmt: skip
+    lines = [head, "", "| GGUF | tensor bytes | file bytes | BPW | wiki ppl | wiki KL | TinyStories ppl | TinyStories KL |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    order = ["f32"] + [f"llama:{p}{s}" for p in PRESETS for s in ("", "+im")] + list(OURS)
+    for n in order:
+        if n not in files:
+            continue
+        sc = scores.get(n, {})
+        lines.append(f"| {label(n)} | {files[n]['tensor_bytes']} | {files[n]['bytes']} | {files[n]['bpw']:.3f} | {fmt(sc.get('wiki'), 'ppl', 3)} | "
+                     f"{fmt(sc.get('wiki'), 'kl', 4)} | {fmt(sc.get('ts'), 'ppl', 3)} | {fmt(sc.get('ts'), 'kl', 4)} |")  # fmt: skip
+    lines += ["", "Goal (issue 12): our KL ≤ 0.7 × the preset's best (without or with imatrix) at ≤ its tensor bytes.", "",
+              "| preset | ours | tensor bytes ours / preset | KL ours ÷ preset, wiki | KL ours ÷ preset, TinyStories | goal 0.7× |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for ours, (_, _, vs) in OURS.items():
+        for preset in vs:
+            ref = [f"llama:{preset}", f"llama:{preset}+im"]
+            if ours not in files or any(r not in files for r in ref):
+                continue
+            ratios, ok = [], True
+            for ds in DATASETS:
+                ks = [scores.get(r, {}).get(ds, {}).get("kl") for r in ref]
+                mine = scores.get(ours, {}).get(ds, {}).get("kl")
+                if mine is None or None in ks:
+                    ratios.append("–")
+                    ok = False
+                    continue
+                r = mine / min(ks)
+                ratios.append(f"{r:.3f} (vs {mine / ks[0]:.3f} without imatrix)")
+                ok &= r <= GOAL
+            size_ok = files[ours]["tensor_bytes"] <= min(files[r]["tensor_bytes"] for r in ref)
+            verdict = "met" if ok and size_ok and "–" not in ratios else ("–" if "–" in ratios else "**missed**")
+            lines.append(f"| {preset} | {label(ours)} | {files[ours]['tensor_bytes'] / files[ref[0]]['tensor_bytes']:.4f} | "
+                         f"{ratios[0]} | {ratios[1]} | {verdict} |")  # fmt: skip
+    lines += ["", "Tensor types as written (gguf-py):", ""]
+    for n in order:
+        if n in files and n != "f32":
+            lines.append(f"- {label(n)}: {types_text(files[n])}")
+    text = "\n".join(lines)
+    (ROOT / "docs" / "gguf_vs_llamacpp_real.md").write_text(text + "\n")
+    if readme:
+        start, end = "<!-- gguf-vs-llamacpp-real:start -->", "<!-- gguf-vs-llamacpp-real:end -->"
+        body = (ROOT / "README.md").read_text()
+        if start in body and end in body:
+            body = body[: body.index(start)] + f"{start}\n{text}\n{end}" + body[body.index(end) + len(end) :]
+            (ROOT / "README.md").write_text(body)
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
