@@ -9,6 +9,11 @@ and CPU time (children's user+sys, os.wait4 — for torchrun the launcher's wait
 (they may differ by float summation order: quantization/distributed.py).
 
     python scripts/bench_distributed.py [MODEL_DIR] [--method gptq] [--bits 4] [--nsamples 32] [--seqlen 256]
+
+--search PARENT times `matgptq search PARENT` instead (1 process x 1 thread vs torchrun x 2: the sensitivity table's
+and every stage's scorings dealt across the ranks, search/spread.py) and checks that both runs chose the same mix.
+
+    python scripts/bench_distributed.py --search PARENT [--search-args "--budget 3.0 --generations 4"]
 """
 
 from __future__ import annotations
@@ -47,7 +52,12 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, default=256, help="tokens per window")
     ap.add_argument("--threads", type=int, default=2, help="threads of the one-process comparison run")
     ap.add_argument("--skip-threads", action="store_true", help="leave out the 1 process x --threads run")
+    ap.add_argument("--search", type=Path, help="time `matgptq search` on this parent instead of quantization")
+    ap.add_argument("--search-args", default="--budget 3.0 --generations 4 --sensitivity-tokens 2048",
+                    help="search options besides parent, --calib and --out")  # fmt: skip
     a = ap.parse_args()
+    if a.search:
+        return bench_search(a)
     if not a.model.is_dir():
         raise SystemExit(f"{a.model} is missing: run `make real-model` first")
     import torch
@@ -71,12 +81,36 @@ def main() -> None:
         codes = [k for k in x if k.endswith(".codes")]
         same = sum(int((x[k] == y[k]).sum()) for k in codes) / sum(x[k].numel() for k in codes)
         equal = sum(torch.equal(x[k], y[k]) for k in codes)
+    table(rows)
+    print(f"\n2 processes vs 1: {equal} of {len(codes)} code tensors bit-identical, {same:.4%} of packed code bytes equal")
+
+
+def table(rows: dict) -> None:
     base = rows["1 process x 1 thread"]["wall"]
     print("\n| run | wall s | CPU s | speed-up (wall) |")
     print("|-----|--------|-------|-----------------|")
     for name, r in rows.items():
         print(f"| {name} | {r['wall']:.1f} | {r['cpu']:.1f} | {base / r['wall']:.2f}x |")
-    print(f"\n2 processes vs 1: {equal} of {len(codes)} code tensors bit-identical, {same:.4%} of packed code bytes equal")
+
+
+def bench_search(a) -> None:
+    import json
+
+    args = ["--calib", str(a.calib), "--calib-range", "0.5:1", *a.search_args.split(), "--quiet"]
+    print(f"search {a.search} {a.search_args}; cores {os.cpu_count()}, load {os.getloadavg()[0]:.2f} (shared "
+          "machine: compare within this run only)")  # fmt: skip
+    rows = {}
+    with tempfile.TemporaryDirectory() as work:
+        one, two = Path(work) / "one", Path(work) / "two"
+        rows["1 process x 1 thread"] = run([sys.executable, "-m", "matgptq", "search", str(a.search), "--out", str(one),
+                                            *args], 1)  # fmt: skip
+        rows["2 processes x 1 thread (gloo)"] = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                     "--nproc-per-node", "2", "-m", "matgptq", "search", str(a.search),
+                                                     "--out", str(two), *args], 1)  # fmt: skip
+        mixes = sorted(p.name for p in one.glob("mix-*.json"))
+        same = [json.loads((one / m).read_text())["bits"] == json.loads((two / m).read_text())["bits"] for m in mixes]
+    table(rows)
+    print(f"\n2 processes vs 1: {sum(same)} of {len(mixes)} mixes identical")
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ def curve(a, mix_file: Path, tokenizer, every: int = 5) -> list[dict]:
     points += [(h["generation"], h["evaluations"], tuple(h["parent"])) for h in mix["history"]
                if h["generation"] % every == 0 or h is mix["history"][-1]]  # fmt: skip
     with Teacher(load(a.model), windows) as teacher:
-        fitness = Fitness(load(PARENT, bits=8), teacher, windows, names)
+        fitness = Fitness(load(PARENT, bits=8, packed=False), teacher, windows, names)
         all_w = tuple(range(windows.shape[0]))
         return [{"generation": g, "evaluations": e, "kl": fitness.kl(m, all_w)} for g, e, m in points]
 

@@ -32,6 +32,7 @@ from ..fsutil import atomic_output
 from ..untrusted import read_json
 from .fitness import Fitness, Mix
 from .mutation import Levels, mutate
+from .spread import from_rank0, is_writer, score_all
 
 STATE_FORMAT = "matgptq-search-state"
 STATE_VERSION = 1
@@ -145,11 +146,14 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
     index = {r: i for i, r in enumerate(levels)}
     to_levels = lambda mix: tuple(index[r] for r in mix)  # noqa: E731
     to_mix = lambda lv: tuple(levels[i] for i in lv)  # noqa: E731
-    if resume and state_path.exists():
-        state = read_state(state_path, settings, len(start))
-    else:
-        rng0 = np.random.Generator(np.random.PCG64(config.seed))
-        state = EvoState(0, tuple(start), rng0.bit_generator.state, tuple(start))
+    state = None
+    if is_writer():
+        if resume and state_path.exists():
+            state = read_state(state_path, settings, len(start))
+        else:
+            rng0 = np.random.Generator(np.random.PCG64(config.seed))
+            state = EvoState(0, tuple(start), rng0.bit_generator.state, tuple(start))
+    state = from_rank0(state)  # under torchrun every rank continues from rank 0's state (search/spread.py)
     rng = np.random.Generator(np.random.PCG64())
     rng.bit_generator.state = state.rng
     n_windows, seqlen = fitness.windows.shape
@@ -176,7 +180,7 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
             if not pool:
                 break
             cache = fitness.prefix_cache(state.parent, windows) if config.prefix_cache else None
-            scores = [fitness.kl(m, windows, cache) for m in pool]
+            scores = score_all(fitness, pool, windows, cache)
             order = sorted(range(len(pool)), key=lambda i: (scores[i], i))[: stage.survivors]
             survivors, best_kl = [pool[i] for i in order], scores[order[0]]
             shown = {"stage": f"{s + 1}/{len(config.stages)}", "kl": f"{best_kl:.4g}"}
@@ -192,7 +196,8 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
         state.history.append({"generation": state.generation, "kl": best_kl, "evaluations": state.evaluations,
                               "tokens": state.tokens, "seconds": round(state.seconds, 3),
                               "parent": list(state.parent)})  # fmt: skip
-        write_state(state_path, settings, state)
+        if is_writer():
+            write_state(state_path, settings, state)
         bar.update(1)
         if stop_after is not None and state.generation >= stop_after:
             break

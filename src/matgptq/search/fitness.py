@@ -140,6 +140,11 @@ class Fitness:
         self.tokens += count
         return total / count
 
+    def count_elsewhere(self, evaluations: int, windows: tuple[int, ...]) -> None:
+        """Count scorings of `windows` made by other processes (search/spread.py), so every rank reports the total."""
+        self.evaluations += evaluations
+        self.tokens += evaluations * len(windows) * (self.windows.shape[1] - 1)
+
     def _hidden(self, batch: list[int], replay, skip: int) -> torch.Tensor:
         saved = [self.blocks[i] for i in range(skip)]
         for i in range(skip):

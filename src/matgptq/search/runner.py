@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -30,11 +30,13 @@ from ..evaluation.teacher import Teacher
 from ..formats import is_checkpoint, read_checkpoint
 from ..fsutil import atomic_output, check_output
 from ..models import eval_windows, file_sha256, load_tokenizer, read_text, require_model_dir, tokenize
+from ..quantization.distributed import init_from_env
 from ..runtime import load
 from .budget import BudgetKind, CostModel, parse_budget
 from .evopress import EvoConfig, evolve
 from .fitness import Fitness, Mix
 from .sensitivity import Sensitivity, knapsack_mix, measure
+from .spread import is_writer, score_all
 
 MIX_FORMAT = "matgptq-mix"
 
@@ -123,6 +125,9 @@ def run_search(req: SearchRequest) -> list[dict]:
     if req.seqlen < 2 or req.sensitivity_tokens < 1 or req.batch_size < 1 or req.calib_tokens < 1:
         raise UserError("--seqlen must be ≥ 2, --calib-tokens, --sensitivity-tokens and --batch-size ≥ 1")
     device = resolve_device(req.device)
+    init_from_env(device)  # under torchrun: the scorings are dealt across the processes (spread.py)
+    if not is_writer():
+        req = replace(req, progress=False)
     if not is_checkpoint(req.parent):
         raise UserError(f"{req.parent} is not a matgptq parent (no matgptq.json); give the output of "
                         "`matgptq quantize --method matgptq`")  # fmt: skip
@@ -153,11 +158,11 @@ def run_search(req: SearchRequest) -> list[dict]:
             if state_path(req.out, label).exists():
                 read_state(state_path(req.out, label), settings[label], len(cost_model.layers))
 
-    ref_model = load(reference).to(device)
+    ref_model = load(reference, packed=False).to(device)
     teacher = Teacher(ref_model, calib, req.batch_size, progress=req.progress)
     text_teacher = Teacher(ref_model, text, req.batch_size, progress=req.progress) if text is not None else None
     del ref_model
-    model = load(req.parent, bits=levels[-1]).to(device)
+    model = load(req.parent, bits=levels[-1], packed=False).to(device)
     fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size)
     sens_windows = tuple(range(min(calib.shape[0], math.ceil(req.sensitivity_tokens / (req.seqlen - 1)))))
     all_windows = tuple(range(calib.shape[0]))
@@ -190,7 +195,7 @@ def _report(req, label, budget, cost_model, fitness, dp_mix: Mix, mix: Mix, all_
     row = {"budget": label, "kind": req.kind.value,
            "code_bits": cost_model.average(mix, BudgetKind.CODE),
            "storage_bits": cost_model.average(mix, BudgetKind.STORAGE),
-           "dp_kl": fitness.kl(dp_mix, all_windows), "kl": fitness.kl(mix, all_windows)}  # fmt: skip
+           **dict(zip(("dp_kl", "kl"), score_all(fitness, (dp_mix, mix), all_windows)))}  # fmt: skip
     if text is not None:
         for key, m in (("dp_text", dp_mix), ("text", mix)):
             fitness.apply(m)
@@ -206,12 +211,16 @@ def _start(fitness: Fitness, cost_model: CostModel, dp: Mix, budget: Fraction, k
     never starts behind a plain slice)."""
     fitting = [r for r in cost_model.levels if cost_model.fits(tuple(r for _ in dp), budget, kind)]
     uniform = tuple(fitting[-1] for _ in dp)
-    if uniform != dp and fitness.kl(uniform, windows) < fitness.kl(dp, windows):
-        return uniform, f"uniform {fitting[-1]}"
+    if uniform != dp:
+        kl_uniform, kl_dp = score_all(fitness, (uniform, dp), windows)
+        if kl_uniform < kl_dp:
+            return uniform, f"uniform {fitting[-1]}"
     return dp, "knapsack"
 
 
 def _write_mix(req, label, row, cost_model, state, dp: Mix, settings) -> None:
+    if not is_writer():  # under torchrun every rank holds the result; rank 0 writes it
+        return
     body = {"format": MIX_FORMAT, "bits": dict(zip(cost_model.names, state.parent)),
             "summary": row, "dp_bits": dict(zip(cost_model.names, dp)),
             "start_bits": dict(zip(cost_model.names, state.start)),

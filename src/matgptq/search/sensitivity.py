@@ -29,9 +29,11 @@ from fractions import Fraction
 import torch
 from tqdm.auto import tqdm
 
+from ..quantization.distributed import world
 from .budget import BudgetKind, CostModel
 from .fitness import Fitness, Mix
 from .knapsack import solve
+from .spread import score_all
 
 
 class Sensitivity(str, Enum):
@@ -62,15 +64,13 @@ def measure(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
     scored = levels[:-1] if kind is Sensitivity.FULL else (probe_level(levels),)
     cache = fitness.prefix_cache(top, windows)
     base = fitness.kl(top, windows, cache)
-    bar = tqdm(total=len(top) * len(scored), desc="sensitivity", unit="eval", disable=not progress, leave=False)
-    measured = []
-    for layer in range(len(top)):
-        row = {}
-        for r in scored:
-            row[r] = fitness.kl(top[:layer] + (r,) + top[layer + 1 :], windows, cache)
-            bar.update(1)
-        measured.append(row)
+    mixes = [top[:layer] + (r,) + top[layer + 1 :] for layer in range(len(top)) for r in scored]
+    rank, size = world()
+    bar = tqdm(total=len(range(rank, len(mixes), size)), desc="sensitivity", unit="eval", disable=not progress,
+               leave=False)  # fmt: skip
+    flat = iter(score_all(fitness, mixes, windows, cache, lambda: bar.update(1)))  # dealt across ranks (spread.py)
     bar.close()
+    measured = [{r: next(flat) for r in scored} for _ in range(len(top))]
     if kind is Sensitivity.FULL:
         return [[row.get(r, base) for r in levels] for row in measured]
     p = probe_level(levels)

@@ -1,0 +1,58 @@
+"""Fitness evaluations dealt across torch.distributed ranks: `torchrun --nproc-per-node N -m matgptq search ...`
+(issue #13 item 4, over one node or several; NCCL with CUDA, gloo without).
+
+Every rank runs the same search: the same seed gives every rank the same random draws, so the same children and
+windows. Only the scorings are split: candidate i of a batch (a stage's pool, the sensitivity table's layers) is
+scored on rank i mod N, and one all-reduce of a float64 vector — zero except at a rank's own entries — gives every
+rank every score. Adding exact zeros changes no value, and each candidate is scored by the same arithmetic as in a
+single process, so with the same threads per process the search takes the same path and ends with the same mix
+(tests/search/test_spread.py). What every rank still does in full: the teacher pass, each stage's prefix cache (one
+forward of the parent) and the held-out report, so the speed-up is below N where those dominate. Rank 0 alone writes
+the search state and the mix files; a resumed run reads the state on rank 0 and hands it to the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..quantization.distributed import world
+from .fitness import Fitness, Mix, PrefixCache
+
+
+def score_all(fitness: Fitness, mixes: Sequence[Mix], windows: tuple[int, ...], cache: PrefixCache | None = None,
+              on_scored: Callable[[], None] | None = None) -> list[float]:  # fmt: skip
+    """F(mix; windows) for every mix, each computed on one rank and known to all; `on_scored` after each local one."""
+    rank, size = world()
+    if size == 1:
+        scores = []
+        for m in mixes:
+            scores.append(fitness.kl(m, windows, cache))
+            if on_scored:
+                on_scored()
+        return scores
+    box = torch.zeros(len(mixes), dtype=torch.float64, device=fitness.device)
+    mine = range(rank, len(mixes), size)
+    for i in mine:
+        box[i] = fitness.kl(mixes[i], windows, cache)
+        if on_scored:
+            on_scored()
+    dist.all_reduce(box)
+    fitness.count_elsewhere(len(mixes) - len(mine), windows)
+    return box.tolist()
+
+
+def from_rank0(value):
+    """`value` as rank 0 has it (a no-op in a single process)."""
+    if world()[1] == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def is_writer() -> bool:
+    """Whether this process writes the search's files (rank 0)."""
+    return world()[0] == 0
