@@ -223,12 +223,14 @@ def cmd_eval(a: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(a.model)
     windows = eval_windows(tokenize(tokenizer, read_text(a.text, a.text_range)), a.seqlen, a.max_tokens) if a.text else None
     batch = a.batch_size or max(1, EVAL_TOKENS_PER_PASS // a.seqlen)
-    teacher = Teacher(load(a.kl_to).to(device), windows, batch, progress=True) if a.kl_to else None  # model freed
+    reference = load(a.kl_to, packed=False).to(device) if a.kl_to else None
+    teacher = Teacher(reference, windows, batch, progress=True) if reference is not None else None
+    del reference  # the teacher keeps what it needs
     bits_list: list = [None]
     if a.bits:  # "3,4,6,8" → several uniform widths; anything else is a mix JSON file
         widths = a.bits.split(",")
         bits_list = [int(b) for b in widths] if all(b.strip().isdigit() for b in widths) else [a.bits]
-    model = load(a.model, bits=bits_list[0]).to(device)
+    model = load(a.model, bits=bits_list[0], packed=False).to(device)
     lm = wrap_model(model, tokenizer, a.task_batch_size) if specs else None
     results, task_results = [], []
     for bits in bits_list:
@@ -287,6 +289,10 @@ def cmd_search(a: argparse.Namespace) -> None:
         resume=a.resume, overwrite=a.overwrite, progress=not a.quiet, device=a.device,
     )  # fmt: skip
     rows = run_search(req)
+    from .search.spread import is_writer
+
+    if not is_writer():  # torchrun: every rank holds the same mixes; rank 0 reports them
+        return
     headers = ["budget", "kind", "code_bits", "storage_bits", "dp_kl", "start", "kl"]
     if a.text:
         headers += ["dp_text_ppl", "text_ppl", "text_kl"]

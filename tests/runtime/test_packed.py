@@ -32,7 +32,7 @@ def test_unpack_inverts_pack(bits):
 
 @pytest.mark.parametrize("bits", [3, 4, 8, {"*": 4, "model.layers.0.mlp.down_proj": 2}])
 def test_same_logits_as_the_float_model(parent, bits):
-    dense = matgptq.load(parent, bits=bits)
+    dense = matgptq.load(parent, bits=bits, packed=False)
     packed = matgptq.load(parent, bits=bits, packed=True)
     with torch.no_grad():
         assert torch.equal(packed(IDS).logits, dense(IDS).logits)
@@ -66,7 +66,7 @@ def test_bfloat16_models_use_the_int4_kernel(parent):
     packed = matgptq.load(parent, bits=3, dtype=torch.bfloat16, packed=True)
     layers = [m for m in packed.modules() if isinstance(m, PackedLinear)]
     assert {m.kernel for m in layers} == {Kernel.INT4}
-    dense = matgptq.load(parent, bits=3, dtype=torch.bfloat16)
+    dense = matgptq.load(parent, bits=3, dtype=torch.bfloat16, packed=False)
     with torch.no_grad():
         assert torch.equal(packed(ids).logits, dense(ids).logits)
     matgptq.set_bits(packed, 8)  # two planes
@@ -75,3 +75,13 @@ def test_bfloat16_models_use_the_int4_kernel(parent):
         assert torch.equal(packed(ids).logits, dense(ids).logits)
     out = packed.generate(ids, max_new_tokens=4, do_sample=False)
     assert out.shape == (1, ids.shape[1] + 4) and torch.equal(out[:, : ids.shape[1]], ids)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine the default stays dense (packed_wins)")
+def test_packed_is_the_default_for_bfloat16_only(parent):
+    """load() without `packed`: bfloat16 → PackedLinear on the int4 kernel; float32 → dense nn.Linear (the bit-stream
+    path would be exact but slow); packed=False forces dense."""
+    kinds = lambda model: {type(model.get_submodule(n)).__name__ for n in model.matgptq.layers}  # noqa: E731
+    assert kinds(matgptq.load(parent, bits=3, dtype=torch.bfloat16)) == {"PackedLinear"}
+    assert kinds(matgptq.load(parent, bits=3)) == {"Linear"}  # the tiny model is float32
+    assert kinds(matgptq.load(parent, bits=3, dtype=torch.bfloat16, packed=False)) == {"Linear"}

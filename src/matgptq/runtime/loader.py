@@ -1,8 +1,8 @@
 """`load()`: a transformers model computing with the (sliced) quantized weights, and width switching in memory.
 
 The model is an ordinary transformers model whose quantized Linear weights are replaced by the exact dequantized
-values (float32 arithmetic, cast to the model dtype), or, with `packed=True`, by PackedLinear modules that keep the
-r-bit codes packed and dequantize on the fly to the same values. The parent's integer data stays attached as `model.matgptq`, so
+values (float32 arithmetic, cast to the model dtype), or, packed (the default for bfloat16 models on CPU-only
+machines, `packed_wins`), by PackedLinear modules that keep the codes packed and compute from them. The parent's integer data stays attached as `model.matgptq`, so
 `set_bits(model, 3)` re-slices without touching the file.
 """
 
@@ -99,11 +99,24 @@ def _config(ckpt: Checkpoint):
     return config
 
 
-def build_model(ckpt: Checkpoint, bits: BitsSpec = None, dtype: torch.dtype | None = None, packed: bool = False):
+def packed_wins(dtype: torch.dtype) -> bool:
+    """Whether PackedLinear beats dense weights for a model of `dtype` here: bfloat16 on a machine without CUDA, where
+    it runs torch's int4 CPU kernel (runtime/int4_cpu.py). Measured on SmolLM2-135M, 2 cores, decode: 1.7-2.4x the
+    dense bf16 model's tokens/s at 2-8 bits with 0.46-0.68x its weight bytes (scripts/bench_packed_cpu.py, README).
+    float32/float16 layers would take the exact bit-stream path, 20x+ slower than dense; on a CUDA machine a model
+    usually moves to the GPU, where the CPU kernel does not run."""
+    return dtype == torch.bfloat16 and not torch.cuda.is_available()
+
+
+def build_model(ckpt: Checkpoint, bits: BitsSpec = None, dtype: torch.dtype | None = None,
+                packed: bool | None = False):  # fmt: skip
     config = _config(ckpt)
     dtype = dtype or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
+    spec = arch_spec(config.model_type)
+    if packed is None:
+        packed = packed_wins(dtype) and not spec.conv1d
     logging.getLogger("transformers.modeling_utils").setLevel(logging.ERROR)
     try:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -122,7 +135,6 @@ def build_model(ckpt: Checkpoint, bits: BitsSpec = None, dtype: torch.dtype | No
         if t.shape != expected[name].shape or not t.is_floating_point():
             raise UserError(f"{ckpt.path}: tensor {name} is {t.dtype} {list(t.shape)}, the config implies "
                             f"{list(expected[name].shape)}; re-create the checkpoint")  # fmt: skip
-    spec = arch_spec(config.model_type)
     for name, q in ckpt.layers.items():
         shape = tuple(weight_matrix(model.get_submodule(name), spec).shape) if f"{name}.weight" in expected else None
         if shape != q.shape:
@@ -153,12 +165,14 @@ def open_checkpoint(path: str | Path) -> Checkpoint | None:
     return None
 
 
-def load(path: str | Path, bits: BitsSpec = None, dtype: torch.dtype | None = None, packed: bool = False):
+def load(path: str | Path, bits: BitsSpec = None, dtype: torch.dtype | None = None, packed: bool | None = None):
     """A transformers causal LM (eval mode) from a matgptq parent/slice, a GPTQ checkpoint or an unquantized model.
 
     `bits`: for a parent, one width for all layers (any 2..c), a {layer: bits} mapping, or a JSON file of one.
-    `packed`: quantized layers keep their r-bit codes packed (runtime/packed.py: r bits per weight instead of a float
-    matrix, the same outputs); `set_bits` re-packs from the parent held in memory.
+    `packed`: quantized layers keep their r-bit codes packed (runtime/packed.py: ≤ 8 bits per weight instead of a
+    float matrix, outputs equal to the dense ones or within the int4 kernel's derived tolerance); `set_bits` re-packs
+    from the parent held in memory. None (default): packed where that wins (`packed_wins`: bfloat16 without CUDA),
+    dense float weights otherwise; True/False force it.
     """
     if not Path(path).exists():
         raise UserError(f"{path} does not exist; give a model or checkpoint directory")

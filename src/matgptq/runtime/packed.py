@@ -96,7 +96,8 @@ class PackedLinear(nn.Module):
         return q.dequantize(self.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == Kernel.INT4 and x.dtype == torch.bfloat16 and x.numel() < PREFILL_ROWS * self.in_features:
+        if (self.kernel == Kernel.INT4 and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+                and x.numel() < PREFILL_ROWS * self.in_features):  # fmt: skip
             planes, sz = self._int4()
             y = int4_matmul(x, planes, sz, self.group, self.perm)
             return y if self.bias is None else y + self.bias
