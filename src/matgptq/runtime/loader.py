@@ -2,8 +2,8 @@
 
 The model is an ordinary transformers model whose quantized Linear weights are replaced by the exact dequantized
 values (float32 arithmetic, cast to the model dtype), or, packed (the default for bfloat16 models on CPU-only
-machines, `packed_wins`), by PackedLinear modules that keep the codes packed and compute from them. The parent's integer data stays attached as `model.matgptq`, so
-`set_bits(model, 3)` re-slices without touching the file.
+machines, `packed_wins`), by PackedLinear modules that keep the codes packed and compute from them. The parent's
+integer data stays attached as `model.matgptq`, so `set_bits(model, 3)` re-slices without touching the file.
 """
 
 from __future__ import annotations
@@ -101,9 +101,10 @@ def _config(ckpt: Checkpoint):
 
 def packed_wins(dtype: torch.dtype) -> bool:
     """Whether PackedLinear beats dense weights for a model of `dtype` here: bfloat16 on a machine without CUDA, where
-    it runs torch's int4 CPU kernel (runtime/int4_cpu.py). Measured on SmolLM2-135M, 2 cores, decode: 1.7-2.4x the
-    dense bf16 model's tokens/s at 2-8 bits with 0.46-0.68x its weight bytes (scripts/bench_packed_cpu.py, README).
-    float32/float16 layers would take the exact bit-stream path, 20x+ slower than dense; on a CUDA machine a model
+    it runs torch's int4 CPU kernel (runtime/int4_cpu.py). Measured on SmolLM2-135M, 1 thread, idle machine: decode
+    at 1.5-1.9x the dense bf16 model's tokens/s at 2-8 bits, with 0.46-0.68x its weight bytes (scripts/
+    bench_packed_cpu.py, README). float32/float16 layers would take the exact bit-stream path, ~30x slower than
+    dense; on a CUDA machine a model
     usually moves to the GPU, where the CPU kernel does not run."""
     return dtype == torch.bfloat16 and not torch.cuda.is_available()
 
