@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from matgptq.formats import QuantizedWeight
+
 # GPTQModel: two CPU workers on this machine; its torch kernel otherwise torch.compile()s on every load (seconds).
 os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
@@ -115,3 +117,19 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_bpe_llama_dir(tmp_path_factory) -> Path:
     return make_tiny_bpe_llama(tmp_path_factory.mktemp("tiny") / "bpe-llama")
+
+
+def random_parent(n, k, group, act_order, bits=8, width_scales=False, seed=0) -> QuantizedWeight:
+    """A random c-bit parent; every code 0..2^c−1 occurs (the saturating top codes included)."""
+    gen = torch.Generator().manual_seed(seed)
+    gs = k if group == -1 else group
+    g_idx = torch.arange(k, dtype=torch.int32) // gs
+    if act_order:
+        g_idx = g_idx[torch.randperm(k, generator=gen)]
+    g = int(g_idx.max()) + 1
+    codes = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
+    codes.view(-1)[: 1 << bits] = torch.arange(1 << bits, dtype=torch.uint8)
+    scales = (torch.rand(n, g, generator=gen) * 0.02 + 1e-3).to(torch.float16)
+    zeros = torch.randint(0, 1 << bits, (n, g), generator=gen, dtype=torch.uint8)
+    ws = {r: (scales.float() * (1 << (bits - r)) * 0.9).to(torch.float16) for r in (3, 4)} if width_scales else None
+    return QuantizedWeight(codes, scales, zeros, g_idx, bits, width_scales=ws)

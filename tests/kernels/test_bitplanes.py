@@ -8,25 +8,9 @@ import pytest
 import torch
 
 from matgptq.errors import UserError
-from matgptq.formats import QuantizedWeight
 from matgptq.formats.slicing import slice_codes
 from matgptq.kernels import NestedLayout
-
-
-def parent(n, k, group, act_order, bits=8, width_scales=False, seed=0) -> QuantizedWeight:
-    """A random c-bit parent; every code 0..2^c−1 occurs (the saturating top codes included)."""
-    gen = torch.Generator().manual_seed(seed)
-    gs = k if group == -1 else group
-    g_idx = torch.arange(k, dtype=torch.int32) // gs
-    if act_order:
-        g_idx = g_idx[torch.randperm(k, generator=gen)]
-    g = int(g_idx.max()) + 1
-    codes = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
-    codes.view(-1)[: 1 << bits] = torch.arange(1 << bits, dtype=torch.uint8)
-    scales = (torch.rand(n, g, generator=gen) * 0.02 + 1e-3).to(torch.float16)
-    zeros = torch.randint(0, 1 << bits, (n, g), generator=gen, dtype=torch.uint8)
-    ws = {r: (scales.float() * (1 << (bits - r)) * 0.9).to(torch.float16) for r in (3, 4)} if width_scales else None
-    return QuantizedWeight(codes, scales, zeros, g_idx, bits, width_scales=ws)
+from tests.conftest import random_parent as parent
 
 
 @pytest.mark.parametrize("group,act_order", [(-1, False), (32, False), (64, True), (128, False)])

@@ -24,7 +24,7 @@ from matgptq.errors import UserError  # noqa: E402
 from matgptq.kernels import NestedLayout  # noqa: E402
 from matgptq.kernels.triton_nested import NestedKernel, nested_matmul  # noqa: E402
 from tests.conftest import require_peer  # noqa: E402
-from tests.kernels.test_bitplanes import parent  # noqa: E402
+from tests.conftest import random_parent as parent  # noqa: E402
 
 require_peer("triton")  # the kernels extra; CI installs it (MATGPTQ_REQUIRE_PEERS=1 fails instead of skipping)
 

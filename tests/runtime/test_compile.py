@@ -16,7 +16,7 @@ import torch
 import matgptq
 from matgptq.runtime.packed import Kernel, PackedLinear
 from tests.conftest import make_tiny_llama, quick_quantize
-from tests.runtime.test_int4_cpu import parent as random_parent
+from tests.conftest import random_parent
 
 IDS = torch.tensor([[1, 5, 9, 200, 17, 300, 42, 7]])
 

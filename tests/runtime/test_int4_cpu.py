@@ -22,23 +22,10 @@ import torch.nn.functional as F
 from matgptq.formats import QuantizedWeight
 from matgptq.runtime.int4_cpu import build, int4_codes, unpack_int4pack
 from matgptq.runtime.packed import PREFILL_ROWS, Kernel, PackedLinear
+from tests.conftest import random_parent as parent
 
 ops = torch.ops.aten
 U = 2.0**-8
-
-
-def parent(n, k, group, act_order, seed=0):
-    """A random 8-bit parent (codes, fp16 scales, master zeros; act-order g_idx = a permutation of the groups)."""
-    gen = torch.Generator().manual_seed(seed)
-    gs = k if group == -1 else group
-    g_idx = torch.arange(k, dtype=torch.int32) // gs
-    if act_order:
-        g_idx = g_idx[torch.randperm(k, generator=gen)]
-    g = int(g_idx.max()) + 1
-    codes = torch.randint(0, 256, (n, k), generator=gen, dtype=torch.uint8)
-    scales = (torch.rand(n, g, generator=gen) * 0.02 + 1e-3).to(torch.float16)
-    zeros = torch.randint(0, 256, (n, g), generator=gen, dtype=torch.uint8)
-    return QuantizedWeight(codes, scales, zeros, g_idx, 8)
 
 
 @pytest.mark.parametrize("n,k", [(16, 64), (48, 64), (64, 576), (96, 160), (208, 32)])
