@@ -189,7 +189,9 @@ class PerWidthRounding(MatryoshkaRounding):
         lam_lower = np.asarray(self.lambdas[:-1], dtype=np.float64)
         table = np.column_stack([self.cell_lo, self.cell_hi, (self.cell_pos**2 * lam_lower).sum(1),
                                  self.cell_pos * lam_lower]).astype(np.float64)  # fmt: skip
-        self.cell_table = np.concatenate([table, np.repeat(table[-1:], 1 << master_bits, 0)])
+        # stored column-wise ([3 + R−1, cells]): the search gathers one column at a time with 1-D np.take, ~5× faster
+        # than fancy-indexing [N, m] rows of a row-major table
+        self.cell_table = np.ascontiguousarray(np.concatenate([table, np.repeat(table[-1:], 1 << master_bits, 0)]).T)
         self.half = float(1 << (master_bits - self.widths[0] - 1)) if len(self.widths) > 1 else 0.0
         self.lam = np.asarray(self.lambdas, dtype=np.float64)
 
@@ -205,13 +207,24 @@ class PerWidthRounding(MatryoshkaRounding):
         top = float((1 << self.bits) - 1)
         k0 = self.cell_of[np.clip(np.ceil(u.min(0) - self.half - 1.0), 0, top).astype(np.int64)]
         k1 = self.cell_of[np.clip(np.floor(u.max(0) + self.half), 0, top).astype(np.int64)]
-        cells = self.cell_table[k0[:, None] + np.arange(int((k1 - k0).max()) + 1)]  # [N, m, 3 + R−1]: W's cells
-        nearest = np.ceil(u[-1] - 0.5)[:, None]  # nearest master code, ties to the lower (clamped by the cell)
-        cand = np.minimum(np.maximum(nearest, cells[..., 0]), cells[..., 1])  # [N, m]
-        # Σ_r λ_r (u_r − D_r)² minus the candidate-independent Σ_{r<c} λ_r u_r²
-        loss = self.lam[-1] * (u[-1][:, None] - cand) ** 2 + cells[..., 2]
-        loss -= 2 * np.einsum("nmt,tn->nm", cells[..., 3:], u[:-1])
-        best = cand[np.arange(len(cand)), loss.argmin(1)]
+        uc = u[-1]
+        nearest = np.ceil(uc - 0.5)  # nearest master code, ties to the lower (clamped by each cell)
+        lo, hi, sq, lin = self.cell_table[0], self.cell_table[1], self.cell_table[2], self.cell_table[3:]
+        for j in range(int((k1 - k0).max()) + 1):  # the j-th cell of each weight's window W, ascending
+            at = k0 + j
+            cand = np.minimum(np.maximum(nearest, lo.take(at)), hi.take(at))
+            # Σ_r λ_r (u_r − D_r)² minus the candidate-independent Σ_{r<c} λ_r u_r²
+            loss = self.lam[-1] * (uc - cand) ** 2 + sq.take(at)
+            if len(lin):
+                dot = lin[0].take(at) * u[0]
+                for t in range(1, len(lin)):
+                    dot += lin[t].take(at) * u[t]
+                loss -= 2 * dot
+            if j == 0:
+                best, best_loss = cand, loss
+            else:  # strictly lower only: ties keep the lower cell's code, like the enumeration
+                better = loss < best_loss
+                best, best_loss = np.where(better, cand, best), np.where(better, loss, best_loss)
         return torch.from_numpy(best.astype(np.float32)).to(w.device, w.dtype)
 
     def residual_tracks(self, w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
