@@ -22,7 +22,9 @@ import torch
 
 from ..formats.slicing import positions
 
-CHUNK_BYTES = 1 << 22  # working set of one chunk's [rows, K] products, cache-sized: 1.5x faster than 256 MB at 4096²
+# bytes of one row chunk's [rows, K] products: big enough for efficient GEMMs. On the 4096² problem of
+# scripts/bench_multibit.py (2 threads) the whole refit takes 4.3 / 3.8 / 3.3 / 3.0 s at 1 / 4 / 16 / 64 MiB.
+CHUNK_BYTES = 1 << 26
 
 
 def refit_scales(
@@ -44,16 +46,26 @@ def refit_scales(
     p = torch.stack([positions(codes, master_bits, r).float() - zero for r in widths]).view(-1, k)  # [R·N, K]
     b = torch.zeros(p.shape[0], n_groups, device=p.device)
     b.index_add_(1, g_idx, p * (w @ h).repeat(n_widths, 1))  # b_g = Σ_{j∈g} p_j (Hw)_j
+    # group-major padded layout: group g's columns in slots g·width..(g+1)·width, padding pointing at a zero column,
+    # so a sum over a group is a reshape-and-sum (index_add_ over columns cost ~2× the products themselves)
+    width = int(torch.bincount(g_idx, minlength=n_groups).max())
+    slot = torch.full((n_groups, width), k, dtype=torch.long, device=p.device)
+    for g in range(n_groups):
+        cols = torch.nonzero(g_idx == g).flatten()
+        slot[g, : len(cols)] = cols
+    slot = slot.flatten()
+    p = torch.nn.functional.pad(p, (0, 1))[:, slot]  # [R·N, G·width]
+    h = torch.nn.functional.pad(h, (0, 1, 0, 1))[slot][:, slot]
     m = torch.empty(p.shape[0], n_groups, n_groups, device=p.device)
-    chunk = max(1, CHUNK_BYTES // (4 * k * 2))
+    chunk = max(1, CHUNK_BYTES // (4 * p.shape[1] * 2))
     for g in range(n_groups):  # M is symmetric: row g from the groups h ≥ g only, mirrored
-        cols, later = torch.nonzero(g_idx == g).flatten(), torch.nonzero(g_idx >= g).flatten()
-        h_block, later_group = h[cols][:, later], g_idx[later] - g  # [|g|, K_≥g], group (− g) of each later column
+        mine, later = slice(g * width, (g + 1) * width), slice(g * width, None)
+        h_block = h[mine, later]  # [width, width·(G − g)]
         for r0 in range(0, p.shape[0], chunk):
             r1 = min(r0 + chunk, p.shape[0])
-            v = p[r0:r1, cols] @ h_block  # [rows, K_≥g]: p_gᵀ H restricted to the later groups' columns
+            v = p[r0:r1, mine] @ h_block  # p_gᵀ H restricted to the later groups' columns
             v.mul_(p[r0:r1, later])  # M_gh = Σ_{j∈h} (p_gᵀ H)_j p_j: summed per group below
-            row = torch.zeros(r1 - r0, n_groups - g, device=p.device).index_add_(1, later_group, v)
+            row = v.view(r1 - r0, n_groups - g, width).sum(-1)
             m[r0:r1, g, g:], m[r0:r1, g:, g] = row, row
     m, b = m.double(), b.double()
     master = scales.float().repeat(n_widths, 1)
