@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import matgptq.runtime.packed as packed
 from matgptq.formats import QuantizedWeight
 from matgptq.runtime.int4_cpu import build, int4_codes, unpack_int4pack
 from matgptq.runtime.packed import PREFILL_ROWS, Kernel, PackedLinear
@@ -101,3 +102,20 @@ def test_codes_read_back_in_original_order():
     planes, _, _, perm, _ = build(q.codes, q.scales, q.zeros, q.g_idx, q.bits, q.shift)
     assert perm is not None and len(planes) == 2
     assert torch.equal(int4_codes(planes, perm, 32, 128), q.codes.to(torch.int32))
+
+
+@pytest.mark.parametrize("bits,planes", [(4, 1), (8, 2)])
+def test_long_calls_dequantize_at_rows_times_planes(monkeypatch, bits, planes):
+    """The kernel serves calls of fewer than PREFILL_ROWS / planes rows (a two-plane layer costs two kernel calls);
+    from there on the call dequantizes and equals the reference bit for bit."""
+    q = parent(16, 64, 32, False).slice(bits)
+    layer = PackedLinear(q, None, torch.bfloat16)
+    calls = []
+    kernel = packed.int4_matmul
+    monkeypatch.setattr(packed, "int4_matmul", lambda *a: calls.append(1) or kernel(*a))
+    edge = PREFILL_ROWS // planes
+    layer(torch.randn(edge - 1, 64).to(torch.bfloat16))
+    assert len(calls) == 1
+    x = torch.randn(edge, 64).to(torch.bfloat16)
+    assert torch.equal(layer(x), F.linear(x, q.dequantize(torch.bfloat16)))
+    assert len(calls) == 1

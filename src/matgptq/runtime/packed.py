@@ -10,7 +10,7 @@ weight lives only during the call (one layer at a time): this trades speed for m
 
 Kernel.INT4 (the default for bfloat16 models, where torch has a vectorised int4 kernel; int4_cpu.py): the codes are
 held in torch's int4 layout (4 bits per weight for r ≤ 4, two planes for r ≤ 8) with bfloat16 scale/zero pairs, and
-calls of fewer than PREFILL_ROWS rows (decode and ordinary prompts) go through `_weight_int4pack_mm_for_cpu`: outputs
+calls of fewer than PREFILL_ROWS rows (PREFILL_ROWS / 2 for two planes; decode and ordinary prompts) go through `_weight_int4pack_mm_for_cpu`: outputs
 equal the dequantized reference within the tolerance derived in tests/runtime/test_int4_cpu.py (the kernel's scales
 are rounded to bfloat16). Larger calls (long prompts) read the codes back, dequantize exactly like the bit-stream
 path and use F.linear, so they equal the reference bit for bit. Kernel.BITSTREAM keeps the smallest memory (r bits per weight).
@@ -29,9 +29,11 @@ from ..formats.parent import pack_bits
 from .int4_cpu import build, int4_codes, int4_dequantize, int4_matmul
 
 # Rows per call from which the int4 path dequantizes (exactly, int4_cpu.int4_dequantize) and uses F.linear instead of
-# the kernel. Measured on 2 loaded cores (bf16, a 1536×576 layer): the kernel costs ~43 µs per row (2× faster than a
-# dense GEMV at 1 row), the exact dequantization ~13 ms per call plus ~8 µs per row of matmul: break-even near 300 rows
-# (scripts/bench_packed_cpu.py prints the end-to-end effect).
+# the kernel, for a one-plane layer (r ≤ 4); a two-plane layer (r > 4) calls the kernel twice, so its break-even is
+# half as many rows. Measured (scripts/bench_prefill_rows.py, 1 thread, SmolLM2-135M's four layer shapes): the kernel's
+# cost grows linearly with the rows (~21 µs per row for 1536×576, one plane), dequantization costs a fixed 1–4 ms per
+# call plus a dense matmul; the kernel is faster at ≤ 128 rows with one plane (at ≤ 64 with two), dequantization at
+# ≥ 512 (≥ 256), the crossing lying in between and moving with the shape.
 PREFILL_ROWS = 256
 
 
@@ -97,7 +99,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.kernel == Kernel.INT4 and x.dtype == torch.bfloat16 and x.device.type == "cpu"
-                and x.numel() < PREFILL_ROWS * self.in_features):  # fmt: skip
+                and x.numel() * self.planes < PREFILL_ROWS * self.in_features):  # fmt: skip
             planes, sz = self._int4()
             y = int4_matmul(x, planes, sz, self.group, self.perm)
             return y if self.bias is None else y + self.bias
