@@ -3,16 +3,23 @@
 Prints, in one run: seconds per call of both searches on the same weights (and checks the codes are identical), then
 the wall time of quantizing the same layer (weight, Hessian) with single-width GPTQ at 4 and 8 bits and with each
 MatGPTQ variant (c = 8, R = {3,4,8}; per-width-scales includes its least-squares refit of widths 3 and 4), and the ratios
-to GPTQ at the master width. Goals: search ≥ 8× faster than brute force; the default variant ≤ 1.5× GPTQ-8 per layer
-(issue 11).
+to GPTQ at the master width. With --model, also end to end: `matgptq quantize` of that HF model with GPTQ at 8 bits
+and with the default MatGPTQ {3,4,8} parent (Table 1's settings: g128, 64 × 512 WikiText-2 tokens from the second
+half, seed 0), each in its own process. Goals: search ≥ 8× faster than brute force; the default variant ≤ 1.5× GPTQ-8
+per layer and end to end (issue 11).
 
-    python scripts/bench_multibit.py [--rows 4096] [--cols 4096] [--threads 2]
+    python scripts/bench_multibit.py [--rows 4096] [--cols 4096] [--threads 2] [--model ~/.cache/matgptq/SmolLM2-135M-Instruct]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -22,6 +29,29 @@ from matgptq.formats import QuantizedWeight
 from matgptq.quantization.multibit import MatryoshkaRounding, PerWidthRounding, brute_force_codes
 from matgptq.quantization.pipeline import with_width_scales
 from matgptq.quantization.solver import gptq_quantize
+
+
+WIKI = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
+
+
+def end_to_end(model: str, threads: int) -> list[list]:
+    """Wall seconds of `matgptq quantize MODEL` for GPTQ-8 and the default MatGPTQ parent, one process each."""
+    runs = [("GPTQ 8-bit (master width)", ["--method", "gptq", "--bits", "8"]),
+            ("MatGPTQ {3,4,8} (default variant)", ["--method", "matgptq", "--bits", "3,4,8"])]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    times = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, flags in runs:
+            cmd = [sys.executable, "-m", "matgptq", "quantize", model, "--out", str(Path(tmp) / "out"), *flags,
+                   "--group-size", "128", "--calib", str(WIKI), "--calib-range", "0.5:1", "--nsamples", "64",
+                   "--seqlen", "512", "--seed", "0", "--overwrite", "--quiet"]  # fmt: skip
+            t0 = time.perf_counter()
+            done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if done.returncode:
+                raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
+            times[name] = time.perf_counter() - t0
+    base = times[runs[0][0]]
+    return [[name, Path(model).name, t, t / base] for name, t in times.items()]
 
 
 def timed(fn, repeat: int = 3) -> tuple[float, object]:
@@ -44,10 +74,11 @@ def layer_problem(rows: int, cols: int, seed: int = 0):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=4096)
-    ap.add_argument("--cols", type=int, default=4096)
-    ap.add_argument("--group-size", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--rows", type=int, default=4096, help="output features of the test layer")
+    ap.add_argument("--cols", type=int, default=4096, help="input features of the test layer")
+    ap.add_argument("--group-size", type=int, default=128, help="columns per scale group of the per-layer runs")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (and OMP of --model)")
+    ap.add_argument("--model", help="also time `matgptq quantize` of this HF model directory end to end")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     widths, lambdas = (3, 4, 8), (1.0, 1.0, 1.0)
@@ -87,6 +118,10 @@ def main() -> None:
     rows = [[name, f"{args.rows}x{args.cols}", t, t / base] for name, t in times.items()]
     print()
     print(format_table(["per-layer quantization", "shape", "seconds", "/ GPTQ 8-bit"], rows))
+    if args.model:
+        print()
+        print(format_table(["end-to-end quantization", "model", "seconds", "/ GPTQ 8-bit"],
+                           end_to_end(args.model, args.threads)))  # fmt: skip
 
 if __name__ == "__main__":
     main()
