@@ -33,11 +33,13 @@ def lstsq_scales(w, x, codes, zeros, g_idx, c, r, damp):
     return out
 
 
-@pytest.mark.parametrize("group_size", [-1, 16, 24])  # per channel, even groups, a ragged last group (k = 70)
+@pytest.mark.parametrize("group_size", [-1, 14, 16, 24])  # per channel; k = 70: 5 even groups, ragged last groups
 @pytest.mark.parametrize("r", [3, 4, 8])
-def test_refit_is_the_least_squares_scale(group_size, r):
+@pytest.mark.parametrize("act_order", [False, True])  # act order: each group's columns scattered over the row
+def test_refit_is_the_least_squares_scale(group_size, r, act_order):
     w, h, x = random_problem(12, 70, seed=group_size + r)
-    res = gptq_quantize(w, h, PerWidthRounding(8, (3, 4, 8), (1.0, 1.0, 1.0)), group_size=group_size, block_size=16)
+    res = gptq_quantize(w, h, PerWidthRounding(8, (3, 4, 8), (1.0, 1.0, 1.0)), group_size=group_size, block_size=16,
+                        act_order=act_order)  # fmt: skip
     got = refit_scales(w, h, res.codes, res.scales, res.zeros, res.g_idx, 8, (2, r), damp=0.01)[r]
     expected = lstsq_scales(w, x, res.codes, res.zeros, res.g_idx, 8, r, 0.01)
     assert got.dtype == torch.float16 and got.shape == res.scales.shape

@@ -54,8 +54,11 @@ def refit_scales(
         cols = torch.nonzero(g_idx == g).flatten()
         slot[g, : len(cols)] = cols
     slot = slot.flatten()
-    p = torch.nn.functional.pad(p, (0, 1))[:, slot]  # [R·N, G·width]
-    h = torch.nn.functional.pad(h, (0, 1, 0, 1))[slot][:, slot]
+    if not torch.equal(slot, torch.arange(k, device=p.device)):  # else already group-major: no copies of H
+        p = torch.nn.functional.pad(p, (0, 1))[:, slot]  # [R·N, G·width]
+        h = torch.nn.functional.pad(h, (0, 1, 0, 1))
+        h = h[slot]
+        h = h[:, slot]
     m = torch.empty(p.shape[0], n_groups, n_groups, device=p.device)
     chunk = max(1, CHUNK_BYTES // (4 * p.shape[1] * 2))
     for g in range(n_groups):  # M is symmetric: row g from the groups h ≥ g only, mirrored

@@ -10,10 +10,11 @@ weight lives only during the call (one layer at a time): this trades speed for m
 
 Kernel.INT4 (the default for bfloat16 models, where torch has a vectorised int4 kernel; int4_cpu.py): the codes are
 held in torch's int4 layout (4 bits per weight for r ≤ 4, two planes for r ≤ 8) with bfloat16 scale/zero pairs, and
-calls of fewer than PREFILL_ROWS rows (PREFILL_ROWS / 2 for two planes; decode and ordinary prompts) go through `_weight_int4pack_mm_for_cpu`: outputs
-equal the dequantized reference within the tolerance derived in tests/runtime/test_int4_cpu.py (the kernel's scales
-are rounded to bfloat16). Larger calls (long prompts) read the codes back, dequantize exactly like the bit-stream
-path and use F.linear, so they equal the reference bit for bit. Kernel.BITSTREAM keeps the smallest memory (r bits per weight).
+calls of fewer than PREFILL_ROWS rows (PREFILL_ROWS / 2 for two planes; decode and ordinary prompts) go through
+`_weight_int4pack_mm_for_cpu`: outputs equal the dequantized reference within the tolerance derived in
+tests/runtime/test_int4_cpu.py (the kernel's scales are rounded to bfloat16). Larger calls (long prompts) read the
+codes back, dequantize exactly like the bit-stream path and use F.linear, so they equal the reference bit for bit.
+Kernel.BITSTREAM keeps the smallest memory (r bits per weight).
 """
 
 from __future__ import annotations
