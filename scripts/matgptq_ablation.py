@@ -16,10 +16,10 @@ Results are cached in docs/ablation.json as they come (a killed run continues); 
 Writes docs/ablation.{md,json} and README.md's `ablation` block.
 
 --real-model: the same comparison on SmolLM2-135M-Instruct (`make real-model`) with Table 1's protocol
-(scripts/real_model_table.py: g128, 64 × 512 calibration tokens from the second half of WikiText-2 test) for seeds
-0-2, GPTQ 3/4/8 against the λ = 1,1,4 and the default (λ = 1,1,16) parents, perplexity and KL on 16 × 2048 tokens of the first half (Table 1 scores
-32 × 2048, so its numbers differ slightly), two threads. Writes docs/ablation_real_model.{md,json} and its README
-block.
+(scripts/real_model_table.py: 64 × 512 calibration tokens from the second half of WikiText-2 test), g128 and per
+channel (without the MSE-grid rows), for seeds 0-2, GPTQ 3/4/8 against the λ = 1,1,4 and the default (λ = 1,1,16)
+parents, perplexity and KL on 16 × 2048 tokens of the first half (Table 1 scores 32 × 2048, so its numbers differ
+slightly), two threads. Writes docs/ablation_real_model.{md,json} and its README block.
 
     python scripts/matgptq_ablation.py [--real-model] [--fresh]
 """
@@ -64,14 +64,16 @@ class Protocol:
     variants: tuple[str, ...]  # keys of VARIANTS measured
     out: str  # docs/<out>.{json,md}, README block <out>
     threads: int
+    mse_grid: bool  # per channel, also GPTQ and the λ = 1,1,1 parent with the MSE grid
 
 
 STORIES = Protocol("stories260K", SHARED / "models" / "stories260K",
                    SHARED / "data" / "tinystories" / "tinystories_val_head.txt", (0.6, 1.0), (0.0, 0.6), 128, 256, 256,
-                   40_000, {"per channel": -1, "g128": 128}, (), "ablation", 1)  # fmt: skip
+                   40_000, {"per channel": -1, "g128": 128}, (), "ablation", 1, True)  # fmt: skip
 SMOLLM2 = Protocol("SmolLM2-135M-Instruct", DEFAULT_MODEL, WIKI, (0.5, 1.0), (0.0, 0.5), 64, 512, 2048, 16 * 2048,
-                   {"g128": 128}, ("per-width-scales λ=1,1,4", "per-width-scales λ=1,1,16 (default)"),
-                   "ablation_real_model", 2)  # fmt: skip
+                   {"g128": 128, "per channel": -1},
+                   ("per-width-scales λ=1,1,4", "per-width-scales λ=1,1,16 (default)"), "ablation_real_model", 2,
+                   False)  # fmt: skip
 ONES, MASTER4 = (1.0, 1.0, 1.0), (1.0, 1.0, 4.0)
 VARIANTS = {  # name -> quantize options (λ explicit, so a change of defaults never relabels a cached row)
     "paper": dict(variant="paper", bit_weights=ONES),
@@ -96,7 +98,7 @@ def runs(p: Protocol):
     """(key, method, options) for every run, in order: GPTQ rows then parents, per seed and grouping."""
     for seed in SEEDS:
         for gname, gs in p.groupings.items():
-            grids = [False, True] if gs == -1 else [False]
+            grids = [False, True] if gs == -1 and p.mse_grid else [False]
             for mse in grids:
                 tag = " +mse" if mse else ""
                 for bits in gptq_widths(p):
@@ -162,7 +164,8 @@ def render(p: Protocol, results: dict) -> str:
            f"{p.eval_seqlen})."]  # fmt: skip
     for gname, gs in p.groupings.items():
         rows = []
-        names = ["GPTQ", *variants(p)] + (["GPTQ +mse", f"{MSE_VARIANT} +mse"] if gs == -1 else [])
+        mse = gs == -1 and p.mse_grid
+        names = ["GPTQ", *variants(p)] + (["GPTQ +mse", f"{MSE_VARIANT} +mse"] if mse else [])
         for name in names:
             sec = [results[k]["seconds_per_layer"] for k in results if k.startswith(f"{gname}|{name}|")]
             widths = gptq_widths(p) if name.startswith("GPTQ") else SLICES
@@ -173,7 +176,7 @@ def render(p: Protocol, results: dict) -> str:
         out += [f"\n**{gname}**\n", format_table(headers, rows)]
         goals = []
         for name, gptq in [(n, "GPTQ") for n in variants(p)] + ([(f"{MSE_VARIANT} +mse", "GPTQ +mse")]
-                                                                if gs == -1 else []):  # fmt: skip
+                                                                if mse else []):  # fmt: skip
             line = [name]
             for metric in ("ppl", "kl"):
                 get = lambda w, row=name: collect(results, gname, row, w, metric)  # noqa: E731
@@ -191,8 +194,9 @@ def render(p: Protocol, results: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--real-model", action="store_true",
-                    help="SmolLM2-135M (make real-model) instead of stories260K: g128, GPTQ 3/4/8 and the paper and "
-                         "default parents, 16 × 2048 tokens scored; ~10 min per seed on 2 cores")  # fmt: skip
+                    help="SmolLM2-135M (make real-model) instead of stories260K: g128 and per channel, GPTQ 3/4/8 and "
+                         "the λ = 1,1,4 and default parents, 16 × 2048 tokens scored; ~10 min per seed and grouping on "
+                         "2 cores")  # fmt: skip
     ap.add_argument("--fresh", action="store_true", help="ignore cached results in docs/<table>.json")
     args = ap.parse_args()
     p = SMOLLM2 if args.real_model else STORIES
