@@ -3,7 +3,8 @@
 Calibration: 128 windows × 256 tokens, seed 0, from the last 40% (by characters) of tinystories_val_head.txt.
 Perplexity: first 60%, first 40,000 tokens, non-overlapping 256-token windows (matgptq.evaluation.perplexity).
 Runs fp32, RTN, GPTQ (plain / act-order / MSE / both) at 2, 3, 4, 6, 8 bits and a MatGPTQ parent (c = 8, R = {3,4,8},
-λ = 1, symmetric, per-channel, with and without act-order) evaluated at slices 2, 3, 4, 6, 8; also KL to fp32.
+the default variant and λ, symmetric, per-channel, with and without act-order) evaluated at slices 2, 3, 4, 6, 8; also
+KL to fp32.
 Writes docs/results.md, docs/results.json and docs/results.png.
 
     python scripts/results.py [--quick]     # --quick: 4-bit and 3-bit only (a minute or two)
