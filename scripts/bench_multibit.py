@@ -48,7 +48,8 @@ def end_to_end(model: str, threads: int) -> list[list]:
             t0 = time.perf_counter()
             done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             if done.returncode:
-                raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
+                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                raise SystemExit(f"bench_multibit: error: {name} failed ({last})")
             times[name] = time.perf_counter() - t0
     base = times[runs[0][0]]
     return [[name, Path(model).name, t, t / base] for name, t in times.items()]
