@@ -62,3 +62,16 @@ def test_cli_device_cuda_without_cuda(tmp_path, capsys):
               "--device", "cuda"]  # fmt: skip
     assert "needs CUDA" in run_error(search, capsys)
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_auto_score_dtype_is_bfloat16_only_where_native(monkeypatch):
+    from matgptq.devices import native_bfloat16
+    from matgptq.search import ScoreDtype
+
+    cpu = torch.device("cpu")
+    for native in (True, False):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+        assert native_bfloat16(cpu) is native
+        assert ScoreDtype.AUTO.resolve(cpu) == (torch.bfloat16 if native else torch.float32)
+    assert ScoreDtype.FLOAT32.resolve(cpu) == torch.float32 and ScoreDtype.BFLOAT16.resolve(cpu) == torch.bfloat16

@@ -166,6 +166,11 @@ def _add_search_parser(sub) -> None:
                         "last stage's)")  # fmt: skip
     s.add_argument("--sensitivity-tokens", type=int, default=req.sensitivity_tokens,
                    help="scored tokens per sensitivity measurement (default %(default)s)")
+    s.add_argument("--score-dtype", choices=["auto", "float32", "bfloat16"], default=req.score_dtype.value,
+                   help="precision of the candidates' forward passes: bfloat16 is ~2.3x faster where the hardware has "
+                        "it (AVX512-BF16/AMX CPUs, GPUs) and ranks candidates as float32 does up to noise far below "
+                        "the window sampling's; auto = bfloat16 there, float32 elsewhere; the reported KLs are "
+                        "float32 (default %(default)s)")  # fmt: skip
     s.add_argument("--kl-to", help="unquantized reference model (default: the parent's recorded source model)")
     s.add_argument("--text", help="held-out text: also report perplexity and KL of the DP and searched mixes")
     s.add_argument("--text-range", type=_range, default=(0.0, 1.0), help="character range START:END of --text")
@@ -276,7 +281,7 @@ def _bits_label(model, bits) -> str:
 
 def cmd_search(a: argparse.Namespace) -> None:
     from .evaluation import format_table
-    from .search import BudgetKind, EvoConfig, SearchRequest, mix_path, parse_stages, run_search
+    from .search import BudgetKind, EvoConfig, ScoreDtype, SearchRequest, mix_path, parse_stages, run_search
     from .search.sensitivity import Sensitivity
 
     evo = EvoConfig(generations=a.generations, offspring=a.offspring, stages=parse_stages(a.stages), seed=a.seed)
@@ -287,6 +292,7 @@ def cmd_search(a: argparse.Namespace) -> None:
         calib_tokens=a.calib_tokens, reference=Path(a.kl_to) if a.kl_to else None,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
         resume=a.resume, overwrite=a.overwrite, progress=not a.quiet, device=a.device,
+        score_dtype=ScoreDtype(a.score_dtype),
     )  # fmt: skip
     rows = run_search(req)
     from .search.spread import is_writer

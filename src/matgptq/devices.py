@@ -49,3 +49,15 @@ def model_device(model: torch.nn.Module) -> torch.device:
     """The device of a model's first parameter (the CPU for a model without parameters)."""
     p = next(iter(model.parameters()), None)
     return p.device if p is not None else torch.device("cpu")
+
+
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether `device` multiplies bfloat16 matrices in hardware — CUDA with bf16, a CPU with AVX512-BF16 or AMX —
+    so that bfloat16 is faster there rather than emulated (oneDNN's bf16 GEMM on a plain AVX-512 or AVX2 CPU
+    converts and is no faster than float32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    checks = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
+    return any(check is not None and bool(check()) for check in checks)

@@ -14,6 +14,7 @@ import torch
 
 import matgptq
 from matgptq.cli import main
+from matgptq.devices import native_bfloat16
 from tests.conftest import STORIES, TINYSTORIES
 from tests.test_cli import run_error
 
@@ -89,6 +90,7 @@ def test_a_search_killed_with_sigkill_resumes_to_the_same_mix(stories_parent, tm
 
 def test_bad_input(searched, stories_parent, tmp_path, capsys):
     out = tmp_path / "none"
+    other_dtype = "float32" if native_bfloat16(torch.device("cpu")) else "bfloat16"  # not what auto resolved to
     cases = [
         (search(stories_parent, out, "--budget", "1.5"), "below what the lowest level 2"),
         (search(stories_parent, out, "--budget", "8.5"), "above what the highest level 8"),
@@ -98,6 +100,7 @@ def test_bad_input(searched, stories_parent, tmp_path, capsys):
         (search(stories_parent, out, "--budget", "3", "--stages", "504:1,126:1"), "non-decreasing"),
         (search(stories_parent, searched, "--budget", "3.0"), "--overwrite"),
         (search(stories_parent, searched, "--budget", "3.0", "--resume", "--seed", "7"), "other settings"),
+        (search(stories_parent, searched, "--budget", "3.0", "--resume", "--score-dtype", other_dtype), "score_dtype"),
     ]  # fmt: skip
     for args, message in cases:
         assert message in run_error(args, capsys), args

@@ -43,6 +43,38 @@ def test_kl_is_the_all_at_once_formula(setup):
     assert fitness.tokens >= 4 * 63
 
 
+def test_bfloat16_scoring_is_the_formula_on_an_autocast_body(setup):
+    """compute_dtype=bfloat16 runs the body under autocast and the head and KL in float32: the all-at-once formula on
+    that body's hidden states (the model's own forward, head applied in float64 here), the same tolerance as above.
+    `exact()` is float32 again."""
+    fitness, reference, windows, parent = setup
+    fast = Fitness(fitness.model, fitness.teacher, windows, fitness.names, batch_size=4, compute_dtype=torch.bfloat16)
+    mix = tuple(4 if i % 2 else 2 for i in range(len(fitness.names)))
+    chosen = (1, 3, 4)
+    got = fast.kl(mix, chosen)
+    candidate = matgptq.load(parent, bits=dict(zip(fitness.names, mix)))
+    head = candidate.get_output_embeddings().weight.double()
+    with torch.no_grad():
+        logp = F.log_softmax(reference(windows[list(chosen)]).logits[:, :-1].double(), -1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden = candidate.model(windows[list(chosen)]).last_hidden_state
+        logq = F.log_softmax((hidden[:, :-1].double() @ head.T), -1)
+    want = float((logp.exp() * (logp - logq)).sum(-1).mean())
+    assert got == pytest.approx(want, rel=1e-5)
+    assert got != fitness.kl(mix, chosen)  # the body really ran in bfloat16
+    with fast.exact():
+        assert fast.kl(mix, chosen) == fitness.kl(mix, chosen)
+    n = len(fitness.names)
+    base = tuple(4 for _ in range(n))
+    late = tuple(2 if i >= n - 7 else 4 for i in range(n))  # differs from base in the last block only
+    cache = fast.prefix_cache(base, chosen)
+    assert fast.kl(base, chosen, cache) == fast.kl(base, chosen)  # records every block
+    assert fast.kl(late, chosen, cache) == fast.kl(late, chosen)  # replays all but the last: bit-identical in bf16
+    assert fast.kl(mix, chosen, cache) == got
+    with fast.exact():  # a bfloat16 cache is not replayed into a float32 scoring
+        assert fast.kl(late, chosen, cache) == fitness.kl(late, chosen)
+
+
 def test_prefix_cache_gives_bit_identical_scores(setup):
     fitness = setup[0]
     n = len(fitness.names)
@@ -52,6 +84,9 @@ def test_prefix_cache_gives_bit_identical_scores(setup):
     for changed in ([n - 1], [7, 20], [0], []):
         mix = tuple(2 if i in changed else 4 for i in range(n))
         assert fitness.kl(mix, windows, cache) == fitness.kl(mix, windows)
+        # filled by the scorings: the outputs of the blocks before the first changed one, at least
+        assert len(cache.outputs[0]) >= fitness.first_changed_block(base, mix)
+    assert len(cache.outputs[0]) == len(fitness.blocks)  # the unchanged mix ran (and recorded) every block
     assert fitness.first_changed_block(base, tuple(2 if i == 20 else 4 for i in range(n))) == 20 // 7
 
 
@@ -73,14 +108,34 @@ def test_each_cache_part_is_kept_only_within_the_limit(setup):
     fitness = setup[0]
     n, windows = len(fitness.names), (0, 3)
     blocks_bytes = len(fitness.blocks) * len(windows) * fitness.windows.shape[1] * fitness.body.hidden_size * 4
-    teacher_bytes = len(windows) * (fitness.windows.shape[1] - 1) * (fitness.head.out_features + 4) * 4
-    assert blocks_bytes < teacher_bytes  # stories260K: 5 blocks × 64 wide against a 512-token vocabulary
-    small = Fitness(fitness.model, fitness.teacher, fitness.windows, fitness.names, batch_size=4,
-                    cache_limit=blocks_bytes)  # fmt: skip
-    cache = small.prefix_cache(tuple(4 for _ in range(n)), windows)
-    assert cache.outputs is not None and cache.teacher is None
+    window_bytes = (fitness.windows.shape[1] - 1) * (fitness.body.hidden_size + 2) * 8  # const, g, mass in float64
+    assert window_bytes < blocks_bytes  # stories260K: 5 blocks × 64 wide against 63 rows of 66 float64 terms
     mix = tuple(2 if i % 4 == 3 else 4 for i in range(n))
-    assert small.kl(mix, windows, cache) == small.kl(mix, windows) == fitness.kl(mix, windows)
+    for limit, held, outputs in ((window_bytes, 1, False), (blocks_bytes, 2, True)):
+        small = Fitness(fitness.model, fitness.teacher, fitness.windows, fitness.names, batch_size=4,
+                        cache_limit=limit)  # fmt: skip
+        cache = small.prefix_cache(tuple(4 for _ in range(n)), windows)
+        assert (cache.outputs is not None) == outputs
+        assert small.kl(mix, windows, cache) == small.kl(mix, windows) == fitness.kl(mix, windows)
+        assert small.held_windows == held  # the second window, over the limit, was recomputed at each use
+
+
+def test_a_head_bias_enters_the_kl(setup):
+    """z = W h + b: the bias's part of Σ p z sits in the teacher terms; checked against the all-at-once formula."""
+    fitness, reference, windows, parent = setup
+    mix = tuple(3 for _ in fitness.names)
+    candidate = matgptq.load(parent, bits=dict(zip(fitness.names, mix)))
+    head = candidate.get_output_embeddings()
+    head.bias = torch.nn.Parameter(torch.linspace(-2, 2, head.out_features))
+    biased = Fitness(candidate, fitness.teacher, windows, fitness.names, batch_size=4)
+    chosen = (1, 4)
+    with torch.no_grad():
+        logp = F.log_softmax(reference(windows[list(chosen)]).logits[:, :-1].double(), -1)
+        logq = F.log_softmax(candidate(windows[list(chosen)]).logits[:, :-1].double(), -1)
+    want = float((logp.exp() * (logp - logq)).sum(-1).mean())
+    assert want > fitness.kl(mix, chosen) + 0.01  # the bias is large enough to matter
+    # as in test_kl_is_the_all_at_once_formula: float32 logits against float64 log-softmax, ~1e-6 relative per term
+    assert biased.kl(mix, chosen) == pytest.approx(want, rel=1e-5)
 
 
 def test_probe_sensitivity_follows_the_linearity_model(setup):

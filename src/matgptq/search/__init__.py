@@ -5,7 +5,7 @@ start (sensitivity, knapsack), the level-switch mutation (mutation), resumable (
 
 from .budget import BudgetKind, CostModel, parse_budget
 from .evopress import EvoConfig, Stage, parse_stages
-from .runner import SearchRequest, mix_path, run_search
+from .runner import ScoreDtype, SearchRequest, mix_path, run_search
 
-__all__ = ["BudgetKind", "CostModel", "parse_budget", "EvoConfig", "Stage", "parse_stages", "SearchRequest",
-           "mix_path", "run_search"]  # fmt: skip
+__all__ = ["BudgetKind", "CostModel", "parse_budget", "EvoConfig", "Stage", "parse_stages", "ScoreDtype",
+           "SearchRequest", "mix_path", "run_search"]  # fmt: skip

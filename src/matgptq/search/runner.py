@@ -18,12 +18,13 @@ import json
 import math
 import time
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from fractions import Fraction
 from pathlib import Path
 
 import torch
 
-from ..devices import resolve_device
+from ..devices import native_bfloat16, resolve_device
 from ..errors import UserError
 from ..evaluation.perplexity import score
 from ..evaluation.teacher import Teacher
@@ -39,6 +40,19 @@ from .sensitivity import Sensitivity, knapsack_mix, measure
 from .spread import is_writer, score_all
 
 MIX_FORMAT = "matgptq-mix"
+
+
+class ScoreDtype(str, Enum):
+    """Precision of the candidates' forward passes during the search (fitness.py); reported scores are float32."""
+
+    AUTO = "auto"  # bfloat16 where the device has it natively (devices.native_bfloat16), float32 elsewhere
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+    def resolve(self, device: torch.device) -> torch.dtype:
+        if self is ScoreDtype.AUTO:
+            return torch.bfloat16 if native_bfloat16(device) else torch.float32
+        return torch.bfloat16 if self is ScoreDtype.BFLOAT16 else torch.float32
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,7 @@ class SearchRequest:
     overwrite: bool = False
     progress: bool = True
     device: str = "auto"  # where the candidates are scored (devices.py)
+    score_dtype: ScoreDtype = ScoreDtype.AUTO
 
 
 def mix_path(out: Path, budget: str) -> Path:
@@ -109,13 +124,14 @@ def _windows(tokens: torch.Tensor, seqlen: int, needed_tokens: int, what: str) -
     return tokens[: needed * seqlen].view(needed, seqlen)
 
 
-def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows: torch.Tensor) -> dict:
+def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows: torch.Tensor,
+              score_dtype: torch.dtype) -> dict:  # fmt: skip
     """Everything a search result depends on (JSON types); a resume state must carry the same."""
     meta_hash = hashlib.sha256(json.dumps(ckpt.meta, sort_keys=True, default=str).encode()).hexdigest()
     settings = {"parent": str(Path(req.parent).resolve()), "parent_meta_sha256": meta_hash,
                 "calib_sha256": file_sha256(req.calib), "calib_range": list(req.calib_range), "seqlen": req.seqlen,
                 "calib_windows": int(calib_windows.shape[0]), "sensitivity_tokens": req.sensitivity_tokens,
-                "sensitivity": req.sensitivity.value,
+                "sensitivity": req.sensitivity.value, "score_dtype": str(score_dtype).removeprefix("torch."),
                 "budget": str(budget), "budget_kind": req.kind.value, "levels": list(levels), **req.evo.settings()}  # fmt: skip
     return json.loads(json.dumps(settings))
 
@@ -150,7 +166,8 @@ def run_search(req: SearchRequest) -> list[dict]:
     text = None
     if req.text is not None:
         text = eval_windows(tokenize(tokenizer, read_text(req.text, req.text_range)), req.seqlen, req.text_tokens)
-    settings = {label: _settings(req, ckpt, levels, b, calib) for label, b in budgets}
+    score_dtype = req.score_dtype.resolve(device)
+    settings = {label: _settings(req, ckpt, levels, b, calib, score_dtype) for label, b in budgets}
     if req.resume:  # a state from other settings fails now, not after the teacher and sensitivities
         from .evopress import read_state
 
@@ -163,7 +180,7 @@ def run_search(req: SearchRequest) -> list[dict]:
     text_teacher = Teacher(ref_model, text, req.batch_size, progress=req.progress) if text is not None else None
     del ref_model
     model = load(req.parent, bits=levels[-1], packed=False).to(device)
-    fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size)
+    fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size, compute_dtype=score_dtype)
     sens_windows = tuple(range(min(calib.shape[0], math.ceil(req.sensitivity_tokens / (req.seqlen - 1)))))
     all_windows = tuple(range(calib.shape[0]))
     sensitivity: list[list[float]] | None = None
@@ -192,10 +209,12 @@ def run_search(req: SearchRequest) -> list[dict]:
 
 
 def _report(req, label, budget, cost_model, fitness, dp_mix: Mix, mix: Mix, all_windows, text, text_teacher) -> dict:
+    with fitness.exact():
+        calib_kl = score_all(fitness, (dp_mix, mix), all_windows)
     row = {"budget": label, "kind": req.kind.value,
            "code_bits": cost_model.average(mix, BudgetKind.CODE),
            "storage_bits": cost_model.average(mix, BudgetKind.STORAGE),
-           **dict(zip(("dp_kl", "kl"), score_all(fitness, (dp_mix, mix), all_windows)))}  # fmt: skip
+           **dict(zip(("dp_kl", "kl"), calib_kl))}  # fmt: skip
     if text is not None:
         for key, m in (("dp_text", dp_mix), ("text", mix)):
             fitness.apply(m)
