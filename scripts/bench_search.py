@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from matgptq.cli import _range
 from matgptq.evaluation.report import format_table
 from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint
-from matgptq.models import load_tokenizer, read_text, tokenize
+from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
 from matgptq.runtime import load
 from matgptq.search import BudgetKind, CostModel, EvoConfig
 from matgptq.search.evopress import evolve
@@ -42,7 +43,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("parent", help="a matgptq parent (quantize --method matgptq)")
     p.add_argument("--calib", required=True, help="calibration text")
-    p.add_argument("--calib-range", default="0:1", help="character range START:END of --calib")
+    p.add_argument("--calib-range", type=_range, default=(0.0, 1.0), help="character range START:END of --calib")
     p.add_argument("--budget", default="3.0", help="code bits per weight; the search starts from the uniform mix")
     p.add_argument("--generations", type=int, default=2, help="generations timed per configuration")
     p.add_argument("--children", type=int, default=12, help="mutations scored in both dtypes for the agreement")
@@ -53,9 +54,10 @@ def main() -> None:
     levels = tuple(range(2, max(q.master_bits for q in ckpt.layers.values()) + 1))
     cost = CostModel.from_checkpoint(ckpt, levels)
     budget = Fraction(a.budget)
-    lo, hi = (float(x) for x in a.calib_range.split(":"))
-    ids = tokenize(load_tokenizer(a.parent), read_text(Path(a.calib), (lo, hi)))
-    calib = ids[: 65 * 256].view(65, 256)  # the default pool: 16,384 scored tokens in windows of 256
+    ids = tokenize(load_tokenizer(a.parent), read_text(Path(a.calib), a.calib_range))
+    calib = eval_windows(ids, 256, 65 * 256)  # the default pool: 16,384 scored tokens in windows of 256
+    if calib.shape[0] < 65:
+        p.error(f"--calib gives {calib.shape[0]} windows of 256 tokens; the default pool needs 65")
     teacher = Teacher(load(ckpt.meta["source_model"], packed=False), calib, 8)
     model = load(a.parent, bits=levels[-1], packed=False)
     uniform = max(r for r in levels if cost.fits(tuple(r for _ in cost.names), budget, BudgetKind.CODE))

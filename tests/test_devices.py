@@ -75,3 +75,12 @@ def test_auto_score_dtype_is_bfloat16_only_where_native(monkeypatch):
         assert native_bfloat16(cpu) is native
         assert ScoreDtype.AUTO.resolve(cpu) == (torch.bfloat16 if native else torch.float32)
     assert ScoreDtype.FLOAT32.resolve(cpu) == torch.float32 and ScoreDtype.BFLOAT16.resolve(cpu) == torch.bfloat16
+
+
+def test_bfloat16_scoring_on_a_gpu_without_it_is_refused(monkeypatch):
+    from matgptq.search import ScoreDtype
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    with pytest.raises(UserError, match="has no bfloat16"):
+        ScoreDtype.BFLOAT16.resolve(torch.device("cuda", 0))
+    assert ScoreDtype.AUTO.resolve(torch.device("cuda", 0)) == torch.float32

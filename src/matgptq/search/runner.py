@@ -52,6 +52,8 @@ class ScoreDtype(str, Enum):
     def resolve(self, device: torch.device) -> torch.dtype:
         if self is ScoreDtype.AUTO:
             return torch.bfloat16 if native_bfloat16(device) else torch.float32
+        if self is ScoreDtype.BFLOAT16 and device.type == "cuda" and not native_bfloat16(device):
+            raise UserError(f"--score-dtype bfloat16: {device} has no bfloat16; use --score-dtype float32 or auto")
         return torch.bfloat16 if self is ScoreDtype.BFLOAT16 else torch.float32
 
 
