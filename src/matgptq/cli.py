@@ -43,7 +43,7 @@ def _add_device(parser: argparse.ArgumentParser, what: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from .formats.staged import SHARD_BYTES
-    from .quantization.config import QuantConfig, Variant
+    from .quantization.config import MASTER_BIT_WEIGHT, QuantConfig, Variant
     from .quantization.kquant_scales import KQuantType
 
     p = argparse.ArgumentParser(prog="matgptq", description=__doc__)
@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--bits", type=_ints, default=(4,), help="width (2-8); for matgptq the target set R, e.g. 3,4,8")
     q.add_argument("--master-bits", type=int, help="matgptq: master width c of the stored codes (default max of --bits)")
     q.add_argument("--bit-weights", type=_floats,
-                   help="matgptq: weight λ_r per target width, same order as --bits (default: 1 each, and 4 for the "
-                        "master width except with --variant paper)")
+                   help="matgptq: weight λ_r per target width, same order as --bits (default: 1 each, and "
+                        f"{MASTER_BIT_WEIGHT:g} for the master width except with --variant paper)")
     q.add_argument("--variant", choices=[v.value for v in Variant], default=QuantConfig.variant.value,
                    help="matgptq: paper = seed 001 as published (mean error fed back, master scale); per-width = one "
                         "error-feedback track per width; per-width-scales (default) = that plus each width's own "
@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--act-order", action="store_true", help="quantize columns by decreasing Hessian diagonal")
     q.add_argument("--static-groups", action="store_true", help="group scales/zeros from the original weights (before GPTQ updates and act-order)")
     q.add_argument("--mse", action="store_true", help="search the scale on a shrink grid (min L2.4 error)")
+    q.add_argument("--mse-weighted", action="store_true",
+                   help="weight each column's error in the --mse search by the Hessian diagonal (the inputs' mean "
+                        "square: llama.cpp's importance matrix); needs --mse, not with --method rtn")
+    q.add_argument("--refit-scales", action="store_true",
+                   help="after the solver, refit every group scale of the stored codes by Hessian-weighted least "
+                        "squares, per row kept only where the layer's calibration error shrinks (codes unchanged; "
+                        "not with --method rtn)")
     q.add_argument("--signed-scale", action="store_true",
                    help="symmetric grid whose scale takes the sign of the largest-|w| weight (llama.cpp Q4_0's grid)")
     q.add_argument("--kquant", choices=[t.value for t in KQuantType],
@@ -192,7 +199,8 @@ def cmd_quantize(a: argparse.Namespace) -> None:
         overwrite=a.overwrite, progress=not a.quiet, dtype=a.dtype, resume=a.resume, group_size=a.group_size, sym=a.sym,
         act_order=a.act_order, static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
         true_sequential=a.true_sequential, signed_scale=a.signed_scale, skip=tuple(a.skip), variant=a.variant,
-        kquant=a.kquant, device=a.device, stream=a.stream, shard_bytes=int(a.shard_size * 2**20),
+        kquant=a.kquant, refit_scales=a.refit_scales, mse_weighted=a.mse_weighted, device=a.device, stream=a.stream,
+        shard_bytes=int(a.shard_size * 2**20),
     )  # fmt: skip
     from .quantization.distributed import world
 

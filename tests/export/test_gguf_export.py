@@ -465,3 +465,15 @@ def test_from_gptq_checkpoint_same_tensors(parent, tmp_path, fmt):
     a, b = (gguf.GGUFReader(str(tmp_path / f)).tensors for f in ("via.gguf", "direct.gguf"))
     for x, y in zip(a, b):
         assert x.name == y.name and np.array_equal(np.asarray(x.data), np.asarray(y.data)), x.name
+
+
+@pytest.mark.parametrize("method,bits", [("gptq", "4"), ("matgptq", "4,5")])
+def test_weighted_grid_and_refit_scales_export_exactly(models, tmp_path, method, bits):
+    """`--signed-scale --mse --mse-weighted --refit-scales` (the GGUF comparison's "-hw" rows) only change scales:
+    Q4_0/Q5_0 still hold exactly the weights matgptq evaluates, for the master and, from a parent, its 4-bit slice."""
+    ck = quick_quantize(models["small"], tmp_path / "ck", method=method, bits=bits, group_size=32, signed_scale=True,
+                        act_order=True, static_groups=True, mse=True, mse_weighted=True, refit_scales=True)  # fmt: skip
+    for width in sorted({4, int(bits[-1])}):
+        rep = export_gguf(ck, tmp_path / f"{width}.gguf", bits=width if method == "matgptq" else None)
+        assert rep.exact and rep.max_abs_err == 0.0, rep.table()
+        _check_readback(tmp_path / f"{width}.gguf", _reference(ck, width), rep)

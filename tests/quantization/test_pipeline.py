@@ -89,6 +89,30 @@ def test_default_variant_stores_target_width_scales_and_each_variant_its_roundin
         make_config("matgptq", (3, 4, 8), variant="best")
 
 
+@pytest.mark.parametrize("method", ["gptq", "matgptq"])
+def test_refit_scales_keeps_the_codes_and_the_model_uses_the_refit_scales(method):
+    """--refit-scales changes only scales; what later layers were calibrated on is the refit model (true sequential),
+    so codes may differ from the second layer on, but each stored layer dequantizes to what the model holds."""
+    bits = (3, 4, 8) if method == "matgptq" else 4
+    x = windows(16, 32)
+    ref = tiny_model("llama")(x).logits
+    out = {}
+    for refit in (False, True):
+        model = tiny_model("llama")
+        cfg = make_config(method, bits, group_size=16, refit_scales=refit)
+        layers, _, _ = quantize_model(model, x, cfg, progress=False)
+        for name, q in layers.items():
+            assert torch.equal(weight_matrix(model.get_submodule(name), arch_spec("llama")), q.dequantize())
+        with torch.no_grad():
+            out[refit] = (layers, float((model(x).logits - ref).norm()))
+    first = "model.layers.0.self_attn.q_proj"  # the first layer solved: same inputs, same codes
+    assert torch.equal(out[True][0][first].codes, out[False][0][first].codes)
+    assert not torch.equal(out[True][0][first].scales, out[False][0][first].scales)
+    assert out[True][1] < out[False][1]  # the model's output is closer to the unquantized one
+    with pytest.raises(UserError, match="--refit-scales.*RTN"):
+        make_config("rtn", 4, refit_scales=True)
+
+
 def test_unknown_architecture_is_a_clear_error():
     model = AutoModelForCausalLM.from_config(OPTConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1,
                                                        ffn_dim=64, num_attention_heads=4, word_embed_proj_dim=32))  # fmt: skip

@@ -43,6 +43,7 @@ class QuantConfig:
     act_order: bool = False
     static_groups: bool = False
     mse: bool = False
+    mse_weighted: bool = False  # the MSE search's error weighted per column by diag H (grid.py), as llama.cpp's imatrix
     damp: float = 0.01
     block_size: int = 128
     true_sequential: bool = True
@@ -52,6 +53,7 @@ class QuantConfig:
     bit_weights: tuple[float, ...] = ()
     variant: Variant = Variant.PER_WIDTH_SCALES  # MatGPTQ only; parents recorded before it existed are PAPER
     kquant: KQuantType | None = None  # scales on this GGUF K-quant's super-block lattice (kquant_scales.py)
+    refit_scales: bool = False  # the master's scales refit to its codes by Hessian least squares (refit.refit_master)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))
@@ -83,6 +85,14 @@ class QuantConfig:
             why = check_group_size(self.kquant, self.group_size)
             if why:
                 raise UserError(f"--kquant {self.kquant.value}: {why}")
+        if self.mse_weighted and not self.mse:
+            raise UserError("--mse-weighted weights the --mse scale search; add --mse")
+        if self.mse_weighted and self.method is Method.RTN:
+            raise UserError("--mse-weighted weights by the calibration Hessian, which RTN does not collect; "
+                            "use --method gptq or matgptq")  # fmt: skip
+        if self.refit_scales and self.method is Method.RTN:
+            raise UserError("--refit-scales fits scales on the calibration Hessian, which RTN does not collect; "
+                            "use --method gptq or matgptq")  # fmt: skip
         for pattern in self.skip:
             try:
                 re.compile(pattern)

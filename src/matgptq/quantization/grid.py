@@ -11,7 +11,9 @@ Signed scale (`signed=True`, symmetric only; llama.cpp's Q4_0 grid): s = −m / 
 largest magnitude, sign kept, z = 2^(b−1): m lands exactly on code 0 and the 2^b-th level that 2·max|w|/maxq leaves
 unused is spent on the side of m; s may be negative.
 MSE search (`mse=True`, the shrink grid of IST-DASLab/gptq): try ranges p·[xmin, xmax] for p = 1, 0.99, …, 0.21 and
-keep, per group, the one with the smallest Σ|ŵ − w|^2.4.
+keep, per group, the one with the smallest Σ_j d_j·|ŵ_j − w_j|^2.4, with d_j = 1 (GPTQ's search), or, given column
+weights (`--mse-weighted`), d_j = H_jj: the input's mean square, the importance llama.cpp's imatrix quantizers weight
+their block-scale search by (llama.cpp ggml-quants.c, quantize_row_q4_0_impl; there also scaled by √(σ² + w_j²)).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class Rounding(Protocol):
         ...
 
     def loss(self, w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, norm: float) -> torch.Tensor:
-        """Σ over the last axis of |w − ŵ|^norm (weighted over slices for MatGPTQ), used by the MSE scale search."""
+        """|w − ŵ|^norm elementwise (summed over slices for MatGPTQ), used by the MSE scale search."""
         ...
 
 
@@ -55,7 +57,7 @@ class NearestRounding:
         return w - scale * (codes - zero)
 
     def loss(self, w, codes, scale, zero, norm):
-        return (w - scale * (codes - zero)).abs_().pow_(norm).sum(-1)
+        return (w - scale * (codes - zero)).abs_().pow_(norm)
 
 
 def minmax_params(w: torch.Tensor, bits: int, sym: bool, shrink: float | torch.Tensor = 1.0, signed: bool = False):
@@ -83,8 +85,10 @@ def minmax_params(w: torch.Tensor, bits: int, sym: bool, shrink: float | torch.T
     return scale, zero
 
 
-def find_params(w: torch.Tensor, rounding: Rounding, sym: bool, mse: bool, signed: bool = False):
-    """Per-row (scale, zero) for `w` [rows, n]: min-max, or the MSE shrink-grid search under `rounding`."""
+def find_params(w: torch.Tensor, rounding: Rounding, sym: bool, mse: bool, signed: bool = False,
+                col_weights: torch.Tensor | None = None):  # fmt: skip
+    """Per-row (scale, zero) for `w` [rows, n]: min-max, or the MSE shrink-grid search under `rounding`, its error
+    weighted per column by `col_weights` [n] if given."""
     scale, zero = minmax_params(w, rounding.bits, sym, signed=signed)
     if not mse:
         return scale, zero
@@ -93,6 +97,7 @@ def find_params(w: torch.Tensor, rounding: Rounding, sym: bool, mse: bool, signe
         s1, z1 = minmax_params(w, rounding.bits, sym, shrink=1 - i / MSE_GRID, signed=signed)
         s1c, z1c = s1.unsqueeze(-1), z1.unsqueeze(-1)
         err = rounding.loss(w, rounding.codes(w, s1c, z1c), s1c, z1c, MSE_NORM)
+        err = err.sum(-1) if col_weights is None else err @ col_weights.to(err.dtype)
         better = err < best
         best = torch.where(better, err, best)
         scale = torch.where(better, s1, scale)

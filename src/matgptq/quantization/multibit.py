@@ -161,7 +161,7 @@ class MatryoshkaRounding:
         return torch.from_numpy(w_np - s_np * (mean_pos - z_np)).to(w.device)
 
     def loss(self, w, codes, scale, zero, norm):
-        return multibit_loss(w, codes, scale, zero, self.table, self.lambda_t, norm).sum(-1)
+        return multibit_loss(w, codes, scale, zero, self.table, self.lambda_t, norm)
 
 
 class PerWidthRounding(MatryoshkaRounding):

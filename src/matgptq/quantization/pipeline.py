@@ -41,7 +41,7 @@ from ..models import arch_spec, get_blocks, set_weight_matrix, weight_matrix
 from .config import Method, QuantConfig, Variant
 from .grid import NearestRounding, Rounding
 from .multibit import MatryoshkaRounding, PerWidthRounding
-from .refit import refit_scales
+from .refit import refit_master, refit_scales
 from .distributed import combine_hessians, share, shard, world
 from .resume import BlockState
 from .passes import (
@@ -278,11 +278,16 @@ def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg
         res = gptq_quantize(
             w, collected.hessians[name], rounding, group_size=cfg.group_size, sym=cfg.sym, act_order=cfg.act_order,
             static_groups=cfg.static_groups, mse=cfg.mse, damp=cfg.damp, block_size=cfg.block_size,
-            signed=cfg.signed_scale, lattice=lattice,
+            signed=cfg.signed_scale, lattice=lattice, mse_weighted=cfg.mse_weighted,
         )  # fmt: skip
     else:
         res = rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse, cfg.signed_scale, lattice)
     qw = _to_weight(res, cfg.bits)
+    if collected is not None and cfg.refit_scales:
+        snap = None if lattice is None else (lambda s: lattice.snap(s, lattice.super_scales(s, cfg.group_size)))
+        fit = refit_master(w, collected.hessians[name], qw.codes, qw.scales, qw.zeros, qw.g_idx, cfg.bits, res.damp,
+                           snap)  # fmt: skip
+        qw = replace(qw, scales=fit)
     if collected is not None and cfg.method is Method.MATGPTQ and cfg.variant is Variant.PER_WIDTH_SCALES:
         qw = with_width_scales(qw, w, collected.hessians[name], res.damp, cfg.target_bits[:-1], lattice,
                                cfg.group_size)  # fmt: skip

@@ -13,7 +13,8 @@ never larger (up to float16 rounding of the result). A group whose positions are
 
 Cost per width: one pass of H against the positions, about N·K²/2 multiply-adds for an [N, K] layer with groups (M is
 symmetric, so only the blocks h ≥ g are formed) and N·K² per channel, in row chunks. The pipeline refits the target
-widths below the master only (pipeline.with_width_scales).
+widths below the master (pipeline.with_width_scales) and, with `--refit-scales`, the master width itself
+(`refit_master`: the same problem with p = q − z, the stored codes; any method that has a Hessian).
 """
 
 from __future__ import annotations
@@ -80,3 +81,29 @@ def refit_scales(
     keep = ~torch.isfinite(s) | (s == 0) | (torch.sign(s) != torch.sign(master))
     fit = torch.where(keep, master, s).to(torch.float16).view(n_widths, n_rows, n_groups)
     return {r: fit[i] for i, r in enumerate(widths)}
+
+
+def row_errors(weight: torch.Tensor, hessian: torch.Tensor, deq: torch.Tensor, damp: float) -> torch.Tensor:
+    """Per output row, (w − ŵ)ᵀ (H + δ·mean(diag H)·I) (w − ŵ): the objective `refit_scales` minimises (float64)."""
+    h = hessian.double().clone()
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1
+    h += damp * torch.diag(h).mean() * torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    e = (weight.double().masked_fill(dead, 0) - deq.double())
+    return ((e @ h) * e).sum(-1)
+
+
+def refit_master(
+    weight: torch.Tensor, hessian: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+    g_idx: torch.Tensor, bits: int, damp: float, snap=None,
+) -> torch.Tensor:  # fmt: skip
+    """float16 scales [N, G] for the stored `codes` themselves: the least-squares fit above with p = q − z, moved by
+    `snap` (a K-quant lattice, or None), kept per row only where the row's error is then smaller than with `scales`.
+    So the layer's calibration error never grows, float16 rounding and lattice snapping included."""
+    fit = refit_scales(weight, hessian, codes, scales, zeros, g_idx, bits, (bits,), damp)[bits]
+    if snap is not None:
+        fit = snap(fit)
+    g, z, q = g_idx.long(), zeros.float(), codes.float()
+    old = row_errors(weight, hessian, scales.float()[:, g] * (q - z[:, g]), damp)
+    new = row_errors(weight, hessian, fit.float()[:, g] * (q - z[:, g]), damp)
+    return torch.where((new < old).unsqueeze(-1), fit, scales.to(torch.float16))

@@ -60,18 +60,22 @@ def _group_bounds(k: int, group_size: int) -> list[tuple[int, int]]:
     return [(a, min(a + g, k)) for a in range(0, k, g)]
 
 
-def _static_params(w: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, mse: bool, signed: bool = False):
+def _static_params(w: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, mse: bool, signed: bool = False,
+                   col_weights: torch.Tensor | None = None):  # fmt: skip
     """Parameters for contiguous column groups of `w` ([N, K] → scales, zeros [N, G])."""
-    pairs = [find_params(w[:, a:b], rounding, sym, mse, signed) for a, b in _group_bounds(w.shape[1], group_size)]
+    cw = lambda a, b: None if col_weights is None else col_weights[a:b]  # noqa: E731
+    bounds = _group_bounds(w.shape[1], group_size)
+    pairs = [find_params(w[:, a:b], rounding, sym, mse, signed, cw(a, b)) for a, b in bounds]
     return torch.stack([p[0] for p in pairs], 1), torch.stack([p[1] for p in pairs], 1)
 
 
-def _lattice_d(w: torch.Tensor, rounding: Rounding, group_size: int, mse: bool, lattice: ScaleLattice | None):
+def _lattice_d(w: torch.Tensor, rounding: Rounding, group_size: int, mse: bool, lattice: ScaleLattice | None,
+               col_weights: torch.Tensor | None = None):  # fmt: skip
     """Super-scale d per row and group (kquant_scales.py), from the static scales of the weights before GPTQ; None
     without a lattice. Symmetric grids only (the zero stays 2^(b−1) when a scale moves)."""
     if lattice is None:
         return None
-    return lattice.super_scales(_static_params(w, rounding, group_size, True, mse)[0], group_size)
+    return lattice.super_scales(_static_params(w, rounding, group_size, True, mse, False, col_weights)[0], group_size)
 
 
 def rtn_quantize(
@@ -118,8 +122,11 @@ def gptq_quantize(
     block_size: int = 128,
     signed: bool = False,
     lattice: ScaleLattice | None = None,
+    mse_weighted: bool = False,
 ) -> QuantResult:
     """GPTQ on `weight` [N, K] with Hessian [K, K]. Computes in float32 (or float64 if given float64).
+
+    `mse_weighted`: the --mse scale search weights each column's error by H_kk (grid.py).
 
     `lattice` (symmetric, contiguous groups): every group scale is moved onto d·sc (kquant_scales.py), d per row and
     super-block from the scales of the weights before any update, as soon as the group's scale is found."""
@@ -131,15 +138,17 @@ def gptq_quantize(
     h[dead, dead] = 1
     w[:, dead] = 0
 
-    lattice_d = _lattice_d(w, rounding, group_size, mse, lattice)
+    col_weights = torch.diag(h).clone() if mse_weighted else None  # original column order
+    lattice_d = _lattice_d(w, rounding, group_size, mse, lattice, col_weights)
     if static_groups:
-        static_scales, static_zeros = _static_params(w, rounding, group_size, sym, mse, signed)
+        static_scales, static_zeros = _static_params(w, rounding, group_size, sym, mse, signed, col_weights)
         if lattice_d is not None:
             static_scales = lattice.snap(static_scales, lattice_d)
     perm = None
     if act_order:
         perm = torch.argsort(torch.diag(h), descending=True, stable=True)
         w, h = w[:, perm], h[perm][:, perm]
+        col_weights = None if col_weights is None else col_weights[perm]
     order = perm if perm is not None else torch.arange(k, device=w.device)
     u, damp = inverse_hessian_factor(h, damp)
 
@@ -177,7 +186,8 @@ def gptq_quantize(
                     ])  # fmt: skip
                     if tracks > 1:
                         current = rounding.mean_track(current.view(-1, tracks, n_rows).transpose(0, 1))
-                    scale, zero = find_params(current.T, rounding, sym, mse, signed)
+                    cw = None if col_weights is None else col_weights[j:e]
+                    scale, zero = find_params(current.T, rounding, sym, mse, signed, cw)
                     if lattice_d is not None:
                         scale = lattice.snap(scale, lattice_d[:, j // g])
                     scales[:, j // g], zeros[:, j // g] = scale, zero

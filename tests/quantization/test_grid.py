@@ -1,0 +1,59 @@
+"""The --mse scale search, plain and weighted per column (--mse-weighted), against a loop written from its definition."""
+
+import pytest
+import torch
+
+from matgptq.quantization.grid import MSE_GRID, MSE_MAX_SHRINK, MSE_NORM, NearestRounding, find_params
+from matgptq.quantization.solver import gptq_quantize
+
+
+def brute_force_scale(row, bits, weights):
+    """One row, symmetric grid: try s = fp16(2·p·max|w| / (2^b − 1)) for p = 1, 0.99, …, keep the first minimiser of
+    Σ_j d_j·|w_j − s·(clamp(round(w_j / s) + z) − z)|^2.4, z = 2^(b−1) (grid.py's docstring, written as loops)."""
+    maxq, z = (1 << bits) - 1, 1 << (bits - 1)
+    amax = max(max(-min(row), 0.0), max(max(row), 0.0))
+    best, best_s = float("inf"), None
+    for i in range(int(MSE_MAX_SHRINK * MSE_GRID)):
+        s = float(torch.tensor(2 * amax * (1 - i / MSE_GRID) / maxq).half())
+        err = 0.0
+        for x, d in zip(row, weights):
+            q = min(max(round(x / s) + z, 0), maxq)
+            err += d * abs(x - s * (q - z)) ** MSE_NORM
+        if err < best:
+            best, best_s = err, s
+    return best_s
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_weighted_search_is_the_weighted_minimiser(seed):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(6, 16, generator=gen, dtype=torch.float64)
+    d = torch.rand(16, generator=gen, dtype=torch.float64) ** 4 * 100  # very uneven importances, as H_kk are
+    scale, _ = find_params(w, NearestRounding(3), sym=True, mse=True, col_weights=d)
+    for r in range(6):
+        assert float(scale[r]) == brute_force_scale(w[r].tolist(), 3, d.tolist())
+
+
+def test_unit_weights_are_the_plain_search_and_weights_change_the_choice():
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(32, 32, generator=gen)
+    plain = find_params(w, NearestRounding(3), True, True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, find_params(w, NearestRounding(3), True, True, col_weights=torch.ones(32))))
+    d = torch.ones(32)
+    d[w.abs().argmax(1)] = 0  # ignore each row's extreme weight: only weights that matter set the range
+    weighted = find_params(w, NearestRounding(3), True, True, col_weights=d)
+    assert (weighted[0] != plain[0]).any()
+
+
+def test_gptq_static_groups_take_the_hessian_weighted_scales():
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(8, 48, generator=gen)
+    x = torch.randn(200, 48, generator=gen)
+    x[:, :4] *= 30
+    h = 2 * x.T @ x / 200
+    res = gptq_quantize(w, h, NearestRounding(4), group_size=16, static_groups=True, act_order=True, mse=True,
+                        mse_weighted=True)  # fmt: skip
+    d = torch.diag(h)
+    expected = torch.stack([find_params(w[:, a : a + 16], NearestRounding(4), True, True, col_weights=d[a : a + 16])[0]
+                            for a in (0, 16, 32)], 1)  # fmt: skip
+    assert torch.equal(res.scales.float(), expected)
