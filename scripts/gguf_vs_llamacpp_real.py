@@ -13,7 +13,9 @@ Protocol
                 calib.txt, -c 512); the per-tensor types each really writes are read back with gguf-py
   ours          GPTQ, group size 32, llama.cpp's signed Q4_0/Q5_0 grid (`--signed-scale`), act-order + static groups
                 + MSE scale search, exported with `matgptq export --format gguf --type auto` (bit-exact Q4_0/Q5_0;
-                embeddings `auto` = Q8_0 for 576-wide rows, as every preset here has them)
+                embeddings `auto` = Q8_0 for 576-wide rows, as every preset here has them); the "-hw" rows add
+                `--mse-weighted --refit-scales`: the scale search weighted by the Hessian diagonal (the same
+                statistic as llama.cpp's importance matrix) and each scale refit to its codes by least squares
   scoring       `llama-perplexity -c 512` on the first half of WikiText-2 test (--wiki-chunks chunks) and on the
                 TinyStories file (--ts-chunks chunks): the F32 file's logits are saved with --kl-divergence-base, each
                 quantized file is run with --kl-divergence. llama.cpp scores the second half of every 512-token chunk
@@ -26,7 +28,8 @@ Protocol
 
 Needs `make llama-cpp-tools` (llama-quantize, llama-imatrix, llama-perplexity in .venv/llama.cpp-tools) and
 `make real-model`. Resumable: every finished step is kept in docs/gguf_vs_llamacpp_real.json (files and logits in
---work); re-running skips them. Writes docs/gguf_vs_llamacpp_real.md and README's `gguf-vs-llamacpp-real` block.
+--work); re-running skips them, and a killed quantization continues from its last finished block (`--resume`).
+Writes docs/gguf_vs_llamacpp_real.md and README's `gguf-vs-llamacpp-real` block.
 
     python scripts/gguf_vs_llamacpp_real.py [--threads 1] [--wiki-chunks 24] [--ts-chunks 16]
 """
@@ -56,9 +59,15 @@ PRESETS = ("Q4_0", "Q4_K_M", "Q3_K_M")
 # 4 -> Q4_0, 5 -> Q5_0. The mix keeps attn_v/attn_output at 5 bits (Q5_0), as Q3_K_M does, from one MatGPTQ [4,5]
 # parent: 13.3M weights · 1 bit more than Q4_0 = 1.66 MB, inside the 1.78 MB Q3_K_M spends over Q4_0.
 V_O_AT_5 = {"*": 4, **{f"model.layers.{i}.self_attn.{m}": 5 for i in range(30) for m in ("v_proj", "o_proj")}}
-CKPTS = {"gptq4": ("gptq", "4"), "gptq5": ("gptq", "5"), "matgptq45": ("matgptq", "4,5")}
+# checkpoint -> (method, bits, flags beyond GPTQ_FLAGS). "-hw": the Hessian-weighted grid search and scale refit
+# (`--mse-weighted --refit-scales`, grid.py and refit.py): llama.cpp's imatrix idea on top of GPTQ's error feedback.
+HW = ("--mse-weighted", "--refit-scales")
+CKPTS = {"gptq4": ("gptq", "4", ()), "gptq5": ("gptq", "5", ()), "matgptq45": ("matgptq", "4,5", ()),
+         "gptq4-hw": ("gptq", "4", HW), "gptq5-hw": ("gptq", "5", HW), "matgptq45-hw": ("matgptq", "4,5", HW)}
 OURS = {"gptq4": ("gptq4", None, ("Q4_0", "Q3_K_M")), "gptq5": ("gptq5", None, ("Q4_K_M",)),
-        "matgptq45-mix": ("matgptq45", V_O_AT_5, ("Q3_K_M",)), "matgptq45-5": ("matgptq45", 5, ("Q4_K_M",))}  # fmt: skip
+        "matgptq45-mix": ("matgptq45", V_O_AT_5, ("Q3_K_M",)), "matgptq45-5": ("matgptq45", 5, ("Q4_K_M",)),
+        "gptq4-hw": ("gptq4-hw", None, ("Q4_0", "Q3_K_M")), "gptq5-hw": ("gptq5-hw", None, ("Q4_K_M",)),
+        "matgptq45-hw-mix": ("matgptq45-hw", V_O_AT_5, ("Q3_K_M",))}  # fmt: skip
 GPTQ_FLAGS = ["--group-size", "32", "--signed-scale", "--act-order", "--static-groups", "--mse"]
 DATASETS = ("wiki", "ts")
 GOAL = 0.7
@@ -162,11 +171,14 @@ def score(gguf_file: Path, ds: str, work: Path, a: argparse.Namespace) -> dict:
     chunks = a.wiki_chunks if ds == "wiki" else a.ts_chunks
     base = work / f"base-{ds}-{chunks}.kld"
     common = ["-c", "512", "-b", "512", "--chunks", str(chunks), "-t", str(a.threads)]
-    if gguf_file.name == "f32.gguf":
-        text = run([TOOLS / "llama-perplexity", "-m", gguf_file, "-f", eval_text(work, ds), *common,
-                    "--kl-divergence-base", base], work / f"f32-{ds}.score.log")  # fmt: skip
+    if gguf_file.name == "f32.gguf" or not base.is_file():  # the F32 logits every KL is taken against
+        f32, tmp = work / "f32.gguf", base.with_suffix(".tmp")
+        text = run([TOOLS / "llama-perplexity", "-m", f32, "-f", eval_text(work, ds), *common,
+                    "--kl-divergence-base", tmp], work / f"f32-{ds}.score.log")  # fmt: skip
+        tmp.replace(base)  # a killed run leaves no partial base behind
         m = _BASE_PPL.search(text)
-        return {"ppl": float(m[1]), "ppl_se": float(m[2]), "kl": 0.0, "kl_se": 0.0, "positions": chunks * 256}
+        if gguf_file == f32:
+            return {"ppl": float(m[1]), "ppl_se": float(m[2]), "kl": 0.0, "kl_se": 0.0, "positions": chunks * 256}
     text = run([TOOLS / "llama-perplexity", "-m", gguf_file, *common, "--kl-divergence-base", base, "--kl-divergence"],
                work / f"{gguf_file.stem}-{ds}.score.log")  # fmt: skip
     p, k, top = _PPL.search(text), _KLD.search(text), _TOP.search(text)
@@ -255,11 +267,11 @@ def main() -> int:
             if not out.is_file():
                 ckpt = work / f"{ck}-ckpt"
                 if not (ckpt / "config.json").is_file():
-                    method, bits = CKPTS[ck]
+                    method, bits, extra = CKPTS[ck]
                     t0 = time.time()
                     run([sys.executable, "-m", "matgptq", "quantize", a.model, "--out", ckpt, "--method", method,
-                         "--bits", bits, *GPTQ_FLAGS, "--calib", WIKI, "--calib-range", "0.5:1", "--nsamples",
-                         str(a.nsamples), "--seqlen", str(a.seqlen), "--seed", str(a.seed), "--overwrite", "--quiet"],
+                         "--bits", bits, *GPTQ_FLAGS, *extra, "--calib", WIKI, "--calib-range", "0.5:1", "--nsamples",
+                         str(a.nsamples), "--seqlen", str(a.seqlen), "--seed", str(a.seed), "--overwrite", "--resume", "--quiet"],
                         work / f"{ck}.quantize.log", child_env(a.threads))  # fmt: skip
                     state.setdefault("quantize_seconds", {})[ck] = round(time.time() - t0, 1)
                 sel = []
@@ -284,7 +296,10 @@ def main() -> int:
 # ---------------------------------------------------------------------------------------------------------------- render
 LABEL = {"f32": "F32 (convert_hf_to_gguf)", "gptq4": "**ours: GPTQ-4 → Q4_0**", "gptq5": "**ours: GPTQ-5 → Q5_0**",
          "matgptq45-mix": "**ours: MatGPTQ[4,5] mix, attn_v/o 5-bit → Q4_0+Q5_0**",
-         "matgptq45-5": "**ours: MatGPTQ[4,5] 5-bit slice → Q5_0**"}
+         "matgptq45-5": "**ours: MatGPTQ[4,5] 5-bit slice → Q5_0**",
+         "gptq4-hw": "**ours: GPTQ-4 + Hessian-weighted grid & refit → Q4_0**",
+         "gptq5-hw": "**ours: GPTQ-5 + Hessian-weighted grid & refit → Q5_0**",
+         "matgptq45-hw-mix": "**ours: MatGPTQ[4,5] + weighted grid & refit, attn_v/o 5-bit → Q4_0+Q5_0**"}
 
 
 def label(name: str) -> str:
