@@ -32,6 +32,7 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -110,17 +111,31 @@ def runs(p: Protocol):
                     yield f"{gname}|{name}{tag}|-|{seed}", "matgptq", (3, 4, 8), dict(group_size=gs, mse=mse, **opts), seed
 
 
-def measure(p: Protocol, results: dict, out: Path) -> None:
-    todo = [r for r in runs(p) if r[0] not in results]
-    if not todo:
-        return
+class Setting(NamedTuple):
+    """What every run of a protocol shares: calibration tokens, held-out windows, the fp32 model and its logits."""
+
+    calib_tokens: torch.Tensor
+    windows: torch.Tensor
+    fp: torch.nn.Module
+    batch: int
+    teacher: Teacher
+
+
+def setting(p: Protocol) -> Setting:
     torch.set_num_threads(p.threads)
     tok = load_tokenizer(p.model)
     calib_tokens = tokenize(tok, read_text(p.text, p.calib_range))
     windows = eval_windows(tokenize(tok, read_text(p.text, p.eval_range)), p.eval_seqlen, p.eval_tokens)
     fp = load_fp_model(p.model, torch.float32)
     batch = max(1, 8192 // p.eval_seqlen)
-    teacher = Teacher(fp, windows, batch)
+    return Setting(calib_tokens, windows, fp, batch, Teacher(fp, windows, batch))
+
+
+def measure(p: Protocol, results: dict, out: Path) -> None:
+    todo = [r for r in runs(p) if r[0] not in results]
+    if not todo:
+        return
+    calib_tokens, windows, fp, batch, teacher = setting(p)
     for key, method, bits, opts, seed in todo:
         model = copy.deepcopy(fp)
         cfg = make_config(method, bits, **opts)

@@ -19,15 +19,13 @@ import json
 import statistics
 from pathlib import Path
 
-import torch
-from matgptq_ablation import SMOLLM2, STORIES, Protocol
+from matgptq_ablation import SMOLLM2, STORIES, Protocol, setting
 from real_model_table import readme_block
 
 from matgptq.api import make_config
 from matgptq.evaluation.report import format_table
-from matgptq.evaluation.perplexity import Teacher, score
-from matgptq.models.hf import load_fp_model, load_tokenizer
-from matgptq.models.text import calibration_windows, eval_windows, read_text, tokenize
+from matgptq.evaluation.perplexity import score
+from matgptq.models.text import calibration_windows
 from matgptq.quantization.pipeline import quantize_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,13 +47,7 @@ def measure(p: Protocol, names: list[str], seeds: list[int], results: dict) -> N
     todo = [(n, b, s) for s in seeds for b in widths(p) for n in names if f"{p.name}|{n}|{b}|{s}" not in results]
     if not todo:
         return
-    torch.set_num_threads(p.threads)
-    tok = load_tokenizer(p.model)
-    calib_tokens = tokenize(tok, read_text(p.text, p.calib_range))
-    windows = eval_windows(tokenize(tok, read_text(p.text, p.eval_range)), p.eval_seqlen, p.eval_tokens)
-    fp = load_fp_model(p.model, torch.float32)
-    batch = max(1, 8192 // p.eval_seqlen)
-    teacher = Teacher(fp, windows, batch)
+    calib_tokens, windows, fp, batch, teacher = setting(p)
     for name, bits, seed in todo:
         model = copy.deepcopy(fp)
         cfg = make_config("gptq", bits, **LAYOUT, **VARIANTS[name])

@@ -83,13 +83,18 @@ def refit_scales(
     return {r: fit[i] for i, r in enumerate(widths)}
 
 
-def row_errors(weight: torch.Tensor, hessian: torch.Tensor, deq: torch.Tensor, damp: float) -> torch.Tensor:
-    """Per output row, (w − ŵ)ᵀ (H + δ·mean(diag H)·I) (w − ŵ): the objective `refit_scales` minimises (float64)."""
+def damped_hessian(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(H with dead inputs set to 1, + δ·mean(diag H)·I, in float64; the dead-input mask), as the solver damps it."""
     h = hessian.double().clone()
     dead = torch.diag(h) == 0
     h[dead, dead] = 1
     h += damp * torch.diag(h).mean() * torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
-    e = (weight.double().masked_fill(dead, 0) - deq.double())
+    return h, dead
+
+
+def row_errors(weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, deq: torch.Tensor) -> torch.Tensor:
+    """Per output row, (w − ŵ)ᵀ H_damped (w − ŵ) with `damped_hessian`'s pair: the objective `refit_scales` minimises."""
+    e = weight.double().masked_fill(dead, 0) - deq.double()
     return ((e @ h) * e).sum(-1)
 
 
@@ -104,6 +109,7 @@ def refit_master(
     if snap is not None:
         fit = snap(fit)
     g, z, q = g_idx.long(), zeros.float(), codes.float()
-    old = row_errors(weight, hessian, scales.float()[:, g] * (q - z[:, g]), damp)
-    new = row_errors(weight, hessian, fit.float()[:, g] * (q - z[:, g]), damp)
+    h, dead = damped_hessian(hessian, damp)
+    old = row_errors(weight, h, dead, scales.float()[:, g] * (q - z[:, g]))
+    new = row_errors(weight, h, dead, fit.float()[:, g] * (q - z[:, g]))
     return torch.where((new < old).unsqueeze(-1), fit, scales.to(torch.float16))
