@@ -319,6 +319,27 @@ def test_embeddings_q8_0(parent, tmp_path):
     _check_readback(tmp_path / "m.gguf", _reference(parent, 4), rep)
 
 
+# Worst-case error of a re-quantized tensor, relative to its max |w| (gguf-py's ports of ggml-quants.c): Q4_0/Q5_0
+# take d = (the block's signed extreme) / −2^(b−1), so the opposite extreme clips one code short: error ≤ |d| =
+# max|w| / 2^(b−1); Q4_1/Q5_1 take d = (max − min) / (2^b − 1) ≤ 2·max|w| / (2^b − 1) with round-to-nearest: ≤ d/2.
+# The factor 1.07 (0.57 for the halves) covers the float16 rounding of d (and m), ≤ 2^-11 relative, times at most
+# 2^b codes: 16·2^-11 < 0.07 of a step.
+REQUANT_BOUND = {"q4_0": 1.07 / 8, "q5_0": 1.07 / 16, "q4_1": 0.57 * 2 / 15, "q5_1": 0.57 * 2 / 31}
+
+
+@pytest.mark.parametrize("typ", sorted(REQUANT_BOUND))
+def test_embeddings_legacy_types(parent, tmp_path, typ):
+    """--embed-type q4_0…q5_1 (llama-quantize's --token-embedding-type): the tensors are written in that type,
+    read back by gguf-py within the type's worst-case error, and the quantized layers stay bit-exact."""
+    rep = export_gguf(parent, tmp_path / "m.gguf", bits=4, embed_type=typ)
+    emb = {t.name: t for t in rep.tensors if t.name in ("token_embd.weight", "output.weight")}
+    assert {t.ggml_type for t in emb.values()} == {typ.upper()} and len(emb) == 2
+    for t in emb.values():
+        assert t.method == "requantized" and 0 < t.rel_err <= REQUANT_BOUND[typ]
+    assert all(t.exact for t in rep.tensors if t.bits is not None)
+    _check_readback(tmp_path / "m.gguf", _reference(parent, 4), rep)
+
+
 def test_embeddings_auto_as_llamacpp_presets(parent, models, tmp_path):
     """auto: Q6_K when rows are multiples of 256, else Q8_0 (llama-quant.cpp's rule for the output matrix); the
     printed bits per weight is Σ tensor bytes · 8 / Σ weights, recounted here from the file by gguf-py."""

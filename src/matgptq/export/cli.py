@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UserError
+from .gguf_tensors import EMBED_TYPES
 
 
 def add_export_parser(sub) -> None:
@@ -16,9 +17,10 @@ def add_export_parser(sub) -> None:
     x.add_argument("--type", default="auto", help="gguf: block type (auto|q4_0|q4_1|q5_0|q5_1|q8_0|q2_k|q3_k|q4_k|q5_k|q6_k); "
                                                   "K-quants are exact for parents quantized with --kquant")
     x.add_argument("--float-type", choices=["f32", "f16"], default="f32", help="gguf: type of unquantized tensors")
-    x.add_argument("--embed-type", choices=["auto", "f32", "f16", "q8_0", "q6_k"], default="auto",
-                   help="gguf: token embedding / output type; auto (default) = llama.cpp's presets: Q6_K, or Q8_0 "
-                        "when a row is not a multiple of 256; f32 keeps them exact")  # fmt: skip
+    x.add_argument("--embed-type", choices=list(EMBED_TYPES), default="auto",
+                   help="gguf: token embedding / output type (llama-quantize's --token-embedding-type); auto "
+                        "(default) = llama.cpp's presets: Q6_K, or Q8_0 when a row is not a multiple of 256; f32 "
+                        "keeps them exact; the block types re-quantize them as llama-quantize does")  # fmt: skip
     x.add_argument("--out", required=True, help="output directory (GPTQ) or .gguf file")
     x.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 

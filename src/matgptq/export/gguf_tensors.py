@@ -73,7 +73,9 @@ QTYPES: dict[str, _Spec] = {
 }  # ascending bits per weight: auto tries them in this order
 _OFFSET_ROUNDED_OK = {"q4_1", "q5_1"}  # auto accepts fp16 rounding of their block offset m
 FLOAT_TYPES = ("f32", "f16")
-EMBED_TYPES = ("auto", "f32", "f16", "q8_0", "q6_k")  # auto: llama.cpp's preset rule (embed_type_for)
+# token_embd/output: auto = llama.cpp's preset rule (embed_type_for); the block types as llama-quantize's
+# --token-embedding-type / --output-tensor-type write them (_requantize)
+EMBED_TYPES = ("auto", "f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q6_k")
 
 
 def embed_type_for(cols: int, float_type: str) -> str:
