@@ -6,7 +6,7 @@ import torch
 from matgptq.formats.slicing import positions
 from matgptq.quantization.multibit import PerWidthRounding
 from matgptq.quantization.grid import NearestRounding
-from matgptq.quantization.refit import refit_master, refit_scales
+from matgptq.quantization.refit import damped_hessian, refit_master, refit_scales, row_error_change
 from matgptq.quantization.solver import gptq_quantize
 
 
@@ -105,3 +105,21 @@ def test_master_refit_snapped_to_a_lattice_never_grows_the_error():
     res = gptq_quantize(w, h, NearestRounding(4), group_size=16, block_size=16)
     got = refit_master(w, h, res.codes, res.scales, res.zeros, res.g_idx, 4, damp=0.01, snap=lambda s: s / 2)
     assert torch.equal(got, res.scales)
+
+
+def test_row_error_change_is_the_difference_of_the_two_errors():
+    """The guard's one-product identity against the two errors computed directly, dead inputs included."""
+    w, h, _ = random_problem(8, 48, seed=4)
+    h = h.clone()
+    h[5, :], h[:, 5] = 0, 0  # a dead input: zeroed in w, as the solver does
+    gen = torch.Generator().manual_seed(0)
+    old, new = (w + 0.1 * torch.randn(w.shape, generator=gen) for _ in range(2))
+    hd, dead = damped_hessian(h, 0.01)
+
+    def err(deq):
+        e = w.double().masked_fill(dead, 0) - deq.double()
+        return torch.einsum("nk,kl,nl->n", e, hd, e)
+
+    # float64 sums of K² = 2304 terms of size ~|e|²·|H|: both sides agree to ~K·2^-53 of the errors themselves
+    want = err(new) - err(old)
+    assert torch.allclose(row_error_change(w, hd, dead, old, new), want, rtol=0, atol=1e-12 * float(err(old).max()))

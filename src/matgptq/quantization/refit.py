@@ -92,10 +92,15 @@ def damped_hessian(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor, to
     return h, dead
 
 
-def row_errors(weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, deq: torch.Tensor) -> torch.Tensor:
-    """Per output row, (w − ŵ)ᵀ H_damped (w − ŵ) with `damped_hessian`'s pair: the objective `refit_scales` minimises."""
-    e = weight.double().masked_fill(dead, 0) - deq.double()
-    return ((e @ h) * e).sum(-1)
+def row_error_change(weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, old: torch.Tensor,
+                     new: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Per output row, e(new) − e(old) with e(ŵ) = (w − ŵ)ᵀ H_damped (w − ŵ), the objective `refit_scales` minimises
+    (`damped_hessian`'s pair). With r = w − old and d = new − old, e(new) = (r − d)ᵀH(r − d) = e(old) + dᵀH(d − 2r):
+    one float64 product with H instead of one per error (half the guard's cost, and no cancellation of two large
+    errors)."""
+    r = weight.double().masked_fill(dead, 0) - old.double()
+    d = new.double() - old.double()
+    return ((d @ h) * (d - 2 * r)).sum(-1)
 
 
 def refit_master(
@@ -110,6 +115,5 @@ def refit_master(
         fit = snap(fit)
     g, z, q = g_idx.long(), zeros.float(), codes.float()
     h, dead = damped_hessian(hessian, damp)
-    old = row_errors(weight, h, dead, scales.float()[:, g] * (q - z[:, g]))
-    new = row_errors(weight, h, dead, fit.float()[:, g] * (q - z[:, g]))
-    return torch.where((new < old).unsqueeze(-1), fit, scales.to(torch.float16))
+    change = row_error_change(weight, h, dead, scales.float()[:, g] * (q - z[:, g]), fit.float()[:, g] * (q - z[:, g]))
+    return torch.where((change < 0).unsqueeze(-1), fit, scales.to(torch.float16))
