@@ -16,6 +16,8 @@ Protocol
                 embeddings `auto` = Q8_0 for 576-wide rows, as every preset here has them); the "-hw" rows add
                 `--mse-weighted --refit-scales`: the scale search weighted by the Hessian diagonal (the same
                 statistic as llama.cpp's importance matrix) and each scale refit to its codes by least squares
+  searched      one MatGPTQ [4,5,8] parent (the same options, "-hw"), and per preset a `matgptq search` for the
+                per-layer widths (levels 4,5,8 → Q4_0/Q5_0/Q8_0) that fill the preset's tensor bytes (search_budget)
   scoring       `llama-perplexity -c 512` on the first half of WikiText-2 test (--wiki-chunks chunks) and on the
                 TinyStories file (--ts-chunks chunks): the F32 file's logits are saved with --kl-divergence-base, each
                 quantized file is run with --kl-divergence. llama.cpp scores the second half of every 512-token chunk
@@ -38,11 +40,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,11 +67,20 @@ V_O_AT_5 = {"*": 4, **{f"model.layers.{i}.self_attn.{m}": 5 for i in range(30) f
 # (`--mse-weighted --refit-scales`, grid.py and refit.py): llama.cpp's imatrix idea on top of GPTQ's error feedback.
 HW = ("--mse-weighted", "--refit-scales")
 CKPTS = {"gptq4": ("gptq", "4", ()), "gptq5": ("gptq", "5", ()), "matgptq45": ("matgptq", "4,5", ()),
-         "gptq4-hw": ("gptq", "4", HW), "gptq5-hw": ("gptq", "5", HW), "matgptq45-hw": ("matgptq", "4,5", HW)}
+         "gptq4-hw": ("gptq", "4", HW), "gptq5-hw": ("gptq", "5", HW), "matgptq45-hw": ("matgptq", "4,5", HW),
+         "matgptq458-hw": ("matgptq", "4,5,8", HW)}  # fmt: skip
+# (SEARCH, PRESET, EMBED): the widths `matgptq search` finds for the [4,5,8] parent at the preset's tensor bytes, with
+# token_embd (tied output) in EMBED; Q5_1 instead of Q8_0 frees 10 of every 34 bytes of it for the layers
+SEARCH = "search"
+EMBED_BLOCK_BYTES = {"q8_0": 34, "q5_1": 24}  # bytes per block of 32 weights (ggml-common.h)
+SEARCH_LEVELS = "4,5,8"  # → Q4_0, Q5_0, Q8_0: every level's GGUF type is the one its budget counts (search_budget)
 OURS = {"gptq4": ("gptq4", None, ("Q4_0", "Q3_K_M")), "gptq5": ("gptq5", None, ("Q4_K_M",)),
         "matgptq45-mix": ("matgptq45", V_O_AT_5, ("Q3_K_M",)), "matgptq45-5": ("matgptq45", 5, ("Q4_K_M",)),
         "gptq4-hw": ("gptq4-hw", None, ("Q4_0", "Q3_K_M")), "gptq5-hw": ("gptq5-hw", None, ("Q4_K_M",)),
-        "matgptq45-hw-mix": ("matgptq45-hw", V_O_AT_5, ("Q3_K_M",))}  # fmt: skip
+        "matgptq45-hw-mix": ("matgptq45-hw", V_O_AT_5, ("Q3_K_M",)),
+        "matgptq458-hw-q4km": ("matgptq458-hw", (SEARCH, "Q4_K_M", "q8_0"), ("Q4_K_M",)),
+        "matgptq458-hw-q3km": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q8_0"), ("Q3_K_M",)),
+        "matgptq458-hw-q3km-e51": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1"), ("Q3_K_M",))}  # fmt: skip
 GPTQ_FLAGS = ["--group-size", "32", "--signed-scale", "--act-order", "--static-groups", "--mse"]
 DATASETS = ("wiki", "ts")
 GOAL = 0.7
@@ -186,6 +199,34 @@ def score(gguf_file: Path, ds: str, work: Path, a: argparse.Namespace) -> dict:
             "same_top": float(top[1]), "positions": chunks * 256}  # fmt: skip
 
 
+def search_budget(f32: Path, preset_bytes: int, embed: str) -> str:
+    """The code-bits budget (bits per quantized weight, 4 decimals, rounded down) at which a searched mix's file
+    holds at most `preset_bytes` of tensors. Code bits count GGUF bytes exactly here: at group size 32 each level's
+    type (Q4_0, Q5_0, Q8_0) spends the same 16/32 bits per weight on its float16 scales, so a layer of N·K weights at
+    width r takes N·K·(r + 1/2)/8 bytes. The rest of our file is fixed: token_embd in `embed` (EMBED_BLOCK_BYTES per
+    32 weights) and the norms in F32 (read from the F32 file's shapes)."""
+    import gguf
+
+    fixed = quantized = 0
+    for t in gguf.GGUFReader(str(f32)).tensors:
+        n = int(t.n_elements)
+        if t.name.startswith("blk.") and not t.name.endswith("norm.weight"):
+            quantized += n
+        elif t.name == "token_embd.weight":
+            fixed += n * EMBED_BLOCK_BYTES[embed] // 32
+        else:
+            fixed += 4 * n
+    b = Fraction(8 * (preset_bytes - fixed), quantized) - Fraction(1, 2)
+    q = math.floor(b * 10**4)
+    return f"{q // 10**4}.{q % 10**4:04d}"
+
+
+def search_budgets(f32: Path, state: dict, ck: str) -> dict[str, str]:
+    """{row: code-bits budget} of the searched rows of parent `ck`."""
+    return {n: search_budget(f32, state["files"][f"llama:{w[1]}"]["tensor_bytes"], w[2])
+            for n, (c, w, _) in OURS.items() if c == ck and isinstance(w, tuple)}  # fmt: skip
+
+
 def settings(a: argparse.Namespace) -> dict:
     return {"model": str(Path(a.model).resolve()), "nsamples": a.nsamples, "seqlen": a.seqlen, "seed": a.seed,
             "wiki_chunks": a.wiki_chunks, "ts_chunks": a.ts_chunks, "ctx": 512, "gptq_flags": GPTQ_FLAGS}  # fmt: skip
@@ -275,15 +316,34 @@ def main() -> int:
                         work / f"{ck}.quantize.log", child_env(a.threads))  # fmt: skip
                     state.setdefault("quantize_seconds", {})[ck] = round(time.time() - t0, 1)
                 sel = []
-                if isinstance(width, dict):
+                embed = "auto"
+                if isinstance(width, tuple):  # (SEARCH, preset, embed)
+                    embed = width[2]
+                    budget = search_budgets(f32, state, ck)[name]
+                    sdir = work / f"{ck}-search"
+                    if not (sdir / f"mix-{budget}.json").is_file():  # one search for every budget of this parent:
+                        todo = [b for n, b in search_budgets(f32, state, ck).items()  # one teacher, one sensitivity pass
+                                if want(n) and not (sdir / f"mix-{b}.json").is_file()]  # fmt: skip
+                        t0 = time.time()
+                        run([sys.executable, "-m", "matgptq", "search", ckpt, "--budget", ",".join(todo),
+                             "--budget-kind", "code", "--levels", SEARCH_LEVELS, "--calib", WIKI, "--calib-range",
+                             "0.5:1", "--seed", str(a.seed), "--out", sdir, "--resume", "--quiet"],
+                            work / f"{ck}.search.log", child_env(a.threads))  # fmt: skip
+                        state.setdefault("search_seconds", {})[",".join(todo)] = round(time.time() - t0, 1)
+                    state.setdefault("search_budgets", {})[name] = budget
+                    sel = ["--bits-config", sdir / f"mix-{budget}.json"]
+                elif isinstance(width, dict):
                     (work / f"{name}.mix.json").write_text(json.dumps({"bits": width}))
                     sel = ["--bits-config", work / f"{name}.mix.json"]
                 elif width is not None:
                     sel = ["--bits", str(width)]
                 run([sys.executable, "-m", "matgptq", "export", ckpt, *sel, "--format", "gguf", "--type", "auto",
-                     "--out", out, "--overwrite"], work / f"{name}.export.log", child_env(a.threads))  # fmt: skip
+                     "--embed-type", embed, "--out", out, "--overwrite"], work / f"{name}.export.log", child_env(a.threads))  # fmt: skip
             state["files"][name] = file_info(out)
             save()
+            for preset in vs:  # a size over the preset's is a bug in the budget, not a result
+                if state["files"][name]["tensor_bytes"] > state["files"][f"llama:{preset}"]["tensor_bytes"]:
+                    sys.exit(f"gguf_vs_llamacpp_real: error: {out} has more tensor bytes than llama.cpp's {preset}")
             score_all(name, out)
         for preset in vs:
             for ref in (f"llama:{preset}", f"llama:{preset}+im"):
@@ -299,7 +359,10 @@ LABEL = {"f32": "F32 (convert_hf_to_gguf)", "gptq4": "**ours: GPTQ-4 → Q4_0**"
          "matgptq45-5": "**ours: MatGPTQ[4,5] 5-bit slice → Q5_0**",
          "gptq4-hw": "**ours: GPTQ-4 + Hessian-weighted grid & refit → Q4_0**",
          "gptq5-hw": "**ours: GPTQ-5 + Hessian-weighted grid & refit → Q5_0**",
-         "matgptq45-hw-mix": "**ours: MatGPTQ[4,5] + weighted grid & refit, attn_v/o 5-bit → Q4_0+Q5_0**"}
+         "matgptq45-hw-mix": "**ours: MatGPTQ[4,5] + weighted grid & refit, attn_v/o 5-bit → Q4_0+Q5_0**",
+         "matgptq458-hw-q4km": "**ours: MatGPTQ[4,5,8] + weighted grid & refit, searched mix at Q4_K_M's size**",
+         "matgptq458-hw-q3km": "**ours: MatGPTQ[4,5,8] + weighted grid & refit, searched mix at Q3_K_M's size**",
+         "matgptq458-hw-q3km-e51": "**ours: the same at Q3_K_M's size, token_embd Q5_1**"}
 
 
 def label(name: str) -> str:
@@ -361,6 +424,13 @@ def render(state: dict, readme: bool) -> None:
             verdict = "met" if ok and size_ok and "–" not in ratios else ("–" if "–" in ratios else "**missed**")
             lines.append(f"| {preset} | {label(ours)} | {files[ours]['tensor_bytes'] / files[ref[0]]['tensor_bytes']:.4f} | "
                          f"{ratios[0]} | {ratios[1]} | {verdict} |")  # fmt: skip
+    if state.get("search_budgets"):
+        budgets = ", ".join(f"{OURS[n][1][1]} size with token_embd {OURS[n][1][2].upper()}: {b}"
+                            for n, b in state["search_budgets"].items() if n in OURS)  # fmt: skip
+        took = "; ".join(f"budgets {k}: {v:.0f} s" for k, v in state.get("search_seconds", {}).items())
+        lines += ["", f"Searched rows: `matgptq search PARENT --budget-kind code --levels {SEARCH_LEVELS}` (defaults "
+                  f"otherwise) on the calibration text, at the code-bits budget that fills the preset's tensor bytes "
+                  f"(search_budget): {budgets}. One search call for all of them ({took})."]  # fmt: skip
     lines += ["", "Tensor types as written (gguf-py):", ""]
     for n in order:
         if n in files and n != "f32":
