@@ -69,8 +69,9 @@ HW = ("--mse-weighted", "--refit-scales")
 CKPTS = {"gptq4": ("gptq", "4", ()), "gptq5": ("gptq", "5", ()), "matgptq45": ("matgptq", "4,5", ()),
          "gptq4-hw": ("gptq", "4", HW), "gptq5-hw": ("gptq", "5", HW), "matgptq45-hw": ("matgptq", "4,5", HW),
          "matgptq458-hw": ("matgptq", "4,5,8", HW)}  # fmt: skip
-# (SEARCH, PRESET, EMBED): the widths `matgptq search` finds for the [4,5,8] parent at the preset's tensor bytes, with
-# token_embd (tied output) in EMBED; Q5_1 instead of Q8_0 frees 10 of every 34 bytes of it for the layers
+# (SEARCH, PRESET, EMBED[, "dp"]): the widths `matgptq search` finds for the [4,5,8] parent at the preset's tensor
+# bytes, with token_embd (tied output) in EMBED; Q5_1 instead of Q8_0 frees 10 of every 34 bytes of it for the layers.
+# "dp": the search's knapsack start instead (the mix file's dp_bits), to see what the evolutionary search adds
 SEARCH = "search"
 EMBED_BLOCK_BYTES = {"q8_0": 34, "q5_1": 24}  # bytes per block of 32 weights (ggml-common.h)
 SEARCH_LEVELS = "4,5,8"  # → Q4_0, Q5_0, Q8_0: every level's GGUF type is the one its budget counts (search_budget)
@@ -80,7 +81,9 @@ OURS = {"gptq4": ("gptq4", None, ("Q4_0", "Q3_K_M")), "gptq5": ("gptq5", None, (
         "matgptq45-hw-mix": ("matgptq45-hw", V_O_AT_5, ("Q3_K_M",)),
         "matgptq458-hw-q4km": ("matgptq458-hw", (SEARCH, "Q4_K_M", "q8_0"), ("Q4_K_M",)),
         "matgptq458-hw-q3km": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q8_0"), ("Q3_K_M",)),
-        "matgptq458-hw-q3km-e51": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1"), ("Q3_K_M",))}  # fmt: skip
+        "matgptq458-hw-q3km-e51": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1"), ("Q3_K_M",)),
+        "matgptq458-hw-q4km-dp": ("matgptq458-hw", (SEARCH, "Q4_K_M", "q8_0", "dp"), ("Q4_K_M",)),
+        "matgptq458-hw-q3km-e51-dp": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1", "dp"), ("Q3_K_M",))}  # fmt: skip
 GPTQ_FLAGS = ["--group-size", "32", "--signed-scale", "--act-order", "--static-groups", "--mse"]
 DATASETS = ("wiki", "ts")
 GOAL = 0.7
@@ -224,7 +227,7 @@ def search_budget(f32: Path, preset_bytes: int, embed: str) -> str:
 def search_budgets(f32: Path, state: dict, ck: str) -> dict[str, str]:
     """{row: code-bits budget} of the searched rows of parent `ck`."""
     return {n: search_budget(f32, state["files"][f"llama:{w[1]}"]["tensor_bytes"], w[2])
-            for n, (c, w, _) in OURS.items() if c == ck and isinstance(w, tuple)}  # fmt: skip
+            for n, (c, w, _) in OURS.items() if c == ck and isinstance(w, tuple) and len(w) == 3}  # fmt: skip
 
 
 def settings(a: argparse.Namespace) -> dict:
@@ -318,20 +321,24 @@ def main() -> int:
                 sel = []
                 embed = "auto"
                 if isinstance(width, tuple):  # (SEARCH, preset, embed)
-                    embed = width[2]
-                    budget = search_budgets(f32, state, ck)[name]
+                    embed, searched = width[2], name.removesuffix("-dp")
+                    budget = search_budgets(f32, state, ck)[searched]
                     sdir = work / f"{ck}-search"
                     if not (sdir / f"mix-{budget}.json").is_file():  # one search for every budget of this parent:
                         todo = [b for n, b in search_budgets(f32, state, ck).items()  # one teacher, one sensitivity pass
-                                if want(n) and not (sdir / f"mix-{b}.json").is_file()]  # fmt: skip
+                                if (want(n) or want(f"{n}-dp")) and not (sdir / f"mix-{b}.json").is_file()]  # fmt: skip
                         t0 = time.time()
                         run([sys.executable, "-m", "matgptq", "search", ckpt, "--budget", ",".join(todo),
                              "--budget-kind", "code", "--levels", SEARCH_LEVELS, "--calib", WIKI, "--calib-range",
                              "0.5:1", "--seed", str(a.seed), "--out", sdir, "--resume", "--quiet"],
                             work / f"{ck}.search.log", child_env(a.threads))  # fmt: skip
                         state.setdefault("search_seconds", {})[",".join(todo)] = round(time.time() - t0, 1)
-                    state.setdefault("search_budgets", {})[name] = budget
+                    state.setdefault("search_budgets", {})[searched] = budget
                     sel = ["--bits-config", sdir / f"mix-{budget}.json"]
+                    if width[3:] == ("dp",):
+                        knapsack = json.loads((sdir / f"mix-{budget}.json").read_text())["dp_bits"]
+                        (work / f"{name}.mix.json").write_text(json.dumps({"bits": knapsack}))
+                        sel = ["--bits-config", work / f"{name}.mix.json"]
                 elif isinstance(width, dict):
                     (work / f"{name}.mix.json").write_text(json.dumps({"bits": width}))
                     sel = ["--bits-config", work / f"{name}.mix.json"]
@@ -362,7 +369,9 @@ LABEL = {"f32": "F32 (convert_hf_to_gguf)", "gptq4": "**ours: GPTQ-4 → Q4_0**"
          "matgptq45-hw-mix": "**ours: MatGPTQ[4,5] + weighted grid & refit, attn_v/o 5-bit → Q4_0+Q5_0**",
          "matgptq458-hw-q4km": "**ours: MatGPTQ[4,5,8] + weighted grid & refit, searched mix at Q4_K_M's size**",
          "matgptq458-hw-q3km": "**ours: MatGPTQ[4,5,8] + weighted grid & refit, searched mix at Q3_K_M's size**",
-         "matgptq458-hw-q3km-e51": "**ours: the same at Q3_K_M's size, token_embd Q5_1**"}
+         "matgptq458-hw-q3km-e51": "**ours: the same at Q3_K_M's size, token_embd Q5_1**",
+         "matgptq458-hw-q4km-dp": "**ours: the search's knapsack start at Q4_K_M's size (no evolution)**",
+         "matgptq458-hw-q3km-e51-dp": "**ours: the search's knapsack start at Q3_K_M's size, token_embd Q5_1**"}
 
 
 def label(name: str) -> str:
