@@ -83,7 +83,11 @@ OURS = {"gptq4": ("gptq4", None, ("Q4_0", "Q3_K_M")), "gptq5": ("gptq5", None, (
         "matgptq458-hw-q3km": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q8_0"), ("Q3_K_M",)),
         "matgptq458-hw-q3km-e51": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1"), ("Q3_K_M",)),
         "matgptq458-hw-q4km-dp": ("matgptq458-hw", (SEARCH, "Q4_K_M", "q8_0", "dp"), ("Q4_K_M",)),
-        "matgptq458-hw-q3km-e51-dp": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1", "dp"), ("Q3_K_M",))}  # fmt: skip
+        "matgptq458-hw-q3km-e51-dp": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1", "dp"), ("Q3_K_M",)),
+        "gptq5-hw-e16": ("gptq5-hw", None, ()), "gptq5-hw-e51": ("gptq5-hw", None, ()),
+        "gptq5-hw-e50": ("gptq5-hw", None, ())}  # fmt: skip
+# what the token_embd type alone costs: the GPTQ-5 file again with token_embd in F16, Q5_1 or Q5_0 (not size-matched)
+EMBED_OF = {"gptq5-hw-e16": "f16", "gptq5-hw-e51": "q5_1", "gptq5-hw-e50": "q5_0"}
 GPTQ_FLAGS = ["--group-size", "32", "--signed-scale", "--act-order", "--static-groups", "--mse"]
 DATASETS = ("wiki", "ts")
 GOAL = 0.7
@@ -319,7 +323,7 @@ def main() -> int:
                         work / f"{ck}.quantize.log", child_env(a.threads))  # fmt: skip
                     state.setdefault("quantize_seconds", {})[ck] = round(time.time() - t0, 1)
                 sel = []
-                embed = "auto"
+                embed = EMBED_OF.get(name, "auto")
                 if isinstance(width, tuple):  # (SEARCH, preset, embed)
                     embed, searched = width[2], name.removesuffix("-dp")
                     budget = search_budgets(f32, state, ck)[searched]
@@ -371,7 +375,8 @@ LABEL = {"f32": "F32 (convert_hf_to_gguf)", "gptq4": "**ours: GPTQ-4 → Q4_0**"
          "matgptq458-hw-q3km": "**ours: MatGPTQ[4,5,8] + weighted grid & refit, searched mix at Q3_K_M's size**",
          "matgptq458-hw-q3km-e51": "**ours: the same at Q3_K_M's size, token_embd Q5_1**",
          "matgptq458-hw-q4km-dp": "**ours: the search's knapsack start at Q4_K_M's size (no evolution)**",
-         "matgptq458-hw-q3km-e51-dp": "**ours: the search's knapsack start at Q3_K_M's size, token_embd Q5_1**"}
+         "matgptq458-hw-q3km-e51-dp": "**ours: the search's knapsack start at Q3_K_M's size, token_embd Q5_1**",
+         **{n: f"ours: GPTQ-5 + weighted grid & refit → Q5_0, token_embd {t.upper()}" for n, t in EMBED_OF.items()}}
 
 
 def label(name: str) -> str:
