@@ -228,12 +228,6 @@ def search_budget(f32: Path, preset_bytes: int, embed: str) -> str:
     return f"{q // 10**4}.{q % 10**4:04d}"
 
 
-def search_budgets(f32: Path, state: dict, ck: str) -> dict[str, str]:
-    """{row: code-bits budget} of the searched rows of parent `ck`."""
-    return {n: search_budget(f32, state["files"][f"llama:{w[1]}"]["tensor_bytes"], w[2])
-            for n, (c, w, _) in OURS.items() if c == ck and isinstance(w, tuple) and len(w) == 3}  # fmt: skip
-
-
 def settings(a: argparse.Namespace) -> dict:
     return {"model": str(Path(a.model).resolve()), "nsamples": a.nsamples, "seqlen": a.seqlen, "seed": a.seed,
             "wiki_chunks": a.wiki_chunks, "ts_chunks": a.ts_chunks, "ctx": 512, "gptq_flags": GPTQ_FLAGS}  # fmt: skip
@@ -309,6 +303,8 @@ def main() -> int:
     # in the order of the comparisons (F32 base, then each of ours followed by the presets it is matched with), so
     # a run cut short still holds whole comparisons
     score_all("f32", f32)
+    budget_of = {w[1:3]: search_budget(f32, state["files"][f"llama:{w[1]}"]["tensor_bytes"], w[2])
+                 for _, w, _ in OURS.values() if isinstance(w, tuple)}  # (preset, embed) -> code-bits budget
     for name, (ck, width, vs) in OURS.items():
         if want(name):
             out = work / f"{name}.gguf"
@@ -324,20 +320,20 @@ def main() -> int:
                     state.setdefault("quantize_seconds", {})[ck] = round(time.time() - t0, 1)
                 sel = []
                 embed = EMBED_OF.get(name, "auto")
-                if isinstance(width, tuple):  # (SEARCH, preset, embed)
-                    embed, searched = width[2], name.removesuffix("-dp")
-                    budget = search_budgets(f32, state, ck)[searched]
+                if isinstance(width, tuple):  # (SEARCH, preset, embed[, "dp"])
+                    embed, budget = width[2], budget_of[width[1:3]]
                     sdir = work / f"{ck}-search"
                     if not (sdir / f"mix-{budget}.json").is_file():  # one search for every budget of this parent:
-                        todo = [b for n, b in search_budgets(f32, state, ck).items()  # one teacher, one sensitivity pass
-                                if (want(n) or want(f"{n}-dp")) and not (sdir / f"mix-{b}.json").is_file()]  # fmt: skip
+                        todo = list(dict.fromkeys(  # one teacher, one sensitivity pass
+                            budget_of[w[1:3]] for n, (c, w, _) in OURS.items()
+                            if c == ck and isinstance(w, tuple) and want(n) and not (sdir / f"mix-{budget_of[w[1:3]]}.json").is_file()))  # fmt: skip
                         t0 = time.time()
                         run([sys.executable, "-m", "matgptq", "search", ckpt, "--budget", ",".join(todo),
                              "--budget-kind", "code", "--levels", SEARCH_LEVELS, "--calib", WIKI, "--calib-range",
                              "0.5:1", "--seed", str(a.seed), "--out", sdir, "--resume", "--quiet"],
                             work / f"{ck}.search.log", child_env(a.threads))  # fmt: skip
                         state.setdefault("search_seconds", {})[",".join(todo)] = round(time.time() - t0, 1)
-                    state.setdefault("search_budgets", {})[searched] = budget
+                    state.setdefault("search_budgets", {})[name] = budget
                     sel = ["--bits-config", sdir / f"mix-{budget}.json"]
                     if width[3:] == ("dp",):
                         knapsack = json.loads((sdir / f"mix-{budget}.json").read_text())["dp_bits"]
@@ -440,7 +436,7 @@ def render(state: dict, readme: bool) -> None:
                          f"{ratios[0]} | {ratios[1]} | {verdict} |")  # fmt: skip
     if state.get("search_budgets"):
         budgets = ", ".join(f"{OURS[n][1][1]} size with token_embd {OURS[n][1][2].upper()}: {b}"
-                            for n, b in state["search_budgets"].items() if n in OURS)  # fmt: skip
+                            for n, b in state["search_budgets"].items() if n in OURS and len(OURS[n][1]) == 3)  # fmt: skip
         took = "; ".join(f"budgets {k}: {v:.0f} s" for k, v in state.get("search_seconds", {}).items())
         lines += ["", f"Searched rows: `matgptq search PARENT --budget-kind code --levels {SEARCH_LEVELS}` (defaults "
                   f"otherwise) on the calibration text, at the code-bits budget that fills the preset's tensor bytes "

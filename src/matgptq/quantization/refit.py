@@ -34,12 +34,8 @@ def refit_scales(
 ) -> dict[int, torch.Tensor]:  # fmt: skip
     """Per width r in `widths`: float16 scales [N, G] minimising ‖(W − s_r·(P_r − z))X‖² for the r-bit slice of
     the master `codes` (all widths in one pass of H)."""
-    w = weight.float()
-    h = hessian.float().clone()
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1
-    w = w.masked_fill(dead, 0)  # as the solver: dead inputs carry no signal
-    h += damp * torch.diag(h).mean() * torch.eye(h.shape[0], device=h.device)
+    h, dead = damped_hessian(hessian, damp, torch.float32)
+    w = weight.float().masked_fill(dead, 0)  # as the solver: dead inputs carry no signal
     n_rows, k = w.shape
     n_widths, n_groups = len(widths), scales.shape[1]
     g_idx = g_idx.long()
@@ -83,9 +79,9 @@ def refit_scales(
     return {r: fit[i] for i, r in enumerate(widths)}
 
 
-def damped_hessian(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(H with dead inputs set to 1, + δ·mean(diag H)·I, in float64; the dead-input mask), as the solver damps it."""
-    h = hessian.double().clone()
+def damped_hessian(hessian: torch.Tensor, damp: float, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """(H with dead inputs set to 1, + δ·mean(diag H)·I, in `dtype`; the dead-input mask), as the solver damps it."""
+    h = hessian.to(dtype).clone()
     dead = torch.diag(h) == 0
     h[dead, dead] = 1
     h += damp * torch.diag(h).mean() * torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
