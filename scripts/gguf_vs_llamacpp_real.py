@@ -71,7 +71,8 @@ CKPTS = {"gptq4": ("gptq", "4", ()), "gptq5": ("gptq", "5", ()), "matgptq45": ("
          "matgptq458-hw": ("matgptq", "4,5,8", HW)}  # fmt: skip
 # (SEARCH, PRESET, EMBED[, "dp"]): the widths `matgptq search` finds for the [4,5,8] parent at the preset's tensor
 # bytes, with token_embd (tied output) in EMBED; Q5_1 instead of Q8_0 frees 10 of every 34 bytes of it for the layers.
-# "dp": the search's knapsack start instead (the mix file's dp_bits), to see what the evolutionary search adds
+# Without "dp" the evolved mix (search_bits), with it the knapsack start (dp_bits): what the evolution adds. The
+# command itself writes whichever of the two scores lower on its calibration pool.
 SEARCH = "search"
 EMBED_BLOCK_BYTES = {"q8_0": 34, "q5_1": 24}  # bytes per block of 32 weights (ggml-common.h)
 SEARCH_LEVELS = "4,5,8"  # → Q4_0, Q5_0, Q8_0: every level's GGUF type is the one its budget counts (search_budget)
@@ -334,11 +335,11 @@ def main() -> int:
                             work / f"{ck}.search.log", child_env(a.threads))  # fmt: skip
                         state.setdefault("search_seconds", {})[",".join(todo)] = round(time.time() - t0, 1)
                     state.setdefault("search_budgets", {})[name] = budget
-                    sel = ["--bits-config", sdir / f"mix-{budget}.json"]
-                    if width[3:] == ("dp",):
-                        knapsack = json.loads((sdir / f"mix-{budget}.json").read_text())["dp_bits"]
-                        (work / f"{name}.mix.json").write_text(json.dumps({"bits": knapsack}))
-                        sel = ["--bits-config", work / f"{name}.mix.json"]
+                    # each row names its candidate; the command's own output ("bits") is the lower-KL of the two
+                    mix = json.loads((sdir / f"mix-{budget}.json").read_text())
+                    bits = mix["dp_bits"] if width[3:] == ("dp",) else mix.get("search_bits", mix["bits"])
+                    (work / f"{name}.mix.json").write_text(json.dumps({"bits": bits}))
+                    sel = ["--bits-config", work / f"{name}.mix.json"]
                 elif isinstance(width, dict):
                     (work / f"{name}.mix.json").write_text(json.dumps({"bits": width}))
                     sel = ["--bits-config", work / f"{name}.mix.json"]

@@ -307,9 +307,9 @@ def cmd_search(a: argparse.Namespace) -> None:
 
     if not is_writer():  # torchrun: every rank holds the same mixes; rank 0 reports them
         return
-    headers = ["budget", "kind", "code_bits", "storage_bits", "dp_kl", "start", "kl"]
+    headers = ["budget", "kind", "code_bits", "storage_bits", "start", "dp_kl", "search_kl", "chosen", "kl"]
     if a.text:
-        headers += ["dp_text_ppl", "text_ppl", "text_kl"]
+        headers += ["text_ppl", "text_kl"]
     headers += ["evaluations", "seconds"]
     print(format_table(headers, [[r[h] for h in headers] for r in rows]))
     print("wrote " + ", ".join(str(mix_path(Path(a.out), r["budget"])) for r in rows))

@@ -60,6 +60,34 @@ def test_mix_files_are_read_by_load_eval_and_export(searched, stories_parent, tm
             assert torch.equal(torch.from_numpy(weights[f"{name}.weight"]), reference.get_submodule(name).weight.data), name
 
 
+def test_the_written_mix_is_the_candidate_with_the_lowest_calibration_kl(searched, stories_parent):
+    """The search's output is the lowest of its knapsack start, its start and its evolved mix on the whole calibration
+    pool. Oracle: each candidate re-scored by `evaluation.perplexity.score` (log-softmax KL, not the fitness's
+    decomposition) on the pool rebuilt here from the same text, range and window length.
+    Tolerance: both sides run the same float32 forward of the same weights; they differ only in batching and in how
+    the KL is summed. A float32 log-softmax of logits |z| ≲ 30 is off by ≲ 2⁻²³·30 ≈ 4e-6 per entry, so the mean KL
+    per token by ≲ 1e-5 (p sums to 1); 1e-4 leaves a 10× margin and is far below the candidates' differences."""
+    from matgptq.evaluation.perplexity import Teacher, score
+    from matgptq.models import load_tokenizer, read_text, tokenize
+
+    tol = 1e-4
+    n = -(-16384 // 63)  # the default 16,384-token pool in 64-token windows (63 predicted tokens each)
+    pool = tokenize(load_tokenizer(stories_parent), read_text(TINYSTORIES, (0.6, 0.7)))[: n * 64].view(n, 64)
+    with Teacher(matgptq.load(STORIES), pool, 32) as teacher:
+        for budget in ("3.0", "2.5"):
+            mix = json.loads((searched / f"mix-{budget}.json").read_text())
+            s = mix["summary"]
+            by_name = {"search": ("search_bits", "search_kl"), "knapsack": ("dp_bits", "dp_kl"),
+                       s["start"]: ("start_bits", "start_kl")}  # fmt: skip
+            assert mix[by_name[s["chosen"]][0]] == mix["bits"] and s["kl"] == s[by_name[s["chosen"]][1]]
+            assert s["kl"] == min(s[k] for _, k in by_name.values())
+            oracle = {}
+            for name, (bits_key, kl_key) in by_name.items():
+                oracle[name] = score(matgptq.load(stories_parent, bits=mix[bits_key]), pool, teacher, 32).kl
+                assert abs(oracle[name] - s[kl_key]) <= tol, (budget, name, oracle[name], s[kl_key])
+            assert oracle[s["chosen"]] <= min(oracle.values()) + 2 * tol
+
+
 def test_resume_of_a_finished_search_rewrites_the_same_mix(searched, stories_parent):
     before = json.loads((searched / "mix-3.0.json").read_text())["bits"]
     assert main(search(stories_parent, searched, "--budget", "3.0", "--resume")) == 0
