@@ -151,8 +151,10 @@ def _add_search_parser(sub) -> None:
     s.add_argument("--calib-range", type=_range, default=(0.0, 1.0), help="character range START:END of --calib")
     s.add_argument("--out", required=True, help="folder for mix-<budget>.json (and the resumable search states)")
     s.add_argument("--levels", type=_ints, help="widths a layer may take (default: every width 2..c of the parent)")
-    s.add_argument("--budget-kind", choices=["code", "storage"], default="code",
-                   help="enforce code bits (the paper's count) or storage bits (codes + scales + zeros + indices)")
+    s.add_argument("--budget-kind", choices=["code", "storage", "gguf"], default="code",
+                   help="enforce code bits (the paper's count), storage bits (codes + scales + zeros + indices of a "
+                   "sliced matgptq checkpoint) or gguf bits (the layers' tensors as `export --format gguf` writes "
+                   "the mix with --type auto; token_embd, output and norms not counted)")
     from .search.evopress import EvoConfig, format_stages
     from .search.runner import SearchRequest
     from .search.sensitivity import Sensitivity
@@ -307,7 +309,8 @@ def cmd_search(a: argparse.Namespace) -> None:
 
     if not is_writer():  # torchrun: every rank holds the same mixes; rank 0 reports them
         return
-    headers = ["budget", "kind", "code_bits", "storage_bits", "start", "dp_kl", "search_kl", "chosen", "kl"]
+    headers = ["budget", "kind", "code_bits", "storage_bits"] + (["gguf_bits"] if a.budget_kind == "gguf" else [])
+    headers += ["start", "dp_kl", "search_kl", "chosen", "kl"]
     if a.text:
         headers += ["text_ppl", "text_kl"]
     headers += ["evaluations", "seconds"]

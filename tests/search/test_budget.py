@@ -30,6 +30,48 @@ def test_storage_bits_are_the_bytes_of_a_sliced_checkpoint(parent_name, request,
             assert layer.bits(r, BudgetKind.CODE) == layer.rows * layer.cols * r
 
 
+@pytest.fixture(scope="module")
+def lattice_parent(tmp_path_factory):
+    """A MatGPTQ [4,5,6,8] parent, group 32, scales on Q4_K's lattice, with 256-wide rows: its 6-bit slice is Q6_K."""
+    from tests.conftest import make_tiny_llama, quick_quantize
+
+    root = tmp_path_factory.mktemp("lattice")
+    model = make_tiny_llama(root / "k256", hidden=256, intermediate=256, heads=4, kv_heads=2, layers=1)
+    return quick_quantize(model, root / "parent", method="matgptq", bits="4,5,6,8", group_size=32, kquant="q4_k")
+
+
+@pytest.mark.parametrize("parent_name", ["grouped_parent", "stories_parent", "lattice_parent"])
+def test_gguf_bits_are_the_tensor_bytes_gguf_py_reads_back(parent_name, request, tmp_path):
+    """Oracle: gguf-py's GGUFReader on the file `matgptq export --format gguf --bits-config MIX` writes: the layers'
+    tensors hold exactly the mix's GGUF cost in bytes. The mixes give every layer each level in turn, so every
+    (layer, level) cost enters one sum; the parents cover codes-keeping types (Q4_0/Q5_0/Q6_K/Q8_0), the Q8_0
+    re-quantization of act-order groups (grouped_parent) and the float fallback of 172-wide rows (stories260K)."""
+    import json
+
+    from gguf import GGUFReader
+
+    from matgptq.cli import main
+
+    parent = request.getfixturevalue(parent_name)
+    ckpt = read_checkpoint(parent)
+    levels = (2, 3, 4, 5, 6, 8) if parent_name != "lattice_parent" else (4, 5, 6, 8)
+    model = CostModel.from_checkpoint(ckpt, levels, gguf=True)
+    seen_types = set()
+    for shift in range(len(levels)):
+        mix = tuple(levels[(i + shift) % len(levels)] for i in range(len(model.layers)))
+        (tmp_path / "mix.json").write_text(json.dumps({"bits": dict(zip(model.names, mix))}))
+        out = tmp_path / f"m{shift}.gguf"
+        assert main(["export", str(parent), "--format", "gguf", "--bits-config", str(tmp_path / "mix.json"), "--out",
+                     str(out)]) == 0  # fmt: skip
+        tensors = [t for t in GGUFReader(out).tensors if t.name.startswith("blk.") and "norm" not in t.name]
+        assert len(tensors) == len(model.layers)
+        assert 8 * sum(int(t.n_bytes) for t in tensors) == model.cost(mix, BudgetKind.GGUF)
+        seen_types |= {t.tensor_type.name for t in tensors}
+    want = {"grouped_parent": {"Q8_0"}, "stories_parent": {"Q4_0", "Q5_0", "Q8_0", "F32"},
+            "lattice_parent": {"Q4_0", "Q5_0", "Q6_K", "Q8_0"}}[parent_name]  # fmt: skip
+    assert want <= seen_types, seen_types
+
+
 def _numel(shape) -> int:
     n = 1
     for d in shape:

@@ -88,6 +88,28 @@ def test_the_written_mix_is_the_candidate_with_the_lowest_calibration_kl(searche
             assert oracle[s["chosen"]] <= min(oracle.values()) + 2 * tol
 
 
+def test_a_gguf_budget_is_kept_by_the_file_export_writes(stories_parent, tmp_path):
+    """`--budget-kind gguf`: the mix's GGUF bits, counted independently from the tensors gguf-py reads back from
+    the file `export` writes, stay within the budget (halfway between the lowest and the highest level's size)."""
+    from gguf import GGUFReader
+
+    from matgptq.formats import read_checkpoint
+    from matgptq.search import BudgetKind, CostModel
+
+    cost = CostModel.from_checkpoint(read_checkpoint(stories_parent), (2, 4, 8), gguf=True)
+    lo, hi = (cost.average(tuple(r for _ in cost.names), BudgetKind.GGUF) for r in (2, 8))
+    budget = f"{(lo + hi) / 2:.3f}"
+    assert main(search(stories_parent, tmp_path / "mixes", "--budget", budget, "--budget-kind", "gguf")) == 0
+    mix_file = tmp_path / "mixes" / f"mix-{budget}.json"
+    assert main(["export", str(stories_parent), "--format", "gguf", "--bits-config", str(mix_file), "--out",
+                 str(tmp_path / "m.gguf")]) == 0  # fmt: skip
+    layer_bytes = sum(int(t.n_bytes) for t in GGUFReader(tmp_path / "m.gguf").tensors
+                      if t.name.startswith("blk.") and "norm" not in t.name)  # fmt: skip
+    summary = json.loads(mix_file.read_text())["summary"]
+    assert 8 * layer_bytes == round(summary["gguf_bits"] * cost.total_weights)
+    assert 8 * layer_bytes <= float(budget) * cost.total_weights
+
+
 def test_resume_of_a_finished_search_rewrites_the_same_mix(searched, stories_parent):
     before = json.loads((searched / "mix-3.0.json").read_text())["bits"]
     assert main(search(stories_parent, searched, "--budget", "3.0", "--resume")) == 0

@@ -1,6 +1,7 @@
 """The level-switch mutation and the knapsack start never exceed the budget, over random layer sizes, uneven level
-sets, both bit counts and any budget the levels allow."""
+sets, all three bit counts (GGUF: any size table that rises with the width) and any budget the levels allow."""
 
+import itertools
 from fractions import Fraction
 
 import numpy as np
@@ -18,7 +19,11 @@ def problems(draw):
                            min_size=1, max_size=8))  # fmt: skip
     levels = tuple(sorted(draw(st.lists(st.integers(2, 8), min_size=1, max_size=5, unique=True))))
     kind = draw(st.sampled_from(list(BudgetKind)))
-    model = CostModel(tuple(LayerSize(f"l{i}", n, k, g, a) for i, (n, k, g, a) in enumerate(shapes)), levels)
+    # GGUF sizes: any non-decreasing bits per level (block types tie, e.g. 6 and 8 bits both Q8_0 on 576-wide rows)
+    steps = [draw(st.lists(st.integers(0, 9 * n * k), min_size=len(levels), max_size=len(levels))) for n, k, _, _ in shapes]
+    gguf = [tuple(zip(levels, itertools.accumulate(s))) for s in steps]
+    model = CostModel(tuple(LayerSize(f"l{i}", n, k, g, a, u) for i, ((n, k, g, a), u) in enumerate(zip(shapes, gguf))),
+                      levels)  # fmt: skip
     lo = Fraction(model.cost(tuple(levels[0] for _ in shapes), kind), model.total_weights)
     hi = Fraction(model.cost(tuple(levels[-1] for _ in shapes), kind), model.total_weights)
     budget = lo + (hi - lo) * Fraction(draw(st.integers(0, 1000)), 1000)

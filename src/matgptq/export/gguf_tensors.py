@@ -221,6 +221,24 @@ def _auto(q) -> tuple[_Encoded | None, dict[str, str]]:
     return None, reasons
 
 
+def auto_type(q, float_type: str = "f32") -> str:
+    """The type `--type auto` writes quantized weight `q` in: the codes-keeping type `_auto` finds, else (as
+    `_fallback`) Q8_0 re-quantized, or `float_type` when not even 32 divides in_features."""
+    enc, _ = _auto(q)
+    if enc is not None:
+        return enc.ggml_type
+    return "q8_0" if q.shape[1] % 32 == 0 else float_type
+
+
+def tensor_bits(ggml_type: str, rows: int, cols: int) -> int:
+    """Bits of a rows × cols tensor in `ggml_type` (gguf-py's GGML_QUANT_SIZES: weights and bytes per block)."""
+    gguf = _gguf()
+    block, nbytes = gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, ggml_type.upper())]
+    if cols % block:
+        raise ValueError(f"{cols} columns are not whole {ggml_type.upper()} blocks of {block}")
+    return 8 * rows * (cols // block) * nbytes
+
+
 def _fallback(q, w: np.ndarray, float_type: str, why: str) -> _Encoded:
     if q.shape[1] % 32 == 0:
         return _Encoded(_requantize(w, "q8_0"), "q8_0", "requantized", f"re-quantized from floats: {why}")

@@ -153,7 +153,7 @@ def run_search(req: SearchRequest) -> list[dict]:
                         "`matgptq quantize --method matgptq`")  # fmt: skip
     ckpt = read_checkpoint(req.parent)
     levels = _levels(ckpt, req.levels)
-    cost_model = CostModel.from_checkpoint(ckpt, levels)
+    cost_model = CostModel.from_checkpoint(ckpt, levels, gguf=req.kind is BudgetKind.GGUF)
     budgets = [(label, parse_budget(label)) for label in req.budgets]
     for _, b in budgets:
         cost_model.check_budget(b, req.kind)
@@ -231,6 +231,8 @@ def _report(req, label, cost_model, fitness, dp_mix: Mix, state, start_kind: str
            "search_code_bits": cost_model.average(state.parent, BudgetKind.CODE),
            "search_storage_bits": cost_model.average(state.parent, BudgetKind.STORAGE),
            "chosen": chosen, "kl": kl_of[mix]}  # fmt: skip
+    if req.kind is BudgetKind.GGUF:
+        row["gguf_bits"] = cost_model.average(mix, BudgetKind.GGUF)
     if text is not None:
         text_of = {}
         for m in dict.fromkeys((dp_mix, state.parent, mix)):
