@@ -68,14 +68,19 @@ V_O_AT_5 = {"*": 4, **{f"model.layers.{i}.self_attn.{m}": 5 for i in range(30) f
 HW = ("--mse-weighted", "--refit-scales")
 CKPTS = {"gptq4": ("gptq", "4", ()), "gptq5": ("gptq", "5", ()), "matgptq45": ("matgptq", "4,5", ()),
          "gptq4-hw": ("gptq", "4", HW), "gptq5-hw": ("gptq", "5", HW), "matgptq45-hw": ("matgptq", "4,5", HW),
-         "matgptq458-hw": ("matgptq", "4,5,8", HW)}  # fmt: skip
+         "matgptq458-hw": ("matgptq", "4,5,8", HW),
+         # ffn_down's 1536-wide rows on Q6_K's signed lattice: its 6-bit slice is an exact Q6_K (6.56 bits per weight
+         # instead of Q8_0's 8.5), as Q4_K_M gives ffn_down Q6_K; the 576-wide layers are unconstrained (legacy types)
+         "matgptq4568-q6k-hw": ("matgptq", "4,5,6,8", (*HW, "--kquant", "q6_k"))}  # fmt: skip
 # (SEARCH, PRESET, EMBED[, "dp"]): the widths `matgptq search` finds for the [4,5,8] parent at the preset's tensor
 # bytes, with token_embd (tied output) in EMBED; Q5_1 instead of Q8_0 frees 10 of every 34 bytes of it for the layers.
 # Without "dp" the evolved mix (search_bits), with it the knapsack start (dp_bits): what the evolution adds. The
 # command itself writes whichever of the two scores lower on its calibration pool.
 SEARCH = "search"
 EMBED_BLOCK_BYTES = {"q8_0": 34, "q5_1": 24}  # bytes per block of 32 weights (ggml-common.h)
-SEARCH_LEVELS = "4,5,8"  # → Q4_0, Q5_0, Q8_0: every level's GGUF type is the one its budget counts (search_budget)
+# parent -> (budget kind, levels) of its search. "code" on the [4,5,8] parent: Q4_0, Q5_0, Q8_0 all carry 1/2 bit of
+# scale per weight, so code bits + 1/2 are the GGUF bits (search_budget); "gguf" counts the file's bytes directly
+SEARCH_OF = {"matgptq458-hw": ("code", "4,5,8"), "matgptq4568-q6k-hw": ("gguf", "4,5,6,8")}
 OURS = {"gptq4": ("gptq4", None, ("Q4_0", "Q3_K_M")), "gptq5": ("gptq5", None, ("Q4_K_M",)),
         "matgptq45-mix": ("matgptq45", V_O_AT_5, ("Q3_K_M",)), "matgptq45-5": ("matgptq45", 5, ("Q4_K_M",)),
         "gptq4-hw": ("gptq4-hw", None, ("Q4_0", "Q3_K_M")), "gptq5-hw": ("gptq5-hw", None, ("Q4_K_M",)),
@@ -85,6 +90,8 @@ OURS = {"gptq4": ("gptq4", None, ("Q4_0", "Q3_K_M")), "gptq5": ("gptq5", None, (
         "matgptq458-hw-q3km-e51": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1"), ("Q3_K_M",)),
         "matgptq458-hw-q4km-dp": ("matgptq458-hw", (SEARCH, "Q4_K_M", "q8_0", "dp"), ("Q4_K_M",)),
         "matgptq458-hw-q3km-e51-dp": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1", "dp"), ("Q3_K_M",)),
+        "matgptq4568-q6k-hw-q4km": ("matgptq4568-q6k-hw", (SEARCH, "Q4_K_M", "q8_0"), ("Q4_K_M",)),
+        "matgptq4568-q6k-hw-q4km-dp": ("matgptq4568-q6k-hw", (SEARCH, "Q4_K_M", "q8_0", "dp"), ("Q4_K_M",)),
         "gptq5-hw-e16": ("gptq5-hw", None, ()), "gptq5-hw-e51": ("gptq5-hw", None, ()),
         "gptq5-hw-e50": ("gptq5-hw", None, ())}  # fmt: skip
 # what the token_embd type alone costs: the GPTQ-5 file again with token_embd in F16, Q5_1 or Q5_0 (not size-matched)
@@ -207,12 +214,12 @@ def score(gguf_file: Path, ds: str, work: Path, a: argparse.Namespace) -> dict:
             "same_top": float(top[1]), "positions": chunks * 256}  # fmt: skip
 
 
-def search_budget(f32: Path, preset_bytes: int, embed: str) -> str:
-    """The code-bits budget (bits per quantized weight, 4 decimals, rounded down) at which a searched mix's file
-    holds at most `preset_bytes` of tensors. Code bits count GGUF bytes exactly here: at group size 32 each level's
-    type (Q4_0, Q5_0, Q8_0) spends the same 16/32 bits per weight on its float16 scales, so a layer of N·K weights at
-    width r takes N·K·(r + 1/2)/8 bytes. The rest of our file is fixed: token_embd in `embed` (EMBED_BLOCK_BYTES per
-    32 weights) and the norms in F32 (read from the F32 file's shapes)."""
+def search_budget(f32: Path, preset_bytes: int, embed: str, kind: str) -> str:
+    """The budget (bits per quantized weight, 4 decimals, rounded down) of `kind` at which a searched mix's file
+    holds at most `preset_bytes` of tensors. "gguf" counts the layers' GGUF bytes; "code" counts them exactly too on
+    the [4,5,8] parent: at group size 32 each level's type (Q4_0, Q5_0, Q8_0) spends the same 16/32 bits per weight on
+    its float16 scales, so a layer of N·K weights at width r takes N·K·(r + 1/2)/8 bytes. The rest of our file is
+    fixed: token_embd in `embed` (EMBED_BLOCK_BYTES per 32 weights) and the norms in F32 (from the F32 file)."""
     import gguf
 
     fixed = quantized = 0
@@ -224,7 +231,7 @@ def search_budget(f32: Path, preset_bytes: int, embed: str) -> str:
             fixed += n * EMBED_BLOCK_BYTES[embed] // 32
         else:
             fixed += 4 * n
-    b = Fraction(8 * (preset_bytes - fixed), quantized) - Fraction(1, 2)
+    b = Fraction(8 * (preset_bytes - fixed), quantized) - (Fraction(1, 2) if kind == "code" else 0)
     q = math.floor(b * 10**4)
     return f"{q // 10**4}.{q % 10**4:04d}"
 
@@ -304,8 +311,9 @@ def main() -> int:
     # in the order of the comparisons (F32 base, then each of ours followed by the presets it is matched with), so
     # a run cut short still holds whole comparisons
     score_all("f32", f32)
-    budget_of = {w[1:3]: search_budget(f32, state["files"][f"llama:{w[1]}"]["tensor_bytes"], w[2])
-                 for _, w, _ in OURS.values() if isinstance(w, tuple)}  # (preset, embed) -> code-bits budget
+    budget_of = {(ck, *w[1:3]): search_budget(f32, state["files"][f"llama:{w[1]}"]["tensor_bytes"], w[2],
+                                              SEARCH_OF[ck][0])
+                 for ck, w, _ in OURS.values() if isinstance(w, tuple)}  # (parent, preset, embed) -> budget  # fmt: skip
     for name, (ck, width, vs) in OURS.items():
         if want(name):
             out = work / f"{name}.gguf"
@@ -322,15 +330,17 @@ def main() -> int:
                 sel = []
                 embed = EMBED_OF.get(name, "auto")
                 if isinstance(width, tuple):  # (SEARCH, preset, embed[, "dp"])
-                    embed, budget = width[2], budget_of[width[1:3]]
+                    embed, budget = width[2], budget_of[(ck, *width[1:3])]
                     sdir = work / f"{ck}-search"
                     if not (sdir / f"mix-{budget}.json").is_file():  # one search for every budget of this parent:
                         todo = list(dict.fromkeys(  # one teacher, one sensitivity pass
-                            budget_of[w[1:3]] for n, (c, w, _) in OURS.items()
-                            if c == ck and isinstance(w, tuple) and want(n) and not (sdir / f"mix-{budget_of[w[1:3]]}.json").is_file()))  # fmt: skip
+                            budget_of[(c, *w[1:3])] for n, (c, w, _) in OURS.items()
+                            if c == ck and isinstance(w, tuple) and want(n)
+                            and not (sdir / f"mix-{budget_of[(c, *w[1:3])]}.json").is_file()))  # fmt: skip
                         t0 = time.time()
+                        kind, levels = SEARCH_OF[ck]
                         run([sys.executable, "-m", "matgptq", "search", ckpt, "--budget", ",".join(todo),
-                             "--budget-kind", "code", "--levels", SEARCH_LEVELS, "--calib", WIKI, "--calib-range",
+                             "--budget-kind", kind, "--levels", levels, "--calib", WIKI, "--calib-range",
                              "0.5:1", "--seed", str(a.seed), "--out", sdir, "--resume", "--quiet"],
                             work / f"{ck}.search.log", child_env(a.threads))  # fmt: skip
                         state.setdefault("search_seconds", {})[",".join(todo)] = round(time.time() - t0, 1)
@@ -373,6 +383,9 @@ LABEL = {"f32": "F32 (convert_hf_to_gguf)", "gptq4": "**ours: GPTQ-4 → Q4_0**"
          "matgptq458-hw-q3km-e51": "**ours: the same at Q3_K_M's size, token_embd Q5_1**",
          "matgptq458-hw-q4km-dp": "**ours: the search's knapsack start at Q4_K_M's size (no evolution)**",
          "matgptq458-hw-q3km-e51-dp": "**ours: the search's knapsack start at Q3_K_M's size, token_embd Q5_1**",
+         "matgptq4568-q6k-hw-q4km": "**ours: MatGPTQ[4,5,6,8] on Q6_K's lattice + weighted grid & refit, searched at "
+                                    "Q4_K_M's size (GGUF budget)**",
+         "matgptq4568-q6k-hw-q4km-dp": "**ours: its knapsack start at Q4_K_M's size**",
          **{n: f"ours: GPTQ-5 + weighted grid & refit → Q5_0, token_embd {t.upper()}" for n, t in EMBED_OF.items()}}
 
 
@@ -436,12 +449,14 @@ def render(state: dict, readme: bool) -> None:
             lines.append(f"| {preset} | {label(ours)} | {files[ours]['tensor_bytes'] / files[ref[0]]['tensor_bytes']:.4f} | "
                          f"{ratios[0]} | {ratios[1]} | {verdict} |")  # fmt: skip
     if state.get("search_budgets"):
-        budgets = ", ".join(f"{OURS[n][1][1]} size with token_embd {OURS[n][1][2].upper()}: {b}"
+        budgets = ", ".join(f"{OURS[n][0]} at {OURS[n][1][1]} size with token_embd {OURS[n][1][2].upper()}: "
+                            f"{SEARCH_OF[OURS[n][0]][0]} {b}"
                             for n, b in state["search_budgets"].items() if n in OURS and len(OURS[n][1]) == 3)  # fmt: skip
         took = "; ".join(f"budgets {k}: {v:.0f} s" for k, v in state.get("search_seconds", {}).items())
-        lines += ["", f"Searched rows: `matgptq search PARENT --budget-kind code --levels {SEARCH_LEVELS}` (defaults "
-                  f"otherwise) on the calibration text, at the code-bits budget that fills the preset's tensor bytes "
-                  f"(search_budget): {budgets}. One search call for all of them ({took})."]  # fmt: skip
+        how = "; ".join(f"{ck}: `--budget-kind {kind} --levels {levels}`" for ck, (kind, levels) in SEARCH_OF.items())
+        lines += ["", f"Searched rows: `matgptq search PARENT` ({how}; defaults otherwise) on the calibration text, at "
+                  f"the budget that fills the preset's tensor bytes (search_budget): {budgets}. One search call per "
+                  f"parent for all of its budgets ({took})."]  # fmt: skip
     lines += ["", "Tensor types as written (gguf-py):", ""]
     for n in order:
         if n in files and n != "f32":

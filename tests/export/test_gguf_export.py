@@ -193,6 +193,18 @@ def test_kquant_lattice_slices_take_the_smallest_exact_type(lattice_parent, tmp_
     _check_readback(tmp_path / "m.gguf", _reference(lattice_parent, bits), rep)
 
 
+def test_signed_scales_on_the_q6_k_lattice_export_exactly(models, tmp_path):
+    """`--kquant q6_k --signed-scale` (llama.cpp Q4_0's grid, scales of either sign): the 6-bit slice is Q6_K with
+    negative int8 sub-scales, the 4-bit slice Q4_0, both read back by gguf-py bit for bit."""
+    ck = quick_quantize(models["k256"], tmp_path / "signed", method="matgptq", bits="4,6,8", group_size=32,
+                        kquant="q6_k", signed_scale=True)  # fmt: skip
+    assert any((q.scales < 0).any() for q in read_checkpoint(ck).layers.values())
+    for bits, typ in ((6, "Q6_K"), (4, "Q4_0")):
+        rep = export_gguf(ck, tmp_path / f"m{bits}.gguf", bits=bits)
+        assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {typ} and rep.exact
+        _check_readback(tmp_path / f"m{bits}.gguf", _reference(ck, bits), rep)
+
+
 def test_kquant_lattice_mix_writes_per_tensor_types(lattice_parent, tmp_path):
     """Issue 12 item 4: a per-layer mix (as `matgptq search` writes it) of a --kquant parent becomes per-tensor GGUF
     types, each layer the smallest exact type of its own width, read back by gguf-py bit for bit."""

@@ -119,6 +119,21 @@ def test_lattice_costs_little_and_gptq_still_beats_rtn():
     assert lat_err < rtn and lat_err <= (1 + delta) * free
 
 
+@pytest.mark.parametrize("kq", [t for t in TYPES if LATTICES[t].signed], ids=lambda t: t.value)
+def test_signed_lattices_keep_the_sign(kq):
+    """Q3_K/Q6_K store signed sub-scales: a `--signed-scale` grid's negative scales snap to d·sc with sc < 0, and
+    d (from the largest |s|) is what the positive scales of the same magnitudes give; unsigned lattices refuse them."""
+    lat = LATTICES[kq]
+    s = _random_scales(8, 16, seed=3)
+    sign = torch.where(torch.rand(s.shape, generator=torch.Generator().manual_seed(4)) < 0.5, -1.0, 1.0)
+    d = lat.super_scales(s * sign, 16)
+    assert torch.equal(d, lat.super_scales(s, 16))
+    snapped = lat.snap(s * sign, d)
+    assert torch.equal(snapped, sign * lat.snap(s, d))
+    with pytest.raises(ValueError, match="unsigned"):
+        LATTICES[KQuantType.Q4_K].snap(s * sign, d)
+
+
 def test_rtn_on_the_lattice_rounds_to_nearest():
     w, _, _ = random_problem(16, 256, seed=1, outliers=False)
     lat = LATTICES[KQuantType.Q2_K]
@@ -140,7 +155,8 @@ def test_where_the_lattice_applies():
 @pytest.mark.parametrize("kw,match", [
     (dict(kquant="q9_k"), "unknown K-quant"),
     (dict(kquant="q3_k", sym=False), "symmetric"),
-    (dict(kquant="q3_k", signed_scale=True), "symmetric"),
+    (dict(kquant="q4_k", signed_scale=True), "unsigned sub-scales"),
+    (dict(kquant="q2_k", signed_scale=True), "unsigned sub-scales"),
     (dict(kquant="q3_k", act_order=True), "static-groups"),
     (dict(kquant="q4_k", group_size=16), "does not tile"),
     (dict(kquant="q3_k", group_size=48), "does not tile"),

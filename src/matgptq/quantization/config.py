@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 from ..errors import UserError
-from .kquant_scales import KQuantType, check_group_size
+from .kquant_scales import LATTICES, KQuantType, check_group_size
 
 
 class Method(str, Enum):
@@ -78,8 +78,11 @@ class QuantConfig:
             except ValueError:
                 raise UserError(f"unknown K-quant type {self.kquant!r}; use one of "
                                 f"{', '.join(t.value for t in KQuantType)}") from None  # fmt: skip
-            if not self.sym or self.signed_scale:
-                raise UserError("--kquant needs the plain symmetric grid; drop --asym / --signed-scale")
+            if not self.sym:
+                raise UserError("--kquant needs a symmetric grid; drop --asym")
+            if self.signed_scale and not LATTICES[self.kquant].signed:
+                raise UserError(f"--kquant {self.kquant.value} stores unsigned sub-scales, so it needs the plain "
+                                "symmetric grid; drop --signed-scale, or use --kquant q3_k or q6_k (signed)")  # fmt: skip
             if self.act_order and not self.static_groups:
                 raise UserError("--kquant needs contiguous groups; add --static-groups to --act-order")
             why = check_group_size(self.kquant, self.group_size)

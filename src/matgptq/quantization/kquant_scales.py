@@ -14,6 +14,10 @@ largest positive sub-scale of the type (Q2_K's 4-bit scales and mins: 15; Q3_K's
 6-bit: 63; Q6_K's int8: 127), and a lattice for a type also fits every type with a larger SC_MAX and a sub-block that
 divides its group. An r-bit slice of a c-bit parent has scale s·2^(c−r) = (d·2^(c−r))·sc: the same lattice.
 
+Q3_K and Q6_K store signed sub-scales, so their lattices also hold `--signed-scale` grids (llama.cpp Q4_0's: the
+scale takes the sign of the group's extreme weight): s_g = d·sc_g with |sc_g| ∈ [1, SC_MAX] and d from the largest
+|s_g|. The min types (Q2_K, Q4_K, Q5_K) cannot: w = d·sc·q − dmin·m needs sc ≥ 0.
+
 d is the largest group scale of the super-block / SC_MAX, rounded *up* to its significant bits (so no sc exceeds
 SC_MAX), and sc = round(s/d): a group scale moves by at most d/2 ≤ (1 + 2^(1−p))·max_g s_g / (2·SC_MAX), p the
 significant bits of d: the same order as llama.cpp's own 6-bit sub-scales.
@@ -43,6 +47,7 @@ class KQuantType(str, Enum):
 class ScaleLattice:
     sub_block: int  # columns sharing one sub-scale
     sc_max: int  # largest positive integer sub-scale
+    signed: bool = False  # the type stores signed sub-scales (sc ∈ [−sc_max, sc_max] here)
 
     @property
     def d_bits(self) -> int:
@@ -51,11 +56,11 @@ class ScaleLattice:
 
     def super_scales(self, scales: torch.Tensor, group_size: int) -> torch.Tensor:
         """d for every group of `scales` [N, G] (groups of `group_size` contiguous columns): the super-block's
-        largest scale / sc_max, rounded up to `d_bits` significant bits (and to the float16 subnormal step)."""
+        largest |scale| / sc_max, rounded up to `d_bits` significant bits (and to the float16 subnormal step)."""
         per_super = SUPER_BLOCK // group_size
         n, g = scales.shape
         pad = -g % per_super
-        s = torch.nn.functional.pad(scales.double(), (0, pad)).view(n, -1, per_super)
+        s = torch.nn.functional.pad(scales.double().abs(), (0, pad)).view(n, -1, per_super)
         x = s.amax(-1) / self.sc_max
         _, exp = torch.frexp(x)  # x = m·2^exp, m ∈ [0.5, 1)
         step = torch.clamp(torch.ldexp(torch.ones_like(x), exp - self.d_bits), min=F16_MIN_STEP)
@@ -63,17 +68,21 @@ class ScaleLattice:
         return d.repeat_interleave(per_super, dim=1)[:, :g]
 
     def snap(self, scales: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        """`scales` moved to the nearest d·sc with sc ∈ [1, sc_max] (same shape, same dtype)."""
-        sc = torch.clamp(torch.round(scales.double() / d), 1, self.sc_max)
-        return (d * sc).to(scales.dtype)
+        """`scales` moved to the nearest d·sc with |sc| ∈ [1, sc_max], sc of the scale's sign (same shape, dtype)."""
+        s = scales.double()
+        if not self.signed and (s < 0).any():
+            raise ValueError("negative scales on a K-quant lattice whose sub-scales are unsigned")
+        sign = torch.where(s < 0, -1.0, 1.0).to(s.dtype)
+        sc = torch.clamp(torch.round(s.abs() / d), 1, self.sc_max)
+        return (d * sign * sc).to(scales.dtype)
 
 
 LATTICES: dict[KQuantType, ScaleLattice] = {
     KQuantType.Q2_K: ScaleLattice(16, 15),
-    KQuantType.Q3_K: ScaleLattice(16, 31),
+    KQuantType.Q3_K: ScaleLattice(16, 31, signed=True),
     KQuantType.Q4_K: ScaleLattice(32, 63),
     KQuantType.Q5_K: ScaleLattice(32, 63),
-    KQuantType.Q6_K: ScaleLattice(16, 127),
+    KQuantType.Q6_K: ScaleLattice(16, 127, signed=True),
 }
 
 

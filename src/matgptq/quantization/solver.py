@@ -70,12 +70,13 @@ def _static_params(w: torch.Tensor, rounding: Rounding, group_size: int, sym: bo
 
 
 def _lattice_d(w: torch.Tensor, rounding: Rounding, group_size: int, mse: bool, lattice: ScaleLattice | None,
-               col_weights: torch.Tensor | None = None):  # fmt: skip
+               col_weights: torch.Tensor | None = None, signed: bool = False):  # fmt: skip
     """Super-scale d per row and group (kquant_scales.py), from the static scales of the weights before GPTQ; None
     without a lattice. Symmetric grids only (the zero stays 2^(b−1) when a scale moves)."""
     if lattice is None:
         return None
-    return lattice.super_scales(_static_params(w, rounding, group_size, True, mse, False, col_weights)[0], group_size)
+    static = _static_params(w, rounding, group_size, True, mse, signed, col_weights)[0]
+    return lattice.super_scales(static, group_size)
 
 
 def rtn_quantize(
@@ -139,7 +140,7 @@ def gptq_quantize(
     w[:, dead] = 0
 
     col_weights = torch.diag(h).clone() if mse_weighted else None  # original column order
-    lattice_d = _lattice_d(w, rounding, group_size, mse, lattice, col_weights)
+    lattice_d = _lattice_d(w, rounding, group_size, mse, lattice, col_weights, signed)
     if static_groups:
         static_scales, static_zeros = _static_params(w, rounding, group_size, sym, mse, signed, col_weights)
         if lattice_d is not None:
