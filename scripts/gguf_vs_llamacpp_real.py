@@ -17,7 +17,9 @@ Protocol
                 `--mse-weighted --refit-scales`: the scale search weighted by the Hessian diagonal (the same
                 statistic as llama.cpp's importance matrix) and each scale refit to its codes by least squares
   searched      one MatGPTQ [4,5,8] parent (the same options, "-hw"), and per preset a `matgptq search` for the
-                per-layer widths (levels 4,5,8 → Q4_0/Q5_0/Q8_0) that fill the preset's tensor bytes (search_budget)
+                per-layer widths (levels 4,5,8 → Q4_0/Q5_0/Q8_0) that fill the preset's tensor bytes (search_budget);
+                a [4,5,6,8] parent with `--kquant q6_k` (ffn_down's 6-bit slice → Q6_K), searched in GGUF bytes
+  rows          gguf_real_rows.py (what is compared), gguf_real_report.py (the tables)
   scoring       `llama-perplexity -c 512` on the first half of WikiText-2 test (--wiki-chunks chunks) and on the
                 TinyStories file (--ts-chunks chunks): the F32 file's logits are saved with --kl-divergence-base, each
                 quantized file is run with --kl-divergence. llama.cpp scores the second half of every 512-token chunk
@@ -49,6 +51,9 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
+from gguf_real_report import render
+from gguf_real_rows import CKPTS, DATASETS, EMBED_BLOCK_BYTES, EMBED_OF, GPTQ_FLAGS, OURS, PRESETS, SEARCH_OF
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 VENV = Path(sys.prefix)
@@ -58,47 +63,6 @@ DEFAULT_MODEL = Path.home() / ".cache" / "matgptq" / "SmolLM2-135M-Instruct"
 WIKI = SHARED / "data" / "wikitext-2-raw" / "wiki.test.joined.txt"
 TINYSTORIES = SHARED / "data" / "tinystories" / "tinystories_val_head.txt"
 STATE = ROOT / "docs" / "gguf_vs_llamacpp_real.json"
-PRESETS = ("Q4_0", "Q4_K_M", "Q3_K_M")
-# ours: name -> (checkpoint, the width or per-layer mix exported, the presets it is compared with); --type auto writes
-# 4 -> Q4_0, 5 -> Q5_0. The mix keeps attn_v/attn_output at 5 bits (Q5_0), as Q3_K_M does, from one MatGPTQ [4,5]
-# parent: 13.3M weights · 1 bit more than Q4_0 = 1.66 MB, inside the 1.78 MB Q3_K_M spends over Q4_0.
-V_O_AT_5 = {"*": 4, **{f"model.layers.{i}.self_attn.{m}": 5 for i in range(30) for m in ("v_proj", "o_proj")}}
-# checkpoint -> (method, bits, flags beyond GPTQ_FLAGS). "-hw": the Hessian-weighted grid search and scale refit
-# (`--mse-weighted --refit-scales`, grid.py and refit.py): llama.cpp's imatrix idea on top of GPTQ's error feedback.
-HW = ("--mse-weighted", "--refit-scales")
-CKPTS = {"gptq4": ("gptq", "4", ()), "gptq5": ("gptq", "5", ()), "matgptq45": ("matgptq", "4,5", ()),
-         "gptq4-hw": ("gptq", "4", HW), "gptq5-hw": ("gptq", "5", HW), "matgptq45-hw": ("matgptq", "4,5", HW),
-         "matgptq458-hw": ("matgptq", "4,5,8", HW),
-         # ffn_down's 1536-wide rows on Q6_K's signed lattice: its 6-bit slice is an exact Q6_K (6.56 bits per weight
-         # instead of Q8_0's 8.5), as Q4_K_M gives ffn_down Q6_K; the 576-wide layers are unconstrained (legacy types)
-         "matgptq4568-q6k-hw": ("matgptq", "4,5,6,8", (*HW, "--kquant", "q6_k"))}  # fmt: skip
-# (SEARCH, PRESET, EMBED[, "dp"]): the widths `matgptq search` finds for the [4,5,8] parent at the preset's tensor
-# bytes, with token_embd (tied output) in EMBED; Q5_1 instead of Q8_0 frees 10 of every 34 bytes of it for the layers.
-# Without "dp" the evolved mix (search_bits), with it the knapsack start (dp_bits): what the evolution adds. The
-# command itself writes whichever of the two scores lower on its calibration pool.
-SEARCH = "search"
-EMBED_BLOCK_BYTES = {"q8_0": 34, "q5_1": 24}  # bytes per block of 32 weights (ggml-common.h)
-# parent -> (budget kind, levels) of its search. "code" on the [4,5,8] parent: Q4_0, Q5_0, Q8_0 all carry 1/2 bit of
-# scale per weight, so code bits + 1/2 are the GGUF bits (search_budget); "gguf" counts the file's bytes directly
-SEARCH_OF = {"matgptq458-hw": ("code", "4,5,8"), "matgptq4568-q6k-hw": ("gguf", "4,5,6,8")}
-OURS = {"gptq4": ("gptq4", None, ("Q4_0", "Q3_K_M")), "gptq5": ("gptq5", None, ("Q4_K_M",)),
-        "matgptq45-mix": ("matgptq45", V_O_AT_5, ("Q3_K_M",)), "matgptq45-5": ("matgptq45", 5, ("Q4_K_M",)),
-        "gptq4-hw": ("gptq4-hw", None, ("Q4_0", "Q3_K_M")), "gptq5-hw": ("gptq5-hw", None, ("Q4_K_M",)),
-        "matgptq45-hw-mix": ("matgptq45-hw", V_O_AT_5, ("Q3_K_M",)),
-        "matgptq458-hw-q4km": ("matgptq458-hw", (SEARCH, "Q4_K_M", "q8_0"), ("Q4_K_M",)),
-        "matgptq458-hw-q3km": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q8_0"), ("Q3_K_M",)),
-        "matgptq458-hw-q3km-e51": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1"), ("Q3_K_M",)),
-        "matgptq458-hw-q4km-dp": ("matgptq458-hw", (SEARCH, "Q4_K_M", "q8_0", "dp"), ("Q4_K_M",)),
-        "matgptq458-hw-q3km-e51-dp": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1", "dp"), ("Q3_K_M",)),
-        "matgptq4568-q6k-hw-q4km": ("matgptq4568-q6k-hw", (SEARCH, "Q4_K_M", "q8_0"), ("Q4_K_M",)),
-        "matgptq4568-q6k-hw-q4km-dp": ("matgptq4568-q6k-hw", (SEARCH, "Q4_K_M", "q8_0", "dp"), ("Q4_K_M",)),
-        "gptq5-hw-e16": ("gptq5-hw", None, ()), "gptq5-hw-e51": ("gptq5-hw", None, ()),
-        "gptq5-hw-e50": ("gptq5-hw", None, ())}  # fmt: skip
-# what the token_embd type alone costs: the GPTQ-5 file again with token_embd in F16, Q5_1 or Q5_0 (not size-matched)
-EMBED_OF = {"gptq5-hw-e16": "f16", "gptq5-hw-e51": "q5_1", "gptq5-hw-e50": "q5_0"}
-GPTQ_FLAGS = ["--group-size", "32", "--signed-scale", "--act-order", "--static-groups", "--mse"]
-DATASETS = ("wiki", "ts")
-GOAL = 0.7
 
 
 def log(msg: str) -> None:
@@ -369,107 +333,6 @@ def main() -> int:
                     score_all(ref, files[ref])
     render(state, readme=True)
     return 0
-
-
-# ---------------------------------------------------------------------------------------------------------------- render
-LABEL = {"f32": "F32 (convert_hf_to_gguf)", "gptq4": "**ours: GPTQ-4 → Q4_0**", "gptq5": "**ours: GPTQ-5 → Q5_0**",
-         "matgptq45-mix": "**ours: MatGPTQ[4,5] mix, attn_v/o 5-bit → Q4_0+Q5_0**",
-         "matgptq45-5": "**ours: MatGPTQ[4,5] 5-bit slice → Q5_0**",
-         "gptq4-hw": "**ours: GPTQ-4 + Hessian-weighted grid & refit → Q4_0**",
-         "gptq5-hw": "**ours: GPTQ-5 + Hessian-weighted grid & refit → Q5_0**",
-         "matgptq45-hw-mix": "**ours: MatGPTQ[4,5] + weighted grid & refit, attn_v/o 5-bit → Q4_0+Q5_0**",
-         "matgptq458-hw-q4km": "**ours: MatGPTQ[4,5,8] + weighted grid & refit, searched mix at Q4_K_M's size**",
-         "matgptq458-hw-q3km": "**ours: MatGPTQ[4,5,8] + weighted grid & refit, searched mix at Q3_K_M's size**",
-         "matgptq458-hw-q3km-e51": "**ours: the same at Q3_K_M's size, token_embd Q5_1**",
-         "matgptq458-hw-q4km-dp": "**ours: the search's knapsack start at Q4_K_M's size (no evolution)**",
-         "matgptq458-hw-q3km-e51-dp": "**ours: the search's knapsack start at Q3_K_M's size, token_embd Q5_1**",
-         "matgptq4568-q6k-hw-q4km": "**ours: MatGPTQ[4,5,6,8] on Q6_K's lattice + weighted grid & refit, searched at "
-                                    "Q4_K_M's size (GGUF budget)**",
-         "matgptq4568-q6k-hw-q4km-dp": "**ours: its knapsack start at Q4_K_M's size**",
-         **{n: f"ours: GPTQ-5 + weighted grid & refit → Q5_0, token_embd {t.upper()}" for n, t in EMBED_OF.items()}}
-
-
-def label(name: str) -> str:
-    if name.startswith("llama:"):
-        preset, im = name[6:].split("+")[0], name.endswith("+im")
-        return f"llama.cpp {preset}" + (" + imatrix" if im else "")
-    return LABEL.get(name, name)
-
-
-def types_text(info: dict) -> str:
-    by_type: dict[str, list[str]] = {}
-    for key, n in sorted(info["types"].items()):
-        role, typ = key.split(":")
-        by_type.setdefault(typ, []).append(f"{role}×{n}" if n > 1 else role)
-    return "; ".join(f"{t}: {', '.join(v)}" for t, v in sorted(by_type.items()))
-
-
-def fmt(s: dict | None, key: str, digits: int) -> str:
-    if s is None:
-        return "–"
-    return f"{s[key]:.{digits}f} ± {s[key + '_se']:.{digits}f}" if s.get(key + "_se") else f"{s[key]:.{digits}f}"
-
-
-def render(state: dict, readme: bool) -> None:
-    files, scores, st = state["files"], state["scores"], state["settings"]
-    head = (f"SmolLM2-135M-Instruct; KL(F32 ‖ file) and perplexity by `llama-perplexity -c 512` over "
-            f"{st['wiki_chunks'] * 256} WikiText-2 positions ({st['wiki_chunks']} chunks) and {st['ts_chunks'] * 256} "
-            f"TinyStories positions ({st['ts_chunks']} chunks); calibration (GPTQ and imatrix) {st['nsamples']} × "
-            f"{st['seqlen']} tokens of WikiText-2's second half, seed {st['seed']}. BPW = tensor bytes · 8 / parameters.")  # fmt: skip
-    lines = [head, "", "| GGUF | tensor bytes | file bytes | BPW | wiki ppl | wiki KL | TinyStories ppl | TinyStories KL |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    order = ["f32"] + [f"llama:{p}{s}" for p in PRESETS for s in ("", "+im")] + list(OURS)
-    for n in order:
-        if n not in files:
-            continue
-        sc = scores.get(n, {})
-        lines.append(f"| {label(n)} | {files[n]['tensor_bytes']} | {files[n]['bytes']} | {files[n]['bpw']:.3f} | {fmt(sc.get('wiki'), 'ppl', 3)} | "
-                     f"{fmt(sc.get('wiki'), 'kl', 4)} | {fmt(sc.get('ts'), 'ppl', 3)} | {fmt(sc.get('ts'), 'kl', 4)} |")  # fmt: skip
-    lines += ["", "Goal (issue 12): our KL ≤ 0.7 × the preset's best (without or with imatrix) at ≤ its tensor bytes.", "",
-              "| preset | ours | tensor bytes ours / preset | KL ours ÷ preset, wiki | KL ours ÷ preset, TinyStories | goal 0.7× |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
-    for ours, (_, _, vs) in OURS.items():
-        for preset in vs:
-            ref = [f"llama:{preset}", f"llama:{preset}+im"]
-            if ours not in files or any(r not in files for r in ref):
-                continue
-            ratios, ok = [], True
-            for ds in DATASETS:
-                ks = [scores.get(r, {}).get(ds, {}).get("kl") for r in ref]
-                mine = scores.get(ours, {}).get(ds, {}).get("kl")
-                if mine is None or None in ks:
-                    ratios.append("–")
-                    ok = False
-                    continue
-                r = mine / min(ks)
-                ratios.append(f"{r:.3f} (vs {mine / ks[0]:.3f} without imatrix)")
-                ok &= r <= GOAL
-            size_ok = files[ours]["tensor_bytes"] <= min(files[r]["tensor_bytes"] for r in ref)
-            verdict = "met" if ok and size_ok and "–" not in ratios else ("–" if "–" in ratios else "**missed**")
-            lines.append(f"| {preset} | {label(ours)} | {files[ours]['tensor_bytes'] / files[ref[0]]['tensor_bytes']:.4f} | "
-                         f"{ratios[0]} | {ratios[1]} | {verdict} |")  # fmt: skip
-    if state.get("search_budgets"):
-        budgets = ", ".join(f"{OURS[n][0]} at {OURS[n][1][1]} size with token_embd {OURS[n][1][2].upper()}: "
-                            f"{SEARCH_OF[OURS[n][0]][0]} {b}"
-                            for n, b in state["search_budgets"].items() if n in OURS and len(OURS[n][1]) == 3)  # fmt: skip
-        took = "; ".join(f"budgets {k}: {v:.0f} s" for k, v in state.get("search_seconds", {}).items())
-        how = "; ".join(f"{ck}: `--budget-kind {kind} --levels {levels}`" for ck, (kind, levels) in SEARCH_OF.items())
-        lines += ["", f"Searched rows: `matgptq search PARENT` ({how}; defaults otherwise) on the calibration text, at "
-                  f"the budget that fills the preset's tensor bytes (search_budget): {budgets}. One search call per "
-                  f"parent for all of its budgets ({took})."]  # fmt: skip
-    lines += ["", "Tensor types as written (gguf-py):", ""]
-    for n in order:
-        if n in files and n != "f32":
-            lines.append(f"- {label(n)}: {types_text(files[n])}")
-    text = "\n".join(lines)
-    (ROOT / "docs" / "gguf_vs_llamacpp_real.md").write_text(text + "\n")
-    if readme:
-        start, end = "<!-- gguf-vs-llamacpp-real:start -->", "<!-- gguf-vs-llamacpp-real:end -->"
-        body = (ROOT / "README.md").read_text()
-        if start in body and end in body:
-            body = body[: body.index(start)] + f"{start}\n{text}\n{end}" + body[body.index(end) + len(end) :]
-            (ROOT / "README.md").write_text(body)
-    print(text)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""The report of scripts/gguf_vs_llamacpp_real.py: docs/gguf_vs_llamacpp_real.md and README's block, from its JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gguf_real_rows import DATASETS, GOAL, OURS, PRESETS, SEARCH_OF, label
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def types_text(info: dict) -> str:
+    by_type: dict[str, list[str]] = {}
+    for key, n in sorted(info["types"].items()):
+        role, typ = key.split(":")
+        by_type.setdefault(typ, []).append(f"{role}×{n}" if n > 1 else role)
+    return "; ".join(f"{t}: {', '.join(v)}" for t, v in sorted(by_type.items()))
+
+
+def fmt(s: dict | None, key: str, digits: int) -> str:
+    if s is None:
+        return "–"
+    return f"{s[key]:.{digits}f} ± {s[key + '_se']:.{digits}f}" if s.get(key + "_se") else f"{s[key]:.{digits}f}"
+
+
+def render(state: dict, readme: bool) -> None:
+    files, scores, st = state["files"], state["scores"], state["settings"]
+    head = (f"SmolLM2-135M-Instruct; KL(F32 ‖ file) and perplexity by `llama-perplexity -c 512` over "
+            f"{st['wiki_chunks'] * 256} WikiText-2 positions ({st['wiki_chunks']} chunks) and {st['ts_chunks'] * 256} "
+            f"TinyStories positions ({st['ts_chunks']} chunks); calibration (GPTQ and imatrix) {st['nsamples']} × "
+            f"{st['seqlen']} tokens of WikiText-2's second half, seed {st['seed']}. BPW = tensor bytes · 8 / parameters.")  # fmt: skip
+    lines = [head, "", "| GGUF | tensor bytes | file bytes | BPW | wiki ppl | wiki KL | TinyStories ppl | TinyStories KL |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    order = ["f32"] + [f"llama:{p}{s}" for p in PRESETS for s in ("", "+im")] + list(OURS)
+    for n in order:
+        if n not in files:
+            continue
+        sc = scores.get(n, {})
+        lines.append(f"| {label(n)} | {files[n]['tensor_bytes']} | {files[n]['bytes']} | {files[n]['bpw']:.3f} | {fmt(sc.get('wiki'), 'ppl', 3)} | "
+                     f"{fmt(sc.get('wiki'), 'kl', 4)} | {fmt(sc.get('ts'), 'ppl', 3)} | {fmt(sc.get('ts'), 'kl', 4)} |")  # fmt: skip
+    lines += ["", "Goal (issue 12): our KL ≤ 0.7 × the preset's best (without or with imatrix) at ≤ its tensor bytes.", "",
+              "| preset | ours | tensor bytes ours / preset | KL ours ÷ preset, wiki | KL ours ÷ preset, TinyStories | goal 0.7× |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for ours, (_, _, vs) in OURS.items():
+        for preset in vs:
+            ref = [f"llama:{preset}", f"llama:{preset}+im"]
+            if ours not in files or any(r not in files for r in ref):
+                continue
+            ratios, ok = [], True
+            for ds in DATASETS:
+                ks = [scores.get(r, {}).get(ds, {}).get("kl") for r in ref]
+                mine = scores.get(ours, {}).get(ds, {}).get("kl")
+                if mine is None or None in ks:
+                    ratios.append("–")
+                    ok = False
+                    continue
+                r = mine / min(ks)
+                ratios.append(f"{r:.3f} (vs {mine / ks[0]:.3f} without imatrix)")
+                ok &= r <= GOAL
+            size_ok = files[ours]["tensor_bytes"] <= min(files[r]["tensor_bytes"] for r in ref)
+            verdict = "met" if ok and size_ok and "–" not in ratios else ("–" if "–" in ratios else "**missed**")
+            lines.append(f"| {preset} | {label(ours)} | {files[ours]['tensor_bytes'] / files[ref[0]]['tensor_bytes']:.4f} | "
+                         f"{ratios[0]} | {ratios[1]} | {verdict} |")  # fmt: skip
+    if state.get("search_budgets"):
+        budgets = ", ".join(f"{OURS[n][0]} at {OURS[n][1][1]} size with token_embd {OURS[n][1][2].upper()}: "
+                            f"{SEARCH_OF[OURS[n][0]][0]} {b}"
+                            for n, b in state["search_budgets"].items() if n in OURS and len(OURS[n][1]) == 3)  # fmt: skip
+        took = "; ".join(f"budgets {k}: {v:.0f} s" for k, v in state.get("search_seconds", {}).items())
+        how = "; ".join(f"{ck}: `--budget-kind {kind} --levels {levels}`" for ck, (kind, levels) in SEARCH_OF.items())
+        lines += ["", f"Searched rows: `matgptq search PARENT` ({how}; defaults otherwise) on the calibration text, at "
+                  f"the budget that fills the preset's tensor bytes (search_budget): {budgets}. One search call per "
+                  f"parent for all of its budgets ({took})."]  # fmt: skip
+    lines += ["", "Tensor types as written (gguf-py):", ""]
+    for n in order:
+        if n in files and n != "f32":
+            lines.append(f"- {label(n)}: {types_text(files[n])}")
+    text = "\n".join(lines)
+    (ROOT / "docs" / "gguf_vs_llamacpp_real.md").write_text(text + "\n")
+    if readme:
+        start, end = "<!-- gguf-vs-llamacpp-real:start -->", "<!-- gguf-vs-llamacpp-real:end -->"
+        body = (ROOT / "README.md").read_text()
+        if start in body and end in body:
+            body = body[: body.index(start)] + f"{start}\n{text}\n{end}" + body[body.index(end) + len(end) :]
+            (ROOT / "README.md").write_text(body)
+    print(text)
