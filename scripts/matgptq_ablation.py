@@ -9,7 +9,9 @@ and KL to the float32 model on the first 60% (40k tokens). Per grouping (per cha
       per-width-scales  + each target width's least-squares scales (quantization/refit.py), with λ = 1,1,1 and
                         with the master weighted ×4 (λ = 1,1,4), ×16 (λ = 1,1,16, the default) and ×64 (how far
                         weighting the master buys back slice-8 and what it costs the lower slices)
-    and, per channel only, per-width-scales λ = 1,1,1 and GPTQ with the MSE grid (`--mse`).
+    and, per channel only, per-width-scales λ = 1,1,1 and GPTQ with the MSE grid (`--mse`); and, both groupings,
+    the default parent and GPTQ with the Hessian-weighted grid and scale refit (`--mse --mse-weighted
+    --refit-scales`, "+hw": what the GGUF rows of scripts/gguf_vs_llamacpp_real.py use).
 Reported: mean ± standard deviation over seeds; a ratio to GPTQ is a tie when the two means are closer than the larger
 spread. Also the solver's seconds per layer (stories260K's are tiny: the cost at 4096² is scripts/bench_gptq.py's).
 Results are cached in docs/ablation.json as they come (a killed run continues); --fresh starts over.
@@ -85,6 +87,10 @@ VARIANTS = {  # name -> quantize options (λ explicit, so a change of defaults n
     "per-width-scales λ=1,1,64": dict(variant="per-width-scales", bit_weights=(1.0, 1.0, 64.0)),
 }
 MSE_VARIANT = "per-width-scales λ=1,1,1"
+# the Hessian-weighted scale search and least-squares refit of the master (`--mse --mse-weighted --refit-scales`,
+# grid.py and refit.py: llama.cpp's imatrix idea), GPTQ against the default parent, both groupings
+HW = dict(mse=True, mse_weighted=True, refit_scales=True)
+HW_VARIANT = "per-width-scales λ=1,1,16 (default)"
 
 
 def variants(p: Protocol) -> list[str]:
@@ -99,16 +105,23 @@ def runs(p: Protocol):
     """(key, method, options) for every run, in order: GPTQ rows then parents, per seed and grouping."""
     for seed in SEEDS:
         for gname, gs in p.groupings.items():
-            grids = [False, True] if gs == -1 and p.mse_grid else [False]
-            for mse in grids:
-                tag = " +mse" if mse else ""
+            for tag, grid, only in grid_rows(p, gs):
                 for bits in gptq_widths(p):
-                    yield f"{gname}|GPTQ{tag}|{bits}|{seed}", "gptq", bits, dict(group_size=gs, mse=mse), seed
+                    yield f"{gname}|GPTQ{tag}|{bits}|{seed}", "gptq", bits, dict(group_size=gs, **grid), seed
                 for name in variants(p):
-                    opts = VARIANTS[name]
-                    if mse and name != MSE_VARIANT:
+                    if only is not None and name != only:
                         continue
-                    yield f"{gname}|{name}{tag}|-|{seed}", "matgptq", (3, 4, 8), dict(group_size=gs, mse=mse, **opts), seed
+                    opts = dict(group_size=gs, **grid, **VARIANTS[name])
+                    yield f"{gname}|{name}{tag}|-|{seed}", "matgptq", (3, 4, 8), opts, seed
+
+
+def grid_rows(p: Protocol, gs: int) -> list[tuple[str, dict, str | None]]:
+    """(row suffix, grid options, the one variant measured with them or None for all) of a grouping."""
+    rows = [("", dict(mse=False), None)]
+    if p.mse_grid:
+        rows += [(" +mse", dict(mse=True), MSE_VARIANT)] if gs == -1 else []
+        rows += [(" +hw", HW, HW_VARIANT)]
+    return rows
 
 
 class Setting(NamedTuple):
@@ -179,8 +192,8 @@ def render(p: Protocol, results: dict) -> str:
            f"{p.eval_seqlen})."]  # fmt: skip
     for gname, gs in p.groupings.items():
         rows = []
-        mse = gs == -1 and p.mse_grid
-        names = ["GPTQ", *variants(p)] + (["GPTQ +mse", f"{MSE_VARIANT} +mse"] if mse else [])
+        extra = [(tag, only) for tag, _, only in grid_rows(p, gs) if tag]
+        names = ["GPTQ", *variants(p)] + [n for tag, only in extra for n in (f"GPTQ{tag}", f"{only}{tag}")]
         for name in names:
             sec = [results[k]["seconds_per_layer"] for k in results if k.startswith(f"{gname}|{name}|")]
             widths = gptq_widths(p) if name.startswith("GPTQ") else SLICES
@@ -190,8 +203,7 @@ def render(p: Protocol, results: dict) -> str:
         headers = ["", *[f"ppl {w}" for w in SLICES], *[f"KL {w}" for w in SLICES], "ms/layer"]
         out += [f"\n**{gname}**\n", format_table(headers, rows)]
         goals = []
-        for name, gptq in [(n, "GPTQ") for n in variants(p)] + ([(f"{MSE_VARIANT} +mse", "GPTQ +mse")]
-                                                                if mse else []):  # fmt: skip
+        for name, gptq in [(n, "GPTQ") for n in variants(p)] + [(f"{only}{tag}", f"GPTQ{tag}") for tag, only in extra]:
             line = [name]
             for metric in ("ppl", "kl"):
                 get = lambda w, row=name: collect(results, gname, row, w, metric)  # noqa: E731
