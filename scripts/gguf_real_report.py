@@ -38,7 +38,9 @@ def render(state: dict, readme: bool) -> None:
         sc = scores.get(n, {})
         lines.append(f"| {label(n)} | {files[n]['tensor_bytes']} | {files[n]['bytes']} | {files[n]['bpw']:.3f} | {fmt(sc.get('wiki'), 'ppl', 3)} | "
                      f"{fmt(sc.get('wiki'), 'kl', 4)} | {fmt(sc.get('ts'), 'ppl', 3)} | {fmt(sc.get('ts'), 'kl', 4)} |")  # fmt: skip
-    lines += ["", "Goal (issue 12): our KL ≤ 0.7 × the preset's best (without or with imatrix) at ≤ its tensor bytes.", "",
+    lines += ["", "Goal (issue 12): our KL ≤ 0.7 × the preset's best (without or with imatrix) at ≤ its tensor bytes. "
+              "Q4_K_S with token_embd Q5_1 is not one of the issue's presets: it is llama.cpp making the embedding "
+              "reallocation of our Q5_1 rows itself, at ≤ Q3_K_M's bytes, the same rule applied to a fairer opponent.", "",
               "| preset | ours | tensor bytes ours / preset | KL ours ÷ preset, wiki | KL ours ÷ preset, TinyStories | goal 0.7× |",
               "|---|---|---|---|---|---|"]  # fmt: skip
     for ours, (_, _, vs) in OURS.items():
