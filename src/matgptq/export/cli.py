@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UserError
-from .gguf_tensors import EMBED_TYPES
+from ..formats.gguf_tensors import EMBED_TYPES
 
 
 def add_export_parser(sub) -> None:

@@ -1,7 +1,8 @@
 """GGUF export (llama.cpp) of a matgptq parent, slice or per-layer mix, keeping the integer codes.
 
-The parts: gguf_arch.py names and orders the tensors (Llama, Mistral, Qwen2, Qwen3, Phi-3), gguf_tensors.py encodes
-each one (which block type keeps a layer's codes), gguf_metadata.py describes the model, gguf_vocab.py its tokenizer; this module writes the file.
+The parts: gguf_arch.py names and orders the tensors (Llama, Mistral, Qwen2, Qwen3, Phi-3), formats/gguf_tensors.py
+encodes each one (which block type keeps a layer's codes), gguf_metadata.py describes the model, gguf_vocab.py its
+tokenizer; this module writes the file.
 
 Metadata follows convert_hf_to_gguf.py (formats.md §5.3), Llama's Q/K rows get its RoPE permutation (§5.4, applied to
 whole encoded rows, which commutes with the row-wise blocks), norms are F32, embeddings/lm_head `embed_type`
@@ -32,7 +33,8 @@ from ..untrusted import read_json
 from .gguf_arch import ARCHITECTURES, _order, llama_qk_permutation
 from .gguf_metadata import _add_metadata, _gguf, _hparams
 from .gguf_vocab import add_vocab
-from .gguf_tensors import EMBED_TYPES, FLOAT_TYPES, QTYPES, _encode_layer, _float_encode, _requantize, embed_type_for
+from ..formats.gguf_tensors import (EMBED_TYPES, FLOAT_TYPES, QTYPES, _encode_layer, _float_encode, _requantize,
+                                    embed_type_for)  # fmt: skip
 
 __all__ = ["export_gguf", "export_gguf_cli", "read_gguf_weights", "GGUFExport", "TensorExport", "GGUFExportWarning"]
 

@@ -1,7 +1,7 @@
 """GGUF metadata for llama.cpp: the hyper-parameters of each architecture of gguf_arch.py (formats.md §5.3).
 
-gguf_arch.py names the tensors, gguf_tensors.py encodes them, gguf_vocab.py writes the tokenizer and gguf.py writes
-the file; this module only describes the model's shape to llama.cpp.
+gguf_arch.py names the tensors, formats/gguf_tensors.py encodes them, gguf_vocab.py writes the tokenizer and gguf.py
+writes the file; this module only describes the model's shape to llama.cpp.
 """
 
 from __future__ import annotations
@@ -11,15 +11,8 @@ import math
 import numpy as np
 
 from ..errors import UserError
+from ..formats.gguf_tensors import _gguf
 from .gguf_arch import gguf_arch
-
-
-def _gguf():
-    try:
-        import gguf
-    except ImportError:
-        raise UserError("GGUF export needs the gguf package (gguf-py): pip install gguf") from None
-    return gguf
 
 
 # --- metadata -------------------------------------------------------------------------------------------------------

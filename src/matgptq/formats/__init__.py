@@ -1,6 +1,7 @@
 """Bytes on disk, one module per layout, each with its reader and writer: the matgptq parent or slice (parent), the
 integer weight it stores (quantized) and the slicing rule (slicing); GPTQ checkpoints (gptq_checkpoint) and their
-int32 packing (gptq_packing); GGUF quantized blocks (gguf_blocks)."""
+int32 packing (gptq_packing); GGUF quantized blocks (gguf_blocks) and which block type holds a quantized weight
+(gguf_tensors)."""
 
 from .gptq_checkpoint import read_gptq_checkpoint, trivial_g_idx
 from .gptq_packing import SUPPORTED_BITS, pack_cols, pack_rows, to_v1_words

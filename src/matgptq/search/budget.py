@@ -1,6 +1,7 @@
 """How many bits a per-layer mix of widths costs, counted exactly, and whether it fits a budget.
 
-A mix gives each quantized layer l (N_l × K_l weights, G_l scale groups per row) one width r_l. Two counts from its shape:
+A mix gives each quantized layer l (N_l × K_l weights, G_l scale groups per row) one width r_l. Two counts follow
+from the shape:
 
     code bits     C_l(r) = N_l·K_l·r                                    (the paper's and EvoPress' count, prior-art §1.9/§2)
     storage bits  S_l(r) = 8·N_l·⌈K_l·r/8⌉ + N_l·G_l·(16 + 8) + 32·K_l [+ 32·K_l with act-order]
@@ -13,10 +14,12 @@ estimate (tests compare it with safetensors headers). A third count is a GGUF fi
     GGUF bits     U_l(r) = bits of layer l's tensor as `export --format gguf` writes the r-bit slice (`--type auto`)
 
 the block type that keeps the slice's codes (Q4_0 for a symmetric 4-bit group-32 slice, Q6_K for a 6-bit one on the
-K-quant lattice, ...) or the Q8_0/float fallback, from gguf-py's block sizes (export/gguf_tensors.auto_type,
+K-quant lattice, ...) or the Q8_0/float fallback, from gguf-py's block sizes (formats/gguf_tensors.auto_type,
 tensor_bits; tests compare it with the tensors gguf-py reads back). It depends on the parent's scales, not only on
-the shape, so it is computed from the checkpoint, once per layer and level. The average over a mix is Σ_l X_l(r_l) / Σ_l N_l·K_l, "bits per
-quantized weight"; unquantized tensors (embeddings, norms, head) are not counted, as in the paper.
+the shape, so it is computed from the checkpoint, once per layer and level.
+
+The average over a mix is Σ_l X_l(r_l) / Σ_l N_l·K_l, "bits per quantized weight"; unquantized tensors (embeddings,
+norms, head) are not counted, as in the paper.
 
 A mix fits budget b (bits per weight) when Σ_l X_l(r_l) ≤ ⌊b·Σ_l N_l·K_l⌋; b is taken as the exact decimal the user
 typed (Fraction), so 2.5 means 5/2 and nothing is lost to float rounding.
@@ -67,7 +70,7 @@ class LayerSize:
         if kind is BudgetKind.GGUF:
             by_width = dict(self.gguf)
             if width not in by_width:
-                raise ValueError(f"{self.name}: no GGUF size for width {width} (CostModel.from_checkpoint(..., gguf=True))")
+                raise ValueError(f"{self.name}: no GGUF size for width {width} (from_checkpoint(..., gguf=True))")
             return by_width[width]
         codes = 8 * self.rows * math.ceil(self.cols * width / 8)
         index = INDEX_BITS * self.cols * (2 if self.act_order else 1)
@@ -103,13 +106,14 @@ class CostModel:
         """The parent's layers; with `gguf`, also each layer's GGUF size at every level (slices each layer)."""
         levels = tuple(sorted(set(levels)))
         if gguf:
-            from ..export.gguf_tensors import auto_type, tensor_bits
+            from ..formats.gguf_tensors import auto_type, tensor_bits
         sizes = []
         for n, q in ckpt.layers.items():
             u = tuple((r, tensor_bits(auto_type(q.slice(r)), *q.shape)) for r in levels) if gguf else ()
-            if any(a[1] > b[1] for a, b in zip(u, u[1:])):  # the mutation and the bounds assume costs rise with r
-                raise UserError(f"{n}: in GGUF, width {next(a[0] for a, b in zip(u, u[1:]) if a[1] > b[1])} takes "
-                                "more bytes than the next level; drop it from --levels")  # fmt: skip
+            for (r, bits), (_, above) in zip(u, u[1:]):  # the mutation and the bounds assume costs rise with r
+                if bits > above:
+                    raise UserError(f"{n}: in GGUF, width {r} takes more bytes than the next level; drop {r} from "
+                                    "--levels")  # fmt: skip
             sizes.append(LayerSize(n, q.shape[0], q.shape[1], q.scales.shape[1], q.perm is not None, u))
         return cls(tuple(sizes), levels)
 

@@ -8,9 +8,9 @@ written atomically after every generation (evopress.py).
 
 The mix file is what `matgptq.load(parent, bits=FILE)`, `matgptq eval --bits FILE` and `matgptq export
 --bits-config FILE` read (runtime.loader.resolve_bits takes the `bits` object of a JSON file): {"bits": {layer:
-width}, ...} with the budget, both bit counts, the scores and the search settings alongside. `bits` is the lowest-KL
-of the knapsack start and the evolved mix on the whole calibration pool (`_report`); both stay in the file
-(`dp_bits`, `search_bits`) with their scores in `summary`.
+width}, ...} with the budget, the bit counts, the scores and the search settings alongside. `bits` is the lowest-KL
+of the knapsack mix, the start and the evolved mix on the whole calibration pool (`_report`); all three stay in the
+file (`dp_bits`, `start_bits`, `search_bits`) with their scores in `summary`.
 """
 
 from __future__ import annotations

@@ -35,9 +35,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import UserError
-from ..formats import gguf_blocks as gb
-from ..formats.gguf_quantize import quantize_q6_k
-from .gguf_metadata import _gguf
+from . import gguf_blocks as gb
+from .gguf_quantize import quantize_q6_k
+
+
+def _gguf():
+    """gguf-py, imported when a GGUF is written or sized (it is the interop extra, not a core dependency)."""
+    try:
+        import gguf
+    except ImportError:
+        raise UserError("GGUF export needs the gguf package (gguf-py): pip install gguf") from None
+    return gguf
 
 
 @dataclass(frozen=True)
