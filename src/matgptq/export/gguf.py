@@ -26,15 +26,15 @@ import torch
 from .._version import __version__
 from ..errors import UserError
 from ..evaluation import format_table
+from ..formats.gguf_tensors import (EMBED_TYPES, FLOAT_TYPES, QTYPES, _encode_layer, _float_encode, _gguf,
+                                    _requantize, embed_type_for)  # fmt: skip
 from ..fsutil import atomic_output, check_output
 from ..models import load_fp_model
 from ..runtime import open_checkpoint, resolve_bits
 from ..untrusted import read_json
 from .gguf_arch import ARCHITECTURES, _order, llama_qk_permutation
-from .gguf_metadata import _add_metadata, _gguf, _hparams
+from .gguf_metadata import _add_metadata, _hparams
 from .gguf_vocab import add_vocab
-from ..formats.gguf_tensors import (EMBED_TYPES, FLOAT_TYPES, QTYPES, _encode_layer, _float_encode, _requantize,
-                                    embed_type_for)  # fmt: skip
 
 __all__ = ["export_gguf", "export_gguf_cli", "read_gguf_weights", "GGUFExport", "TensorExport", "GGUFExportWarning"]
 

@@ -230,12 +230,10 @@ def _auto(q) -> tuple[_Encoded | None, dict[str, str]]:
 
 
 def auto_type(q, float_type: str = "f32") -> str:
-    """The type `--type auto` writes quantized weight `q` in: the codes-keeping type `_auto` finds, else (as
-    `_fallback`) Q8_0 re-quantized, or `float_type` when not even 32 divides in_features."""
+    """The type `--type auto` writes quantized weight `q` in: the codes-keeping type `_auto` finds, else
+    `_fallback_type`'s."""
     enc, _ = _auto(q)
-    if enc is not None:
-        return enc.ggml_type
-    return "q8_0" if q.shape[1] % 32 == 0 else float_type
+    return enc.ggml_type if enc is not None else _fallback_type(q.shape[1], float_type)
 
 
 def tensor_bits(ggml_type: str, rows: int, cols: int) -> int:
@@ -247,8 +245,14 @@ def tensor_bits(ggml_type: str, rows: int, cols: int) -> int:
     return 8 * rows * (cols // block) * nbytes
 
 
+def _fallback_type(cols: int, float_type: str) -> str:
+    """A layer no type holds with its codes: Q8_0 re-quantized from floats, or the float type when not even 32 divides
+    in_features."""
+    return "q8_0" if cols % 32 == 0 else float_type
+
+
 def _fallback(q, w: np.ndarray, float_type: str, why: str) -> _Encoded:
-    if q.shape[1] % 32 == 0:
+    if _fallback_type(q.shape[1], float_type) == "q8_0":
         return _Encoded(_requantize(w, "q8_0"), "q8_0", "requantized", f"re-quantized from floats: {why}")
     return _Encoded(_float_encode(w, float_type), float_type, "float", f"no block type fits: {why}")
 
