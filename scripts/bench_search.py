@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from matgptq.cli import _range
+from matgptq.argtypes import fraction_range as _range
 from matgptq.evaluation.report import format_table
 from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint

@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
 # The layers, lowest first: a folder (subpackage) or top-level module → rank ("" = matgptq/__init__.py).
 RANK: dict[str, int] = {
-    "errors": 0, "fsutil": 0, "untrusted": 0, "_version": 0, "devices": 0,  # base: import nothing above
+    "errors": 0, "fsutil": 0, "untrusted": 0, "_version": 0, "devices": 0, "argtypes": 0,  # base: import nothing above
     "models": 1, "formats": 1,  # the Hugging Face side; bytes on disk (each with its reader and writer)
     "quantization": 2, "runtime": 2,  # model → parent; parent or slice → a model that runs
     "kernels": 2,  # GPU layouts and Triton kernels for a parent (beside runtime: reads formats only)

@@ -8,37 +8,10 @@ import sys
 import time
 from pathlib import Path
 
+from .argtypes import add_device_option, floats, fraction_range, ints
 from .errors import UserError
 
 EVAL_TOKENS_PER_PASS = 2048  # default eval batch: this many tokens of windows per forward pass (2048 // --seqlen)
-
-
-def _range(text: str) -> tuple[float, float]:
-    try:
-        a, b = (float(x) for x in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected START:END fractions like 0.6:1, got {text!r}") from None
-    return a, b
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 1,1,1, got {text!r}") from None
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 3,4,8, got {text!r}") from None
-
-
-def _add_device(parser: argparse.ArgumentParser, what: str) -> None:
-    from .devices import CHOICES_HELP
-
-    parser.add_argument("--device", default="auto", help=f"where {what}: {CHOICES_HELP}; default auto")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,9 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("model", help="local Hugging Face model directory (config.json + safetensors)")
     q.add_argument("--out", required=True, help="output checkpoint directory (written atomically)")
     q.add_argument("--method", choices=["gptq", "rtn", "matgptq"], default="gptq", help="quantization method")
-    q.add_argument("--bits", type=_ints, default=(4,), help="width (2-8); for matgptq the target set R, e.g. 3,4,8")
+    q.add_argument("--bits", type=ints, default=(4,), help="width (2-8); for matgptq the target set R, e.g. 3,4,8")
     q.add_argument("--master-bits", type=int, help="matgptq: master width c of the stored codes (default max of --bits)")
-    q.add_argument("--bit-weights", type=_floats,
+    q.add_argument("--bit-weights", type=floats,
                    help="matgptq: weight λ_r per target width, same order as --bits (default: 1 each, and "
                         f"{MASTER_BIT_WEIGHT:g} for the master width except with --variant paper)")
     q.add_argument("--variant", choices=[v.value for v in Variant], default=QuantConfig.variant.value,
@@ -89,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--no-true-sequential", dest="true_sequential", action="store_false",
                    help="quantize all Linears of a block from the same inputs")  # fmt: skip
     q.add_argument("--calib", help="calibration text file (UTF-8); required except for --method rtn")
-    q.add_argument("--calib-range", type=_range, default=(0.0, 1.0), help="character range START:END of --calib")
+    q.add_argument("--calib-range", type=fraction_range, default=(0.0, 1.0), help="character range START:END of --calib")
     q.add_argument("--nsamples", type=int, default=128, help="number of calibration windows")
     q.add_argument("--seqlen", type=int, default=256, help="tokens per calibration window")
     q.add_argument("--seed", type=int, default=0, help="seed for drawing the windows")
@@ -101,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--resume", action="store_true",
                    help="continue a killed run from its last finished block (progress is kept in .OUT.resume beside "
                         "--out until the checkpoint is written)")  # fmt: skip
-    _add_device(q, "the model runs and the solver computes (the model in its own dtype, Hessians and solver in "
+    add_device_option(q, "the model runs and the solver computes (the model in its own dtype, Hessians and solver in "
                    "float32); under torchrun, auto and cuda mean each process's own GPU")  # fmt: skip
     q.add_argument("--no-stream", dest="stream", action="store_false", default=None,
                    help="load the whole model into memory first instead of reading each block from its safetensors "
@@ -114,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="perplexity (and KL) and/or zero-shot accuracy of a model, checkpoint or parent widths")
     e.add_argument("model", help="unquantized model dir, matgptq checkpoint/parent, or GPTQ checkpoint")
     e.add_argument("--text", help="evaluation text file (UTF-8) for perplexity; --text and/or --tasks is required")
-    e.add_argument("--text-range", type=_range, default=(0.0, 1.0), help="character range START:END of --text")
+    e.add_argument("--text-range", type=fraction_range, default=(0.0, 1.0), help="character range START:END of --text")
     e.add_argument("--seqlen", type=int, default=256, help="tokens per non-overlapping window")
     e.add_argument("--max-tokens", type=int, help="use only the first N tokens of the text")
     e.add_argument("--tasks", help="zero-shot multiple-choice tasks scored by lm-eval, e.g. arc_easy,piqa: each is "
@@ -128,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="windows per forward pass (default: 2048 tokens' worth, i.e. 2048 // --seqlen, at least 1)")
     e.add_argument("--task-batch-size", type=int, default=16, help="lm-eval requests per forward pass (--tasks)")
     e.add_argument("--json", help="write the results as JSON to this file")
-    _add_device(e, "the models are scored")
+    add_device_option(e, "the models are scored")
 
     s = sub.add_parser("slice", help="write a standalone r-bit checkpoint (only the r-bit data) from a parent")
     s.add_argument("parent", help="matgptq parent checkpoint directory")
@@ -137,57 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
     from .export import add_export_parser
+    from .search.cli import add_search_parser
 
     add_export_parser(sub)
-    _add_search_parser(sub)
+    add_search_parser(sub)
     return p
-
-
-def _add_search_parser(sub) -> None:
-    s = sub.add_parser("search", help="best per-layer widths of a parent under bit budgets (knapsack start + EvoPress)")
-    s.add_argument("parent", help="matgptq parent checkpoint (from quantize --method matgptq)")
-    s.add_argument("--budget", required=True, help="average bits per quantized weight, one or several: 3.0,2.5")
-    s.add_argument("--calib", required=True, help="calibration text file (UTF-8) the fitness KL is measured on")
-    s.add_argument("--calib-range", type=_range, default=(0.0, 1.0), help="character range START:END of --calib")
-    s.add_argument("--out", required=True, help="folder for mix-<budget>.json (and the resumable search states)")
-    s.add_argument("--levels", type=_ints, help="widths a layer may take (default: every width 2..c of the parent)")
-    s.add_argument("--budget-kind", choices=["code", "storage", "gguf"], default="code",
-                   help="enforce code bits (the paper's count), storage bits (codes + scales + zeros + indices of a "
-                   "sliced matgptq checkpoint) or gguf bits (the layers' tensors as `export --format gguf` writes "
-                   "the mix with --type auto; token_embd, output and norms not counted)")
-    from .search.evopress import EvoConfig, format_stages
-    from .search.runner import SearchRequest
-    from .search.sensitivity import Sensitivity
-
-    evo, req = EvoConfig(), SearchRequest  # the defaults live in the dataclasses; --help shows them
-    s.add_argument("--generations", type=int, default=evo.generations, help="EvoPress generations (default %(default)s)")
-    s.add_argument("--offspring", type=int, default=evo.offspring, help="children per generation, λ (default %(default)s)")
-    s.add_argument("--stages", default=format_stages(evo.stages),
-                   help="selection stages TOKENS:SURVIVORS,…; the parent re-enters at the last, which ends with :1 "
-                        "(default %(default)s)")  # fmt: skip
-    s.add_argument("--seed", type=int, default=evo.seed, help="seed of every random draw (mutations, windows)")
-    s.add_argument("--seqlen", type=int, default=req.seqlen, help="tokens per calibration window (default %(default)s)")
-    s.add_argument("--sensitivity", choices=[k.value for k in Sensitivity], default=req.sensitivity.value,
-                   help="starting mix: score each layer at one probe level and extrapolate by its weight error "
-                        "(probe), or at every level (full; levels − 1 times the cost)")  # fmt: skip
-    s.add_argument("--calib-tokens", type=int, default=req.calib_tokens,
-                   help="calibration tokens the stages draw their windows from (default %(default)s; at least the "
-                        "last stage's)")  # fmt: skip
-    s.add_argument("--sensitivity-tokens", type=int, default=req.sensitivity_tokens,
-                   help="scored tokens per sensitivity measurement (default %(default)s)")
-    s.add_argument("--score-dtype", choices=[k.value for k in type(req.score_dtype)], default=req.score_dtype.value,
-                   help="precision of the candidates' forward passes: bfloat16 makes a generation 1.3-1.5x faster "
-                        "where the hardware has it (AVX512-BF16/AMX CPUs, GPUs) and ranks candidates as float32 does "
-                        "up to noise far below the window sampling's; auto = bfloat16 there, float32 elsewhere; the "
-                        "reported KLs are float32 (default %(default)s)")  # fmt: skip
-    s.add_argument("--kl-to", help="unquantized reference model (default: the parent's recorded source model)")
-    s.add_argument("--text", help="held-out text: also report perplexity and KL of the DP and searched mixes")
-    s.add_argument("--text-range", type=_range, default=(0.0, 1.0), help="character range START:END of --text")
-    s.add_argument("--max-tokens", type=int, help="use only the first N tokens of --text")
-    s.add_argument("--resume", action="store_true", help="continue the searches whose states are in --out")
-    s.add_argument("--overwrite", action="store_true", help="replace existing mix files")
-    s.add_argument("--quiet", action="store_true", help="no progress bars")
-    _add_device(s, "the candidates are scored")
 
 
 def cmd_quantize(a: argparse.Namespace) -> None:
@@ -289,35 +216,6 @@ def _bits_label(model, bits) -> str:
     return f"mix {sum(widths) / len(widths):.2f} avg"
 
 
-def cmd_search(a: argparse.Namespace) -> None:
-    from .evaluation import format_table
-    from .search import BudgetKind, EvoConfig, ScoreDtype, SearchRequest, mix_path, parse_stages, run_search
-    from .search.sensitivity import Sensitivity
-
-    evo = EvoConfig(generations=a.generations, offspring=a.offspring, stages=parse_stages(a.stages), seed=a.seed)
-    req = SearchRequest(
-        parent=Path(a.parent), budgets=tuple(b.strip() for b in a.budget.split(",")), calib=Path(a.calib),
-        out=Path(a.out), calib_range=a.calib_range, levels=a.levels, kind=BudgetKind(a.budget_kind), evo=evo,
-        seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens, sensitivity=Sensitivity(a.sensitivity),
-        calib_tokens=a.calib_tokens, reference=Path(a.kl_to) if a.kl_to else None,
-        text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
-        resume=a.resume, overwrite=a.overwrite, progress=not a.quiet, device=a.device,
-        score_dtype=ScoreDtype(a.score_dtype),
-    )  # fmt: skip
-    rows = run_search(req)
-    from .search.spread import is_writer
-
-    if not is_writer():  # torchrun: every rank holds the same mixes; rank 0 reports them
-        return
-    headers = ["budget", "kind", "code_bits", "storage_bits"] + (["gguf_bits"] if a.budget_kind == "gguf" else [])
-    headers += ["start", "dp_kl", "search_kl", "chosen", "kl"]
-    if a.text:
-        headers += ["text_ppl", "text_kl"]
-    headers += ["evaluations", "seconds"]
-    print(format_table(headers, [[r[h] for h in headers] for r in rows]))
-    print("wrote " + ", ".join(str(mix_path(Path(a.out), r["budget"])) for r in rows))
-
-
 def cmd_slice(a: argparse.Namespace) -> None:
     from .formats import read_checkpoint, save_checkpoint
 
@@ -347,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _quiet_transformers()
     try:
-        {"quantize": cmd_quantize, "eval": cmd_eval, "slice": cmd_slice, "search": cmd_search}.get(args.command, _export)(args)
+        {"quantize": cmd_quantize, "eval": cmd_eval, "slice": cmd_slice, "search": _search}.get(args.command, _export)(args)
     except UserError as e:
         print(f"matgptq: error: {e}", file=sys.stderr)
         return 2
@@ -355,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
         print("matgptq: interrupted; nothing was written", file=sys.stderr)
         return 130
     return 0
+
+
+def _search(a: argparse.Namespace) -> None:
+    from .search.cli import cmd_search
+
+    cmd_search(a)
 
 
 def _export(a: argparse.Namespace) -> None:

@@ -1,0 +1,33 @@
+"""Argument types and shared options of the command line (`matgptq` and its subcommands' parsers)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def fraction_range(text: str) -> tuple[float, float]:
+    try:
+        a, b = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:END fractions like 0.6:1, got {text!r}") from None
+    return a, b
+
+
+def floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 1,1,1, got {text!r}") from None
+
+
+def ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 3,4,8, got {text!r}") from None
+
+
+def add_device_option(parser: argparse.ArgumentParser, what: str) -> None:
+    from .devices import CHOICES_HELP
+
+    parser.add_argument("--device", default="auto", help=f"where {what}: {CHOICES_HELP}; default auto")

@@ -1,0 +1,82 @@
+"""`matgptq search`: the command-line entry of the mix search (parser and command; the work is in runner.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..argtypes import add_device_option, fraction_range, ints
+from ..evaluation import format_table
+from .budget import BudgetKind
+from .evopress import EvoConfig, format_stages, parse_stages
+from .runner import ScoreDtype, SearchRequest, mix_path, run_search
+from .sensitivity import Sensitivity
+from .spread import is_writer
+
+
+def add_search_parser(sub) -> None:
+    s = sub.add_parser("search", help="best per-layer widths of a parent under bit budgets (knapsack start + EvoPress)")
+    s.add_argument("parent", help="matgptq parent checkpoint (from quantize --method matgptq)")
+    s.add_argument("--budget", required=True, help="average bits per quantized weight, one or several: 3.0,2.5")
+    s.add_argument("--calib", required=True, help="calibration text file (UTF-8) the fitness KL is measured on")
+    s.add_argument("--calib-range", type=fraction_range, default=(0.0, 1.0), help="character range START:END of --calib")
+    s.add_argument("--out", required=True, help="folder for mix-<budget>.json (and the resumable search states)")
+    s.add_argument("--levels", type=ints, help="widths a layer may take (default: every width 2..c of the parent)")
+    s.add_argument("--budget-kind", choices=["code", "storage", "gguf"], default="code",
+                   help="enforce code bits (the paper's count), storage bits (codes + scales + zeros + indices of a "
+                   "sliced matgptq checkpoint) or gguf bits (the layers' tensors as `export --format gguf` writes "
+                   "the mix with --type auto; token_embd, output and norms not counted)")
+
+    evo, req = EvoConfig(), SearchRequest  # the defaults live in the dataclasses; --help shows them
+    s.add_argument("--generations", type=int, default=evo.generations, help="EvoPress generations (default %(default)s)")
+    s.add_argument("--offspring", type=int, default=evo.offspring, help="children per generation, λ (default %(default)s)")
+    s.add_argument("--stages", default=format_stages(evo.stages),
+                   help="selection stages TOKENS:SURVIVORS,…; the parent re-enters at the last, which ends with :1 "
+                        "(default %(default)s)")  # fmt: skip
+    s.add_argument("--seed", type=int, default=evo.seed, help="seed of every random draw (mutations, windows)")
+    s.add_argument("--seqlen", type=int, default=req.seqlen, help="tokens per calibration window (default %(default)s)")
+    s.add_argument("--sensitivity", choices=[k.value for k in Sensitivity], default=req.sensitivity.value,
+                   help="starting mix: score each layer at one probe level and extrapolate by its weight error "
+                        "(probe), or at every level (full; levels − 1 times the cost)")  # fmt: skip
+    s.add_argument("--calib-tokens", type=int, default=req.calib_tokens,
+                   help="calibration tokens the stages draw their windows from (default %(default)s; at least the "
+                        "last stage's)")  # fmt: skip
+    s.add_argument("--sensitivity-tokens", type=int, default=req.sensitivity_tokens,
+                   help="scored tokens per sensitivity measurement (default %(default)s)")
+    s.add_argument("--score-dtype", choices=[k.value for k in type(req.score_dtype)], default=req.score_dtype.value,
+                   help="precision of the candidates' forward passes: bfloat16 makes a generation 1.3-1.5x faster "
+                        "where the hardware has it (AVX512-BF16/AMX CPUs, GPUs) and ranks candidates as float32 does "
+                        "up to noise far below the window sampling's; auto = bfloat16 there, float32 elsewhere; the "
+                        "reported KLs are float32 (default %(default)s)")  # fmt: skip
+    s.add_argument("--kl-to", help="unquantized reference model (default: the parent's recorded source model)")
+    s.add_argument("--text", help="held-out text: also report perplexity and KL of the DP and searched mixes")
+    s.add_argument("--text-range", type=fraction_range, default=(0.0, 1.0), help="character range START:END of --text")
+    s.add_argument("--max-tokens", type=int, help="use only the first N tokens of --text")
+    s.add_argument("--resume", action="store_true", help="continue the searches whose states are in --out")
+    s.add_argument("--overwrite", action="store_true", help="replace existing mix files")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_device_option(s, "the candidates are scored")
+
+
+def cmd_search(a: argparse.Namespace) -> None:
+
+    evo = EvoConfig(generations=a.generations, offspring=a.offspring, stages=parse_stages(a.stages), seed=a.seed)
+    req = SearchRequest(
+        parent=Path(a.parent), budgets=tuple(b.strip() for b in a.budget.split(",")), calib=Path(a.calib),
+        out=Path(a.out), calib_range=a.calib_range, levels=a.levels, kind=BudgetKind(a.budget_kind), evo=evo,
+        seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens, sensitivity=Sensitivity(a.sensitivity),
+        calib_tokens=a.calib_tokens, reference=Path(a.kl_to) if a.kl_to else None,
+        text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
+        resume=a.resume, overwrite=a.overwrite, progress=not a.quiet, device=a.device,
+        score_dtype=ScoreDtype(a.score_dtype),
+    )  # fmt: skip
+    rows = run_search(req)
+    if not is_writer():  # torchrun: every rank holds the same mixes; rank 0 reports them
+        return
+    headers = ["budget", "kind", "code_bits", "storage_bits"] + (["gguf_bits"] if a.budget_kind == "gguf" else [])
+    headers += ["start", "dp_kl", "search_kl", "chosen", "kl"]
+    if a.text:
+        headers += ["text_ppl", "text_kl"]
+    headers += ["evaluations", "seconds"]
+    print(format_table(headers, [[r[h] for h in headers] for r in rows]))
+    print("wrote " + ", ".join(str(mix_path(Path(a.out), r["budget"])) for r in rows))
