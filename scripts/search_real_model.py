@@ -2,16 +2,18 @@
 `make real-model-table` scores every row (`make search-real-model`, after `make real-model-table`).
 
 Protocol:
-  parent      the Table-1 MatGPTQ parent of scripts/real_model_table.py (c = 8, R = {3,4,8}, g128 symmetric, 64 × 512
-              WikiText-2 tokens, seed 0, the default variant), runs/real-model-table/matgptq348; the search slices it
-              at 2..8 bits (docs/search_real_model.md until its rerun: the `--variant paper` parent)
+  parent      a MatGPTQ parent made as scripts/real_model_table.py makes its Table-1 row (c = 8, R = {3,4,8}, g128
+              symmetric, 64 × 512 tokens of the second half of WikiText-2 test, seed 0) with the current default
+              variant (`matgptq quantize --method matgptq --bits 3,4,8`), in --work/parent; the search slices it at
+              2..8 bits
   search      `matgptq search` with its default settings (--seed 0), every budget in one process (the teacher and the
               sensitivities are shared), calibration text = the second half of WikiText-2 test (what the parent was
               calibrated on); a measured child process: wall, CPU and peak RSS
   scoring     real_model_table.evaluate: WikiText-2 perplexity and KL to fp32 on the first 32 × 2048 tokens of the
               first half, ARC-Easy and PIQA (first 300 questions) through lm-eval, float32, one load per model
-  rows        the searched mix and the knapsack (DP) mix per budget, the uniform 2-bit slice; the 3/4/6/8-bit slices
-              and per-width GPTQ 3/4/6/8 are read from the real-model-table state (the same scoring)
+  rows        the searched mix and the knapsack (DP) mix per budget; the parent's uniform 2/3/4/6/8-bit slices; fp32
+              and per-width GPTQ 3/4/6/8 read from docs/real_model_table.json (`make real-model-table`: the same
+              calibration and the same scoring)
   curve       the searched parent after every 5th generation re-scored on 16 fixed windows from the end of the
               calibration text, not among the search's (fitness vs evaluations; the search's own record is on fresh
               windows each generation)
@@ -34,14 +36,14 @@ from bench_pipeline import run_measured
 from real_model_table import DEFAULT_MODEL, SHARED, WIKI, evaluate, readme_block
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLE = ROOT / "runs" / "real-model-table"
-PARENT = TABLE / "matgptq348"
+TABLE_JSON = ROOT / "docs" / "real_model_table.json"  # fp32 and per-width GPTQ rows (scripts/real_model_table.py)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", default=str(DEFAULT_MODEL), help="the fp32 model directory (make real-model)")
-    p.add_argument("--budgets", default="2.25,2.5,2.75,3.0,3.25,3.5,4.0", help="code bits per weight")
+    p.add_argument("--budgets", default="3.0,2.5,3.5,4.0,2.25,2.75,3.25",
+                   help="code bits per weight, searched in this order (a killed run resumes where it stopped)")
     p.add_argument("--threads", type=int, default=2, help="threads of every process")
     p.add_argument("--limit", type=int, default=300, help="questions per zero-shot task")
     p.add_argument("--work", default=str(ROOT / "runs" / "search-real-model"), help="mix files and measurements")
@@ -51,19 +53,31 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     state_file = work / "state.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {"search": {}, "eval": {}, "curve": {}}
+    state.setdefault("quant", None)
 
     def save() -> None:
         tmp = state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=1))
         tmp.replace(state_file)
 
+    parent = work / "parent"
     if not a.render_only:
-        if not (PARENT / "matgptq.json").is_file():
-            sys.exit(f"search_real_model: error: no parent at {PARENT}; run `make real-model-table` first")
+        if not TABLE_JSON.is_file():
+            sys.exit(f"search_real_model: error: no {TABLE_JSON}; run `make real-model-table` first")
+        if not (parent / "matgptq.json").is_file():
+            cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(parent), "--method", "matgptq",
+                   "--bits", "3,4,8", "--group-size", "128", "--calib", str(WIKI), "--calib-range", "0.5:1",
+                   "--nsamples", "64", "--seqlen", "512", "--seed", "0", "--overwrite", "--quiet"]  # fmt: skip
+            env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONPATH": str(ROOT / "src")}
+            usage = run_measured(cmd, env, work / "parent.log")
+            if not usage["ok"]:
+                sys.exit(f"search_real_model: error: quantizing the parent failed; see {work}/parent.log")
+            state["quant"] = usage
+            save()
         budgets = [b for b in a.budgets.split(",") if b]
         todo = [b for b in budgets if not (work / f"mix-{b}.json").is_file()]
         if todo:
-            cmd = [sys.executable, "-m", "matgptq", "search", str(PARENT), "--budget", ",".join(todo), "--calib",
+            cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(todo), "--calib",
                    str(WIKI), "--calib-range", "0.5:1", "--kl-to", a.model, "--out", str(work), "--resume", "--quiet"]  # fmt: skip
             env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONPATH": str(ROOT / "src")}
             usage = run_measured(cmd, env, work / f"search-{'_'.join(todo)}.log")
@@ -71,11 +85,11 @@ def main() -> None:
                 sys.exit(f"search_real_model: error: the search failed; see {work}/search-*.log")
             state["search"][",".join(todo)] = usage
             save()
-        measure(a, work, budgets, state, save)
+        measure(a, work, parent, budgets, state, save)
     render(state, work)
 
 
-def measure(a, work: Path, budgets: list[str], state: dict, save) -> None:
+def measure(a, work: Path, parent: Path, budgets: list[str], state: dict, save) -> None:
     import torch
 
     from matgptq.evaluation.perplexity import Teacher
@@ -88,7 +102,7 @@ def measure(a, work: Path, budgets: list[str], state: dict, save) -> None:
     windows = eval_windows(tokenize(tokenizer, read_text(WIKI, (0.0, 0.5))), 2048, 2048 * 32)
     specs = resolve_tasks("arc_easy,piqa", SHARED / "data" / "zero-shot")
     args = argparse.Namespace(limit=a.limit)
-    jobs = [("uniform-2", 2)]
+    jobs = [(f"uniform-{r}", r) for r in (2, 3, 4, 6, 8)]
     for b in budgets:
         mix = json.loads((work / f"mix-{b}.json").read_text())
         dp_file, evolved_file = work / f"dp-{b}.json", work / f"evolved-{b}.json"
@@ -100,16 +114,16 @@ def measure(a, work: Path, budgets: list[str], state: dict, save) -> None:
     if todo:
         teacher = Teacher(load(a.model), windows, batch_size=1, progress=True)
         for key, bits in todo:
-            state["eval"][key] = evaluate(PARENT, [bits], windows, teacher, specs, args, tokenizer, parent=True)[str(bits)]
+            state["eval"][key] = evaluate(parent, [bits], windows, teacher, specs, args, tokenizer, parent=True)[str(bits)]
             save()
         teacher.close()
     for b in budgets:
         if b not in state["curve"]:
-            state["curve"][b] = curve(a, work / f"mix-{b}.json", tokenizer)
+            state["curve"][b] = curve(a, parent, work / f"mix-{b}.json", tokenizer)
             save()
 
 
-def curve(a, mix_file: Path, tokenizer, every: int = 5) -> list[dict]:
+def curve(a, parent: Path, mix_file: Path, tokenizer, every: int = 5) -> list[dict]:
     """KL of the search's parent at its start and after generation every, 2·every, … on 16 fixed windows."""
     from matgptq.evaluation.teacher import Teacher
     from matgptq.models import eval_windows, read_text, tokenize
@@ -123,7 +137,7 @@ def curve(a, mix_file: Path, tokenizer, every: int = 5) -> list[dict]:
     points += [(h["generation"], h["evaluations"], tuple(h["parent"])) for h in mix["history"]
                if h["generation"] % every == 0 or h is mix["history"][-1]]  # fmt: skip
     with Teacher(load(a.model), windows) as teacher:
-        fitness = Fitness(load(PARENT, bits=8, packed=False), teacher, windows, names)
+        fitness = Fitness(load(parent, bits=8, packed=False), teacher, windows, names)
         all_w = tuple(range(windows.shape[0]))
         return [{"generation": g, "evaluations": e, "kl": fitness.kl(m, all_w)} for g, e, m in points]
 
@@ -131,11 +145,10 @@ def curve(a, mix_file: Path, tokenizer, every: int = 5) -> list[dict]:
 def render(state: dict, work: Path) -> None:
     from matgptq.evaluation.report import format_table
 
-    table_state = json.loads((TABLE / "state.json").read_text())
-    ev = table_state["eval"]
+    ev = json.loads(TABLE_JSON.read_text())["eval"]
     rows = [{"model": "fp32", "bits": 32, **ev["fp32"]["32"]}]
     rows += [{"model": f"GPTQ-{r}", "bits": r, "kind": "gptq", **ev[f"gptq{r}"][str(r)]} for r in (3, 4, 6, 8)]
-    uniform = {2: state["eval"].get("uniform-2")} | {r: ev["matgptq348"].get(str(r)) for r in (3, 4, 6, 8)}
+    uniform = {r: state["eval"].get(f"uniform-{r}") for r in (2, 3, 4, 6, 8)}
     rows += [{"model": f"uniform {r}-bit slice", "bits": r, "kind": "uniform", **e} for r, e in uniform.items() if e]
     for key in sorted((k for k in state["eval"] if k.startswith(("dp-", "mix-"))), key=lambda k: float(k.split("-")[1])):
         budget = key.split("-", 1)[1]
@@ -157,7 +170,9 @@ def render(state: dict, work: Path) -> None:
           f(r["tasks"]["arc_easy"], "acc", "%.3f"), f(r["tasks"]["piqa"], "acc", "%.3f"),
           f(r["tasks"]["average"], "acc", "%.4f"), f(r, "search_s", "%.0f"), f(r, "evaluations", "%d")] for r in rows],
     )  # fmt: skip
-    usage = [f"- search process for budgets {k}: wall {u['wall']:.0f} s, CPU {u['cpu']:.0f} s, peak RSS "
+    usage = [f"- parent (quantize, c = 8, R = {{3,4,8}}): wall {state['quant']['wall']:.0f} s, CPU "
+             f"{state['quant']['cpu']:.0f} s, peak RSS {state['quant']['rss_gb']:.2f} GB"] if state.get("quant") else []
+    usage += [f"- search process for budgets {k}: wall {u['wall']:.0f} s, CPU {u['cpu']:.0f} s, peak RSS "
              f"{u['rss_gb']:.2f} GB" for k, u in state["search"].items()]  # fmt: skip
     curves = [f"- {b} bits: " + ", ".join(f"gen {p['generation']} ({p['evaluations']} evals) {p['kl']:.4f}" for p in c)
               for b, c in state["curve"].items()]  # fmt: skip
