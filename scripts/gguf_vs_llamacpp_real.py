@@ -63,7 +63,11 @@ CONVERTER = VENV / "llama.cpp" / "convert_hf_to_gguf.py"
 DEFAULT_MODEL = Path.home() / ".cache" / "matgptq" / "SmolLM2-135M-Instruct"
 WIKI = SHARED / "data" / "wikitext-2-raw" / "wiki.test.joined.txt"
 TINYSTORIES = SHARED / "data" / "tinystories" / "tinystories_val_head.txt"
-STATE = ROOT / "docs" / "gguf_vs_llamacpp_real.json"
+STATE = ROOT / "docs" / "gguf_vs_llamacpp_real.json"  # seed 0; another seed S: gguf_vs_llamacpp_real.seedS.json
+
+
+def state_file(seed: int) -> Path:
+    return STATE if seed == 0 else STATE.with_name(f"{STATE.stem}.seed{seed}.json")
 
 
 def log(msg: str) -> None:
@@ -216,31 +220,44 @@ def main() -> int:
     p.add_argument("--ts-chunks", type=int, default=16, help="512-token chunks of TinyStories scored")
     p.add_argument("--nsamples", type=int, default=64, help="calibration windows (GPTQ and imatrix)")
     p.add_argument("--seqlen", type=int, default=512, help="tokens per calibration window")
-    p.add_argument("--seed", type=int, default=0, help="seed of the calibration draw")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the calibration draw (GPTQ and imatrix); a seed other than 0 keeps its files in "
+                        "WORK/seedS and its results in docs/gguf_vs_llamacpp_real.seedS.json, and the report adds "
+                        "each seed's goal ratios (use --only to limit the rows)")  # fmt: skip
     p.add_argument("--only", default="", help="comma list of rows to compute (default all): f32, llama:PRESET[+im], gptq4…")
     p.add_argument("--render-only", action="store_true", help="only re-render docs/ and README from the JSON")
     a = p.parse_args()
 
-    state = json.loads(STATE.read_text()) if STATE.is_file() else {"settings": settings(a), "files": {}, "scores": {}}
+    path = state_file(a.seed)
+    state = json.loads(path.read_text()) if path.is_file() else {"settings": settings(a), "files": {}, "scores": {}}
     if state["settings"] != settings(a):
-        sys.exit(f"gguf_vs_llamacpp_real: error: {STATE} holds a run with other settings; move it away or match them")
+        sys.exit(f"gguf_vs_llamacpp_real: error: {path} holds a run with other settings; move it away or match them")
+
+    def report(readme: bool) -> None:  # seed 0's tables, and every seed's goal ratios beside them
+        base = state if a.seed == 0 else json.loads(STATE.read_text()) if STATE.is_file() else None
+        if base is not None:
+            render(base, readme, [json.loads(f.read_text()) for f in sorted(STATE.parent.glob(f"{STATE.stem}.seed*.json"))])
 
     def save() -> None:
-        tmp = STATE.with_suffix(".tmp")
+        tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(STATE)
-        render(state, readme=False)
+        tmp.replace(path)
+        report(readme=False)
 
     if a.render_only:
-        render(state, readme=True)
+        report(readme=True)
         return 0
     for tool in ("llama-quantize", "llama-imatrix", "llama-perplexity"):
         if not (TOOLS / tool).is_file():
             sys.exit(f"gguf_vs_llamacpp_real: error: no {TOOLS / tool}; run `make llama-cpp-tools` first")
     if not (a.model / "config.json").is_file():
         sys.exit(f"gguf_vs_llamacpp_real: error: no model at {a.model}; run `make real-model` first")
-    work = a.work
+    work = a.work if a.seed == 0 else a.work / f"seed{a.seed}"
     work.mkdir(parents=True, exist_ok=True)
+    if a.seed:  # the F32 file and its saved logits do not depend on the calibration seed: seed 0's are reused
+        for f in ("f32.gguf", f"base-wiki-{a.wiki_chunks}.kld", f"base-ts-{a.ts_chunks}.kld"):
+            if (a.work / f).is_file() and not (work / f).exists():
+                (work / f).symlink_to(a.work / f)
     only = set(filter(None, a.only.split(",")))
     want = lambda name: not only or name in only  # noqa: E731
 
@@ -333,7 +350,7 @@ def main() -> int:
             for ref in (f"llama:{preset}", f"llama:{preset}+im"):
                 if want(ref):
                     score_all(ref, files[ref])
-    render(state, readme=True)
+    report(readme=True)
     return 0
 
 
