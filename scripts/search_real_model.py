@@ -102,7 +102,7 @@ def measure(a, work: Path, parent: Path, budgets: list[str], state: dict, save) 
     windows = eval_windows(tokenize(tokenizer, read_text(WIKI, (0.0, 0.5))), 2048, 2048 * 32)
     specs = resolve_tasks("arc_easy,piqa", SHARED / "data" / "zero-shot")
     args = argparse.Namespace(limit=a.limit)
-    jobs = [(f"uniform-{r}", r) for r in (2, 3, 4, 6, 8)]
+    jobs = [(f"uniform-{r}", r) for r in (2, 3, 4)]  # the slices the budgets' uniform lines need first
     for b in budgets:
         mix = json.loads((work / f"mix-{b}.json").read_text())
         dp_file, evolved_file = work / f"dp-{b}.json", work / f"evolved-{b}.json"
@@ -110,6 +110,7 @@ def measure(a, work: Path, parent: Path, budgets: list[str], state: dict, save) 
         # the evolved mix: `matgptq search` writes the lower-KL of it and the knapsack mix as "bits" (runner._report)
         evolved_file.write_text(json.dumps({"bits": mix.get("search_bits", mix["bits"])}))
         jobs += [(f"mix-{b}", str(evolved_file)), (f"dp-{b}", str(dp_file))]
+    jobs += [(f"uniform-{r}", r) for r in (6, 8)]
     todo = [(k, bits) for k, bits in jobs if k not in state["eval"]]
     if todo:
         teacher = Teacher(load(a.model), windows, batch_size=1, progress=True)
