@@ -64,10 +64,11 @@ def settings(a: argparse.Namespace) -> dict:
             "seqlen": a.seqlen, "seed": a.seed, "eval_windows": a.eval_windows, "limit": a.limit, "threads": a.threads}  # fmt: skip
 
 
-def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path) -> dict:
-    """One end-to-end quantization in a child process; returns its wall, CPU and peak RSS (or the failure line)."""
+def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path | None, out: Path | None = None) -> dict:
+    """One end-to-end quantization in a child process into `out` (default work/name); returns its wall, CPU and peak
+    RSS (or the failure line)."""
     tool, bits, _ = QUANTS[name]
-    out, log = work / name, work / f"{name}.log"
+    out, log = out or work / name, work / f"{name}.log"
     if tool in PEERS:
         cmd = [str(BENCH_PYTHON), str(ROOT / "scripts" / "bench_pipeline.py"), "--worker", tool, a.model, "--ids",
                str(ids_file), "--out-model", str(out), "--bits", str(bits[0]), "--group-size", str(a.group_size),

@@ -33,7 +33,8 @@ import sys
 from pathlib import Path
 
 from bench_pipeline import run_measured
-from real_model_table import DEFAULT_MODEL, SHARED, WIKI, evaluate, readme_block
+from real_model_table import DEFAULT_MODEL, SHARED, WIKI, evaluate, quantize, readme_block
+from search_results import uniform_line
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_JSON = ROOT / "docs" / "real_model_table.json"  # fp32 and per-width GPTQ rows (scripts/real_model_table.py)
@@ -65,13 +66,13 @@ def main() -> None:
         if not TABLE_JSON.is_file():
             sys.exit(f"search_real_model: error: no {TABLE_JSON}; run `make real-model-table` first")
         if not (parent / "matgptq.json").is_file():
-            cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(parent), "--method", "matgptq",
-                   "--bits", "3,4,8", "--group-size", "128", "--calib", str(WIKI), "--calib-range", "0.5:1",
-                   "--nsamples", "64", "--seqlen", "512", "--seed", "0", "--overwrite", "--quiet"]  # fmt: skip
-            env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONPATH": str(ROOT / "src")}
-            usage = run_measured(cmd, env, work / "parent.log")
+            # the Table-1 row's own command and settings (real_model_table.quantize), into work/parent
+            table = argparse.Namespace(model=a.model, threads=a.threads, **{
+                k: v for k, v in json.loads(TABLE_JSON.read_text())["settings"].items()
+                if k in ("group_size", "nsamples", "seqlen", "seed")})  # fmt: skip
+            usage = quantize("matgptq348", table, work, None, out=parent)
             if not usage["ok"]:
-                sys.exit(f"search_real_model: error: quantizing the parent failed; see {work}/parent.log")
+                sys.exit(f"search_real_model: error: quantizing the parent failed; see {work}/matgptq348.log")
             state["quant"] = usage
             save()
         budgets = [b for b in a.budgets.split(",") if b]
@@ -196,12 +197,6 @@ def render(state: dict, work: Path) -> None:
     print("\n".join(md))
 
 
-def _line(uniform: dict[int, float], bits: float) -> float:
-    """The straight line between the neighbouring uniform slices at `bits` (as scripts/search_results.py draws it)."""
-    lo, hi = max(r for r in uniform if r <= bits), min(r for r in uniform if r >= bits)
-    return uniform[lo] if lo == hi else uniform[lo] + (bits - lo) / (hi - lo) * (uniform[hi] - uniform[lo])
-
-
 def goal_rows(rows: list[dict], state: dict, work: Path) -> list[list]:
     """Per budget: the written mix (`chosen` in its summary: search → the mix-… row, knapsack → dp-…, uniform r →
     the parent's r-bit slice) against the uniform line, the knapsack start and GPTQ at the floor width."""
@@ -220,8 +215,8 @@ def goal_rows(rows: list[dict], state: dict, work: Path) -> list[list]:
         if written is None or dp is None or len(uniform) < 2:
             continue
         bits = summary["code_bits"]
-        line_ppl = _line({r: e["ppl"] for r, e in uniform.items()}, bits)
-        line_kl = _line({r: e["kl"] for r, e in uniform.items()}, bits)
+        line_ppl = uniform_line({r: e["ppl"] for r, e in uniform.items()}, bits)
+        line_kl = uniform_line({r: e["kl"] for r, e in uniform.items()}, bits)
         floor = max((r for r in gptq if r <= bits), default=None)
         out.append([budget, chosen, round(bits, 4), round(written["ppl"], 3), round(line_ppl, 3),
                     round(written["kl"], 4), round(line_kl, 4),
