@@ -85,10 +85,13 @@ real-model-table: venv
 	$(PIP) -e ".[dev,tasks]"
 	$(BIN)/python scripts/real_model_table.py "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct"
 
-# Mix'n'Match on the real model (after real-model-table, whose MatGPTQ parent it searches; resumable)
+# Mix'n'Match on the real model (after real-model-table, whose GPTQ rows it shows; resumable). A run's numbers come
+# from one parent on one machine: RUN=NAME starts a new run where the recorded run's parent does not re-quantize
+# to the same tensors (another CPU rounds differently); the script says so.
+RUN ?= 2
 search-real-model: venv
 	$(PIP) -e ".[dev,tasks]"
-	$(BIN)/python scripts/search_real_model.py "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct"
+	$(BIN)/python scripts/search_real_model.py "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct" --run "$(RUN)"
 
 # The peers for the benchmarks live in their own venv with their own pins (.ci/constraints-bench.txt says why:
 # llm-compressor 0.14 needs transformers<=5.17); the test stack is untouched.

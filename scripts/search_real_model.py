@@ -18,10 +18,16 @@ Protocol:
               calibration text, not among the search's (fitness vs evaluations; the search's own record is on fresh
               windows each generation)
 
-Resumable (state in --work, one step at a time: the search itself resumes with --resume). Writes
-docs/search_real_model.{md,json,png}.
+Runs: a parent's float rounding depends on the CPU (the same command gave a 3-bit slice of ppl 47.19 on an AMD EPYC
+and 47.36 on an Intel Xeon), so every number of a run comes from one parent on one machine, and a run that a session
+cannot finish is continued only where the parent re-quantizes to the same tensors. Each run keeps its state in
+docs/search_real_model/run-NAME.json: every measurement, each budget's mix (widths and summary, not the search
+history), the machine and the parent's tensor hash. A clean checkout re-quantizes the parent, checks the hash (another
+hash: a one-line error saying to start a new --run) and searches and scores only what is missing; work files live in
+runs/search-real-model/NAME (the search resumes there with --resume). docs/search_real_model.{md,png} and the README
+block show every run, each against its own parent's uniform slices.
 
-    python scripts/search_real_model.py [MODEL_DIR] [--budgets 2.5,3.0,3.5]
+    python scripts/search_real_model.py [MODEL_DIR] [--run NAME] [--budgets 2.5,3.0,3.5]
 """
 
 from __future__ import annotations
@@ -38,6 +44,35 @@ from search_results import uniform_line
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_JSON = ROOT / "docs" / "real_model_table.json"  # fp32 and per-width GPTQ rows (scripts/real_model_table.py)
+RUNS = ROOT / "docs" / "search_real_model"  # run-NAME.json: one run's measurements, mixes, machine, parent hash
+
+
+def parent_digest(parent: Path) -> str:
+    """sha256 over the parent's tensors (names, dtypes, shapes, bytes): equal digests, equal slices."""
+    import hashlib
+
+    import torch
+    from safetensors import safe_open
+
+    h = hashlib.sha256()
+    for file in sorted(parent.glob("*.safetensors")):
+        with safe_open(file, "pt") as f:
+            for name in sorted(f.keys()):
+                t = f.get_tensor(name).contiguous()
+                h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's processor string."""
+    import platform
+
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def main() -> None:
@@ -47,18 +82,23 @@ def main() -> None:
                    help="code bits per weight, searched in this order (a killed run resumes where it stopped)")
     p.add_argument("--threads", type=int, default=2, help="threads of every process")
     p.add_argument("--limit", type=int, default=300, help="questions per zero-shot task")
-    p.add_argument("--work", default=str(ROOT / "runs" / "search-real-model"), help="mix files and measurements")
+    p.add_argument("--run", default="2", help="the run to continue or start (docs/search_real_model/run-RUN.json)")
+    p.add_argument("--work", help="mix files and measurements (default: runs/search-real-model/RUN)")
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--no-render", action="store_true", help="measure only; leave docs/ and README.md as they are")
     a = p.parse_args()
-    work = Path(a.work)
+    work = Path(a.work or ROOT / "runs" / "search-real-model" / a.run)
     work.mkdir(parents=True, exist_ok=True)
-    state_file = work / "state.json"
+    state_file = RUNS / f"run-{a.run}.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {"search": {}, "eval": {}, "curve": {}}
     state.setdefault("quant", None)
+    state.setdefault("mixes", {})
+    state.setdefault("machine", cpu_name())
 
     def save() -> None:
+        RUNS.mkdir(exist_ok=True)
         tmp = state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
+        tmp.write_text(json.dumps(state, indent=1) + "\n")
         tmp.replace(state_file)
 
     parent = work / "parent"
@@ -75,8 +115,14 @@ def main() -> None:
                 sys.exit(f"search_real_model: error: quantizing the parent failed; see {work}/matgptq348.log")
             state["quant"] = usage
             save()
+        digest = parent_digest(parent)
+        if state.setdefault("parent_sha256", digest) != digest:
+            sys.exit(f"search_real_model: error: {parent} is not the parent run {a.run} was measured on (its tensors "
+                     f"hash differently: another machine rounds differently); start a new run beside it with "
+                     f"--run NAME (make search-real-model RUN=NAME)")  # fmt: skip
+        save()
         budgets = [b for b in a.budgets.split(",") if b]
-        todo = [b for b in budgets if not (work / f"mix-{b}.json").is_file()]
+        todo = [b for b in budgets if b not in state["mixes"] and not (work / f"mix-{b}.json").is_file()]
         if todo:
             cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(todo), "--calib",
                    str(WIKI), "--calib-range", "0.5:1", "--kl-to", a.model, "--out", str(work), "--resume", "--quiet"]  # fmt: skip
@@ -86,11 +132,43 @@ def main() -> None:
                 sys.exit(f"search_real_model: error: the search failed; see {work}/search-*.log")
             state["search"][",".join(todo)] = usage
             save()
+        for b in budgets:
+            if b not in state["mixes"]:
+                mix = json.loads((work / f"mix-{b}.json").read_text())
+                state["mixes"][b] = {k: mix[k] for k in ("summary", "bits", "dp_bits", "start_bits", "search_bits")}
+        save()
         measure(a, work, parent, budgets, state, save)
-    render(state, work)
+    if not a.no_render:
+        render()
 
 
 def measure(a, work: Path, parent: Path, budgets: list[str], state: dict, save) -> None:
+    jobs = [(f"uniform-{r}", r) for r in (2, 3, 4)]  # the slices the budgets' uniform lines need first
+    for b in budgets:
+        if f"mix-{b}" in state["eval"] and f"dp-{b}" in state["eval"]:
+            continue
+        mix = state["mixes"][b]
+        dp_file, evolved_file = work / f"dp-{b}.json", work / f"evolved-{b}.json"
+        dp_file.write_text(json.dumps({"bits": mix["dp_bits"]}))
+        # the evolved mix: `matgptq search` writes the lower-KL of it and the knapsack mix as "bits" (runner._report)
+        evolved_file.write_text(json.dumps({"bits": mix.get("search_bits", mix["bits"])}))
+        jobs += [(f"mix-{b}", str(evolved_file)), (f"dp-{b}", str(dp_file))]
+    jobs += [(f"uniform-{r}", r) for r in (6, 8)]
+
+    def done(key: str, scores: dict) -> None:
+        state["eval"][key] = scores
+        save()
+
+    for b in budgets:  # first: it needs the search's history, which only the work directory that searched holds
+        if b not in state["curve"] and (work / f"mix-{b}.json").is_file():
+            state["curve"][b] = curve(a, parent, work / f"mix-{b}.json")
+            save()
+    score_slices(a, parent, [(k, bits) for k, bits in jobs if k not in state["eval"]], done)
+
+
+def score_slices(a, parent: Path, jobs: list[tuple[str, object]], done) -> None:
+    """Score each (key, width or mix file) of `jobs` as real_model_table scores a row, one load each, then
+    done(key, scores)."""
     import torch
 
     from matgptq.evaluation.perplexity import Teacher
@@ -98,43 +176,29 @@ def measure(a, work: Path, parent: Path, budgets: list[str], state: dict, save) 
     from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
     from matgptq.runtime import load
 
+    if not jobs:
+        return
     torch.set_num_threads(a.threads)
     tokenizer = load_tokenizer(a.model)
     windows = eval_windows(tokenize(tokenizer, read_text(WIKI, (0.0, 0.5))), 2048, 2048 * 32)
     specs = resolve_tasks("arc_easy,piqa", SHARED / "data" / "zero-shot")
     args = argparse.Namespace(limit=a.limit)
-    jobs = [(f"uniform-{r}", r) for r in (2, 3, 4)]  # the slices the budgets' uniform lines need first
-    for b in budgets:
-        mix = json.loads((work / f"mix-{b}.json").read_text())
-        dp_file, evolved_file = work / f"dp-{b}.json", work / f"evolved-{b}.json"
-        dp_file.write_text(json.dumps({"bits": mix["dp_bits"]}))
-        # the evolved mix: `matgptq search` writes the lower-KL of it and the knapsack mix as "bits" (runner._report)
-        evolved_file.write_text(json.dumps({"bits": mix.get("search_bits", mix["bits"])}))
-        jobs += [(f"mix-{b}", str(evolved_file)), (f"dp-{b}", str(dp_file))]
-    jobs += [(f"uniform-{r}", r) for r in (6, 8)]
-    todo = [(k, bits) for k, bits in jobs if k not in state["eval"]]
-    if todo:
-        teacher = Teacher(load(a.model), windows, batch_size=1, progress=True)
-        for key, bits in todo:
-            state["eval"][key] = evaluate(parent, [bits], windows, teacher, specs, args, tokenizer, parent=True)[str(bits)]
-            save()
-        teacher.close()
-    for b in budgets:
-        if b not in state["curve"]:
-            state["curve"][b] = curve(a, parent, work / f"mix-{b}.json", tokenizer)
-            save()
+    teacher = Teacher(load(a.model), windows, batch_size=1, progress=True)
+    for key, bits in jobs:
+        done(key, evaluate(parent, [bits], windows, teacher, specs, args, tokenizer, parent=True)[str(bits)])
+    teacher.close()
 
 
-def curve(a, parent: Path, mix_file: Path, tokenizer, every: int = 5) -> list[dict]:
+def curve(a, parent: Path, mix_file: Path, every: int = 5) -> list[dict]:
     """KL of the search's parent at its start and after generation every, 2·every, … on 16 fixed windows."""
     from matgptq.evaluation.teacher import Teacher
-    from matgptq.models import eval_windows, read_text, tokenize
+    from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
     from matgptq.runtime import load
     from matgptq.search.fitness import Fitness
 
     mix = json.loads(mix_file.read_text())
     names = tuple(mix["bits"])
-    windows = eval_windows(tokenize(tokenizer, read_text(WIKI, (0.5, 1.0))), 256)[-16:]  # the text's last windows
+    windows = eval_windows(tokenize(load_tokenizer(a.model), read_text(WIKI, (0.5, 1.0))), 256)[-16:]  # the text's last windows
     points = [(0, 0, tuple(mix.get("start_bits", mix["dp_bits"])[n] for n in names))]
     points += [(h["generation"], h["evaluations"], tuple(h["parent"])) for h in mix["history"]
                if h["generation"] % every == 0 or h is mix["history"][-1]]  # fmt: skip
@@ -144,69 +208,81 @@ def curve(a, parent: Path, mix_file: Path, tokenizer, every: int = 5) -> list[di
         return [{"generation": g, "evaluations": e, "kl": fitness.kl(m, all_w)} for g, e, m in points]
 
 
-def render(state: dict, work: Path) -> None:
+def run_rows(state: dict) -> list[dict]:
+    """One run's rows: its parent's uniform slices, then the searched and knapsack mix of each budget."""
+    uniform = {r: state["eval"].get(f"uniform-{r}") for r in (2, 3, 4, 6, 8)}
+    rows = [{"model": f"uniform {r}-bit slice", "bits": r, "kind": "uniform", **e} for r, e in uniform.items() if e]
+    for key in sorted((k for k in state["eval"] if k.startswith(("dp-", "mix-"))), key=lambda k: float(k.split("-")[1])):
+        budget, searched = key.split("-", 1)[1], key.startswith("mix")
+        summary = state["mixes"][budget]["summary"]
+        label = f"EvoPress mix (from {summary.get('start', 'knapsack')})" if searched else "knapsack (DP) mix"
+        rows.append({"model": f"{label} @ {budget}", "kind": key.split("-")[0], **state["eval"][key],
+                     "bits": summary["search_code_bits"] if searched else float(budget),
+                     "storage_bits": summary["search_storage_bits"] if searched else None,
+                     "search_s": summary["seconds"] if searched else None,
+                     "evaluations": summary["evaluations"] if searched else None})  # fmt: skip
+    return rows
+
+
+def render() -> None:
+    """docs/search_real_model.{md,png} and the README block from every run's JSON."""
     from matgptq.evaluation.report import format_table
 
+    runs = {f.stem.removeprefix("run-"): json.loads(f.read_text()) for f in sorted(RUNS.glob("run-*.json"))}
     ev = json.loads(TABLE_JSON.read_text())["eval"]
-    rows = [{"model": "fp32", "bits": 32, **ev["fp32"]["32"]}]
-    rows += [{"model": f"GPTQ-{r}", "bits": r, "kind": "gptq", **ev[f"gptq{r}"][str(r)]} for r in (3, 4, 6, 8)]
-    uniform = {r: state["eval"].get(f"uniform-{r}") for r in (2, 3, 4, 6, 8)}
-    rows += [{"model": f"uniform {r}-bit slice", "bits": r, "kind": "uniform", **e} for r, e in uniform.items() if e]
-    for key in sorted((k for k in state["eval"] if k.startswith(("dp-", "mix-"))), key=lambda k: float(k.split("-")[1])):
-        budget = key.split("-", 1)[1]
-        mix = json.loads((work / f"mix-{budget}.json").read_text())
-        summary = mix["summary"]
-        bits = summary.get("search_code_bits", summary["code_bits"]) if key.startswith("mix") else float(budget)
-        label = "knapsack (DP) mix"
-        if key.startswith("mix"):
-            label = f"EvoPress mix (from {mix['summary'].get('start', 'knapsack')})"
-        rows.append({"model": f"{label} @ {budget}", "bits": bits, "kind": key.split("-")[0], **state["eval"][key],
-                     "storage_bits": summary.get("search_storage_bits", summary["storage_bits"]) if key.startswith("mix") else None,
-                     "search_s": mix["summary"]["seconds"] if key.startswith("mix") else None,
-                     "evaluations": mix["summary"]["evaluations"] if key.startswith("mix") else None})  # fmt: skip
+    base = [{"model": "fp32", "bits": 32, **ev["fp32"]["32"]}]
+    base += [{"model": f"GPTQ-{r}", "bits": r, "kind": "gptq", **ev[f"gptq{r}"][str(r)]} for r in (3, 4, 6, 8)]
+    rows = {name: run_rows(state) for name, state in runs.items()}
     f = lambda r, k, fmt: (fmt % r[k]) if r.get(k) is not None else ""  # noqa: E731
     text = format_table(
-        ["model", "code bits", "storage bits", "WikiText-2 ppl", "KL to fp32", "ARC-e", "PIQA", "avg acc",
+        ["run", "model", "code bits", "storage bits", "WikiText-2 ppl", "KL to fp32", "ARC-e", "PIQA", "avg acc",
          "search s", "evaluations"],
-        [[r["model"], f(r, "bits", "%.4g"), f(r, "storage_bits", "%.3f"), f(r, "ppl", "%.3f"), f(r, "kl", "%.4f"),
-          f(r["tasks"]["arc_easy"], "acc", "%.3f"), f(r["tasks"]["piqa"], "acc", "%.3f"),
-          f(r["tasks"]["average"], "acc", "%.4f"), f(r, "search_s", "%.0f"), f(r, "evaluations", "%d")] for r in rows],
+        [[name, r["model"], f(r, "bits", "%.4g"), f(r, "storage_bits", "%.3f"), f(r, "ppl", "%.3f"),
+          f(r, "kl", "%.4f"), f(r["tasks"]["arc_easy"], "acc", "%.3f"), f(r["tasks"]["piqa"], "acc", "%.3f"),
+          f(r["tasks"]["average"], "acc", "%.4f"), f(r, "search_s", "%.0f"), f(r, "evaluations", "%d")]
+         for name, rs in [("table", base), *rows.items()] for r in rs],
     )  # fmt: skip
-    goals = goal_rows(rows, state, work)
+    goals = [[name, *g] for name, state in runs.items() for g in goal_rows(base, state)]
     goal_text = format_table(
-        ["budget", "written", "code bits", "ppl", "uniform line ppl", "KL", "uniform line KL", "beats line",
+        ["run", "budget", "written", "code bits", "ppl", "uniform line ppl", "KL", "uniform line KL", "beats line",
          "≤ knapsack ppl", "GPTQ ppl (floor width)"], goals) if goals else ""  # fmt: skip
-    usage = [f"- parent (quantize, c = 8, R = {{3,4,8}}): wall {state['quant']['wall']:.0f} s, CPU "
-             f"{state['quant']['cpu']:.0f} s, peak RSS {state['quant']['rss_gb']:.2f} GB"] if state.get("quant") else []
-    usage += [f"- search process for budgets {k}: wall {u['wall']:.0f} s, CPU {u['cpu']:.0f} s, peak RSS "
-             f"{u['rss_gb']:.2f} GB" for k, u in state["search"].items()]  # fmt: skip
-    curves = [f"- {b} bits: " + ", ".join(f"gen {p['generation']} ({p['evaluations']} evals) {p['kl']:.4f}" for p in c)
-              for b, c in state["curve"].items()]  # fmt: skip
+    usage = ["- table: fp32 and per-width GPTQ from docs/real_model_table.json (`make real-model-table`, AMD EPYC)"]
+    for name, state in runs.items():
+        usage.append(f"- run {name}: {state['machine']}, parent sha256 {state['parent_sha256'][:12]}…")
+        if state.get("quant"):
+            q = state["quant"]
+            usage.append(f"  - parent (quantize, c = 8, R = {{3,4,8}}): wall {q['wall']:.0f} s, CPU {q['cpu']:.0f} s, "
+                         f"peak RSS {q['rss_gb']:.2f} GB")  # fmt: skip
+        usage += [f"  - search process for budgets {k}: wall {u['wall']:.0f} s, CPU {u['cpu']:.0f} s, peak RSS "
+                  f"{u['rss_gb']:.2f} GB" for k, u in state["search"].items()]  # fmt: skip
+        usage += [f"  - mix @ {b}: {m['note']}" for b, m in state["mixes"].items() if m.get("note")]
+    curves = [f"- run {name}, {b} bits: " + ", ".join(f"gen {p['generation']} ({p['evaluations']} evals) {p['kl']:.4f}"
+                                                       for p in c)
+              for name, state in runs.items() for b, c in state["curve"].items()]  # fmt: skip
     md = ["<!-- generated by scripts/search_real_model.py; do not edit -->",
-          "# Mix'n'Match search on SmolLM2-135M-Instruct", "", __doc__.split("\n\n")[1].strip(), "", text, "",
-          *usage, *([f"- {state['note']}"] if state.get("note") else []), "",
+          "# Mix'n'Match search on SmolLM2-135M-Instruct", "", __doc__.split("\n\n")[1].strip(), "",
+          __doc__.split("\n\n")[2].strip(), "", text, "", *usage, "",
           "The mix `matgptq search` writes (the lowest calibration KL of its knapsack start, its start and the evolved "
           "mix: `written`) against the straight line between the neighbouring uniform slices of the same parent, the "
           "search's knapsack start, and per-width GPTQ at the budget's floor width:", "", goal_text, "",
           "Fitness vs evaluations (KL on 16 fixed windows of 256 tokens from the end of the calibration text; generation 0 is the search's start):", "", *curves, ""]  # fmt: skip
     docs = ROOT / "docs"
     (docs / "search_real_model.md").write_text("\n".join(md))
-    (docs / "search_real_model.json").write_text(json.dumps({"rows": rows, **state}, indent=1))
-    readme_block("search-real-model", "\n".join([text, "", *usage, *([f"- {state['note']}"] if state.get("note") else [])]))
-    plot(rows, state, docs / "search_real_model.png")
+    readme_block("search-real-model", "\n".join([text, "", *usage]))
+    plot(base, rows, runs, docs / "search_real_model.png")
     print("\n".join(md))
 
 
-def goal_rows(rows: list[dict], state: dict, work: Path) -> list[list]:
+def goal_rows(base: list[dict], state: dict) -> list[list]:
     """Per budget: the written mix (`chosen` in its summary: search → the mix-… row, knapsack → dp-…, uniform r →
     the parent's r-bit slice) against the uniform line, the knapsack start and GPTQ at the floor width."""
     ev = state["eval"]
     uniform = {r: ev[f"uniform-{r}"] for r in (2, 3, 4, 6, 8) if f"uniform-{r}" in ev}
-    gptq = {r["bits"]: r for r in rows if r.get("kind") == "gptq"}
+    gptq = {r["bits"]: r for r in base if r.get("kind") == "gptq"}
     out = []
     for key in sorted((k for k in ev if k.startswith("mix-")), key=lambda k: float(k.split("-")[1])):
         budget = key.split("-", 1)[1]
-        summary = json.loads((work / f"mix-{budget}.json").read_text())["summary"]
+        summary = state["mixes"][budget]["summary"]
         chosen = summary.get("chosen", "search")
         written = {"search": ev[key], "knapsack": ev.get(f"dp-{budget}")}.get(chosen)
         if written is None:  # "uniform r": the start was a uniform slice
@@ -226,38 +302,46 @@ def goal_rows(rows: list[dict], state: dict, work: Path) -> list[list]:
     return out
 
 
-def plot(rows: list[dict], state: dict, path: Path) -> None:
+def plot(base: list[dict], rows: dict[str, list[dict]], runs: dict[str, dict], path: Path) -> None:
+    """Perplexity, KL and zero-shot accuracy vs code bits (one marker fill per run), and each search's curve."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.2))
-    styles = {"uniform": ("o-", "gray", "uniform slices"), "gptq": ("D", "tab:green", "per-width GPTQ"),
-              "dp": ("s", "tab:blue", "knapsack start"), "mix": ("*", "tab:red", "EvoPress mix")}  # fmt: skip
+    styles = {"uniform": ("o-", "gray", "uniform slices"), "dp": ("s", "tab:blue", "knapsack start"),
+              "mix": ("*", "tab:red", "EvoPress mix")}  # fmt: skip
+    value = lambda r, key: r["tasks"]["average"]["acc"] if key == "acc" else r[key]  # noqa: E731
     for ax, (key, ylabel) in zip(axes, (("ppl", "WikiText-2 perplexity"), ("kl", "KL to fp32"),
                                         ("acc", "zero-shot accuracy (ARC-e + PIQA)"))):  # fmt: skip
-        for kind, (marker, color, label) in styles.items():
-            pts = sorted((r["bits"], r["tasks"]["average"]["acc"] if key == "acc" else r[key])
-                         for r in rows if r.get("kind") == kind)  # fmt: skip
-            if pts:
-                ax.plot(*zip(*pts), marker, color=color, ms=10 if kind == "mix" else 6, label=label)
-        fp = rows[0]
+        gptq = sorted((r["bits"], value(r, key)) for r in base if r.get("kind") == "gptq")
+        ax.plot(*zip(*gptq), "D", color="tab:green", label="per-width GPTQ")
+        for i, (name, rs) in enumerate(rows.items()):
+            for kind, (marker, color, label) in styles.items():
+                pts = sorted((r["bits"], value(r, key)) for r in rs if r.get("kind") == kind)
+                if pts:
+                    ax.plot(*zip(*pts), marker, color=color, mfc=color if i == 0 else "none",
+                            ms=10 if kind == "mix" else 6, label=f"{label} (run {name})")  # fmt: skip
         if key != "kl":  # the fp32 model's KL to itself is 0
-            ax.axhline(fp["tasks"]["average"]["acc"] if key == "acc" else fp[key], color="k", ls=":", label="fp32")
+            ax.axhline(value(base[0], key), color="k", ls=":", label="fp32")
         ax.set_xlabel("code bits per weight")
         ax.set_ylabel(ylabel)
         if key != "acc":
             ax.set_yscale("log")
-        ax.legend(fontsize=7)
+        if key == "ppl":  # the 2-bit slice (millions) would flatten everything else
+            ax.set_ylim(top=50 * base[0]["ppl"])
+            ax.set_ylabel(f"{ylabel} (axis cut at 50× fp32)")
+        ax.legend(fontsize=6)
     ax = axes[3]
-    for b, c in state["curve"].items():
-        ax.plot([p["evaluations"] for p in c], [p["kl"] for p in c], "o-", label=f"{b} bits")
+    for name, state in runs.items():
+        for b, c in state["curve"].items():
+            ax.plot([p["evaluations"] for p in c], [p["kl"] for p in c], "o-", label=f"run {name}, {b} bits")
     ax.set_xlabel("fitness evaluations")
     ax.set_ylabel("KL on 16 fixed calibration windows")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
-    fig.suptitle("SmolLM2-135M-Instruct: searched mixes of one MatGPTQ parent (g128) vs uniform slices and GPTQ")
+    fig.suptitle("SmolLM2-135M-Instruct: searched mixes of a MatGPTQ parent (g128) vs its uniform slices and GPTQ")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
