@@ -64,10 +64,12 @@ def settings(a: argparse.Namespace) -> dict:
             "seqlen": a.seqlen, "seed": a.seed, "eval_windows": a.eval_windows, "limit": a.limit, "threads": a.threads}  # fmt: skip
 
 
-def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path | None, out: Path | None = None) -> dict:
+def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path | None, out: Path | None = None,
+             bits: tuple[int, ...] | None = None) -> dict:  # fmt: skip
     """One end-to-end quantization in a child process into `out` (default work/name); returns its wall, CPU and peak
-    RSS (or the failure line)."""
-    tool, bits, _ = QUANTS[name]
+    RSS (or the failure line). `bits`: other target widths than the row's (a MatGPTQ parent with another R)."""
+    tool, row_bits, _ = QUANTS[name]
+    bits = bits or row_bits
     out, log = out or work / name, work / f"{name}.log"
     if tool in PEERS:
         cmd = [str(BENCH_PYTHON), str(ROOT / "scripts" / "bench_pipeline.py"), "--worker", tool, a.model, "--ids",

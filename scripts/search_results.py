@@ -21,6 +21,7 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import matgptq
@@ -29,8 +30,11 @@ from matgptq.evaluation.report import format_table
 from matgptq.formats import read_checkpoint
 from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
 from matgptq.search import BudgetKind, CostModel, EvoConfig, SearchRequest, run_search
-from matgptq.search.evopress import evolve
+from matgptq.search.evopress import MAX_DRAWS_PER_CHILD, draw_windows, evolve
 from matgptq.search.fitness import Fitness
+from matgptq.search.mutation import random_mix
+from matgptq.search.runner import ScoreDtype
+from matgptq.search.spread import score_all
 from matgptq.search.sensitivity import knapsack_mix, measure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +76,9 @@ def main() -> None:
             req = SearchRequest(parent=parent, budgets=budgets, calib=TEXT, out=Path(tmp) / f"mix-{seed}",
                                 calib_range=(0.6, 1.0), evo=EvoConfig(seed=seed), text=TEXT, text_range=(0.0, 0.6),
                                 text_tokens=40_000, progress=False)  # fmt: skip
-            for r in run_search(req):
+            results = run_search(req)
+            fit, cost = search_fitness(parent, MODEL, TEXT, (0.6, 1.0), tok)
+            for r in results:
                 rows.append({"seed": seed, "kind": "dp", "budget": r["budget"], "bits": float(r["budget"]),
                              "ppl": r["dp_text_ppl"], "kl": r["dp_text_kl"], "calib_kl": r["dp_kl"]})  # fmt: skip
                 rows.append({"seed": seed, "kind": "searched", "budget": r["budget"], "bits": r["search_code_bits"],
@@ -83,6 +89,12 @@ def main() -> None:
                 rows.append({"seed": seed, "kind": "written", "budget": r["budget"], "bits": r["code_bits"],
                              "storage_bits": r["storage_bits"], "ppl": r["text_ppl"], "kl": r["text_kl"],
                              "calib_kl": r["kl"], "chosen": r["chosen"]})  # fmt: skip
+                budget = Fraction(r["budget"])
+                mix = random_search(fit, cost.levels, cost.table(BudgetKind.CODE), cost.limit(budget, BudgetKind.CODE),
+                                    r["evaluations"], req.evo, seed)  # fmt: skip
+                rows.append({"seed": seed, "kind": "random", "budget": r["budget"], "bits": cost.average(mix, BudgetKind.CODE),
+                             "evaluations": r["evaluations"], **held_out_and_calib(fit, mix, held_out, teacher)})  # fmt: skip
+            fit.teacher.close()
             print(f"seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
             if speed is None:
                 speed = cache_speed(parent, tok, Path(tmp))
@@ -92,6 +104,25 @@ def main() -> None:
             "threads": torch.get_num_threads()}  # fmt: skip
     (out / "search.json").write_text(json.dumps(data, indent=1))
     render(data, out)
+
+
+def search_fitness(parent: Path, model: Path, calib: Path, calib_range: tuple[float, float], tok) -> tuple[Fitness, CostModel]:
+    """`matgptq search`'s default fitness for `parent`: its 16,384-token calibration pool (the first 65 windows of 256 of
+    the calibration range, runner._windows), levels 2..8, candidates in the precision --score-dtype auto picks."""
+    windows = tokenize(tok, read_text(calib, calib_range))[: 65 * 256].view(65, 256)
+    cost = CostModel.from_checkpoint(read_checkpoint(parent), tuple(range(2, 9)))
+    dtype = ScoreDtype.AUTO.resolve(torch.device("cpu"))
+    return Fitness(matgptq.load(parent, bits=8, packed=False), Teacher(matgptq.load(model), windows, 8), windows,
+                   cost.names, compute_dtype=dtype), cost  # fmt: skip
+
+
+def held_out_and_calib(fit: Fitness, mix, held_out, teacher) -> dict:
+    """A mix's held-out perplexity and KL, and its float32 KL on the whole calibration pool (the `calib KL` column)."""
+    with fit.exact():
+        calib_kl = fit.kl(mix, tuple(range(fit.windows.shape[0])))
+    fit.apply(mix)
+    s = score(fit.model, held_out, teacher, 32)
+    return {"ppl": s.ppl, "kl": s.kl, "calib_kl": calib_kl}
 
 
 def cache_speed(parent: Path, tok, tmp: Path, generations: int = 4) -> dict:
@@ -115,6 +146,27 @@ def cache_speed(parent: Path, tok, tmp: Path, generations: int = 4) -> dict:
     return result
 
 
+def random_search(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, evaluations: int,
+                  config: EvoConfig, seed: int) -> tuple[int, ...]:  # fmt: skip
+    """The baseline issue #10 asks the search to beat at equal fitness evaluations: one generation of distinct random
+    budget-filling mixes (mutation.random_mix: all layers at the lowest level, then random one-level raises while one
+    fits) through the search's own multi-stage selection (config.stages, windows drawn as evolve draws them), so the
+    random candidates are scored on the same token counts as EvoPress' children; `evaluations` scorings in all."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    n = evaluations - sum(s.survivors for s in config.stages[:-1])  # the later stages score the earlier survivors
+    pool: dict[tuple[int, ...], None] = {}
+    for _ in range(n * MAX_DRAWS_PER_CHILD):
+        if len(pool) == n:
+            break
+        pool[tuple(levels[i] for i in random_mix(costs, limit, rng))] = None
+    survivors = list(pool)
+    n_windows, seqlen = fitness.windows.shape
+    for stage in config.stages:
+        scores = score_all(fitness, survivors, draw_windows(rng, n_windows, seqlen, stage.tokens))
+        survivors = [survivors[i] for i in sorted(range(len(survivors)), key=lambda i: (scores[i], i))[: stage.survivors]]
+    return survivors[0]
+
+
 def _mean_sd(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs):.4f}" if len(xs) > 1 else f"{xs[0]:.4f}"
 
@@ -135,13 +187,13 @@ def render(data: dict, out: Path) -> None:
     budgets = sorted({x["budget"] for x in rows if "budget" in x}, key=float)
     wins = []
     for b in budgets:
-        for kind, label in (("dp", "knapsack (DP) start"), ("searched", "EvoPress mix"),
-                            ("written", "written (lower calib KL)")):  # fmt: skip
+        for kind, label in (("dp", "knapsack (DP) start"), ("random", "random search (same evaluations)"),
+                            ("searched", "EvoPress mix"), ("written", "written (lower calib KL)")):  # fmt: skip
             sel = [x for x in rows if x["kind"] == kind and x["budget"] == b]
             if not sel:  # search.json from before the command chose its output
                 continue
             bits = _mean_sd([x["bits"] for x in sel]) if kind != "dp" else b
-            storage = _mean_sd([x["storage_bits"] for x in sel]) if kind != "dp" else ""
+            storage = _mean_sd([x["storage_bits"] for x in sel]) if kind not in ("dp", "random") else ""
             table.append([f"{label} @ {b}", bits, storage, _mean_sd([x["ppl"] for x in sel]),
                           _mean_sd([x["kl"] for x in sel]), _mean_sd([x["calib_kl"] for x in sel])])  # fmt: skip
         for seed in seeds:
@@ -149,8 +201,11 @@ def render(data: dict, out: Path) -> None:
             mix = next(x for x in rows if x["kind"] == "searched" and x["budget"] == b and x["seed"] == seed)
             dp = next(x for x in rows if x["kind"] == "dp" and x["budget"] == b and x["seed"] == seed)
             out_ = next((x for x in rows if x["kind"] == "written" and x["budget"] == b and x["seed"] == seed), {})
-            wins.append([b, seed, round(mix["bits"], 4), mix["ppl"], dp["ppl"], uniform_line(uni, mix["bits"]),
-                         "yes" if mix["ppl"] < uniform_line(uni, mix["bits"]) else "NO", "yes" if mix["ppl"] < dp["ppl"] else "NO",
+            rnd = next((x for x in rows if x["kind"] == "random" and x["budget"] == b and x["seed"] == seed), None)
+            yes = lambda better: "yes" if better else "NO"  # noqa: E731
+            wins.append([b, seed, round(mix["bits"], 4), mix["ppl"], dp["ppl"], rnd["ppl"] if rnd else "",
+                         uniform_line(uni, mix["bits"]), yes(mix["ppl"] < uniform_line(uni, mix["bits"])),
+                         yes(mix["ppl"] < dp["ppl"]), yes(mix["ppl"] < rnd["ppl"]) if rnd else "",
                          out_.get("chosen", ""), mix["evaluations"], mix["seconds"]])  # fmt: skip
     md = ["# Mix'n'Match search on stories260K", "", "Generated by `python scripts/search_results.py`; mean ± sample "
           f"standard deviation over calibration seeds {seeds} (parent calibration and search seed). Held-out: first "
@@ -162,8 +217,12 @@ def render(data: dict, out: Path) -> None:
         md += [f"Per-width GPTQ {bits}-bit (docs/results.json, seed 0): ppl {g['ppl']:.4f}, KL {g['kl']:.4f}.", ""]
     md += ["Per seed: the searched mix against the straight line between its neighbouring uniform slices and against "
            "its knapsack start (perplexity, held-out):", "",
-           format_table(["budget", "seed", "code bits", "mix ppl", "DP ppl", "uniform line", "beats line",
-                         "beats DP", "written", "evaluations", "seconds"], wins), ""]  # fmt: skip
+           format_table(["budget", "seed", "code bits", "mix ppl", "DP ppl", "random ppl", "uniform line",
+                         "beats line", "beats DP", "beats random", "written", "evaluations", "seconds"], wins), "",
+           "Random search: as many fitness evaluations as the search made, spent on one generation of distinct random "
+           "budget-filling mixes (all layers at 2 bits, then random one-level raises while one fits) put through the "
+           "search's own stages (512:4, 2048:2, 4096:1 tokens: the candidates are scored on the token counts EvoPress' "
+           "children get); its winner is scored like the others.", ""]  # fmt: skip
     sp = data.get("cache_speed")
     if sp:
         md += ["Prefix cache (fitness.py), default search at 3.0 bits, 4 generations, same evaluations either way:", "",
@@ -187,10 +246,13 @@ def _plot(data: dict, out: Path) -> None:
         for seed in data["seeds"]:
             uni = sorted((x["bits"], x[key]) for x in rows if x["kind"] == "uniform" and x["seed"] == seed)
             ax.plot(*zip(*uni), "o-", color="gray", alpha=0.6, label="uniform slices" if seed == data["seeds"][0] else None)
-            for kind, marker, color in (("dp", "s", "tab:blue"), ("searched", "*", "tab:red")):
+            for kind, marker, color in (("random", "x", "tab:purple"), ("dp", "s", "tab:blue"), ("searched", "*", "tab:red")):
                 pts = sorted((x["bits"], x[key]) for x in rows if x["kind"] == kind and x["seed"] == seed)
+                if not pts:  # search.json from before the random-search rows
+                    continue
                 ax.plot(*zip(*pts), marker, color=color, ms=9 if kind == "searched" else 6,
-                        label={"dp": "knapsack start", "searched": "EvoPress mix"}[kind] if seed == data["seeds"][0] else None)  # fmt: skip
+                        label={"dp": "knapsack start", "searched": "EvoPress mix", "random": "random search"}[kind]
+                        if seed == data["seeds"][0] else None)  # fmt: skip
         gptq = sorted((int(b), g[key]) for b, g in data.get("gptq", {}).items())
         if gptq:
             ax.plot(*zip(*gptq), "D", color="tab:green", label="per-width GPTQ (seed 0)")

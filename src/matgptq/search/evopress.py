@@ -133,7 +133,7 @@ def read_state(path: Path, settings: dict, n_layers: int) -> EvoState:
     return state
 
 
-def _draw_windows(rng: np.random.Generator, n_windows: int, seqlen: int, tokens: int) -> tuple[int, ...]:
+def draw_windows(rng: np.random.Generator, n_windows: int, seqlen: int, tokens: int) -> tuple[int, ...]:
     count = min(n_windows, math.ceil(tokens / (seqlen - 1)))
     return tuple(sorted(int(i) for i in rng.choice(n_windows, size=count, replace=False)))
 
@@ -174,7 +174,7 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
         survivors = [to_mix(c) for c in children]
         best_kl = None
         for s, stage in enumerate(config.stages):
-            windows = _draw_windows(rng, n_windows, seqlen, stage.tokens)
+            windows = draw_windows(rng, n_windows, seqlen, stage.tokens)
             last = s == len(config.stages) - 1
             pool = survivors + ([state.parent] if last else [])
             if not pool:
