@@ -36,6 +36,7 @@ from matgptq.search.mutation import random_mix
 from matgptq.search.runner import ScoreDtype
 from matgptq.search.spread import score_all
 from matgptq.search.sensitivity import knapsack_mix, measure
+from real_model_table import readme_block
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -216,13 +217,14 @@ def render(data: dict, out: Path) -> None:
     for bits, g in sorted(data.get("gptq", {}).items(), key=lambda kv: int(kv[0])):
         md += [f"Per-width GPTQ {bits}-bit (docs/results.json, seed 0): ppl {g['ppl']:.4f}, KL {g['kl']:.4f}.", ""]
     md += ["Per seed: the searched mix against the straight line between its neighbouring uniform slices and against "
-           "its knapsack start (perplexity, held-out):", "",
+           "its knapsack start and random search (perplexity, held-out):", "",
            format_table(["budget", "seed", "code bits", "mix ppl", "DP ppl", "random ppl", "uniform line",
                          "beats line", "beats DP", "beats random", "written", "evaluations", "seconds"], wins), "",
            "Random search: as many fitness evaluations as the search made, spent on one generation of distinct random "
            "budget-filling mixes (all layers at 2 bits, then random one-level raises while one fits) put through the "
            "search's own stages (512:4, 2048:2, 4096:1 tokens: the candidates are scored on the token counts EvoPress' "
            "children get); its winner is scored like the others.", ""]  # fmt: skip
+    cache_at = len(md)
     sp = data.get("cache_speed")
     if sp:
         md += ["Prefix cache (fitness.py), default search at 3.0 bits, 4 generations, same evaluations either way:", "",
@@ -230,6 +232,8 @@ def render(data: dict, out: Path) -> None:
                             [[k, v["evaluations"], round(v["seconds"], 2), round(v["per_second"], 2)]
                              for k, v in sp.items()]), ""]  # fmt: skip
     (out / "search.md").write_text("\n".join(md))
+    if out == ROOT / "docs":  # the README block: the tables and the random-search note (md[4:] less the cache speed)
+        readme_block("search", "\n".join(md[4:cache_at]).strip())
     print("\n".join(md))
     _plot(data, out)
 
