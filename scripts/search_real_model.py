@@ -48,7 +48,6 @@ from search_real_model_report import PARENTS, ROOT, RUNS, TABLE_JSON, render
 from search_results import random_search, search_fitness
 
 
-
 def parent_digest(parent: Path) -> str:
     """sha256 over the parent's tensors (names, dtypes, shapes, bytes): equal digests, equal slices."""
     import hashlib
@@ -162,24 +161,26 @@ def main() -> None:
 
 
 def measure(a, work: Path, parent: Path, budgets: list[str], state: dict, save) -> None:
-    jobs = [(f"uniform-{r}", r) for r in (2, 3, 4)]  # the slices the budgets' uniform lines need first
+    """Score what the run lacks, in the order of --budgets: the uniform 2/3/4-bit slices the budgets' lines need,
+    then per budget its evolved mix, its knapsack mix and (at --random-budgets) random search given the search's
+    number of fitness evaluations, then the 6/8-bit slices."""
+    randoms = [b for b in a.random_budgets.split(",") if b in budgets]
+    for b in randoms:
+        if b not in state["random"]:
+            state["random"][b] = random_baseline(a, parent, b, state["mixes"][b]["summary"]["evaluations"])
+            save()
+    jobs = [(f"uniform-{r}", r) for r in (2, 3, 4)]
     for b in budgets:
-        if f"mix-{b}" in state["eval"] and f"dp-{b}" in state["eval"]:
-            continue
         mix = state["mixes"][b]
-        dp_file, evolved_file = work / f"dp-{b}.json", work / f"evolved-{b}.json"
-        dp_file.write_text(json.dumps({"bits": mix["dp_bits"]}))
+        # not mix-{b}.json: that is the search's own mix file (with the history the curve needs)
+        names = {"mix": "evolved", "dp": "dp", "random": "random"}
+        files = {key: work / f"{name}-{b}.json" for key, name in names.items()}
         # the evolved mix: `matgptq search` writes the lower-KL of it and the knapsack mix as "bits" (runner._report)
-        evolved_file.write_text(json.dumps({"bits": mix.get("search_bits", mix["bits"])}))
-        jobs += [(f"mix-{b}", str(evolved_file)), (f"dp-{b}", str(dp_file))]
-    for b in a.random_budgets.split(","):  # the random-search baseline at the search's number of evaluations
-        if b and b in state["mixes"]:
-            if b not in state["random"]:
-                state["random"][b] = random_baseline(a, parent, b, state["mixes"][b]["summary"]["evaluations"])
-                save()
-            random_file = work / f"random-{b}.json"
-            random_file.write_text(json.dumps({"bits": state["random"][b]["bits"]}))
-            jobs.append((f"random-{b}", str(random_file)))
+        files["mix"].write_text(json.dumps({"bits": mix.get("search_bits", mix["bits"])}))
+        files["dp"].write_text(json.dumps({"bits": mix["dp_bits"]}))
+        if b in randoms:
+            files["random"].write_text(json.dumps({"bits": state["random"][b]["bits"]}))
+        jobs += [(f"{key}-{b}", str(file)) for key, file in files.items() if key != "random" or b in randoms]
     jobs += [(f"uniform-{r}", r) for r in (6, 8)]
 
     def done(key: str, scores: dict) -> None:
