@@ -172,10 +172,10 @@ def measure(a, work: Path, parent: Path, budgets: list[str], state: dict, save) 
     jobs = [(f"uniform-{r}", r) for r in (2, 3, 4)]
     for b in budgets:
         mix = state["mixes"][b]
-        # not mix-{b}.json: that is the search's own mix file (with the history the curve needs)
+        # evolved-{b}, not mix-{b}: that is the search's own mix file, whose "bits" are the lower-KL of the evolved
+        # and the knapsack mix (runner._report) and whose history the curve needs
         names = {"mix": "evolved", "dp": "dp", "random": "random"}
         files = {key: work / f"{name}-{b}.json" for key, name in names.items()}
-        # the evolved mix: `matgptq search` writes the lower-KL of it and the knapsack mix as "bits" (runner._report)
         files["mix"].write_text(json.dumps({"bits": mix.get("search_bits", mix["bits"])}))
         files["dp"].write_text(json.dumps({"bits": mix["dp_bits"]}))
         if b in randoms:
