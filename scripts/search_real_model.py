@@ -174,13 +174,13 @@ def measure(a, work: Path, parent: Path, budgets: list[str], state: dict, save) 
         mix = state["mixes"][b]
         # evolved-{b}, not mix-{b}: that is the search's own mix file, whose "bits" are the lower-KL of the evolved
         # and the knapsack mix (runner._report) and whose history the curve needs
-        names = {"mix": "evolved", "dp": "dp", "random": "random"}
-        files = {key: work / f"{name}-{b}.json" for key, name in names.items()}
-        files["mix"].write_text(json.dumps({"bits": mix.get("search_bits", mix["bits"])}))
-        files["dp"].write_text(json.dumps({"bits": mix["dp_bits"]}))
+        rows = {"mix": ("evolved", mix.get("search_bits", mix["bits"])), "dp": ("dp", mix["dp_bits"])}
         if b in randoms:
-            files["random"].write_text(json.dumps({"bits": state["random"][b]["bits"]}))
-        jobs += [(f"{key}-{b}", str(file)) for key, file in files.items() if key != "random" or b in randoms]
+            rows["random"] = ("random", state["random"][b]["bits"])
+        for key, (name, bits) in rows.items():
+            file = work / f"{name}-{b}.json"
+            file.write_text(json.dumps({"bits": bits}))
+            jobs.append((f"{key}-{b}", str(file)))
     jobs += [(f"uniform-{r}", r) for r in (6, 8)]
 
     def done(key: str, scores: dict) -> None:

@@ -212,8 +212,9 @@ def render(data: dict, out: Path) -> None:
           f"standard deviation over calibration seeds {seeds} (parent calibration and search seed). Held-out: first "
           "40,000 tokens of the first 60% of TinyStories; perplexity and KL to fp32 there; `calib KL` is the search's "
           "own fitness on its whole 16,384-token calibration pool, float32. `matgptq search` writes the lower-`calib KL` "
-          "of the knapsack start and the EvoPress mix (`written`; which one per seed: `written` below).", "",
-          format_table(["model", "code bits", "storage bits", "ppl (held-out)", "KL (held-out)", "calib KL"], table), ""]
+          "of the knapsack start and the EvoPress mix (`written`; which one per seed: `written` below).", ""]
+    block_at = len(md)  # the README block: from the first table to the random-search note
+    md += [format_table(["model", "code bits", "storage bits", "ppl (held-out)", "KL (held-out)", "calib KL"], table), ""]
     for bits, g in sorted(data.get("gptq", {}).items(), key=lambda kv: int(kv[0])):
         md += [f"Per-width GPTQ {bits}-bit (docs/results.json, seed 0): ppl {g['ppl']:.4f}, KL {g['kl']:.4f}.", ""]
     md += ["Per seed: the searched mix against the straight line between its neighbouring uniform slices and against "
@@ -232,8 +233,8 @@ def render(data: dict, out: Path) -> None:
                             [[k, v["evaluations"], round(v["seconds"], 2), round(v["per_second"], 2)]
                              for k, v in sp.items()]), ""]  # fmt: skip
     (out / "search.md").write_text("\n".join(md))
-    if out == ROOT / "docs":  # the README block: the tables and the random-search note (md[4:] less the cache speed)
-        readme_block("search", "\n".join(md[4:cache_at]).strip())
+    if out == ROOT / "docs":
+        readme_block("search", "\n".join(md[block_at:cache_at]).strip())
     print("\n".join(md))
     _plot(data, out)
 
