@@ -19,7 +19,8 @@ Protocol
   searched      one MatGPTQ [4,5,8] parent (the same options, "-hw"), and per preset a `matgptq search` for the
                 per-layer widths (levels 4,5,8 → Q4_0/Q5_0/Q8_0) that fill the preset's tensor bytes (search_budget);
                 a [4,5,6,8] parent with `--kquant q6_k` (ffn_down's 6-bit slice → Q6_K), searched in GGUF bytes
-  rows          gguf_real_rows.py (what is compared), gguf_real_report.py (the tables)
+  rows          gguf_real_rows.py (what is compared), gguf_real_files.py (what a file holds), gguf_real_report.py
+                (the tables)
   scoring       `llama-perplexity -c 512` on the first half of WikiText-2 test (--wiki-chunks chunks) and on the
                 TinyStories file (--ts-chunks chunks): the F32 file's logits are saved with --kl-divergence-base, each
                 quantized file is run with --kl-divergence. llama.cpp scores the second half of every 512-token chunk
@@ -42,17 +43,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
 import sys
 import time
-from fractions import Fraction
 from pathlib import Path
 
+from gguf_real_files import file_info, search_budget
 from gguf_real_report import render
-from gguf_real_rows import (CKPTS, DATASETS, EMBED_BLOCK_BYTES, EMBED_OF, GPTQ_FLAGS, ISSUE_PRESETS, OURS, PRESETS,
+from gguf_real_rows import (CKPTS, DATASETS, EMBED_OF, GPTQ_FLAGS, ISSUE_PRESETS, OURS, PRESETS,
                             QUANTIZE, SEARCH_OF)  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,29 +88,6 @@ def run(cmd: list[str], logfile: Path, env: dict | None = None) -> str:
 def child_env(threads: int) -> dict:
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "TORCHDYNAMO_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false",
             "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
-
-
-def tensor_types(path: Path) -> dict[str, int]:
-    """{'ROLE:TYPE': how many tensors} of the weight matrices (norms left out), read back with gguf-py."""
-    import gguf
-
-    out: dict[str, int] = {}
-    n_params = n_bytes = 0
-    for t in gguf.GGUFReader(str(path)).tensors:
-        n_params += int(t.n_elements)
-        n_bytes += int(t.n_bytes)
-        if t.name.endswith("norm.weight"):
-            continue
-        role = t.name.split(".")[-2] if t.name.startswith("blk.") else t.name.split(".")[0]
-        key = f"{role}:{t.tensor_type.name}"
-        out[key] = out.get(key, 0) + 1
-    return {"types": out, "params": n_params, "tensor_bytes": n_bytes}
-
-
-def file_info(path: Path) -> dict:
-    info = tensor_types(path)
-    size = path.stat().st_size
-    return {"bytes": size, "bpw": info["tensor_bytes"] * 8 / info["params"], **info}
 
 
 def f32_gguf(model: Path, work: Path) -> Path:
@@ -181,28 +158,6 @@ def score(gguf_file: Path, ds: str, work: Path, a: argparse.Namespace) -> dict:
     p, k, top = _PPL.search(text), _KLD.search(text), _TOP.search(text)
     return {"ppl": float(p[1]), "ppl_se": float(p[2]), "kl": float(k[1]), "kl_se": float(k[2]),
             "same_top": float(top[1]), "positions": chunks * 256}  # fmt: skip
-
-
-def search_budget(f32: Path, preset_bytes: int, embed: str, kind: str) -> str:
-    """The budget (bits per quantized weight, 4 decimals, rounded down) of `kind` at which a searched mix's file
-    holds at most `preset_bytes` of tensors. "gguf" counts the layers' GGUF bytes; "code" counts them exactly too on
-    the [4,5,8] parent: at group size 32 each level's type (Q4_0, Q5_0, Q8_0) spends the same 16/32 bits per weight on
-    its float16 scales, so a layer of N·K weights at width r takes N·K·(r + 1/2)/8 bytes. The rest of our file is
-    fixed: token_embd in `embed` (EMBED_BLOCK_BYTES per 32 weights) and the norms in F32 (from the F32 file)."""
-    import gguf
-
-    fixed = quantized = 0
-    for t in gguf.GGUFReader(str(f32)).tensors:
-        n = int(t.n_elements)
-        if t.name.startswith("blk.") and not t.name.endswith("norm.weight"):
-            quantized += n
-        elif t.name == "token_embd.weight":
-            fixed += n * EMBED_BLOCK_BYTES[embed] // 32
-        else:
-            fixed += 4 * n
-    b = Fraction(8 * (preset_bytes - fixed), quantized) - (Fraction(1, 2) if kind == "code" else 0)
-    q = math.floor(b * 10**4)
-    return f"{q // 10**4}.{q % 10**4:04d}"
 
 
 def settings(a: argparse.Namespace) -> dict:
