@@ -7,7 +7,7 @@ and KL to the float32 model on the first 60% (40k tokens). Per grouping (per cha
       paper             seed 001 as published: mean error fed back, every slice on the master scale
       per-width         one error-feedback track per width (multibit.PerWidthRounding)
       per-width-scales  + each target width's least-squares scales (quantization/refit.py), with λ = 1,1,1 and
-                        with the master weighted ×4 (λ = 1,1,4), ×16 (λ = 1,1,16, the default) and ×64 (how far
+                        with the master weighted ×4 (λ = 1,1,4), ×16 (λ = 1,1,16, the default), ×64 and ×256 (how far
                         weighting the master buys back slice-8 and what it costs the lower slices)
     and, per channel only, per-width-scales λ = 1,1,1 and GPTQ with the MSE grid (`--mse`); and, both groupings,
     the default parent and GPTQ with the Hessian-weighted grid and scale refit (`--mse --mse-weighted
@@ -85,6 +85,7 @@ VARIANTS = {  # name -> quantize options (λ explicit, so a change of defaults n
     "per-width-scales λ=1,1,4": dict(variant="per-width-scales", bit_weights=MASTER4),
     "per-width-scales λ=1,1,16 (default)": dict(variant="per-width-scales", bit_weights=(1.0, 1.0, 16.0)),
     "per-width-scales λ=1,1,64": dict(variant="per-width-scales", bit_weights=(1.0, 1.0, 64.0)),
+    "per-width-scales λ=1,1,256": dict(variant="per-width-scales", bit_weights=(1.0, 1.0, 256.0)),
 }
 MSE_VARIANT = "per-width-scales λ=1,1,1"
 # the Hessian-weighted scale search and least-squares refit of the master (`--mse --mse-weighted --refit-scales`,
