@@ -33,7 +33,6 @@ def file_info(path: Path) -> dict:
     return {"bytes": size, "bpw": info["tensor_bytes"] * 8 / info["params"], **info}
 
 
-
 def search_budget(f32: Path, preset_bytes: int, embed: str, kind: str) -> str:
     """The budget (bits per quantized weight, 4 decimals, rounded down) of `kind` at which a searched mix's file
     holds at most `preset_bytes` of tensors. "gguf" counts the layers' GGUF bytes; "code" counts them exactly too on
