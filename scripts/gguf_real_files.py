@@ -10,7 +10,7 @@ from pathlib import Path
 from gguf_real_rows import EMBED_BLOCK_BYTES
 
 
-def tensor_types(path: Path) -> dict[str, int]:
+def tensor_types(path: Path) -> dict:
     """{'ROLE:TYPE': how many tensors} of the weight matrices (norms left out), read back with gguf-py."""
     import gguf
 
