@@ -1,5 +1,6 @@
 """CLI user experience: --help everywhere; bad input → one-line error, exit 2, no traceback, nothing written."""
 
+import json
 import subprocess
 import sys
 
@@ -45,6 +46,21 @@ def run_error(args, capsys):
 )
 def test_bad_options(tmp_path, capsys, extra, message):
     assert message in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, *extra), capsys)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("extra,mix,message", [
+    (["--bits", "4"], {"*": 4}, "either --bits or --bits-config"),
+    (["--method", "matgptq"], {"*": 4}, "already holds every width"),
+    ([], {"*": 4, "model.layers.9.mlp.up_proj": 3}, "unknown layers"),
+    ([], {"model.layers.0.mlp.up_proj": 3}, "misses 34 layers"),
+    ([], {"*": 9}, "widths are 2..8"),
+    ([], {"*": "4"}, "must be integers"),
+])  # fmt: skip
+def test_bad_width_mixes(tmp_path, capsys, extra, mix, message):
+    (tmp_path / "mix.json").write_text(json.dumps(mix))
+    args = quantize_args(tmp_path, STORIES, TINYSTORIES, "--bits-config", str(tmp_path / "mix.json"), *extra)
+    assert message in run_error(args, capsys)
     assert not (tmp_path / "out").exists()
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -15,11 +16,12 @@ import transformers
 from ._version import __version__
 from .devices import resolve_device
 from .errors import UserError
+from .formats.mix import MixSpec, read_mix
 from .formats.staged import SHARD_BYTES, StagedCheckpoint
 from .fsutil import check_output
 from .models import (
-    arch_spec, calibration_windows, file_sha256, get_blocks, load_fp_model, load_tokenizer, read_text, require_model_dir,
-    tokenize,
+    arch_spec, calibration_windows, file_sha256, get_blocks, load_fp_model, load_tokenizer, quantized_layer_names,
+    read_text, require_model_dir, tokenize,
 )  # fmt: skip
 from .models.lazy import LazyModel
 from .quantization import CalibConfig, LayerReport, Method, QuantConfig, quantize_model
@@ -66,13 +68,17 @@ def unquantized_tensors(model, layers: dict, outside: str | None = None) -> dict
 
 def quantize(
     model: str | Path, out: str | Path, *, calib: str | Path | list[str] | None = None, method: str = "gptq",
-    bits=4, master_bits: int | None = None, bit_weights=None, calib_range: tuple[float, float] = (0.0, 1.0),
+    bits=None, bits_config: MixSpec | None = None, master_bits: int | None = None, bit_weights=None,
+    calib_range: tuple[float, float] = (0.0, 1.0),
     nsamples: int = 128, seqlen: int = 256, seed: int = 0, overwrite: bool = False, progress: bool = True,
     dtype: str = "auto", resume: bool = False, device: str = "auto", stream: bool | None = None,
     shard_bytes: int = SHARD_BYTES, **options,
 ) -> tuple[Path, list[LayerReport]]:  # fmt: skip
     """Quantize the HF model directory `model` and write a matgptq checkpoint to `out` (atomically).
 
+    `bits`: the width (default 4), for MatGPTQ the target set. `bits_config` instead (GPTQ/RTN): each layer's own
+    width, a {layer: bits} mix or its JSON file (formats/mix.py), e.g. a `matgptq search` result, so the mix found on
+    a parent is solved again with every layer a dedicated GPTQ run at its width.
     `calib`: a UTF-8 text file (cut to `calib_range` by characters) or a list of strings; not needed for RTN.
     `dtype`: the model's dtype while calibrating, and that of the unquantized tensors written ("auto": its own, from
     config.json; "bfloat16" is what GPTQModel uses on CPU). Hessians and the solver are float32 either way.
@@ -88,7 +94,9 @@ def quantize(
     if shard_bytes < 1:
         raise UserError(f"--shard-size must be positive, got {shard_bytes} bytes")
     dev = resolve_device(device)
-    cfg = make_config(method, bits, master_bits, bit_weights, **options)
+    if bits is not None and bits_config is not None:
+        raise UserError("give either --bits or --bits-config, not both")
+    cfg = make_config(method, 4 if bits is None else bits, master_bits, bit_weights, **options)
     calib_cfg = CalibConfig(
         path=str(calib) if isinstance(calib, (str, Path)) else None, text_range=tuple(calib_range),
         nsamples=nsamples, seqlen=seqlen, seed=seed,
@@ -107,13 +115,19 @@ def quantize(
     rank, size = world()
     if size > 1 and resume:
         raise UserError("--resume is for single-process runs; run the resumed quantization without torchrun")
-    settings = _run_settings(model, cfg, calib_cfg, calib, windows, dtype, dev)
-    state = BlockState(out, settings, resume) if size == 1 else None
     lazy = LazyModel.open(model, COMPUTE_DTYPES[dtype]) if stream is not False else None
     if stream and lazy is None:
         raise UserError(f"the safetensors files in {model} do not name the model's parameters as transformers does; "
                         "they cannot be streamed: pass stream=None (stream when possible) or False")  # fmt: skip
     fp = lazy.model if lazy is not None else load_fp_model(model, COMPUTE_DTYPES[dtype])
+    if bits_config is not None:
+        names = [n for n in quantized_layer_names(fp, arch_spec(fp.config.model_type))
+                 if not any(re.search(pattern, n) for pattern in cfg.skip)]  # as a parent's: --skip's layers stay out
+        widths = read_mix(bits_config, names)
+        widest = max(widths.values())
+        cfg = replace(cfg, bits=widest, target_bits=(widest,), layer_bits=tuple(widths.items()))
+    settings = _run_settings(model, cfg, calib_cfg, calib, windows, dtype, dev)
+    state = BlockState(out, settings, resume) if size == 1 else None
     # finished blocks: in the resume directory, else a private sibling of `out` (created by the first block written)
     scratch = Path(out).resolve().parent / f".{Path(out).name}.blocks-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     stage = StagedCheckpoint(state.dir if state is not None else scratch) if rank == 0 else _Discard()
@@ -143,7 +157,8 @@ def quantize(
         if size > 1:
             meta["distributed"] = {"world_size": size, "backend": dist_backend()}
         stage.assemble(out, len(get_blocks(fp, spec)), fp.config.to_dict(), tensors,
-                       {r.name: list(r.shape) for r in reports}, cfg.bits, meta, model, overwrite, shard_bytes)  # fmt: skip
+                       {r.name: list(r.shape) for r in reports}, {r.name: cfg.width_of(r.name) for r in reports}, meta,
+                       model, overwrite, shard_bytes)  # fmt: skip
     finally:
         if state is None and rank == 0:
             shutil.rmtree(stage.dir, ignore_errors=True)

@@ -26,7 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("model", help="local Hugging Face model directory (config.json + safetensors)")
     q.add_argument("--out", required=True, help="output checkpoint directory (written atomically)")
     q.add_argument("--method", choices=["gptq", "rtn", "matgptq"], default="gptq", help="quantization method")
-    q.add_argument("--bits", type=ints, default=(4,), help="width (2-8); for matgptq the target set R, e.g. 3,4,8")
+    q.add_argument("--bits", type=ints, help="width (2-8, default 4); for matgptq the target set R, e.g. 3,4,8")
+    q.add_argument("--bits-config", metavar="MIX",
+                   help="gptq/rtn instead of --bits: each layer at its own width, from a JSON {layer: bits} (\"*\" = "
+                        "default) such as a `matgptq search` mix-<budget>.json; every layer is solved as a one-width "
+                        "run at its width would solve it (the search's mix re-solved by dedicated GPTQ)")
     q.add_argument("--master-bits", type=int, help="matgptq: master width c of the stored codes (default max of --bits)")
     q.add_argument("--bit-weights", type=floats,
                    help="matgptq: weight λ_r per target width, same order as --bits (default: 1 each, and "
@@ -123,7 +127,7 @@ def cmd_quantize(a: argparse.Namespace) -> None:
 
     t0 = time.perf_counter()
     out, reports = quantize(
-        a.model, a.out, calib=a.calib, method=a.method, bits=a.bits, master_bits=a.master_bits,
+        a.model, a.out, calib=a.calib, method=a.method, bits=a.bits, bits_config=a.bits_config, master_bits=a.master_bits,
         bit_weights=a.bit_weights, calib_range=a.calib_range, nsamples=a.nsamples, seqlen=a.seqlen, seed=a.seed,
         overwrite=a.overwrite, progress=not a.quiet, dtype=a.dtype, resume=a.resume, group_size=a.group_size, sym=a.sym,
         act_order=a.act_order, static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
@@ -136,8 +140,8 @@ def cmd_quantize(a: argparse.Namespace) -> None:
     if world()[0] > 0:  # torchrun: the other ranks hold the same result; rank 0 reports it
         return
     widths = sorted({r for rep in reports for r in rep.rel_error})
-    rows = [[f"{r}-bit", len(reports), sum(rep.rel_error[r] for rep in reports) / len(reports),
-             max(rep.rel_error[r] for rep in reports)] for r in widths]  # fmt: skip
+    at = {r: [rep.rel_error[r] for rep in reports if r in rep.rel_error] for r in widths}  # a mix: its layers per width
+    rows = [[f"{r}-bit", len(at[r]), sum(at[r]) / len(at[r]), max(at[r])] for r in widths]
     if rows:
         print(format_table(["width", "layers", "mean rel. output error", "max"], rows))
     print(f"wrote {out} ({len(reports)} layers, {time.perf_counter() - t0:.1f} s)")

@@ -149,6 +149,22 @@ def test_bits_config_mix(parent, tmp_path):
     assert meta["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q4_0
 
 
+def test_width_mix_gptq_checkpoint(models, tmp_path):
+    """quantize --bits-config: a GPTQ checkpoint whose layers have their own widths exports with each layer in its
+    own type, and gguf-py reads back exactly the checkpoint's weights."""
+    mix = {"*": 4, "model.layers.0.mlp.down_proj": 8, "model.layers.1.self_attn.k_proj": 5}
+    ck = quick_quantize(models["small"], tmp_path / "mix", bits_config=mix, group_size=32)
+    assert {n: q.bits for n, q in read_checkpoint(ck).layers.items()} == {
+        n: mix.get(n, 4) for n in read_checkpoint(ck).layers}
+    rep = export_gguf(ck, tmp_path / "m.gguf")
+    types = {t.source: (t.bits, t.ggml_type) for t in rep.tensors}
+    assert types["model.layers.0.mlp.down_proj.weight"] == (8, "Q8_0")
+    assert types["model.layers.1.self_attn.k_proj.weight"] == (5, "Q5_0")
+    assert types["model.layers.1.mlp.up_proj.weight"] == (4, "Q4_0")
+    assert rep.exact
+    _check_readback(tmp_path / "m.gguf", _reference(ck, None), rep)
+
+
 # --- K-quants -------------------------------------------------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """Checkpoint write/read round trips bit-exactly; bit packing; atomic writes."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,14 +62,19 @@ def test_slice_checkpoint_is_smaller_and_exact(tmp_path):
     assert torch.equal(read_checkpoint(tmp_path / "s").layers["a.b"].dequantize(), sliced["a.b"].dequantize())
 
 
-def test_existing_output_refused_and_failed_write_leaves_nothing(tmp_path):
+def test_existing_output_refused_and_failed_write_leaves_nothing(tmp_path, monkeypatch):
     out = tmp_path / "ck"
     out.mkdir()
     with pytest.raises(UserError, match="--overwrite"):
         save_checkpoint(out, {}, {}, {"x": _weight(4, False)}, {}, None)
-    bad = {"x": _weight(4, False), "y": _weight(8, False)}  # mixed widths are refused mid-write
-    with pytest.raises(ValueError):
-        save_checkpoint(tmp_path / "new", {}, {}, bad, {}, None)
+
+    def disk_full(tensors, path, metadata=None):  # the weights file half written, then the write fails
+        Path(path).write_bytes(b"\0" * 100)
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr("matgptq.formats.parent.save_file", disk_full)
+    with pytest.raises(OSError):
+        save_checkpoint(tmp_path / "new", {}, {}, {"x": _weight(4, False)}, {}, None)
     assert not (tmp_path / "new").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["ck"]
 
@@ -116,3 +122,30 @@ def test_damaged_per_width_scale_is_refused(tmp_path):
     save_file(raw, str(f))
     with pytest.raises(UserError, match="a.b.scales.3 is float16"):
         read_checkpoint(tmp_path / "ck")
+
+
+def test_mixed_widths_round_trip_as_v3_and_damaged_widths_are_refused(tmp_path):
+    """GPTQ/RTN layers of several widths (quantize --bits-config): each stored and read back at its own width; the
+    file says v3 and lists every layer's width, so an older reader refuses it instead of unpacking it wrongly."""
+    layers = {"model.layers.0.mlp.up_proj": _weight(4, False), "model.layers.0.mlp.down_proj": _weight(8, True),
+              "model.layers.1.mlp.up_proj": _weight(3, False)}  # fmt: skip
+    save_checkpoint(tmp_path / "ck", {"model_type": "llama"}, {}, layers, {}, None)
+    meta = json.loads((tmp_path / "ck" / "matgptq.json").read_text())
+    assert meta["format_version"] == 3 and meta["stored_bits"] == 8
+    assert meta["layer_bits"] == {n: q.bits for n, q in layers.items()}
+    ck = read_checkpoint(tmp_path / "ck")
+    for name, q in layers.items():
+        assert ck.layers[name].bits == q.bits and torch.equal(ck.layers[name].codes, q.codes)
+        assert torch.equal(ck.layers[name].dequantize(), q.dequantize())
+    for damage in ({"model.layers.0.mlp.up_proj": 4}, {**meta["layer_bits"], "model.layers.1.mlp.up_proj": 9},
+                   {**meta["layer_bits"], "model.layers.0.mlp.down_proj": 5}):  # a layer missing; 9 bits; widest ≠ 8
+        (tmp_path / "ck" / "matgptq.json").write_text(json.dumps({**meta, "layer_bits": damage}))
+        with pytest.raises(UserError, match="layer_bits"):
+            read_checkpoint(tmp_path / "ck")
+
+
+def test_slices_of_several_widths_are_not_one_checkpoint(tmp_path):
+    parent = _weight(8, False)
+    with pytest.raises(ValueError, match="one width"):
+        save_checkpoint(tmp_path / "ck", {"model_type": "llama"}, {}, {"a": parent.slice(4), "b": parent.slice(3)}, {},
+                        None)  # fmt: skip

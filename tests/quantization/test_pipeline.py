@@ -113,6 +113,35 @@ def test_refit_scales_keeps_the_codes_and_the_model_uses_the_refit_scales(method
         make_config("rtn", 4, refit_scales=True)
 
 
+def test_a_width_mix_solves_each_layer_as_its_own_one_width_run():
+    """Oracle: one-width runs. Block 0's first group (q/k/v) is solved from the unquantized model's inputs in every
+    run, so each of its layers must equal, bit for bit, that layer of the one-width run at its width; every layer
+    is stored and reported at its own width."""
+    x = windows(16, 32)
+    names = quantized_layer_names(tiny_model("llama"), arch_spec("llama"))
+    mix = dict.fromkeys(names, 4) | {"model.layers.0.self_attn.k_proj": 8, "model.layers.0.self_attn.v_proj": 3,
+                                     "model.layers.1.mlp.down_proj": 6}  # fmt: skip
+    options = dict(group_size=16, act_order=True, mse=True)
+    cfg = make_config("gptq", 8, layer_bits=tuple(mix.items()), **options)
+    layers, reports, _ = quantize_model(tiny_model("llama"), x, cfg, progress=False)
+    assert {n: q.bits for n, q in layers.items()} == mix
+    assert all(int(q.codes.max()) < 2**q.bits for q in layers.values())
+    assert {rep.name: tuple(rep.rel_error) for rep in reports} == {n: (r,) for n, r in mix.items()}
+    for name in names[:3]:
+        one, _, _ = quantize_model(tiny_model("llama"), x, make_config("gptq", mix[name], **options), progress=False)
+        assert torch.equal(layers[name].codes, one[name].codes) and torch.equal(layers[name].scales, one[name].scales)
+
+
+@pytest.mark.parametrize("method,bits,widths,match", [
+    ("matgptq", "4,8", {"a": 4}, "already holds every width"),
+    ("gptq", 8, {"a": 4, "b": 9}, "widths are 2..8"),
+    ("gptq", 8, {"a": 4, "b": 5}, "widest width of the mix"),
+])  # fmt: skip
+def test_bad_width_mixes_are_clear_errors(method, bits, widths, match):
+    with pytest.raises(UserError, match=match):
+        make_config(method, bits, layer_bits=tuple(widths.items()))
+
+
 def test_unknown_architecture_is_a_clear_error():
     model = AutoModelForCausalLM.from_config(OPTConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1,
                                                        ffn_dim=64, num_attention_heads=4, word_embed_proj_dim=32))  # fmt: skip

@@ -138,3 +138,21 @@ def test_a_lost_block_file_is_damage(deep, tmp_path, monkeypatch):
     with pytest.raises(UserError, match="damaged.*block-1"):
         matgptq.quantize(deep, out, resume=True, **ARGS)
     assert not out.exists()
+
+
+def test_a_width_mix_resumes_in_memory_reading_each_layer_at_its_width(deep, tmp_path, monkeypatch):
+    """An in-memory resume writes the finished layers back from the block files, each unpacked at its own width
+    (a width mix, quantize --bits-config): the result is the uninterrupted run's, and another mix is refused."""
+    mix = {"*": 4, "model.layers.0.self_attn.v_proj": 8, "model.layers.1.mlp.down_proj": 3}
+    args = {**ARGS, "method": "gptq", "bits": None, "bits_config": mix, "stream": False}
+    whole = tmp_path / "whole"
+    matgptq.quantize(deep, whole, **args)
+    out = tmp_path / "out"
+    _stop_after(monkeypatch, 2)
+    with pytest.raises(_Stop):
+        matgptq.quantize(deep, out, **args)
+    monkeypatch.undo()
+    with pytest.raises(UserError, match="other settings"):
+        matgptq.quantize(deep, out, **{**args, "bits_config": {**mix, "*": 5}}, resume=True)
+    matgptq.quantize(deep, out, resume=True, **args)
+    _same_checkpoint(whole, out)

@@ -15,7 +15,9 @@ Tensors, per quantized layer `<name>` (the Linear's module path; weights as [out
                                              parents, quantization/refit.py); a slice without one uses `scales`
 and every unquantized tensor of the model under its usual name (embeddings, norms, biases, untied lm_head).
 A parent with per-width scales is format v2 (a v1 reader would slice it on the master scale: wrong weights, so it
-must refuse); everything else is still written as v1, which this version reads as before.
+must refuse). A GPTQ/RTN checkpoint of mixed widths (`quantize --bits-config`) is v3: `layer_bits` in matgptq.json
+gives each layer's stored width (`stored_bits` is the widest), so a v2 reader, which would unpack every layer at
+`stored_bits`, refuses it. Everything else is still written as v1, which this version reads as before.
 `matgptq.json` records the format version, the QuantConfig, the stored width and shift (slices), the slicing rule,
 calibration settings and versions — everything needed to reproduce the weights bit-exactly.
 """
@@ -36,7 +38,7 @@ from ..untrusted import read_json, read_sharded, read_tensors, take
 from .quantized import QuantizedWeight, width_scale_name, width_scale_tensors
 
 FORMAT = "matgptq"
-FORMAT_VERSION = 2  # highest version read; v2 adds <name>.scales.<r>
+FORMAT_VERSION = 3  # highest version read; v2 adds <name>.scales.<r>, v3 `layer_bits` (mixed widths)
 META_FILE = "matgptq.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # the sharded layout (Hugging Face's)
@@ -84,12 +86,20 @@ def layer_tensors(name: str, q: QuantizedWeight) -> dict[str, torch.Tensor]:
     return out
 
 
-def _write_dir(tmp: Path, config: dict, meta: dict, layers: dict[str, list[int]], bits: int, shift: int, version: int,
-               tokenizer_dir: str | Path | None) -> None:  # fmt: skip
+def file_version(width_scales: bool, layer_bits: dict[str, int]) -> int:
+    """The lowest format version that holds a checkpoint: readers of a lower one would misread it."""
+    return 3 if len(set(layer_bits.values())) > 1 else 2 if width_scales else 1
+
+
+def _write_dir(tmp: Path, config: dict, meta: dict, layers: dict[str, list[int]], layer_bits: dict[str, int],
+               shift: int, width_scales: bool, tokenizer_dir: str | Path | None) -> None:  # fmt: skip
+    bits, version = max(layer_bits.values()), file_version(width_scales, layer_bits)
     full_meta = {
         "format": FORMAT, "format_version": version, "stored_bits": bits, "shift": shift,
         "slicing": SLICING_RULE, **meta, "layers": layers,
     }  # fmt: skip
+    if version >= 3:
+        full_meta["layer_bits"] = layer_bits
     hf_config = dict(config, quantization_config={"quant_method": FORMAT, "bits": bits})
     (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, default=str))
     (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2))
@@ -101,18 +111,19 @@ def save_checkpoint(
     out: str | Path, config: dict, tensors: dict[str, torch.Tensor], layers: dict[str, QuantizedWeight],
     meta: dict, tokenizer_dir: str | Path | None, overwrite: bool = False,
 ) -> Path:  # fmt: skip
-    """Write a checkpoint directory atomically, in one file. `tensors` are the unquantized ones."""
+    """Write a checkpoint directory atomically, in one file. `tensors` are the unquantized ones. Layers of several
+    widths are one checkpoint only as whole GPTQ/RTN layers (shift 0): a slice stores one width of one parent."""
     widths = {(q.bits, q.shift) for q in layers.values()}
-    if len(widths) != 1:
-        raise ValueError(f"a checkpoint stores one width; got {sorted(widths)}")
-    bits, shift = widths.pop()
+    if len(widths) != 1 and any(shift for _, shift in widths):
+        raise ValueError(f"a slice checkpoint stores one width; got {sorted(widths)}")
+    shift = widths.pop()[1]
     out_tensors = {k: v.contiguous() for k, v in tensors.items()}
     for name, q in layers.items():
         out_tensors.update(layer_tensors(name, q))
-    version = 2 if any(q.width_scales for q in layers.values()) else 1
     with atomic_output(out, overwrite) as tmp:
         save_file(out_tensors, str(tmp / WEIGHTS_FILE), metadata=TENSOR_METADATA)
-        _write_dir(tmp, config, meta, {name: list(q.shape) for name, q in layers.items()}, bits, shift, version,
+        _write_dir(tmp, config, meta, {name: list(q.shape) for name, q in layers.items()},
+                   {name: q.bits for name, q in layers.items()}, shift, any(q.width_scales for q in layers.values()),
                    tokenizer_dir)  # fmt: skip
     return Path(out)
 
@@ -137,6 +148,21 @@ def _layer_shapes(where: Path, meta: dict) -> dict[str, tuple[int, int]]:
     if not ok:
         raise UserError(f"{where}: `layers` must map each layer to [out, in] positive sizes; the checkpoint is damaged")
     return {name: (n, k) for name, (n, k) in layers.items()}
+
+
+def _layer_widths(where: Path, meta: dict, shapes: dict, bits: int, shift: int) -> dict[str, int]:
+    """Each layer's stored width: `stored_bits`, or per layer from v3's `layer_bits` (whole layers only, widest =
+    `stored_bits`)."""
+    if "layer_bits" not in meta:
+        return dict.fromkeys(shapes, bits)
+    widths = meta["layer_bits"]
+    ok = (isinstance(widths, dict) and set(widths) == set(shapes) and shift == 0
+          and all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= 8 for r in widths.values())
+          and max(widths.values(), default=bits) == bits)  # fmt: skip
+    if not ok:
+        raise UserError(f"{where}: `layer_bits` must give every layer a width 1..8, the widest `stored_bits`, with "
+                        "shift 0; the checkpoint is damaged")  # fmt: skip
+    return widths
 
 
 def _check_quantization(where: Path, meta: dict) -> None:
@@ -198,6 +224,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     bits = _int_field(meta_path, meta, "stored_bits", 1, 8)
     shift = _int_field(meta_path, meta, "shift", 0, 8 - bits)
     shapes = _layer_shapes(meta_path, meta)
+    widths = _layer_widths(meta_path, meta, shapes, bits, shift)
     _check_quantization(meta_path, meta)
     config.pop("quantization_config", None)
     if (p / INDEX_FILE).is_file():  # the sharded layout
@@ -205,5 +232,5 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         raw = read_sharded(weights, fix)
     else:
         raw = read_tensors(weights, fix)
-    layers = {name: _layer(weights, raw, name, n, k, bits, shift) for name, (n, k) in shapes.items()}
+    layers = {name: _layer(weights, raw, name, n, k, widths[name], shift) for name, (n, k) in shapes.items()}
     return Checkpoint(meta, config, layers, raw, p)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import save_file
@@ -55,25 +56,27 @@ class StagedCheckpoint:
         save_file(out, str(tmp), metadata=TENSOR_METADATA)
         os.replace(tmp, self.path(block))
 
-    def read_layers(self, block: int, bits: int) -> dict[str, QuantizedWeight]:
-        """The quantized layers of a written block (bits: their stored width), checked as a checkpoint's are."""
+    def read_layers(self, block: int, width: Callable[[str], int]) -> dict[str, QuantizedWeight]:
+        """The quantized layers of a written block (`width(name)`: a layer's stored width), checked as a
+        checkpoint's are."""
         where = self.path(block)
         raw = read_tensors(where, self.fix)
         names = sorted(k[: -len(".codes")] for k in raw if k.endswith(".codes"))
-        return {n: _layer(where, raw, n, raw[f"{n}.codes"].shape[0], raw[f"{n}.g_idx"].shape[0], bits, 0)
+        return {n: _layer(where, raw, n, raw[f"{n}.codes"].shape[0], raw[f"{n}.g_idx"].shape[0], width(n), 0)
                 for n in names if f"{n}.g_idx" in raw}  # fmt: skip
 
     def assemble(self, out: str | Path, n_blocks: int, config: dict, tensors: dict[str, torch.Tensor],
-                 layers: dict[str, list[int]], bits: int, meta: dict, tokenizer_dir: str | Path | None,
+                 layers: dict[str, list[int]], layer_bits: dict[str, int], meta: dict, tokenizer_dir: str | Path | None,
                  overwrite: bool = False, shard_bytes: int = SHARD_BYTES) -> Path:  # fmt: skip
         """The checkpoint directory `out` from the tensors outside the blocks and blocks 0..n_blocks−1's files.
-        `layers`: each quantized layer's [out, in] shape, in pipeline order (the parent's layer order)."""
+        `layers`: each quantized layer's [out, in] shape, in pipeline order (the parent's layer order);
+        `layer_bits`: its stored width."""
         missing = [i for i in range(n_blocks) if not self.path(i).is_file()]
         if missing:
             raise UserError(f"{self.path(missing[0])} is missing: block {missing[0]} was never written; {self.fix}")
         sizes = [_nbytes(tensors)] + [self.path(i).stat().st_size for i in range(n_blocks)]
         headers = [read_header(self.path(i), self.fix) for i in range(n_blocks)]
-        version = 2 if any(".scales." in k for h in headers for k in h) else 1  # per-width scales: format v2
+        width_scales = any(".scales." in k for h in headers for k in h)  # per-width scales: format v2
         shards: list[list[int]] = []  # source 0 = `tensors`, source i + 1 = block i
         size = 0
         for source, n in enumerate(sizes):
@@ -99,5 +102,5 @@ class StagedCheckpoint:
             if len(shards) > 1:
                 index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
                 (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2))
-            _write_dir(tmp, config, meta, layers, bits, 0, version, tokenizer_dir)
+            _write_dir(tmp, config, meta, layers, layer_bits, 0, width_scales, tokenizer_dir)
         return Path(out)

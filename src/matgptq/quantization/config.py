@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 
 from ..errors import UserError
@@ -54,6 +54,9 @@ class QuantConfig:
     variant: Variant = Variant.PER_WIDTH_SCALES  # MatGPTQ only; parents recorded before it existed are PAPER
     kquant: KQuantType | None = None  # scales on this GGUF K-quant's super-block lattice (kquant_scales.py)
     refit_scales: bool = False  # the master's scales refit to its codes by Hessian least squares (refit.refit_master)
+    # per-layer widths (GPTQ/RTN): (full layer name, width) pairs, e.g. a `matgptq search` mix; `bits` is then the
+    # widest, the checkpoint's stored width. Each layer is solved as a one-width run at its own width (`for_layer`)
+    layer_bits: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))
@@ -62,6 +65,8 @@ class QuantConfig:
         except ValueError:
             raise UserError(f"unknown MatGPTQ variant {self.variant!r}; use one of "
                             f"{', '.join(v.value for v in Variant)}") from None  # fmt: skip
+        if self.layer_bits:  # before the checks of `bits`, which a mix sets to its widest width
+            self._check_layer_bits()
         if not MIN_BITS <= self.bits <= MAX_BITS:
             raise UserError(f"bits must be between {MIN_BITS} and {MAX_BITS}, got {self.bits}")
         if self.group_size == 0 or self.group_size < -1:
@@ -120,6 +125,29 @@ class QuantConfig:
         object.__setattr__(self, "target_bits", targets)
         object.__setattr__(self, "bit_weights", lambdas)
 
+    def _check_layer_bits(self) -> None:
+        if self.method is Method.MATGPTQ:
+            raise UserError("a per-layer width mix is for --method gptq or rtn; a matgptq parent already holds "
+                            "every width (slice a mix from it with `export --bits-config` or `load(bits=...)`)")  # fmt: skip
+        widths = dict(self.layer_bits)
+        bad = [(n, r) for n, r in widths.items()
+               if not isinstance(r, int) or isinstance(r, bool) or not MIN_BITS <= r <= MAX_BITS]  # fmt: skip
+        if bad:
+            raise UserError(f"the width mix gives {bad[0][0]} {bad[0][1]!r} bits; widths are {MIN_BITS}..{MAX_BITS}")
+        if len(widths) != len(self.layer_bits):
+            raise UserError("the width mix names a layer twice")
+        if self.bits != max(widths.values()):
+            raise UserError(f"bits ({self.bits}) must be the widest width of the mix ({max(widths.values())})")
+
+    def width_of(self, name: str) -> int:
+        """The width layer `name` (its full module name) is quantized at."""
+        return dict(self.layer_bits).get(name, self.bits) if self.layer_bits else self.bits
+
+    def for_layer(self, name: str) -> "QuantConfig":
+        """The one-width config layer `name` is solved with: itself, or for a mix, the same options at its width."""
+        r = self.width_of(name)
+        return self if not self.layer_bits else replace(self, bits=r, target_bits=(r,), bit_weights=(), layer_bits=())
+
     def default_bit_weight(self, width: int) -> float:
         """λ_r when none is given: 1 (the paper), except the master's in the per-width variants: 16. On SmolLM2-135M it
         beats λ_c = 4 at every width (slice-8 KL 0.012 vs 0.049, slice-3 ppl 44.0 vs 46.2, 3 seeds); on stories260K
@@ -134,11 +162,14 @@ class QuantConfig:
         d["kquant"] = self.kquant.value if self.kquant else None
         d["target_bits"] = list(self.target_bits)
         d["bit_weights"] = list(self.bit_weights)
+        d["layer_bits"] = dict(self.layer_bits)
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "QuantConfig":
         d = {"variant": Variant.PAPER.value, **d}  # recorded before variants existed: the published algorithm
+        mix = d.get("layer_bits") or {}
+        d["layer_bits"] = tuple(mix.items()) if isinstance(mix, dict) else mix
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 

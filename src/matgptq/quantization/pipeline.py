@@ -29,7 +29,7 @@ import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -79,7 +79,7 @@ class BlockSink(Protocol):
 
     def write_block(self, block: int, layers: dict[str, QuantizedWeight], tensors: dict[str, torch.Tensor]) -> None: ...
 
-    def read_layers(self, block: int, bits: int) -> dict[str, QuantizedWeight]: ...
+    def read_layers(self, block: int, width: Callable[[str], int]) -> dict[str, QuantizedWeight]: ...
 
 
 class BlockSource(Protocol):
@@ -210,7 +210,7 @@ def quantize_model(
     bar = tqdm(total=len(blocks) * per_block, desc="quantize", unit="layer",
                disable=not progress or rank > 0)  # fmt: skip
     skipped = lambda full: any(re.search(p, full) for p in cfg.skip)  # noqa: E731
-    start = _restore(model, spec, state, sink, source, cfg.bits, len(blocks), inputs, reports)
+    start = _restore(model, spec, state, sink, source, cfg.width_of, len(blocks), inputs, reports)
     bar.update(start * per_block)
     for i in range(start, len(blocks)):
         if source is not None:
@@ -270,7 +270,11 @@ def quantize_model(
 
 def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg: QuantConfig,
            times: StageTimes) -> tuple[QuantizedWeight, LayerReport]:  # fmt: skip
-    """One layer's codes (GPTQ with the collected Hessian, or RTN without) and its report."""
+    """One layer's codes (GPTQ with the collected Hessian, or RTN without) and its report. A layer of a width mix is
+    solved as a one-width run at its own width would solve it."""
+    if cfg.layer_bits:
+        cfg = cfg.for_layer(full)
+        rounding = make_rounding(cfg)
     w = weight_matrix(block.get_submodule(name), spec).float()
     lattice = lattice_for(cfg.kquant, cfg.group_size, w.shape[1])
     t0 = time.perf_counter()
@@ -301,8 +305,8 @@ def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg
     return _on_cpu(qw), LayerReport(full, tuple(w.shape), errors, res.damp, seconds)
 
 
-def _restore(model, spec, state: BlockState | None, sink: BlockSink | None, source: BlockSource | None, bits: int,
-             n_blocks: int, inputs: Inputs, reports: list) -> int:  # fmt: skip
+def _restore(model, spec, state: BlockState | None, sink: BlockSink | None, source: BlockSource | None,
+             width: Callable[[str], int], n_blocks: int, inputs: Inputs, reports: list) -> int:  # fmt: skip
     """Continue a killed run: its reports, the next block's inputs (in place) and, for a model in memory, its
     finished layers written back into the model (read from the sink); returns the first block to quantize."""
     restored = state.load(n_blocks, len(inputs)) if state is not None else None
@@ -312,7 +316,7 @@ def _restore(model, spec, state: BlockState | None, sink: BlockSink | None, sour
         inputs[b] = (hidden.to(inputs[b][0].device), inputs[b][1])
     if source is None:  # a lazy model's finished blocks are never read again
         for i in range(restored.done):
-            for name, q in sink.read_layers(i, bits).items():
+            for name, q in sink.read_layers(i, width).items():
                 set_weight_matrix(model.get_submodule(name), spec, q.dequantize())
     reports.extend(LayerReport(r["name"], tuple(r["shape"]), {int(k): v for k, v in r["rel_error"].items()},
                                r["damp"], r["seconds"]) for r in restored.reports)  # fmt: skip

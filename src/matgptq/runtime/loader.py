@@ -16,8 +16,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..errors import UserError
-from ..untrusted import read_json
 from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_checkpoint
+from ..formats.mix import read_mix
+from ..untrusted import read_json
 from ..models import LOAD_ERRORS, arch_spec, load_fp_model, require_model_dir, set_weight_matrix, weight_matrix
 from .packed import PackedLinear
 
@@ -39,31 +40,13 @@ class QuantizedState:
 
 def resolve_bits(spec: BitsSpec, ckpt: Checkpoint) -> dict[str, int]:
     """Per-layer widths from an int, a {layer: bits} dict (key "*" = default) or a JSON file of either form."""
-    names = list(ckpt.layers)
     if spec is None:
         return {n: q.bits for n, q in ckpt.layers.items()}
-    if isinstance(spec, (str, Path)) and not str(spec).isdigit():
-        data = read_json(spec, "give a bits config: a JSON file {layer: bits} (\"*\" = default)")
-        spec = data.get("bits", data)
-    if isinstance(spec, (int, str)) and not isinstance(spec, bool) and str(spec).isdigit():
-        spec = {"*": int(spec)}
-    if not isinstance(spec, dict):
-        raise UserError(f"bits must be an int, a {{layer: bits}} mapping or a JSON file, got {type(spec).__name__}")
-    wrong = [k for k, v in spec.items() if not isinstance(v, int) or isinstance(v, bool)]
-    if wrong:
-        raise UserError(f"the bits config gives {wrong[0]} the width {spec[wrong[0]]!r}; widths must be integers")
-    unknown = sorted(set(spec) - set(names) - {"*"})
-    if unknown:
-        raise UserError(f"the bits config names {len(unknown)} unknown layers (e.g. {unknown[0]}); use names from {names[0]}…")
-    missing = [n for n in names if n not in spec and "*" not in spec]
-    if missing:
-        raise UserError(f"the bits config misses {len(missing)} layers (e.g. {missing[0]}); list them or add a \"*\" default")
-    out = {n: int(spec.get(n, spec.get("*"))) for n in names}
-    master = max(q.master_bits for q in ckpt.layers.values())
+    out = read_mix(spec, list(ckpt.layers))
     for n, r in out.items():
         q = ckpt.layers[n]
-        if not 2 <= r <= master:
-            raise UserError(f"cannot use {r} bits for {n}: widths 2..{master} exist in this checkpoint")
+        if not 2 <= r <= q.master_bits:  # per layer: a checkpoint of mixed widths (quantize --bits-config)
+            raise UserError(f"cannot use {r} bits for {n}: widths 2..{q.master_bits} exist for it in this checkpoint")
         if r != q.bits and q.shift:
             raise UserError(f"{n} in {ckpt.path} holds only {q.bits}-bit data; load the parent to get {r} bits")
     return out
