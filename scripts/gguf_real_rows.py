@@ -23,11 +23,13 @@ CKPTS = {"gptq4": ("gptq", "4", ()), "gptq5": ("gptq", "5", ()), "matgptq45": ("
          # ffn_down's 1536-wide rows on Q6_K's signed lattice: its 6-bit slice is an exact Q6_K (6.56 bits per weight
          # instead of Q8_0's 8.5), as Q4_K_M gives ffn_down Q6_K; the 576-wide layers are unconstrained (legacy types)
          "matgptq4568-q6k-hw": ("matgptq", "4,5,6,8", (*HW, "--kquant", "q6_k"))}  # fmt: skip
-# (SEARCH, PRESET, EMBED[, "dp"]): the widths `matgptq search` finds for the [4,5,8] parent at the preset's tensor
-# bytes, with token_embd (tied output) in EMBED; Q5_1 instead of Q8_0 frees 10 of every 34 bytes of it for the layers.
-# Without "dp" the evolved mix (search_bits), with it the knapsack start (dp_bits): what the evolution adds. The
-# command itself writes whichever of the two scores lower on its calibration pool.
-SEARCH = "search"
+# (SEARCH, PRESET, EMBED[, "dp"[, RESOLVE]]): the widths `matgptq search` finds for the [4,5,8] parent at the preset's
+# tensor bytes, with token_embd (tied output) in EMBED; Q5_1 instead of Q8_0 frees 10 of every 34 bytes of it for the
+# layers. Without "dp" the evolved mix (search_bits), with it the knapsack start (dp_bits): what the evolution adds.
+# The command itself writes whichever of the two scores lower on its calibration pool. RESOLVE: that mix solved again,
+# every layer a dedicated GPTQ run at its width (`quantize --method gptq --bits-config MIX`, the "-hw" options)
+# instead of the parent's slice: the same per-layer types, so the same bytes
+SEARCH, RESOLVE = "search", "gptq"
 EMBED_BLOCK_BYTES = {"q8_0": 34, "q5_1": 24}  # bytes per block of 32 weights (ggml-common.h)
 # parent -> (budget kind, levels) of its search. "code" on the [4,5,8] parent: Q4_0, Q5_0, Q8_0 all carry 1/2 bit of
 # scale per weight, so code bits + 1/2 are the GGUF bits (search_budget); "gguf" counts the file's bytes directly
@@ -41,6 +43,9 @@ OURS = {"gptq4": ("gptq4", None, ("Q4_0", "Q3_K_M")), "gptq5": ("gptq5", None, (
         "matgptq458-hw-q3km-e51": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1"), ("Q3_K_M", "Q4_K_S-e51")),
         "matgptq458-hw-q4km-dp": ("matgptq458-hw", (SEARCH, "Q4_K_M", "q8_0", "dp"), ("Q4_K_M",)),
         "matgptq458-hw-q3km-e51-dp": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1", "dp"), ("Q3_K_M", "Q4_K_S-e51")),
+        "matgptq458-hw-q4km-dp-gptq": ("matgptq458-hw", (SEARCH, "Q4_K_M", "q8_0", "dp", RESOLVE), ("Q4_K_M",)),
+        "matgptq458-hw-q3km-e51-dp-gptq": ("matgptq458-hw", (SEARCH, "Q3_K_M", "q5_1", "dp", RESOLVE),
+                                           ("Q3_K_M", "Q4_K_S-e51")),
         "matgptq4568-q6k-hw-q4km": ("matgptq4568-q6k-hw", (SEARCH, "Q4_K_M", "q8_0"), ("Q4_K_M",)),
         "matgptq4568-q6k-hw-q4km-dp": ("matgptq4568-q6k-hw", (SEARCH, "Q4_K_M", "q8_0", "dp"), ("Q4_K_M",)),
         "gptq5-hw-e16": ("gptq5-hw", None, ()), "gptq5-hw-e51": ("gptq5-hw", None, ()),
@@ -62,6 +67,10 @@ LABEL = {"f32": "F32 (convert_hf_to_gguf)", "gptq4": "**ours: GPTQ-4 → Q4_0**"
          "matgptq458-hw-q3km-e51": "**ours: the same at Q3_K_M's size, token_embd Q5_1**",
          "matgptq458-hw-q4km-dp": "**ours: the search's knapsack start at Q4_K_M's size (no evolution)**",
          "matgptq458-hw-q3km-e51-dp": "**ours: the search's knapsack start at Q3_K_M's size, token_embd Q5_1**",
+         "matgptq458-hw-q4km-dp-gptq": "**ours: that knapsack mix at Q4_K_M's size, each layer solved again by GPTQ at "
+                                       "its width**",
+         "matgptq458-hw-q3km-e51-dp-gptq": "**ours: that knapsack mix at Q3_K_M's size (token_embd Q5_1), each layer "
+                                           "solved again by GPTQ at its width**",
          "matgptq4568-q6k-hw-q4km": "**ours: MatGPTQ[4,5,6,8] on Q6_K's lattice + weighted grid & refit, searched at "
                                     "Q4_K_M's size (GGUF budget)**",
          "matgptq4568-q6k-hw-q4km-dp": "**ours: its knapsack start at Q4_K_M's size**",

@@ -19,6 +19,8 @@ Protocol
   searched      one MatGPTQ [4,5,8] parent (the same options, "-hw"), and per preset a `matgptq search` for the
                 per-layer widths (levels 4,5,8 → Q4_0/Q5_0/Q8_0) that fill the preset's tensor bytes (search_budget);
                 a [4,5,6,8] parent with `--kquant q6_k` (ffn_down's 6-bit slice → Q6_K), searched in GGUF bytes
+  re-solved     a search's knapsack mix quantized again, `quantize --method gptq --bits-config MIX` with the "-hw"
+                options: every layer a dedicated GPTQ run at its width instead of the parent's slice, same GGUF types
   rows          gguf_real_rows.py (what is compared), gguf_real_files.py (what a file holds), gguf_real_report.py
                 (the tables)
   scoring       `llama-perplexity -c 512` on the first half of WikiText-2 test (--wiki-chunks chunks) and on the
@@ -52,8 +54,8 @@ from pathlib import Path
 
 from gguf_real_files import file_info, search_budget
 from gguf_real_report import render
-from gguf_real_rows import (CKPTS, DATASETS, EMBED_OF, GPTQ_FLAGS, ISSUE_PRESETS, OURS, PRESETS,
-                            QUANTIZE, SEARCH_OF)  # fmt: skip
+from gguf_real_rows import (CKPTS, DATASETS, EMBED_OF, GPTQ_FLAGS, HW, ISSUE_PRESETS, OURS, PRESETS,
+                            QUANTIZE, RESOLVE, SEARCH_OF)  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -252,22 +254,25 @@ def main() -> int:
     budget_of = {(ck, *w[1:3]): search_budget(f32, state["files"][f"llama:{w[1]}"]["tensor_bytes"], w[2],
                                               SEARCH_OF[ck][0])
                  for ck, w, _ in OURS.values() if isinstance(w, tuple)}  # (parent, preset, embed) -> budget  # fmt: skip
+
+    def quantize(ckpt: Path, options: list, key: str) -> None:
+        if not (ckpt / "config.json").is_file():
+            t0 = time.time()
+            run([sys.executable, "-m", "matgptq", "quantize", a.model, "--out", ckpt, *options, *GPTQ_FLAGS, "--calib",
+                 WIKI, "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen", str(a.seqlen), "--seed",
+                 str(a.seed), "--overwrite", "--resume", "--quiet"], work / f"{key}.quantize.log", child_env(a.threads))  # fmt: skip
+            state.setdefault("quantize_seconds", {})[key] = round(time.time() - t0, 1)
+
     for name, (ck, width, vs) in OURS.items():
         if want(name):
             out = work / f"{name}.gguf"
             if not out.is_file():
                 ckpt = work / f"{ck}-ckpt"
-                if not (ckpt / "config.json").is_file():
-                    method, bits, extra = CKPTS[ck]
-                    t0 = time.time()
-                    run([sys.executable, "-m", "matgptq", "quantize", a.model, "--out", ckpt, "--method", method,
-                         "--bits", bits, *GPTQ_FLAGS, *extra, "--calib", WIKI, "--calib-range", "0.5:1", "--nsamples",
-                         str(a.nsamples), "--seqlen", str(a.seqlen), "--seed", str(a.seed), "--overwrite", "--resume", "--quiet"],
-                        work / f"{ck}.quantize.log", child_env(a.threads))  # fmt: skip
-                    state.setdefault("quantize_seconds", {})[ck] = round(time.time() - t0, 1)
+                method, bits, extra = CKPTS[ck]
+                quantize(ckpt, ["--method", method, "--bits", bits, *extra], ck)
                 sel = []
                 embed = EMBED_OF.get(name, "auto")
-                if isinstance(width, tuple):  # (SEARCH, preset, embed[, "dp"])
+                if isinstance(width, tuple):  # (SEARCH, preset, embed[, "dp"[, RESOLVE]])
                     embed, budget = width[2], budget_of[(ck, *width[1:3])]
                     sdir = work / f"{ck}-search"
                     if not (sdir / f"mix-{budget}.json").is_file():  # one search for every budget of this parent:
@@ -285,9 +290,12 @@ def main() -> int:
                     state.setdefault("search_budgets", {})[name] = budget
                     # each row names its candidate; the command's own output ("bits") is the lower-KL of the two
                     mix = json.loads((sdir / f"mix-{budget}.json").read_text())
-                    bits = mix["dp_bits"] if width[3:] == ("dp",) else mix.get("search_bits", mix["bits"])
+                    bits = mix["dp_bits"] if width[3:4] == ("dp",) else mix.get("search_bits", mix["bits"])
                     (work / f"{name}.mix.json").write_text(json.dumps({"bits": bits}))
                     sel = ["--bits-config", work / f"{name}.mix.json"]
+                    if width[4:] == (RESOLVE,):  # the mix's own checkpoint: every layer GPTQ at its width
+                        ckpt, sel = work / f"{name}-ckpt", []
+                        quantize(ckpt, ["--method", "gptq", "--bits-config", work / f"{name}.mix.json", *HW], name)
                 elif isinstance(width, dict):
                     (work / f"{name}.mix.json").write_text(json.dumps({"bits": width}))
                     sel = ["--bits-config", work / f"{name}.mix.json"]
