@@ -44,6 +44,7 @@ Writes docs/gguf_vs_llamacpp_real.md and README's `gguf-vs-llamacpp-real` block.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -211,6 +212,12 @@ def main() -> int:
         sys.exit(f"gguf_vs_llamacpp_real: error: no model at {a.model}; run `make real-model` first")
     work = a.work if a.seed == 0 else a.work / f"seed{a.seed}"
     work.mkdir(parents=True, exist_ok=True)
+    lock = open(work / "run.lock", "w")  # noqa: SIM115 (held until the process ends, however it ends)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.exit(f"gguf_vs_llamacpp_real: error: another run of seed {a.seed} is writing {path}; wait for it to end "
+                 "(two runs of one seed would overwrite each other's results)")  # fmt: skip
     if a.seed:  # the F32 file and its saved logits do not depend on the calibration seed: seed 0's are reused
         for f in ("f32.gguf", f"base-wiki-{a.wiki_chunks}.kld", f"base-ts-{a.ts_chunks}.kld"):
             if (a.work / f).is_file() and not (work / f).exists():
