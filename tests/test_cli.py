@@ -119,6 +119,8 @@ def test_quantize_then_eval_end_to_end(tmp_path, capsys):
 def test_signed_scale_and_skip_validation(tmp_path, capsys):
     assert "symmetric grid" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--asym", "--signed-scale"), capsys)
     assert "not a valid regular expression" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--skip", "("), capsys)
+    assert "nothing would be quantized" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--skip", "."), capsys)
+    assert not (tmp_path / ".out.resume").exists()
     assert "add --mse" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--mse-weighted"), capsys)
     for flags in (["--mse", "--mse-weighted"], ["--refit-scales"]):
         err = run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--method", "rtn", *flags), capsys)

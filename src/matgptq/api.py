@@ -120,9 +120,11 @@ def quantize(
         raise UserError(f"the safetensors files in {model} do not name the model's parameters as transformers does; "
                         "they cannot be streamed: pass stream=None (stream when possible) or False")  # fmt: skip
     fp = lazy.model if lazy is not None else load_fp_model(model, COMPUTE_DTYPES[dtype])
-    if bits_config is not None:
-        names = [n for n in quantized_layer_names(fp, arch_spec(fp.config.model_type))
-                 if not any(re.search(pattern, n) for pattern in cfg.skip)]  # as a parent's: --skip's layers stay out
+    names = [n for n in quantized_layer_names(fp, arch_spec(fp.config.model_type))
+             if not any(re.search(pattern, n) for pattern in cfg.skip)]  # fmt: skip
+    if not names:
+        raise UserError(f"--skip {' '.join(cfg.skip)} matches every quantizable layer; nothing would be quantized")
+    if bits_config is not None:  # names as in a parent: --skip's layers stay out
         widths = read_mix(bits_config, names)
         widest = max(widths.values())
         cfg = replace(cfg, bits=widest, target_bits=(widest,), layer_bits=tuple(widths.items()))
