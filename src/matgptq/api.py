@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import shutil
 import uuid
 from dataclasses import asdict, replace
@@ -120,8 +119,7 @@ def quantize(
         raise UserError(f"the safetensors files in {model} do not name the model's parameters as transformers does; "
                         "they cannot be streamed: pass stream=None (stream when possible) or False")  # fmt: skip
     fp = lazy.model if lazy is not None else load_fp_model(model, COMPUTE_DTYPES[dtype])
-    names = [n for n in quantized_layer_names(fp, arch_spec(fp.config.model_type))
-             if not any(re.search(pattern, n) for pattern in cfg.skip)]  # fmt: skip
+    names = [n for n in quantized_layer_names(fp, arch_spec(fp.config.model_type)) if not cfg.skips(n)]
     if not names:
         raise UserError(f"--skip {' '.join(cfg.skip)} matches every quantizable layer; nothing would be quantized")
     if bits_config is not None:  # names as in a parent: --skip's layers stay out

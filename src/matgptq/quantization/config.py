@@ -139,6 +139,10 @@ class QuantConfig:
         if self.bits != max(widths.values()):
             raise UserError(f"bits ({self.bits}) must be the widest width of the mix ({max(widths.values())})")
 
+    def skips(self, name: str) -> bool:
+        """Whether layer `name` (its full module name) stays unquantized (--skip)."""
+        return any(re.search(pattern, name) for pattern in self.skip)
+
     def width_of(self, name: str) -> int:
         """The width layer `name` (its full module name) is quantized at."""
         return dict(self.layer_bits).get(name, self.bits) if self.layer_bits else self.bits

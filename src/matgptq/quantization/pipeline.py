@@ -25,7 +25,6 @@ moves: the computation is the one without devices, bit for bit.
 
 from __future__ import annotations
 
-import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -209,7 +208,6 @@ def quantize_model(
     per_block = sum(len(g) for g in groups)
     bar = tqdm(total=len(blocks) * per_block, desc="quantize", unit="layer",
                disable=not progress or rank > 0)  # fmt: skip
-    skipped = lambda full: any(re.search(p, full) for p in cfg.skip)  # noqa: E731
     start = _restore(model, spec, state, sink, source, cfg.width_of, len(blocks), inputs, reports)
     bar.update(start * per_block)
     for i in range(start, len(blocks)):
@@ -220,7 +218,7 @@ def quantize_model(
         done: dict[str, QuantizedWeight] = {}
         replayed, attention = False, None
         for g, all_names in enumerate(groups):
-            group = tuple(n for n in all_names if not skipped(f"{spec.blocks}.{i}.{n}"))
+            group = tuple(n for n in all_names if not cfg.skips(f"{spec.blocks}.{i}.{n}"))
             bar.update(len(all_names) - len(group))
             if not group:
                 continue
