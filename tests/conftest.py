@@ -33,7 +33,7 @@ def require_peer(module: str):
     except ImportError as e:
         if os.environ.get("MATGPTQ_REQUIRE_PEERS") == "1":
             pytest.fail(f"peer library {module} is required (MATGPTQ_REQUIRE_PEERS=1) but not importable: {e}")
-        pytest.skip(f"peer library {module} not installed")
+        pytest.skip(f"peer library {module} not installed (`make interop` installs the peers)", allow_module_level=True)
 
 
 @pytest.fixture(scope="session")
