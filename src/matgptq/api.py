@@ -180,7 +180,7 @@ class _Discard:
 def _run_settings(model, cfg: QuantConfig, calib_cfg: CalibConfig, calib, windows: torch.Tensor, dtype: str,
                   device: torch.device) -> dict:  # fmt: skip
     """What a quantization's result depends on, for refusing to resume another run's state: the model (its path,
-    config and weight files' sizes and times — hashing 16 GB of shards would cost a minute), the options, the
+    config and weight files' sizes and times — hashing a large model's shards would take long), the options, the
     calibration text (its hash, or the windows' when given as strings), the dtype and the kind of device (float
     summation order). Streaming or not changes nothing (tested), so it is not recorded."""
     files = sorted(Path(model).glob("*.safetensors"))

@@ -1,4 +1,4 @@
-"""`--device auto|cpu|cuda[:i]`: where a command computes (issue #13 item 1).
+"""`--device auto|cpu|cuda[:i]`: where a command computes.
 
 auto = CUDA when present, else the CPU. Under torchrun with CUDA, `auto` and a bare `cuda` mean this process's own GPU,
 cuda:LOCAL_RANK (one process per GPU, the torch.distributed convention). A CUDA device on a machine without CUDA, or an

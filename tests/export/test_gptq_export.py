@@ -123,7 +123,7 @@ def test_round_trip_is_bit_exact(parents, tmp_path, bits, sym, fmt, ao):
 @pytest.mark.parametrize("bits,v1_word,v2_word", [(2, 0x55555555, 0xAAAAAAAA), (4, 0x77777777, 0x88888888),
                                                   (8, 0x7F7F7F7F, 0x80808080)])  # fmt: skip
 def test_symmetric_qzeros_words(parents, tmp_path, bits, v1_word, v2_word):
-    """formats.md §1.4: a symmetric layer stores one constant word (v1 = z − 1, v2 = z)."""
+    """docs/formats.md §2.4: a symmetric layer stores one constant word (v1 = z − 1, v2 = z)."""
     for fmt, word in (("gptq_v1", v1_word), ("gptq_v2", v2_word)):
         export_gptq(parents["sym", False], tmp_path / fmt, fmt, bits=bits)
         qzeros = load_file(str(tmp_path / fmt / "model.safetensors"))["model.layers.1.self_attn.q_proj.qzeros"]

@@ -1,4 +1,4 @@
-"""GGUF block encoders checked against gguf-py's independent dequantizer (formats.md §5.2, §6)."""
+"""GGUF block encoders checked against gguf-py's independent dequantizer (docs/formats.md §3.4-3.6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for matgptq.formats.gptq_packing against naive references and formats.md §1.2-1.4, §2.1."""
+"""Tests for matgptq.formats.gptq_packing against naive references and docs/formats.md §2.2-2.5."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def test_partial_blocks_for_power_of_two_widths(bits: int, k: int) -> None:
     np.testing.assert_array_equal(unpack_rows(pack_rows(codes, bits), bits, k), codes)
 
 
-# --- hand-checked vectors (formats.md §1.2-1.4) ------------------------------------------------
+# --- hand-checked vectors (docs/formats.md §2.2-2.4) ------------------------------------------------
 
 
 def test_two_four_eight_bit_word_formula() -> None:
@@ -140,7 +140,7 @@ def test_three_bit_straddling_values() -> None:
 
 
 def test_three_bit_table_every_position() -> None:
-    # value i = 7 (all ones) sets exactly the stream bits 3i..3i+2 (formats.md §1.3 table).
+    # value i = 7 (all ones) sets exactly the stream bits 3i..3i+2 (docs/formats.md §2.3).
     for i in range(32):
         codes = np.zeros((32, 1), dtype=np.int64)
         codes[i] = 7

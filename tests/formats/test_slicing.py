@@ -22,7 +22,7 @@ def test_slice_matches_official_rule_for_all_codes():
 
 
 def test_documented_examples():
-    # formats.md §7.2: q = 0b0111_1000 (120), c=8, r=4 -> 8; saturation for the top 2^(d-1) codes
+    # docs/formats.md §1.6: q = 0b0111_1000 (120), c=8, r=4 -> 8; saturation for the top 2^(d-1) codes
     assert int(slice_codes(torch.tensor([120]), 8, 4)) == 8
     top = slice_codes(torch.arange(248, 256), 8, 4)
     assert top.tolist() == [15] * 8

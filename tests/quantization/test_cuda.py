@@ -1,4 +1,4 @@
-"""GPU smoke test (issue #13 item 1): `quantize --device cuda` writes a checkpoint of the same structure as the CPU
+"""GPU smoke test: `quantize --device cuda` writes a checkpoint of the same structure as the CPU
 path whose codes agree with the CPU's except where float summation order tips a rounding. Skipped without CUDA.
 
 Tolerance, derived: the model is float32 on both devices, so the two runs differ only in summation order (GEMM

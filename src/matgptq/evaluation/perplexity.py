@@ -1,8 +1,8 @@
 """Perplexity and KL divergence on non-overlapping windows, streamed: memory does not grow with the evaluated tokens.
 
-Protocol (the GPTQ papers' WikiText-2 protocol and ../shared/data/README.md): tokenize the whole evaluation text once,
-take the first `max_tokens` tokens, cut them into non-overlapping windows of `seqlen` (a partial last window is
-dropped); each window is scored on its own, predicting its tokens 2..seqlen from the preceding ones:
+Protocol (the WikiText-2 protocol of the GPTQ papers): tokenize the whole evaluation text once, take the first
+`max_tokens` tokens, cut them into non-overlapping windows of `seqlen` (a partial last window is dropped); each
+window is scored on its own, predicting its tokens 2..seqlen from the preceding ones:
     ppl = exp( Σ_windows Σ_t −log p(x_t | x_<t) / (n_windows · (seqlen − 1)) ).
 KL is the mean over the same predicted positions of KL(P_reference ‖ P_model) = Σ_v p_v (log p_v − log q_v).
 
@@ -10,9 +10,9 @@ Streaming. A model's vocabulary-sized outputs are never held for more than one c
 of windows to its final hidden states, and the output head turns `chunk` of those rows at a time into log-probabilities
 (≤ CHUNK_ELEMENTS floats per tensor), which are reduced to the NLL and KL sums at once. The reference side is a
 `Teacher` (teacher.py): the reference model's final hidden states, spilled to a temporary file, and its head — so the
-reference distribution is recomputed exactly, chunk by chunk, instead of being stored (V/H ≈ 85× less data for
-SmolLM2: 40k tokens × 576 floats = 92 MB on disk instead of 40k × 49,152 = 7.9 GB in memory). Exact, not truncated:
-the same float32 log_softmax of the same logits, only the summation is chunked (float64 accumulation).
+reference distribution is recomputed exactly, chunk by chunk, instead of being stored (H floats per token on disk
+instead of V in memory). Exact, not truncated: the same float32 log_softmax of the same logits, only the summation is
+chunked (float64 accumulation).
 """
 
 from __future__ import annotations

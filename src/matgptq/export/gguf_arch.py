@@ -1,4 +1,4 @@
-"""The architectures llama.cpp runs, in GGUF (formats.md §5.3–5.4): per HF `model_type`, llama.cpp's architecture
+"""The architectures llama.cpp runs, in GGUF (docs/formats.md §3.2–3.3): per HF `model_type`, llama.cpp's architecture
 name, the GGUF name of each HF tensor, convert_hf_to_gguf's tensor order, and whether Q/K rows get Llama's RoPE
 permutation. Checked against llama.cpp's own converter (tests/export/test_gguf_arch.py).
 
@@ -30,7 +30,7 @@ _TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weig
 @dataclass(frozen=True)
 class GGUFArch:
     name: str  # general.architecture, and the prefix of the model's metadata keys
-    permute_qk: bool  # Llama's interleaved RoPE: Q/K rows permuted (formats.md §5.4)
+    permute_qk: bool  # Llama's interleaved RoPE: Q/K rows permuted (docs/formats.md §3.3)
     block_names: dict[str, str] = field(default_factory=lambda: dict(_LLAMA_BLOCK))
 
     def tensor_name(self, hf_name: str) -> str | None:
@@ -87,7 +87,7 @@ def _order(gguf_name: str) -> tuple:
 
 
 def llama_qk_permutation(rows: int, n_head: int) -> np.ndarray:
-    """Row index P with gguf_row[i] = hf_row[P[i]] (convert_hf_to_gguf LlamaModel.permute, formats.md §5.4)."""
+    """Row index P with gguf_row[i] = hf_row[P[i]] (convert_hf_to_gguf LlamaModel.permute, docs/formats.md §3.3)."""
     if rows % (2 * n_head):
         raise UserError(f"cannot apply the Llama RoPE permutation: {rows} rows for {n_head} heads")
     return np.arange(rows).reshape(n_head, 2, rows // n_head // 2).swapaxes(1, 2).reshape(-1)

@@ -1,4 +1,4 @@
-"""GGUF metadata for llama.cpp: the hyper-parameters of each architecture of gguf_arch.py (formats.md §5.3).
+"""GGUF metadata for llama.cpp: the hyper-parameters of each architecture of gguf_arch.py (docs/formats.md §3.1).
 
 gguf_arch.py names the tensors, formats/gguf_tensors.py encodes them, gguf_vocab.py writes the tokenizer and gguf.py
 writes the file; this module only describes the model's shape to llama.cpp.

@@ -1,8 +1,8 @@
-"""The tokenizer of a GGUF file (tokenizer.ggml.*, formats.md §5.3): exactly what llama.cpp needs to produce the
+"""The tokenizer of a GGUF file (tokenizer.ggml.*, docs/formats.md §3.9): exactly what llama.cpp needs to produce the
 Hugging Face tokenizer's token ids, or a one-line refusal — never an approximation.
 
 Written:
-- SentencePiece (`tokenizer.model`) and SentencePiece-style BPE with byte fallback (Llama-2, stories260K) as
+- SentencePiece (`tokenizer.model`) and SentencePiece-style BPE with byte fallback (e.g. Llama-2's) as
   tokenizer model "llama";
 - GPT-2-style byte-level BPE (SmolLM, GPT-2, Llama-3, Qwen2) as "gpt2", with its merges and the pre-tokenizer name
   llama.cpp keys its splitting regex on (`tokenizer.ggml.pre`, src/llama-vocab.cpp), recognised from the

@@ -1,18 +1,18 @@
 """GPTQ export (v1 "gptq" and v2 "gptq_v2") of matgptq parents, slices and per-layer mixes.
 
-The layout (tensors per layer, padding of odd shapes, zero-point conventions) is described and read in
-formats/gptq_checkpoint.py; `matgptq.load` reads the exports back through it.
+The layout (tensors per layer, padding of odd shapes, zero-point conventions) is described in docs/formats.md §2 and
+read in formats/gptq_checkpoint.py; `matgptq.load` reads the exports back through it.
 
-Slice → GPTQ (formats.md §7.3): an r-bit slice of a c-bit parent is W = s·(S·2^d − z_c) with d = c − r (`shift`), so
+Slice → GPTQ (docs/formats.md §2.8): an r-bit slice of a c-bit parent is W = s·(S·2^d − z_c), d = c − r (`shift`), so
 
     GPTQ scale = s · 2^d    (exact in float16 unless it overflows)      GPTQ zero = z_c / 2^d    (must be an integer)
 
 Symmetric slices are always exact (z_c = 2^(c−1) → 2^(r−1)); an asymmetric slice whose zero is not divisible is
-refused, never rounded. v1 is written only when lossless: symmetric weights (§2.1, §2.5: an asymmetric zero of 0
-cannot be stored as z − 1, and GPTQModel refuses asymmetric v1 not made by itself).
-Config (§2.3–2.5): the same dict in config.json["quantization_config"] and quantize_config.json, with both
+refused, never rounded. v1 is written only when lossless: symmetric weights (§2.5: an asymmetric zero of 0 cannot be
+stored as z − 1, and GPTQModel refuses asymmetric v1 not made by itself).
+Config (§2.6–2.7): the same dict in config.json["quantization_config"] and quantize_config.json, with both
 `checkpoint_format` and `format`; a per-layer mix uses the most common width as `bits` plus GPTQModel `dynamic`
-overrides {"+:^<escaped name>$": {"bits": r}}, which GPTQModel honours and transformers/optimum ignore (§2.4).
+overrides {"+:^<escaped name>$": {"bits": r}}, which GPTQModel honours and transformers/optimum ignore.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _layer_tensors(name: str, q: QuantizedWeight, v1: bool) -> tuple[dict[str, t
 
 
 def quantization_config(fmt: str, widths: dict[str, int], group_size: int, desc_act: bool, sym: bool, meta: dict) -> dict:
-    """The GPTQ config dict (fields every loader reads, formats.md §2.3–2.4), with `dynamic` for per-layer mixes."""
+    """The GPTQ config dict (fields every loader reads, docs/formats.md §2.6), with `dynamic` for per-layer mixes."""
     counts = Counter(widths.values())
     base = max(counts, key=lambda b: (counts[b], b))
     extra = {k: meta[k] for k in ("true_sequential", "static_groups") if k in meta}

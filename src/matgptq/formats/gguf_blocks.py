@@ -3,7 +3,7 @@
 Every encoder returns a uint8 array ``[rows, n_blocks * block_bytes]`` (rows = output
 features, blocks run along the row, i.e. along K), ready for
 ``GGUFWriter.add_tensor(name, arr, raw_dtype=GGMLQuantizationType.X)``. Byte layouts follow
-formats.md §5.2, i.e. ggml's ``ggml-common.h`` structs (struct order = byte order) with the
+docs/formats.md §3.4-3.5, i.e. ggml's ``ggml-common.h`` structs (struct order = byte order) with the
 element order of ``ggml-quants.c`` / gguf-py ``quants.py``. All multi-byte fields are
 little-endian; ``d``, ``m``, ``dmin`` are fp16; ``e`` is the element index in the block.
 

@@ -1,8 +1,8 @@
 """Weights → GGUF tensors: which block type holds a quantized layer with its integer codes kept, and its bytes.
 
 A quantized layer at r bits is W = D·(c − Z) with D = scale·2^shift (an fp16 value: ×2^k is exact) and
-Z = zero / 2^shift (formats.md §7.3). A GGUF block type holds it *with the codes kept* when every GGUF block (32
-columns; 16 for the sub-scales of K-quants) lies inside one quantization group, and (formats.md §6):
+Z = zero / 2^shift (docs/formats.md §2.8). A GGUF block type holds it *with the codes kept* when every GGUF block (32
+columns; 16 for the sub-scales of K-quants) lies inside one quantization group, and (docs/formats.md §3.6):
 
 - offset types, w = d·(n − o): Q4_0 (o = 8), Q5_0 (16), Q8_0 (128, stored as int8 n − 128), Q3_K (4), Q6_K (32):
   n = c + o − Z must be an integer in the type's code range for every code 0..2^r − 1, and d = D (or, per block,
@@ -17,8 +17,8 @@ is rounded onto that grid and the error is measured and reported.
 
 `auto` takes, per layer, the smallest of Q2_K, Q3_K, Q4_0, Q4_K, Q4_1, Q5_0, Q5_K, Q5_1, Q6_K, Q8_0 that keeps the
 codes and is exact, accepting for Q4_1/Q5_1 the fp16 rounding of the offset (so asymmetric 4/5-bit layers become
-Q4_1/Q5_1 rather than the exact but 70% larger Q8_0). Symmetric 2/3/4-bit → Q4_0 (Q2_K/Q3_K on the lattice or per
-channel), 5 → Q5_0, 6 → Q8_0 (Q6_K on the lattice or per channel), 8 → Q8_0, all bit-exact.
+Q4_1/Q5_1 at 5.0/6.0 bits per weight rather than the exact Q8_0 at 8.5). Symmetric 2/3/4-bit → Q4_0 (Q2_K/Q3_K on
+the lattice or per channel), 5 → Q5_0, 6 → Q8_0 (Q6_K on the lattice or per channel), 8 → Q8_0, all bit-exact.
 
 Layers no block type can hold with their codes (act-order without static groups, so a 32-block mixes groups; group
 sizes that are not a multiple of 32 (16 for K-quants)) are **re-quantized to Q8_0 from the dequantized weights**
@@ -88,7 +88,7 @@ EMBED_TYPES = ("auto", "f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q6
 
 def embed_type_for(cols: int, float_type: str) -> str:
     """llama.cpp's type for the output matrix (and a tied token_embd) in its Q4_0/Q4_K_M/Q3_K_M/… presets
-    (llama-quant.cpp llama_tensor_get_type): Q6_K, or Q8_0 when a row is not a multiple of 256 (SmolLM2's 576);
+    (llama-quant.cpp llama_tensor_get_type): Q6_K, or Q8_0 when a row is not a multiple of 256 (e.g. 576);
     the float type when not even Q8_0's 32 divides it. Used here for token_embd and output alike."""
     return "q6_k" if cols % 256 == 0 else "q8_0" if cols % 32 == 0 else float_type
 
@@ -204,7 +204,7 @@ def _requantize(w: np.ndarray, qname: str) -> np.ndarray:
     return gguf.quants.quantize(np.ascontiguousarray(w, dtype=np.float32), QTYPES[qname].ggml)
 
 
-PROBE_ROWS = 8  # auto rejects a K-quant from this many rows first (the exact-d search is ~1 s per 4096² layer)
+PROBE_ROWS = 8  # auto rejects a K-quant from this many rows first (the exact-d search costs time on every row)
 
 
 def _rows(q, n: int):

@@ -1,18 +1,18 @@
 """GPTQ checkpoints (v1 "gptq" and v2 "gptq_v2") on disk, read as a `Checkpoint` for `matgptq.load` and exports.
 
-Tensors per quantized Linear `<name>` (K = in features, N = out features, b bits, G groups; formats.md §1):
+Tensors per quantized Linear `<name>` (K = in features, N = out features, b bits, G groups; docs/formats.md §2):
   <name>.qweight  int32   [K·b/32, N]   codes transposed to [K, N], packed along K (gptq_packing.pack_rows)
-  <name>.qzeros   int32   [G, N·b/32]   zero points packed along N; v1 stores z − 1, v2 the true z (§2.1)
+  <name>.qzeros   int32   [G, N·b/32]   zero points packed along N; v1 stores z − 1, v2 the true z (§2.5)
   <name>.scales   float16 [G, N]
-  <name>.g_idx    int32   [K]           group of each input row; non-trivial (≠ k // g) only with act-order (§3)
+  <name>.g_idx    int32   [K]           group of each input row; non-trivial (≠ k // g) only with act-order (§4.2)
 dequantizing to W[n, k] = scales[g, n] · (q[k, n] − z[g, n]) with g = g_idx[k]. Everything else (embeddings, norms,
 biases, lm_head) is stored unquantized under its usual name.
 
-Odd shapes (e.g. stories260K's 172 MLP features): at 2/4/8 bits a packed axis that does not fill whole int32 words is
+Odd shapes (e.g. an MLP width of 172): at 2/4/8 bits a packed axis that does not fill whole int32 words is
 stored as GPTQModel 7.6.0 writes it, ceil(K·b/32) / ceil(N·b/32) words with zero codes and zero (v2) zero points in
 the unused fields of the last word; v1 zeros are then derived as GPTQModel does (word − 0x11111111 for 4-bit, …, so
 the unused fields borrow: 0xEEEF7777 for four real 4-bit fields), bit for bit its own output. GPTQModel's generic
-torch kernel, and transformers + optimum with it, load such files (faster kernels may not: docs/gptq-compat.md).
+torch kernel, and transformers + optimum with it, load such files (faster kernels may not: docs/results/gptq_compat.md).
 3-bit packs 32-value blocks across 3 words that no loader reads partially (GPTQModel itself fails to pack them), so a
 3-bit layer needs K and N multiples of 32 and is refused otherwise. The reader crops the fill again (K from g_idx, N
 from qweight).
@@ -46,7 +46,7 @@ FIX = "the GPTQ checkpoint is damaged or incomplete; re-download or re-export it
 
 def _read_config(p: Path) -> tuple[dict, dict]:
     config = read_json(p / "config.json", FIX)
-    for name in ("quantize_config.json", "quant_config.json"):  # GPTQModel's order of preference (§2.3)
+    for name in ("quantize_config.json", "quant_config.json"):  # GPTQModel's order of preference (§2.6)
         if (p / name).is_file():
             return config, read_json(p / name, FIX)
     qc = config.get("quantization_config") or {}
@@ -128,7 +128,7 @@ def _v1_to_true(qzeros: torch.Tensor, bits: int, n: int, by_gptqmodel: bool) -> 
 
 def _is_v2(p: Path, label: str, stored: dict[str, np.ndarray], widths: dict[str, int]) -> bool:
     """v1 or v2 zeros: the label, unless every stored zero is the symmetric value of the other convention — GPTQ
-    checkpoints labelled "gptq" that hold v2 zeros exist (formats.md §2.5, §8.4); then trust the data and warn."""
+    checkpoints labelled "gptq" that hold v2 zeros exist (docs/formats.md §2.5); then trust the data and warn."""
     v2 = label == "gptq_v2"
     other = "v1" if v2 else "v2"  # its symmetric stored zero is 2^(b−1) − 1 (v1) or 2^(b−1) (v2)
     if stored and all((z == (1 << (widths[n] - 1)) - int(v2)).all() for n, z in stored.items()):

@@ -1,6 +1,6 @@
 """GPTQ int32 bit packing of codes (``qweight``) and zero points (``qzeros``).
 
-One rule covers every GPTQ width b in {2, 3, 4, 8} (formats.md §1.2-1.4): along the packed
+One rule covers every GPTQ width b in {2, 3, 4, 8} (docs/formats.md §2.2-2.4): along the packed
 axis, each block of 32 consecutive codes forms a little-endian bit-stream, code i occupying
 stream bits ``[i*b, (i+1)*b)``, cut into b consecutive 32-bit words; a word is stored as the
 int32 bit pattern of the uint32 value. For b = 2/4/8 this is GPTQ's
@@ -15,7 +15,7 @@ the missing codes of the last word are zero-filled, and unpacking crops them aga
 straddle words in blocks of 32 (3 words) and no GPTQ loader reads a partial block, so 3-bit
 lengths must stay multiples of 32.
 
-Zero-point conventions (formats.md §2.1-2.2): ``gptq_v2`` stores the true zero z, ``gptq``
+Zero-point conventions (docs/formats.md §2.5): ``gptq_v2`` stores the true zero z, ``gptq``
 (v1) stores z - 1 per field. ``to_v1_zeros``/``from_v1_zeros`` work on *unpacked* zeros;
 ``to_v1_words`` converts packed ``qzeros`` words the way GPTQModel does (``V1_WORD_ADD``).
 """
@@ -29,7 +29,7 @@ __all__ = ["SUPPORTED_BITS", "packed_words", "pack_rows", "unpack_rows", "pack_c
            "to_v1_zeros", "from_v1_zeros", "V1_WORD_ADD", "to_v1_words"]
 
 SUPPORTED_BITS: tuple[int, ...] = (2, 3, 4, 8)
-V1_WORD_ADD = {2: 0x55555555, 4: 0x11111111, 8: 0x01010101}  # GPTQModel's v1 ⇄ v2 word constants (§2.2)
+V1_WORD_ADD = {2: 0x55555555, 4: 0x11111111, 8: 0x01010101}  # GPTQModel's v1 ⇄ v2 word constants (§2.5)
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
@@ -174,7 +174,7 @@ def from_v1_zeros(stored: ArrayLike, bits: int) -> NDArray[np.int32]:
 
     Like the per-field readers (vLLM, AutoGPTQ, convert_hf_to_gguf), a field of ``2**bits - 1``
     decodes to ``2**bits``; no quantizer produces that zero, it marks a v1 field whose true zero
-    0 wrapped (formats.md §2.1).
+    0 wrapped (docs/formats.md §2.5).
     """
     _check_bits(bits)
     return _check_codes(stored, bits, "stored zeros").astype(np.int32) + 1

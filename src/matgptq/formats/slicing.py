@@ -1,7 +1,7 @@
 """Matryoshka slicing: read an r-bit model out of c-bit master codes.
 
-The rule is the official MatGPTQ implementation's `matryoshka_slice` (formats.md §7.2, prior-art.md §1.4), generalised
-from its hard-coded 8-bit storage to any master width c:
+The rule is the official MatGPTQ implementation's `matryoshka_slice` (IST-DASLab/MatGPTQ; docs/formats.md §1.6),
+generalised from its hard-coded 8-bit storage to any master width c:
 
     S(q, r) = min(⌊q / 2^(c−r)⌋ + bit_(c−r−1)(q), 2^r − 1)   for r < c   (top r bits + the next bit as a rounding carry,
     S(q, c) = q                                                          saturating at the top code)

@@ -1,4 +1,4 @@
-"""A parent checkpoint written block by block (issue #13 item 2): bounded memory for models of any depth.
+"""A parent checkpoint written block by block: bounded memory for models of any depth (docs/formats.md §1.1).
 
 `quantize` hands each finished decoder block to `StagedCheckpoint.write_block`, which writes that block's checkpoint
 tensors (parent.layer_tensors for its quantized Linears, and its other tensors: norms, biases, skipped layers) to
@@ -29,7 +29,7 @@ from ..untrusted import read_header, read_tensors
 from .parent import INDEX_FILE, TENSOR_METADATA, WEIGHTS_FILE, _layer, _write_dir, layer_tensors
 from .quantized import QuantizedWeight
 
-SHARD_BYTES = 512 << 20  # default largest shard: an extra ~0.5 GB of memory while the checkpoint is assembled
+SHARD_BYTES = 512 << 20  # default largest shard; assembling holds one shard's tensors in memory
 
 
 def _nbytes(tensors: dict[str, torch.Tensor]) -> int:

@@ -1,30 +1,27 @@
-"""The nested bit-plane layout: one stored parent serves every width r without re-packing (issue 14, item 3).
+"""The nested bit-plane layout: one stored parent serves every width r without re-packing.
 
-The slicing rule (formats/slicing.py, the official MatGPTQ `matryoshka_slice` generalised to a c-bit master):
-
-    S(q, r) = min(⌊q / 2^(c−r)⌋ + bit_(c−r−1)(q), 2^r − 1)  for r < c,   S(q, c) = q,
-
-reads exactly the top r + 1 bits of q: ⌊q / 2^(c−r)⌋ is bits c−1 … c−r and the rounding carry is bit c−r−1. So the
-layout stores q as c one-bit planes, most significant first — plane p holds bit c−1−p of every code — and width r
-reads planes 0 … r (r + 1 planes; r = c reads all c):
+The slicing rule S(q, r) (formats/slicing.py, docs/formats.md §1.6) reads exactly the top r + 1 bits of q:
+⌊q / 2^(c−r)⌋ is bits c−1 … c−r and the rounding carry is bit c−r−1. So the layout stores q as c one-bit planes, most
+significant first — plane p holds bit c−1−p of every code — and width r reads planes 0 … r (r + 1 planes; r = c reads
+all c):
 
     top   = Σ_{p<r} plane_p · 2^(r−1−p)              (= ⌊q / 2^(c−r)⌋)
     carry = plane_r                  (r < c; 0 at r = c)
     S     = min(top + carry, 2^r − 1)
 
-which is S(q, r) bit for bit, including the saturation at the top code. The weight is the slice's (quantized.py):
-w = s_r · (S · 2^(c−r) − z), with the parent's master zero z and the width's own scales s_r where the parent has them
-(width_scales), else the master scale. A layout may keep only the top P planes (`widths=` at build: P = the planes
-the widest requested width needs); it then serves the widths r with r + 1 ≤ P (and r = c when P = c); any other width
-is a UserError naming the widths it serves.
+which is S(q, r) bit for bit, including the saturation at the top code. The weight is the slice's (quantized.py),
+with the parent's master zero and the width's own scales where the parent has them (width_scales), else the master
+scale. A layout may keep only the top P planes (`widths=` at build: P = the planes the widest requested width needs);
+it then serves the widths r with r + 1 ≤ P (and r = c when P = c); any other width is a UserError naming the widths
+it serves.
 
 Memory: P bits per weight plus fp16 scales per stored width and uint8 zeros, for all widths ≤ P − 1 at once (the
-paper stores 2-bit + 1-bit planes for 2–4 bits, i.e. without the rounding bit; here the extra plane makes its rule
-exact). Packing: plane p, column k (after sorting columns by group, see below), row n is bit (k mod 32) of the int32
-word planes[p, k // 32, n] — K-major so that a GPU tile of BLOCK_K × BLOCK_N loads whole words along N (coalesced);
-K is zero-padded to a multiple of 32. Groups are made contiguous (group of column k = k // group_size) by a stable
-sort of the parent's g_idx; act-order layers therefore carry `perm` and the input is gathered with it, like the CPU
-int4 path (runtime/int4_cpu.py).
+MatGPTQ paper's kernel stores 2-bit + 1-bit planes for 2–4 bits, i.e. without the rounding bit; here the extra plane
+makes its rule exact). Packing: plane p, column k (after sorting columns by group, see below), row n is bit (k mod 32)
+of the int32 word planes[p, k // 32, n] — K-major so that a GPU tile of BLOCK_K × BLOCK_N loads whole words along N
+(coalesced); K is zero-padded to a multiple of 32. Groups are made contiguous (group of column k = k // group_size) by
+a stable sort of the parent's g_idx; act-order layers therefore carry `perm` and the input is gathered with it, like
+the CPU int4 path (runtime/int4_cpu.py).
 """
 
 from __future__ import annotations

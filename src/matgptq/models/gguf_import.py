@@ -3,7 +3,7 @@
 transformers' GGUF loader dequantizes the weights to float32 (the reference "fp32" model of a GGUF-shipped model);
 `save_pretrained` refuses a model that still carries the GGUF quantizer, so the weights and the config (without its
 `quantization_config`) are written here. The tokenizer transformers converts from the GGUF metadata depends on the
-transformers version (../shared/models/README.md: 5.17 writes a byte-fallback tokenizer with the wrong eos), so what
+transformers version (transformers 5.17, for one, writes a byte-fallback tokenizer with the wrong eos), so what
 is written is checked against the GGUF's own vocabulary and special ids, and refused, never written half-right.
 Needs the `gguf` and `accelerate` packages (`pip install 'matgptq[real-model]'`).
 """

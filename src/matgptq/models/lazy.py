@@ -1,4 +1,4 @@
-"""A model whose decoder blocks stay in their safetensors files until the pipeline needs them (issue #13 item 2).
+"""A model whose decoder blocks stay in their safetensors files until the pipeline needs them.
 
 `LazyModel.open(path)` builds the transformers model with every parameter on the meta device (no memory: parameters
 are created where transformers creates them and moved to meta at once, as accelerate's

@@ -11,15 +11,15 @@ from .kquant_scales import LATTICES, KQuantType, check_group_size
 
 
 class Method(str, Enum):
-    GPTQ = "gptq"  # GPTQ (Frantar et al. 2022; seed 001, Algorithm 2), one width
+    GPTQ = "gptq"  # GPTQ (Frantar et al. 2022; MatGPTQ paper, Algorithm 2), one width
     RTN = "rtn"  # round-to-nearest on the same grid, no error feedback
-    MATGPTQ = "matgptq"  # multi-precision GPTQ (seed 001, Algorithms 1 + 2)
+    MATGPTQ = "matgptq"  # multi-precision GPTQ (MatGPTQ paper, Algorithms 1 + 2)
 
 
 class Variant(str, Enum):
-    """How MatGPTQ shares one set of codes between its widths (issue 11, docs/ablation.md)."""
+    """How MatGPTQ shares one set of codes between its widths (docs/results/ablation.md compares them)."""
 
-    PAPER = "paper"  # seed 001 as published: the mean error over R fed back, every slice on the master scale
+    PAPER = "paper"  # the MatGPTQ paper as published: the mean error over R fed back, every slice on the master scale
     PER_WIDTH = "per-width"  # one error-feedback track per width (multibit.PerWidthRounding), master scale
     PER_WIDTH_SCALES = "per-width-scales"  # per-width tracks + each width's own least-squares scales (refit.py)
 
@@ -153,9 +153,9 @@ class QuantConfig:
         return self if not self.layer_bits else replace(self, bits=r, target_bits=(r,), bit_weights=(), layer_bits=())
 
     def default_bit_weight(self, width: int) -> float:
-        """λ_r when none is given: 1 (the paper), except the master's in the per-width variants: 16. On SmolLM2-135M it
-        beats λ_c = 4 at every width (slice-8 KL 0.012 vs 0.049, slice-3 ppl 44.0 vs 46.2, 3 seeds); on stories260K
-        it trades a 4-bit KL of 1.10x GPTQ-4 for an 8-bit KL 2.5x smaller (docs/ablation*.md)."""
+        """λ_r when none is given: 1 (the paper), except the master's in the per-width variants: 16. A larger λ_c
+        pulls the shared codes towards the master width's own optimum, improving the widest slices at a small cost to
+        the narrow ones (docs/results/ablation*.md compare values)."""
         per_width = self.method is Method.MATGPTQ and self.variant is not Variant.PAPER
         return MASTER_BIT_WEIGHT if per_width and width == self.bits else 1.0
 

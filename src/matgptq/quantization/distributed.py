@@ -1,4 +1,4 @@
-"""Scale-out on torch.distributed (issue #13 item 4): `torchrun --nproc-per-node N -m matgptq quantize ...`, over one
+"""Scale-out on torch.distributed: `torchrun --nproc-per-node N -m matgptq quantize ...`, over one
 node or several, NCCL with CUDA and gloo without.
 
 Work split, every rank ending with the full result:

@@ -1,6 +1,6 @@
 """The integer quantization grid shared by RTN, GPTQ and MatGPTQ: scale/zero search and code rounding.
 
-Grid (formats.md §1.5, GPTQ's `Quantizer`): per group of weights w with b-bit codes, maxq = 2^b − 1,
+Grid (docs/formats.md §4.1, GPTQ's `Quantizer`): per group of weights w with b-bit codes, maxq = 2^b − 1,
   xmin = min(min w, 0), xmax = max(max w, 0)            (the range always contains 0)
   sym:  s = 2·max(|xmin|, xmax) / maxq,  z = 2^(b−1)
   asym: s = (xmax − xmin) / maxq,        z = round(−xmin / s) ∈ [0, maxq]

@@ -1,8 +1,8 @@
-"""Group scales on llama.cpp's K-quant lattice, so a GGUF K-quant holds the solver's weights exactly (issue 12).
+"""Group scales on llama.cpp's K-quant lattice, so a GGUF K-quant holds the solver's weights exactly.
 
 A K-quant super-block (256 columns of one row) stores one float16 super-scale d and, per sub-block of 16 or 32
-columns, a small integer sub-scale sc; its reader computes the sub-block's scale as fp32(d)·sc (formats.md §5.2, §6;
-IST-DASLab/gptq-gguf-toolkit constrains GPTQ the same way, prior-art.md §2b). This project's group scales are
+columns, a small integer sub-scale sc; its reader computes the sub-block's scale as fp32(d)·sc (docs/formats.md
+§3.5–3.7; IST-DASLab's gptq-gguf-toolkit constrains GPTQ the same way). This project's group scales are
 float16 (formats/quantized.py), so a symmetric grid is exact in both when, per row and super-block,
 
     s_g = d·sc_g,   sc_g ∈ [1, SC_MAX],   d float16 with at most 11 − bitlen(SC_MAX) significant bits

@@ -1,4 +1,4 @@
-"""MatGPTQ's multi-precision code choice (seed 001, Algorithm 1) with an exact fast search.
+"""MatGPTQ's multi-precision code choice (MatGPTQ paper, Algorithm 1) with an exact fast search.
 
 For a weight w with master scale s and zero z, Algorithm 1 picks the master code
 
@@ -15,7 +15,7 @@ neighbours, so near-ties resolve exactly as the enumeration would: one table loo
 The error fed back to later columns is the unweighted mean over R of (w − deq_r(q)) (Algorithm 2; λ only steers the
 choice of q).
 
-`PerWidthRounding` (this project's default, issue 11): GPTQ keeps one error-feedback track per width — the r-track
+`PerWidthRounding` (this project's default): GPTQ keeps one error-feedback track per width — the r-track
 receives only the r-bit slice's own error, exactly as a separate r-bit GPTQ run would — and the shared code minimises
 Σ_r λ_r (u_r − D_r(q))² with u_r = w_r/s + z each track's own position. No single u, so no envelope: instead, the
 codes where D_r changes for some r < c cut [0, 2^c) into cells on which every lower slice is constant, and inside a
@@ -28,7 +28,7 @@ code like the enumeration.
 
 Devices: the code searches run in numpy on the host. On a GPU the solver's column (N weights, its scales and zeros)
 is copied to the host and the codes (and the paper variant's error) back, one synchronising round trip per column:
-~3 copies of N floats, tens of microseconds, against the column's own update work. On the CPU nothing is copied.
+about 3 copies of N floats, against the column's own update work. On the CPU nothing is copied.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class MatryoshkaRounding:
 
     Lookup: u is clipped to [−1, 2^c] and cut into cells of width 1/M, M chosen so that no cell holds two breakpoints;
     per cell we store the envelope index at its left edge and the breakpoint inside it (or +inf), so the envelope
-    index is `left[cell] + (u > brk[cell])` — two table reads (numpy fancy indexing; torch gathers are ~10× slower on
+    index is `left[cell] + (u > brk[cell])` — two table reads (numpy fancy indexing, cheaper than torch gathers on
     small CPU tensors). Weights within NEAR_TIE of a breakpoint are re-decided by evaluating the objective on the
     neighbouring envelope codes with the same float arithmetic as the enumeration.
     """
@@ -189,7 +189,7 @@ class PerWidthRounding(MatryoshkaRounding):
         lam_lower = np.asarray(self.lambdas[:-1], dtype=np.float64)
         table = np.column_stack([self.cell_lo, self.cell_hi, (self.cell_pos**2 * lam_lower).sum(1),
                                  self.cell_pos * lam_lower]).astype(np.float64)  # fmt: skip
-        # stored column-wise ([3 + R−1, cells]): the search gathers one column at a time with 1-D np.take, ~5× faster
+        # stored column-wise ([3 + R−1, cells]): the search gathers one column at a time with 1-D np.take, cheaper
         # than fancy-indexing [N, m] rows of a row-major table
         self.cell_table = np.ascontiguousarray(np.concatenate([table, np.repeat(table[-1:], 1 << master_bits, 0)]).T)
         self.half = float(1 << (master_bits - self.widths[0] - 1)) if len(self.widths) > 1 else 0.0

@@ -17,7 +17,7 @@
 5. With a `source` (models/lazy.py), the model's blocks stay on disk: block i is read onto the device when it is
    quantized and released after, so memory holds one block's weights, not the model's.
 
-Devices (issue #13 item 1): with `device` (default: where the model is), the modules outside the blocks visit it
+Devices: with `device` (default: where the model is), the modules outside the blocks visit it
 for the first block's inputs, each block is moved there (or read there) while it is quantized and leaves again, and
 the calibration activations, Hessians and the solver live there; finished layers go to the CPU. On the CPU nothing
 moves: the computation is the one without devices, bit for bit.
@@ -102,7 +102,7 @@ def with_width_scales(qw: QuantizedWeight, w: torch.Tensor, h: torch.Tensor, dam
     """The parent with its own least-squares scales (refit.py) for each target width below the master, in
     `width_scales`; other widths (interpolated ones, the master) slice on the master scale. The master keeps the scale
     its codes were chosen on, so what later layers see is the same as without the refit. Refitting only R's widths
-    keeps the cost to |R| − 1 passes of H (every width 2..c−1 would be c − 2: ~2× GPTQ-8's solver time at 4096²)."""
+    keeps the cost to |R| − 1 passes of H (every width 2..c−1 would be c − 2)."""
     if not widths:
         return qw
     fit = refit_scales(w, h, qw.codes, qw.scales, qw.zeros, qw.g_idx, qw.bits, widths, damp)

@@ -23,8 +23,8 @@ import torch
 
 from ..formats.slicing import positions
 
-# bytes of one row chunk's [rows, K] products: big enough for efficient GEMMs. On the 4096² problem of
-# scripts/bench_multibit.py (2 threads) the whole refit takes 4.3 / 3.8 / 3.3 / 3.0 s at 1 / 4 / 16 / 64 MiB.
+# bytes of one row chunk's [rows, K] products: big enough for efficient GEMMs, small enough to bound the memory
+# (scripts/bench_multibit.py times the refit)
 CHUNK_BYTES = 1 << 26
 
 
@@ -44,7 +44,7 @@ def refit_scales(
     b = torch.zeros(p.shape[0], n_groups, device=p.device)
     b.index_add_(1, g_idx, p * (w @ h).repeat(n_widths, 1))  # b_g = Σ_{j∈g} p_j (Hw)_j
     # group-major padded layout: group g's columns in slots g·width..(g+1)·width, padding pointing at a zero column,
-    # so a sum over a group is a reshape-and-sum (index_add_ over columns cost ~2× the products themselves)
+    # so a sum over a group is a reshape-and-sum (index_add_ over columns costs more than the products themselves)
     width = int(torch.bincount(g_idx, minlength=n_groups).max())
     slot = torch.full((n_groups, width), k, dtype=torch.long, device=p.device)
     for g in range(n_groups):

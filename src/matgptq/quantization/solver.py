@@ -1,6 +1,6 @@
 """GPTQ and RTN on one weight matrix: pure functions from (W, H, settings) to integer codes, scales and zeros.
 
-GPTQ (Frantar et al. 2022; seed 001 Algorithm 2; IST-DASLab/gptq `fasterquant`): with the layer Hessian
+GPTQ (Frantar et al. 2022; MatGPTQ paper, Algorithm 2; IST-DASLab/gptq `fasterquant`): with the layer Hessian
 H = (2/n) Σ x xᵀ, columns are quantized one at a time in a fixed order and each column's error e_j = (w_j − ŵ_j) / U_jj
 is pushed onto the not-yet-quantized columns, W_{:, j:} −= e_j U_{j, j:}, where U is the upper Cholesky factor of
 (H + δ·mean(diag H)·I)⁻¹. Updates inside a block of `block_size` columns are applied at once ("lazy batch"); group
@@ -29,7 +29,7 @@ from ..errors import UserError
 from .grid import Rounding, find_params
 from .kquant_scales import ScaleLattice
 
-SUB_BLOCK = 32  # columns whose per-column updates stay in cache (scripts/bench_gptq.py profile: 2x faster at 4096²)
+SUB_BLOCK = 32  # columns whose per-column updates stay in cache (scripts/bench_gptq.py profiles the choice)
 
 
 @dataclass

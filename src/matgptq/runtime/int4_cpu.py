@@ -5,9 +5,8 @@ What the kernel computes (torch 2.13, checked by tests/runtime/test_int4_cpu.py 
     y[m, n] = Σ_k x[m, k] · ((q[n, k] − 8) · SZ[k // gs, n, 0] + SZ[k // gs, n, 1]),   q ∈ [0, 15]
 
 with `q` given to `_convert_weight_to_int4pack_for_cpu(int32 [N, K], 1)` (which wants N % 16 == 0, K even), group
-size gs ∈ {32, 64, 128, 256} dividing K, and SZ of x's dtype. Only bfloat16 has a vectorised path here (measured on
-2 cores: a 1536×576 GEMV in 80 µs vs 150 µs for a dense bf16 F.linear; float32 and float16 take 20–40× longer), so
-PackedLinear uses it for bfloat16 models only.
+size gs ∈ {32, 64, 128, 256} dividing K, and SZ of x's dtype. Only bfloat16 has a vectorised path here (float32 and
+float16 are slower than a dense F.linear), so PackedLinear uses it for bfloat16 models only.
 
 Mapping a slice W = s · (q · 2^h − z) (formats/quantized.py, h = c − r) onto it, per group:
 
@@ -110,7 +109,7 @@ def _sorted_codes(planes, n: int, k: int) -> torch.Tensor:
 
 def int4_dequantize(planes, perm, scales, zeros, gs: int, shift: int, dtype: torch.dtype) -> torch.Tensor:
     """Ŵ [N, K] from the planes with QuantizedWeight.dequantize's float32 arithmetic, s · (q · 2^h − z) in that order,
-    so bit-identical to it; per kernel group instead of per column (no [N, K] gather of scales: ~5× faster).
+    so bit-identical to it; per kernel group instead of per column (no [N, K] gather of scales).
     `scales`/`zeros` [N, K/gs] are the parent's per kernel group (sorted column order)."""
     n, k = scales.shape[0], scales.shape[1] * gs
     q = _sorted_codes(planes, n, k).view(n, -1, gs).float()

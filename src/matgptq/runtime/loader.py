@@ -83,11 +83,10 @@ def _config(ckpt: Checkpoint):
 
 
 def packed_wins(dtype: torch.dtype) -> bool:
-    """Whether PackedLinear beats dense weights for a model of `dtype` here: bfloat16 on a machine without CUDA, where
-    it runs torch's int4 CPU kernel (runtime/int4_cpu.py). Measured on SmolLM2-135M, 1 thread, idle machine: decode
-    at 1.5-1.9x the dense bf16 model's tokens/s at 2-8 bits, with 0.46-0.68x its weight bytes (scripts/
-    bench_packed_cpu.py, README). float32/float16 layers would take the exact bit-stream path, ~30x slower than
-    dense; on a CUDA machine a model usually moves to the GPU, where the CPU kernel does not run."""
+    """Whether `load` packs by default: bfloat16 on a machine without CUDA, where PackedLinear runs torch's int4 CPU
+    kernel (runtime/int4_cpu.py) on 4 or 8 bits per weight instead of 16 (scripts/bench_packed_cpu.py compares the
+    speed). float32/float16 layers would take the exact bit-stream path, which dequantizes the weight at every call;
+    on a CUDA machine a model usually moves to the GPU, where the CPU kernel does not run."""
     return dtype == torch.bfloat16 and not torch.cuda.is_available()
 
 

@@ -31,10 +31,9 @@ from .int4_cpu import build, int4_codes, int4_dequantize, int4_matmul
 
 # Rows per call from which the int4 path dequantizes (exactly, int4_cpu.int4_dequantize) and uses F.linear instead of
 # the kernel, for a one-plane layer (r ≤ 4); a two-plane layer (r > 4) calls the kernel twice, so its break-even is
-# half as many rows. Measured (scripts/bench_prefill_rows.py, 1 thread, SmolLM2-135M's four layer shapes): the kernel's
-# cost grows linearly with the rows (~21 µs per row for 1536×576, one plane), dequantization costs a fixed 1–4 ms per
-# call plus a dense matmul; the kernel is faster at ≤ 128 rows with one plane (at ≤ 64 with two), dequantization at
-# ≥ 512 (≥ 256), the crossing lying in between and moving with the shape.
+# half as many rows. The kernel's cost grows linearly with the rows, dequantization costs a fixed amount per call plus
+# a dense matmul, so the kernel wins for few rows and dequantization for many; the crossing depends on the shape and
+# the machine (scripts/bench_prefill_rows.py measures it).
 PREFILL_ROWS = 256
 
 

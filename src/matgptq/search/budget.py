@@ -3,7 +3,7 @@
 A mix gives each quantized layer l (N_l × K_l weights, G_l scale groups per row) one width r_l. Two counts follow
 from the shape:
 
-    code bits     C_l(r) = N_l·K_l·r                                    (the paper's and EvoPress' count, prior-art §1.9/§2)
+    code bits     C_l(r) = N_l·K_l·r                                    (the count of the MatGPTQ paper and EvoPress)
     storage bits  S_l(r) = 8·N_l·⌈K_l·r/8⌉ + N_l·G_l·(16 + 8) + 32·K_l [+ 32·K_l with act-order]
 
 S_l(r) is the size, in bits, of the tensors that hold layer l in a matgptq checkpoint sliced to r bits

@@ -1,4 +1,4 @@
-"""(1+λ) EvoPress with multi-stage selection, resumable (prior-art §2; MatGPTQ §3.3, Appendix B.3).
+"""(1+λ) EvoPress (Sieberling et al., 2024) with multi-stage selection, resumable (MatGPTQ paper §3.3, App. B.3).
 
 One generation, from parent P:
 1. λ distinct children of P (mutation.py; P itself and duplicates are rejected and redrawn, at most
@@ -60,8 +60,9 @@ def parse_stages(text: str) -> tuple[Stage, ...]:
 
 @dataclass(frozen=True)
 class EvoConfig:
-    # Defaults sized for the goal "≤ 30 minutes per budget for a 135M model on 2 CPU cores" (issue #10): on
-    # SmolLM2-135M one generation scores ~28k tokens at ~650 tokens/s (docs/search_real_model.md)
+    # The defaults trade search quality for time: a generation scores the offspring on the first stage's tokens and
+    # each stage's survivors on the next stage's tokens, `generations` times per budget; more generations, offspring
+    # or tokens per stage make the selection less noisy and cost proportionally more forward passes
     generations: int = 25
     offspring: int = 16
     stages: tuple[Stage, ...] = (Stage(512, 4), Stage(2048, 2), Stage(4096, 1))

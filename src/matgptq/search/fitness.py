@@ -2,53 +2,23 @@
 
     F(mix; W) = (1 / |W|·(L − 1)) Σ_{w ∈ W} Σ_{t=1}^{L−1} Σ_v p_v(w, t) (log p_v(w, t) − log q_v(w, t))
 
-with p the unquantized model's and q the candidate's next-token distribution at the predicted positions of the
-windows W (length L): the mean per-token KL of `evaluation.perplexity.score`, and EvoPress' fitness (prior-art §2:
-KL(teacher ‖ student) on log-softmaxes). The teacher is `evaluation.teacher.Teacher`: the reference's final hidden
-states spilled to a temporary file plus its head, so the reference distribution is recomputed exactly, chunk by chunk,
-and memory does not grow with the calibration tokens (128k vocabulary, 500k tokens, hidden 4096: 8 GB of disk, one
-batch of hidden states and one CHUNK_ELEMENTS chunk in RAM — instead of 500k × 128k × 2 bytes = 128 GB of fp16 logits).
+p, q: the unquantized model's and the candidate's next-token distributions at the predicted positions of windows W
+(length L): the mean per-token KL of `evaluation.perplexity.score` and EvoPress' fitness (Sieberling et al., 2024).
+The teacher is `evaluation.teacher.Teacher` (its final hidden states on disk plus its head); a candidate is made by
+`runtime.set_bits`, which re-slices only the layers whose width changed. Per row, with z_t the teacher's logits and
+z = W h + b the candidate's (h its final hidden state, W and b its head):
 
-A candidate is made by `runtime.set_bits`, which re-slices only the layers whose width changed (no file reads).
+    KL_row = [Σ_v p_v z_t,v − lse(z_t)·Σ_v p_v − Σ_v p_v b_v] − h · (Σ_v p_v W_v) + lse(z) · Σ_v p_v
+           =                 const                             − h · g             + lse(z) · mass
 
-Per row, with z_t the teacher's logits and z = W h + b the candidate's (h its final hidden state, W and b its head),
-log p = z_t − lse(z_t), log q = z − lse(z):
-
-    KL_row = Σ_v p_v (log p_v − log q_v)
-           = [Σ_v p_v z_t,v − lse(z_t) Σ_v p_v − Σ_v p_v b_v] − h · (Σ_v p_v W_v) + lse(z) Σ_v p_v
-           =            const                               − h · g            + lse(z) · mass
-
-const, g = pᵀW (one H-vector per row) and mass = Σ p depend only on the window, so they are computed once per
-calibration window (`WindowTerms`, in float64) and a candidate costs its own forward, its logits and one logsumexp:
-the vocabulary-wide product p·z of the direct formula is gone (on SmolLM2, V = 49,152, H = 576, it was a fifth of
-a scoring's head cost, and the teacher's logits were recomputed for every stage). Memory: (H + 2) × 8 bytes per row
-instead of V floats — 4.7 kB per SmolLM2 token, 77 MB for the default 16k-token pool; 8.4 MB per 256-token window at
-H = 4096 — kept within `cache_limit` bytes (default 1 GiB), windows beyond it recomputed at each use.
-Σ p is kept, not taken as 1: float32 p from a float32 softmax sums to 1 ± ~1e-5 at a 49k vocabulary, and Σ p log p
-with that p would carry the same bias (~1e-5 nats per row, measured); written with the lse's, the offsets cancel.
-Rounding: g is accumulated in float64 from the float32 p and W, and h · g is taken in float64, so the cross term is
-exact to ~1e-12 relative; lse(z) uses the float32 logits, which are within ~1e-6 · |z| of W h + b (float32 GEMM), so
-a row's KL is within ~1e-6 · max|z| (~2e-5 nats at |z| ≈ 20) of the exact value — the size of the float32 rounding
-of the log-softmax in the all-at-once formula.
-
-Precision of the candidates (`compute_dtype`). float32 (the class default) is exact as above. bfloat16 runs the
-candidate's body under autocast (matrix products in bfloat16, the residual stream and norms in float32), the head and
-the KL in float32 as above. On 13 mixes of SmolLM2 (its uniform 3-bit slice and 12 mutations, KL ≈ 0.88, spread
-0.028) it moves the KL by +0.0002 ± 0.0014 and ranks them as float32 does (Spearman 0.995), while the same mix's KL
-moves by 0.048 between disjoint draws of 8 windows — the noise the search already tolerates by drawing fresh windows
-each stage; a generation is 1.3–1.5× faster on a CPU with native bfloat16 (scripts/bench_search.py). `exact()`
+const, g = pᵀW and mass depend only on the window: `WindowTerms` computes them once, in float64, and keeps them
+within `cache_limit` bytes (windows beyond it are recomputed at each use), so a candidate costs its forward, its
+logits and one logsumexp. mass is kept rather than taken as 1, so the rounding of the float32 softmax cancels.
+`compute_dtype`: float32 (exact), or bfloat16 autocast for the candidate's body (head and KL stay float32); `exact()`
 switches to float32 for the reported scores.
-
-Prefix cache (issue #10 item 4). A mutation changes a few layers; every block before the first changed one computes
-exactly what the stage's reference mix (the search's parent) computes. `prefix_cache(mix, windows)` holds, per batch,
-the outputs of that mix's blocks 0..d−1, filled lazily by the scorings themselves: a candidate whose first changed
-block is j replays blocks 0..min(j, d)−1 (swapped, for that call, for a module that returns the cached output of
-block min(j, d)−1), runs the rest, and records its outputs of blocks d..j−1 — which are the reference mix's, its
-weights there being the same — so d grows to j. No forward pass is spent on the cache itself (an eager cache cost a
-full pass of the parent per stage, as much as it saved on SmolLM2: 75.2 vs 74.5 s per generation; the lazy one
-saves 0–3% there, where a mutation's first changed block is ~6 of 30). Same batches,
-same arithmetic: the KL is bit-identical to a full pass (tested). Memory: at most blocks × windows × L × hidden × 4
-bytes, used only when that fits in `cache_limit` (otherwise every candidate runs from block 0).
+Prefix cache (`prefix_cache`): blocks before a candidate's first changed layer compute what the stage's reference mix
+computes; their outputs, filled lazily by the scorings themselves, are replayed instead of recomputed, within
+`cache_limit`. Same batches, same arithmetic: the KL is bit-identical to a full pass (tested).
 """
 
 from __future__ import annotations

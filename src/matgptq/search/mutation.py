@@ -1,9 +1,9 @@
-"""EvoPress' level-switch mutation, for layers of different sizes and uneven levels (MatGPTQ §3.3).
+"""EvoPress' level-switch mutation, for layers of different sizes and uneven levels (MatGPTQ paper §3.3).
 
-EvoPress (prior-art §2) lowers one layer by a fixed step and raises another of equal size by the same step, so the
-bit count never changes. With layers of different sizes and levels such as {2, 3, 4, 6, 8} no such pair need exist;
-MatGPTQ's adaptation tracks the bits a lowering frees and looks for raises that fit them, retrying when none does.
-Here a child is made as follows:
+EvoPress (Sieberling et al., 2024) lowers one layer by a fixed step and raises another of equal size by the same
+step, so the bit count never changes. With layers of different sizes and levels such as {2, 3, 4, 6, 8} no such pair
+need exist; MatGPTQ's adaptation tracks the bits a lowering frees and looks for raises that fit them, retrying when
+none does. Here a child is made as follows:
 
 1. k = min(u₁, u₂) layers, u₁, u₂ uniform on 1..max_flips (EvoPress' draw, biased to 1), chosen at random among
    those above the lowest level, go down one level;

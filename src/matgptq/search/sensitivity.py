@@ -1,4 +1,4 @@
-"""The starting mix: per-layer sensitivities and the knapsack under the budget (issue #10 item 5).
+"""The starting mix: per-layer sensitivities and the knapsack under the budget.
 
 Sensitivity s_l(r) = F(top everywhere, layer l at r; W): the KL of the parent at its highest level with only layer l
 sliced to r (fitness.py), on fixed calibration windows W. Under the additive model of HIGGS' linearity theorem the
@@ -9,15 +9,11 @@ Two ways to fill the table (`Sensitivity`):
 - FULL scores every layer at every level: layers × (levels − 1) scorings.
 - PROBE (default) scores every layer at one probe level p, the lowest, and takes the other levels from the same
   linearity theorem, which says the loss grows linearly in the layer's relative squared weight error
-  t_l(r) = ‖W_l(r) − W_l(top)‖² / ‖W_l(top)‖² (measured here from the parent's own slices, no data):
+  t_l(r) = ‖W_l(r) − W_l(top)‖² / ‖W_l(top)‖² (computed here from the parent's own slices, no data):
       s_l(r) = s_l(top) + max(0, s_l(p) − s_l(top)) · t_l(r) / t_l(p).
   Layers × 1 scorings. Why the lowest: the loss grows faster than linearly at large errors, so extrapolating
-  *down* from a higher probe underrates the lowest level. On SmolLM2-135M a probe at 3 bits made the knapsack put
-  113 of 210 layers at 2 bits for a 2.5-bit budget and start the 3.0-bit search at calibration KL ~2.7, against
-  1.49 for the uniform 3-bit slice; extrapolating *up* from the lowest level errs on the safe side (it overrates
-  the higher levels' loss, which is small). On stories260K (parent {2..8}, 16k tokens) probe tables from levels 2
-  and 3 start as well as the full table: calibration KL 2.358 / 0.848 / 0.426 and 2.353 / 0.825 / 0.4235 at
-  2.5 / 3.0 / 3.5 bits against 2.349 / 0.844 / 0.4222.
+  *down* from a higher probe underrates the lowest level and pushes the knapsack towards it; extrapolating *up*
+  from the lowest level errs on the safe side (it overrates the higher levels' loss, which is small).
 Each scoring runs only from the layer's block on (prefix cache of the top mix).
 """
 

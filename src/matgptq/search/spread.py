@@ -1,5 +1,5 @@
 """Fitness evaluations dealt across torch.distributed ranks: `torchrun --nproc-per-node N -m matgptq search ...`
-(issue #13 item 4, over one node or several; NCCL with CUDA, gloo without).
+(over one node or several; NCCL with CUDA, gloo without).
 
 Every rank runs the same search: the same seed gives every rank the same random draws, so the same children and
 windows. Only the scorings are split: candidate i of a batch (a stage's pool, the sensitivity table's layers) is
