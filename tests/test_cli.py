@@ -1,12 +1,14 @@
 """CLI user experience: --help everywhere; bad input → one-line error, exit 2, no traceback, nothing written."""
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
 from matgptq.cli import main
+from matgptq.errors import UserError
 from tests.conftest import STORIES, TINYSTORIES, make_tiny_llama
 
 
@@ -73,8 +75,23 @@ def test_missing_model_and_calibration(tmp_path, capsys):
     short = tmp_path / "short.txt"
     short.write_text("Once upon a time.")
     err = run_error(quantize_args(tmp_path, STORIES, short), capsys)
-    assert "fewer than one window of --seqlen 32" in err
+    assert re.search(r"has \d+ tokens, fewer than the 64 that --nsamples 2 × --seqlen 32 ask for", err), err
     assert not (tmp_path / "out").exists()
+
+
+def test_calibration_text_shorter_than_all_windows_refused(tmp_path, capsys):
+    """More than one window of text but fewer tokens than --nsamples × --seqlen: refused, with the numbers and the fix
+    (before, only text shorter than one window was)."""
+    from matgptq.models import load_tokenizer
+
+    text = TINYSTORIES.read_text(encoding="utf-8")[:100]
+    n = len(load_tokenizer(STORIES)(text)["input_ids"])
+    assert 32 < n < 2 * 32, n  # one window fits, two do not
+    (tmp_path / "short.txt").write_text(text, encoding="utf-8")
+    err = run_error(quantize_args(tmp_path, STORIES, tmp_path / "short.txt"), capsys)
+    assert err == (f"matgptq: error: the calibration text has {n} tokens, fewer than the 64 that --nsamples 2 × "
+                   "--seqlen 32 ask for; give more text (or a wider --calib-range) or lower --nsamples/--seqlen\n")
+    assert not (tmp_path / "out").exists() and not (tmp_path / ".out.resume").exists()
 
 
 def test_nan_weights_refused(tmp_path, capsys):
@@ -126,3 +143,162 @@ def test_signed_scale_and_skip_validation(tmp_path, capsys):
         err = run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--method", "rtn", *flags), capsys)
         assert "RTN does not collect" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_after_a_block_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    """Ctrl-C once a block is finished: the resume state is kept and the message says so (on a line of its own after
+    the progress bar), exit 130; the command it names then finishes the run."""
+    from matgptq.quantization.resume import BlockState
+
+    save = BlockState.save
+
+    def save_then_interrupt(self, *args):
+        save(self, *args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(BlockState, "save", save_then_interrupt)
+    args = [a for a in quantize_args(tmp_path) if a != "--quiet"]  # with its progress bar
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    resume = tmp_path / ".out.resume"
+    assert "quantize" in err.split("\n")[-3]  # the bar, ended
+    assert err.split("\n")[-2:] == [f"matgptq: interrupted; the progress is kept in {resume}; run the same command "
+                                    "with --resume to continue", ""]  # fmt: skip
+    assert (resume / "state.json").is_file() and not (tmp_path / "out").exists()
+    monkeypatch.undo()
+    assert main([*args, "--resume"]) == 0
+    assert (tmp_path / "out" / "matgptq.json").is_file() and not resume.exists()
+
+
+def test_ctrl_c_before_any_block_wrote_nothing(tmp_path, capsys, monkeypatch):
+    from matgptq.quantization import pipeline
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "_solve", interrupt)
+    assert main(quantize_args(tmp_path)) == 130
+    assert capsys.readouterr().err == "matgptq: interrupted; nothing was written\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_error_during_a_progress_bar_starts_its_own_line(tmp_path, capsys, monkeypatch):
+    """stderr is not a terminal here (as in a log file): the bar's line ends before the error, and nothing of the bar
+    is printed after it."""
+    import gc
+
+    from matgptq.quantization import pipeline
+
+    solve, calls = pipeline._solve, []
+
+    def fail_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise UserError("the solver failed (test)")
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "_solve", fail_third)
+    assert main([a for a in quantize_args(tmp_path) if a != "--quiet"]) == 2
+    gc.collect()  # a bar left open would print itself when collected
+    err = capsys.readouterr().err
+    lines = err.split("\n")
+    assert lines[-2:] == ["matgptq: error: the solver failed (test)", ""] and "quantize" in lines[-3], err
+    assert err.count("matgptq: error") == 1
+
+
+@pytest.mark.parametrize("cmd", ["quantize", "eval", "slice", "export", "search"])
+def test_help_shows_every_default(cmd, capsys, monkeypatch):
+    """Each option with a default says it in --help; flags and options without one (None, [], SUPPRESS) get no
+    "(default: None)" noise."""
+    import argparse
+
+    from matgptq.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option's help: no wrapping inside a value
+    with pytest.raises(SystemExit):
+        main([cmd, "--help"])
+    text = capsys.readouterr().out
+    entries: list[str] = []  # each option's invocation and help
+    for line in text.split("\n"):
+        if re.match(r"  -", line):
+            entries.append(line)
+        elif entries and line.startswith("   "):
+            entries[-1] += line
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[cmd]
+    checked = 0
+    for action in sub._actions:
+        d = action.default
+        if not action.option_strings or action.nargs == 0 or d is None or d is argparse.SUPPRESS or d == []:
+            continue
+        opt = action.option_strings[-1]
+        entry = next(e for e in entries if re.match(rf"\s+(-\w, )?{re.escape(opt)}(?=[ ,]|$)", e))
+        shown = {str(d)} | ({f"{d:g}"} if isinstance(d, float) else set())
+        assert any(re.search(rf"default:? {re.escape(s)}\b", entry) for s in shown), entry
+        checked += 1
+    assert checked >= {"quantize": 10, "eval": 3, "slice": 0, "export": 3, "search": 10}[cmd]
+    assert not re.search(r"default: (None|False|True|\[\])", text)
+
+
+def test_third_party_warnings_are_silenced_matgptq_ones_are_not(tmp_path, monkeypatch, recwarn):
+    """A peer library that warns when imported and used inside a command is silent, and so are the peer loggers
+    (torchao's, torch's pytree); a warning from a matgptq module still shows; afterwards the caller's warning filters
+    and logger levels are as they were."""
+    import logging
+    import types
+    import warnings
+
+    from matgptq import cli
+
+    (tmp_path / "fake_peer.py").write_text(
+        "import warnings\nwarnings.warn('peer: deprecated at import', FutureWarning)\n\ndef use():\n"
+        "    for c in (DeprecationWarning, FutureWarning, UserWarning):\n"
+        "        warnings.warn(f'peer: {c.__name__}', c)\n")  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fake_peer", raising=False)
+    monkeypatch.setattr(sys, "warnoptions", [])  # no -W / PYTHONWARNINGS from whoever runs the tests
+    ours = types.ModuleType("matgptq._fake_warner")  # a module of the package: its warnings are the user's
+    exec("import warnings\ndef warn():\n    warnings.warn('matgptq: a warning of our own', UserWarning)\n",
+         ours.__dict__)  # fmt: skip
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    loggers = [logging.getLogger(name) for name in cli.PEER_LOGGERS]
+
+    def command(args):
+        __import__("fake_peer").use()
+        ours.warn()
+        for logger in loggers:
+            logger.warning(f"{logger.name}: a note")
+            logger.error(f"{logger.name}: an error")
+
+    monkeypatch.setattr(cli, "cmd_slice", command)
+    filters, levels = list(warnings.filters), [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        assert main(["slice", "parent", "--bits", "3", "--out", str(tmp_path / "o")]) == 0
+        assert [str(w.message) for w in recwarn] == ["matgptq: a warning of our own"]
+        assert logged == [f"{logger.name}: an error" for logger in loggers]
+        assert warnings.filters == filters and [logger.level for logger in loggers] == levels
+        sys.modules["fake_peer"].use()  # outside a command nothing is hidden
+        loggers[0].warning("after")
+        assert len(recwarn) == 4 and logged[-1] == "after"
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def test_a_command_prints_no_peer_notes(tmp_path):
+    """The real case, in a fresh process: transformers imports torchao (when installed) while the model loads; its
+    notes and the pytree deprecations it causes, printed by `import transformers.modeling_utils` alone, are not."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        pytest.skip("torchao is not installed: nothing to silence")
+    control = subprocess.run([sys.executable, "-c", "import transformers.modeling_utils"], capture_output=True,
+                             text=True)  # fmt: skip
+    assert "torchao" in control.stderr or "register_constant" in control.stderr, control.stderr  # the noise exists
+    cmd = [sys.executable, "-m", "matgptq", "quantize", str(STORIES), "--method", "rtn", "--out", str(tmp_path / "q"),
+           "--quiet"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == "", r.stderr

@@ -7,6 +7,8 @@ or moved-aside sibling is left behind, and a writer that lost got a UserError (n
 """
 
 import multiprocessing as mp
+import os
+import stat
 import subprocess
 import sys
 
@@ -84,3 +86,48 @@ def test_two_cli_slices_to_one_out(tmp_path):
     ckpt = read_checkpoint(out)
     assert {q.bits for q in ckpt.layers.values()} == {3}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["parent", "slice"]
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test; the old one is put back after."""
+    old = os.umask(0o022)
+    os.umask(old)
+    yield lambda mask: os.umask(mask)
+    os.umask(old)
+
+
+def _modes(root):
+    return {str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in [root, *root.rglob("*")]}
+
+
+@pytest.mark.parametrize("mask,dir_mode,file_mode",
+                         [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600), (0o002, 0o775, 0o664)],
+                         ids=["umask022", "umask077", "umask002"])  # fmt: skip
+def test_outputs_get_the_usual_modes(tmp_path, umask, mask, dir_mode, file_mode):
+    """Not mkdtemp's 0700, nor a writer's 0600 (safetensors creates its files so): what open() and mkdir() give under
+    the umask, for a directory output (and what is in it) and a single-file output."""
+    umask(mask)
+    with atomic_output(tmp_path / "ckpt") as tmp:
+        (tmp / "sub").mkdir(mode=0o700)
+        for f in (tmp / "model.safetensors", tmp / "sub" / "x.json"):
+            os.close(os.open(f, os.O_CREAT | os.O_WRONLY, 0o600))
+        (tmp / "tokenizer.json").write_text("{}")
+        (tmp / "tokenizer.json").chmod(0o444)  # copied with copy2 from a read-only source
+    assert _modes(tmp_path / "ckpt") == {".": dir_mode, "sub": dir_mode, "model.safetensors": file_mode,
+                                         "sub/x.json": file_mode, "tokenizer.json": file_mode}  # fmt: skip
+    with atomic_output(tmp_path / "m.gguf", directory=False) as f:
+        os.close(os.open(f, os.O_CREAT | os.O_WRONLY, 0o600))
+    assert stat.S_IMODE((tmp_path / "m.gguf").stat().st_mode) == file_mode
+
+
+def test_a_quantized_checkpoint_is_readable_by_others(tmp_path, umask):
+    """Through the real command (safetensors writes 0600, the checkpoint directory is a mkdtemp): umask 027."""
+    from matgptq.cli import main
+
+    umask(0o027)
+    out = tmp_path / "q"
+    assert main(["quantize", str(STORIES), "--out", str(out), "--calib", str(TINYSTORIES), "--nsamples", "2",
+                 "--seqlen", "32", "--quiet"]) == 0  # fmt: skip
+    modes = _modes(out)
+    assert modes.pop(".") == 0o750 and "model.safetensors" in modes and set(modes.values()) == {0o640}, modes

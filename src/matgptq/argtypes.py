@@ -5,6 +5,20 @@ from __future__ import annotations
 import argparse
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """--help ends each option's text with its default, unless the text shows it already (%(default)): not for flags,
+    nor for options whose default is None or an empty list (nothing given; their text says what happens then)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "%(default)" in text or not action.option_strings or action.nargs == 0:
+            return text
+        if default is None or default is argparse.SUPPRESS or default == []:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def fraction_range(text: str) -> tuple[float, float]:
     try:
         a, b = (float(x) for x in text.split(":"))
@@ -30,4 +44,4 @@ def ints(text: str) -> tuple[int, ...]:
 def add_device_option(parser: argparse.ArgumentParser, what: str) -> None:
     from .devices import CHOICES_HELP
 
-    parser.add_argument("--device", default="auto", help=f"where {what}: {CHOICES_HELP}; default auto")
+    parser.add_argument("--device", default="auto", help=f"where {what}: {CHOICES_HELP}")

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from .argtypes import add_device_option, floats, fraction_range, ints
+from .argtypes import DefaultsHelpFormatter, add_device_option, floats, fraction_range, ints
 from .errors import UserError
 
 EVAL_TOKENS_PER_PASS = 2048  # default eval batch: this many tokens of windows per forward pass (2048 // --seqlen)
@@ -22,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="matgptq", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    q = sub.add_parser("quantize", help="quantize a HF model directory (GPTQ, RTN or a MatGPTQ parent)")
+    q = sub.add_parser("quantize", help="quantize a HF model directory (GPTQ, RTN or a MatGPTQ parent)",
+                       formatter_class=DefaultsHelpFormatter)
     q.add_argument("model", help="local Hugging Face model directory (config.json + safetensors)")
     q.add_argument("--out", required=True, help="output checkpoint directory (written atomically)")
     q.add_argument("--method", choices=["gptq", "rtn", "matgptq"], default="gptq", help="quantization method")
@@ -36,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="matgptq: weight λ_r per target width, same order as --bits (default: 1 each, and "
                         f"{MASTER_BIT_WEIGHT:g} for the master width except with --variant paper)")
     q.add_argument("--variant", choices=[v.value for v in Variant], default=QuantConfig.variant.value,
-                   help="matgptq: paper = seed 001 as published (mean error fed back, master scale); per-width = one "
-                        "error-feedback track per width; per-width-scales (default) = that plus each width's own "
-                        "least-squares scales (docs/ablation.md)")
+                   help="matgptq: paper = the published MatGPTQ algorithm (mean error fed back, master scale); "
+                        "per-width = one error-feedback track per width; per-width-scales = that plus each width's "
+                        "own least-squares scales (docs/guide/quantize.md)")
     q.add_argument("--group-size", type=int, default=-1, help="columns per scale group; -1 = one group per output row")
     sym = q.add_mutually_exclusive_group()
     sym.add_argument("--sym", dest="sym", action="store_true", default=True, help="symmetric grid (default)")
@@ -66,13 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--no-true-sequential", dest="true_sequential", action="store_false",
                    help="quantize all Linears of a block from the same inputs")  # fmt: skip
     q.add_argument("--calib", help="calibration text file (UTF-8); required except for --method rtn")
-    q.add_argument("--calib-range", type=fraction_range, default=(0.0, 1.0), help="character range START:END of --calib")
+    q.add_argument("--calib-range", type=fraction_range, default="0:1", help="character range START:END of --calib")
     q.add_argument("--nsamples", type=int, default=128, help="number of calibration windows")
     q.add_argument("--seqlen", type=int, default=256, help="tokens per calibration window")
     q.add_argument("--seed", type=int, default=0, help="seed for drawing the windows")
     q.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="model dtype while calibrating, and of the unquantized tensors written (default auto: the "
-                        "model's own). bfloat16 halves memory and is ~4x faster on CPUs with AVX512-BF16 or AMX, as "
+                   help="model dtype while calibrating, and of the unquantized tensors written (auto: the model's "
+                        "own). bfloat16 halves memory and is faster on CPUs with AVX512-BF16 or AMX, as "
                         "GPTQModel does on CPU; results then differ slightly. Hessians and the solver stay float32")
     q.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     q.add_argument("--resume", action="store_true",
@@ -88,10 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "written as model-0000k-of-0000N.safetensors shards with model.safetensors.index.json")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    e = sub.add_parser("eval", help="perplexity (and KL) and/or zero-shot accuracy of a model, checkpoint or parent widths")
+    e = sub.add_parser("eval", formatter_class=DefaultsHelpFormatter,
+                       help="perplexity (and KL) and/or zero-shot accuracy of a model, checkpoint or parent widths")
     e.add_argument("model", help="unquantized model dir, matgptq checkpoint/parent, or GPTQ checkpoint")
     e.add_argument("--text", help="evaluation text file (UTF-8) for perplexity; --text and/or --tasks is required")
-    e.add_argument("--text-range", type=fraction_range, default=(0.0, 1.0), help="character range START:END of --text")
+    e.add_argument("--text-range", type=fraction_range, default="0:1", help="character range START:END of --text")
     e.add_argument("--seqlen", type=int, default=256, help="tokens per non-overlapping window")
     e.add_argument("--max-tokens", type=int, help="use only the first N tokens of the text")
     e.add_argument("--tasks", help="zero-shot multiple-choice tasks scored by lm-eval, e.g. arc_easy,piqa: each is "
@@ -107,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", help="write the results as JSON to this file")
     add_device_option(e, "the models are scored")
 
-    s = sub.add_parser("slice", help="write a standalone r-bit checkpoint (only the r-bit data) from a parent")
+    s = sub.add_parser("slice", help="write a standalone r-bit checkpoint (only the r-bit data) from a parent",
+                       formatter_class=DefaultsHelpFormatter)
     s.add_argument("parent", help="matgptq parent checkpoint directory")
     s.add_argument("--bits", type=int, required=True, help="slice width r (2..master)")
     s.add_argument("--out", required=True, help="output checkpoint directory")
@@ -246,17 +253,73 @@ def _quiet_transformers() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    _quiet_transformers()
-    try:
-        {"quantize": cmd_quantize, "eval": cmd_eval, "slice": cmd_slice, "search": _search}.get(args.command, _export)(args)
-    except UserError as e:
-        print(f"matgptq: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("matgptq: interrupted; nothing was written", file=sys.stderr)
-        return 130
+    with _third_party_quiet():
+        args = build_parser().parse_args(argv)
+        _quiet_transformers()
+        command = {"quantize": cmd_quantize, "eval": cmd_eval, "slice": cmd_slice, "search": _search}.get(args.command)
+        try:
+            (command or _export)(args)
+        except UserError as e:
+            _end_progress_bars()
+            print(f"matgptq: error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            _end_progress_bars()
+            print(f"matgptq: interrupted; {_left_behind(args)}", file=sys.stderr)
+            return 130
     return 0
+
+
+# transformers imports torchao when it is installed: torchao logs that its optional kernels did not load, and its
+# Enum registrations make torch's pytree log a deprecation; matgptq uses neither
+PEER_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+@contextmanager
+def _third_party_quiet() -> Iterator[None]:
+    """While a command runs, other libraries' deprecation and usage warnings are not shown (matgptq's own are), unless
+    the user asked for warnings (-W, PYTHONWARNINGS), and PEER_LOGGERS log errors only; all as before afterwards."""
+    loggers = [logging.getLogger(name) for name in PEER_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        if not sys.warnoptions:
+            for category in (DeprecationWarning, FutureWarning, UserWarning):
+                warnings.filterwarnings("ignore", category=category, module=r"(?!matgptq(\.|$))")
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels):
+                logger.setLevel(level)
+
+
+def _end_progress_bars() -> None:
+    """Close the progress bars still on screen, each ending its line, so that a message starts on a line of its own."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.leave = True  # a closed bar that is not left would only return to the start of its line
+        bar.close()
+
+
+def _left_behind(a: argparse.Namespace) -> str:
+    """What an interrupted command leaves: the resume state of quantize or search, else nothing (outputs are written
+    atomically)."""
+    states: list[Path] = []
+    if a.command == "quantize":
+        from .quantization.resume import resume_dir
+
+        states = [resume_dir(a.out)]
+    elif a.command == "search":
+        from .search.runner import state_path
+
+        states = [state_path(Path(a.out), b.strip()) for b in a.budget.split(",")]
+    states = [p for p in states if p.exists()]
+    if not states:
+        return "nothing was written"
+    again = "the same command again" if a.resume else "the same command with --resume"
+    return f"the progress is kept in {', '.join(map(str, states))}; run {again} to continue"
 
 
 def _search(a: argparse.Namespace) -> None:

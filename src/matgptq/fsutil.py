@@ -36,9 +36,26 @@ def atomic_output(path: str | Path, overwrite: bool = False, directory: bool = T
     try:
         target = tmp if directory else tmp / final.name
         yield target
+        if target.exists():
+            _usual_modes(target)
         _commit(target, final, overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _usual_modes(target: Path) -> None:
+    """The modes open() and mkdir() give under the user's umask, not mkdtemp's 0700 (or a writer's 0600, as
+    safetensors'), so that other users and serving processes can read the output as they read any other file."""
+    umask = os.umask(0)  # the only way to read it: set it, and put it back at once
+    os.umask(umask)
+    if target.is_file():
+        os.chmod(target, 0o666 & ~umask)
+        return
+    for root, _, files in os.walk(target):
+        os.chmod(root, 0o777 & ~umask)
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), 0o666 & ~umask)
 
 
 def _commit(target: Path, final: Path, overwrite: bool) -> None:

@@ -1,6 +1,6 @@
 """GGUF export checked with gguf-py only: every tensor read back by GGUFReader + gguf.quants.dequantize (and the Q/K
 RoPE permutation undone) equals matgptq's dequantized weight — bit for bit where the report says exact, within the
-reported error elsewhere (formats.md §5–7)."""
+reported error elsewhere (docs/formats.md §3)."""
 
 from __future__ import annotations
 
@@ -491,8 +491,24 @@ def test_cli(parent, tmp_path, capsys):
     out = tmp_path / "m.gguf"
     assert main(["export", str(parent), "--format", "gguf", "--bits", "3", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "blk.0.attn_q.weight" in text and "Q4_0" in text and "bit-exact" in text and "bits per weight" in text
-    assert re.search(r"token_embd.weight +\| Q8_0", text)  # the CLI's default --embed-type auto (hidden 64: Q8_0)
+    rep = export_gguf(parent, tmp_path / "again.gguf", bits=3, embed_type="auto")  # the CLI's defaults
+    n, exact, types = len(rep.tensors), sum(t.exact for t in rep.tensors), rep.types()
+    worst = max(rep.tensors, key=lambda t: t.max_abs_err)
+    assert types["Q8_0"] == 2 and worst.ggml_type == "Q8_0"  # --embed-type auto (hidden 64): embeddings re-quantized
+    by_count = ", ".join(f"{c} {t}" for t, c in sorted(types.items(), key=lambda kv: (-kv[1], kv[0])))
+    assert text.split("\n") == [  # a summary, not one row per tensor
+        f"{n} tensors: {by_count}",
+        f"{exact}/{n} tensors bit-exact, max |Δw| {worst.max_abs_err:.3g} ({worst.name}, Q8_0)",
+        f"wrote {out} ({out.stat().st_size / 2**20:.2f} MiB, {rep.bits_per_weight:.2f} bits per weight, mostly Q4_0)",
+        "",
+    ]
+    assert main(["export", str(parent), "--format", "gguf", "--bits", "3", "--out", str(out), "--overwrite",
+                 "--verbose"]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert text.endswith("mostly Q4_0)\n") and f"{n} tensors: {by_count}" in text
+    rows = [line for line in text.split("\n") if re.match(r"\| (token_embd|blk|output)", line)]
+    assert len(rows) == n and re.search(r"token_embd.weight +\| Q8_0", text)
+    assert sum(re.search(r"\| (yes|no) +\|", r).group(1) == "yes" for r in rows) == exact
     assert main(["export", str(parent), "--format", "gguf", "--bits", "8", "--type", "q4_0", "--out",
                  str(tmp_path / "x.gguf")]) == 2  # fmt: skip
     assert "Q4_0 cannot hold" in capsys.readouterr().err

@@ -3,6 +3,7 @@ nothing written."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -165,3 +166,41 @@ def test_a_slice_has_no_levels(stories_parent, tmp_path, capsys):
     sliced = tmp_path / "slice3"
     assert main(["slice", str(stories_parent), "--bits", "3", "--out", str(sliced)]) == 0
     assert "a slice" in run_error(search(sliced, tmp_path / "o", "--budget", "3"), capsys)
+
+
+def test_ctrl_c_keeps_the_search_state_and_says_how_to_resume(stories_parent, tmp_path, capsys, monkeypatch):
+    """Ctrl-C after a generation's state is written: exit 130, the message names the state and --resume, and that
+    command then writes the mix."""
+    from matgptq.search import evopress
+
+    write_state = evopress.write_state
+
+    def write_then_interrupt(*args):
+        write_state(*args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evopress, "write_state", write_then_interrupt)
+    args = search(stories_parent, tmp_path / "mixes", "--budget", "3.0")
+    assert main(args) == 130
+    state = tmp_path / "mixes" / ".state-3.0.json"
+    assert capsys.readouterr().err == (f"matgptq: interrupted; the progress is kept in {state}; run the same command "
+                                       "with --resume to continue\n")  # fmt: skip
+    assert json.loads(state.read_text())["state"]["generation"] == 1
+    assert not (tmp_path / "mixes" / "mix-3.0.json").exists()
+    monkeypatch.undo()
+    assert main([*args, "--resume"]) == 0
+    assert (tmp_path / "mixes" / "mix-3.0.json").is_file()
+
+
+def test_too_little_calibration_text_names_the_numbers(stories_parent, tmp_path, capsys):
+    """The search's pool: the text's token count, what the binding option asks for, and which option to lower."""
+    args = search(stories_parent, tmp_path / "none", "--budget", "3", "--calib-range", "0.6:0.6005")
+    err = run_error(args, capsys)
+    # QUICK: --seqlen 64 and the default --calib-tokens 16384 (above --sensitivity-tokens 126 and the last stage's 504)
+    pattern = (r"the calibration text \(.*tinystories_val_head\.txt, --calib-range 0\.6:0\.6005\) has \d+ tokens, "
+               r"fewer than the 16,704 the search needs for --calib-tokens 16384 \(261 windows of --seqlen 64, 63 "
+               r"scored tokens each\); give more text \(or a wider --calib-range\) or lower --calib-tokens")
+    assert re.search(pattern, err), err
+    err = run_error([*args, "--calib-tokens", "100", "--sensitivity-tokens", "200"], capsys)
+    assert "needs for --stages 126:2,504:1 (8 windows" in err and err.strip().endswith("lower --stages")
+    assert not (tmp_path / "none").exists()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from ..argtypes import DefaultsHelpFormatter
 from ..errors import UserError
 from ..formats.gguf_tensors import EMBED_TYPES
 
 
 def add_export_parser(sub) -> None:
-    x = sub.add_parser("export", help="export a parent or quantized checkpoint as GPTQ (v1/v2) or GGUF")
+    x = sub.add_parser("export", help="export a parent or quantized checkpoint as GPTQ (v1/v2) or GGUF",
+                       formatter_class=DefaultsHelpFormatter)
     x.add_argument("src", help="matgptq parent/slice or quantized checkpoint directory")
     x.add_argument("--format", required=True, choices=["gptq_v1", "gptq_v2", "gguf"], help="target format")
     x.add_argument("--bits", type=int, help="slice width to export (default: the stored width)")
@@ -19,10 +21,13 @@ def add_export_parser(sub) -> None:
     x.add_argument("--float-type", choices=["f32", "f16"], default="f32", help="gguf: type of unquantized tensors")
     x.add_argument("--embed-type", choices=list(EMBED_TYPES), default="auto",
                    help="gguf: token embedding / output type (llama-quantize's --token-embedding-type); auto "
-                        "(default) = llama.cpp's presets: Q6_K, or Q8_0 when a row is not a multiple of 256; f32 "
+                        "= llama.cpp's presets: Q6_K, or Q8_0 when a row is not a multiple of 256; f32 "
                         "keeps them exact; the block types re-quantize them as llama-quantize does")  # fmt: skip
     x.add_argument("--out", required=True, help="output directory (GPTQ) or .gguf file")
     x.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    x.add_argument("--verbose", action="store_true",
+                   help="gguf: also print every tensor's type, method, exactness and max |Δw| (one row per tensor; by "
+                        "default only their summary)")  # fmt: skip
 
 
 def cmd_export(a: argparse.Namespace) -> None:

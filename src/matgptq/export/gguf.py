@@ -4,8 +4,8 @@ The parts: gguf_arch.py names and orders the tensors (Llama, Mistral, Qwen2, Qwe
 encodes each one (which block type keeps a layer's codes), gguf_metadata.py describes the model, gguf_vocab.py its
 tokenizer; this module writes the file.
 
-Metadata follows convert_hf_to_gguf.py (formats.md §5.3), Llama's Q/K rows get its RoPE permutation (§5.4, applied to
-whole encoded rows, which commutes with the row-wise blocks), norms are F32, embeddings/lm_head `embed_type`
+Metadata follows convert_hf_to_gguf.py (docs/formats.md §3.1), Llama's Q/K rows get its RoPE permutation (§3.3,
+applied to whole encoded rows, which commutes with the row-wise blocks), norms are F32, embeddings/lm_head `embed_type`
 (default `float_type` = F32). The file is written atomically and every tensor is read back through gguf-py's
 dequantizer to measure max |Δw| against matgptq's dequantized weight for the report.
 """
@@ -101,6 +101,15 @@ class GGUFExport:
         rows = [[t.name, t.ggml_type, t.bits, t.method, "yes" if t.exact else "no", t.max_abs_err, t.note]
                 for t in self.tensors]  # fmt: skip
         return format_table(["tensor", "type", "bits", "method", "exact", "max |Δw|", "note"], rows)
+
+    def summary(self) -> str:
+        """The table in a few lines: tensors per type, how many are exact, the largest |Δw| and where."""
+        types = ", ".join(f"{n} {t}" for t, n in sorted(self.types().items(), key=lambda kv: (-kv[1], kv[0])))
+        exact = sum(t.exact for t in self.tensors)
+        worst = max(self.tensors, key=lambda t: t.max_abs_err, default=None)
+        where = f" ({worst.name}, {worst.ggml_type})" if worst is not None and worst.max_abs_err > 0 else ""
+        return (f"{len(self.tensors)} tensors: {types}\n"
+                f"{exact}/{len(self.tensors)} tensors bit-exact, max |Δw| {self.max_abs_err:.3g}{where}")  # fmt: skip
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -261,19 +270,19 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
 
 
 def export_gguf_cli(args) -> None:
-    """`matgptq export SRC --format gguf ...`: export and print the per-tensor report."""
+    """`matgptq export SRC --format gguf ...`: export and print the report's summary (with --verbose, every tensor)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GGUFExportWarning)  # the report lists them
         rep = export_gguf(args.src, args.out, bits=args.bits, bits_config=args.bits_config, qtype=args.type,
                           overwrite=args.overwrite, float_type=getattr(args, "float_type", None) or "f32",
                           embed_type=getattr(args, "embed_type", None) or "auto")  # fmt: skip
-    print(rep.table())
+    if getattr(args, "verbose", False):
+        print(rep.table())
     for w in rep.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    exact = sum(t.exact for t in rep.tensors)
+    print(rep.summary())
     print(f"wrote {rep.path} ({rep.size_bytes / 2**20:.2f} MiB, {rep.bits_per_weight:.2f} bits per weight, mostly "
-          f"{rep.file_type.upper()}, types {rep.types()}): {exact}/{len(rep.tensors)} tensors bit-exact, max |Δw| "
-          f"{rep.max_abs_err:.3g}")  # fmt: skip
+          f"{rep.file_type.upper()})")  # fmt: skip
 
 
 # --- reading back (independent check through gguf-py) ---------------------------------------------------------------

@@ -38,10 +38,11 @@ def tokenize(tokenizer, texts: str | list[str]) -> torch.Tensor:
 
 def calibration_windows(tokens: torch.Tensor, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
     """`nsamples` windows of `seqlen` tokens starting at uniformly random offsets (torch generator seeded with `seed`)."""
-    if tokens.numel() < seqlen:
+    if tokens.numel() < nsamples * seqlen:
         raise UserError(
-            f"the calibration text has {tokens.numel()} tokens, fewer than one window of --seqlen {seqlen}; "
-            "give more text or a smaller --seqlen"
+            f"the calibration text has {tokens.numel():,} tokens, fewer than the {nsamples * seqlen:,} that --nsamples "
+            f"{nsamples} × --seqlen {seqlen} ask for; give more text (or a wider --calib-range) or lower "
+            "--nsamples/--seqlen"
         )
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, tokens.numel() - seqlen + 1, (nsamples,), generator=gen)

@@ -1,4 +1,4 @@
-"""Resumable quantization (issue #13 item 3): after every block, what the run needs to go on from the next one.
+"""Resumable quantization: after every block, what the run needs to go on from the next one.
 
 A run writing OUT keeps its progress in the sibling directory `.OUT.resume/` (OUT itself appears only when the
 whole checkpoint is written, fsutil.atomic_output):
@@ -50,12 +50,17 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+def resume_dir(out: str | Path) -> Path:
+    """Where a run writing `out` keeps its progress: the sibling `.OUT.resume/`."""
+    out = Path(out)
+    return out.parent / f".{out.name}.resume"
+
+
 class BlockState:
     """The resume directory of one output; `load` what a killed run left, `save` after each block, `finish`."""
 
     def __init__(self, out: str | Path, settings: dict, resume: bool) -> None:
-        out = Path(out)
-        self.dir = out.parent / f".{out.name}.resume"
+        self.dir = resume_dir(out)
         self.settings = json.loads(json.dumps(settings, default=str))
         self.fix = f"run with --resume to continue it, or delete {self.dir} to start afresh"
         if self.dir.exists() and not resume:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..argtypes import add_device_option, fraction_range, ints
+from ..argtypes import DefaultsHelpFormatter, add_device_option, fraction_range, ints
 from ..evaluation import format_table
 from .budget import BudgetKind
 from .evopress import EvoConfig, format_stages, parse_stages
@@ -15,11 +15,12 @@ from .spread import is_writer
 
 
 def add_search_parser(sub) -> None:
-    s = sub.add_parser("search", help="best per-layer widths of a parent under bit budgets (knapsack start + EvoPress)")
+    s = sub.add_parser("search", help="best per-layer widths of a parent under bit budgets (knapsack start + EvoPress)",
+                       formatter_class=DefaultsHelpFormatter)
     s.add_argument("parent", help="matgptq parent checkpoint (from quantize --method matgptq)")
     s.add_argument("--budget", required=True, help="average bits per quantized weight, one or several: 3.0,2.5")
     s.add_argument("--calib", required=True, help="calibration text file (UTF-8) the fitness KL is measured on")
-    s.add_argument("--calib-range", type=fraction_range, default=(0.0, 1.0), help="character range START:END of --calib")
+    s.add_argument("--calib-range", type=fraction_range, default="0:1", help="character range START:END of --calib")
     s.add_argument("--out", required=True, help="folder for mix-<budget>.json (and the resumable search states)")
     s.add_argument("--levels", type=ints, help="widths a layer may take (default: every width 2..c of the parent)")
     s.add_argument("--budget-kind", choices=["code", "storage", "gguf"], default="code",
@@ -44,13 +45,13 @@ def add_search_parser(sub) -> None:
     s.add_argument("--sensitivity-tokens", type=int, default=req.sensitivity_tokens,
                    help="scored tokens per sensitivity measurement (default %(default)s)")
     s.add_argument("--score-dtype", choices=[k.value for k in type(req.score_dtype)], default=req.score_dtype.value,
-                   help="precision of the candidates' forward passes: bfloat16 makes a generation 1.3-1.5x faster "
+                   help="precision of the candidates' forward passes: bfloat16 makes a generation faster "
                         "where the hardware has it (AVX512-BF16/AMX CPUs, GPUs) and ranks candidates as float32 does "
                         "up to noise far below the window sampling's; auto = bfloat16 there, float32 elsewhere; the "
                         "reported KLs are float32 (default %(default)s)")  # fmt: skip
     s.add_argument("--kl-to", help="unquantized reference model (default: the parent's recorded source model)")
     s.add_argument("--text", help="held-out text: also report perplexity and KL of the DP and searched mixes")
-    s.add_argument("--text-range", type=fraction_range, default=(0.0, 1.0), help="character range START:END of --text")
+    s.add_argument("--text-range", type=fraction_range, default="0:1", help="character range START:END of --text")
     s.add_argument("--max-tokens", type=int, help="use only the first N tokens of --text")
     s.add_argument("--resume", action="store_true", help="continue the searches whose states are in --out")
     s.add_argument("--overwrite", action="store_true", help="replace existing mix files")

@@ -36,7 +36,7 @@ from ..models import eval_windows, file_sha256, load_tokenizer, read_text, requi
 from ..quantization.distributed import init_from_env
 from ..runtime import load
 from .budget import BudgetKind, CostModel, parse_budget
-from .evopress import EvoConfig, evolve
+from .evopress import EvoConfig, evolve, format_stages
 from .fitness import Fitness, Mix
 from .sensitivity import Sensitivity, knapsack_mix, measure
 from .spread import is_writer, score_all
@@ -72,7 +72,7 @@ class SearchRequest:
     seqlen: int = 256
     sensitivity_tokens: int = 2048
     # the pool the stages draw their windows from; a pool no larger than the last stage lets every generation score
-    # the same tokens, and the search then fits them (stories260K, 3.0 bits: held-out ppl 8.78 with a 4k pool)
+    # the same tokens, and the search then fits them (its held-out scores get worse)
     calib_tokens: int = 16384
     sensitivity: Sensitivity = Sensitivity.PROBE
     reference: Path | None = None  # default: the parent's recorded source model
@@ -119,13 +119,25 @@ def _reference(ckpt, requested: Path | None) -> Path:
     return Path(ref)
 
 
-def _windows(tokens: torch.Tensor, seqlen: int, needed_tokens: int, what: str) -> torch.Tensor:
+def _windows(tokens: torch.Tensor, seqlen: int, needed_tokens: int, what: str, by: str) -> torch.Tensor:
     needed = math.ceil(needed_tokens / (seqlen - 1))
-    have = tokens.numel() // seqlen
-    if have < needed:
-        raise UserError(f"{what} gives {have} windows of {seqlen} tokens, the search needs {needed} "
-                        f"({needed_tokens} scored tokens); give more text, a wider range or smaller --stages")  # fmt: skip
+    if tokens.numel() < needed * seqlen:
+        raise UserError(f"{what} has {tokens.numel():,} tokens, fewer than the {needed * seqlen:,} the search needs "
+                        f"for {by} ({needed} windows of --seqlen {seqlen}, {seqlen - 1} scored tokens each); give more "
+                        f"text (or a wider --calib-range) or lower {by.split(' ')[0]}")  # fmt: skip
     return tokens[: needed * seqlen].view(needed, seqlen)
+
+
+def _calib_pool(req: SearchRequest, tokenizer) -> torch.Tensor:
+    """The windows every scoring draws from: enough for --calib-tokens, --sensitivity-tokens and the last stage."""
+    tokens = tokenize(tokenizer, read_text(req.calib, req.calib_range))
+    # the option that asks for the most tokens (a tie names --calib-tokens, the pool's own option)
+    needed, by = max((req.calib_tokens, f"--calib-tokens {req.calib_tokens}"),
+                     (req.sensitivity_tokens, f"--sensitivity-tokens {req.sensitivity_tokens}"),
+                     (req.evo.stages[-1].tokens, f"--stages {format_stages(req.evo.stages)}"),
+                     key=lambda option: option[0])  # fmt: skip
+    a, b = req.calib_range
+    return _windows(tokens, req.seqlen, needed, f"the calibration text ({req.calib}, --calib-range {a:g}:{b:g})", by)
 
 
 def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows: torch.Tensor,
@@ -164,9 +176,7 @@ def run_search(req: SearchRequest) -> list[dict]:
         if not req.resume:
             check_output(mix_path(req.out, label), req.overwrite)
     tokenizer = load_tokenizer(req.parent)
-    calib_tokens = tokenize(tokenizer, read_text(req.calib, req.calib_range))
-    needed = max(req.evo.stages[-1].tokens, req.sensitivity_tokens, req.calib_tokens)
-    calib = _windows(calib_tokens, req.seqlen, needed, f"--calib {req.calib} in range {req.calib_range}")
+    calib = _calib_pool(req, tokenizer)
     text = None
     if req.text is not None:
         text = eval_windows(tokenize(tokenizer, read_text(req.text, req.text_range)), req.seqlen, req.text_tokens)
@@ -216,9 +226,9 @@ def _report(req, label, cost_model, fitness, dp_mix: Mix, state, start_kind: str
             text_teacher) -> tuple[dict, Mix]:  # fmt: skip
     """Score the knapsack mix, the search's start and its evolved parent on the whole calibration pool, and choose
     the lowest as the budget's output. The stages score each generation on a few thousand fresh tokens; at budgets
-    where candidates differ by less than that sample's noise, 25 generations can drift to a mix that is worse on
-    the whole pool than where they began (SmolLM2, Q4_K_M's budget: knapsack 0.02126, evolved 0.02140). The choice
-    is made on calibration tokens only; the held-out `--text` scores are reported for each candidate."""
+    where candidates differ by less than that sample's noise, the generations can drift to a mix that is worse on
+    the whole pool than where they began. The choice is made on calibration tokens only; the held-out `--text`
+    scores are reported for each candidate."""
     candidates = {"search": state.parent, "knapsack": dp_mix, start_kind: state.start}  # ties go to the first
     unique = list(dict.fromkeys(candidates.values()))
     with fitness.exact():
