@@ -1,4 +1,4 @@
-"""Benchmark (not a test): `matgptq eval --kl-to` before and after the streamed teacher (issue #17), one run.
+"""Benchmark (not a test): `matgptq eval --kl-to` before and after the streamed teacher, one run.
 
 Runs the same command with the code of a baseline revision (default: the commit before "Stream perplexity and KL",
 which held the reference's log-probabilities for every token in memory) and with this checkout, once for one width
@@ -10,7 +10,9 @@ all-at-once one to float32 rounding of the summation, ~1e-6 relative).
     python scripts/bench_eval.py CHECKPOINT --kl-to MODEL_DIR --text FILE [--text-range 0:0.5] [--seqlen 512]
         [--max-tokens 40000] [--widths 4 --widths 3,4,6,8] [--baseline REV] [--threads 2] [--json FILE]
 
-CHECKPOINT must be a parent (or any checkpoint `--bits` can slice) for the several-widths run.
+CHECKPOINT must be a parent (or any checkpoint `--bits` can slice) for the several-widths run. With --json FILE the
+measurements go to FILE and the page rendered from them alone beside it (FILE with .md; the recorded run is
+docs/results/bench_eval.{json,md}, re-rendered by `python scripts/render_docs.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _docs import header, load_json, write_page
 from bench_pipeline import run_measured
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,20 +57,37 @@ def main() -> None:
             results = [measure(*run, a, Path(tmp) / f"run{i}.json") for i, run in enumerate(runs)]
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_tree)], check=False)
-    print(f"{a.checkpoint} vs {a.kl_to}: {a.max_tokens} tokens of {a.text} [{a.text_range}], seqlen {a.seqlen}, "
-          f"batch {a.batch_size}, {a.threads} threads, load average {os.getloadavg()[0]:.2f}\n")  # fmt: skip
-    print("| code | --bits | wall s | CPU s | peak RSS GB | per width: ppl / KL |\n|---|---|---|---|---|---|")
+    data = {"args": vars(a), "load_average": os.getloadavg()[0], "results": results}
+    print(tables(data))
+    if a.json:
+        Path(a.json).write_text(json.dumps(data, indent=2))
+        write_page(Path(a.json).with_suffix(".md"), page(load_json(Path(a.json))))
+
+
+def page(data: dict) -> str:
+    """docs/results/bench_eval.md from its JSON."""
+    return "\n".join([header("bench_eval.py", "bench_eval.json"),
+                      "# `matgptq eval --kl-to`: the streamed teacher against the all-at-once baseline", "",
+                      tables(data)])  # fmt: skip
+
+
+def tables(data: dict) -> str:
+    """The run's settings, one row per (code, --bits) run, and the ratios now / baseline."""
+    a, results = data["args"], data["results"]
+    load = f", load average {data['load_average']:.2f}" if "load_average" in data else ""
+    lines = [f"{a['checkpoint']} vs {a['kl_to']}: {a['max_tokens']} tokens of {a['text']} [{a['text_range']}], "
+             f"seqlen {a['seqlen']}, batch {a['batch_size']}, {a['threads']} threads{load}", "",
+             "| code | --bits | wall s | CPU s | peak RSS GB | per width: ppl / KL |", "|---|---|---|---|---|---|"]  # fmt: skip
     for r in results:
         scores = "; ".join(f"{s['bits']}: {s['ppl']:.4f} / {s['kl']:.6f}" for s in r["scores"])
-        print(f"| {r['version']} | {r['widths']} | {r['wall']:.0f} | {r['cpu']:.0f} | {r['rss_gb']:.2f} | {scores} |")
-    print("\n| --bits | wall: now / baseline | CPU: now / baseline | peak RSS: now / baseline | max rel. KL difference |"
-          "\n|---|---|---|---|---|")  # fmt: skip
+        lines.append(f"| {r['version']} | {r['widths']} | {r['wall']:.0f} | {r['cpu']:.0f} | {r['rss_gb']:.2f} | {scores} |")
+    lines += ["", "| --bits | wall: now / baseline | CPU: now / baseline | peak RSS: now / baseline | max rel. KL "
+              "difference |", "|---|---|---|---|---|"]  # fmt: skip
     for old, new in zip(results[::2], results[1::2]):
         dkl = max(abs(n["kl"] - o["kl"]) / o["kl"] for o, n in zip(old["scores"], new["scores"]))
-        print(f"| {new['widths']} | {new['wall'] / old['wall']:.2f} | {new['cpu'] / old['cpu']:.2f} | "
-              f"{new['rss_gb'] / old['rss_gb']:.3f} | {dkl:.1e} |")  # fmt: skip
-    if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "results": results}, indent=2))
+        lines.append(f"| {new['widths']} | {new['wall'] / old['wall']:.2f} | {new['cpu'] / old['cpu']:.2f} | "
+                     f"{new['rss_gb'] / old['rss_gb']:.3f} | {dkl:.1e} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def measure(version: str, src: Path, widths: str, a: argparse.Namespace, out: Path) -> dict:

@@ -21,9 +21,11 @@ Tools (--tools, comma-separated):
 
 Needs the bench venv (`make bench-venv`: GPTQModel 7.6.0, llm-compressor 0.14.0.1, .ci/constraints-bench.txt).
 Timings on a shared machine vary; compare CPU time and read the load average printed in the header.
+With --json FILE the measurements go to FILE and the page rendered from them alone beside it (FILE with .md; the
+recorded run is docs/results/bench_pipeline.{json,md}, re-rendered by `python scripts/render_docs.py`).
 
     python scripts/bench_pipeline.py MODEL_DIR --calib FILE [--calib-range A:B] [--nsamples 64] [--seqlen 512]
-        [--tools matgptq,matgptq-bf16,gptqmodel,llmcompressor] [--threads 2] [--work DIR]
+        [--tools matgptq,matgptq-bf16,gptqmodel,llmcompressor] [--threads 2] [--work DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _docs import header, load_json, write_page
 
 TOOLS = ("matgptq", "matgptq-bf16", "matgptq-348", "matgptq-348-bf16", "gptqmodel", "llmcompressor")
 PEERS = ("gptqmodel", "llmcompressor")
@@ -158,7 +162,6 @@ def main() -> None:
 
     from safetensors.torch import save_file
 
-    from matgptq.evaluation.report import format_table
     from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
 
     tools = args.tools.split(",")
@@ -171,32 +174,55 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-pipeline-"))
     work.mkdir(parents=True, exist_ok=True)
     save_file({"ids": ids.contiguous()}, str(work / "ids.safetensors"))
+    load_start = os.getloadavg()[0]
     print(f"{args.model}: {args.nsamples} x {args.seqlen} tokens, GPTQ {args.bits}-bit g{args.group_size} sym, "
-          f"{args.threads} threads per tool, load average {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+          f"{args.threads} threads per tool, load average {load_start:.2f}", flush=True)  # fmt: skip
     results = []
     for tool in tools:
         results.append(run_child(args, tool, work / "ids.safetensors", work))
         r = results[-1]
         print(f"  {tool}: {'ok' if r['ok'] else 'FAILED (see ' + str(work / (tool + '.log')) + ')'} "
               f"wall {r['wall']:.0f} s, CPU {r['cpu']:.0f} s, peak RSS {r['rss_gb']:.2f} GB", flush=True)
+    data = {"args": vars(args), "load_average_start": load_start, "load_average": os.getloadavg(), "results": results}
+    print("\n" + tables(data))
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=2))
+        write_page(Path(args.json).with_suffix(".md"), page(load_json(Path(args.json))))
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def page(data: dict) -> str:
+    """docs/results/bench_pipeline.md from its JSON."""
+    a = data["args"]
+    load = [f"{data['load_average_start']:.2f} at the start"] if "load_average_start" in data else []
+    load += [f"{data['load_average'][0]:.2f} at the end"] if data.get("load_average") else []
+    return "\n".join([header("bench_pipeline.py", "bench_pipeline.json"),
+                      "# End-to-end quantization: matgptq against GPTQModel and llm-compressor", "",
+                      f"{a['model']}: {a['nsamples']} x {a['seqlen']} tokens (seed {a['seed']}, {a['calib']} "
+                      f"[{a['calib_range']}]), GPTQ {a['bits']}-bit g{a['group_size']} sym, {a['threads']} threads per "
+                      f"tool{', load average ' if load else ''}{' and '.join(load)}.", "", tables(data)])  # fmt: skip
+
+
+def tables(data: dict) -> str:
+    """One row per tool with the ratios to the peers, then matgptq's own breakdown."""
+    from matgptq.evaluation.report import format_table
+
+    results = data["results"]
     peers = [r for r in results if r["tool"] in PEERS and r["ok"]]
     best_cpu = min((r["cpu"] for r in peers), default=None)
     best_rss = min((r["rss_gb"] for r in peers), default=None)
     rows = [[r["tool"], f"{r['wall']:.0f}", f"{r['cpu']:.0f}", f"{r['rss_gb']:.2f}",
              f"{r['cpu'] / best_cpu:.2f}" if best_cpu else "-", f"{r['rss_gb'] / best_rss:.2f}" if best_rss else "-"]
             for r in results if r["ok"]]  # fmt: skip
-    print("\n" + format_table(["tool", "wall s", "CPU s", "peak RSS GB", "CPU / fastest peer", "RSS / lowest peer"],
-                              rows))  # fmt: skip
+    out = [format_table(["tool", "wall s", "CPU s", "peak RSS GB", "CPU / fastest peer", "RSS / lowest peer"], rows)]
+    out += [f"- {r['tool']}: FAILED" for r in results if not r["ok"]]
     parts = [r for r in results if r["tool"].startswith("matgptq") and r["ok"]]
     if parts:
         keys = list(parts[0]["breakdown"])
-        print("\n" + format_table(["seconds"] + [r["tool"] for r in parts],
-                                  [[k] + [_fmt(r["breakdown"][k]) for r in parts] for k in keys]))  # fmt: skip
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "load_average": os.getloadavg(), "results": results},
-                                              indent=2))  # fmt: skip
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
+        out += ["", format_table(["seconds"] + [r["tool"] for r in parts],
+                                 [[k] + [_fmt(r["breakdown"][k]) for r in parts] for k in keys])]  # fmt: skip
+    return "\n".join(out) + "\n"
 
 
 def _fmt(v) -> str:

@@ -1,13 +1,14 @@
-"""The report of scripts/gguf_vs_llamacpp_real.py: docs/gguf_vs_llamacpp_real.md and README's block, from its JSON."""
+"""The report of scripts/gguf_vs_llamacpp_real.py: docs/results/gguf_vs_llamacpp_real.md, rendered from its JSONs
+(docs/results/gguf_vs_llamacpp_real.json, seed 0, and gguf_vs_llamacpp_real.seedS.json, the other calibration seeds)."""
 
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
+from _docs import RESULTS, header, load_json, write_page
 from gguf_real_rows import DATASETS, GOAL, OURS, PRESETS, SEARCH_OF, label
 
-ROOT = Path(__file__).resolve().parents[1]
+STATE = RESULTS / "gguf_vs_llamacpp_real.json"  # seed 0; another seed S: gguf_vs_llamacpp_real.seedS.json
 
 
 def types_text(info: dict) -> str:
@@ -59,14 +60,28 @@ def seed_lines(runs: list[dict]) -> list[str]:
             "|---|---|---|---|---|---|", *rows]  # fmt: skip
 
 
-def render(state: dict, readme: bool, others: list[dict] = ()) -> None:
-    """`state`: seed 0's run; `others`: runs with other calibration seeds (their goal ratios are added)."""
+def publish(echo: bool = False) -> None:
+    """docs/results/gguf_vs_llamacpp_real.md from seed 0's JSON and every other seed's (nothing before seed 0's)."""
+    if not STATE.is_file():
+        return
+    seeds = {f.name: load_json(f) for f in sorted(STATE.parent.glob(f"{STATE.stem}.seed*.json"))}
+    text = page(load_json(STATE), seeds)
+    write_page(RESULTS / "gguf_vs_llamacpp_real.md", text)
+    if echo:
+        print(text)
+
+
+def page(state: dict, seeds: dict[str, dict]) -> str:
+    """The page from seed 0's run (`state`) and {gguf_vs_llamacpp_real.seedS.json: run} of the other calibration seeds
+    (their goal ratios are added)."""
+    others = list(seeds.values())
     files, scores, st = state["files"], state["scores"], state["settings"]
     head = (f"SmolLM2-135M-Instruct; KL(F32 ‖ file) and perplexity by `llama-perplexity -c 512` over "
             f"{st['wiki_chunks'] * 256} WikiText-2 positions ({st['wiki_chunks']} chunks) and {st['ts_chunks'] * 256} "
             f"TinyStories positions ({st['ts_chunks']} chunks); calibration (GPTQ and imatrix) {st['nsamples']} × "
             f"{st['seqlen']} tokens of WikiText-2's second half, seed {st['seed']}. BPW = tensor bytes · 8 / parameters.")  # fmt: skip
-    lines = [head, "", "| GGUF | tensor bytes | file bytes | BPW | wiki ppl | wiki KL | TinyStories ppl | TinyStories KL |",
+    lines = [header("gguf_real_report.py", "gguf_vs_llamacpp_real.json", "gguf_vs_llamacpp_real.seed*.json"), head, "",
+             "| GGUF | tensor bytes | file bytes | BPW | wiki ppl | wiki KL | TinyStories ppl | TinyStories KL |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     order = ["f32"] + [f"llama:{p}{s}" for p in PRESETS for s in ("", "+im")] + list(OURS)
     for n in order:
@@ -75,8 +90,8 @@ def render(state: dict, readme: bool, others: list[dict] = ()) -> None:
         sc = scores.get(n, {})
         lines.append(f"| {label(n)} | {files[n]['tensor_bytes']} | {files[n]['bytes']} | {files[n]['bpw']:.3f} | {fmt(sc.get('wiki'), 'ppl', 3)} | "
                      f"{fmt(sc.get('wiki'), 'kl', 4)} | {fmt(sc.get('ts'), 'ppl', 3)} | {fmt(sc.get('ts'), 'kl', 4)} |")  # fmt: skip
-    lines += ["", "Goal (issue 12): our KL ≤ 0.7 × the preset's best (without or with imatrix) at ≤ its tensor bytes. "
-              "Q4_K_S with token_embd Q5_1 is not one of the issue's presets: it is llama.cpp making the embedding "
+    lines += ["", "Goal: our KL ≤ 0.7 × the preset's best (without or with imatrix) at ≤ its tensor bytes. "
+              "Q4_K_S with token_embd Q5_1 is not one of the goal's presets: it is llama.cpp making the embedding "
               "reallocation of our Q5_1 rows itself, at ≤ Q3_K_M's bytes, the same rule applied to a fairer opponent.", "",
               "| preset | ours | tensor bytes ours / preset | KL ours ÷ preset, wiki | KL ours ÷ preset, TinyStories | goal 0.7× |",
               "|---|---|---|---|---|---|"]  # fmt: skip
@@ -114,12 +129,4 @@ def render(state: dict, readme: bool, others: list[dict] = ()) -> None:
     for n in order:
         if n in files and n != "f32":
             lines.append(f"- {label(n)}: {types_text(files[n])}")
-    text = "\n".join(lines)
-    (ROOT / "docs" / "gguf_vs_llamacpp_real.md").write_text(text + "\n")
-    if readme:
-        start, end = "<!-- gguf-vs-llamacpp-real:start -->", "<!-- gguf-vs-llamacpp-real:end -->"
-        body = (ROOT / "README.md").read_text()
-        if start in body and end in body:
-            body = body[: body.index(start)] + f"{start}\n{text}\n{end}" + body[body.index(end) + len(end) :]
-            (ROOT / "README.md").write_text(body)
-    print(text)
+    return "\n".join(lines) + "\n"

@@ -20,8 +20,9 @@ are used; the default symmetric grid 2·max|w|/15 clips the largest positive wei
 MSE; "q4grid-fpdown" additionally leaves down_proj unquantized (`--skip mlp.down_proj`): no GGUF block type holds
 172-column rows, so llama.cpp keeps down_proj's original weights at F16, and so do we then.
 
-Run with the interop venv (llama-cpp-python + matgptq):
-    python scripts/gguf_vs_llamacpp.py --out-json results/gguf_vs_llamacpp.json
+Writes docs/results/gguf_vs_llamacpp.json and, rendered from it alone, docs/results/gguf_vs_llamacpp.md
+(`python scripts/render_docs.py` re-renders it). Run with the interop venv (llama-cpp-python + matgptq):
+    python scripts/gguf_vs_llamacpp.py [--out-json docs/results/gguf_vs_llamacpp.json]
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _docs import RESULTS, header, load_json, write_page
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -149,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=SHARED / "models" / "stories260K")
     ap.add_argument("--text", type=Path, default=SHARED / "data" / "tinystories" / "tinystories_val_head.txt")
     ap.add_argument("--workdir", type=Path, help="keep checkpoints and GGUF files here (default: a temp dir)")
-    ap.add_argument("--out-json", type=Path, help="write all numbers as JSON here")
+    ap.add_argument("--out-json", type=Path, default=RESULTS / "gguf_vs_llamacpp.json",
+                    help="write all numbers as JSON here, and the page rendered from it beside it (.md)")
+    ap.add_argument("--render-only", action="store_true", help="only re-render the page from --out-json")
     ap.add_argument("--group-size", type=int, default=32)
     ap.add_argument("--matgptq-bits", default="3,4,8", help="MatGPTQ target set R (master = max)")
     ap.add_argument("--variants", default="default,q4grid,q4grid-fpdown",
@@ -162,10 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="llama.cpp threads (fewer than idle cores: its threads spin and crawl when oversubscribed)")
     ap.add_argument("--reuse", action="store_true", help="reuse checkpoints already in --workdir (same settings!)")
     a = ap.parse_args(argv)
+    if a.render_only:
+        return publish(a.out_json)
 
     import matgptq
     from matgptq.evaluation.perplexity import Teacher
-    from matgptq.evaluation.report import format_table
     from matgptq.export.gguf import export_gguf
     from matgptq.models.hf import load_fp_model, load_tokenizer
     from matgptq.models.text import eval_windows, read_text, tokenize
@@ -253,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ppl_hf_fp = perplexity(fp, windows)
     del fp
-    rows, results = [], {}
+    results = {}
     for label, info in files.items():
         t0 = time.time()
         if label.startswith("F32"):
@@ -272,30 +277,60 @@ def main(argv: list[str] | None = None) -> int:
                           **{k: info[k] for k in ("exact_layers", "max_dw_exact_layers") if k in info}}  # fmt: skip
         log(f"{label}: ppl {ppl:.4f} KL {kl:.5f} ({time.time() - t0:.1f}s)")
     base_kl = results["llama.cpp Q4_0"]["kl_llamacpp"]
-    for label, r in results.items():
+    for r in results.values():
         r["kl_vs_llamacpp_q4_0"] = r["kl_llamacpp"] / base_kl if base_kl else None
-        rows.append([label, r["size_bytes"], r["types_summary"], r.get("exact_layers"), r["ppl_llamacpp"],
-                     r["kl_llamacpp"], r["kl_vs_llamacpp_q4_0"], r["ppl_hf"], r["kl_hf"]])  # fmt: skip
+    data = {
+        "protocol": {"model": str(a.model), "text": str(a.text), "calibration": "128x256 from last 40%, seed 0",
+                     "evaluation": f"first 60%, first {a.max_tokens} tokens, {windows.shape[0]}x{a.seqlen}",
+                     "group_size": a.group_size, "matgptq_bits": a.matgptq_bits, "nsamples": a.nsamples,
+                     "variants": a.variants},
+        "ppl_f32_llamacpp": ppl_f32, "ppl_fp32_hf": ppl_hf_fp, "token_embd_q8_0_identical": same_embd,
+        "results": results, "seconds": time.time() - t_start,
+    }  # fmt: skip
+    a.out_json.parent.mkdir(parents=True, exist_ok=True)
+    a.out_json.write_text(json.dumps(data, indent=2, default=str))
+    return publish(a.out_json)
+
+
+def publish(out_json: Path) -> int:
+    """The page of `out_json` beside it (.md)."""
+    text = page(load_json(out_json))
+    write_page(out_json.with_suffix(".md"), text)
+    print(text)
+    return 0
+
+
+def page(data: dict) -> str:
+    """docs/results/gguf_vs_llamacpp.md from its JSON: every file's size, types and scores, and the goal ratios."""
+    from matgptq.evaluation.report import format_table
+
+    results, proto = data["results"], data["protocol"]
+    rows = [[label, r["size_bytes"], r["types_summary"], r.get("exact_layers"), r["ppl_llamacpp"], r["kl_llamacpp"],
+             r["kl_vs_llamacpp_q4_0"], r["ppl_hf"], r["kl_hf"]] for label, r in results.items()]  # fmt: skip
     table = format_table(["GGUF", "bytes", "tensor types (excl. norms)", "bit-exact layers", "ppl (llama.cpp)",
                           "KL (llama.cpp)", "KL / llama.cpp Q4_0", "ppl (HF fp32)", "KL (HF fp32)"], rows)  # fmt: skip
-    print(table)
-    print(f"\nKL(F32 GGUF ‖ file) and perplexity from llama.cpp logits on {windows.shape[0]}×{a.seqlen} tokens; "
-          f"HF columns: matgptq.load of the same checkpoint, KL to the HF fp32 model (ppl {ppl_hf_fp:.4f}). "
-          f"token_embd Q8_0 bytes identical to llama.cpp's: {same_embd}.")  # fmt: skip
-    goal = {k: v["kl_vs_llamacpp_q4_0"] for k, v in results.items() if k in exports}
-    print("goal KL ≤ 0.7 × llama.cpp Q4_0: " + ", ".join(f"{k}: {v:.3f} {'✓' if v <= 0.7 else '✗'}"
-                                                          for k, v in goal.items()))  # fmt: skip
-    if a.out_json:
-        a.out_json.parent.mkdir(parents=True, exist_ok=True)
-        a.out_json.write_text(json.dumps({
-            "protocol": {"model": str(a.model), "text": str(a.text), "calibration": "128x256 from last 40%, seed 0",
-                         "evaluation": f"first 60%, first {a.max_tokens} tokens, {windows.shape[0]}x{a.seqlen}",
-                         "group_size": a.group_size, "matgptq_bits": a.matgptq_bits, "nsamples": a.nsamples,
-                         "variants": a.variants},
-            "ppl_f32_llamacpp": ppl_f32, "ppl_fp32_hf": ppl_hf_fp, "token_embd_q8_0_identical": same_embd,
-            "results": results, "table": table, "seconds": time.time() - t_start,
-        }, indent=2, default=str))  # fmt: skip
-    return 0
+    windows = proto["evaluation"].rsplit(", ", 1)[-1].replace("x", "×")  # "156x256": windows x tokens
+    ours = {k: v["kl_vs_llamacpp_q4_0"] for k, v in results.items() if not k.startswith(("F32", "llama.cpp"))}
+    return "\n".join([
+        header("gguf_vs_llamacpp.py", "gguf_vs_llamacpp.json"),
+        "# GGUF Q4_0 exports of stories260K vs llama.cpp's own quantizer",
+        "",
+        f"{Path(proto['model']).name}, group size {proto['group_size']}, MatGPTQ R = {{{proto['matgptq_bits']}}}; "
+        f"calibration {proto['calibration']} of {Path(proto['text']).name}; evaluation {proto['evaluation']} tokens. "
+        "Every file is run by llama.cpp (llama-cpp-python); the HF columns are matgptq.load of the same checkpoint "
+        "(transformers, fp32) as a cross-check.",
+        "",
+        table,
+        "",
+        f"KL(F32 GGUF ‖ file) and perplexity from llama.cpp logits on {windows} tokens; HF columns: matgptq.load of "
+        f"the same checkpoint, KL to the HF fp32 model (ppl {data['ppl_fp32_hf']:.4f}). token_embd Q8_0 bytes "
+        f"identical to llama.cpp's: {data['token_embd_q8_0_identical']}.",
+        "",
+        "Goal: KL ≤ 0.7 × llama.cpp Q4_0's (KL ours ÷ llama.cpp Q4_0's):",
+        "",
+        *[f"- {k}: {v:.3f} {'✓' if v <= 0.7 else '✗'}" for k, v in ours.items()],
+        "",
+    ])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Our GGUF exports of SmolLM2-135M-Instruct against llama.cpp's own quantizer (issue 12 item 5), all scored by
+"""Our GGUF exports of SmolLM2-135M-Instruct against llama.cpp's own quantizer, all scored by
 llama.cpp's own tools.
 
 Protocol
@@ -34,9 +34,9 @@ Protocol
   goal          our KL ≤ 0.7 × the preset's (the better of without/with imatrix), at ≤ its file size
 
 Needs `make llama-cpp-tools` (llama-quantize, llama-imatrix, llama-perplexity in .venv/llama.cpp-tools) and
-`make real-model`. Resumable: every finished step is kept in docs/gguf_vs_llamacpp_real.json (files and logits in
---work); re-running skips them, and a killed quantization continues from its last finished block (`--resume`).
-Writes docs/gguf_vs_llamacpp_real.md and README's `gguf-vs-llamacpp-real` block.
+`make real-model`. Resumable: every finished step is kept in docs/results/gguf_vs_llamacpp_real.json (files and logits
+in --work); re-running skips them, and a killed quantization continues from its last finished block (`--resume`).
+Writes docs/results/gguf_vs_llamacpp_real.md (gguf_real_report.py, from the JSONs alone: `python scripts/render_docs.py`).
 
     python scripts/gguf_vs_llamacpp_real.py [--threads 1] [--wiki-chunks 24] [--ts-chunks 16]
 """
@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 
 from gguf_real_files import file_info, search_budget
-from gguf_real_report import render
+from gguf_real_report import STATE, publish
 from gguf_real_rows import (CKPTS, DATASETS, EMBED_OF, GPTQ_FLAGS, HW, ISSUE_PRESETS, OURS, PRESETS,
                             QUANTIZE, RESOLVE, SEARCH_OF)  # fmt: skip
 
@@ -66,7 +66,6 @@ CONVERTER = VENV / "llama.cpp" / "convert_hf_to_gguf.py"
 DEFAULT_MODEL = Path.home() / ".cache" / "matgptq" / "SmolLM2-135M-Instruct"
 WIKI = SHARED / "data" / "wikitext-2-raw" / "wiki.test.joined.txt"
 TINYSTORIES = SHARED / "data" / "tinystories" / "tinystories_val_head.txt"
-STATE = ROOT / "docs" / "gguf_vs_llamacpp_real.json"  # seed 0; another seed S: gguf_vs_llamacpp_real.seedS.json
 
 
 def state_file(seed: int) -> Path:
@@ -180,10 +179,10 @@ def main() -> int:
     p.add_argument("--seqlen", type=int, default=512, help="tokens per calibration window")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the calibration draw (GPTQ and imatrix); a seed other than 0 keeps its files in "
-                        "WORK/seedS and its results in docs/gguf_vs_llamacpp_real.seedS.json, and the report adds "
+                        "WORK/seedS and its results in docs/results/gguf_vs_llamacpp_real.seedS.json, and the report adds "
                         "each seed's goal ratios (use --only to limit the rows)")  # fmt: skip
     p.add_argument("--only", default="", help="comma list of rows to compute (default all): f32, llama:PRESET[+im], gptq4…")
-    p.add_argument("--render-only", action="store_true", help="only re-render docs/ and README from the JSON")
+    p.add_argument("--render-only", action="store_true", help="only re-render the page from the JSONs")
     a = p.parse_args()
 
     path = state_file(a.seed)
@@ -191,19 +190,14 @@ def main() -> int:
     if state["settings"] != settings(a):
         sys.exit(f"gguf_vs_llamacpp_real: error: {path} holds a run with other settings; move it away or match them")
 
-    def report(readme: bool) -> None:  # seed 0's tables, and every seed's goal ratios beside them
-        base = state if a.seed == 0 else json.loads(STATE.read_text()) if STATE.is_file() else None
-        if base is not None:
-            render(base, readme, [json.loads(f.read_text()) for f in sorted(STATE.parent.glob(f"{STATE.stem}.seed*.json"))])
-
     def save() -> None:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(path)
-        report(readme=False)
+        publish()  # seed 0's tables, and every seed's goal ratios beside them
 
     if a.render_only:
-        report(readme=True)
+        publish(echo=True)
         return 0
     for tool in ("llama-quantize", "llama-imatrix", "llama-perplexity"):
         if not (TOOLS / tool).is_file():
@@ -320,7 +314,7 @@ def main() -> int:
             for ref in (f"llama:{preset}", f"llama:{preset}+im"):
                 if want(ref):
                     score_all(ref, files[ref])
-    report(readme=True)
+    publish(echo=True)
     return 0
 
 

@@ -13,21 +13,21 @@ Protocol:
   scoring     real_model_table.evaluate: WikiText-2 perplexity and KL to fp32 on the first 32 × 2048 tokens of the
               first half, ARC-Easy and PIQA (first 300 questions) through lm-eval, float32, one load per model
   rows        the searched mix and the knapsack (DP) mix per budget; the parent's uniform 2/3/4/6/8-bit slices; fp32
-              and per-width GPTQ 3/4/6/8 read from docs/real_model_table.json (`make real-model-table`: the same
+              and per-width GPTQ 3/4/6/8 read from docs/results/real_model_table.json (`make real-model-table`: the same
               calibration and the same scoring); at --random-budgets (3.0), random search given the search's number of
               fitness evaluations (search_results.random_search: random budget-filling mixes through the same stages)
   curve       the searched parent after every 5th generation re-scored on 16 fixed windows from the end of the
               calibration text, not among the search's (fitness vs evaluations; the search's own record is on fresh
               windows each generation)
 
-Runs: a parent's float rounding depends on the CPU (the same command gave a 3-bit slice of ppl 47.19 on an AMD EPYC
-and 47.36 on an Intel Xeon), so every number of a run comes from one parent on one machine, and a run that a session
-cannot finish is continued only where the parent re-quantizes to the same tensors. Each run keeps its state in
-docs/search_real_model/run-NAME.json: every measurement, each budget's mix (widths and summary, not the search
-history), the machine and the parent's tensor hash. A clean checkout re-quantizes the parent, checks the hash (another
-hash: a one-line error saying to start a new --run) and searches and scores only what is missing; work files live in
-runs/search-real-model/NAME (the search resumes there with --resume). docs/search_real_model.{md,png} and the README
-block show every run, each against its own parent's uniform slices.
+Runs: a parent's float rounding depends on the CPU (the same command gives another 3-bit slice, with another
+perplexity, on an AMD EPYC than on an Intel Xeon), so every number of a run comes from one parent on one machine, and a
+run that a session cannot finish is continued only where the parent re-quantizes to the same tensors. Each run keeps
+its state in docs/results/search_real_model/run-NAME.json: every measurement, each budget's mix (widths and summary,
+not the search history), the machine and the parent's tensor hash. A clean checkout re-quantizes the parent, checks
+the hash (another hash: a one-line error saying to start a new --run) and searches and scores only what is missing;
+work files live in runs/search-real-model/NAME (the search resumes there with --resume).
+docs/results/search_real_model.{md,png} show every run, each against its own parent's uniform slices.
 
     python scripts/search_real_model.py [MODEL_DIR] [--run NAME] [--budgets 2.5,3.0,3.5]
 """
@@ -44,7 +44,7 @@ from pathlib import Path
 
 from bench_pipeline import run_measured
 from real_model_table import DEFAULT_MODEL, SHARED, WIKI, evaluate, quantize
-from search_real_model_report import PARENTS, ROOT, RUNS, TABLE_JSON, render
+from search_real_model_report import PARENTS, ROOT, RUNS, TABLE_JSON, publish
 from search_results import random_search, search_fitness
 
 
@@ -87,10 +87,10 @@ def main() -> None:
                    help="the parent's target widths R: {3,4,8} as the Table-1 row, or {2,3,4,8}")
     p.add_argument("--random-budgets", default="3.0",
                    help="budgets that also get the random-search baseline (as many evaluations as the search made)")
-    p.add_argument("--run", default="2", help="the run to continue or start (docs/search_real_model/run-RUN.json)")
+    p.add_argument("--run", default="2", help="the run to continue or start (docs/results/search_real_model/run-RUN.json)")
     p.add_argument("--work", help="mix files and measurements (default: runs/search-real-model/RUN)")
-    p.add_argument("--render-only", action="store_true")
-    p.add_argument("--no-render", action="store_true", help="measure only; leave docs/ and README.md as they are")
+    p.add_argument("--render-only", action="store_true", help="only re-render the page and figure from the JSONs")
+    p.add_argument("--no-render", action="store_true", help="measure only; leave the page and figure as they are")
     a = p.parse_args()
     work = Path(a.work or ROOT / "runs" / "search-real-model" / a.run)
     work.mkdir(parents=True, exist_ok=True)
@@ -157,7 +157,7 @@ def main() -> None:
             collect()
         measure(a, work, parent, budgets, state, save)
     if not a.no_render:
-        render(__doc__)
+        publish()
 
 
 def measure(a, work: Path, parent: Path, budgets: list[str], state: dict, save) -> None:

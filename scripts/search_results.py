@@ -1,11 +1,13 @@
 """Mix'n'Match on stories260K: uniform slices vs the knapsack (DP) start vs the EvoPress-searched mix, per budget,
-over several calibration seeds. Writes docs/search.{md,json,png}.
+over several calibration seeds. Writes docs/results/search.{json,md,png} (page and figure rendered from the JSON
+alone: `python scripts/render_docs.py` re-renders them).
 
 Protocol (the reference protocol of ../shared/data/README.md): for each seed s, a MatGPTQ parent (c = 8,
 R = {2,3,4,6,8}, symmetric, per-channel) is calibrated on 128 × 256 tokens drawn with seed s from the last 40% of
 tinystories_val_head.txt; `matgptq search` (default settings, --seed s) searches 2.5, 3.0 and 3.5 code bits per weight
 on the first 16,384 tokens of that same 40%; everything is scored on the first 40,000 tokens of the first 60% (held
-out): perplexity and KL to the fp32 model. Per-width GPTQ-3 comes from docs/results.json (scripts/results.py, seed 0).
+out): perplexity and KL to the fp32 model. Per-width GPTQ 3/4/8 come from docs/results/stories260k_methods.json
+(scripts/results.py, seed 0).
 Also measures the fitness evaluations per second with and without the prefix cache (fitness.py).
 
     python scripts/search_results.py [--seeds 0,1] [--budgets 2.5,3.0,3.5]      # ~15 minutes on 2 cores
@@ -36,7 +38,7 @@ from matgptq.search.mutation import random_mix
 from matgptq.search.runner import ScoreDtype
 from matgptq.search.spread import score_all
 from matgptq.search.sensitivity import knapsack_mix, measure
-from real_model_table import readme_block
+from _docs import RESULTS, header, load_json, pyplot, save_figure, write_page
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -49,12 +51,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--budgets", default="2.25,2.5,2.75,3.0,3.25,3.5,4.0")
-    ap.add_argument("--out", default=str(ROOT / "docs"))
-    ap.add_argument("--from-json", action="store_true", help="re-render search.md/png from search.json")
+    ap.add_argument("--out", default=str(RESULTS), help="output directory for search.{json,md,png}")
+    ap.add_argument("--from-json", action="store_true", help="only re-render search.md/png from search.json")
     a = ap.parse_args()
     out = Path(a.out)
     if a.from_json:
-        render(json.loads((out / "search.json").read_text()), out)
+        publish(load_json(out / "search.json"), out)
         return
     torch.set_num_threads(1)
     seeds = [int(s) for s in a.seeds.split(",")]
@@ -99,12 +101,12 @@ def main() -> None:
             print(f"seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
             if speed is None:
                 speed = cache_speed(parent, tok, Path(tmp))
-    gptq = {r["bits"]: r for r in json.loads((ROOT / "docs" / "results.json").read_text())["rows"]
+    gptq = {r["bits"]: r for r in load_json(RESULTS / "stories260k_methods.json")["rows"]
             if r["method"] == "GPTQ" and r["options"] == "" and r["bits"] in (3, 4, 8)}  # fmt: skip
     data = {"rows": rows, "gptq": gptq, "cache_speed": speed, "seeds": seeds,
             "threads": torch.get_num_threads()}  # fmt: skip
     (out / "search.json").write_text(json.dumps(data, indent=1))
-    render(data, out)
+    publish(data, out)
 
 
 def search_fitness(parent: Path, model: Path, calib: Path, calib_range: tuple[float, float], tok) -> tuple[Fitness, CostModel]:
@@ -149,7 +151,7 @@ def cache_speed(parent: Path, tok, tmp: Path, generations: int = 4) -> dict:
 
 def random_search(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, evaluations: int,
                   config: EvoConfig, seed: int) -> tuple[int, ...]:  # fmt: skip
-    """The baseline issue #10 asks the search to beat at equal fitness evaluations: one generation of distinct random
+    """The baseline the search must beat at equal fitness evaluations: one generation of distinct random
     budget-filling mixes (mutation.random_mix: all layers at the lowest level, then random one-level raises while one
     fits) through the search's own multi-stage selection (config.stages, windows drawn as evolve draws them), so the
     random candidates are scored on the same token counts as EvoPress' children; `evaluations` scorings in all."""
@@ -179,7 +181,16 @@ def uniform_line(uniform: dict[int, float], bits: float) -> float:
     return uniform[lo] if lo == hi else uniform[lo] + (bits - lo) / (hi - lo) * (uniform[hi] - uniform[lo])
 
 
-def render(data: dict, out: Path) -> None:
+def publish(data: dict, out: Path) -> None:
+    """The page and the figure of `data` (the JSON) into `out`."""
+    text = page(data)
+    write_page(out / "search.md", text)
+    print(text)
+    plot_page(data, out / "search.png")
+
+
+def page(data: dict) -> str:
+    """docs/results/search.md from its JSON."""
     rows, seeds = data["rows"], data["seeds"]
     table = []
     for r in UNIFORM:
@@ -208,15 +219,15 @@ def render(data: dict, out: Path) -> None:
                          uniform_line(uni, mix["bits"]), yes(mix["ppl"] < uniform_line(uni, mix["bits"])),
                          yes(mix["ppl"] < dp["ppl"]), yes(mix["ppl"] < rnd["ppl"]) if rnd else "",
                          out_.get("chosen", ""), mix["evaluations"], mix["seconds"]])  # fmt: skip
-    md = ["# Mix'n'Match search on stories260K", "", "Generated by `python scripts/search_results.py`; mean ± sample "
+    md = [header("search_results.py", "search.json"), "# Mix'n'Match search on stories260K", "", "Mean ± sample "
           f"standard deviation over calibration seeds {seeds} (parent calibration and search seed). Held-out: first "
           "40,000 tokens of the first 60% of TinyStories; perplexity and KL to fp32 there; `calib KL` is the search's "
           "own fitness on its whole 16,384-token calibration pool, float32. `matgptq search` writes the lower-`calib KL` "
           "of the knapsack start and the EvoPress mix (`written`; which one per seed: `written` below).", ""]
-    block_at = len(md)  # the README block: from the first table to the random-search note
     md += [format_table(["model", "code bits", "storage bits", "ppl (held-out)", "KL (held-out)", "calib KL"], table), ""]
     for bits, g in sorted(data.get("gptq", {}).items(), key=lambda kv: int(kv[0])):
-        md += [f"Per-width GPTQ {bits}-bit (docs/results.json, seed 0): ppl {g['ppl']:.4f}, KL {g['kl']:.4f}.", ""]
+        md += [f"Per-width GPTQ {bits}-bit ([stories260k_methods.json](stories260k_methods.json), seed 0): ppl "
+               f"{g['ppl']:.4f}, KL {g['kl']:.4f}.", ""]  # fmt: skip
     md += ["Per seed: the searched mix against the straight line between its neighbouring uniform slices and against "
            "its knapsack start and random search (perplexity, held-out):", "",
            format_table(["budget", "seed", "code bits", "mix ppl", "DP ppl", "random ppl", "uniform line",
@@ -225,26 +236,18 @@ def render(data: dict, out: Path) -> None:
            "budget-filling mixes (all layers at 2 bits, then random one-level raises while one fits) put through the "
            "search's own stages (512:4, 2048:2, 4096:1 tokens: the candidates are scored on the token counts EvoPress' "
            "children get); its winner is scored like the others.", ""]  # fmt: skip
-    cache_at = len(md)
     sp = data.get("cache_speed")
     if sp:
         md += ["Prefix cache (fitness.py), default search at 3.0 bits, 4 generations, same evaluations either way:", "",
                format_table(["forward", "evaluations", "seconds", "evaluations / s"],
                             [[k, v["evaluations"], round(v["seconds"], 2), round(v["per_second"], 2)]
                              for k, v in sp.items()]), ""]  # fmt: skip
-    (out / "search.md").write_text("\n".join(md))
-    if out == ROOT / "docs":
-        readme_block("search", "\n".join(md[block_at:cache_at]).strip())
-    print("\n".join(md))
-    _plot(data, out)
+    return "\n".join(md)
 
 
-def _plot(data: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_page(data: dict, path: Path) -> None:
+    """docs/results/search.png from its JSON: perplexity and KL against code bits per seed, and each search's curve."""
+    plt = pyplot()
     rows = data["rows"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, key in zip(axes[:2], ("ppl", "kl")):
@@ -275,8 +278,7 @@ def _plot(data: dict, out: Path) -> None:
     ax.set_ylabel("winner's last-stage KL (calibration)")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "search.png", dpi=110)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

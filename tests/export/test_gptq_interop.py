@@ -2,7 +2,7 @@
 
 Run with the peers installed, e.g.  GPTQMODEL_CPU_WORKERS=2 python -m pytest -m interop tests/export/test_gptq_interop.py
 (a missing peer skips, or fails under MATGPTQ_REQUIRE_PEERS=1). Each check records its measured differences with
-`record_property`; scripts/gptq_compat_table.py turns the junit XML into docs/gptq-compat.md.
+`record_property`; scripts/gptq_compat_table.py turns the junit XML into docs/results/gptq_compat.md.
 
 What is asserted, and why it holds on every CPU (no observed tolerance anywhere):
   * weights: every quantized layer the peer dequantizes equals our weight cast to float16, bit for bit;
@@ -16,7 +16,7 @@ Why not compare with our own float16 model: nn.Linear computes x·Wᵀ while Tor
 TorchAtenLinear an int4 bfloat16 GEMM; those are different float16 summation orders, so they differ by a few float16
 ulps of the largest logit (measured 1.1e-3 relative on an AMD EPYC, 0 on an Intel Xeon, other values with
 ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1) — a number any fixed tolerance would have to be tuned to one machine for.
-Those differences are still recorded (Δ16, Δ32 in docs/gptq-compat.md) but not asserted.
+Those differences are still recorded (Δ16, Δ32 in docs/results/gptq_compat.md) but not asserted.
 For scale: one zero point off by one, in one group of one layer, moves the logits by ~3e-2 (test_zero_point_off_by_one
 _is_caught below keeps this negative control running), and any change at all fails torch.equal.
 
