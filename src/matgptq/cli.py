@@ -281,7 +281,9 @@ def _third_party_quiet() -> Iterator[None]:
     the user asked for warnings (-W, PYTHONWARNINGS), and PEER_LOGGERS log errors only; all as before afterwards."""
     loggers = [logging.getLogger(name) for name in PEER_LOGGERS]
     levels = [logger.level for logger in loggers]
+    format_warning = warnings.formatwarning
     with warnings.catch_warnings():
+        warnings.formatwarning = _one_line_warning
         if not sys.warnoptions:
             for category in (DeprecationWarning, FutureWarning, UserWarning):
                 warnings.filterwarnings("ignore", category=category, module=r"(?!matgptq(\.|$))")
@@ -290,8 +292,14 @@ def _third_party_quiet() -> Iterator[None]:
         try:
             yield
         finally:
+            warnings.formatwarning = format_warning
             for logger, level in zip(loggers, levels):
                 logger.setLevel(level)
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning as the command's own line (`matgptq: warning: ...`), not Python's file:line and source excerpt."""
+    return f"matgptq: warning: {message}\n"
 
 
 def _end_progress_bars() -> None:
