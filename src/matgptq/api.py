@@ -20,7 +20,7 @@ from .formats.staged import SHARD_BYTES, StagedCheckpoint
 from .fsutil import check_output
 from .models import (
     arch_spec, calibration_windows, file_sha256, get_blocks, load_fp_model, load_tokenizer, quantized_layer_names,
-    read_text, require_model_dir, tokenize,
+    read_text, require_model_dir, resolve_model, tokenize,
 )  # fmt: skip
 from .models.lazy import LazyModel
 from .quantization import CalibConfig, LayerReport, Method, QuantConfig, quantize_model
@@ -73,7 +73,8 @@ def quantize(
     dtype: str = "auto", resume: bool = False, device: str = "auto", stream: bool | None = None,
     shard_bytes: int = SHARD_BYTES, **options,
 ) -> tuple[Path, list[LayerReport]]:  # fmt: skip
-    """Quantize the HF model directory `model` and write a matgptq checkpoint to `out` (atomically).
+    """Quantize the HF model `model` (a local directory, or a Hugging Face id `org/name[@revision]` resolved through
+    the Hugging Face cache) and write a matgptq checkpoint to `out` (atomically).
 
     `bits`: the width (default 4), for MatGPTQ the target set. `bits_config` instead (GPTQ/RTN): each layer's own
     width, a {layer: bits} mix or its JSON file (formats/mix.py), e.g. a `matgptq search` result, so the mix found on
@@ -101,7 +102,8 @@ def quantize(
         nsamples=nsamples, seqlen=seqlen, seed=seed,
     )  # fmt: skip
     check_output(out, overwrite)
-    require_model_dir(model)
+    source = resolve_model(model)  # a directory, or a Hugging Face id through its cache (models/hub.py)
+    model = require_model_dir(source.path)
     tokenizer = load_tokenizer(model)
     if calib is None:
         if cfg.method is not Method.RTN:
@@ -143,7 +145,7 @@ def quantize(
             "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range),
                             "dtype": str(fp.dtype).removeprefix("torch."),
                             "sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None},
-            "source_model": str(Path(model).resolve()),
+            "source_model": source.spec,  # `org/name@commit` for a Hugging Face id, else the absolute path
             "model_type": fp.config.model_type,
             "versions": {"matgptq": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
                          "python": platform.python_version(),

@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("quantize", help="quantize a HF model directory (GPTQ, RTN or a MatGPTQ parent)",
                        formatter_class=DefaultsHelpFormatter)
-    q.add_argument("model", help="local Hugging Face model directory (config.json + safetensors)")
+    q.add_argument("model", help="Hugging Face model: a local directory (config.json + safetensors) or an id "
+                                  "org/name[@revision], fetched into the Hugging Face cache (HF_HUB_OFFLINE honoured)")
     q.add_argument("--out", required=True, help="output checkpoint directory (written atomically)")
     q.add_argument("--method", choices=["gptq", "rtn", "matgptq"], default="gptq", help="quantization method")
     q.add_argument("--bits", type=ints, help="width (2-8, default 4); for matgptq the target set R, e.g. 3,4,8")
@@ -95,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", formatter_class=DefaultsHelpFormatter,
                        help="perplexity (and KL) and/or zero-shot accuracy of a model, checkpoint or parent widths")
-    e.add_argument("model", help="unquantized model dir, matgptq checkpoint/parent, or GPTQ checkpoint")
+    e.add_argument("model", help="unquantized model, matgptq checkpoint/parent, or GPTQ checkpoint: a directory or a "
+                                  "Hugging Face id org/name[@revision]")
     e.add_argument("--text", help="evaluation text file (UTF-8) for perplexity; --text and/or --tasks is required")
     e.add_argument("--text-range", type=fraction_range, default="0:1", help="character range START:END of --text")
     e.add_argument("--seqlen", type=int, default=256, help="tokens per non-overlapping window")
@@ -106,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "../shared/data/zero-shot relative to the current directory)")
     e.add_argument("--limit", type=int, help="score only the first N questions of each task")
     e.add_argument("--bits", help="widths to evaluate from a parent (e.g. 3,4,6,8) or a mix JSON file")
-    e.add_argument("--kl-to", help="unquantized reference model directory: also report KL(reference || model)")
+    e.add_argument("--kl-to", help="unquantized reference model (directory or Hugging Face id): also report "
+                                        "KL(reference || model)")
     e.add_argument("--batch-size", type=int, default=None,
                    help="windows per forward pass (default: 2048 tokens' worth, i.e. 2048 // --seqlen, at least 1)")
     e.add_argument("--task-batch-size", type=int, default=16, help="lm-eval requests per forward pass (--tasks)")
@@ -159,7 +162,7 @@ def cmd_eval(a: argparse.Namespace) -> None:
     from .evaluation import format_table
     from .evaluation.perplexity import Teacher, score
     from .evaluation.tasks import require_lm_eval, resolve_tasks, score_tasks, with_average, wrap_model
-    from .models import eval_windows, load_tokenizer, read_text, tokenize
+    from .models import eval_windows, load_tokenizer, read_text, resolve_model, tokenize
     from .runtime import load, set_bits
 
     if not a.text and not a.tasks:
@@ -173,7 +176,8 @@ def cmd_eval(a: argparse.Namespace) -> None:
     specs = resolve_tasks(a.tasks, a.tasks_dir) if a.tasks else []  # every file checked before any model is loaded
     if specs:
         require_lm_eval()
-    tokenizer = load_tokenizer(a.model)
+    source = resolve_model(a.model)  # a directory, or a Hugging Face id through its cache
+    tokenizer = load_tokenizer(source.path)
     windows = eval_windows(tokenize(tokenizer, read_text(a.text, a.text_range)), a.seqlen, a.max_tokens) if a.text else None
     batch = a.batch_size or max(1, EVAL_TOKENS_PER_PASS // a.seqlen)
     reference = load(a.kl_to, packed=False).to(device) if a.kl_to else None
@@ -183,7 +187,7 @@ def cmd_eval(a: argparse.Namespace) -> None:
     if a.bits:  # "3,4,6,8" → several uniform widths; anything else is a mix JSON file
         widths = a.bits.split(",")
         bits_list = [int(b) for b in widths] if all(b.strip().isdigit() for b in widths) else [a.bits]
-    model = load(a.model, bits=bits_list[0], packed=False).to(device)
+    model = load(source.path, bits=bits_list[0], packed=False).to(device)
     lm = wrap_model(model, tokenizer, a.task_batch_size) if specs else None
     results, task_results = [], []
     for bits in bits_list:

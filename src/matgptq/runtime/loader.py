@@ -19,7 +19,9 @@ from ..errors import UserError
 from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_checkpoint
 from ..formats.mix import read_mix
 from ..untrusted import read_json
-from ..models import LOAD_ERRORS, arch_spec, load_fp_model, require_model_dir, set_weight_matrix, weight_matrix
+from ..models import (
+    LOAD_ERRORS, arch_spec, load_fp_model, require_model_dir, resolve_model, set_weight_matrix, weight_matrix,
+)  # fmt: skip
 from .packed import PackedLinear
 
 BitsSpec = int | dict[str, int] | str | Path | None
@@ -148,7 +150,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint | None:
 
 
 def load(path: str | Path, bits: BitsSpec = None, dtype: torch.dtype | None = None, packed: bool | None = None):
-    """A transformers causal LM (eval mode) from a matgptq parent/slice, a GPTQ checkpoint or an unquantized model.
+    """A transformers causal LM (eval mode) from a matgptq parent/slice, a GPTQ checkpoint or an unquantized model:
+    a local directory or a Hugging Face id `org/name[@revision]` (models/hub.py).
 
     `bits`: for a parent, one width for all layers (any 2..c), a {layer: bits} mapping, or a JSON file of one.
     `packed`: quantized layers keep their r-bit codes packed (runtime/packed.py: ≤ 8 bits per weight instead of a
@@ -156,8 +159,9 @@ def load(path: str | Path, bits: BitsSpec = None, dtype: torch.dtype | None = No
     from the parent held in memory. None (default): packed where that wins (`packed_wins`: bfloat16 without CUDA),
     dense float weights otherwise; True/False force it.
     """
-    if not Path(path).exists():
-        raise UserError(f"{path} does not exist; give a model or checkpoint directory")
+    path = resolve_model(path).path  # a Hugging Face id (org/name[@revision]) is resolved through its cache
+    if not path.exists():
+        raise UserError(f"{path} does not exist; give a model or checkpoint directory, or a Hugging Face id org/name")
     ckpt = open_checkpoint(path)
     if ckpt is None:
         if bits is not None or packed:

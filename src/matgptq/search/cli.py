@@ -49,7 +49,8 @@ def add_search_parser(sub) -> None:
                         "where the hardware has it (AVX512-BF16/AMX CPUs, GPUs) and ranks candidates as float32 does "
                         "up to noise far below the window sampling's; auto = bfloat16 there, float32 elsewhere; the "
                         "reported KLs are float32 (default %(default)s)")  # fmt: skip
-    s.add_argument("--kl-to", help="unquantized reference model (default: the parent's recorded source model)")
+    s.add_argument("--kl-to", help="unquantized reference model, a directory or Hugging Face id (default: the "
+                                    "parent's recorded source model)")
     s.add_argument("--text", help="held-out text: also report perplexity and KL of the DP and searched mixes")
     s.add_argument("--text-range", type=fraction_range, default="0:1", help="character range START:END of --text")
     s.add_argument("--max-tokens", type=int, help="use only the first N tokens of --text")
@@ -66,7 +67,7 @@ def cmd_search(a: argparse.Namespace) -> None:
         parent=Path(a.parent), budgets=tuple(b.strip() for b in a.budget.split(",")), calib=Path(a.calib),
         out=Path(a.out), calib_range=a.calib_range, levels=a.levels, kind=BudgetKind(a.budget_kind), evo=evo,
         seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens, sensitivity=Sensitivity(a.sensitivity),
-        calib_tokens=a.calib_tokens, reference=Path(a.kl_to) if a.kl_to else None,
+        calib_tokens=a.calib_tokens, reference=a.kl_to,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
         resume=a.resume, overwrite=a.overwrite, progress=not a.quiet, device=a.device,
         score_dtype=ScoreDtype(a.score_dtype),

@@ -32,7 +32,7 @@ from ..evaluation.perplexity import score
 from ..evaluation.teacher import Teacher
 from ..formats import is_checkpoint, read_checkpoint
 from ..fsutil import atomic_output, check_output
-from ..models import eval_windows, file_sha256, load_tokenizer, read_text, require_model_dir, tokenize
+from ..models import eval_windows, file_sha256, load_tokenizer, read_text, require_model_dir, resolve_model, tokenize
 from ..quantization.distributed import init_from_env
 from ..runtime import load
 from .budget import BudgetKind, CostModel, parse_budget
@@ -75,7 +75,7 @@ class SearchRequest:
     # the same tokens, and the search then fits them (its held-out scores get worse)
     calib_tokens: int = 16384
     sensitivity: Sensitivity = Sensitivity.PROBE
-    reference: Path | None = None  # default: the parent's recorded source model
+    reference: str | Path | None = None  # a directory or Hugging Face id; default: the parent's recorded model
     text: Path | None = None
     text_range: tuple[float, float] = (0.0, 1.0)
     text_tokens: int | None = None
@@ -111,12 +111,16 @@ def _levels(ckpt, requested: tuple[int, ...] | None) -> tuple[int, ...]:
     return levels
 
 
-def _reference(ckpt, requested: Path | None) -> Path:
+def _reference(ckpt, requested: str | Path | None) -> Path:
+    """The unquantized model: --kl-to, else the one the parent records (a directory, or a Hugging Face id pinned to
+    the commit it was quantized from, resolved through the cache)."""
     ref = requested or ckpt.meta.get("source_model")
-    if not isinstance(ref, (str, Path)) or not Path(ref).is_dir():
-        raise UserError(f"the unquantized model of {ckpt.path} ({ref!r}) is not available; pass --kl-to MODEL_DIR")
-    require_model_dir(ref)
-    return Path(ref)
+    if not isinstance(ref, (str, Path)):
+        raise UserError(f"{ckpt.path} does not record its unquantized model; pass --kl-to MODEL")
+    path = resolve_model(ref).path
+    if not path.is_dir():
+        raise UserError(f"the unquantized model of {ckpt.path} ({ref}) is not available; pass --kl-to MODEL")
+    return require_model_dir(path)
 
 
 def _windows(tokens: torch.Tensor, seqlen: int, needed_tokens: int, what: str, by: str) -> torch.Tensor:

@@ -1,0 +1,108 @@
+"""Hugging Face ids (`org/name[@revision]`) wherever a model is taken, resolved through a Hugging Face cache built here
+(no network on this machine: HF_HUB_OFFLINE, and every socket connection refused in-process), against the same model
+given as a local directory: the same tokens, the same weights, the same scores."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import matgptq
+from matgptq.errors import UserError
+from matgptq.models import resolve_model
+from tests.conftest import STORIES, TINYSTORIES
+
+COMMIT = "6aaced2a" + "0" * 32  # any 40-hex string names a snapshot
+REPO = "probe/stories260K"
+
+
+def make_cache(root: Path) -> Path:
+    """The Hugging Face cache layout: models--org--name/{refs/main, snapshots/<commit>/files} (files as symlinks)."""
+    repo = root / "models--probe--stories260K"
+    snap = repo / "snapshots" / COMMIT
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    for f in STORIES.iterdir():
+        (snap / f.name).symlink_to(f)
+    return root
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """This test's cache, offline, and no socket may connect (what HF_HUB_CACHE/HF_HUB_OFFLINE=1 give a process)."""
+    import huggingface_hub.constants as constants
+
+    cache = make_cache(tmp_path / "hub")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network connection attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    return cache
+
+
+def test_a_local_directory_stays_a_directory(hub_cache):
+    src = resolve_model(STORIES)
+    assert src.path == STORIES and src.repo_id is None and src.spec == str(STORIES.resolve())
+
+
+@pytest.mark.parametrize("spec", [REPO, f"{REPO}@main", f"{REPO}@{COMMIT}"])
+def test_an_id_resolves_to_its_cached_snapshot(hub_cache, spec):
+    src = resolve_model(spec)
+    assert src.path == hub_cache / "models--probe--stories260K" / "snapshots" / COMMIT
+    assert (src.repo_id, src.revision, src.spec) == (REPO, COMMIT, f"{REPO}@{COMMIT}")
+    assert (src.path / "config.json").is_file()
+
+
+@pytest.mark.parametrize("spec", ["probe/not-cached", "probe/stories260K@v9"])
+def test_an_id_not_in_the_cache_is_one_line_with_the_way_out(hub_cache, spec):
+    with pytest.raises(UserError) as e:
+        resolve_model(spec)
+    msg = str(e.value)
+    assert "\n" not in msg and spec in msg and "not in the cache" in msg and "hf download" in msg, msg
+
+
+def test_quantize_eval_and_the_search_reference_take_an_id(hub_cache, tmp_path):
+    """quantize records `org/name@commit`; load and the search's reference resolve it; the quantized weights and the
+    float model equal those made from the local directory."""
+    from matgptq.formats import read_checkpoint
+    from matgptq.search.runner import _reference
+
+    kw = dict(method="rtn", bits=4, progress=False)
+    by_id, _ = matgptq.quantize(REPO, tmp_path / "by-id", **kw)
+    by_dir, _ = matgptq.quantize(STORIES, tmp_path / "by-dir", **kw)
+    meta = json.loads((by_id / "matgptq.json").read_text())
+    assert meta["source_model"] == f"{REPO}@{COMMIT}"
+    a, b = read_checkpoint(by_id), read_checkpoint(by_dir)
+    assert a.tensors.keys() == b.tensors.keys() and all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+    assert _reference(a, None) == hub_cache / "models--probe--stories260K" / "snapshots" / COMMIT
+    fp_id, fp_dir = matgptq.load(REPO), matgptq.load(STORIES)
+    x = torch.arange(1, 33).unsqueeze(0)
+    assert torch.equal(fp_id(x).logits, fp_dir(x).logits)
+
+
+def test_the_cli_takes_an_id_from_the_environment(tmp_path):
+    """The user's path: HF_HUB_CACHE and HF_HUB_OFFLINE=1 in the environment of a fresh process; `eval` of the model
+    by id and by directory print the same perplexity, and an id that is not cached is one line, exit 2."""
+    cache = make_cache(tmp_path / "hub")
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    run = lambda model: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "matgptq", "eval", model, "--text", str(TINYSTORIES), "--max-tokens", "2048"],
+        capture_output=True, text=True, env=env)  # fmt: skip
+    by_id, by_dir = run(REPO), run(str(STORIES))
+    assert by_id.returncode == 0 and by_dir.returncode == 0, by_id.stderr + by_dir.stderr
+    ppl = lambda out: out.strip().splitlines()[-1].split("|")[-2].strip()  # noqa: E731
+    assert ppl(by_id.stdout) == ppl(by_dir.stdout)
+    missing = run("probe/not-cached")
+    assert missing.returncode == 2 and missing.stderr.strip().count("\n") == 0, missing.stderr
+    assert missing.stderr.startswith("matgptq: error: probe/not-cached is not a local directory"), missing.stderr
