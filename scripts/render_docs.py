@@ -91,6 +91,8 @@ PAGES = (
          about="end-to-end quantization time and memory against GPTQModel and llm-compressor (`make bench-pipeline`)"),
     Page("bad_input_table", ("bad_input.json",), md="bad_input.md",
          about="damaged and bad input: what `matgptq` says (tests/test_damaged_inputs.py)"),
+    Page("ct_vs_llmcompressor", ("ct_vs_llmcompressor.json",), md="ct_vs_llmcompressor.md",
+         about="compressed-tensors exports against llm-compressor 0.14's checkpoints of the same scheme"),
     Page("gptq_compat_table", ("gptq_compat.json",), md="gptq_compat.md",
          about="GPTQ exports loaded by GPTQModel and transformers + optimum (tests/export/test_gptq_interop.py)"),
 )
