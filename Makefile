@@ -32,7 +32,7 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
-# Peer libraries for the interop tests (GPTQModel, optimum, llama-cpp-python; Triton for the kernel tests in its
+# Peer libraries for the interop tests (GPTQModel, optimum, compressed-tensors, llama-cpp-python; Triton for the kernel tests in its
 # CPU interpreter (the kernels extra); the last builds llama.cpp once,
 # about 10 minutes, then comes from pip's wheel cache) and lm-eval for the zero-shot tests (the tasks extra).
 # llama.cpp's reference converter (convert_hf_to_gguf.py, its conversion/ package and gguf-py), unpacked from the
