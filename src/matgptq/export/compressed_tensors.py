@@ -46,8 +46,8 @@ from safetensors.torch import save_file
 
 from ..errors import UserError
 from ..formats import QuantizedWeight
-from ..fsutil import atomic_output, check_output, copy_tokenizer_files
-from ..runtime import open_checkpoint, resolve_bits
+from ..fsutil import atomic_output, copy_tokenizer_files
+from .source import quantized_source
 
 FORMAT = "pack-quantized"
 CT_VERSION = "0.19.0"  # the layout written: dense packing across int32 words, no g_idx
@@ -211,15 +211,7 @@ def _warn_readers(groups: Groups) -> None:
 
 def export_compressed_tensors(src, out, bits: int | None = None, bits_config=None, overwrite: bool = False) -> Path:
     """Write the (sliced) checkpoint `src` as a compressed-tensors `pack-quantized` directory `out`."""
-    if bits is not None and bits_config is not None:
-        raise UserError("give either bits or a bits config, not both")
-    check_output(out, overwrite)
-    if not Path(src).is_dir():
-        raise UserError(f"{src} is not a directory; give a matgptq parent/slice or a GPTQ checkpoint")
-    ckpt = open_checkpoint(src)
-    if ckpt is None:
-        raise UserError(f"{src} is not quantized; quantize it first (matgptq quantize) and export the result")
-    widths = resolve_bits(bits if bits is not None else bits_config, ckpt)
+    ckpt, widths = quantized_source(src, out, bits, bits_config, overwrite)
     tensors = {k: v.contiguous() for k, v in ckpt.tensors.items()}
     groups: Groups = {}
     ragged = {}

@@ -30,8 +30,8 @@ from safetensors.torch import save_file
 from .._version import __version__
 from ..errors import UserError
 from ..formats import SUPPORTED_BITS, QuantizedWeight, pack_cols, pack_rows, to_v1_words, trivial_g_idx
-from ..fsutil import atomic_output, check_output, copy_tokenizer_files
-from ..runtime import open_checkpoint, resolve_bits
+from ..fsutil import atomic_output, copy_tokenizer_files
+from .source import quantized_source
 
 FORMATS = {"gptq_v1": "gptq", "gptq_v2": "gptq_v2"}  # CLI name -> checkpoint_format
 
@@ -101,15 +101,7 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
     """Write the (sliced) checkpoint `src` as a GPTQ directory `out`; fmt is "gptq_v1" or "gptq_v2"."""
     if fmt not in FORMATS:
         raise UserError(f"unknown GPTQ format {fmt!r}; use one of {sorted(FORMATS)}")
-    if bits is not None and bits_config is not None:
-        raise UserError("give either bits or a bits config, not both")
-    check_output(out, overwrite)
-    if not Path(src).is_dir():
-        raise UserError(f"{src} is not a directory; give a matgptq parent/slice or a GPTQ checkpoint")
-    ckpt = open_checkpoint(src)
-    if ckpt is None:
-        raise UserError(f"{src} is not quantized; quantize it first (matgptq quantize) and export the result")
-    widths = resolve_bits(bits if bits is not None else bits_config, ckpt)
+    ckpt, widths = quantized_source(src, out, bits, bits_config, overwrite)
     qmeta = ckpt.meta.get("quantization") or {}
     if qmeta.get("skip"):
         raise UserError(
