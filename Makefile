@@ -10,7 +10,7 @@ TEXT    := $(SHARED)/data/tinystories/tinystories_val_head.txt
 PINS    := $(abspath .ci/constraints.txt)
 PIP     := PIP_CONSTRAINT=$(PINS) $(BIN)/pip install -q --disable-pip-version-check -c $(PINS)
 
-.PHONY: venv demo test interop llama-cpp-tools real-model real-model-table search-real-model bench-venv bench bench-pipeline results clean
+.PHONY: venv demo test interop compat llama-cpp-tools real-model real-model-table search-real-model bench-venv bench bench-pipeline results clean
 
 # torch is installed first and pinned (.ci/constraints.txt): 2.13.0 is a local CPU wheel; any other version
 # would pull gigabytes of CUDA wheels.
@@ -41,6 +41,18 @@ LLAMA_CPP_CONVERT := $(VENV)/llama.cpp/convert_hf_to_gguf.py
 interop: venv $(LLAMA_CPP_CONVERT)
 	GPTQMODEL_CPU_WORKERS=2 CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 	    $(PIP) -e ".[dev,interop,tasks,kernels]"
+
+# The tests of what transformers reads (from_pretrained of a parent, compressed-tensors exports) on transformers 5.17
+# as well as the pinned one: the wheels on .ci/constraints.txt's `# compat:` line, --no-deps, in a folder first on
+# PYTHONPATH (the rest of the venv is shared). After `make interop`, so the compressed-tensors tests run too.
+COMPAT_DIR   := $(VENV)/compat-transformers
+COMPAT_PINS  := $(shell sed -n 's/^\# compat: //p' $(PINS))
+COMPAT_TESTS := tests/runtime/test_hf_quantizer.py tests/runtime/test_loader.py tests/export/test_compressed_tensors.py
+compat: venv
+	rm -rf $(COMPAT_DIR)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --target $(COMPAT_DIR) $(COMPAT_PINS)
+	PYTHONPATH=$(COMPAT_DIR) $(BIN)/python -c "import transformers as t; print('transformers', t.__version__, 'from', t.__path__[0])"
+	PYTHONPATH=$(COMPAT_DIR) $(BIN)/python -m pytest -q $(COMPAT_TESTS)
 
 $(LLAMA_CPP_CONVERT): $(PINS) | venv
 	rm -rf $(VENV)/llama.cpp $(VENV)/llama.cpp-sdist

@@ -9,17 +9,19 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
-import torch
-
-from matgptq.formats import QuantizedWeight
-
 # GPTQModel: two CPU workers on this machine; its torch kernel otherwise torch.compile()s on every load (seconds).
 os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-# Triton decides interpreter vs compiler when its own library is first imported (by GPTQModel or torch too), so the
-# nested-kernel tests' CPU interpreter must be chosen before any import: tests/kernels/test_triton_nested.py.
+# Triton decides interpreter vs compiler when its own library is first imported, and `import matgptq` imports it
+# (through transformers' quantizer registry, runtime/hf_quantizer.py), so the nested-kernel tests' CPU interpreter
+# (tests/kernels/test_triton_nested.py) must be chosen before the first import below.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from matgptq.formats import QuantizedWeight  # noqa: E402
+
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 STORIES = SHARED / "models" / "stories260K"

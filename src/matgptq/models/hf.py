@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -43,6 +44,19 @@ def load_tokenizer(path: str | Path):
         raise UserError(f"cannot load a tokenizer from {path}: {e}".splitlines()[0]) from None
 
 
+@contextmanager
+def loader_quiet():
+    """transformers' model loader logs errors only while this runs (its notes on unused or initialised weights, which
+    matgptq's own checks replace), and as before afterwards."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def load_fp_model(path: str | Path, dtype: torch.dtype | None = None):
     """The unquantized model in eval mode (its own dtype unless `dtype`). config.json and every safetensors header
     are validated first, so a damaged download is one UserError naming the file, not a loader traceback."""
@@ -54,9 +68,9 @@ def load_fp_model(path: str | Path, dtype: torch.dtype | None = None):
         raise UserError(f"{p} has no .safetensors weights; this tool loads only safetensors (never pickles)")
     for shard in shards:
         read_header(shard, fix)
-    logging.getLogger("transformers.modeling_utils").setLevel(logging.ERROR)
     try:
-        model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or "auto", use_safetensors=True)
+        with loader_quiet():
+            model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or "auto", use_safetensors=True)
     except LOAD_ERRORS as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"cannot load the {config.get('model_type', 'unknown')} model in {p} ({first}); {fix}") from None

@@ -8,7 +8,6 @@ integer data stays attached as `model.matgptq`, so `set_bits(model, 3)` re-slice
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_chec
 from ..formats.mix import read_mix
 from ..untrusted import read_json
 from ..models import (
-    LOAD_ERRORS, arch_spec, load_fp_model, require_model_dir, resolve_model, set_weight_matrix, weight_matrix,
+    LOAD_ERRORS, arch_spec, load_fp_model, loader_quiet, require_model_dir, resolve_model, set_weight_matrix, weight_matrix,
 )  # fmt: skip
 from .packed import PackedLinear
 
@@ -92,18 +91,45 @@ def packed_wins(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and not torch.cuda.is_available()
 
 
+def check_layers(ckpt: Checkpoint, model, spec) -> None:
+    """Every quantized layer of `ckpt` is a Linear of `model` with the same [out, in] shape (a model on the meta
+    device will do: only shapes are read)."""
+    for name, q in ckpt.layers.items():
+        try:
+            shape = tuple(weight_matrix(model.get_submodule(name), spec).shape)
+        except AttributeError:  # no such module, or one without a weight
+            shape = None
+        if shape != q.shape:
+            raise UserError(f"{ckpt.path}: quantized layer {name} is {list(q.shape)}, the config implies "
+                            f"{list(shape) if shape else 'no such Linear'}; re-create the checkpoint")  # fmt: skip
+
+
+def attach(model, ckpt: Checkpoint, bits: BitsSpec, packed: bool) -> None:
+    """Give `model` (whose unquantized tensors are loaded) the checkpoint's quantized layers at `bits`, packed or as
+    float weights, and keep the integer data as `model.matgptq` for `set_bits`."""
+    spec = arch_spec(model.config.model_type)
+    if packed and spec.conv1d:
+        raise UserError(f"packed layers hold nn.Linear weights; {model.config.model_type} uses Conv1D: load it with "
+                        "packed=False")  # fmt: skip
+    model.matgptq = QuantizedState(ckpt, {}, packed)
+    set_bits(model, bits)
+
+
+def default_packed(packed: bool | None, dtype: torch.dtype, model_type: str) -> bool:
+    """`packed` as given, or where it wins (`packed_wins`) for layers it can hold (nn.Linear, not Conv1D)."""
+    return packed_wins(dtype) and not arch_spec(model_type).conv1d if packed is None else packed
+
+
 def build_model(ckpt: Checkpoint, bits: BitsSpec = None, dtype: torch.dtype | None = None,
                 packed: bool | None = False):  # fmt: skip
     config = _config(ckpt)
-    dtype = dtype or getattr(config, "torch_dtype", None) or torch.float32
+    dtype = dtype or getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     spec = arch_spec(config.model_type)
-    if packed is None:
-        packed = packed_wins(dtype) and not spec.conv1d
-    logging.getLogger("transformers.modeling_utils").setLevel(logging.ERROR)
     try:
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        with loader_quiet():
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     except LOAD_ERRORS as e:  # sizes a damaged config.json implies
         raise UserError(f"{ckpt.path}/config.json describes no buildable model ({str(e)[:200]}); re-create the "
                         "checkpoint") from None  # fmt: skip
@@ -119,18 +145,10 @@ def build_model(ckpt: Checkpoint, bits: BitsSpec = None, dtype: torch.dtype | No
         if t.shape != expected[name].shape or not t.is_floating_point():
             raise UserError(f"{ckpt.path}: tensor {name} is {t.dtype} {list(t.shape)}, the config implies "
                             f"{list(expected[name].shape)}; re-create the checkpoint")  # fmt: skip
-    for name, q in ckpt.layers.items():
-        shape = tuple(weight_matrix(model.get_submodule(name), spec).shape) if f"{name}.weight" in expected else None
-        if shape != q.shape:
-            raise UserError(f"{ckpt.path}: quantized layer {name} is {list(q.shape)}, the config implies "
-                            f"{list(shape) if shape else 'no such Linear'}; re-create the checkpoint")  # fmt: skip
+    check_layers(ckpt, model, spec)
     model.load_state_dict(ckpt.tensors, strict=False)
     model.tie_weights()
-    if packed and spec.conv1d:
-        raise UserError(f"packed layers hold nn.Linear weights; {config.model_type} uses Conv1D: load it with "
-                        "packed=False")  # fmt: skip
-    model.matgptq = QuantizedState(ckpt, {}, packed)
-    set_bits(model, bits)
+    attach(model, ckpt, bits, default_packed(packed, dtype, config.model_type))
     return model.eval()
 
 

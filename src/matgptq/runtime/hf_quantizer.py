@@ -1,0 +1,189 @@
+"""transformers' `from_pretrained` for matgptq checkpoints: a quantization method registered from outside
+transformers (`register_quantization_config` / `register_quantizer`), active once `matgptq` is imported.
+
+    import matgptq
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(PARENT)                                  # as stored
+    model = AutoModelForCausalLM.from_pretrained(PARENT, quantization_config=matgptq.MatGPTQConfig(bits=3))
+
+How it loads: transformers builds the model on the meta device and calls `_process_model_before_weight_loading`,
+which reads and checks the checkpoint (formats/parent.py) and puts a bias-only placeholder where each quantized
+Linear is, so transformers loads every unquantized tensor itself and neither allocates nor initialises the quantized
+weights; the checkpoint's quantized tensors (`.codes`, `.scales`, …) are declared expected-unused. After loading,
+`_process_model_after_weight_loading` puts the Linears back and hands the model to `loader.attach`, the function
+`matgptq.load` ends with, so both give the same modules (packed where `load` packs) and the same logits, and
+`matgptq.set_bits` switches widths on either.
+
+`MatGPTQConfig(bits=...)` overrides the stored widths only because transformers copies a passed config's loading
+attributes onto the checkpoint's for the config types in `transformers.quantizers.auto.
+LOADING_ATTRIBUTES_CONFIG_TYPES`, a module-level tuple read at call time; `register` appends MatGPTQConfig to it
+(tested on transformers 5.17 and 5.23). transformers then warns, as it does for its own GPTQ backends, that the
+checkpoint's config is used, "However, loading attributes (e.g. ['bits', 'packed']) will be overwritten with the one
+you passed". `save_pretrained` would write runtime buffers, not a checkpoint, so it is refused (`is_serializable`)
+with the command that writes a slice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+from ..formats import read_checkpoint
+from ..formats.parent import META_FILE
+from ..models import arch_spec
+from .loader import attach, check_layers, default_packed
+
+METHOD = "matgptq"
+# the tensors of a quantized layer in the checkpoint (docs/formats.md §1.2): transformers must not expect them
+_LAYER_TENSORS = r"\.(codes|zeros|g_idx|perm|scales(\.\d+)?)$"
+
+
+class _Pending(nn.Module):
+    """Where a quantized Linear sits while transformers loads: only its bias (an ordinary checkpoint tensor), so no
+    weight is allocated or initialised; the original module (on meta) is kept aside, not registered."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        self.__dict__["original"] = original
+        self.bias = original.bias
+
+
+def _checkpoint_dir(checkpoint_files: list[str] | None, config) -> Path:
+    """The directory holding the weights transformers resolved; matgptq.json is fetched beside them from the Hub when
+    transformers did not (it downloads only the config and the weights)."""
+    if not checkpoint_files:
+        raise UserError("transformers found no weight files for this matgptq checkpoint; give its directory")
+    where = Path(checkpoint_files[0]).parent
+    if not (where / META_FILE).is_file():
+        repo = getattr(config, "name_or_path", "")
+        try:
+            from huggingface_hub import hf_hub_download
+
+            hf_hub_download(repo, META_FILE, revision=getattr(config, "_commit_hash", None) or where.name)
+        except Exception as e:  # noqa: BLE001 — any failure is one line: the file is required
+            raise UserError(f"{where} has no {META_FILE} and it could not be fetched for {repo or 'this model'} "
+                            f"({type(e).__name__}); download the whole checkpoint and give its directory") from None  # fmt: skip
+    return where
+
+
+def _config_class():
+    from transformers.utils.quantization_config import QuantizationConfigMixin
+
+    class MatGPTQConfig(QuantizationConfigMixin):
+        """Loading options for a matgptq checkpoint in `from_pretrained`: `bits` is one width for every layer (2 up to
+        the stored width), a {layer: bits} mix ("*" = default) or the path of a mix JSON file (as `matgptq search`
+        writes); None keeps the stored widths. `packed` as in `matgptq.load` (None: packed where that wins)."""
+
+        def __init__(self, bits: int | dict[str, int] | str | Path | None = None, packed: bool | None = None,
+                     stored_bits: int | None = None, **kwargs) -> None:  # fmt: skip
+            self.quant_method = METHOD
+            self.bits = str(bits) if isinstance(bits, Path) else bits
+            self.packed = packed
+            self.stored_bits = stored_bits
+
+        @classmethod
+        def from_dict(cls, config_dict, return_unused_kwargs=False, **kwargs):
+            """The checkpoint's config.json says `bits`: the stored width, not a width asked for."""
+            d = {k: v for k, v in config_dict.items() if k != "bits"}
+            d.setdefault("stored_bits", config_dict.get("bits"))
+            return super().from_dict(d, return_unused_kwargs, **kwargs)
+
+        def get_loading_attributes(self) -> dict:
+            return {"bits": self.bits, "packed": self.packed}
+
+    return MatGPTQConfig
+
+
+def _quantizer_class():
+    from transformers.quantizers import HfQuantizer
+
+    class MatGPTQHfQuantizer(HfQuantizer):
+        """Loads matgptq parents and slices (module docstring); it never quantizes."""
+
+        requires_calibration = False  # a refusal of our own, clearer than transformers' (validate_environment)
+
+        def validate_environment(self, *args, **kwargs) -> None:
+            if not self.pre_quantized:
+                raise UserError("matgptq quantizes with its own command, not inside from_pretrained: run `matgptq "
+                                "quantize MODEL --out DIR`, then from_pretrained(DIR)")  # fmt: skip
+
+        def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
+            self.checkpoint = read_checkpoint(_checkpoint_dir(checkpoint_files, model.config))
+            self.checkpoint.tensors.clear()  # transformers loads the unquantized tensors itself
+            check_layers(self.checkpoint, model, arch_spec(model.config.model_type))
+            for name in self.checkpoint.layers:
+                model.set_submodule(name, _Pending(model.get_submodule(name)))
+            ignore = model._keys_to_ignore_on_load_unexpected
+            model._keys_to_ignore_on_load_unexpected = {*(ignore or ()), _LAYER_TENSORS}
+            return model
+
+        def _process_model_after_weight_loading(self, model, **kwargs):
+            devices = {t.device for t in model.state_dict().values()}
+            if len(devices) > 1:
+                raise UserError(f"a matgptq model loads on one device, not {len(devices)}: pass device_map=None, "
+                                "'cpu' or 'cuda'")  # fmt: skip
+            device, dtype = devices.pop(), model.get_input_embeddings().weight.dtype
+            cfg = self.quantization_config
+            packed = default_packed(cfg.packed, dtype, model.config.model_type)
+            for name in self.checkpoint.layers:
+                pending = model.get_submodule(name)
+                module = pending.original
+                if not packed:  # float weights: set_bits writes them
+                    module.weight = nn.Parameter(torch.empty_like(module.weight, device=device), requires_grad=False)
+                module.bias = pending.bias
+                model.set_submodule(name, module)
+            attach(model, self.checkpoint, cfg.bits, packed)
+            model.to(device)
+            return model
+
+        def is_serializable(self, *args, **kwargs) -> bool:
+            raise UserError("save_pretrained cannot write a matgptq model (it would write runtime buffers, not a "
+                            "checkpoint): write a width with `matgptq slice PARENT --bits R --out DIR`, or a mix for "
+                            "other runtimes with `matgptq export PARENT --bits-config MIX ...`")  # fmt: skip
+
+        @property
+        def is_trainable(self) -> bool:
+            return False
+
+    return MatGPTQHfQuantizer
+
+
+# transformers' quantizer registry imports every quantization backend installed (torchao among them), whose import
+# logs notes about optional native libraries and pytree registrations: not the user's concern when importing matgptq
+IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+@contextmanager
+def _quiet(names: tuple[str, ...]) -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def register():
+    """Register the method with transformers (once per process); the config class, or None where this transformers
+    has no registration API (before 4.47): then `from_pretrained` refuses matgptq checkpoints as before."""
+    try:
+        with _quiet(IMPORT_LOGGERS):
+            from transformers.quantizers import auto, register_quantization_config, register_quantizer
+    except ImportError:
+        return None
+    if METHOD in auto.AUTO_QUANTIZATION_CONFIG_MAPPING:
+        return auto.AUTO_QUANTIZATION_CONFIG_MAPPING[METHOD]
+    config = register_quantization_config(METHOD)(_config_class())
+    register_quantizer(METHOD)(_quantizer_class())
+    if hasattr(auto, "LOADING_ATTRIBUTES_CONFIG_TYPES"):
+        auto.LOADING_ATTRIBUTES_CONFIG_TYPES = (*auto.LOADING_ATTRIBUTES_CONFIG_TYPES, config)
+    return config
