@@ -12,7 +12,7 @@ Readers (checked 2026-11-26 with compressed-tensors 0.19.0 on CPU; transformers 
     5.23 exact for single-config-group exports, asymmetric ones included, but a checkpoint of several config groups is
     decoded with the first group's scheme for every layer (wrong logits, or an error when shapes disagree).
   The last two are asserted as they are for transformers >= 5.23 (BROKEN below), so an upgrade that fixes them shows
-  up here; the export warns about both in one line each.
+  up here; the readers line `matgptq export` prints (export/readers.py) is checked against each load's outcome.
   * Not representable, refused by the export: act-order groups (compressed-tensors 0.19 removed actorder "group" and
     weight_g_idx: QuantizationArgs(actorder="group") raises), asymmetric slices whose zero is not a multiple of 2^d.
     Ragged groups written as such (group_size 32 on 172 columns) fail in both readers ("tensor column shape must be
@@ -37,6 +37,7 @@ from safetensors.torch import load_file
 
 import matgptq
 from matgptq.cli import main
+from matgptq.export.readers import ct_readers
 from matgptq.errors import UserError
 from matgptq.export.compressed_tensors import CT_VERSION, export_compressed_tensors, pack_int32, unpack_int32
 from matgptq.formats.parent import read_checkpoint
@@ -77,9 +78,6 @@ EXPORTS = {  # id: (source, bits); None = the stored widths
 
 WARNINGS = {  # the export's one-line warnings: words -> the exports that must (and only they) say them
     "do not tile their rows": lambda e: "ragged" in e,
-    "config groups": lambda e: "mix" in e or "ragged" in e,
-    "cannot load this export": lambda e: e == "asym-mix",
-    "asymmetric layers:": lambda e: "asym" in e and e != "asym-mix",
 }
 
 
@@ -368,17 +366,24 @@ def test_transformers_loads_export(transformers_ct, cache, export_id, dequantize
     out = cache.export(export_id)
     ref, ref_model = cache.reference(export_id)
     groups, asym = len(_config(out)["config_groups"]), "asym" in export_id
+    # what the export's readers line says of this load: it must be what happens below
+    reader = f"transformers {'5.23' if broken else '5.17'}"
+    runs = ct_readers(out).runs
+    said = f"{reader} with CompressedTensorsConfig(dequantize=True)" in runs if dequantize else reader in runs
     if broken and asym and not dequantize:
+        assert not said
         with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
             _load(out, cache.ids, dequantize)
         return
     if broken and dequantize and groups > 1:
+        assert not said
         try:
             logits, _ = _load(out, cache.ids, dequantize)
         except (RuntimeError, ValueError):
             return
-        assert not torch.equal(logits, ref), "transformers' dequantize=True now reads mixed configs: drop the warning"
+        assert not torch.equal(logits, ref), "transformers' dequantize=True now reads mixed configs: fix readers.py"
         return
+    assert said or (dequantize and reader in runs)  # a default-readable file is not also listed with dequantize=True
     logits, model = _load(out, cache.ids, dequantize)
     assert model.dtype == torch.float32
     for name in ref_model.matgptq.bits:

@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 
 import matgptq
 from matgptq.export.gptq import FORMATS, export_gptq, gptq_layer
+from matgptq.export.readers import gptq_readers
 from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
 from matgptq.formats.parent import read_checkpoint
 
@@ -201,8 +202,8 @@ def test_gptqmodel_loads_per_layer_mix(gptqmodel, cache, record_property, tmp_pa
     src = cache.source(True, None, True)
     names = list(read_checkpoint(src).layers)
     mix = {n: BITS[i % 4] for i, n in enumerate(names)}
-    with pytest.warns(UserWarning, match="dynamic"):
-        path = export_gptq(src, tmp_path / "mix", fmt, bits_config=mix)
+    path = export_gptq(src, tmp_path / "mix", fmt, bits_config=mix)
+    assert gptq_readers(path).fails[0].startswith("transformers + optimum (it ignores `dynamic`")
     logits, model = _gptqmodel_logits(gptqmodel, path, cache.ids)
     weights = _gptqmodel_weights(gptqmodel, model)
     assert {n: m.bits for n, m in model.named_modules() if n in weights} == mix
@@ -215,6 +216,7 @@ def test_transformers_optimum_loads_export(gptqmodel, cache, record_property, bi
     from transformers import AutoModelForCausalLM, GPTQConfig
 
     path = cache.export(bits, sym, fmt, ao)
+    assert "transformers + optimum" in gptq_readers(path).runs  # what `matgptq export` prints of this file
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16, device_map="cpu")
     with torch.no_grad():
         logits = model(cache.ids).logits.float()
@@ -352,7 +354,11 @@ def test_transformers_optimum_loads_padded_stories_export(gptqmodel, stories, re
     from transformers import AutoModelForCausalLM, GPTQConfig
 
     path, src = stories.export(bits, True, "gptq_v1", False), stories.source(True, bits, False)
+    readers = gptq_readers(path)  # what `matgptq export` prints of this file
+    assert ("transformers + optimum" in readers.runs) == (bits != 4)
     if bits == 4:  # TorchAtenLinear (_convert_weight_to_int4pack_cpu) needs out_features % 16 == 0; 172 is not
+        assert 'transformers + optimum with GPTQConfig(bits=4, backend="gptq_torch")' in readers.runs
+        assert readers.fails[0].startswith("transformers' default 4-bit CPU kernel")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16, device_map="cpu")
         assert "TorchAtenLinear" in {type(m).__name__ for m in _quant_modules(model).values()}
         with pytest.raises(RuntimeError, match="dividable by 16"), torch.no_grad():  # repacks on the first forward
@@ -415,3 +421,30 @@ def test_we_read_gptqmodel_padded_stories_checkpoints(gptqmodel, stories, record
         ours = load_file(str(out / "model.safetensors"))
         keys = [k for k in theirs if k.endswith((".qweight", ".qzeros", ".scales", ".g_idx"))]
         assert len(keys) == 4 * STORIES_LAYERS and all(torch.equal(ours[k], theirs[k]) for k in keys)
+
+
+def test_transformers_default_kernel_needs_whole_groups(gptqmodel, tmp_path):
+    """in_features 96 with group size 64 (a ragged last group, like SmolLM2's 576 columns at g128) and every
+    out_features a multiple of 16: transformers' default 4-bit CPU kernel refuses it on the first forward, the torch
+    kernel runs it with our weights bit for bit, and the export's readers line says exactly that."""
+    require_peer("optimum")
+    from transformers import AutoModelForCausalLM, GPTQConfig
+
+    from tests.conftest import make_tiny_llama, quick_quantize
+
+    model_dir = make_tiny_llama(tmp_path / "m96", hidden=96, intermediate=192, heads=4, kv_heads=2)
+    src = quick_quantize(model_dir, tmp_path / "q", bits=4, group_size=64)
+    path = export_gptq(src, tmp_path / "g", "gptq_v1")
+    readers = gptq_readers(path)
+    assert readers.fails[0].startswith("transformers' default 4-bit CPU kernel") and "96, group size 64" in readers.fails[0]
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16, device_map="cpu")
+    with pytest.raises(RuntimeError, match="divisible by qGroupSize"), torch.no_grad():
+        model(ids)
+    qc = GPTQConfig(bits=4, backend=gptqmodel.BACKEND.GPTQ_TORCH.value)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16, device_map="cpu", quantization_config=qc)
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits).all()
+    ours = matgptq.load(src, dtype=torch.float16, packed=False)
+    for name, w in _gptqmodel_weights(gptqmodel, model).items():
+        assert torch.equal(w.to(torch.float16), ours.get_submodule(name).weight), name

@@ -47,11 +47,11 @@ from safetensors.torch import save_file
 from ..errors import UserError
 from ..formats import QuantizedWeight
 from ..fsutil import atomic_output, copy_tokenizer_files
+from .readers import ct_readers
 from .source import quantized_source
 
 FORMAT = "pack-quantized"
 CT_VERSION = "0.19.0"  # the layout written: dense packing across int32 words, no g_idx
-VLLM_GROUP_SIZES = (-1, 32, 64, 128)  # vLLM's Marlin kernels (which also need 4 or 8 bits)
 
 
 def pack_int32(u: np.ndarray, bits: int) -> np.ndarray:
@@ -181,32 +181,10 @@ def other_linears(config: dict, quantized: set[str]) -> list[str]:
 
 def _warn_ragged(ragged: dict[str, CtLayer]) -> None:
     name, layer = next(iter(ragged.items()))
-    vllm = all(x.group_size in VLLM_GROUP_SIZES for x in ragged.values())
-    note = "" if vllm else (f"; vLLM's Marlin kernels take group sizes {', '.join(map(str, VLLM_GROUP_SIZES[1:]))} "
-                            "or per channel only: for vLLM re-quantize with a --group-size dividing every layer")
     warnings.warn(
         f"{len(ragged)} layer(s) have {layer.ragged_from}-column groups that do not tile their rows (e.g. {name}: "
         f"{layer.codes.shape[1]} columns); they are written exactly with group size {layer.group_size} (each scale "
-        f"repeated {layer.ragged_from // layer.group_size}×){note}", stacklevel=3)  # fmt: skip
-
-
-def _warn_readers(groups: Groups) -> None:
-    """What transformers 5.23/5.24 cannot read (module docstring of tests/export/test_compressed_tensors.py)."""
-    asym, several = any(not sym for _, sym, _ in groups), len(groups) > 1
-    if asym and several:
-        msg = ("transformers 5.23-5.24 cannot load this export (asymmetric layers fail their default from_pretrained, "
-               f"and their dequantize=True decodes all {len(groups)} config groups with the first one's scheme); "
-               "transformers <= 5.17 and compressed-tensors read it exactly")  # fmt: skip
-    elif asym:
-        msg = ("asymmetric layers: transformers 5.23-5.24's default from_pretrained fails on the packed zero points; "
-               "load with quantization_config=CompressedTensorsConfig(dequantize=True), or transformers <= 5.17")
-    elif several:
-        msg = (f"this export has {len(groups)} config groups: load it with transformers' default from_pretrained; "
-               "transformers 5.23-5.24's dequantize=True decodes every layer with the first group's scheme (wrong "
-               "weights)")  # fmt: skip
-    else:
-        return
-    warnings.warn(msg, stacklevel=3)
+        f"repeated {layer.ragged_from // layer.group_size}×)", stacklevel=3)  # fmt: skip
 
 
 def export_compressed_tensors(src, out, bits: int | None = None, bits_config=None, overwrite: bool = False) -> Path:
@@ -224,7 +202,6 @@ def export_compressed_tensors(src, out, bits: int | None = None, bits_config=Non
             ragged[name] = layer
     if ragged:
         _warn_ragged(ragged)
-    _warn_readers(groups)
     actorder = "weight" if qmeta.get("act_order") else None  # GPTQ's column order: calibration only, same format
     qc = quantization_config(groups, other_linears(ckpt.config, set(widths)), actorder)
     with atomic_output(out, overwrite) as tmp:
@@ -237,3 +214,4 @@ def export_compressed_tensors(src, out, bits: int | None = None, bits_config=Non
 def export_compressed_tensors_cli(args) -> None:
     out = export_compressed_tensors(args.src, args.out, args.bits, args.bits_config, args.overwrite)
     print(f"wrote {out} (compressed-tensors {FORMAT})")
+    print(ct_readers(out).line())

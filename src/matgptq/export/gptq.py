@@ -12,7 +12,8 @@ refused, never rounded. v1 is written only when lossless: symmetric weights (§2
 stored as z − 1, and GPTQModel refuses asymmetric v1 not made by itself).
 Config (§2.6–2.7): the same dict in config.json["quantization_config"] and quantize_config.json, with both
 `checkpoint_format` and `format`; a per-layer mix uses the most common width as `bits` plus GPTQModel `dynamic`
-overrides {"+:^<escaped name>$": {"bits": r}}, which GPTQModel honours and transformers/optimum ignore.
+overrides {"+:^<escaped name>$": {"bits": r}}, which GPTQModel honours and transformers/optimum ignore. Which
+readers run a written file: export/readers.py.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .._version import __version__
 from ..errors import UserError
 from ..formats import SUPPORTED_BITS, QuantizedWeight, pack_cols, pack_rows, to_v1_words, trivial_g_idx
 from ..fsutil import atomic_output, copy_tokenizer_files
+from .readers import gptq_readers
 from .source import quantized_source
 
 FORMATS = {"gptq_v1": "gptq", "gptq_v2": "gptq_v2"}  # CLI name -> checkpoint_format
@@ -122,9 +124,6 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
         desc_act |= not torch.equal(layer["g_idx"], trivial_g_idx(q.shape[1], group_size))
         tensors.update({f"{name}.{k}": v for k, v in layer.items()})
     qc = quantization_config(FORMATS[fmt], widths, group_size, desc_act, all_sym, qmeta)
-    if "dynamic" in qc:
-        warnings.warn("a per-layer mix is stored as GPTQModel `dynamic` overrides: transformers/optimum ignore them "
-                      "and cannot load this export; use GPTQModel (or vLLM)", stacklevel=2)  # fmt: skip
     if padded:
         name, (r, n, k) = next(iter(padded.items()))
         warnings.warn(
@@ -144,3 +143,4 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
 def export_gptq_cli(args) -> None:
     out = export_gptq(args.src, args.out, args.format, args.bits, args.bits_config, args.overwrite)
     print(f"wrote {out} ({args.format})")
+    print(gptq_readers(out).line())

@@ -1,0 +1,113 @@
+"""Who can run an export: one line, derived from the written directory (its config.json and safetensors header), that
+`matgptq export` prints after "wrote …". Every rule below is a result of this repository's compatibility tests (named
+next to it) or, where marked "not tested", the reader's documented limits (vLLM cannot run on this machine).
+
+GPTQ (docs/formats.md §2), per layer: width r (config `bits`, or a `dynamic` override), N = out_features (scales
+[G, N]), K = in_features (g_idx [K]), group size g.
+  * matgptq.load reads every GPTQ file this tool writes (tests/export/test_gptq_export.py).
+  * GPTQModel 7.6, torch kernel: every one, mixes (`dynamic`) and zero-padded odd shapes included
+    (tests/export/test_gptq_interop.py: test_gptqmodel_loads_export, _per_layer_mix, _padded_stories_export).
+  * transformers + optimum + gptqmodel: ignores `dynamic`, so a mix is not runnable there. At 4 bits its default CPU
+    kernel (TorchAtenLinear, int4pack) needs N % 16 == 0 and K % g == 0 (test_transformers_optimum_loads_padded_
+    stories_export, test_transformers_default_kernel_needs_whole_groups); GPTQConfig(bits=4, backend="gptq_torch")
+    runs those files. Other widths use the torch kernel by default.
+  * vLLM (not tested): routes GPTQ to Marlin, symmetric 4 and 8 bits with g in {−1, 32, 64, 128} only (vLLM PR #38288,
+    issue #45051).
+compressed-tensors (§5), per config group (bits, symmetric, group size):
+  * compressed-tensors 0.19's decompressor, and transformers 5.17 by default: every export (test_compressed_tensors.py,
+    also run on 5.17 by `make compat`).
+  * transformers 5.23: symmetric exports by default; asymmetric ones only with CompressedTensorsConfig(dequantize=
+    True), and only when there is a single config group (same file).
+  * vLLM (not tested): its compressed-tensors weight-only path serves symmetric 2-8 bits and per-layer mixes (Humming
+    kernels, vLLM PRs #46389 and #48918; Marlin at 4/8 bits, group sizes −1, 32, 64, 128); asymmetric: not documented.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..untrusted import read_header
+
+VLLM_GROUP_SIZES = (-1, 32, 64, 128)  # vLLM's Marlin kernels (which also need 4 or 8 bits for GPTQ)
+
+
+@dataclass
+class Readers:
+    """Who runs an export: `runs` (tested), `fails` (tested: each names why), `untested` (expected, not run here)."""
+
+    runs: list[str]
+    fails: list[str] = field(default_factory=list)
+    untested: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        parts = [f"runs in {'; '.join(self.runs)}"]
+        if self.fails:
+            parts.append(f"not in {'; '.join(self.fails)}")
+        if self.untested:
+            parts.append(f"not tested here: {'; '.join(self.untested)}")
+        return "readers: " + " · ".join(parts)
+
+
+def _gptq_layers(path: Path, qc: dict) -> dict[str, tuple[int, int, int]]:
+    """{layer: (bits, N, K)} of a GPTQ directory written by export/gptq.py (one model.safetensors)."""
+    header = read_header(path / "model.safetensors")
+    dynamic = qc.get("dynamic") or {}
+    out = {}
+    for key, (_, shape) in header.items():
+        if key.endswith(".g_idx"):
+            name = key.removesuffix(".g_idx")
+            bits = next((v["bits"] for p, v in dynamic.items() if re.match(p.removeprefix("+:"), name)), qc["bits"])
+            out[name] = (bits, header[f"{name}.scales"][1][1], shape[0])
+    return out
+
+
+def gptq_readers(path: str | Path) -> Readers:
+    """The readers line of a GPTQ export directory (module docstring)."""
+    path = Path(path)
+    qc = json.loads((path / "config.json").read_text())["quantization_config"]
+    layers, g = _gptq_layers(path, qc), int(qc["group_size"])
+    widths = sorted({b for b, _, _ in layers.values()})
+    runs, fails = ["matgptq.load", "GPTQModel 7.6 (torch kernel)"], []
+    if qc.get("dynamic"):
+        fails.append(f"transformers + optimum (it ignores `dynamic` and would run every layer at {qc['bits']} bits)")
+    else:
+        odd = [(n, nk) for n, (_, *nk) in layers.items() if nk[0] % 16 or (g > 0 and nk[1] % g)]
+        if widths == [4] and odd:
+            name, (n, k) = odd[0]
+            runs.append('transformers + optimum with GPTQConfig(bits=4, backend="gptq_torch")')
+            fails.append(f"transformers' default 4-bit CPU kernel (needs out_features % 16 == 0 and in_features % "
+                         f"group size == 0; {name} is {n}×{k}, group size {g})")  # fmt: skip
+        else:
+            runs.append("transformers + optimum")
+    marlin = set(widths) <= {4, 8} and qc.get("sym", False) and g in VLLM_GROUP_SIZES
+    vllm = "vLLM (expected: Marlin)" if marlin else (
+        "vLLM (expected to refuse it: GPTQ there is symmetric 4/8-bit, group size -1/32/64/128; "
+        "use --format compressed-tensors)")  # fmt: skip
+    return Readers(runs, fails, [vllm])
+
+
+def ct_readers(path: str | Path) -> Readers:
+    """The readers line of a compressed-tensors export directory (module docstring)."""
+    qc = json.loads((Path(path) / "config.json").read_text())["quantization_config"]
+    schemes = [group["weights"] for group in qc["config_groups"].values()]
+    asym = any(not w["symmetric"] for w in schemes)
+    runs, fails = ["compressed-tensors 0.19", "transformers 5.17"], []
+    if not asym:
+        runs.append("transformers 5.23")
+    elif len(schemes) == 1:
+        runs.append("transformers 5.23 with CompressedTensorsConfig(dequantize=True)")
+        fails.append("transformers 5.23's default from_pretrained (asymmetric zero points)")
+    else:
+        fails.append(f"transformers 5.23 (asymmetric zero points fail its default load; dequantize=True decodes all "
+                     f"{len(schemes)} config groups with the first one's scheme)")  # fmt: skip
+    if asym:
+        vllm = "vLLM (unknown: its documented compressed-tensors weight-only path is symmetric)"
+    else:
+        vllm = "vLLM (expected: compressed-tensors weight-only, Humming kernels at 2/3/5/6/7 bits, Marlin at 4/8)"
+        sizes = {w["group_size"] or -1 for w in schemes if w["num_bits"] in (4, 8)}
+        if not sizes <= set(VLLM_GROUP_SIZES):
+            vllm += f"; Marlin takes group sizes -1/32/64/128, this file has {sorted(sizes)}"
+    return Readers(runs, fails, [vllm])

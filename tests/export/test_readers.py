@@ -1,0 +1,47 @@
+"""The readers line `matgptq export` prints (export/readers.py), as a user sees it. Whether each claim is true is
+asserted where the readers are run: tests/export/test_gptq_interop.py and test_compressed_tensors.py check the line
+of every file they load against the outcome; here, that the command prints it and the rules pick the right case."""
+
+from __future__ import annotations
+
+import pytest
+
+from matgptq.cli import main
+from matgptq.formats import read_checkpoint
+from tests.conftest import quick_quantize
+
+
+@pytest.fixture(scope="module")
+def sources(tiny_llama_dir, tmp_path_factory):
+    base = tmp_path_factory.mktemp("readers")
+    return {"sym": quick_quantize(tiny_llama_dir, base / "sym", method="matgptq", bits="2,3,4,8", group_size=32),
+            "asym": quick_quantize(tiny_llama_dir, base / "asym", bits=4, sym=False, group_size=32)}  # fmt: skip
+
+
+def export(capsys, src, out, *args) -> str:
+    assert main(["export", str(src), "--out", str(out), *args]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"wrote {out}"), lines
+    return lines[1]
+
+
+def test_gptq_lines(sources, tmp_path, capsys):
+    four = export(capsys, sources["sym"], tmp_path / "g4", "--format", "gptq_v1", "--bits", "4")
+    assert four == ("readers: runs in matgptq.load; GPTQModel 7.6 (torch kernel); transformers + optimum · not tested "
+                    "here: vLLM (expected: Marlin)")  # fmt: skip
+    three = export(capsys, sources["sym"], tmp_path / "g3", "--format", "gptq_v2", "--bits", "3")
+    assert "transformers + optimum ·" in three and "vLLM (expected to refuse it" in three
+    names = list(read_checkpoint(sources["sym"]).layers)
+    (tmp_path / "mix.json").write_text('{"*": 4, "%s": 2}' % names[0])
+    mix = export(capsys, sources["sym"], tmp_path / "gm", "--format", "gptq_v2", "--bits-config", str(tmp_path / "mix.json"))
+    assert "not in transformers + optimum (it ignores `dynamic` and would run every layer at 4 bits)" in mix
+
+
+def test_compressed_tensors_lines(sources, tmp_path, capsys):
+    sym = export(capsys, sources["sym"], tmp_path / "c3", "--format", "compressed-tensors", "--bits", "3")
+    assert sym == ("readers: runs in compressed-tensors 0.19; transformers 5.17; transformers 5.23 · not tested here: "
+                   "vLLM (expected: compressed-tensors weight-only, Humming kernels at 2/3/5/6/7 bits, Marlin at 4/8)")  # fmt: skip
+    asym = export(capsys, sources["asym"], tmp_path / "ca", "--format", "compressed-tensors")
+    assert "transformers 5.23 with CompressedTensorsConfig(dequantize=True)" in asym
+    assert "not in transformers 5.23's default from_pretrained (asymmetric zero points)" in asym
+    assert "vLLM (unknown" in asym
