@@ -9,6 +9,7 @@ import pytest
 
 from matgptq.cli import main
 from matgptq.errors import UserError
+from matgptq.runtime.hf_quantizer import IMPORT_LOGGERS
 from tests.conftest import STORIES, TINYSTORIES, make_tiny_llama
 
 
@@ -262,7 +263,7 @@ def test_third_party_warnings_are_silenced_matgptq_ones_are_not(tmp_path, monkey
     logged: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: logged.append(record.getMessage())
-    loggers = [logging.getLogger(name) for name in cli.PEER_LOGGERS]
+    loggers = [logging.getLogger(name) for name in IMPORT_LOGGERS]
 
     def command(args):
         __import__("fake_peer").use()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import time
 import warnings
@@ -14,6 +13,8 @@ from pathlib import Path
 
 from .argtypes import DefaultsHelpFormatter, add_device_option, floats, fraction_range, ints
 from .errors import UserError
+from .models import quiet_loggers
+from .runtime.hf_quantizer import IMPORT_LOGGERS
 
 EVAL_TOKENS_PER_PASS = 2048  # default eval batch: this many tokens of windows per forward pass (2048 // --seqlen)
 
@@ -274,31 +275,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# transformers imports torchao when it is installed: torchao logs that its optional kernels did not load, and its
-# Enum registrations make torch's pytree log a deprecation; matgptq uses neither
-PEER_LOGGERS = ("torchao", "torch.utils._pytree")
-
-
 @contextmanager
 def _third_party_quiet() -> Iterator[None]:
     """While a command runs, other libraries' deprecation and usage warnings are not shown (matgptq's own are), unless
-    the user asked for warnings (-W, PYTHONWARNINGS), and PEER_LOGGERS log errors only; all as before afterwards."""
-    loggers = [logging.getLogger(name) for name in PEER_LOGGERS]
-    levels = [logger.level for logger in loggers]
+    the user asked for warnings (-W, PYTHONWARNINGS), and the loggers of the backends transformers imports (torchao,
+    torch's pytree: IMPORT_LOGGERS) log errors only; all as before afterwards."""
     format_warning = warnings.formatwarning
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_loggers(*IMPORT_LOGGERS):
         warnings.formatwarning = _one_line_warning
         if not sys.warnoptions:
             for category in (DeprecationWarning, FutureWarning, UserWarning):
                 warnings.filterwarnings("ignore", category=category, module=r"(?!matgptq(\.|$))")
-        for logger in loggers:
-            logger.setLevel(logging.ERROR)
         try:
             yield
         finally:
             warnings.formatwarning = format_warning
-            for logger, level in zip(loggers, levels):
-                logger.setLevel(level)
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,16 +46,23 @@ def load_tokenizer(path: str | Path):
 
 
 @contextmanager
-def loader_quiet():
-    """transformers' model loader logs errors only while this runs (its notes on unused or initialised weights, which
-    matgptq's own checks replace), and as before afterwards."""
-    logger = logging.getLogger("transformers.modeling_utils")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """The named loggers log errors only while this runs, and as before afterwards."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def loader_quiet():
+    """transformers' model loader quiet (its notes on unused or initialised weights, which matgptq's own checks
+    replace)."""
+    return quiet_loggers("transformers.modeling_utils")
 
 
 def load_fp_model(path: str | Path, dtype: torch.dtype | None = None):

@@ -25,9 +25,6 @@ with the command that writes a slice.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -36,7 +33,7 @@ from torch import nn
 from ..errors import UserError
 from ..formats import read_checkpoint
 from ..formats.parent import META_FILE
-from ..models import arch_spec
+from ..models import arch_spec, quiet_loggers
 from .loader import attach, check_layers, default_packed
 
 METHOD = "matgptq"
@@ -159,24 +156,11 @@ def _quantizer_class():
 IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")
 
 
-@contextmanager
-def _quiet(names: tuple[str, ...]) -> Iterator[None]:
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-
-
 def register():
     """Register the method with transformers (once per process); the config class, or None where this transformers
     has no registration API (before 4.47): then `from_pretrained` refuses matgptq checkpoints as before."""
     try:
-        with _quiet(IMPORT_LOGGERS):
+        with quiet_loggers(*IMPORT_LOGGERS):
             from transformers.quantizers import auto, register_quantization_config, register_quantizer
     except ImportError:
         return None
