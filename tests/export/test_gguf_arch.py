@@ -31,6 +31,7 @@ pytestmark = pytest.mark.interop
 gguf = pytest.importorskip("gguf")
 
 from matgptq.export.gguf import export_gguf, read_gguf_weights  # noqa: E402
+from matgptq.export.readers import gguf_readers  # noqa: E402
 
 CONVERTER = Path(sys.prefix) / "llama.cpp" / "convert_hf_to_gguf.py"
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3")
@@ -137,6 +138,10 @@ def test_llamacpp_runs_each_architecture(models, tmp_path, kind):
     q4 = tmp_path / "q4.gguf"
     rep = export_gguf(parent, q4, bits=4)
     assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {"Q4_0"} and rep.exact
+    readers = gguf_readers(q4)  # what the export prints: llama.cpp runs it (asserted below), transformers tested on llama
+    assert "llama.cpp (llama-cpp-python 0.3.36)" in readers.runs
+    # (a Mistral model is written as a `llama`-architecture GGUF, as llama.cpp's converter writes it)
+    assert ("transformers' GGUF reader (dequantized to float)" in readers.runs) == (kind in ("llama", "mistral"))
     weights = read_gguf_weights(q4)  # gguf-py's reading, Llama's permutation undone: matgptq's weights exactly
     model = __import__("matgptq").load(parent, bits=4, dtype=torch.float32)
     for name, w in weights.items():

@@ -500,12 +500,14 @@ def test_cli(parent, tmp_path, capsys):
         f"{n} tensors: {by_count}",
         f"{exact}/{n} tensors bit-exact, max |Δw| {worst.max_abs_err:.3g} ({worst.name}, Q8_0)",
         f"wrote {out} ({out.stat().st_size / 2**20:.2f} MiB, {rep.bits_per_weight:.2f} bits per weight, mostly Q4_0)",
+        "readers: runs in llama.cpp (llama-cpp-python 0.3.36); transformers' GGUF reader (dequantized to float)",
         "",
     ]
     assert main(["export", str(parent), "--format", "gguf", "--bits", "3", "--out", str(out), "--overwrite",
                  "--verbose"]) == 0  # fmt: skip
     text = capsys.readouterr().out
-    assert text.endswith("mostly Q4_0)\n") and f"{n} tensors: {by_count}" in text
+    readers = "readers: runs in llama.cpp (llama-cpp-python 0.3.36); transformers' GGUF reader (dequantized to float)"
+    assert text.endswith(f"mostly Q4_0)\n{readers}\n") and f"{n} tensors: {by_count}" in text
     rows = [line for line in text.split("\n") if re.match(r"\| (token_embd|blk|output)", line)]
     assert len(rows) == n and re.search(r"token_embd.weight +\| Q8_0", text)
     assert sum(re.search(r"\| (yes|no) +\|", r).group(1) == "yes" for r in rows) == exact

@@ -32,6 +32,7 @@ gguf = pytest.importorskip("gguf")
 import matgptq  # noqa: E402
 from matgptq.export.gguf import export_gguf, read_gguf_weights  # noqa: E402
 from matgptq.export.gguf_arch import ARCHITECTURES, llama_qk_permutation  # noqa: E402
+from matgptq.export.readers import gguf_readers  # noqa: E402
 
 TOKENS = [1] + list(range(5, 60)) + [100, 200, 300, 400, 511, 3, 13, 300]  # 64 ids (ids 3.. are bytes / pieces)
 F32_KV = {"type_k": 0, "type_v": 0}  # GGML_TYPE_F32: no F16 rounding of K/V
@@ -178,6 +179,7 @@ def test_f32_baseline(llama_cpp, ck, tmp_path):
 @pytest.mark.parametrize("key,bits,typ", CASES, ids=[f"{k}-{b}-{t}" for k, b, t in CASES])
 def test_llamacpp_logits_match_matgptq(llama_cpp, ck, tmp_path, key, bits, typ):
     path, rep = _export(ck, key, bits, tmp_path, typ)
+    assert "llama.cpp (llama-cpp-python 0.3.36)" in gguf_readers(path).runs  # what the export prints
     assert rep.exact or key == "asym"  # Q4_1 rounds its offsets to fp16
     assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {typ}
     got = cpp_logits(path, TOKENS, **F32_KV)
@@ -197,6 +199,7 @@ def test_transformers_gguf_loader_agrees(ck, tmp_path, key, bits):
     from transformers import AutoModelForCausalLM
 
     path, rep = _export(ck, key, bits, tmp_path, "auto")
+    assert "transformers' GGUF reader (dequantized to float)" in gguf_readers(path).runs  # what the export prints
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32)
     ref = matgptq.load(ck[key], bits=bits, dtype=torch.float32)
     got, want = model.state_dict(), ref.state_dict()

@@ -45,3 +45,12 @@ def test_compressed_tensors_lines(sources, tmp_path, capsys):
     assert "transformers 5.23 with CompressedTensorsConfig(dequantize=True)" in asym
     assert "not in transformers 5.23's default from_pretrained (asymmetric zero points)" in asym
     assert "vLLM (unknown" in asym
+
+
+def test_gguf_line(sources, tmp_path, capsys):
+    pytest.importorskip("gguf")
+    assert main(["export", str(sources["sym"]), "--format", "gguf", "--bits", "4", "--out", str(tmp_path / "m.gguf")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2].startswith(f"wrote {tmp_path / 'm.gguf'}")
+    assert lines[-1] == ("readers: runs in llama.cpp (llama-cpp-python 0.3.36); transformers' GGUF reader (dequantized "
+                         "to float)")  # fmt: skip

@@ -35,6 +35,7 @@ from ..untrusted import read_json
 from .gguf_arch import ARCHITECTURES, _order, llama_qk_permutation
 from .gguf_metadata import _add_metadata, _hparams
 from .gguf_vocab import add_vocab
+from .readers import gguf_readers
 
 __all__ = ["export_gguf", "export_gguf_cli", "read_gguf_weights", "GGUFExport", "TensorExport", "GGUFExportWarning"]
 
@@ -283,6 +284,7 @@ def export_gguf_cli(args) -> None:
     print(rep.summary())
     print(f"wrote {rep.path} ({rep.size_bytes / 2**20:.2f} MiB, {rep.bits_per_weight:.2f} bits per weight, mostly "
           f"{rep.file_type.upper()})")  # fmt: skip
+    print(gguf_readers(rep.path).line())
 
 
 # --- reading back (independent check through gguf-py) ---------------------------------------------------------------

@@ -111,3 +111,17 @@ def ct_readers(path: str | Path) -> Readers:
         if not sizes <= set(VLLM_GROUP_SIZES):
             vllm += f"; Marlin takes group sizes -1/32/64/128, this file has {sorted(sizes)}"
     return Readers(runs, fails, [vllm])
+
+
+GGUF_TESTED_IN_TRANSFORMERS = ("llama",)  # architectures test_transformers_gguf_loader_agrees loads
+
+
+def gguf_readers(path: str | Path) -> Readers:
+    """The readers line of a GGUF file (module docstring)."""
+    import gguf
+
+    arch = gguf.GGUFReader(str(path)).fields["general.architecture"].contents()
+    runs, untested = ["llama.cpp (llama-cpp-python 0.3.36)"], []
+    reader = "transformers' GGUF reader (dequantized to float)"
+    (runs if arch in GGUF_TESTED_IN_TRANSFORMERS else untested).append(reader)
+    return Readers(runs, [], untested)
