@@ -15,7 +15,7 @@ import transformers
 from ._version import __version__
 from .devices import resolve_device
 from .errors import UserError
-from .formats.mix import MixSpec, read_mix
+from .formats.mix import WidthSpec, read_mix, width_spec
 from .formats.staged import SHARD_BYTES, StagedCheckpoint
 from .fsutil import check_output
 from .models import (
@@ -67,7 +67,7 @@ def unquantized_tensors(model, layers: dict, outside: str | None = None) -> dict
 
 def quantize(
     model: str | Path, out: str | Path, *, calib: str | Path | list[str] | None = None, method: str = "gptq",
-    bits=None, bits_config: MixSpec | None = None, master_bits: int | None = None, bit_weights=None,
+    bits=None, bits_config: WidthSpec | None = None, master_bits: int | None = None, bit_weights=None,
     calib_range: tuple[float, float] = (0.0, 1.0),
     nsamples: int = 128, seqlen: int = 256, seed: int = 0, overwrite: bool = False, progress: bool = True,
     dtype: str = "auto", resume: bool = False, device: str = "auto", stream: bool | None = None,
@@ -94,8 +94,7 @@ def quantize(
     if shard_bytes < 1:
         raise UserError(f"--shard-size must be positive, got {shard_bytes} bytes")
     dev = resolve_device(device)
-    if bits is not None and bits_config is not None:
-        raise UserError("give either --bits or --bits-config, not both")
+    width_spec(bits, bits_config)  # one of them
     cfg = make_config(method, 4 if bits is None else bits, master_bits, bit_weights, **options)
     calib_cfg = CalibConfig(
         path=str(calib) if isinstance(calib, (str, Path)) else None, text_range=tuple(calib_range),

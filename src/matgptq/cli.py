@@ -163,6 +163,7 @@ def cmd_eval(a: argparse.Namespace) -> None:
     from .evaluation import format_table
     from .evaluation.perplexity import Teacher, score
     from .evaluation.tasks import require_lm_eval, resolve_tasks, score_tasks, with_average, wrap_model
+    from .formats.mix import width_specs
     from .models import eval_windows, load_tokenizer, read_text, resolve_model, tokenize
     from .runtime import load, set_bits
 
@@ -184,10 +185,7 @@ def cmd_eval(a: argparse.Namespace) -> None:
     reference = load(a.kl_to, packed=False).to(device) if a.kl_to else None
     teacher = Teacher(reference, windows, batch, progress=True) if reference is not None else None
     del reference  # the teacher keeps what it needs
-    bits_list: list = [None]
-    if a.bits:  # "3,4,6,8" → several uniform widths; anything else is a mix JSON file
-        widths = a.bits.split(",")
-        bits_list = [int(b) for b in widths] if all(b.strip().isdigit() for b in widths) else [a.bits]
+    bits_list = width_specs(a.bits) if a.bits else [None]
     model = load(source.path, bits=bits_list[0], packed=False).to(device)
     lm = wrap_model(model, tokenizer, a.task_batch_size) if specs else None
     results, task_results = [], []

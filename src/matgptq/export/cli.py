@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..argtypes import DefaultsHelpFormatter
-from ..errors import UserError
 from ..formats.gguf_tensors import EMBED_TYPES
+from ..formats.mix import width_spec
 
 
 def add_export_parser(sub) -> None:
@@ -32,8 +32,7 @@ def add_export_parser(sub) -> None:
 
 
 def cmd_export(a: argparse.Namespace) -> None:
-    if a.bits is not None and a.bits_config is not None:
-        raise UserError("give either --bits or --bits-config, not both")
+    width_spec(a.bits, a.bits_config)  # checked before anything is read
     if a.format == "gguf":
         from .gguf import export_gguf_cli
 

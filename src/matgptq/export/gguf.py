@@ -28,6 +28,7 @@ from ..errors import UserError
 from ..evaluation import format_table
 from ..formats.gguf_tensors import (EMBED_TYPES, FLOAT_TYPES, QTYPES, _encode_layer, _float_encode, _gguf,
                                     _requantize, embed_type_for)  # fmt: skip
+from ..formats.mix import WidthSpec, width_spec
 from ..fsutil import atomic_output, check_output
 from ..models import load_fp_model
 from ..runtime import open_checkpoint, resolve_bits
@@ -127,11 +128,10 @@ def _source(src: Path, bits, bits_config):
     """(checkpoint or None, {layer: bits}, config dict, {name: float tensor}, tokenizer dir)."""
     if not src.exists():
         raise UserError(f"{src} does not exist; give a matgptq checkpoint or a model directory")
-    if bits is not None and bits_config is not None:
-        raise UserError("give either bits or bits_config, not both")
+    spec = width_spec(bits, bits_config)
     ckpt = open_checkpoint(src)
     if ckpt is None:
-        if bits is not None or bits_config is not None:
+        if spec is not None:
             raise UserError(f"{src} is not quantized; --bits/--bits-config apply to quantized checkpoints only")
         model = load_fp_model(src, torch.float32)
         tensors, seen = {}, set()
@@ -141,12 +141,12 @@ def _source(src: Path, bits, bits_config):
             seen.add(t.data_ptr())
             tensors[k] = t
         return None, {}, read_json(src / "config.json", "re-create the model directory"), tensors, src
-    widths = resolve_bits(bits_config if bits_config is not None else bits, ckpt)
+    widths = resolve_bits(spec, ckpt)
     return ckpt, widths, ckpt.config, ckpt.tensors, ckpt.path
 
 
 def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
-                bits_config: str | Path | dict | None = None, qtype: str = "auto", overwrite: bool = False, *,
+                bits_config: WidthSpec | None = None, qtype: str = "auto", overwrite: bool = False, *,
                 float_type: str = "f32", embed_type: str | None = None) -> GGUFExport:  # fmt: skip
     """Write `src` (a matgptq parent/slice, GPTQ checkpoint or unquantized model) as one GGUF file for llama.cpp.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
+from ..formats.mix import width_spec
 from ..fsutil import check_output
 from ..runtime import open_checkpoint, resolve_bits
 
@@ -12,12 +13,11 @@ from ..runtime import open_checkpoint, resolve_bits
 def quantized_source(src, out, bits: int | None, bits_config, overwrite: bool):
     """(checkpoint, {layer: width}) of the quantized checkpoint `src` at `bits` or the mix `bits_config`, after
     checking, before any work, that `out` may be written; bad input is one UserError."""
-    if bits is not None and bits_config is not None:
-        raise UserError("give either bits or a bits config, not both")
+    spec = width_spec(bits, bits_config)
     check_output(out, overwrite)
     if not Path(src).is_dir():
         raise UserError(f"{src} is not a directory; give a matgptq parent/slice or a GPTQ checkpoint")
     ckpt = open_checkpoint(src)
     if ckpt is None:
         raise UserError(f"{src} is not quantized; quantize it first (matgptq quantize) and export the result")
-    return ckpt, resolve_bits(bits if bits is not None else bits_config, ckpt)
+    return ckpt, resolve_bits(spec, ckpt)

@@ -1,8 +1,9 @@
-"""A per-layer width mix: which width each quantized layer takes, as `matgptq search` writes it and `quantize`,
-`load`, `eval` and `export` read it.
+"""The width spec: which width each quantized layer takes, in the one form `quantize`, `load`, `set_bits`, `eval`,
+`export` and transformers' `MatGPTQConfig` take it: a width (an int: every layer), a per-layer mix `{layer: bits}`, or
+the path of a mix JSON file, as `matgptq search` writes it.
 
 JSON `{layer: bits}` with full module names (e.g. "model.layers.0.self_attn.q_proj"); "*" gives the width of every
-layer not named; a search's mix file nests the mapping under "bits". An int means that width everywhere.
+layer not named; a search's mix file nests the mapping under "bits".
 """
 
 from __future__ import annotations
@@ -12,10 +13,24 @@ from pathlib import Path
 from ..errors import UserError
 from ..untrusted import read_json
 
-MixSpec = int | dict[str, int] | str | Path
+WidthSpec = int | dict[str, int] | str | Path
 
 
-def read_mix(spec: MixSpec, names: list[str]) -> dict[str, int]:
+def width_spec(bits: int | None, bits_config: WidthSpec | None) -> WidthSpec | None:
+    """The one spec of a command that takes `--bits R` or `--bits-config MIX` (None: neither)."""
+    if bits is not None and bits_config is not None:
+        raise UserError("give either --bits or --bits-config, not both")
+    return bits if bits is not None else bits_config
+
+
+def width_specs(text: str) -> list[WidthSpec]:
+    """Several specs from one option, as `eval --bits` takes them: "3,4,6,8" is four widths, anything else one spec
+    (a mix file)."""
+    parts = text.split(",")
+    return [int(b) for b in parts] if all(b.strip().isdigit() for b in parts) else [text]
+
+
+def read_mix(spec: WidthSpec, names: list[str]) -> dict[str, int]:
     """Every layer of `names` -> its width. Unknown or missing layers and widths that are not integers are a
     `UserError`; which widths exist is the caller's check (it depends on what holds the weights)."""
     if isinstance(spec, (str, Path)) and not str(spec).isdigit():

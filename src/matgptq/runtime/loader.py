@@ -16,14 +16,12 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..errors import UserError
 from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_checkpoint
-from ..formats.mix import read_mix
+from ..formats.mix import WidthSpec, read_mix
 from ..untrusted import read_json
 from ..models import (
     LOAD_ERRORS, arch_spec, load_fp_model, loader_quiet, require_model_dir, resolve_model, set_weight_matrix, weight_matrix,
 )  # fmt: skip
 from .packed import PackedLinear
-
-BitsSpec = int | dict[str, int] | str | Path | None
 
 
 @dataclass
@@ -39,7 +37,7 @@ class QuantizedState:
         return self.checkpoint.layers
 
 
-def resolve_bits(spec: BitsSpec, ckpt: Checkpoint) -> dict[str, int]:
+def resolve_bits(spec: WidthSpec | None, ckpt: Checkpoint) -> dict[str, int]:
     """Per-layer widths from an int, a {layer: bits} dict (key "*" = default) or a JSON file of either form."""
     if spec is None:
         return {n: q.bits for n, q in ckpt.layers.items()}
@@ -53,7 +51,7 @@ def resolve_bits(spec: BitsSpec, ckpt: Checkpoint) -> dict[str, int]:
     return out
 
 
-def set_bits(model, bits: BitsSpec) -> None:
+def set_bits(model, bits: WidthSpec | None) -> None:
     """Switch a loaded quantized model to other widths (re-slicing the in-memory parent)."""
     state: QuantizedState | None = getattr(model, "matgptq", None)
     if state is None:
@@ -104,7 +102,7 @@ def check_layers(ckpt: Checkpoint, model, spec) -> None:
                             f"{list(shape) if shape else 'no such Linear'}; re-create the checkpoint")  # fmt: skip
 
 
-def attach(model, ckpt: Checkpoint, bits: BitsSpec, packed: bool) -> None:
+def attach(model, ckpt: Checkpoint, bits: WidthSpec | None, packed: bool) -> None:
     """Give `model` (whose unquantized tensors are loaded) the checkpoint's quantized layers at `bits`, packed or as
     float weights, and keep the integer data as `model.matgptq` for `set_bits`."""
     spec = arch_spec(model.config.model_type)
@@ -120,7 +118,7 @@ def default_packed(packed: bool | None, dtype: torch.dtype, model_type: str) -> 
     return packed_wins(dtype) and not arch_spec(model_type).conv1d if packed is None else packed
 
 
-def build_model(ckpt: Checkpoint, bits: BitsSpec = None, dtype: torch.dtype | None = None,
+def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dtype | None = None,
                 packed: bool | None = False):  # fmt: skip
     config = _config(ckpt)
     dtype = dtype or getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
@@ -167,7 +165,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint | None:
     return None
 
 
-def load(path: str | Path, bits: BitsSpec = None, dtype: torch.dtype | None = None, packed: bool | None = None):
+def load(path: str | Path, bits: WidthSpec | None = None, dtype: torch.dtype | None = None, packed: bool | None = None):
     """A transformers causal LM (eval mode) from a matgptq parent/slice, a GPTQ checkpoint or an unquantized model:
     a local directory or a Hugging Face id `org/name[@revision]` (models/hub.py).
 
