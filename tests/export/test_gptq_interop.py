@@ -437,6 +437,7 @@ def test_transformers_default_kernel_needs_whole_groups(gptqmodel, tmp_path):
     path = export_gptq(src, tmp_path / "g", "gptq_v1")
     readers = gptq_readers(path)
     assert readers.fails[0].startswith("transformers' default 4-bit CPU kernel") and "96, group size 64" in readers.fails[0]
+    assert readers.untested[0].startswith("vLLM (expected to refuse it")  # Marlin: whole groups only (not run here)
     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16, device_map="cpu")
     with pytest.raises(RuntimeError, match="divisible by qGroupSize"), torch.no_grad():

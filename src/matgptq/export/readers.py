@@ -11,8 +11,8 @@ GPTQ (docs/formats.md §2), per layer: width r (config `bits`, or a `dynamic` ov
     kernel (TorchAtenLinear, int4pack) needs N % 16 == 0 and K % g == 0 (test_transformers_optimum_loads_padded_
     stories_export, test_transformers_default_kernel_needs_whole_groups); GPTQConfig(bits=4, backend="gptq_torch")
     runs those files. Other widths use the torch kernel by default.
-  * vLLM (not tested): routes GPTQ to Marlin, symmetric 4 and 8 bits with g in {−1, 32, 64, 128} only (vLLM PR #38288,
-    issue #45051).
+  * vLLM (not tested): routes GPTQ to Marlin, symmetric 4 and 8 bits with g in {−1, 32, 64, 128} dividing K only (vLLM
+    PR #38288, issue #45051).
 compressed-tensors (§5), per config group (bits, symmetric, group size):
   * compressed-tensors 0.19's decompressor, and transformers 5.17 by default: every export (test_compressed_tensors.py,
     also run on 5.17 by `make compat`).
@@ -82,9 +82,10 @@ def gptq_readers(path: str | Path) -> Readers:
                          f"group size == 0; {name} is {n}×{k}, group size {g})")  # fmt: skip
         else:
             runs.append("transformers + optimum")
-    marlin = set(widths) <= {4, 8} and qc.get("sym", False) and g in VLLM_GROUP_SIZES
+    whole = g <= 0 or all(k % g == 0 for _, _, k in layers.values())
+    marlin = set(widths) <= {4, 8} and qc.get("sym", False) and g in VLLM_GROUP_SIZES and whole
     vllm = "vLLM (expected: Marlin)" if marlin else (
-        "vLLM (expected to refuse it: GPTQ there is symmetric 4/8-bit, group size -1/32/64/128; "
+        "vLLM (expected to refuse it: GPTQ there is symmetric 4/8-bit, group size -1/32/64/128 dividing in_features; "
         "use --format compressed-tensors)")  # fmt: skip
     return Readers(runs, fails, [vllm])
 
