@@ -13,7 +13,7 @@ from pathlib import Path
 os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 # Triton decides interpreter vs compiler when its own library is first imported, and `import matgptq` imports it
-# (through transformers' quantizer registry, runtime/hf_quantizer.py), so the nested-kernel tests' CPU interpreter
+# (through transformers' quantizer registry, integrations/transformers.py), so the nested-kernel tests' CPU interpreter
 # (tests/kernels/test_triton_nested.py) must be chosen before the first import below.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 

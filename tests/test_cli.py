@@ -9,7 +9,7 @@ import pytest
 
 from matgptq.cli import main
 from matgptq.errors import UserError
-from matgptq.runtime.hf_quantizer import IMPORT_LOGGERS
+from matgptq.integrations.transformers import IMPORT_LOGGERS
 from tests.conftest import STORIES, TINYSTORIES, make_tiny_llama
 
 

@@ -21,6 +21,7 @@ RANK: dict[str, int] = {
     "quantization": 2, "runtime": 2,  # model → parent; parent or slice → a model that runs
     "kernels": 2,  # GPU layouts and Triton kernels for a parent (beside runtime: reads formats only)
     "evaluation": 3,  # scores of a loaded model, and the tables that report them
+    "integrations": 3,  # matgptq inside other engines (transformers' from_pretrained): uses runtime
     "export": 4,  # GPTQ / GGUF writers (their reports use evaluation's tables)
     "search": 4,  # per-layer mixes of a parent under a budget (scores candidates with evaluation's KL)
     "api": 5, "cli": 5, "__main__": 5, "": 5,  # the entry points: only these import everything

@@ -1,12 +1,12 @@
 """matgptq: quantize a Hugging Face causal LM once into a Matryoshka parent; slice, load and export any width.
 
-Importing it also lets transformers' `from_pretrained` load matgptq checkpoints (`MatGPTQConfig`, runtime/hf_quantizer.py).
+Importing it also lets transformers' `from_pretrained` load matgptq checkpoints (`MatGPTQConfig`, integrations/transformers.py).
 """
 
 from ._version import __version__
 from .api import quantize
 from .runtime import load, set_bits
-from .runtime.hf_quantizer import register as _register_with_transformers
+from .integrations.transformers import register as _register_with_transformers
 
 MatGPTQConfig = _register_with_transformers()
 

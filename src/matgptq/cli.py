@@ -14,7 +14,7 @@ from pathlib import Path
 from .argtypes import DefaultsHelpFormatter, add_device_option, floats, fraction_range, ints
 from .errors import UserError
 from .models import quiet_loggers
-from .runtime.hf_quantizer import IMPORT_LOGGERS
+from .integrations.transformers import IMPORT_LOGGERS
 
 EVAL_TOKENS_PER_PASS = 2048  # default eval batch: this many tokens of windows per forward pass (2048 // --seqlen)
 

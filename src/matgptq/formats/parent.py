@@ -1,7 +1,7 @@
 """The matgptq checkpoint: one directory holding a parent (all widths) or a standalone slice.
 
 Files: `config.json` (the HF config plus `quantization_config: {"quant_method": "matgptq", "bits": stored}`: transformers
-loads it once `matgptq` is imported (runtime/hf_quantizer.py); without that import transformers 5.x skips the unknown
+loads it once `matgptq` is imported (integrations/transformers.py); without that import transformers 5.x skips the unknown
 method and reports the quantized weights MISSING), tokenizer files, `model.safetensors` and `matgptq.json`. A parent
 larger than one shard (`quantize` writes shards of at most `shard_bytes`, default SHARD_BYTES) has Hugging Face's
 sharded layout instead: `model-00001-of-0000N.safetensors`, … and `model.safetensors.index.json` naming each tensor's

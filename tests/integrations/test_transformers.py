@@ -1,4 +1,4 @@
-"""transformers' own `from_pretrained` on matgptq checkpoints (runtime/hf_quantizer.py), against `matgptq.load` of the
+"""transformers' own `from_pretrained` on matgptq checkpoints (integrations/transformers.py), against `matgptq.load` of the
 same checkpoint and widths: the same module types and bit-identical logits (both compute with the same modules from
 the same integer data, so no tolerance applies). `make compat` runs this file on transformers 5.17 too."""
 
@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 import matgptq
 from matgptq.errors import UserError
 from matgptq.formats import read_checkpoint
-from matgptq.runtime.hf_quantizer import register
+from matgptq.integrations.transformers import register
 from matgptq.runtime.packed import PackedLinear
 from tests.conftest import quick_quantize
 from tests.models.test_hub import COMMIT, hub_cache  # noqa: F401 — the offline cache fixture

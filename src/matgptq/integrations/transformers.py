@@ -34,7 +34,7 @@ from ..errors import UserError
 from ..formats import read_checkpoint
 from ..formats.parent import META_FILE
 from ..models import arch_spec, quiet_loggers
-from .loader import attach, check_layers, default_packed
+from ..runtime import attach, check_layers, default_packed
 
 METHOD = "matgptq"
 # the tensors of a quantized layer in the checkpoint (docs/formats.md §1.2): transformers must not expect them

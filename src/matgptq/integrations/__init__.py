@@ -1,0 +1,1 @@
+"""matgptq inside other engines: transformers' `from_pretrained` (transformers.py)."""
