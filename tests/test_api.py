@@ -31,3 +31,50 @@ def test_bfloat16_calibration_writes_bfloat16_and_leaves_the_source_untouched(tm
 def test_unknown_dtype_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match="--dtype int8 is not one of auto, float32, bfloat16, float16"):
         quick_quantize(make_tiny_llama(tmp_path / "m"), tmp_path / "q", dtype="int8")
+
+
+def same_tensors(a, b) -> bool:
+    """The same tensors (safetensors' header order may differ between two writes of one dict)."""
+    import torch
+    from safetensors.torch import load_file
+
+    ta, tb = load_file(str(a)), load_file(str(b))
+    return set(ta) == set(tb) and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+@pytest.fixture(scope="module")
+def parent(tiny_llama_dir, tmp_path_factory):
+    return quick_quantize(tiny_llama_dir, tmp_path_factory.mktemp("api") / "parent", method="matgptq", bits="3,4,8",
+                          group_size=32)  # fmt: skip
+
+
+def test_slice_evaluate_and_export_are_the_commands(parent, tmp_path):
+    """The Python calls write and return exactly what the commands do (the commands call them; this guards the
+    API's own argument handling): the same slice bytes, the same eval report, the same export bytes."""
+    import torch
+
+    import matgptq
+    from matgptq.cli import main
+    from matgptq.export import export
+    from tests.conftest import TINYSTORIES
+
+    assert matgptq.slice(parent, 4, tmp_path / "a") == tmp_path / "a"
+    assert main(["slice", str(parent), "--bits", "4", "--out", str(tmp_path / "b")]) == 0
+    assert same_tensors(tmp_path / "a" / "model.safetensors", tmp_path / "b" / "model.safetensors")
+    ids = torch.tensor([[1, 5, 9, 20]])
+    assert torch.equal(matgptq.load(tmp_path / "a")(ids).logits, matgptq.load(parent, bits=4)(ids).logits)
+
+    kw = dict(text=str(TINYSTORIES), text_range=(0.0, 0.05), seqlen=64, max_tokens=2048)
+    report = matgptq.evaluate(parent, bits=[3, {"*": 4}], kl_to=parent, progress=False, **kw)
+    assert main(["eval", str(parent), "--bits", "3", "--text", str(TINYSTORIES), "--text-range", "0:0.05", "--seqlen",
+                 "64", "--max-tokens", "2048", "--kl-to", str(parent), "--json", str(tmp_path / "e.json")]) == 0  # fmt: skip
+    from_cli = json.loads((tmp_path / "e.json").read_text())
+    assert from_cli["results"][0] == report["results"][0] and report["results"][1]["bits"] == "4"
+    assert 0 < report["results"][1]["kl"] < report["results"][0]["kl"]  # 4 bits are nearer the 8-bit reference than 3
+
+    assert export(parent, tmp_path / "g.gguf", "gguf", bits=3) == tmp_path / "g.gguf"
+    assert main(["export", str(parent), "--format", "gptq_v2", "--bits", "3", "--out", str(tmp_path / "c")]) == 0
+    export(parent, tmp_path / "d", "gptq_v2", bits=3)
+    assert same_tensors(tmp_path / "c" / "model.safetensors", tmp_path / "d" / "model.safetensors")
+    with pytest.raises(ValueError, match="'gptq_v3' is not a valid ExportFormat"):
+        export(parent, tmp_path / "x", "gptq_v3")

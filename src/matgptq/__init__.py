@@ -1,13 +1,15 @@
 """matgptq: quantize a Hugging Face causal LM once into a Matryoshka parent; slice, load and export any width.
 
-Importing it also lets transformers' `from_pretrained` load matgptq checkpoints (`MatGPTQConfig`, integrations/transformers.py).
+Exports: `matgptq.export.export(src, out, format, ...)` (the name `matgptq.export` is the subpackage). Importing matgptq
+also lets transformers' `from_pretrained` load matgptq checkpoints (`MatGPTQConfig`, integrations/transformers.py).
 """
 
 from ._version import __version__
-from .api import quantize
+from .api import evaluate, quantize
+from .api import slice  # noqa: A004 — matgptq.slice, as the command
 from .runtime import load, set_bits
 from .integrations.transformers import register as _register_with_transformers
 
 MatGPTQConfig = _register_with_transformers()
 
-__all__ = ["quantize", "load", "set_bits", "MatGPTQConfig", "__version__"]
+__all__ = ["quantize", "load", "set_bits", "slice", "evaluate", "MatGPTQConfig", "__version__"]

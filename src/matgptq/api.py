@@ -1,4 +1,6 @@
-"""The Python API in three calls: `quantize(...)` → checkpoint directory, `load(path, bits=...)` → model, `evaluate`."""
+"""The Python API: `quantize(...)` → checkpoint directory, `load(path, bits=...)` → model (runtime), `set_bits`,
+`slice` → a smaller checkpoint of one width, `evaluate` → scores (evaluation/run.py); exports are
+`matgptq.export.export` (the subpackage's name is taken, so it is not re-bound here)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import transformers
 from ._version import __version__
 from .devices import resolve_device
 from .errors import UserError
+from .evaluation.run import evaluate
+from .formats import write_slice
 from .formats.mix import WidthSpec, read_mix, width_spec
 from .formats.staged import SHARD_BYTES, StagedCheckpoint
 from .fsutil import check_output
@@ -190,3 +194,11 @@ def _run_settings(model, cfg: QuantConfig, calib_cfg: CalibConfig, calib, window
             "quantization": cfg.to_json(), "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range)},
             "calib_sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None,
             "windows": [list(windows.shape), int(windows.sum())], "dtype": dtype, "device": device.type}  # fmt: skip
+
+
+def slice(parent: str | Path, bits: int, out: str | Path, overwrite: bool = False) -> Path:  # noqa: A001 — the API name
+    """Write the `bits`-bit slice of a parent as its own checkpoint (only that width's data), as `matgptq slice`."""
+    return write_slice(parent, bits, out, overwrite)
+
+
+__all__ = ["quantize", "slice", "evaluate", "make_config", "parse_bits"]

@@ -13,10 +13,8 @@ from pathlib import Path
 
 from .argtypes import DefaultsHelpFormatter, add_device_option, floats, fraction_range, ints
 from .errors import UserError
-from .models import quiet_loggers
 from .integrations.transformers import IMPORT_LOGGERS
-
-EVAL_TOKENS_PER_PASS = 2048  # default eval batch: this many tokens of windows per forward pass (2048 // --seqlen)
+from .models import quiet_loggers
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,51 +157,16 @@ def cmd_quantize(a: argparse.Namespace) -> None:
 
 
 def cmd_eval(a: argparse.Namespace) -> None:
-    from .devices import resolve_device
+    from .api import evaluate
     from .evaluation import format_table
-    from .evaluation.perplexity import Teacher, score
-    from .evaluation.tasks import require_lm_eval, resolve_tasks, score_tasks, with_average, wrap_model
     from .formats.mix import width_specs
-    from .models import eval_windows, load_tokenizer, read_text, resolve_model, tokenize
-    from .runtime import load, set_bits
 
-    if not a.text and not a.tasks:
-        raise UserError("nothing to evaluate; give --text FILE (perplexity) and/or --tasks NAMES (zero-shot accuracy)")
-    if a.kl_to and not a.text:
-        raise UserError("--kl-to compares next-token distributions on text; give --text FILE too")
-    for flag, value in (("--limit", a.limit), ("--task-batch-size", a.task_batch_size), ("--batch-size", a.batch_size)):
-        if value is not None and value < 1:
-            raise UserError(f"{flag} must be at least 1, got {value}")
-    device = resolve_device(a.device)
-    specs = resolve_tasks(a.tasks, a.tasks_dir) if a.tasks else []  # every file checked before any model is loaded
-    if specs:
-        require_lm_eval()
-    source = resolve_model(a.model)  # a directory, or a Hugging Face id through its cache
-    tokenizer = load_tokenizer(source.path)
-    windows = eval_windows(tokenize(tokenizer, read_text(a.text, a.text_range)), a.seqlen, a.max_tokens) if a.text else None
-    batch = a.batch_size or max(1, EVAL_TOKENS_PER_PASS // a.seqlen)
-    reference = load(a.kl_to, packed=False).to(device) if a.kl_to else None
-    teacher = Teacher(reference, windows, batch, progress=True) if reference is not None else None
-    del reference  # the teacher keeps what it needs
-    bits_list = width_specs(a.bits) if a.bits else [None]
-    model = load(source.path, bits=bits_list[0], packed=False).to(device)
-    lm = wrap_model(model, tokenizer, a.task_batch_size) if specs else None
-    results, task_results = [], []
-    for bits in bits_list:
-        if bits is not None:
-            set_bits(model, bits)
-        label = _bits_label(model, bits)
-        if windows is not None:
-            sc = score(model, windows, teacher, batch, progress=True)
-            row = {"model": a.model, "bits": label, "tokens": int(windows.numel()), "ppl": sc.ppl}
-            if teacher is not None:
-                row["kl"] = sc.kl
-            results.append(row)
-        if specs:
-            scores = with_average(score_tasks(lm, specs, a.limit))
-            task_results += [{"model": a.model, "bits": label, "task": t, **s} for t, s in scores.items()]
+    report = evaluate(a.model, bits=width_specs(a.bits) if a.bits else None, text=a.text, text_range=a.text_range,
+                      seqlen=a.seqlen, max_tokens=a.max_tokens, kl_to=a.kl_to, tasks=a.tasks, tasks_dir=a.tasks_dir,
+                      limit=a.limit, batch_size=a.batch_size, task_batch_size=a.task_batch_size, device=a.device)  # fmt: skip
+    results, task_results = report.get("results", []), report.get("task_results", [])
     if results:
-        headers = ["model", "bits", "tokens", "ppl"] + (["kl"] if teacher is not None else [])
+        headers = ["model", "bits", "tokens", "ppl"] + (["kl"] if a.kl_to else [])
         print(format_table(headers, [[r[h] for h in headers] for r in results]))
     if task_results:
         print(("\n" if results else "") + format_table(["model", "bits", "task", "n", "acc", "acc_norm"],
@@ -211,39 +174,15 @@ def cmd_eval(a: argparse.Namespace) -> None:
     if a.json:
         from .fsutil import atomic_output
 
-        report = {"model": a.model}
-        if results:
-            report.update({"text": a.text, "text_range": list(a.text_range), "seqlen": a.seqlen, "results": results})
-        if task_results:
-            report.update({"tasks": {s.name: str(s.path) for s in specs}, "limit": a.limit, "task_results": task_results})
         with atomic_output(a.json, overwrite=True, directory=False) as f:
             f.write_text(json.dumps(report, indent=2))
 
 
-def _bits_label(model, bits) -> str:
-    state = getattr(model, "matgptq", None)
-    if state is None:
-        return "fp" if bits is None else str(bits)
-    widths = list(state.bits.values())
-    if len(set(widths)) == 1:
-        return str(widths[0])
-    return f"mix {sum(widths) / len(widths):.2f} avg"
-
-
 def cmd_slice(a: argparse.Namespace) -> None:
-    from .formats import read_checkpoint, save_checkpoint
+    from .api import slice as slice_parent
 
-    ckpt = read_checkpoint(a.parent)
-    if ckpt.layers and next(iter(ckpt.layers.values())).shift:
-        raise UserError(f"{a.parent} is already a slice; slice the parent checkpoint")
-    try:
-        layers = {n: q.slice(a.bits) for n, q in ckpt.layers.items()}
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    meta = {k: v for k, v in ckpt.meta.items() if k not in ("stored_bits", "shift", "layers", "format", "format_version", "slicing")}
-    meta["sliced_from"] = str(Path(a.parent).resolve())
-    save_checkpoint(a.out, ckpt.config, ckpt.tensors, layers, meta, a.parent, a.overwrite)
-    size = sum(f.stat().st_size for f in Path(a.out).glob("*.safetensors"))
+    out = slice_parent(a.parent, a.bits, a.out, a.overwrite)
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     print(f"wrote {a.out}: {a.bits}-bit slice, {size / 1e6:.2f} MB of tensors")
 
 

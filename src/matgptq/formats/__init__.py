@@ -5,11 +5,11 @@ int32 packing (gptq_packing); GGUF quantized blocks (gguf_blocks) and which bloc
 
 from .gptq_checkpoint import read_gptq_checkpoint, trivial_g_idx
 from .gptq_packing import SUPPORTED_BITS, pack_cols, pack_rows, to_v1_words
-from .parent import Checkpoint, is_checkpoint, read_checkpoint, save_checkpoint
+from .parent import Checkpoint, is_checkpoint, read_checkpoint, save_checkpoint, write_slice
 from .quantized import QuantizedWeight
 from .slicing import position_table
 
 __all__ = [
-    "Checkpoint", "is_checkpoint", "read_checkpoint", "save_checkpoint", "QuantizedWeight", "position_table",
+    "Checkpoint", "is_checkpoint", "read_checkpoint", "save_checkpoint", "write_slice", "QuantizedWeight", "position_table",
     "read_gptq_checkpoint", "trivial_g_idx", "SUPPORTED_BITS", "pack_cols", "pack_rows", "to_v1_words",
 ]  # fmt: skip

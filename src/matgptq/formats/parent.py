@@ -129,6 +129,21 @@ def save_checkpoint(
     return Path(out)
 
 
+def write_slice(parent: str | Path, bits: int, out: str | Path, overwrite: bool = False) -> Path:
+    """Write the `bits`-bit slice of the parent at `parent` as its own, smaller checkpoint (only that width's codes
+    and scales); it records the parent it came from."""
+    ckpt = read_checkpoint(parent)
+    if ckpt.layers and next(iter(ckpt.layers.values())).shift:
+        raise UserError(f"{parent} is already a slice; slice the parent checkpoint")
+    try:
+        layers = {n: q.slice(bits) for n, q in ckpt.layers.items()}
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    drop = ("stored_bits", "shift", "layers", "format", "format_version", "slicing")
+    meta = {k: v for k, v in ckpt.meta.items() if k not in drop} | {"sliced_from": str(Path(parent).resolve())}
+    return save_checkpoint(out, ckpt.config, ckpt.tensors, layers, meta, parent, overwrite)
+
+
 def is_checkpoint(path: str | Path) -> bool:
     return (Path(path) / META_FILE).is_file()
 
