@@ -6,7 +6,7 @@ two-process run), and `torchrun --standalone --nproc-per-node 2 -m matgptq quant
 (gloo; windows split across ranks, Hessians all-reduced, each group's Linears spread over the ranks). Printed: wall
 and CPU time (children's user+sys, os.wait4 — for torchrun the launcher's waited-for children), the speed-up over
 1 process × 1 thread, and how many code tensors of the 2-process checkpoint equal the 1-process one bit for bit
-(they may differ by float summation order: quantization/distributed.py).
+(they may differ by float summation order: execution/distributed.py).
 
     python scripts/bench_distributed.py [MODEL_DIR] [--method gptq] [--bits 4] [--nsamples 32] [--seqlen 256]
 

@@ -43,7 +43,7 @@ os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")  # GPTQModel reads it at imp
 
 import torch  # noqa: E402
 
-from matgptq.evaluation.report import format_table  # noqa: E402
+from matgptq.execution import format_table  # noqa: E402
 from matgptq.quantization.grid import NearestRounding  # noqa: E402
 from matgptq.quantization.solver import gptq_quantize  # noqa: E402
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from matgptq.evaluation.report import format_table
+from matgptq.execution import format_table
 from matgptq.quantization.grid import NearestRounding, minmax_params
 from matgptq.formats import QuantizedWeight
 from matgptq.quantization.multibit import MatryoshkaRounding, PerWidthRounding, brute_force_codes

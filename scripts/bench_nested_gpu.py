@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from matgptq.evaluation.report import format_table
+from matgptq.execution import format_table
 from matgptq.formats import QuantizedWeight
 from matgptq.kernels import NestedLayout
 from matgptq.kernels.triton_nested import nested_matmul

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.model or not args.parent:
         ap.error("give --model and --parent")
-    from matgptq.evaluation.report import format_table
+    from matgptq.execution import format_table
 
     ids = prompt_ids(Path(args.model), args.prompt_tokens)
     base = {"model": args.model, "parent": args.parent, "ids": ids, "new": args.new, "threads": args.threads}

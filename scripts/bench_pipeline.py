@@ -206,7 +206,7 @@ def page(data: dict) -> str:
 
 def tables(data: dict) -> str:
     """One row per tool with the ratios to the peers, then matgptq's own breakdown."""
-    from matgptq.evaluation.report import format_table
+    from matgptq.execution import format_table
 
     results = data["results"]
     peers = [r for r in results if r["tool"] in PEERS and r["ok"]]

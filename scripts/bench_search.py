@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from matgptq.argtypes import fraction_range as _range
-from matgptq.evaluation.report import format_table
+from matgptq.execution import format_table
 from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint
 from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize

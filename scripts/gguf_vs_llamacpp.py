@@ -302,7 +302,7 @@ def publish(out_json: Path) -> int:
 
 def page(data: dict) -> str:
     """docs/results/gguf_vs_llamacpp.md from its JSON: every file's size, types and scores, and the goal ratios."""
-    from matgptq.evaluation.report import format_table
+    from matgptq.execution import format_table
 
     results, proto = data["results"], data["protocol"]
     rows = [[label, r["size_bytes"], r["types_summary"], r.get("exact_layers"), r["ppl_llamacpp"], r["kl_llamacpp"],

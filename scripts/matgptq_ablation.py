@@ -40,7 +40,7 @@ import torch
 
 from matgptq.api import make_config
 from matgptq.evaluation.perplexity import Teacher, score
-from matgptq.evaluation.report import format_table
+from matgptq.execution import format_table
 from matgptq.models.hf import load_fp_model, load_tokenizer
 from matgptq.models.text import calibration_windows, eval_windows, read_text, tokenize
 from matgptq.quantization.pipeline import quantize_model

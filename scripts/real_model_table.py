@@ -231,7 +231,7 @@ def publish(state: dict, echo: bool = False) -> None:
 
 def page(data: dict) -> str:
     """docs/results/real_model_table.md from its JSON."""
-    from matgptq.evaluation.report import format_table
+    from matgptq.execution import format_table
 
     rows = table_rows(data)
     s = data["settings"]

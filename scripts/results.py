@@ -101,7 +101,7 @@ def publish(data: dict, out: Path) -> None:
 
 def page(data: dict) -> str:
     """docs/results/stories260k_methods.md from its JSON: every row, then the MatGPTQ quality claims checked."""
-    from matgptq.evaluation.report import format_table
+    from matgptq.execution import format_table
 
     rows = data["rows"]
     table = format_table(["method", "options", "bits", "perplexity", "KL to fp32"],

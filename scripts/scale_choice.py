@@ -22,7 +22,7 @@ from _docs import RESULTS, header, write_page
 from matgptq_ablation import SMOLLM2, STORIES, Protocol, setting
 
 from matgptq.api import make_config
-from matgptq.evaluation.report import format_table
+from matgptq.execution import format_table
 from matgptq.evaluation.perplexity import score
 from matgptq.models.text import calibration_windows
 from matgptq.quantization.pipeline import quantize_model

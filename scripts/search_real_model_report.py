@@ -67,7 +67,7 @@ def _runs(runs: dict[str, dict]) -> dict[str, dict]:
 
 def page(runs: dict[str, dict], table: dict) -> str:
     """docs/results/search_real_model.md from {run-NAME.json: JSON} and real_model_table.json."""
-    from matgptq.evaluation.report import format_table
+    from matgptq.execution import format_table
 
     runs = _runs(runs)
     base = _base(table)

@@ -28,7 +28,7 @@ import torch
 
 import matgptq
 from matgptq.evaluation.perplexity import Teacher, score
-from matgptq.evaluation.report import format_table
+from matgptq.execution import format_table
 from matgptq.formats import read_checkpoint
 from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
 from matgptq.search import BudgetKind, CostModel, EvoConfig, SearchRequest, run_search

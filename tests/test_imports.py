@@ -16,7 +16,9 @@ SRC = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
 # The layers, lowest first: a folder (subpackage) or top-level module → rank ("" = matgptq/__init__.py).
 RANK: dict[str, int] = {
-    "errors": 0, "fsutil": 0, "untrusted": 0, "_version": 0, "devices": 0, "argtypes": 0,  # base: import nothing above
+    "errors": 0, "fsutil": 0, "untrusted": 0, "_version": 0,  # base: import nothing above
+    "execution": 1,  # devices, torch.distributed helpers, tables: used by every stage (imports only errors)
+    "argtypes": 2,  # the commands' argument types (--device's help comes from execution)
     "models": 1, "formats": 1,  # the Hugging Face side; bytes on disk (each with its reader and writer)
     "quantization": 2, "runtime": 2,  # model → parent; parent or slice → a model that runs
     "kernels": 2,  # GPU layouts and Triton kernels for a parent (beside runtime: reads formats only)
@@ -231,3 +233,19 @@ def test_the_checks_catch_what_they_should(tmp_path):
     assert len(up) == 1 and up[0].startswith(f"{PACKAGE}.formats.parent (line 3) imports {PACKAGE}.runtime.loader")
     assert shadowed(modules) == [f"{PACKAGE}.runtime binds 'load' (from {PACKAGE}.runtime.loader) over its submodule "
                                  f"{PACKAGE}.runtime.load"]  # fmt: skip
+
+
+def test_no_private_name_crosses_a_module():
+    """`from X import _name` of a function, class or constant: another module's private name. A private module of the
+    importer's own folder (`from . import _triton_src`, kept out of the folder's API) is allowed."""
+    modules, crossings = discover(), []
+    for name, path in modules.items():
+        for candidates, line in _imported(name, path):
+            target, base = candidates[0], candidates[-1]
+            private = target.rpartition(".")[2]
+            if base.split(".")[0] != PACKAGE or not private.startswith("_") or private.startswith("__"):
+                continue
+            own_folder_module = target in modules and unit(target) == unit(name)
+            if not own_folder_module:
+                crossings.append(f"{name} (line {line}) imports {target}")
+    assert not crossings, "private names used across modules:\n  " + "\n  ".join(crossings)

@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from ._version import __version__
-from .devices import resolve_device
+from .execution import resolve_device
 from .errors import UserError
 from .evaluation.run import evaluate
 from .formats import write_slice
@@ -28,7 +28,7 @@ from .models import (
 )  # fmt: skip
 from .models.lazy import LazyModel
 from .quantization import CalibConfig, LayerReport, Method, QuantConfig, quantize_model
-from .quantization.distributed import dist_backend, init_from_env, world
+from .execution import dist_backend, init_from_env, world
 from .quantization.resume import BlockState
 
 
@@ -88,7 +88,7 @@ def quantize(
     config.json; "bfloat16" is what GPTQModel uses on CPU). Hessians and the solver are float32 either way.
     `resume`: continue a killed run from its last finished block (quantization/resume.py); progress is kept beside
     `out` until the checkpoint is written.
-    `device`: auto | cpu | cuda | cuda:i (devices.py). `stream`: read each block from the model's files when it is
+    `device`: auto | cpu | cuda | cuda:i (execution/devices.py). `stream`: read each block from the model's files when it is
     quantized instead of loading the model whole (models/lazy.py); None = whenever the files allow it (the result is
     the same either way), False = load it whole, True = required. Finished blocks always go to disk at once
     (formats/staged.py); `shard_bytes` caps each file of the written checkpoint.
@@ -115,7 +115,7 @@ def quantize(
     else:
         text = calib if isinstance(calib, list) else read_text(calib, calib_cfg.text_range)
         windows = calibration_windows(tokenize(tokenizer, text), nsamples, seqlen, seed)
-    init_from_env(dev)  # under torchrun: one process of several (quantization/distributed.py)
+    init_from_env(dev)  # under torchrun: one process of several (execution/distributed.py)
     rank, size = world()
     if size > 1 and resume:
         raise UserError("--resume is for single-process runs; run the resumed quantization without torchrun")

@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_quantize(a: argparse.Namespace) -> None:
     from .api import quantize
-    from .evaluation import format_table
+    from .execution import format_table
 
     t0 = time.perf_counter()
     out, reports = quantize(
@@ -144,7 +144,7 @@ def cmd_quantize(a: argparse.Namespace) -> None:
         kquant=a.kquant, refit_scales=a.refit_scales, mse_weighted=a.mse_weighted, device=a.device, stream=a.stream,
         shard_bytes=int(a.shard_size * 2**20),
     )  # fmt: skip
-    from .quantization.distributed import world
+    from .execution import world
 
     if world()[0] > 0:  # torchrun: the other ranks hold the same result; rank 0 reports it
         return
@@ -158,7 +158,7 @@ def cmd_quantize(a: argparse.Namespace) -> None:
 
 def cmd_eval(a: argparse.Namespace) -> None:
     from .api import evaluate
-    from .evaluation import format_table
+    from .execution import format_table
     from .formats.mix import width_specs
 
     report = evaluate(a.model, bits=width_specs(a.bits) if a.bits else None, text=a.text, text_range=a.text_range,

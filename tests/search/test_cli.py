@@ -15,7 +15,7 @@ import torch
 
 import matgptq
 from matgptq.cli import main
-from matgptq.devices import native_bfloat16
+from matgptq.execution import native_bfloat16
 from tests.conftest import STORIES, TINYSTORIES
 from tests.test_cli import run_error
 

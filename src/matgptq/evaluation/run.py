@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..devices import resolve_device
+from ..execution import resolve_device
 from ..errors import UserError
 from ..formats.mix import WidthSpec
 from ..models import eval_windows, load_tokenizer, read_text, resolve_model, tokenize

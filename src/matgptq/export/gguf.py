@@ -25,16 +25,16 @@ import torch
 
 from .._version import __version__
 from ..errors import UserError
-from ..evaluation import format_table
-from ..formats.gguf_tensors import (EMBED_TYPES, FLOAT_TYPES, QTYPES, _encode_layer, _float_encode, _gguf,
-                                    _requantize, embed_type_for)  # fmt: skip
+from ..execution import format_table
+from ..formats.gguf_tensors import (EMBED_TYPES, FLOAT_TYPES, QTYPES, encode_layer, float_encode, gguf_module,
+                                    requantize, embed_type_for)  # fmt: skip
 from ..formats.mix import WidthSpec, width_spec
 from ..fsutil import atomic_output, check_output
 from ..models import load_fp_model
 from ..runtime import open_checkpoint, resolve_bits
 from ..untrusted import read_json
-from .gguf_arch import ARCHITECTURES, _order, llama_qk_permutation
-from .gguf_metadata import _add_metadata, _hparams
+from .gguf_arch import ARCHITECTURES, tensor_order, llama_qk_permutation
+from .gguf_metadata import add_metadata, hparams
 from .gguf_vocab import add_vocab
 from .readers import gguf_readers
 
@@ -166,10 +166,10 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
         raise UserError(f"embedding type must be one of {EMBED_TYPES}, got '{embed_type}'")
     out = Path(out_file)
     check_output(out, overwrite)
-    gguf = _gguf()
+    gguf = gguf_module()
     src = Path(src)
     ckpt, widths, config, tensors, tok_dir = _source(src, bits, bits_config)
-    hp = _hparams(config)
+    hp = hparams(config)
     if ckpt is None and qtype != "auto":
         raise UserError(f"{src} is not quantized: matgptq writes it as {float_type.upper()}; quantize it first or use "
                         "llama.cpp's quantizer on the exported file")  # fmt: skip
@@ -212,7 +212,7 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
             lname = layer_of[hf]
             q = ckpt.layers[lname].slice(widths[lname])
             ref = q.dequantize(torch.float32).numpy()
-            enc = _encode_layer(lname, q, ref, qtype, float_type)
+            enc = encode_layer(lname, q, ref, qtype, float_type)
             if enc.method != "codes" or (qtype != "auto" and enc.ggml_type != qtype):
                 warn(f"{lname} ({widths[lname]}-bit) written as {enc.ggml_type.upper()}: {enc.note}")
             add(g, hf, enc.data, enc.ggml_type, enc.method, widths[lname], ref, perm, enc.note)
@@ -224,12 +224,12 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
             typ = embed_type
             if typ == "auto":
                 typ = embed_type_for(t.shape[1], float_type) if ckpt is not None else float_type
-            data = _float_encode(t, typ) if typ in FLOAT_TYPES else _requantize(t, typ)
+            data = float_encode(t, typ) if typ in FLOAT_TYPES else requantize(t, typ)
             add(g, hf, data, typ, "float" if typ in FLOAT_TYPES else "requantized", None, t, perm)
         else:  # an unquantized 2-D weight (unquantized source model)
-            add(g, hf, _float_encode(t, float_type), float_type, "float", None, t, perm)
+            add(g, hf, float_encode(t, float_type), float_type, "float", None, t, perm)
 
-    entries.sort(key=lambda e: _order(e[0].name))
+    entries.sort(key=lambda e: tensor_order(e[0].name))
     counts: dict[str, int] = {}
     for row, _, _ in entries:
         if row.bits is not None:
@@ -239,7 +239,7 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
     report = GGUFExport(out, file_type, 0, [row for row, _, _ in entries], report_warnings)
     with atomic_output(out, overwrite, directory=False) as tmp:
         writer = gguf.GGUFWriter(str(tmp), arch.name)
-        extra = _add_metadata(writer, hp, src.name)
+        extra = add_metadata(writer, hp, src.name)
         writer.add_file_type(_FILE_TYPES[file_type])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         writer.add_string("general.quantized_by", f"matgptq {__version__}")
@@ -293,7 +293,7 @@ def export_gguf_cli(args) -> None:
 def read_gguf_weights(path: str | Path) -> dict[str, np.ndarray]:
     """Every tensor of a GGUF written for one of gguf_arch.py's architectures, dequantized by gguf-py, as float32
     under its HF name and layout (the Llama Q/K RoPE permutation undone), to compare with the HF / matgptq weights."""
-    gguf = _gguf()
+    gguf = gguf_module()
     reader = gguf.GGUFReader(str(path))
     fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
     name = fields["general.architecture"]

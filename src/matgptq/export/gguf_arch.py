@@ -78,7 +78,7 @@ _IN_BLOCK = ("attn_norm", "attn_q", "attn_q_norm", "attn_k", "attn_k_norm", "att
              "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")  # fmt: skip
 
 
-def _order(gguf_name: str) -> tuple:
+def tensor_order(gguf_name: str) -> tuple:
     """convert_hf_to_gguf's tensor order: token_embd, blocks in order, output_norm, output."""
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
     if m:

@@ -11,14 +11,14 @@ import math
 import numpy as np
 
 from ..errors import UserError
-from ..formats.gguf_tensors import _gguf
+from ..formats.gguf_tensors import gguf_module
 from .gguf_arch import gguf_arch
 
 
 # --- metadata -------------------------------------------------------------------------------------------------------
 
 
-def _hparams(config: dict) -> dict:
+def hparams(config: dict) -> dict:
     """The hyper-parameters llama.cpp needs, from the HF config (the dict of config.json)."""
     from transformers import AutoConfig
 
@@ -42,7 +42,7 @@ def _hparams(config: dict) -> dict:
     }  # fmt: skip
 
 
-def _add_metadata(writer, hp: dict, name: str) -> list[tuple[str, np.ndarray]]:
+def add_metadata(writer, hp: dict, name: str) -> list[tuple[str, np.ndarray]]:
     """The model keys convert_hf_to_gguf writes for this architecture (TextModel.set_gguf_parameters, plus
     LlamaModel's vocab size and RoPE dimensions, or Phi3MiniModel's own set); returns extra tensors (RoPE factors)."""
     writer.add_name(name)
@@ -66,7 +66,7 @@ def _add_metadata(writer, hp: dict, name: str) -> list[tuple[str, np.ndarray]]:
     kind = (rope.get("rope_type") or rope.get("type") or "default").lower()
     if kind == "default":
         return []
-    gguf = _gguf()
+    gguf = gguf_module()
     if kind == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope["factor"]))

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from ..errors import UserError
-from ..formats.gguf_tensors import _gguf
+from ..formats.gguf_tensors import gguf_module
 
 _SPLITS = {  # the Split regex of tokenizer.json -> llama.cpp's pre-tokenizer name
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
@@ -99,7 +99,7 @@ def bpe_pre_tokenizer(data: dict) -> str:
 
 def _add_byte_level_bpe(writer, data: dict, tok_dir: Path, n_vocab: int) -> None:
     """GPT-2-style ("gpt2"): tokens as tokenizer.json spells them, merges, the pre-tokenizer name, special tokens."""
-    gguf = _gguf()
+    gguf = gguf_module()
     from transformers import AutoTokenizer
 
     pre = bpe_pre_tokenizer(data)
@@ -135,7 +135,7 @@ def _add_spm_style_bpe(writer, data: dict, tok_dir: Path, n_vocab: int) -> None:
     in rank order. With score(token) = −(rank of the first merge producing it) both pick the same merges (gguf-py's
     LlamaHfVocab writes −1000 for every token, which makes llama.cpp merge left to right and tokenize differently).
     """
-    gguf = _gguf()
+    gguf = gguf_module()
     model = data["model"]
     vocab, added = _vocab(data, tok_dir / "tokenizer.json", n_vocab)
     tokens = [f"[PAD{i}]" for i in range(n_vocab)]
@@ -179,7 +179,7 @@ def _prepends_space(tokenizer_json: dict) -> bool:
 
 
 def _add_sentencepiece_vocab(writer, tok_dir: Path, n_vocab: int) -> None:
-    gguf = _gguf()
+    gguf = gguf_module()
     try:
         vocab = gguf.vocab.SentencePieceVocab(tok_dir)
     except (ImportError, FileNotFoundError) as e:

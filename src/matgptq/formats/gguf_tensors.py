@@ -39,7 +39,7 @@ from . import gguf_blocks as gb
 from .gguf_quantize import quantize_q6_k
 
 
-def _gguf():
+def gguf_module():
     """gguf-py, imported when a GGUF is written or sized (it is the interop extra, not a core dependency)."""
     try:
         import gguf
@@ -59,11 +59,11 @@ class _Spec:
 
     @property
     def ggml(self):
-        return getattr(_gguf().GGMLQuantizationType, self.name.upper())
+        return getattr(gguf_module().GGMLQuantizationType, self.name.upper())
 
     @property
     def bpw(self) -> float:
-        block, nbytes = _gguf().GGML_QUANT_SIZES[self.ggml]
+        block, nbytes = gguf_module().GGML_QUANT_SIZES[self.ggml]
         return 8 * nbytes / block
 
 
@@ -82,7 +82,7 @@ QTYPES: dict[str, _Spec] = {
 _OFFSET_ROUNDED_OK = {"q4_1", "q5_1"}  # auto accepts fp16 rounding of their block offset m
 FLOAT_TYPES = ("f32", "f16")
 # token_embd/output: auto = llama.cpp's preset rule (embed_type_for); the block types as llama-quantize's
-# --token-embedding-type / --output-tensor-type write them (_requantize)
+# --token-embedding-type / --output-tensor-type write them (requantize)
 EMBED_TYPES = ("auto", "f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q6_k")
 
 
@@ -191,16 +191,16 @@ class _Encoded:
     note: str = ""
 
 
-def _float_encode(w: np.ndarray, ftype: str) -> np.ndarray:
+def float_encode(w: np.ndarray, ftype: str) -> np.ndarray:
     return w.astype(np.float32 if ftype == "f32" else np.float16)
 
 
-def _requantize(w: np.ndarray, qname: str) -> np.ndarray:
+def requantize(w: np.ndarray, qname: str) -> np.ndarray:
     """A float tensor in a block type as llama.cpp's quantizer makes it: gguf-py's ports of the legacy types, and
     formats.gguf_quantize for Q6_K (gguf-py has no K-quant quantizer); both byte-equal to llama.cpp's (tested)."""
     if qname == "q6_k":
         return quantize_q6_k(w)
-    gguf = _gguf()
+    gguf = gguf_module()
     return gguf.quants.quantize(np.ascontiguousarray(w, dtype=np.float32), QTYPES[qname].ggml)
 
 
@@ -238,7 +238,7 @@ def auto_type(q, float_type: str = "f32") -> str:
 
 def tensor_bits(ggml_type: str, rows: int, cols: int) -> int:
     """Bits of a rows × cols tensor in `ggml_type` (gguf-py's GGML_QUANT_SIZES: weights and bytes per block)."""
-    gguf = _gguf()
+    gguf = gguf_module()
     block, nbytes = gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, ggml_type.upper())]
     if cols % block:
         raise ValueError(f"{cols} columns are not whole {ggml_type.upper()} blocks of {block}")
@@ -253,11 +253,11 @@ def _fallback_type(cols: int, float_type: str) -> str:
 
 def _fallback(q, w: np.ndarray, float_type: str, why: str) -> _Encoded:
     if _fallback_type(q.shape[1], float_type) == "q8_0":
-        return _Encoded(_requantize(w, "q8_0"), "q8_0", "requantized", f"re-quantized from floats: {why}")
-    return _Encoded(_float_encode(w, float_type), float_type, "float", f"no block type fits: {why}")
+        return _Encoded(requantize(w, "q8_0"), "q8_0", "requantized", f"re-quantized from floats: {why}")
+    return _Encoded(float_encode(w, float_type), float_type, "float", f"no block type fits: {why}")
 
 
-def _encode_layer(name: str, q, w: np.ndarray, qtype: str, float_type: str) -> _Encoded:
+def encode_layer(name: str, q, w: np.ndarray, qtype: str, float_type: str) -> _Encoded:
     """`q` in `qtype` (or auto), keeping its codes where a type can; `w` = q's dequantized weight (for fallbacks)."""
     if qtype == "auto":
         enc, reasons = _auto(q)

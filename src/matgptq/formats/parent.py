@@ -92,7 +92,7 @@ def file_version(width_scales: bool, layer_bits: dict[str, int]) -> int:
     return 3 if len(set(layer_bits.values())) > 1 else 2 if width_scales else 1
 
 
-def _write_dir(tmp: Path, config: dict, meta: dict, layers: dict[str, list[int]], layer_bits: dict[str, int],
+def write_dir(tmp: Path, config: dict, meta: dict, layers: dict[str, list[int]], layer_bits: dict[str, int],
                shift: int, width_scales: bool, tokenizer_dir: str | Path | None) -> None:  # fmt: skip
     bits, version = max(layer_bits.values()), file_version(width_scales, layer_bits)
     full_meta = {
@@ -123,7 +123,7 @@ def save_checkpoint(
         out_tensors.update(layer_tensors(name, q))
     with atomic_output(out, overwrite) as tmp:
         save_file(out_tensors, str(tmp / WEIGHTS_FILE), metadata=TENSOR_METADATA)
-        _write_dir(tmp, config, meta, {name: list(q.shape) for name, q in layers.items()},
+        write_dir(tmp, config, meta, {name: list(q.shape) for name, q in layers.items()},
                    {name: q.bits for name, q in layers.items()}, shift, any(q.width_scales for q in layers.values()),
                    tokenizer_dir)  # fmt: skip
     return Path(out)
@@ -195,7 +195,7 @@ def _check_quantization(where: Path, meta: dict) -> None:
                         "(group_size, sym, act_order, skip); the checkpoint is damaged, re-create it")  # fmt: skip
 
 
-def _layer(where: Path, raw: dict, name: str, n: int, k: int, bits: int, shift: int) -> QuantizedWeight:
+def read_layer(where: Path, raw: dict, name: str, n: int, k: int, bits: int, shift: int) -> QuantizedWeight:
     """One layer's tensors, checked against the metadata: dtypes, shapes, g_idx and zeros in range, perm a
     permutation, scales finite and non-zero."""
     codes = take(raw, f"{name}.codes", torch.uint8, (n, k if bits == 8 else -(-k * bits // 8)), where)
@@ -248,5 +248,5 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         raw = read_sharded(weights, fix)
     else:
         raw = read_tensors(weights, fix)
-    layers = {name: _layer(weights, raw, name, n, k, widths[name], shift) for name, (n, k) in shapes.items()}
+    layers = {name: read_layer(weights, raw, name, n, k, widths[name], shift) for name, (n, k) in shapes.items()}
     return Checkpoint(meta, config, layers, raw, p)

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from ..errors import UserError
 from ..fsutil import atomic_output
 from ..untrusted import read_header, read_tensors
-from .parent import INDEX_FILE, TENSOR_METADATA, WEIGHTS_FILE, _layer, _write_dir, layer_tensors
+from .parent import INDEX_FILE, TENSOR_METADATA, WEIGHTS_FILE, read_layer, write_dir, layer_tensors
 from .quantized import QuantizedWeight
 
 SHARD_BYTES = 512 << 20  # default largest shard; assembling holds one shard's tensors in memory
@@ -62,7 +62,7 @@ class StagedCheckpoint:
         where = self.path(block)
         raw = read_tensors(where, self.fix)
         names = sorted(k[: -len(".codes")] for k in raw if k.endswith(".codes"))
-        return {n: _layer(where, raw, n, raw[f"{n}.codes"].shape[0], raw[f"{n}.g_idx"].shape[0], width(n), 0)
+        return {n: read_layer(where, raw, n, raw[f"{n}.codes"].shape[0], raw[f"{n}.g_idx"].shape[0], width(n), 0)
                 for n in names if f"{n}.g_idx" in raw}  # fmt: skip
 
     def assemble(self, out: str | Path, n_blocks: int, config: dict, tensors: dict[str, torch.Tensor],
@@ -102,5 +102,5 @@ class StagedCheckpoint:
             if len(shards) > 1:
                 index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
                 (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2))
-            _write_dir(tmp, config, meta, layers, layer_bits, 0, width_scales, tokenizer_dir)
+            write_dir(tmp, config, meta, layers, layer_bits, 0, width_scales, tokenizer_dir)
         return Path(out)

@@ -41,7 +41,7 @@ from .config import Method, QuantConfig, Variant
 from .grid import NearestRounding, Rounding
 from .multibit import MatryoshkaRounding, PerWidthRounding
 from .refit import refit_master, refit_scales
-from .distributed import combine_hessians, share, shard, world
+from ..execution import combine_hessians, share, shard, world
 from .resume import BlockState
 from .passes import (
     Inputs, PassTimes, attention_cache, capture_block_inputs, collect_hessians, replay_outputs, run_block,

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..argtypes import DefaultsHelpFormatter, add_device_option, fraction_range, ints
-from ..evaluation import format_table
+from ..execution import format_table
 from .budget import BudgetKind
 from .evopress import EvoConfig, format_stages, parse_stages
 from .runner import ScoreDtype, SearchRequest, mix_path, run_search

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import torch
 
-from ..devices import native_bfloat16, resolve_device
+from ..execution import native_bfloat16, resolve_device
 from ..errors import UserError
 from ..evaluation.perplexity import score
 from ..evaluation.teacher import Teacher
 from ..formats import is_checkpoint, read_checkpoint
 from ..fsutil import atomic_output, check_output
 from ..models import eval_windows, file_sha256, load_tokenizer, read_text, require_model_dir, resolve_model, tokenize
-from ..quantization.distributed import init_from_env
+from ..execution import init_from_env
 from ..runtime import load
 from .budget import BudgetKind, CostModel, parse_budget
 from .evopress import EvoConfig, evolve, format_stages
@@ -83,7 +83,7 @@ class SearchRequest:
     resume: bool = False
     overwrite: bool = False
     progress: bool = True
-    device: str = "auto"  # where the candidates are scored (devices.py)
+    device: str = "auto"  # where the candidates are scored (execution/devices.py)
     score_dtype: ScoreDtype = ScoreDtype.AUTO
 
 

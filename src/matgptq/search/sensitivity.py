@@ -25,7 +25,7 @@ from fractions import Fraction
 import torch
 from tqdm.auto import tqdm
 
-from ..quantization.distributed import world
+from ..execution import world
 from .budget import BudgetKind, CostModel
 from .fitness import Fitness, Mix
 from .knapsack import solve

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..quantization.distributed import world
+from ..execution import world
 from .fitness import Fitness, Mix, PrefixCache
 
 

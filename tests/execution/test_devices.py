@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from matgptq.devices import resolve_device
+from matgptq.execution import resolve_device
 from matgptq.errors import UserError
 from tests.conftest import STORIES, TINYSTORIES
 from tests.test_cli import run_error
@@ -65,7 +65,7 @@ def test_cli_device_cuda_without_cuda(tmp_path, capsys):
 
 
 def test_auto_score_dtype_is_bfloat16_only_where_native(monkeypatch):
-    from matgptq.devices import native_bfloat16
+    from matgptq.execution import native_bfloat16
     from matgptq.search import ScoreDtype
 
     cpu = torch.device("cpu")

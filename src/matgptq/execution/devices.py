@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 CHOICES_HELP = "auto (CUDA when present, else CPU), cpu, cuda or cuda:INDEX"
 
