@@ -20,7 +20,7 @@ from .models import quiet_loggers
 def build_parser() -> argparse.ArgumentParser:
     from .formats.staged import SHARD_BYTES
     from .quantization.config import MASTER_BIT_WEIGHT, QuantConfig, Variant
-    from .quantization.kquant_scales import KQuantType
+    from .formats.gguf import KQuantType
 
     p = argparse.ArgumentParser(prog="matgptq", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)

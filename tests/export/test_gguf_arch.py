@@ -1,4 +1,4 @@
-"""GGUF for every architecture gguf_arch.py maps (Llama, Mistral, Qwen2, Qwen3, Phi-3), on tiny random models.
+"""GGUF for every architecture export/gguf/arch.py maps (Llama, Mistral, Qwen2, Qwen3, Phi-3), on tiny random models.
 
 Two independent oracles:
 - llama.cpp's own converter (convert_hf_to_gguf.py of the pinned llama-cpp-python source, which `make interop`

@@ -17,7 +17,7 @@ gguf = pytest.importorskip("gguf")
 
 from matgptq.errors import UserError  # noqa: E402
 from matgptq.export.gguf import GGUFExportWarning, export_gguf, read_gguf_weights  # noqa: E402
-from matgptq.export.gguf_arch import llama_qk_permutation  # noqa: E402
+from matgptq.export.gguf import llama_qk_permutation  # noqa: E402
 from matgptq.formats.parent import read_checkpoint  # noqa: E402
 
 from tests.conftest import STORIES, make_tiny_llama, quick_quantize  # noqa: E402
@@ -109,7 +109,7 @@ def test_q4_0_nibbles_and_scale(parent, tmp_path):
 def test_offset_types_mirror_blocks(qtype, bits):
     """Blocks whose grid sits the other way round (zero 2^(b−1) − 1, e.g. [−7s, 8s]: llama.cpp's own Q4_0 grid
     with the largest weight at +8s) or with negative scales are stored exactly with d = −s and mirrored codes."""
-    from matgptq.formats.gguf_tensors import QTYPES, _encode_codes
+    from matgptq.formats.gguf.tensors import QTYPES, _encode_codes
     from matgptq.formats.quantized import QuantizedWeight
 
     rng = np.random.default_rng(bits)

@@ -8,7 +8,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 
-from matgptq.formats.gguf_blocks import (  # noqa: E402
+from matgptq.formats.gguf.blocks import (  # noqa: E402
     KQuantBlocks,
     encode_q2_k,
     encode_q3_k,

@@ -1,4 +1,4 @@
-"""Q6_K for float tensors (formats/gguf_quantize.py) against llama.cpp's own quantizer (llama_model_quantize of
+"""Q6_K for float tensors (formats/gguf/quantize.py) against llama.cpp's own quantizer (llama_model_quantize of
 llama-cpp-python, the reference C code): the same bytes, tensor by tensor; gguf-py reads them back."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests.conftest import make_tiny_llama, require_peer
 gguf = pytest.importorskip("gguf")
 
 from matgptq.export.gguf import export_gguf  # noqa: E402
-from matgptq.formats.gguf_quantize import quantize_q6_k  # noqa: E402
+from matgptq.formats.gguf.quantize import quantize_q6_k  # noqa: E402
 
 
 def test_special_blocks_read_back():

@@ -9,7 +9,8 @@ import torch
 from matgptq.errors import UserError
 from matgptq.quantization.config import Method, QuantConfig
 from matgptq.quantization.grid import NearestRounding, find_params
-from matgptq.quantization.kquant_scales import LATTICES, SUPER_BLOCK, KQuantType, lattice_for
+from matgptq.formats.gguf import KQuantType
+from matgptq.quantization.kquant_scales import LATTICES, SUPER_BLOCK, lattice_for
 from matgptq.quantization.solver import gptq_quantize, rtn_quantize
 
 from tests.quantization.test_solver import dequant, output_error, random_problem

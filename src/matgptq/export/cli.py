@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..argtypes import DefaultsHelpFormatter
-from ..formats.gguf_tensors import EMBED_TYPES
+from ..formats.gguf import EMBED_TYPES
 from ..formats.mix import width_spec
 
 

@@ -1,7 +1,6 @@
 """Bytes on disk, one module per layout, each with its reader and writer: the matgptq parent or slice (parent), the
 integer weight it stores (quantized) and the slicing rule (slicing); GPTQ checkpoints (gptq_checkpoint) and their
-int32 packing (gptq_packing); GGUF quantized blocks (gguf_blocks) and which block type holds a quantized weight
-(gguf_tensors)."""
+int32 packing (gptq_packing); GGUF's types, blocks and which block type holds a quantized weight (gguf/)."""
 
 from .gptq_checkpoint import read_gptq_checkpoint, trivial_g_idx
 from .gptq_packing import SUPPORTED_BITS, pack_cols, pack_rows, to_v1_words

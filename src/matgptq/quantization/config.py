@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 
 from ..errors import UserError
-from .kquant_scales import LATTICES, KQuantType, check_group_size
+from ..formats.gguf import KQuantType
+from .kquant_scales import LATTICES, check_group_size
 
 
 class Method(str, Enum):

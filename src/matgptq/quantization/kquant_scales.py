@@ -8,7 +8,7 @@ float16 (formats/quantized.py), so a symmetric grid is exact in both when, per r
     s_g = d·sc_g,   sc_g ∈ [1, SC_MAX],   d float16 with at most 11 − bitlen(SC_MAX) significant bits
 
 (then every d·sc_g has ≤ 11 significant bits: float16-exact, and exact in float32). Each type holds the symmetric
-b-bit grid w = s·(q − 2^(b−1)) with its own fields (formats/gguf_tensors.py): Q3_K and Q6_K as w = d·sc·(q − 4 | 32);
+b-bit grid w = s·(q − 2^(b−1)) with its own fields (formats/gguf/tensors.py): Q3_K and Q6_K as w = d·sc·(q − 4 | 32);
 Q2_K, Q4_K and Q5_K as w = d·sc·q − dmin·m with dmin = 2^(b−1)·d and m = sc, so m ≤ SC_MAX too. SC_MAX is the
 largest positive sub-scale of the type (Q2_K's 4-bit scales and mins: 15; Q3_K's signed 6-bit: 31; Q4_K/Q5_K's
 6-bit: 63; Q6_K's int8: 127), and a lattice for a type also fits every type with a larger SC_MAX and a sub-block that
@@ -26,21 +26,14 @@ significant bits of d: the same order as llama.cpp's own 6-bit sub-scales.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 import torch
+
+from ..formats.gguf import KQuantType
 
 SUPER_BLOCK = 256
 F16_SIGNIFICAND = 11  # bits, including the implicit one
 F16_MIN_STEP = 2.0**-24  # spacing of float16 subnormals
-
-
-class KQuantType(str, Enum):
-    Q2_K = "q2_k"
-    Q3_K = "q3_k"
-    Q4_K = "q4_k"
-    Q5_K = "q5_k"
-    Q6_K = "q6_k"
 
 
 @dataclass(frozen=True)

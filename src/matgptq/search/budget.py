@@ -14,7 +14,7 @@ estimate (tests compare it with safetensors headers). A third count is a GGUF fi
     GGUF bits     U_l(r) = bits of layer l's tensor as `export --format gguf` writes the r-bit slice (`--type auto`)
 
 the block type that keeps the slice's codes (Q4_0 for a symmetric 4-bit group-32 slice, Q6_K for a 6-bit one on the
-K-quant lattice, ...) or the Q8_0/float fallback, from gguf-py's block sizes (formats/gguf_tensors.auto_type,
+K-quant lattice, ...) or the Q8_0/float fallback, from gguf-py's block sizes (formats/gguf/tensors.auto_type,
 tensor_bits; tests compare it with the tensors gguf-py reads back). It depends on the parent's scales, not only on
 the shape, so it is computed from the checkpoint, once per layer and level.
 
@@ -106,7 +106,7 @@ class CostModel:
         """The parent's layers; with `gguf`, also each layer's GGUF size at every level (slices each layer)."""
         levels = tuple(sorted(set(levels)))
         if gguf:
-            from ..formats.gguf_tensors import auto_type, tensor_bits
+            from ..formats.gguf import auto_type, tensor_bits
         sizes = []
         for n, q in ckpt.layers.items():
             u = tuple((r, tensor_bits(auto_type(q.slice(r)), *q.shape)) for r in levels) if gguf else ()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from .gguf_blocks import QK_K, pack_q6_k
+from .blocks import QK_K, pack_q6_k
 
 GROUP_MAX_EPS = np.float32(1e-15)  # ggml-quants.c
 

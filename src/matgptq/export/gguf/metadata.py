@@ -1,6 +1,6 @@
-"""GGUF metadata for llama.cpp: the hyper-parameters of each architecture of gguf_arch.py (docs/formats.md §3.1).
+"""GGUF metadata for llama.cpp: the hyper-parameters of each architecture of arch.py (docs/formats.md §3.1).
 
-gguf_arch.py names the tensors, formats/gguf_tensors.py encodes them, gguf_vocab.py writes the tokenizer and gguf.py
+arch.py names the tensors, formats/gguf/tensors.py encodes them, vocab.py writes the tokenizer and writer.py
 writes the file; this module only describes the model's shape to llama.cpp.
 """
 
@@ -10,9 +10,9 @@ import math
 
 import numpy as np
 
-from ..errors import UserError
-from ..formats.gguf_tensors import gguf_module
-from .gguf_arch import gguf_arch
+from ...errors import UserError
+from ...formats.gguf import gguf_module
+from .arch import gguf_arch
 
 
 # --- metadata -------------------------------------------------------------------------------------------------------

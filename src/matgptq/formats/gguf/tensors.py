@@ -12,7 +12,7 @@ columns; 16 for the sub-scales of K-quants) lies inside one quantization group, 
 
 Legacy types are bit-exact. K-quants store each sub-block's D as fp32(d)·sc, one fp16 d per 256 columns and a small
 integer sc (and the min likewise): exact when a super-block's scales are equal (per channel) or lie on the K-quant
-lattice (`quantize --kquant`, quantization/kquant_scales.py; formats/gguf_blocks.py finds the exact d), otherwise D
+lattice (`quantize --kquant`, quantization/kquant_scales.py; formats/gguf/blocks.py finds the exact d), otherwise D
 is rounded onto that grid and the error is measured and reported.
 
 `auto` takes, per layer, the smallest of Q2_K, Q3_K, Q4_0, Q4_K, Q4_1, Q5_0, Q5_K, Q5_1, Q6_K, Q8_0 that keeps the
@@ -34,56 +34,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..errors import UserError
-from . import gguf_blocks as gb
-from .gguf_quantize import quantize_q6_k
+from ...errors import UserError
+from . import blocks as gb
+from .quantize import quantize_q6_k
+from .types import EMBED_TYPES, FLOAT_TYPES, QTYPES, BlockType, gguf_module
 
 
-def gguf_module():
-    """gguf-py, imported when a GGUF is written or sized (it is the interop extra, not a core dependency)."""
-    try:
-        import gguf
-    except ImportError:
-        raise UserError("GGUF export needs the gguf package (gguf-py): pip install gguf") from None
-    return gguf
-
-
-@dataclass(frozen=True)
-class _Spec:
-    name: str
-    bits: int  # width of the stored code n
-    offset: int | None  # w = d·(n − offset); None: w = d·n + m (min types)
-    block: int  # columns sharing one (d, m): 32 legacy, 16 K-quant sub-block
-    row: int  # in_features must be a multiple of this
-    kquant: bool = False
-
-    @property
-    def ggml(self):
-        return getattr(gguf_module().GGMLQuantizationType, self.name.upper())
-
-    @property
-    def bpw(self) -> float:
-        block, nbytes = gguf_module().GGML_QUANT_SIZES[self.ggml]
-        return 8 * nbytes / block
-
-
-QTYPES: dict[str, _Spec] = {
-    "q2_k": _Spec("q2_k", 2, None, 16, 256, True),
-    "q3_k": _Spec("q3_k", 3, 4, 16, 256, True),
-    "q4_0": _Spec("q4_0", 4, 8, 32, 32),
-    "q4_k": _Spec("q4_k", 4, None, 32, 256, True),
-    "q4_1": _Spec("q4_1", 4, None, 32, 32),
-    "q5_0": _Spec("q5_0", 5, 16, 32, 32),
-    "q5_k": _Spec("q5_k", 5, None, 32, 256, True),
-    "q5_1": _Spec("q5_1", 5, None, 32, 32),
-    "q6_k": _Spec("q6_k", 6, 32, 16, 256, True),
-    "q8_0": _Spec("q8_0", 8, 128, 32, 32),
-}  # ascending bits per weight: auto tries them in this order
 _OFFSET_ROUNDED_OK = {"q4_1", "q5_1"}  # auto accepts fp16 rounding of their block offset m
-FLOAT_TYPES = ("f32", "f16")
-# token_embd/output: auto = llama.cpp's preset rule (embed_type_for); the block types as llama-quantize's
-# --token-embedding-type / --output-tensor-type write them (requantize)
-EMBED_TYPES = ("auto", "f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q6_k")
 
 
 def embed_type_for(cols: int, float_type: str) -> str:
@@ -134,7 +91,7 @@ def _block_view(q, block: int, what: str) -> _Layer:
     return _Layer(q.codes.numpy().astype(np.int16), q.bits, dd[..., 0], zz[..., 0])
 
 
-def _encode_codes(q, spec: _Spec) -> tuple[np.ndarray, float]:
+def _encode_codes(q, spec: BlockType) -> tuple[np.ndarray, float]:
     """Bytes [N, row_bytes] of `q` in `spec` keeping the codes, and the predicted max |Δw| (0 = exact)."""
     n, k = q.shape
     if k % spec.row:
@@ -197,7 +154,7 @@ def float_encode(w: np.ndarray, ftype: str) -> np.ndarray:
 
 def requantize(w: np.ndarray, qname: str) -> np.ndarray:
     """A float tensor in a block type as llama.cpp's quantizer makes it: gguf-py's ports of the legacy types, and
-    formats.gguf_quantize for Q6_K (gguf-py has no K-quant quantizer); both byte-equal to llama.cpp's (tested)."""
+    formats/gguf/quantize.py for Q6_K (gguf-py has no K-quant quantizer); both byte-equal to llama.cpp's (tested)."""
     if qname == "q6_k":
         return quantize_q6_k(w)
     gguf = gguf_module()

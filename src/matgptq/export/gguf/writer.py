@@ -1,7 +1,7 @@
 """GGUF export (llama.cpp) of a matgptq parent, slice or per-layer mix, keeping the integer codes.
 
-The parts: gguf_arch.py names and orders the tensors (Llama, Mistral, Qwen2, Qwen3, Phi-3), formats/gguf_tensors.py
-encodes each one (which block type keeps a layer's codes), gguf_metadata.py describes the model, gguf_vocab.py its
+The parts: arch.py names and orders the tensors (Llama, Mistral, Qwen2, Qwen3, Phi-3), formats/gguf/tensors.py
+encodes each one (which block type keeps a layer's codes), metadata.py describes the model, vocab.py its
 tokenizer; this module writes the file.
 
 Metadata follows convert_hf_to_gguf.py (docs/formats.md §3.1), Llama's Q/K rows get its RoPE permutation (§3.3,
@@ -23,30 +23,26 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._version import __version__
-from ..errors import UserError
-from ..execution import format_table
-from ..formats.gguf_tensors import (EMBED_TYPES, FLOAT_TYPES, QTYPES, encode_layer, float_encode, gguf_module,
+from ..._version import __version__
+from ...errors import UserError
+from ...execution import format_table
+from ...formats.gguf import (EMBED_TYPES, FILE_TYPES, FLOAT_TYPES, QTYPES, encode_layer, float_encode, gguf_module,
                                     requantize, embed_type_for)  # fmt: skip
-from ..formats.mix import WidthSpec, width_spec
-from ..fsutil import atomic_output, check_output
-from ..models import load_fp_model
-from ..runtime import open_checkpoint, resolve_bits
-from ..untrusted import read_json
-from .gguf_arch import ARCHITECTURES, tensor_order, llama_qk_permutation
-from .gguf_metadata import add_metadata, hparams
-from .gguf_vocab import add_vocab
-from .readers import gguf_readers
+from ...formats.mix import WidthSpec, width_spec
+from ...fsutil import atomic_output, check_output
+from ...models import load_fp_model
+from ...runtime import open_checkpoint, resolve_bits
+from ...untrusted import read_json
+from .arch import ARCHITECTURES, tensor_order, llama_qk_permutation
+from .metadata import add_metadata, hparams
+from .vocab import add_vocab
+from ..readers import gguf_readers
 
 __all__ = ["export_gguf", "export_gguf_cli", "read_gguf_weights", "GGUFExport", "TensorExport", "GGUFExportWarning"]
 
 
 class GGUFExportWarning(UserWarning):
     """A tensor could not be stored with its codes kept (re-quantized or written as float)."""
-
-
-_FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k": 11,
-               "q4_k": 14, "q5_k": 16, "q6_k": 18}  # fmt: skip  LlamaFileType (Q3_K → MOSTLY_Q3_K_S, Q4_K → _S)
 
 
 # --- reports ------------------------------------------------------------------------------------------------------
@@ -154,7 +150,7 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
     qtype: "auto" (per layer, the smallest exact type; see the module doc) or one of QTYPES for every layer.
     float_type: "f32" (exact) or "f16" for tensors no block type holds; embed_type: token_embd/output type
     ("f32", "f16", or "q8_0"/"q6_k" re-quantized as llama.cpp's quantizer does; "auto": llama.cpp's preset rule,
-    gguf_tensors.embed_type_for, for quantized sources; default float_type: every tensor exact).
+    formats/gguf/tensors.embed_type_for, for quantized sources; default float_type: every tensor exact).
     """
     qtype = qtype.lower()
     if qtype != "auto" and qtype not in QTYPES:
@@ -240,7 +236,7 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
     with atomic_output(out, overwrite, directory=False) as tmp:
         writer = gguf.GGUFWriter(str(tmp), arch.name)
         extra = add_metadata(writer, hp, src.name)
-        writer.add_file_type(_FILE_TYPES[file_type])
+        writer.add_file_type(FILE_TYPES[file_type])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         writer.add_string("general.quantized_by", f"matgptq {__version__}")
         if widths:
@@ -291,7 +287,7 @@ def export_gguf_cli(args) -> None:
 
 
 def read_gguf_weights(path: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of a GGUF written for one of gguf_arch.py's architectures, dequantized by gguf-py, as float32
+    """Every tensor of a GGUF written for one of arch.py's architectures, dequantized by gguf-py, as float32
     under its HF name and layout (the Llama Q/K RoPE permutation undone), to compare with the HF / matgptq weights."""
     gguf = gguf_module()
     reader = gguf.GGUFReader(str(path))
