@@ -60,9 +60,10 @@ def quiet_loggers(*names: str) -> Iterator[None]:
 
 
 def loader_quiet():
-    """transformers' model loader quiet (its notes on unused or initialised weights, which matgptq's own checks
-    replace)."""
-    return quiet_loggers("transformers.modeling_utils")
+    """transformers' model loader quiet: its notes on unused or initialised weights, which matgptq's own checks replace,
+    and the tensor-parallel plan check it runs whenever its logger is at WARNING or above (a note about layers "not
+    sharded" on a model nobody shards)."""
+    return quiet_loggers("transformers.modeling_utils", "transformers.distributed.tensor_parallel")
 
 
 def load_fp_model(path: str | Path, dtype: torch.dtype | None = None):

@@ -141,17 +141,8 @@ def _source(src: Path, bits, bits_config):
     return ckpt, widths, ckpt.config, ckpt.tensors, ckpt.path
 
 
-def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
-                bits_config: WidthSpec | None = None, qtype: str = "auto", overwrite: bool = False, *,
-                float_type: str = "f32", embed_type: str | None = None) -> GGUFExport:  # fmt: skip
-    """Write `src` (a matgptq parent/slice, GPTQ checkpoint or unquantized model) as one GGUF file for llama.cpp.
-
-    bits / bits_config: the slice width for all layers, or a {layer: bits} mix (JSON file or dict, "*" = default).
-    qtype: "auto" (per layer, the smallest exact type; see the module doc) or one of QTYPES for every layer.
-    float_type: "f32" (exact) or "f16" for tensors no block type holds; embed_type: token_embd/output type
-    ("f32", "f16", or "q8_0"/"q6_k" re-quantized as llama.cpp's quantizer does; "auto": llama.cpp's preset rule,
-    formats/gguf/tensors.embed_type_for, for quantized sources; default float_type: every tensor exact).
-    """
+def _check_types(qtype: str, float_type: str, embed_type: str | None) -> tuple[str, str]:
+    """(qtype, embed_type) normalised, or a UserError naming the choices."""
     qtype = qtype.lower()
     if qtype != "auto" and qtype not in QTYPES:
         raise UserError(f"unknown GGUF type '{qtype}'; use auto or one of {', '.join(QTYPES)}")
@@ -160,38 +151,55 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
     embed_type = (embed_type or float_type).lower()
     if embed_type not in EMBED_TYPES:
         raise UserError(f"embedding type must be one of {EMBED_TYPES}, got '{embed_type}'")
-    out = Path(out_file)
-    check_output(out, overwrite)
+    return qtype, embed_type
+
+
+Entry = tuple[TensorExport, np.ndarray, np.ndarray | None]  # (report row, stored data, Q/K row permutation)
+
+
+def _measured(g: str, hf: str, data: np.ndarray, typ: str, method: str, bits: int | None, ref: np.ndarray,
+              perm: np.ndarray | None, note: str = "") -> Entry:  # fmt: skip
+    """The stored tensor measured against `ref` through gguf-py's dequantizer (before the Q/K row permutation)."""
     gguf = gguf_module()
-    src = Path(src)
-    ckpt, widths, config, tensors, tok_dir = _source(src, bits, bits_config)
-    hp = hparams(config)
-    if ckpt is None and qtype != "auto":
-        raise UserError(f"{src} is not quantized: matgptq writes it as {float_type.upper()}; quantize it first or use "
-                        "llama.cpp's quantizer on the exported file")  # fmt: skip
+    back = gguf.quants.dequantize(np.ascontiguousarray(data), getattr(gguf.GGMLQuantizationType, typ.upper()))
+    err = float(np.abs(back.reshape(ref.shape).astype(np.float64) - ref).max(initial=0.0))
+    top = float(np.abs(ref).max(initial=0.0))
+    rel = err / top if top else 0.0
+    row = TensorExport(g, hf, typ.upper(), tuple(ref.shape), bits, method, err == 0.0, err, rel, note,
+                       int(np.asarray(data).nbytes))  # fmt: skip
+    return row, data, perm
 
-    report_warnings: list[str] = []
 
-    def warn(msg: str) -> None:
-        report_warnings.append(msg)
-        warnings.warn(msg, GGUFExportWarning, stacklevel=3)
+def _encode(hf: str, g: str, perm, ckpt, widths: dict, tensors: dict, types: tuple[str, str, str], warn) -> Entry:
+    """One tensor's GGUF entry: a quantized layer with its codes where a block type holds them, a norm as F32, the
+    embeddings/output as `embed_type`, any other (unquantized source) weight as the float type."""
+    qtype, float_type, embed_type = types
+    lname = hf.removesuffix(".weight")
+    if lname in widths:
+        q = ckpt.layers[lname].slice(widths[lname])
+        ref = q.dequantize(torch.float32).numpy()
+        enc = encode_layer(lname, q, ref, qtype, float_type)
+        if enc.method != "codes" or (qtype != "auto" and enc.ggml_type != qtype):
+            warn(f"{lname} ({widths[lname]}-bit) written as {enc.ggml_type.upper()}: {enc.note}")
+        return _measured(g, hf, enc.data, enc.ggml_type, enc.method, widths[lname], ref, perm, enc.note)
+    t = tensors[hf].detach().float().numpy()
+    if t.ndim == 1:
+        return _measured(g, hf, t.astype(np.float32), "f32", "float", None, t, perm)
+    if g in ("token_embd.weight", "output.weight"):
+        typ = embed_type
+        if typ == "auto":
+            typ = embed_type_for(t.shape[1], float_type) if ckpt is not None else float_type
+        data = float_encode(t, typ) if typ in FLOAT_TYPES else requantize(t, typ)
+        return _measured(g, hf, data, typ, "float" if typ in FLOAT_TYPES else "requantized", None, t, perm)
+    return _measured(g, hf, float_encode(t, float_type), float_type, "float", None, t, perm)
 
-    entries: list[tuple[TensorExport, np.ndarray, np.ndarray | None]] = []  # (report row, data, row permutation)
 
-    def add(g: str, hf: str, data: np.ndarray, typ: str, method: str, bits: int | None, ref: np.ndarray,
-            perm: np.ndarray | None, note: str = "") -> None:  # fmt: skip
-        """Measure the stored tensor against `ref` through gguf-py's dequantizer (before the Q/K row permutation)."""
-        back = gguf.quants.dequantize(np.ascontiguousarray(data), getattr(gguf.GGMLQuantizationType, typ.upper()))
-        err = float(np.abs(back.reshape(ref.shape).astype(np.float64) - ref).max(initial=0.0))
-        top = float(np.abs(ref).max(initial=0.0))
-        rel = err / top if top else 0.0
-        row = TensorExport(g, hf, typ.upper(), tuple(ref.shape), bits, method, err == 0.0, err, rel, note,
-                           int(np.asarray(data).nbytes))  # fmt: skip
-        entries.append((row, data, perm))
-
+def _entries(src: Path, ckpt, widths: dict, tensors: dict, hp: dict, types: tuple[str, str, str], warn) -> list[Entry]:
+    """Every tensor of the file, encoded and measured, in convert_hf_to_gguf's order."""
     arch = hp["arch"]
     perms = {"self_attn.q_proj": hp["n_head"], "self_attn.k_proj": hp["n_head_kv"]}
     layer_of = {f"{n}.weight": n for n in widths}
+    entries = []
     for hf in list(tensors) + list(layer_of):
         g = arch.tensor_name(hf)
         if g is None:
@@ -204,64 +212,84 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
         if m and arch.permute_qk:
             rows = ckpt.layers[layer_of[hf]].shape[0] if hf in layer_of else tensors[hf].shape[0]
             perm = llama_qk_permutation(rows, perms[m.group(1)])
-        if hf in layer_of:
-            lname = layer_of[hf]
-            q = ckpt.layers[lname].slice(widths[lname])
-            ref = q.dequantize(torch.float32).numpy()
-            enc = encode_layer(lname, q, ref, qtype, float_type)
-            if enc.method != "codes" or (qtype != "auto" and enc.ggml_type != qtype):
-                warn(f"{lname} ({widths[lname]}-bit) written as {enc.ggml_type.upper()}: {enc.note}")
-            add(g, hf, enc.data, enc.ggml_type, enc.method, widths[lname], ref, perm, enc.note)
-            continue
-        t = tensors[hf].detach().float().numpy()
-        if t.ndim == 1:
-            add(g, hf, t.astype(np.float32), "f32", "float", None, t, perm)
-        elif g in ("token_embd.weight", "output.weight"):
-            typ = embed_type
-            if typ == "auto":
-                typ = embed_type_for(t.shape[1], float_type) if ckpt is not None else float_type
-            data = float_encode(t, typ) if typ in FLOAT_TYPES else requantize(t, typ)
-            add(g, hf, data, typ, "float" if typ in FLOAT_TYPES else "requantized", None, t, perm)
-        else:  # an unquantized 2-D weight (unquantized source model)
-            add(g, hf, float_encode(t, float_type), float_type, "float", None, t, perm)
+        entries.append(_encode(hf, g, perm, ckpt, widths, tensors, types, warn))
+    return sorted(entries, key=lambda e: tensor_order(e[0].name))
 
-    entries.sort(key=lambda e: tensor_order(e[0].name))
+
+def _file_type(entries: list[Entry], float_type: str) -> str:
+    """The type holding most quantized weights (llama.cpp's `general.file_type`), else the float type."""
     counts: dict[str, int] = {}
     for row, _, _ in entries:
         if row.bits is not None:
             counts[row.ggml_type.lower()] = counts.get(row.ggml_type.lower(), 0) + int(np.prod(row.shape))
-    file_type = max(counts, key=counts.get) if counts else float_type
+    return max(counts, key=counts.get) if counts else float_type
 
-    report = GGUFExport(out, file_type, 0, [row for row, _, _ in entries], report_warnings)
+
+def _write(path: Path, report: GGUFExport, entries: list[Entry], hp: dict, name: str, widths: dict, tok_dir,
+           warn) -> None:  # fmt: skip
+    """The GGUF file: metadata, tokenizer, then every tensor (Q/K rows permuted as llama.cpp expects)."""
+    gguf = gguf_module()
+    writer = gguf.GGUFWriter(str(path), hp["arch"].name)
+    extra = add_metadata(writer, hp, name)
+    writer.add_file_type(FILE_TYPES[report.file_type])
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_string("general.quantized_by", f"matgptq {__version__}")
+    if widths:
+        writer.add_string("matgptq.layer_bits", json.dumps(widths))
+    gguf_log = logging.getLogger("gguf")
+    level = gguf_log.level
+    gguf_log.setLevel(logging.ERROR)  # SpecialVocab's notes on unused template tokens
+    try:
+        add_vocab(writer, Path(tok_dir), hp["n_vocab"], warn)
+    finally:
+        gguf_log.setLevel(level)
+    for g, arr in extra:
+        writer.add_tensor(g, arr)
+        report.tensors.insert(0, TensorExport(g, "(rope scaling)", "F32", arr.shape, None, "float", True, 0.0, 0.0,
+                                              nbytes=arr.nbytes))  # fmt: skip
+    for row, data, perm in entries:
+        stored = np.ascontiguousarray(data if perm is None else data[perm])
+        if row.ggml_type in ("F32", "F16"):
+            writer.add_tensor(row.name, stored)
+        else:
+            writer.add_tensor(row.name, stored, raw_dtype=getattr(gguf.GGMLQuantizationType, row.ggml_type))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
+                bits_config: WidthSpec | None = None, qtype: str = "auto", overwrite: bool = False, *,
+                float_type: str = "f32", embed_type: str | None = None) -> GGUFExport:  # fmt: skip
+    """Write `src` (a matgptq parent/slice, GPTQ checkpoint or unquantized model) as one GGUF file for llama.cpp.
+
+    bits / bits_config: the slice width for all layers, or a {layer: bits} mix (JSON file or dict, "*" = default).
+    qtype: "auto" (per layer, the smallest exact type; see the module doc) or one of QTYPES for every layer.
+    float_type: "f32" (exact) or "f16" for tensors no block type holds; embed_type: token_embd/output type
+    ("f32", "f16", or "q8_0"/"q6_k" re-quantized as llama.cpp's quantizer does; "auto": llama.cpp's preset rule,
+    formats/gguf/tensors.embed_type_for, for quantized sources; default float_type: every tensor exact).
+    """
+    qtype, embed_type = _check_types(qtype, float_type, embed_type)
+    out = Path(out_file)
+    check_output(out, overwrite)
+    gguf_module()
+    src = Path(src)
+    ckpt, widths, config, tensors, tok_dir = _source(src, bits, bits_config)
+    hp = hparams(config)
+    if ckpt is None and qtype != "auto":
+        raise UserError(f"{src} is not quantized: matgptq writes it as {float_type.upper()}; quantize it first or use "
+                        "llama.cpp's quantizer on the exported file")  # fmt: skip
+    report_warnings: list[str] = []
+
+    def warn(msg: str) -> None:
+        report_warnings.append(msg)
+        warnings.warn(msg, GGUFExportWarning, stacklevel=5)  # the caller of export_gguf
+
+    entries = _entries(src, ckpt, widths, tensors, hp, (qtype, float_type, embed_type), warn)
+    report = GGUFExport(out, _file_type(entries, float_type), 0, [row for row, _, _ in entries], report_warnings)
     with atomic_output(out, overwrite, directory=False) as tmp:
-        writer = gguf.GGUFWriter(str(tmp), arch.name)
-        extra = add_metadata(writer, hp, src.name)
-        writer.add_file_type(FILE_TYPES[file_type])
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        writer.add_string("general.quantized_by", f"matgptq {__version__}")
-        if widths:
-            writer.add_string("matgptq.layer_bits", json.dumps(widths))
-        gguf_log = logging.getLogger("gguf")
-        level = gguf_log.level
-        gguf_log.setLevel(logging.ERROR)  # SpecialVocab's notes on unused template tokens
-        try:
-            add_vocab(writer, Path(tok_dir), hp["n_vocab"], warn)
-        finally:
-            gguf_log.setLevel(level)
-        for g, arr in extra:
-            writer.add_tensor(g, arr)
-            report.tensors.insert(0, TensorExport(g, "(rope scaling)", "F32", arr.shape, None, "float", True, 0.0, 0.0,
-                                                  nbytes=arr.nbytes))  # fmt: skip
-        for row, data, perm in entries:
-            stored = np.ascontiguousarray(data if perm is None else data[perm])
-            if row.ggml_type in ("F32", "F16"):
-                writer.add_tensor(row.name, stored)
-            else:
-                writer.add_tensor(row.name, stored, raw_dtype=getattr(gguf.GGMLQuantizationType, row.ggml_type))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        _write(tmp, report, entries, hp, src.name, widths, tok_dir, warn)
     report.size_bytes = out.stat().st_size
     return report
 
