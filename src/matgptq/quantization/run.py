@@ -1,0 +1,157 @@
+"""What `matgptq.quantize` does around the block loop (pipeline.py): calibration windows, opening the model (streamed
+block by block when its files allow), per-layer widths of a mix, resume state, the staged output and the metadata
+every checkpoint records, and the torchrun split (only rank 0 writes)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import uuid
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+import transformers
+
+from .._version import __version__
+from ..errors import UserError
+from ..execution import dist_backend, init_from_env, world
+from ..formats.mix import WidthSpec, read_mix
+from ..formats.staged import StagedCheckpoint
+from ..models import (
+    ModelSource, arch_spec, calibration_windows, file_sha256, get_blocks, load_fp_model, load_tokenizer,
+    quantized_layer_names, read_text, require_model_dir, tokenize,
+)  # fmt: skip
+from ..models.lazy import LazyModel
+from .config import CalibConfig, Method, QuantConfig
+from .pipeline import LayerReport, quantize_model
+from .resume import BlockState
+
+COMPUTE_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def unquantized_tensors(model, layers: dict, outside: str | None = None) -> dict[str, torch.Tensor]:
+    """The tensors a checkpoint stores as they are: all but the quantized weights and tied duplicates (lm_head);
+    with `outside` (the blocks' path), only those outside the blocks (the blocks' own went to their files)."""
+    quantized = {f"{n}.weight" for n in layers}  # layers left out by --skip stay ordinary tensors
+    tensors, seen = {}, set()
+    for name, t in model.state_dict().items():
+        if (outside is not None and name.startswith(f"{outside}.")) or name in quantized or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        tensors[name] = t
+    return tensors
+
+
+def _windows(tokenizer, calib, cfg: QuantConfig, calib_cfg: CalibConfig) -> torch.Tensor:
+    """The calibration windows: `nsamples` random windows of `seqlen` tokens of the text (none for RTN)."""
+    if calib is None:
+        if cfg.method is not Method.RTN:
+            raise UserError(f"--method {cfg.method.value} needs calibration text; pass --calib FILE")
+        return torch.zeros(1, 1, dtype=torch.int64)  # RTN never runs the model
+    text = calib if isinstance(calib, list) else read_text(calib, calib_cfg.text_range)
+    return calibration_windows(tokenize(tokenizer, text), calib_cfg.nsamples, calib_cfg.seqlen, calib_cfg.seed)
+
+
+def _open(model: Path, dtype: str, stream: bool | None):
+    """(LazyModel or None, the model): streamed from its files when they allow it, unless `stream` is False."""
+    lazy = LazyModel.open(model, COMPUTE_DTYPES[dtype]) if stream is not False else None
+    if stream and lazy is None:
+        raise UserError(f"the safetensors files in {model} do not name the model's parameters as transformers does; "
+                        "they cannot be streamed: pass stream=None (stream when possible) or False")  # fmt: skip
+    return lazy, lazy.model if lazy is not None else load_fp_model(model, COMPUTE_DTYPES[dtype])
+
+
+def _with_widths(cfg: QuantConfig, fp, bits_config: WidthSpec | None) -> QuantConfig:
+    """`cfg` with each layer's width from the mix `bits_config` (names as in a parent: --skip's layers stay out)."""
+    names = [n for n in quantized_layer_names(fp, arch_spec(fp.config.model_type)) if not cfg.skips(n)]
+    if not names:
+        raise UserError(f"--skip {' '.join(cfg.skip)} matches every quantizable layer; nothing would be quantized")
+    if bits_config is None:
+        return cfg
+    widths = read_mix(bits_config, names)
+    widest = max(widths.values())
+    return replace(cfg, bits=widest, target_bits=(widest,), layer_bits=tuple(widths.items()))
+
+
+def _metadata(cfg: QuantConfig, calib_cfg: CalibConfig, calib, source: ModelSource, fp, reports: list[LayerReport],
+              dev: torch.device, size: int) -> dict:  # fmt: skip
+    """matgptq.json's record of how the checkpoint was made (docs/formats.md §1.4)."""
+    meta = {
+        "quantization": cfg.to_json(),
+        "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range),
+                        "dtype": str(fp.dtype).removeprefix("torch."),
+                        "sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None},
+        "source_model": source.spec,  # `org/name@commit` for a Hugging Face id, else the absolute path
+        "model_type": fp.config.model_type,
+        "versions": {"matgptq": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": platform.python_version(),
+                     # float summation order, part of bit-exactness: thread count and the CPU's vector unit
+                     "torch_threads": torch.get_num_threads(),
+                     "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+        "report": [asdict(r) for r in reports],
+    }  # fmt: skip
+    if dev.type != "cpu":
+        meta["device"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
+    if size > 1:
+        meta["distributed"] = {"world_size": size, "backend": dist_backend()}
+    return meta
+
+
+def run_quantization(source: ModelSource, out: str | Path, cfg: QuantConfig, calib_cfg: CalibConfig, calib,
+                     bits_config: WidthSpec | None, dtype: str, dev: torch.device, *, resume: bool, stream: bool | None,
+                     overwrite: bool, progress: bool, shard_bytes: int) -> tuple[Path, list[LayerReport]]:  # fmt: skip
+    """Quantize the model at `source` with `cfg` and write the checkpoint `out` (the API's arguments, checked)."""
+    model = require_model_dir(source.path)
+    windows = _windows(load_tokenizer(model), calib, cfg, calib_cfg)
+    init_from_env(dev)  # under torchrun: one process of several (execution/distributed.py)
+    rank, size = world()
+    if size > 1 and resume:
+        raise UserError("--resume is for single-process runs; run the resumed quantization without torchrun")
+    lazy, fp = _open(model, dtype, stream)
+    cfg = _with_widths(cfg, fp, bits_config)
+    state = BlockState(out, _run_settings(model, cfg, calib_cfg, calib, windows, dtype, dev), resume) if size == 1 else None
+    # finished blocks: in the resume directory, else a private sibling of `out` (created by the first block written)
+    scratch = Path(out).resolve().parent / f".{Path(out).name}.blocks-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    stage = StagedCheckpoint(state.dir if state is not None else scratch) if rank == 0 else _Discard()
+    try:
+        _, reports, _ = quantize_model(fp, windows, cfg, progress=progress, state=state, device=dev, source=lazy,
+                                       sink=stage)  # fmt: skip
+        if rank > 0:  # every rank holds the result; one writes it
+            return Path(out), reports
+        spec = arch_spec(fp.config.model_type)
+        stage.assemble(out, len(get_blocks(fp, spec)), fp.config.to_dict(), unquantized_tensors(fp, {}, spec.blocks),
+                       {r.name: list(r.shape) for r in reports}, {r.name: cfg.width_of(r.name) for r in reports},
+                       _metadata(cfg, calib_cfg, calib, source, fp, reports, dev, size), model, overwrite,
+                       shard_bytes)  # fmt: skip
+    finally:
+        if state is None and rank == 0:
+            shutil.rmtree(stage.dir, ignore_errors=True)
+    if state is not None:
+        state.finish()
+    return Path(out), reports
+
+
+class _Discard:
+    """The sink of ranks > 0 under torchrun: rank 0 writes the finished blocks."""
+
+    def write_block(self, *args) -> None:
+        pass
+
+    def read_layers(self, *args) -> dict:
+        return {}
+
+
+def _run_settings(model, cfg: QuantConfig, calib_cfg: CalibConfig, calib, windows: torch.Tensor, dtype: str,
+                  device: torch.device) -> dict:  # fmt: skip
+    """What a quantization's result depends on, for refusing to resume another run's state: the model (its path,
+    config and weight files' sizes and times — hashing a large model's shards would take long), the options, the
+    calibration text (its hash, or the windows' when given as strings), the dtype and the kind of device (float
+    summation order). Streaming or not changes nothing (tested), so it is not recorded."""
+    files = sorted(Path(model).glob("*.safetensors"))
+    return {"model": str(Path(model).resolve()), "config": (Path(model) / "config.json").read_text(),
+            "weights": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files],
+            "quantization": cfg.to_json(), "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range)},
+            "calib_sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None,
+            "windows": [list(windows.shape), int(windows.sum())], "dtype": dtype, "device": device.type}  # fmt: skip
