@@ -161,6 +161,79 @@ def block_tensors(block: nn.Module, prefix: str, quantized: set[str]) -> dict[st
     return {prefix + k: v.cpu() for k, v in block.state_dict().items() if k not in weights}
 
 
+@dataclass
+class _Run:
+    """What every block of one quantize_model call shares."""
+
+    spec: object  # ArchSpec
+    cfg: QuantConfig
+    rounding: Rounding
+    groups: tuple[tuple[str, ...], ...]
+    needs_data: bool
+    rows: int  # calibration tokens on this rank
+    rank: int
+    size: int
+    times: StageTimes
+    bar: tqdm
+
+
+def _block_inputs(model: nn.Module, spec, windows: torch.Tensor, batch: int, device: torch.device,
+                  home: torch.device) -> Inputs:  # fmt: skip
+    """The first block's inputs for every calibration window (the modules before the blocks visit `device`)."""
+    if device == home:
+        return capture_block_inputs(model, spec, windows, batch)
+    with _outside_blocks_on(model, spec, device, home):
+        return capture_block_inputs(model, spec, windows.to(device), batch)
+
+
+def _quantize_group(run: _Run, block: nn.Module, i: int, g: int, group: tuple[str, ...], inputs: Inputs, attention,
+                    done: dict[str, QuantizedWeight], reports: list[LayerReport]):  # fmt: skip
+    """Solve one true-sequential group of block `i` and write its weights back; (replayed the block's output, the
+    attention cache for the next group). A single Linear whose output is the block's (`residual + last(x)`) or the
+    attention's is replayed or cut at instead of re-running the block (passes.py points 3-4)."""
+    spec, cfg = run.spec, run.cfg
+    single = group[0] if run.needs_data and cfg.true_sequential and len(group) == 1 else None
+    replay = single if spec.residual_last and g == len(run.groups) - 1 else None
+    cut = single if single == spec.attention_out and g < len(run.groups) - 1 else None
+    until = cut.rpartition(".")[0] if cut else None
+    collected = collect_hessians(block, group, inputs, run.times, replay or cut, until, attention) \
+        if run.needs_data else None  # fmt: skip
+    if run.size > 1 and run.needs_data:
+        combine_hessians(collected.hessians, run.rows)
+    owners = [j % run.size for j in range(len(group))]
+    results = [_solve(block, spec, f"{spec.blocks}.{i}.{name}", name, collected, run.rounding, cfg, run.times)
+               if owner == run.rank else None for name, owner in zip(group, owners)]  # fmt: skip
+    if run.size > 1:
+        results = share(results, owners)
+    for name, (qw, report) in zip(group, results):
+        set_weight_matrix(block.get_submodule(name), spec, qw.dequantize())
+        done[report.name] = qw
+        reports.append(report)
+        err_txt = " ".join(f"{r}b={e:.2e}" for r, e in report.rel_error.items())
+        run.bar.set_postfix_str(f"{report.name} {err_txt}".strip())
+        run.bar.update(1)
+    if replay is not None:
+        replay_outputs(block.get_submodule(replay), inputs, collected.kept, run.times)
+    if cut is not None:
+        attention = attention_cache(block.get_submodule(until), block.get_submodule(cut), collected, run.times)
+    return replay is not None, attention
+
+
+def _quantize_block(run: _Run, block: nn.Module, i: int, inputs: Inputs, reports: list[LayerReport]):
+    """Quantize every group of block `i` in order; (its layers, the next block's inputs)."""
+    done: dict[str, QuantizedWeight] = {}
+    replayed, attention = False, None
+    for g, all_names in enumerate(run.groups):
+        group = tuple(n for n in all_names if not run.cfg.skips(f"{run.spec.blocks}.{i}.{n}"))
+        run.bar.update(len(all_names) - len(group))
+        if group:
+            was_replayed, attention = _quantize_group(run, block, i, g, group, inputs, attention, done, reports)
+            replayed |= was_replayed
+    if run.needs_data and not replayed:
+        inputs = [(out, kw) for out, (_, kw) in zip(run_block(block, inputs, run.times), inputs)]
+    return done, inputs
+
+
 @torch.no_grad()
 def quantize_model(
     model: nn.Module, windows: torch.Tensor, cfg: QuantConfig, batch_tokens: int = 4096, progress: bool = True,
@@ -179,12 +252,9 @@ def quantize_model(
         check_finite(model)  # a lazy model's files were checked when it was opened
     if state is not None and sink is None:
         raise ValueError("a resumable run needs a sink for its finished blocks")
-    rounding = rounding or make_rounding(cfg)
     blocks = get_blocks(model, spec)
     groups = spec.groups if cfg.true_sequential else (tuple(n for g in spec.groups for n in g),)
-    needs_data = cfg.method is not Method.RTN
-    batch = max(1, batch_tokens // windows.shape[1])
-    rank, size = world()
+    needs_data, (rank, size) = cfg.method is not Method.RTN, world()
     if size > 1 and needs_data:
         if windows.shape[0] < size:
             raise UserError(f"{windows.shape[0]} calibration windows for {size} processes leave some without work; "
@@ -192,65 +262,19 @@ def quantize_model(
         windows = shard(windows, rank, size)
     home = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
     device = torch.device(device) if device is not None else home
-    moving = device != home
-    inputs: Inputs = []
-    if needs_data:
-        if moving:
-            with _outside_blocks_on(model, spec, device, home):
-                inputs = capture_block_inputs(model, spec, windows.to(device), batch)
-        else:
-            inputs = capture_block_inputs(model, spec, windows, batch)
-    rows = sum(h.shape[0] * h.shape[1] for h, _ in inputs)  # calibration tokens on this rank
-
+    batch = max(1, batch_tokens // windows.shape[1])
+    inputs: Inputs = _block_inputs(model, spec, windows, batch, device, home) if needs_data else []
+    per_block = sum(len(g) for g in groups)
+    bar = tqdm(total=len(blocks) * per_block, desc="quantize", unit="layer", disable=not progress or rank > 0)
+    run = _Run(spec, cfg, rounding or make_rounding(cfg), groups, needs_data,
+               sum(h.shape[0] * h.shape[1] for h, _ in inputs), rank, size, StageTimes(), bar)  # fmt: skip
     layers: dict[str, QuantizedWeight] = {}
     reports: list[LayerReport] = []
-    times = StageTimes()
-    per_block = sum(len(g) for g in groups)
-    bar = tqdm(total=len(blocks) * per_block, desc="quantize", unit="layer",
-               disable=not progress or rank > 0)  # fmt: skip
     start = _restore(model, spec, state, sink, source, cfg.width_of, len(blocks), inputs, reports)
     bar.update(start * per_block)
     for i in range(start, len(blocks)):
-        if source is not None:
-            block = source.load_block(i, device)
-        else:
-            block = blocks[i].to(device) if moving else blocks[i]
-        done: dict[str, QuantizedWeight] = {}
-        replayed, attention = False, None
-        for g, all_names in enumerate(groups):
-            group = tuple(n for n in all_names if not cfg.skips(f"{spec.blocks}.{i}.{n}"))
-            bar.update(len(all_names) - len(group))
-            if not group:
-                continue
-            # one Linear whose output is the block's (`residual + last(x)`) or the attention's: passes.py points 3-4
-            single = group[0] if needs_data and cfg.true_sequential and len(group) == 1 else None
-            replay = single if spec.residual_last and g == len(groups) - 1 else None
-            cut = single if single == spec.attention_out and g < len(groups) - 1 else None
-            until = cut.rpartition(".")[0] if cut else None
-            collected = collect_hessians(block, group, inputs, times, replay or cut, until, attention) \
-                if needs_data else None  # fmt: skip
-            if size > 1 and needs_data:
-                combine_hessians(collected.hessians, rows)
-            owners = [j % size for j in range(len(group))]
-            results = [_solve(block, spec, f"{spec.blocks}.{i}.{name}", name, collected, rounding, cfg, times)
-                       if owner == rank else None for name, owner in zip(group, owners)]  # fmt: skip
-            if size > 1:
-                results = share(results, owners)
-            for name, (qw, report) in zip(group, results):
-                set_weight_matrix(block.get_submodule(name), spec, qw.dequantize())
-                done[report.name] = qw
-                reports.append(report)
-                err_txt = " ".join(f"{r}b={e:.2e}" for r, e in report.rel_error.items())
-                bar.set_postfix_str(f"{report.name} {err_txt}".strip())
-                bar.update(1)
-            if replay is not None:
-                replay_outputs(block.get_submodule(replay), inputs, collected.kept, times)
-                replayed = True
-            if cut is not None:
-                attention = attention_cache(block.get_submodule(until), block.get_submodule(cut), collected, times)
-            del collected
-        if needs_data and not replayed:
-            inputs = [(out, kw) for out, (_, kw) in zip(run_block(block, inputs, times), inputs)]
+        block = source.load_block(i, device) if source is not None else blocks[i].to(device)
+        done, inputs = _quantize_block(run, block, i, inputs, reports)
         prefix = f"{spec.blocks}.{i}."
         if sink is not None:
             sink.write_block(i, done, block_tensors(block, prefix, {n[len(prefix):] for n in done}))
@@ -260,10 +284,10 @@ def quantize_model(
             state.save(i + 1, reports, [h for h, _ in inputs])
         if source is not None:
             source.free_block(i)
-        elif moving:
+        elif device != home:
             blocks[i].to(home)
     bar.close()
-    return QuantizeOutput(layers, reports, times)
+    return QuantizeOutput(layers, reports, run.times)
 
 
 def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg: QuantConfig,
