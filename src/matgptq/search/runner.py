@@ -26,14 +26,13 @@ from pathlib import Path
 
 import torch
 
-from ..execution import native_bfloat16, resolve_device
 from ..errors import UserError
 from ..evaluation.perplexity import score
 from ..evaluation.teacher import Teacher
+from ..execution import init_from_env, native_bfloat16, resolve_device
 from ..formats import is_checkpoint, read_checkpoint
 from ..fsutil import atomic_output, check_output
 from ..models import eval_windows, file_sha256, load_tokenizer, read_text, require_model_dir, resolve_model, tokenize
-from ..execution import init_from_env
 from ..runtime import load
 from .budget import BudgetKind, CostModel, parse_budget
 from .evopress import EvoConfig, evolve, format_stages
@@ -156,6 +155,48 @@ def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows:
     return json.loads(json.dumps(settings))
 
 
+def _budgets(req: SearchRequest, ckpt) -> tuple[tuple[int, ...], CostModel, list[tuple[str, Fraction]]]:
+    """(levels, cost model, [(label, budget)]) of the request, every budget checked against the parent and every
+    output checked writable, before any model is loaded."""
+    levels = _levels(ckpt, req.levels)
+    cost_model = CostModel.from_checkpoint(ckpt, levels, gguf=req.kind is BudgetKind.GGUF)
+    budgets = [(label, parse_budget(label)) for label in req.budgets]
+    for _, b in budgets:
+        cost_model.check_budget(b, req.kind)
+    if len({b for _, b in budgets}) != len(budgets):
+        raise UserError("--budget lists the same budget twice")
+    for label, _ in budgets:
+        if not req.resume:
+            check_output(mix_path(req.out, label), req.overwrite)
+    return levels, cost_model, budgets
+
+
+def _check_states(req: SearchRequest, budgets, settings: dict, layers: int) -> None:
+    """With --resume, a saved state made with other settings fails now, not after the teacher and sensitivities."""
+    from .evopress import read_state
+
+    for label, _ in budgets:
+        if state_path(req.out, label).exists():
+            read_state(state_path(req.out, label), settings[label], layers)
+
+
+def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cost_model: CostModel, fitness: Fitness,
+                   sensitivity, sens_windows, settings: dict, held_out, t0: float) -> dict:  # fmt: skip
+    """One budget: the knapsack mix from the sensitivities, the search's start, EvoPress, the choice among them on the
+    whole calibration pool; its mix file written; the summary row (seconds counted from `t0`)."""
+    label, limit = budget
+    dp = knapsack_mix(cost_model, sensitivity, limit, req.kind)
+    start, start_kind = _start(fitness, cost_model, dp, limit, req.kind, sens_windows)
+    state = evolve(fitness, levels, cost_model.table(req.kind), cost_model.limit(limit, req.kind), start, req.evo,
+                   state_path(req.out, label), settings, req.resume, req.progress,
+                   weights=cost_model.total_weights)  # fmt: skip
+    all_windows = tuple(range(fitness.windows.shape[0]))
+    row, mix = _report(req, label, cost_model, fitness, dp, state, start_kind, all_windows, *held_out)
+    row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(time.perf_counter() - t0, 1))
+    _write_mix(req, label, row, cost_model, state, dp, mix, settings)
+    return row
+
+
 def run_search(req: SearchRequest) -> list[dict]:
     """Search every budget of `req`; returns one summary row per budget (also written into its mix file)."""
     if req.seqlen < 2 or req.sensitivity_tokens < 1 or req.batch_size < 1 or req.calib_tokens < 1:
@@ -168,17 +209,8 @@ def run_search(req: SearchRequest) -> list[dict]:
         raise UserError(f"{req.parent} is not a matgptq parent (no matgptq.json); give the output of "
                         "`matgptq quantize --method matgptq`")  # fmt: skip
     ckpt = read_checkpoint(req.parent)
-    levels = _levels(ckpt, req.levels)
-    cost_model = CostModel.from_checkpoint(ckpt, levels, gguf=req.kind is BudgetKind.GGUF)
-    budgets = [(label, parse_budget(label)) for label in req.budgets]
-    for _, b in budgets:
-        cost_model.check_budget(b, req.kind)
-    if len({b for _, b in budgets}) != len(budgets):
-        raise UserError("--budget lists the same budget twice")
+    levels, cost_model, budgets = _budgets(req, ckpt)
     reference = _reference(ckpt, req.reference)
-    for label, _ in budgets:
-        if not req.resume:
-            check_output(mix_path(req.out, label), req.overwrite)
     tokenizer = load_tokenizer(req.parent)
     calib = _calib_pool(req, tokenizer)
     text = None
@@ -186,13 +218,8 @@ def run_search(req: SearchRequest) -> list[dict]:
         text = eval_windows(tokenize(tokenizer, read_text(req.text, req.text_range)), req.seqlen, req.text_tokens)
     score_dtype = req.score_dtype.resolve(device)
     settings = {label: _settings(req, ckpt, levels, b, calib, score_dtype) for label, b in budgets}
-    if req.resume:  # a state from other settings fails now, not after the teacher and sensitivities
-        from .evopress import read_state
-
-        for label, _ in budgets:
-            if state_path(req.out, label).exists():
-                read_state(state_path(req.out, label), settings[label], len(cost_model.layers))
-
+    if req.resume:
+        _check_states(req, budgets, settings, len(cost_model.layers))
     ref_model = load(reference, packed=False).to(device)
     teacher = Teacher(ref_model, calib, req.batch_size, progress=req.progress)
     text_teacher = Teacher(ref_model, text, req.batch_size, progress=req.progress) if text is not None else None
@@ -200,7 +227,6 @@ def run_search(req: SearchRequest) -> list[dict]:
     model = load(req.parent, bits=levels[-1], packed=False).to(device)
     fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size, compute_dtype=score_dtype)
     sens_windows = tuple(range(min(calib.shape[0], math.ceil(req.sensitivity_tokens / (req.seqlen - 1)))))
-    all_windows = tuple(range(calib.shape[0]))
     sensitivity: list[list[float]] | None = None
     rows = []
     try:
@@ -208,17 +234,8 @@ def run_search(req: SearchRequest) -> list[dict]:
             t0 = time.perf_counter()
             if sensitivity is None:
                 sensitivity = measure(fitness, levels, sens_windows, req.sensitivity, req.progress)
-            dp = knapsack_mix(cost_model, sensitivity, budget, req.kind)
-            start, start_kind = _start(fitness, cost_model, dp, budget, req.kind, sens_windows)
-            state = evolve(fitness, levels, cost_model.table(req.kind), cost_model.limit(budget, req.kind), start,
-                           req.evo, state_path(req.out, label), settings[label], req.resume, req.progress,
-                           weights=cost_model.total_weights)  # fmt: skip
-            row, mix = _report(req, label, cost_model, fitness, dp, state, start_kind, all_windows, text,
-                               text_teacher)  # fmt: skip
-            row.update(evaluations=state.evaluations, generations=state.generation,
-                       seconds=round(time.perf_counter() - t0, 1))  # fmt: skip
-            _write_mix(req, label, row, cost_model, state, dp, mix, settings[label])
-            rows.append(row)
+            rows.append(_search_budget(req, (label, budget), levels, cost_model, fitness, sensitivity, sens_windows,
+                                       settings[label], (text, text_teacher), t0))  # fmt: skip
     finally:
         teacher.close()
         if text_teacher is not None:
