@@ -139,6 +139,21 @@ def draw_windows(rng: np.random.Generator, n_windows: int, seqlen: int, tokens: 
     return tuple(sorted(int(i) for i in rng.choice(n_windows, size=count, replace=False)))
 
 
+def offspring(parent: Levels, costs: list[list[int]], limit: int, rng: np.random.Generator,
+              config: EvoConfig) -> list[Levels]:  # fmt: skip
+    """Up to `config.offspring` distinct children of `parent` within the budget (MAX_DRAWS_PER_CHILD draws each)."""
+    children: list[Levels] = []
+    for _ in range(config.offspring * MAX_DRAWS_PER_CHILD):
+        if len(children) == config.offspring:
+            break
+        child = mutate(parent, costs, limit, rng, config.max_flips)
+        if child is None:
+            break
+        if child != parent and child not in children:
+            children.append(child)
+    return children
+
+
 def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, start: Mix,
            config: EvoConfig, state_path: Path, settings: dict, resume: bool = False, progress: bool = False,
            stop_after: int | None = None, weights: int | None = None) -> EvoState:  # fmt: skip
@@ -162,17 +177,7 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
                unit="gen", disable=not progress, leave=False)  # fmt: skip
     while state.generation < config.generations:
         t0, evals0, tokens0 = time.perf_counter(), fitness.evaluations, fitness.tokens
-        parent = to_levels(state.parent)
-        children: list[Levels] = []
-        for _ in range(config.offspring * MAX_DRAWS_PER_CHILD):
-            if len(children) == config.offspring:
-                break
-            child = mutate(parent, costs, limit, rng, config.max_flips)
-            if child is None:
-                break
-            if child != parent and child not in children:
-                children.append(child)
-        survivors = [to_mix(c) for c in children]
+        survivors = [to_mix(c) for c in offspring(to_levels(state.parent), costs, limit, rng, config)]
         best_kl = None
         for s, stage in enumerate(config.stages):
             windows = draw_windows(rng, n_windows, seqlen, stage.tokens)
