@@ -79,21 +79,7 @@ class QuantConfig:
         if self.signed_scale and not self.sym:
             raise UserError("--signed-scale is a symmetric grid; drop --asym or --signed-scale")
         if self.kquant is not None:
-            try:
-                object.__setattr__(self, "kquant", KQuantType(self.kquant))
-            except ValueError:
-                raise UserError(f"unknown K-quant type {self.kquant!r}; use one of "
-                                f"{', '.join(t.value for t in KQuantType)}") from None  # fmt: skip
-            if not self.sym:
-                raise UserError("--kquant needs a symmetric grid; drop --asym")
-            if self.signed_scale and not LATTICES[self.kquant].signed:
-                raise UserError(f"--kquant {self.kquant.value} stores unsigned sub-scales, so it needs the plain "
-                                "symmetric grid; drop --signed-scale, or use --kquant q3_k or q6_k (signed)")  # fmt: skip
-            if self.act_order and not self.static_groups:
-                raise UserError("--kquant needs contiguous groups; add --static-groups to --act-order")
-            why = check_group_size(self.kquant, self.group_size)
-            if why:
-                raise UserError(f"--kquant {self.kquant.value}: {why}")
+            self._check_kquant()
         if self.mse_weighted and not self.mse:
             raise UserError("--mse-weighted weights the --mse scale search; add --mse")
         if self.mse_weighted and self.method is Method.RTN:
@@ -107,6 +93,28 @@ class QuantConfig:
                 re.compile(pattern)
             except re.error as e:
                 raise UserError(f"--skip {pattern!r} is not a valid regular expression ({e})") from None
+        self._set_targets()
+
+    def _check_kquant(self) -> None:
+        """--kquant: a known K-quant whose lattice the grid, scale sign, groups and group size fit."""
+        try:
+            object.__setattr__(self, "kquant", KQuantType(self.kquant))
+        except ValueError:
+            raise UserError(f"unknown K-quant type {self.kquant!r}; use one of "
+                            f"{', '.join(t.value for t in KQuantType)}") from None  # fmt: skip
+        if not self.sym:
+            raise UserError("--kquant needs a symmetric grid; drop --asym")
+        if self.signed_scale and not LATTICES[self.kquant].signed:
+            raise UserError(f"--kquant {self.kquant.value} stores unsigned sub-scales, so it needs the plain "
+                            "symmetric grid; drop --signed-scale, or use --kquant q3_k or q6_k (signed)")  # fmt: skip
+        if self.act_order and not self.static_groups:
+            raise UserError("--kquant needs contiguous groups; add --static-groups to --act-order")
+        why = check_group_size(self.kquant, self.group_size)
+        if why:
+            raise UserError(f"--kquant {self.kquant.value}: {why}")
+
+    def _set_targets(self) -> None:
+        """`target_bits` sorted (R, containing the master width) and `bit_weights` one positive λ_r per width."""
         targets = tuple(sorted(set(self.target_bits))) if self.target_bits else (self.bits,)
         if self.method is not Method.MATGPTQ and targets != (self.bits,):
             raise UserError(f"method {self.method.value} quantizes one width; use --method matgptq for several")
