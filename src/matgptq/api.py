@@ -58,7 +58,8 @@ def quantize(
     config.json; "bfloat16" is what GPTQModel uses on CPU). Hessians and the solver are float32 either way.
     `resume`: continue a killed run from its last finished block (quantization/resume.py); progress is kept beside
     `out` until the checkpoint is written.
-    `device`: auto | cpu | cuda | cuda:i (execution/devices.py). `stream`: read each block from the model's files when it is
+    `device`: auto | cpu | cuda | cuda:i (execution/devices.py). `stream`: read each block from the model's files
+    when it is
     quantized instead of loading the model whole (models/lazy.py); None = whenever the files allow it (the result is
     the same either way), False = load it whole, True = required. Finished blocks always go to disk at once
     (formats/staged.py); `shard_bytes` caps each file of the written checkpoint.
@@ -80,7 +81,7 @@ def quantize(
                             overwrite=overwrite, progress=progress, shard_bytes=shard_bytes)
 
 
-def slice(parent: str | Path, bits: int, out: str | Path, overwrite: bool = False) -> Path:  # noqa: A001 — the API name
+def slice(parent: str | Path, bits: int, out: str | Path, overwrite: bool = False) -> Path:  # noqa: A001
     """Write the `bits`-bit slice of a parent as its own checkpoint (only that width's data), as `matgptq slice`."""
     return write_slice(parent, bits, out, overwrite)
 

@@ -163,7 +163,8 @@ def cmd_eval(a: argparse.Namespace) -> None:
 
     report = evaluate(a.model, bits=width_specs(a.bits) if a.bits else None, text=a.text, text_range=a.text_range,
                       seqlen=a.seqlen, max_tokens=a.max_tokens, kl_to=a.kl_to, tasks=a.tasks, tasks_dir=a.tasks_dir,
-                      limit=a.limit, batch_size=a.batch_size, task_batch_size=a.task_batch_size, device=a.device)  # fmt: skip
+                      limit=a.limit, batch_size=a.batch_size, task_batch_size=a.task_batch_size,
+                      device=a.device)  # fmt: skip
     results, task_results = report.get("results", []), report.get("task_results", [])
     if results:
         headers = ["model", "bits", "tokens", "ppl"] + (["kl"] if a.kl_to else [])

@@ -3,8 +3,8 @@ node or several, NCCL with CUDA and gloo without.
 
 Work split, every rank ending with the full result:
 - calibration: the windows are cut into N contiguous parts; each rank runs the blocks on its own part only;
-- Hessians: each rank's running mean H_r over its n_r rows (quantization/passes.py) is combined as H = Σ_r n_r·H_r / Σ_r n_r
-  with one all-reduce per distinct input, so every rank holds the same H;
+- Hessians: each rank's running mean H_r over its n_r rows (quantization/passes.py) is combined as
+  H = Σ_r n_r·H_r / Σ_r n_r with one all-reduce per distinct input, so every rank holds the same H;
 - solver: the Linears of a group are dealt out (layer j to rank j mod N), solved, and broadcast from their owner.
 The combined Hessian is the single-process one up to float summation order (a sum of per-rank sums instead of one
 running sum: relative differences of ~1e-7), so a code can differ where a weight lies that close to a rounding

@@ -1,11 +1,12 @@
 """The matgptq checkpoint: one directory holding a parent (all widths) or a standalone slice.
 
-Files: `config.json` (the HF config plus `quantization_config: {"quant_method": "matgptq", "bits": stored}`: transformers
-loads it once `matgptq` is imported (integrations/transformers.py); without that import transformers 5.x skips the unknown
-method and reports the quantized weights MISSING), tokenizer files, `model.safetensors` and `matgptq.json`. A parent
-larger than one shard (`quantize` writes shards of at most `shard_bytes`, default SHARD_BYTES) has Hugging Face's
-sharded layout instead: `model-00001-of-0000N.safetensors`, … and `model.safetensors.index.json` naming each tensor's
-file; the tensors are the same, and the readers take either layout.
+Files: `config.json` (the HF config plus `quantization_config: {"quant_method": "matgptq", "bits": stored}`:
+transformers loads it once `matgptq` is imported (integrations/transformers.py); without that import transformers
+5.x skips the unknown method and reports the quantized weights MISSING), tokenizer files, `model.safetensors` and
+`matgptq.json`. A parent larger than one shard (`quantize` writes shards of at most `shard_bytes`, default
+SHARD_BYTES) has Hugging Face's sharded layout instead: `model-00001-of-0000N.safetensors`, … and
+`model.safetensors.index.json` naming each tensor's file; the tensors are the same, and the readers take either
+layout.
 Tensors, per quantized layer `<name>` (the Linear's module path; weights as [out, in]):
   <name>.codes   uint8  [N, ceil(K·bits/8)]  codes as a little-endian bit stream per row (bits = stored width)
   <name>.scales  float16 [N, G]              master scale per output row and group

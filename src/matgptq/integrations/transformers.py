@@ -65,7 +65,8 @@ def _checkpoint_dir(checkpoint_files: list[str] | None, config) -> Path:
             hf_hub_download(repo, META_FILE, revision=getattr(config, "_commit_hash", None) or where.name)
         except Exception as e:  # noqa: BLE001 — any failure is one line: the file is required
             raise UserError(f"{where} has no {META_FILE} and it could not be fetched for {repo or 'this model'} "
-                            f"({type(e).__name__}); download the whole checkpoint and give its directory") from None  # fmt: skip
+                            f"({type(e).__name__}); download the whole checkpoint and give its directory"
+                            ) from None  # fmt: skip
     return where
 
 

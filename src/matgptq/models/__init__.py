@@ -9,6 +9,7 @@ from .text import calibration_windows, eval_windows, file_sha256, read_text, tok
 
 __all__ = [
     "ArchSpec", "arch_spec", "get_blocks", "quantized_layer_names", "set_weight_matrix", "weight_matrix",
-    "LOAD_ERRORS", "load_fp_model", "loader_quiet", "quiet_loggers", "load_tokenizer", "require_model_dir", "ModelSource", "resolve_model",
+    "LOAD_ERRORS", "load_fp_model", "loader_quiet", "quiet_loggers", "load_tokenizer", "require_model_dir",
+    "ModelSource", "resolve_model",
     "calibration_windows", "eval_windows", "file_sha256", "read_text", "tokenize",
 ]  # fmt: skip

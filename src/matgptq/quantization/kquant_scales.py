@@ -8,7 +8,8 @@ float16 (formats/quantized.py), so a symmetric grid is exact in both when, per r
     s_g = d·sc_g,   sc_g ∈ [1, SC_MAX],   d float16 with at most 11 − bitlen(SC_MAX) significant bits
 
 (then every d·sc_g has ≤ 11 significant bits: float16-exact, and exact in float32). Each type holds the symmetric
-b-bit grid w = s·(q − 2^(b−1)) with its own fields (formats/gguf/tensors.py): Q3_K and Q6_K as w = d·sc·(q − 4 | 32);
+b-bit grid w = s·(q − 2^(b−1)) with its own fields (formats/gguf/tensors.py): Q3_K and Q6_K as
+w = d·sc·(q − 4 | 32);
 Q2_K, Q4_K and Q5_K as w = d·sc·q − dmin·m with dmin = 2^(b−1)·d and m = sc, so m ≤ SC_MAX too. SC_MAX is the
 largest positive sub-scale of the type (Q2_K's 4-bit scales and mins: 15; Q3_K's signed 6-bit: 31; Q4_K/Q5_K's
 6-bit: 63; Q6_K's int8: 127), and a lattice for a type also fits every type with a larger SC_MAX and a sub-block that

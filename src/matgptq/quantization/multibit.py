@@ -104,7 +104,11 @@ class MatryoshkaRounding:
     neighbouring envelope codes with the same float arithmetic as the enumeration.
     """
 
-    NEAR_TIE = 4e-4  # in units of the master grid step; float32 objective noise is far below this
+    # in units of the master grid step: wider than the float32 objective's noise for most R and λ, not all: with very
+    # unequal λ (e.g. 3.7 and 0.1) a large objective can hide a smaller difference, and the enumeration's float32
+    # choice is then a tie it cannot resolve, where this search keeps the exact minimiser (tests/quantization/
+    # test_multibit.py)
+    NEAR_TIE = 4e-4
     MAX_CELLS_PER_STEP = 1 << 12
 
     def __init__(self, master_bits: int, widths: tuple[int, ...], lambdas: tuple[float, ...]) -> None:

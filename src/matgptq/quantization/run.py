@@ -111,7 +111,8 @@ def run_quantization(source: ModelSource, out: str | Path, cfg: QuantConfig, cal
         raise UserError("--resume is for single-process runs; run the resumed quantization without torchrun")
     lazy, fp = _open(model, dtype, stream)
     cfg = _with_widths(cfg, fp, bits_config)
-    state = BlockState(out, _run_settings(model, cfg, calib_cfg, calib, windows, dtype, dev), resume) if size == 1 else None
+    settings = _run_settings(model, cfg, calib_cfg, calib, windows, dtype, dev)
+    state = BlockState(out, settings, resume) if size == 1 else None
     # finished blocks: in the resume directory, else a private sibling of `out` (created by the first block written)
     scratch = Path(out).resolve().parent / f".{Path(out).name}.blocks-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     stage = StagedCheckpoint(state.dir if state is not None else scratch) if rank == 0 else _Discard()

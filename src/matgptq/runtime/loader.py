@@ -19,7 +19,8 @@ from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_chec
 from ..formats.mix import WidthSpec, read_mix
 from ..untrusted import read_json
 from ..models import (
-    LOAD_ERRORS, arch_spec, load_fp_model, loader_quiet, require_model_dir, resolve_model, set_weight_matrix, weight_matrix,
+    LOAD_ERRORS, arch_spec, load_fp_model, loader_quiet, require_model_dir, resolve_model, set_weight_matrix,
+    weight_matrix,
 )  # fmt: skip
 from .packed import PackedLinear
 
