@@ -8,6 +8,7 @@ that what was read is what the caller expects (present, dtype, shape) before any
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import json
@@ -40,13 +41,17 @@ def _damaged(path: Path, err: BaseException, fix: str) -> UserError:
     return UserError(f"{path} is not a complete safetensors file ({reason}); {fix}")
 
 
-def read_tensors(path: str | Path, fix: str = "re-create or re-download it") -> dict[str, torch.Tensor]:
-    """All tensors of one safetensors file."""
+def read_tensors(path: str | Path, fix: str = "re-create or re-download it",
+                 keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """All tensors of one safetensors file, or only those whose name `keep` accepts (the others are not read)."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{p} is missing; {fix}")
     try:
-        return load_file(str(p))
+        if keep is None:
+            return load_file(str(p))
+        with safe_open(str(p), "pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys() if keep(k)}
     except _PARSE_ERRORS as e:
         raise _damaged(p, e, fix) from None
 
@@ -63,10 +68,12 @@ def read_header(path: str | Path, fix: str = "re-create or re-download it") -> d
         raise _damaged(p, e, fix) from None
 
 
-def read_sharded(index: str | Path, fix: str = "re-create or re-download it") -> dict[str, torch.Tensor]:
-    """All tensors of a sharded safetensors directory: Hugging Face's `*.safetensors.index.json`, whose `weight_map`
-    names each tensor's file. Every named file must be a plain .safetensors name in the index's directory and hold
-    exactly the tensors mapped to it: a missing, extra or moved tensor is damage, never a silent mix of files."""
+def read_sharded(index: str | Path, fix: str = "re-create or re-download it",
+                 keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """All tensors (or those `keep` accepts) of a sharded safetensors directory: Hugging Face's
+    `*.safetensors.index.json`, whose `weight_map` names each tensor's file. Every named file must be a plain
+    .safetensors name in the index's directory and hold exactly the tensors mapped to it: a missing, extra or moved
+    tensor is damage, never a silent mix of files."""
     p = Path(index)
     weight_map = read_json(p, fix).get("weight_map")
     ok = isinstance(weight_map, dict) and weight_map and all(
@@ -75,9 +82,9 @@ def read_sharded(index: str | Path, fix: str = "re-create or re-download it") ->
         raise UserError(f"{p}: `weight_map` must map tensor names to .safetensors files in its directory; {fix}")
     out: dict[str, torch.Tensor] = {}
     for name in sorted(set(weight_map.values())):
-        tensors = read_tensors(p.parent / name, fix)
+        tensors = read_tensors(p.parent / name, fix, keep)
         expected = {k for k, f in weight_map.items() if f == name}
-        if set(tensors) != expected:
+        if (set(tensors) if keep is None else set(read_header(p.parent / name, fix))) != expected:
             odd = sorted(set(tensors) ^ expected)[0]
             raise UserError(f"{p.parent / name} does not hold the tensors {p.name} maps to it (e.g. {odd}); {fix}")
         out.update(tensors)

@@ -149,3 +149,20 @@ def test_slices_of_several_widths_are_not_one_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="one width"):
         save_checkpoint(tmp_path / "ck", {"model_type": "llama"}, {}, {"a": parent.slice(4), "b": parent.slice(3)}, {},
                         None)  # fmt: skip
+
+
+@pytest.mark.parametrize("shard_bytes", [1 << 30, 20_000], ids=["one-file", "sharded"])
+def test_layers_only_reads_the_quantized_layers_alone(tiny_llama_dir, tmp_path, shard_bytes):
+    """What from_pretrained reads (integrations/transformers.py): the same layers, and no other tensor."""
+    from tests.conftest import quick_quantize
+
+    ckpt = quick_quantize(tiny_llama_dir, tmp_path / "p", method="matgptq", bits="3,8", group_size=32,
+                          shard_bytes=shard_bytes)  # fmt: skip
+    assert (ckpt / "model.safetensors.index.json").is_file() == (shard_bytes < 1 << 30)
+    full, layers = read_checkpoint(ckpt), read_checkpoint(ckpt, layers_only=True)
+    assert full.tensors and not layers.tensors
+    assert layers.layers.keys() == full.layers.keys()
+    for name, q in full.layers.items():
+        other = layers.layers[name]
+        assert torch.equal(q.codes, other.codes) and torch.equal(q.scales, other.scales)
+        assert q.width_scales.keys() == other.width_scales.keys()

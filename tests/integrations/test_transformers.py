@@ -17,7 +17,7 @@ from matgptq.formats import read_checkpoint
 from matgptq.integrations.transformers import register
 from matgptq.runtime.packed import PackedLinear
 from tests.conftest import quick_quantize
-from tests.models.test_hub import COMMIT, hub_cache  # noqa: F401 — the offline cache fixture
+from tests.models.test_hub import add_to_cache, hub_cache  # noqa: F401 — the offline cache fixture
 
 # transformers' note that the passed config's loading attributes override the checkpoint's (asserted once below)
 pytestmark = pytest.mark.filterwarnings("ignore:You passed `quantization_config`:UserWarning")
@@ -133,12 +133,7 @@ def test_a_damaged_checkpoint_is_one_error(parent, tmp_path):
 
 
 def test_a_hub_id_loads_from_the_cache(parent, hub_cache):  # noqa: F811 — the fixture
-    snap = hub_cache / "models--org--parent" / "snapshots" / COMMIT
-    snap.mkdir(parents=True)
-    (snap.parent.parent / "refs").mkdir()
-    (snap.parent.parent / "refs" / "main").write_text(COMMIT)
-    for f in parent.iterdir():
-        (snap / f.name).symlink_to(f)
+    snap = add_to_cache(hub_cache, "org/parent", parent)
     same_model(from_pretrained("org/parent", bits=3), matgptq.load(parent, bits=3))
     (snap / "matgptq.json").unlink()  # not cached, and the network is off: one error naming the file
     with pytest.raises(UserError, match="no matgptq.json"):

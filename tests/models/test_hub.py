@@ -23,15 +23,22 @@ COMMIT = "6aaced2a" + "0" * 32  # any 40-hex string names a snapshot
 REPO = "probe/stories260K"
 
 
-def make_cache(root: Path) -> Path:
-    """The Hugging Face cache layout: models--org--name/{refs/main, snapshots/<commit>/files} (files as symlinks)."""
-    repo = root / "models--probe--stories260K"
+def add_to_cache(root: Path, repo_id: str, source: Path) -> Path:
+    """`source`'s files as the Hugging Face id `repo_id` in the cache layout models--org--name/{refs/main,
+    snapshots/<commit>/files} (files as symlinks); returns the snapshot directory."""
+    repo = root / f"models--{repo_id.replace('/', '--')}"
     snap = repo / "snapshots" / COMMIT
     snap.mkdir(parents=True)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(COMMIT)
-    for f in STORIES.iterdir():
+    for f in source.iterdir():
         (snap / f.name).symlink_to(f)
+    return snap
+
+
+def make_cache(root: Path) -> Path:
+    """A cache holding stories260K as REPO."""
+    add_to_cache(root, REPO, STORIES)
     return root
 
 

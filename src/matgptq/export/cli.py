@@ -6,7 +6,6 @@ import argparse
 
 from ..argtypes import DefaultsHelpFormatter
 from ..formats.gguf import EMBED_TYPES
-from ..formats.mix import width_spec
 
 
 def add_export_parser(sub) -> None:
@@ -32,7 +31,6 @@ def add_export_parser(sub) -> None:
 
 
 def cmd_export(a: argparse.Namespace) -> None:
-    width_spec(a.bits, a.bits_config)  # checked before anything is read
     if a.format == "gguf":
         from .gguf import export_gguf_cli
 

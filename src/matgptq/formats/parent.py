@@ -27,6 +27,7 @@ calibration settings and versions — everything needed to reproduce the weights
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,8 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # the sharded layout (Hugging Face's)
 TENSOR_METADATA = {"format": "pt", "producer": FORMAT}
 SLICING_RULE = "msb_round_half_up_saturating"  # slicing.py
+# the name suffix of a quantized layer's tensors (`<name>.codes`, `<name>.scales.3`, ...; module docstring)
+LAYER_TENSOR = re.compile(r"\.(codes|zeros|g_idx|perm|scales(\.\d+)?)$")
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -226,8 +229,10 @@ def read_layer(where: Path, raw: dict, name: str, n: int, k: int, bits: int, shi
     )  # fmt: skip
 
 
-def read_checkpoint(path: str | Path) -> Checkpoint:
-    """A parent or slice directory, validated before use: any damage is one `UserError` naming the file."""
+def read_checkpoint(path: str | Path, layers_only: bool = False) -> Checkpoint:
+    """A parent or slice directory, validated before use: any damage is one `UserError` naming the file.
+    `layers_only`: read the quantized layers' tensors only (`tensors` is then empty), for a reader that loads the
+    others itself (transformers' from_pretrained, integrations/transformers.py)."""
     p = Path(path)
     meta_path, weights = p / META_FILE, p / WEIGHTS_FILE
     fix = "the checkpoint is damaged or incomplete, re-create it"
@@ -244,10 +249,11 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     widths = _layer_widths(meta_path, meta, shapes, bits, shift)
     _check_quantization(meta_path, meta)
     config.pop("quantization_config", None)
+    keep = (lambda k: LAYER_TENSOR.search(k) is not None and LAYER_TENSOR.sub("", k) in shapes) if layers_only else None
     if (p / INDEX_FILE).is_file():  # the sharded layout
         weights = p / INDEX_FILE
-        raw = read_sharded(weights, fix)
+        raw = read_sharded(weights, fix, keep)
     else:
-        raw = read_tensors(weights, fix)
+        raw = read_tensors(weights, fix, keep)
     layers = {name: read_layer(weights, raw, name, n, k, widths[name], shift) for name, (n, k) in shapes.items()}
     return Checkpoint(meta, config, layers, raw, p)

@@ -32,13 +32,11 @@ from torch import nn
 
 from ..errors import UserError
 from ..formats import read_checkpoint
-from ..formats.parent import META_FILE
+from ..formats.parent import LAYER_TENSOR, META_FILE
 from ..models import arch_spec, quiet_loggers
 from ..runtime import attach, check_layers, default_packed
 
 METHOD = "matgptq"
-# the tensors of a quantized layer in the checkpoint (docs/formats.md §1.2): transformers must not expect them
-_LAYER_TENSORS = r"\.(codes|zeros|g_idx|perm|scales(\.\d+)?)$"
 
 
 class _Pending(nn.Module):
@@ -112,13 +110,13 @@ def _quantizer_class():
                                 "quantize MODEL --out DIR`, then from_pretrained(DIR)")  # fmt: skip
 
         def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
-            self.checkpoint = read_checkpoint(_checkpoint_dir(checkpoint_files, model.config))
-            self.checkpoint.tensors.clear()  # transformers loads the unquantized tensors itself
+            # the quantized layers only: transformers loads the other tensors itself
+            self.checkpoint = read_checkpoint(_checkpoint_dir(checkpoint_files, model.config), layers_only=True)
             check_layers(self.checkpoint, model, arch_spec(model.config.model_type))
             for name in self.checkpoint.layers:
                 model.set_submodule(name, _Pending(model.get_submodule(name)))
             ignore = model._keys_to_ignore_on_load_unexpected
-            model._keys_to_ignore_on_load_unexpected = {*(ignore or ()), _LAYER_TENSORS}
+            model._keys_to_ignore_on_load_unexpected = {*(ignore or ()), LAYER_TENSOR.pattern}
             return model
 
         def _process_model_after_weight_loading(self, model, **kwargs):

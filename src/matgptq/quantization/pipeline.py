@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..formats import QuantizedWeight
-from ..models import arch_spec, get_blocks, set_weight_matrix, weight_matrix
+from ..models import ArchSpec, arch_spec, get_blocks, set_weight_matrix, weight_matrix
 from .config import Method, QuantConfig, Variant
 from .grid import NearestRounding, Rounding
 from .multibit import MatryoshkaRounding, PerWidthRounding
@@ -165,7 +165,7 @@ def block_tensors(block: nn.Module, prefix: str, quantized: set[str]) -> dict[st
 class _Run:
     """What every block of one quantize_model call shares."""
 
-    spec: object  # ArchSpec
+    spec: ArchSpec
     cfg: QuantConfig
     rounding: Rounding
     groups: tuple[tuple[str, ...], ...]

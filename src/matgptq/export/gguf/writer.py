@@ -170,12 +170,12 @@ def _measured(g: str, hf: str, data: np.ndarray, typ: str, method: str, bits: in
     return row, data, perm
 
 
-def _encode(hf: str, g: str, perm, ckpt, widths: dict, tensors: dict, types: tuple[str, str, str], warn) -> Entry:
-    """One tensor's GGUF entry: a quantized layer with its codes where a block type holds them, a norm as F32, the
-    embeddings/output as `embed_type`, any other (unquantized source) weight as the float type."""
+def _encode(hf: str, lname: str | None, g: str, perm, ckpt, widths: dict, tensors: dict, types: tuple[str, str, str],
+            warn) -> Entry:  # fmt: skip
+    """One tensor's GGUF entry: quantized layer `lname`'s weight with its codes where a block type holds them, a norm
+    as F32, the embeddings/output as `embed_type`, any other (unquantized source) weight as the float type."""
     qtype, float_type, embed_type = types
-    lname = hf.removesuffix(".weight")
-    if lname in widths:
+    if lname is not None:
         q = ckpt.layers[lname].slice(widths[lname])
         ref = q.dequantize(torch.float32).numpy()
         enc = encode_layer(lname, q, ref, qtype, float_type)
@@ -212,7 +212,7 @@ def _entries(src: Path, ckpt, widths: dict, tensors: dict, hp: dict, types: tupl
         if m and arch.permute_qk:
             rows = ckpt.layers[layer_of[hf]].shape[0] if hf in layer_of else tensors[hf].shape[0]
             perm = llama_qk_permutation(rows, perms[m.group(1)])
-        entries.append(_encode(hf, g, perm, ckpt, widths, tensors, types, warn))
+        entries.append(_encode(hf, layer_of.get(hf), g, perm, ckpt, widths, tensors, types, warn))
     return sorted(entries, key=lambda e: tensor_order(e[0].name))
 
 
