@@ -37,7 +37,7 @@ import numpy as np
 from ...errors import UserError
 from . import blocks as gb
 from .quantize import quantize_q6_k
-from .types import EMBED_TYPES, FLOAT_TYPES, QTYPES, BlockType, gguf_module
+from .types import QTYPES, BlockType, gguf_module
 
 
 _OFFSET_ROUNDED_OK = {"q4_1", "q5_1"}  # auto accepts fp16 rounding of their block offset m
