@@ -16,8 +16,9 @@ Tools (--tools, comma-separated):
                    its CPU default dtype (bfloat16), its other defaults
   llmcompressor    oneshot with GPTQModifier(int weights, --bits, group --group-size, symmetric, targets Linear, lm_head
                    ignored), the model in its own dtype, sequential pipeline (its default), save_compressed.
-                   It needs the group size to divide every layer's columns (SmolLM2: 576 = 4.5 x 128), hence the
-                   default --group-size 64 for every tool (GPTQ's cost hardly depends on it)
+                   A group size that does not divide every layer's columns (SmolLM2: 576 = 4.5 x 128) needs its
+                   bypass_divisibility_checks=True; compressed-tensors cannot pack that, so the model is then saved
+                   dense (the fake-quantized weights, i.e. the dequantized codes)
 
 Needs the bench venv (`make bench-venv`: GPTQModel 7.6.0, llm-compressor 0.14.0.1, .ci/constraints-bench.txt).
 Timings on a shared machine vary; compare CPU time and read the load average printed in the header.
@@ -69,9 +70,14 @@ def worker(tool: str, model_dir: str, ids_file: str, out: str, bits: int, group_
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
         data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist()})
         weights = {"num_bits": bits, "type": "int", "symmetric": True, "strategy": "group", "group_size": group_size}
-        recipe = GPTQModifier(config_groups={"g": {"targets": ["Linear"], "weights": weights}}, ignore=["lm_head"])
+        ragged = any(m.in_features % group_size for m in model.modules() if isinstance(m, torch.nn.Linear))
+        # a group size that does not divide every layer's columns (SmolLM2's 576 at g128): llm-compressor's own way
+        # out, named in its error message; it quantizes the ragged last group, but compressed-tensors cannot pack
+        # it, so the fake-quantized weights are saved dense (they are exactly the dequantized codes)
+        recipe = GPTQModifier(config_groups={"g": {"targets": ["Linear"], "weights": weights}}, ignore=["lm_head"],
+                              bypass_divisibility_checks=ragged)  # fmt: skip
         oneshot(model=model, dataset=data, recipe=recipe, max_seq_length=ids.shape[1], num_calibration_samples=len(ids))
-        model.save_pretrained(out, save_compressed=True)
+        model.save_pretrained(out, save_compressed=not ragged)
         AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
         return {}
     raise SystemExit(f"unknown tool {tool}")

@@ -111,14 +111,14 @@ def evaluate(path: Path | str, widths, windows, teacher, specs, a, tokenizer, pa
     parent = len(widths) > 1 if parent is None else parent  # else the checkpoint as it is
     # float32 whatever the checkpoint stores (bf16-calibrated ones keep bf16 embeddings): every row computes alike
     model = load(path, bits=widths[0] if parent else None, dtype=torch.float32)
-    lm = wrap_model(model, tokenizer, 16)
+    lm = wrap_model(model, tokenizer, 16) if specs else None
     out = {}
     for bits in widths:
         if parent:
             set_bits(model, bits)
         t0 = time.perf_counter()
         sc = score(model, windows, teacher, batch_size=1, progress=True, desc=f"{Path(path).name} {bits}")
-        tasks = with_average(score_tasks(lm, specs, a.limit))
+        tasks = with_average(score_tasks(lm, specs, a.limit)) if specs else {}
         out[str(bits)] = {"ppl": sc.ppl, "kl": sc.kl, "tokens": sc.tokens, "tasks": tasks,
                           "eval_seconds": time.perf_counter() - t0}  # fmt: skip
     return out

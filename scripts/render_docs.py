@@ -75,6 +75,8 @@ PAGES = (
          about="SmolLM2-135M-Instruct: the same ablation (`--real-model`)"),
     Page("scale_choice", ("scale_choice.json",), md="scale_choice.md",
          about="how GPTQ's group scales are chosen: MSE search, Hessian-weighted, least-squares refit"),
+    Page("gptq_defaults", ("gptq_defaults.json",), md="gptq_defaults.md",
+         about="which GPTQ options are the defaults: the ablation over seeds, GPTQModel and llm-compressor beside it"),
     Page("real_model_table", ("real_model_table.json",), md="real_model_table.md", png="real_model_table.png",
          about="SmolLM2-135M-Instruct: RTN, GPTQ, MatGPTQ slices, GPTQModel and llm-compressor (`make real-model-table`)"),
     Page("search_real_model_report", ("search_real_model/run-*.json", "real_model_table.json"),

@@ -44,17 +44,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="matgptq: paper = the published MatGPTQ algorithm (mean error fed back, master scale); "
                         "per-width = one error-feedback track per width; per-width-scales = that plus each width's "
                         "own least-squares scales (docs/guide/quantize.md)")
-    q.add_argument("--group-size", type=int, default=-1, help="columns per scale group; -1 = one group per output row")
+    q.add_argument("--group-size", type=int, default=QuantConfig.group_size, help="columns per scale group; -1 = one group per output row")
     sym = q.add_mutually_exclusive_group()
     sym.add_argument("--sym", dest="sym", action="store_true", default=True, help="symmetric grid (default)")
     sym.add_argument("--asym", dest="sym", action="store_false", help="asymmetric grid with an integer zero point")
     q.add_argument("--act-order", action="store_true", help="quantize columns by decreasing Hessian diagonal")
+    q.add_argument("--group-act-order", action=argparse.BooleanOptionalAction, default=QuantConfig.group_act_order,
+                   help="process whole groups by decreasing Hessian diagonal, and the columns inside each group too "
+                        "(GAR, GPTQModel's act_group_aware): the plain layout, no g_idx; --act-order overrides it")
     q.add_argument("--static-groups", action="store_true", help="group scales/zeros from the original weights (before GPTQ updates and act-order)")
-    q.add_argument("--mse", action="store_true", help="search the scale on a shrink grid (min L2.4 error)")
-    q.add_argument("--mse-weighted", action="store_true",
+    q.add_argument("--mse", action=argparse.BooleanOptionalAction, default=QuantConfig.mse, help="search the scale on a shrink grid (min L2.4 error)")
+    q.add_argument("--mse-weighted", action=argparse.BooleanOptionalAction, default=QuantConfig.mse_weighted,
                    help="weight each column's error in the --mse search by the Hessian diagonal (the inputs' mean "
                         "square: llama.cpp's importance matrix); needs --mse, not with --method rtn")
-    q.add_argument("--refit-scales", action="store_true",
+    q.add_argument("--refit-scales", action=argparse.BooleanOptionalAction, default=QuantConfig.refit_scales,
                    help="after the solver, refit every group scale of the stored codes by Hessian-weighted least "
                         "squares, per row kept only where the layer's calibration error shrinks (codes unchanged; "
                         "not with --method rtn)")
@@ -66,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "sub-scales, exactly; symmetric grids, group size 16-128 (32-128 for q4_k/q5_k)")
     q.add_argument("--skip", action="append", default=[], metavar="REGEX",
                    help="leave block Linears whose module name matches unquantized (repeatable)")
-    q.add_argument("--damp", type=float, default=0.01, help="relative Hessian damping (retried x10 if needed)")
-    q.add_argument("--block-size", type=int, default=128, help="GPTQ lazy-update block size")
+    q.add_argument("--damp", type=float, default=QuantConfig.damp, help="relative Hessian damping (retried x10 if needed)")
+    q.add_argument("--block-size", type=int, default=QuantConfig.block_size, help="GPTQ lazy-update block size")
     q.add_argument("--no-true-sequential", dest="true_sequential", action="store_false",
                    help="quantize all Linears of a block from the same inputs")  # fmt: skip
     q.add_argument("--calib", help="calibration text file (UTF-8); required except for --method rtn")
@@ -139,7 +142,7 @@ def cmd_quantize(a: argparse.Namespace) -> None:
         a.model, a.out, calib=a.calib, method=a.method, bits=a.bits, bits_config=a.bits_config, master_bits=a.master_bits,
         bit_weights=a.bit_weights, calib_range=a.calib_range, nsamples=a.nsamples, seqlen=a.seqlen, seed=a.seed,
         overwrite=a.overwrite, progress=not a.quiet, dtype=a.dtype, resume=a.resume, group_size=a.group_size, sym=a.sym,
-        act_order=a.act_order, static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
+        act_order=a.act_order, group_act_order=a.group_act_order, static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
         true_sequential=a.true_sequential, signed_scale=a.signed_scale, skip=tuple(a.skip), variant=a.variant,
         kquant=a.kquant, refit_scales=a.refit_scales, mse_weighted=a.mse_weighted, device=a.device, stream=a.stream,
         shard_bytes=int(a.shard_size * 2**20),

@@ -118,17 +118,19 @@ def test_shared_inputs_share_one_hessian_and_the_pass_stops_early():
 
 
 def test_attention_runs_once_per_block_after_its_output_projection_is_quantized():
-    """Per batch and block: q/k run in the q/k/v pass (which stops before v) and in the o pass; the gate/up and down
-    passes use the cached attention output. up_proj is skipped by the gate/up pass's early stop and runs once, in the
-    down pass. (The plain pipeline runs q_proj 4 times and up_proj 3 times per batch: once per group + the re-run.)"""
+    """Per batch and block: q/k run in the q/k/v pass on the first batch only (it stops before v; from the second
+    batch on it stops before q, whose input k and v share) and in the o pass; the gate/up and down passes use the
+    cached attention output. up_proj is skipped by the gate/up pass's early stop and runs once, in the down pass.
+    (The plain pipeline runs q_proj 4 times and up_proj 3 times per batch: once per group + the re-run.)"""
     model = tiny_model("llama")
     calls: dict[str, int] = {}
-    for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj"):
+    for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
         model.model.layers[0].get_submodule(name).register_forward_hook(
             lambda *a, n=name: calls.__setitem__(n, calls.get(n, 0) + 1))  # fmt: skip
-    batches = 2
-    quantize_model(model, windows(6, 20), make_config("gptq", 4), batch_tokens=3 * 20, progress=False)
-    assert calls == {"self_attn.q_proj": 2 * batches, "self_attn.v_proj": 1 * batches, "mlp.up_proj": 1 * batches}
+    batches = 3
+    quantize_model(model, windows(9, 20), make_config("gptq", 4), batch_tokens=3 * 20, progress=False)
+    assert calls == {"self_attn.q_proj": 1 + batches, "self_attn.v_proj": batches, "mlp.gate_proj": 1 + batches,
+                     "mlp.up_proj": batches}  # fmt: skip
 
 
 @pytest.mark.parametrize("windows_per_batch", [1, 2, 4])

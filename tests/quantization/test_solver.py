@@ -8,10 +8,22 @@ import torch
 from matgptq.quantization.grid import NearestRounding, find_params
 from matgptq.formats.slicing import position_table
 from matgptq.quantization.multibit import MatryoshkaRounding, PerWidthRounding
-from matgptq.quantization.solver import gptq_quantize, rtn_quantize
+from matgptq.quantization.solver import group_aware_order, gptq_quantize, rtn_quantize
+
+from tests.conftest import require_peer
 
 
-def reference_gptq(w, h, rounding, group_size, sym, act_order, static_groups, damp):
+def reference_group_order(diag, g):
+    """GAR's order written out: whole groups by decreasing max diag(H) (Python's sort is stable), each group's columns
+    by decreasing diag(H), a ragged last group last."""
+    k = len(diag)
+    groups = [list(range(a, min(a + g, k))) for a in range(0, k, g)]
+    full, tail = [c for c in groups if len(c) == g], [c for c in groups if len(c) < g]
+    full.sort(key=lambda cols: -max(float(diag[c]) for c in cols))
+    return torch.tensor([c for cols in full + tail for c in sorted(cols, key=lambda c: -float(diag[c]))])
+
+
+def reference_gptq(w, h, rounding, group_size, sym, act_order, static_groups, damp, group_order=False):
     """The GPTQ recursion as written in the paper: one column at a time, full inverse-Hessian rows, float64."""
     w, h = w.double().clone(), h.double().clone()
     k = w.shape[1]
@@ -24,6 +36,8 @@ def reference_gptq(w, h, rounding, group_size, sym, act_order, static_groups, da
         for gid in range(math.ceil(k / g)):
             statics[gid] = find_params(w[:, gid * g : (gid + 1) * g], rounding, sym, False)
     order = torch.argsort(torch.diag(h), descending=True, stable=True) if act_order else torch.arange(k)
+    if group_order and not act_order:
+        order = reference_group_order(torch.diag(h), g)
     w, h = w[:, order], h[order][:, order]
     h = h + damp * torch.diag(h).mean() * torch.eye(k, dtype=h.dtype)
     u = torch.linalg.cholesky(torch.linalg.inv(h), upper=True)
@@ -61,22 +75,26 @@ def dequant(res):
 
 
 CASES = [
-    # (bits, group_size, sym, act_order, static_groups, block_size)
-    (4, -1, True, False, False, 128),
-    (3, 16, False, False, False, 8),  # groups crossing lazy-block boundaries
-    (2, 20, True, True, False, 16),  # ragged last group (k=70), act-order
-    (8, 32, False, True, True, 128),
-    (4, 24, True, True, True, 7),
+    # (bits, group_size, sym, act_order, static_groups, block_size, group_order)
+    (4, -1, True, False, False, 128, False),
+    (3, 16, False, False, False, 8, False),  # groups crossing lazy-block boundaries
+    (2, 20, True, True, False, 16, False),  # ragged last group (k=70), act-order
+    (8, 32, False, True, True, 128, False),
+    (4, 24, True, True, True, 7, False),
+    (3, 16, True, False, False, 8, True),  # group act-order, groups crossing lazy blocks, ragged last group
+    (4, -1, False, False, False, 32, True),  # group act-order with one group per row: act-order, plain layout
+    (2, 20, True, False, True, 16, True),  # group act-order with static groups
+    (4, 16, True, True, False, 16, True),  # act-order overrides group act-order
 ]
 
 
-@pytest.mark.parametrize("bits,group_size,sym,act_order,static_groups,block_size", CASES)
-def test_gptq_matches_reference(bits, group_size, sym, act_order, static_groups, block_size):
+@pytest.mark.parametrize("bits,group_size,sym,act_order,static_groups,block_size,group_order", CASES)
+def test_gptq_matches_reference(bits, group_size, sym, act_order, static_groups, block_size, group_order):
     w, h, _ = random_problem(24, 70, seed=bits * 7 + group_size)
     rounding = NearestRounding(bits)
     res = gptq_quantize(w, h, rounding, group_size=group_size, sym=sym, act_order=act_order,
-                        static_groups=static_groups, damp=0.01, block_size=block_size)
-    codes_ref, deq_ref = reference_gptq(w, h, rounding, group_size, sym, act_order, static_groups, 0.01)
+                        static_groups=static_groups, damp=0.01, block_size=block_size, group_order=group_order)
+    codes_ref, deq_ref = reference_gptq(w, h, rounding, group_size, sym, act_order, static_groups, 0.01, group_order)
     assert res.codes.shape == (24, 70) and res.codes.dtype == torch.uint8
     assert torch.equal(res.codes.double(), codes_ref)
     assert torch.allclose(dequant(res), deq_ref, atol=1e-12)
@@ -153,6 +171,33 @@ def test_act_order_g_idx_and_static_groups_layout():
     static = gptq_quantize(w, h, r, group_size=16, act_order=True, static_groups=True)
     assert torch.equal(static.g_idx.long(), torch.arange(40) // 16)
     assert static.scales.shape == (8, 3)  # ceil(40 / 16) groups, the last one ragged
+
+
+def test_group_act_order_keeps_the_plain_layout():
+    """Groups stay whole, so a group act-order result stores no permutation and the plain g_idx, and its order
+    differs from the natural one (the test would pass vacuously otherwise)."""
+    w, h, _ = random_problem(8, 70, seed=2)
+    res = gptq_quantize(w, h, NearestRounding(3), group_size=16, group_order=True)
+    assert res.perm is None and torch.equal(res.g_idx.long(), torch.arange(70) // 16)
+    assert not torch.equal(reference_group_order(torch.diag(h), 16), torch.arange(70))
+    plain = gptq_quantize(w, h, NearestRounding(3), group_size=16)
+    assert not torch.equal(res.codes, plain.codes)
+
+
+def test_group_order_matches_gptqmodel():
+    """The order is GPTQModel's GAR (gptqmodel.quantization.gar, its default `act_group_aware`) where GPTQModel
+    defines it: K a multiple of the group size (it leaves a ragged tail in place; we sort inside it), no exact ties
+    (its sort inside a group is not stable, so tied columns may come in either order; ours keep theirs)."""
+    gar = require_peer("gptqmodel.quantization.gar")
+    gen = torch.Generator().manual_seed(0)
+    for k, g in [(128, 32), (576, 128), (96, 96)]:  # 576: SmolLM2's width, 4 groups of 128 and a tail of 64
+        diag = torch.rand(k, generator=gen) ** 4
+        local, values = gar.compute_local_perms(diag, g, return_values=True)
+        theirs = gar.compose_final_perm(local, gar.compute_global_perm(diag, g, precomputed_values=values), g)
+        ours = group_aware_order(diag, g)
+        assert torch.equal(ours[: len(theirs)], theirs)
+        assert sorted(ours[len(theirs) :].tolist()) == list(range(len(theirs), k))  # the tail: last, whole
+    assert torch.equal(group_aware_order(diag, -1), torch.argsort(diag, descending=True, stable=True))
 
 
 def test_damping_retries_when_hessian_not_positive_definite():

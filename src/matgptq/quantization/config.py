@@ -42,6 +42,7 @@ class QuantConfig:
     group_size: int = -1
     sym: bool = True
     act_order: bool = False
+    group_act_order: bool = False  # GAR (solver.py): groups and the columns inside them by decreasing diag H
     static_groups: bool = False
     mse: bool = False
     mse_weighted: bool = False  # the MSE search's error weighted per column by diag H (grid.py), as llama.cpp's imatrix

@@ -9,7 +9,10 @@ Four ways to cut the cost of those passes without changing a single result bit:
    another) share one accumulator: the same arithmetic on the same operands, done once.
 2. **Stop before the group's last Linear runs.** The Hessians need the layers' inputs only, so they are taken in
    forward *pre*-hooks, and a pass raises as soon as every layer of its group has been seen for the batch: neither
-   the group's last Linear nor anything after it (attention after q/k/v, the MLP after o) is computed.
+   the group's last Linear nor anything after it (attention after q/k/v, the MLP after o) is computed. From the
+   second batch on, a pass stops as soon as every layer's input has been seen: the first batch shows which layers
+   read one tensor (q/k/v, gate/up), so none of them runs at all (the block's code, hence the sharing, is the same
+   for every batch).
 3. **Replay the attention's output projection** (`ArchSpec.attention_out`). In the supported blocks the attention
    module's output is `(o(y), weights)`: o (o_proj, GPT-2's c_proj followed by an eval-mode dropout, the identity)
    is its last operation. The o group's pass substitutes zeros for o's output, checks that the attention module
@@ -134,10 +137,17 @@ class _Collector:
             if name == self.zeroed:
                 self.kept.append(x.detach())
             self.times.hessian += time.perf_counter() - t0
-            if self.stop_early and len(self._fired) == len(self.layers):
+            if self.stop_early and (len(self._fired) == len(self.layers) or self._rest_shared()):
                 raise _StopForward
 
         return fn
+
+    def _rest_shared(self) -> bool:
+        """Every layer of the group, fired or not, reads an input already accumulated in this batch. Known from the
+        second batch on (the first records who shares what and checks it); from then on, layers that share the
+        first one's input (k and v after q, up after gate) are not run just to be seen."""
+        seen = {i for _, i in self._seen}
+        return len(self.owner) == len(self.layers) and all(self.owner[n] in seen for n in self.layers)
 
     def zeros(self, x: torch.Tensor) -> torch.Tensor:
         """Stands in for the zeroed layer's forward: its output shape, all zeros, nothing computed."""

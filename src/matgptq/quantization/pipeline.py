@@ -304,7 +304,7 @@ def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg
         res = gptq_quantize(
             w, collected.hessians[name], rounding, group_size=cfg.group_size, sym=cfg.sym, act_order=cfg.act_order,
             static_groups=cfg.static_groups, mse=cfg.mse, damp=cfg.damp, block_size=cfg.block_size,
-            signed=cfg.signed_scale, lattice=lattice, mse_weighted=cfg.mse_weighted,
+            signed=cfg.signed_scale, lattice=lattice, mse_weighted=cfg.mse_weighted, group_order=cfg.group_act_order,
         )  # fmt: skip
     else:
         res = rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse, cfg.signed_scale, lattice)

@@ -14,6 +14,11 @@ act-order (`desc_act`): columns are processed by decreasing diag(H); groups are 
 position of k in the order // g). `static_groups` (with or without act-order): group parameters come from contiguous
 column ranges of the original weights before any update (g_idx[k] = k // g), as llm-compressor always does;
 otherwise they are refit on the updated weights when a group starts, as the original GPTQ does. A ragged last group (K not a multiple of g) is allowed.
+group act-order (`group_order`; GAR, Gafni et al. 2025, GPTQModel's default `act_group_aware`): whole groups are
+processed by decreasing max diag(H) within the group, and each group's columns by decreasing diag(H); a ragged last
+group stays last. Every group's columns stay together, so the group parameters are refit when a group starts, as
+without any order, and the stored layout is the plain one (g_idx[k] = k // g, no permutation): most of act-order's
+gain, none of its g_idx. With one group per row (g = −1) it is act-order itself, still with the plain layout.
 Dead inputs (diag H = 0) get H_kk = 1 and zero weights. If the damped Hessian is not positive definite, damping is
 retried ×10 up to 1.0.
 """
@@ -93,6 +98,19 @@ def rtn_quantize(
     return _to_result(codes, scales, zeros, g_idx, None, 0.0)
 
 
+def group_aware_order(diag: torch.Tensor, group_size: int) -> torch.Tensor:
+    """GAR's processing order (module docstring): groups by decreasing max diag(H), columns inside a group by
+    decreasing diag(H), a ragged last group last (sorted inside too). Ties keep the original order."""
+    k = diag.numel()
+    g = k if group_size == -1 else group_size
+    full = k // g
+    d = diag[: full * g].view(full, g)
+    inside = torch.argsort(d, dim=1, descending=True, stable=True) + g * torch.arange(full, device=diag.device)[:, None]
+    groups = torch.argsort(d.amax(dim=1), descending=True, stable=True)
+    tail = full * g + torch.argsort(diag[full * g :], descending=True, stable=True)
+    return torch.cat([inside[groups].reshape(-1), tail])
+
+
 def inverse_hessian_factor(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
     """Upper Cholesky factor of (H + δ·mean(diag H)·I)⁻¹, increasing δ ×10 (up to 1) until H is positive definite."""
     mean_diag = torch.diag(h).mean()
@@ -124,8 +142,11 @@ def gptq_quantize(
     signed: bool = False,
     lattice: ScaleLattice | None = None,
     mse_weighted: bool = False,
+    group_order: bool = False,
 ) -> QuantResult:
     """GPTQ on `weight` [N, K] with Hessian [K, K]. Computes in float32 (or float64 if given float64).
+
+    `group_order`: group act-order (module docstring); ignored with `act_order`, which orders every column.
 
     `mse_weighted`: the --mse scale search weights each column's error by H_kk (grid.py).
 
@@ -146,8 +167,10 @@ def gptq_quantize(
         if lattice_d is not None:
             static_scales = lattice.snap(static_scales, lattice_d)
     perm = None
-    if act_order:
-        perm = torch.argsort(torch.diag(h), descending=True, stable=True)
+    group_order = group_order and not act_order
+    if act_order or group_order:
+        diag_h = torch.diag(h)
+        perm = group_aware_order(diag_h, group_size) if group_order else torch.argsort(diag_h, descending=True, stable=True)
         w, h = w[:, perm], h[perm][:, perm]
         col_weights = None if col_weights is None else col_weights[perm]
     order = perm if perm is not None else torch.arange(k, device=w.device)
@@ -164,8 +187,8 @@ def gptq_quantize(
     scales = torch.zeros(n_rows, n_groups, dtype=dtype, device=w.device)
     zeros = torch.zeros(n_rows, n_groups, dtype=dtype, device=w.device)
     diag = torch.diagonal(u).tolist()
+    group_of = (order // g).tolist()  # original group of the column processed at each position
     if static_groups:
-        group_of = (order // g).tolist()
         static_s, static_z = static_scales.T.contiguous(), static_zeros.T.contiguous()
     scale = zero = None
     for b0 in range(0, k, block_size):
@@ -189,9 +212,10 @@ def gptq_quantize(
                         current = rounding.mean_track(current.view(-1, tracks, n_rows).transpose(0, 1))
                     cw = None if col_weights is None else col_weights[j:e]
                     scale, zero = find_params(current.T, rounding, sym, mse, signed, cw)
+                    gid = group_of[j] if group_order else j // g  # act-order: groups in processing order (g_idx)
                     if lattice_d is not None:
-                        scale = lattice.snap(scale, lattice_d[:, j // g])
-                    scales[:, j // g], zeros[:, j // g] = scale, zero
+                        scale = lattice.snap(scale, lattice_d[:, gid])
+                    scales[:, gid], zeros[:, gid] = scale, zero
                 col = wt[j]
                 if tracks > 1:
                     q = rounding.codes_tracks(col.view(tracks, n_rows), scale, zero)
@@ -209,11 +233,11 @@ def gptq_quantize(
             wt[b1:].addmm_(u[b0:b1, b1:].T, err, alpha=-1)
 
     g_idx = torch.empty(k, dtype=torch.int64, device=w.device)
-    g_idx[order] = order // g if static_groups else torch.arange(k, device=w.device) // g
+    g_idx[order] = order // g if static_groups or group_order else torch.arange(k, device=w.device) // g
     if static_groups:
         scales, zeros = static_scales, static_zeros
     codes = codes.T
     if perm is not None:
         codes = codes[:, torch.argsort(perm)]
     codes = codes.contiguous()
-    return _to_result(codes, scales, zeros, g_idx, perm, damp)
+    return _to_result(codes, scales, zeros, g_idx, None if group_order else perm, damp)

@@ -1,0 +1,258 @@
+"""Which GPTQ settings are `matgptq quantize --method gptq`'s defaults: an ablation against the peers, in one run.
+
+Protocol (scripts/real_model_table.py's; every row sees the same data):
+  model        SmolLM2-135M-Instruct, the fp32 copy of `make real-model` (a dequantized Q4_1 model: its weights sit
+               on a 4-bit asymmetric grid per 32 columns, so g32 numbers flatter round-to-nearest; decide on g128 and
+               per channel), or any model directory with --calib/--text of its own (stories260K: TinyStories)
+  grid         symmetric, --group-sizes (128 and -1 = per channel)
+  calibration  --nsamples windows of --seqlen tokens drawn with each of --seeds from the second half (by characters)
+               of the calibration text; the same token ids for every tool (the peers get them from a file)
+  scoring      perplexity on the first --eval-windows windows of --eval-seqlen tokens of the text's *first* half,
+               KL(fp32 ‖ model) on the same positions, ARC-Easy and PIQA through lm-eval (first --limit questions;
+               0 = none, the default: 300 questions cost twice the perplexity's tokens, and their accuracy's standard
+               error, ~2.8 points, is larger than any difference between these rows); every model in float32
+  time, RSS    end to end (load → calibrate → quantize → save), one child process per quantization (os.wait4's
+               wall, CPU user+sys, peak RSS), --threads threads each; the load average is recorded beside each
+Rows: every row spells every option of ALL (so a row means the same whatever the defaults are); `default` is the
+command with no option but bits and group size, whatever the defaults are when it runs. The peers (GPTQModel 7.6.0
+with its own defaults, llm-compressor 0.14 GPTQ with `bypass_divisibility_checks=True` so SmolLM2's 576 columns
+quantize at g128) run from the bench venv (`make bench-venv`).
+Results per (row, group size, bits) are the mean over seeds with the spread (max − min) beside it.
+
+Resumable: every quantization and score is kept in --work (default runs/gptq-defaults/<model name>); a second run
+continues where the first stopped. Writes docs/results/gptq_defaults.{json,md} (`python scripts/render_docs.py`
+re-renders the page from the JSON alone).
+
+    python scripts/gptq_defaults.py [MODEL_DIR] [--rows a,b] [--bits 3,4] [--group-sizes 128,-1] [--seeds 0,1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from _docs import RESULTS, header, load_json, write_page
+from bench_pipeline import run_measured
+from real_model_table import BENCH_PYTHON, DEFAULT_MODEL, WIKI, evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+OUT = RESULTS / "gptq_defaults.json"
+# Every GPTQ option the ablation turns, at its value before the ablation (all off, damping 0.01, the model's dtype).
+ALL = {"group_act_order": False, "act_order": False, "static_groups": False, "damp": 0.01, "mse": False,
+       "mse_weighted": False, "refit_scales": False, "true_sequential": True, "dtype": "auto"}  # fmt: skip
+GAR = {"group_act_order": True}
+ROWS = {
+    "default": None,  # no option at all: the defaults as they are when the script runs
+    "plain": {},  # every option off: the defaults before this ablation
+    "gar": GAR,
+    "gar-damp0.05": {**GAR, "damp": 0.05},
+    "gar-mse": {**GAR, "mse": True},
+    "gar-mse-w": {**GAR, "mse": True, "mse_weighted": True},
+    "gar-refit": {**GAR, "refit_scales": True},
+    "gar-mse-w-refit": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True},
+    "gar-not-seq": {**GAR, "true_sequential": False},
+    "gar-bf16": {**GAR, "dtype": "bfloat16"},
+    "ao-static": {"act_order": True, "static_groups": True},
+    "ao-static-damp0.05": {"act_order": True, "static_groups": True, "damp": 0.05},
+    "gptqmodel": "peer",
+    "llmcompressor": "peer",
+    "llmcompressor-g64": "peer",  # where it cannot run the row's group size: the largest it runs on SmolLM2 (576 columns)
+}  # fmt: skip
+PEER_GROUP = {"llmcompressor-g64": 64}
+PEER_LABELS = {"gptqmodel": "GPTQModel 7.6.0 (its defaults)", "llmcompressor": "llm-compressor 0.14 (its defaults)",
+               "llmcompressor-g64": "llm-compressor 0.14 (its defaults) at g64"}
+
+
+def options(row: dict) -> list[str]:
+    """The command-line options of a row, every option of ALL spelled out."""
+    s = {**ALL, **row}
+    out = [f"--{'' if s[k] else 'no-'}{k.replace('_', '-')}" for k in ("group_act_order", "mse", "mse_weighted",
+                                                                        "refit_scales")]  # fmt: skip
+    out += ["--act-order"] * s["act_order"] + ["--static-groups"] * s["static_groups"]
+    out += [] if s["true_sequential"] else ["--no-true-sequential"]
+    return out + ["--damp", str(s["damp"]), "--dtype", s["dtype"]]
+
+
+def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Path, out: Path) -> dict:
+    """One end-to-end quantization in a child process; its wall, CPU, peak RSS (or the failing line)."""
+    log = out.with_suffix(".log")
+    if ROWS[name] == "peer":
+        cmd = [str(BENCH_PYTHON), str(ROOT / "scripts" / "bench_pipeline.py"), "--worker", name.split("-")[0], a.model,
+               "--ids", str(ids_file), "--out-model", str(out), "--bits", str(bits), "--group-size",
+               str(PEER_GROUP.get(name, gs)), "--report",
+               str(out.with_suffix(".report.json"))]  # fmt: skip
+    else:
+        cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(out), "--method", "gptq", "--bits",
+               str(bits), "--group-size", str(gs), "--calib", str(a.calib), "--calib-range", "0.5:1", "--nsamples",
+               str(a.nsamples), "--seqlen", str(a.seqlen), "--seed", str(seed), "--overwrite", "--quiet"]  # fmt: skip
+        cmd += [] if ROWS[name] is None else options(ROWS[name])
+    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "GPTQMODEL_CPU_WORKERS": str(a.threads),
+           "TORCHDYNAMO_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
+    row = {**run_measured(cmd, env, log), "load_average": os.getloadavg()[0], "command": cmd[1:]}
+    if not row["ok"]:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        row["error"] = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "?")
+    return row
+
+
+def settings(a) -> dict:
+    return {"model": str(Path(a.model).resolve()), "calib": str(a.calib), "nsamples": a.nsamples, "seqlen": a.seqlen,
+            "eval_windows": a.eval_windows, "eval_seqlen": a.eval_seqlen, "limit": a.limit, "threads": a.threads}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=str(DEFAULT_MODEL), help="the fp32 model directory (make real-model)")
+    p.add_argument("--calib", default=str(WIKI), help="text: calibration from its second half, scoring its first")
+    p.add_argument("--rows", default=",".join(ROWS), help=f"rows to run, from {','.join(ROWS)}")
+    p.add_argument("--bits", default="3,4", help="widths")
+    p.add_argument("--group-sizes", default="128,-1", help="group sizes (-1: per channel)")
+    p.add_argument("--seeds", default="0,1,2", help="calibration seeds")
+    p.add_argument("--nsamples", type=int, default=64, help="calibration windows")
+    p.add_argument("--seqlen", type=int, default=512, help="tokens per calibration window")
+    p.add_argument("--eval-windows", type=int, default=16, help="windows of --eval-seqlen tokens scored")
+    p.add_argument("--eval-seqlen", type=int, default=2048, help="tokens per scored window")
+    p.add_argument("--limit", type=int, default=0, help="questions per zero-shot task (0: no zero-shot)")
+    p.add_argument("--threads", type=int, default=2, help="threads of every process")
+    p.add_argument("--work", help="checkpoints and measurements (default runs/gptq-defaults/<model name>)")
+    p.add_argument("--keep", action="store_true", help="keep the checkpoints (default: deleted once scored)")
+    a = p.parse_args()
+    rows = [r for r in a.rows.split(",") if r]
+    if set(rows) - set(ROWS):
+        p.error(f"unknown rows {sorted(set(rows) - set(ROWS))}")
+    if not (Path(a.model) / "config.json").is_file():
+        sys.exit(f"gptq_defaults: error: no model at {a.model}; run `make real-model` first")
+    run(a, rows, [int(b) for b in a.bits.split(",")], [int(g) for g in a.group_sizes.split(",")],
+        [int(s) for s in a.seeds.split(",")])  # fmt: skip
+
+
+def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: list[int]) -> None:
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from matgptq.evaluation.perplexity import Teacher
+    from matgptq.evaluation.tasks import resolve_tasks
+    from matgptq.models import calibration_windows, eval_windows, load_tokenizer, read_text, tokenize
+    from matgptq.runtime import load
+
+    name = Path(a.model).resolve().name
+    work = Path(a.work or ROOT / "runs" / "gptq-defaults" / name)
+    work.mkdir(parents=True, exist_ok=True)
+    everything = load_json(OUT) if OUT.is_file() else {"protocol": __doc__, "models": {}}
+    state = everything["models"].setdefault(name, {"settings": settings(a), "runs": {}})
+    if state["settings"] != settings(a):
+        sys.exit(f"gptq_defaults: error: {OUT} holds {name} with other settings; remove its entry to start again")
+
+    def save() -> None:
+        everything["protocol"] = __doc__
+        tmp = OUT.with_suffix(".tmp")
+        tmp.write_text(json.dumps(everything, indent=1))
+        tmp.replace(OUT)
+        write_page(RESULTS / "gptq_defaults.md", page(everything))
+
+    torch.set_num_threads(a.threads)
+    tokenizer = load_tokenizer(a.model)
+    windows = eval_windows(tokenize(tokenizer, read_text(a.calib, (0.0, 0.5))), a.eval_seqlen,
+                           a.eval_seqlen * a.eval_windows)  # fmt: skip
+    specs = resolve_tasks("arc_easy,piqa", SHARED / "data" / "zero-shot") if a.limit else []
+    calib_ids = tokenize(tokenizer, read_text(a.calib, (0.5, 1.0)))
+    teacher = Teacher(load(a.model), windows, batch_size=1, progress=True)
+    if "fp32" not in state["runs"]:
+        state["runs"]["fp32"] = {"eval": evaluate(a.model, [32], windows, teacher, specs, a, tokenizer)["32"]}
+        save()
+    for seed in seeds:
+        ids_file = work / f"ids-seed{seed}.safetensors"
+        save_file({"ids": calibration_windows(calib_ids, a.nsamples, a.seqlen, seed).contiguous()}, str(ids_file))
+        for gs in group_sizes:
+            for bits in widths:
+                for row in rows:
+                    key = f"{row}/g{gs}/{bits}/seed{seed}"
+                    if "eval" in state["runs"].get(key, {}):
+                        continue
+                    if ROWS[row] == "peer" and not BENCH_PYTHON.exists():
+                        print(f"  {key}: skipped (no {BENCH_PYTHON}: `make bench-venv` builds it)", flush=True)
+                        continue
+                    out = work / key.replace("/", "-")
+                    q = quantize(row, key, a, gs, bits, seed, ids_file, out)
+                    print(f"  {key}: {'ok' if q['ok'] else 'FAILED: ' + q['error']} CPU {q['cpu']:.0f} s, "
+                          f"peak RSS {q['rss_gb']:.2f} GB", flush=True)  # fmt: skip
+                    state["runs"][key] = {"quant": q}
+                    if q["ok"]:
+                        state["runs"][key]["eval"] = evaluate(out, [bits], windows, teacher, specs, a, tokenizer,
+                                                              parent=False)[str(bits)]  # fmt: skip
+                    save()
+                    if not a.keep:
+                        shutil.rmtree(out, ignore_errors=True)
+    print(page(everything))
+
+
+def summary(runs: dict) -> list[dict]:
+    """One row per (row, group size, bits): mean and spread (max − min) over the seeds measured."""
+    groups: dict[tuple, list[dict]] = {}
+    for key, r in runs.items():
+        if key != "fp32" and "eval" in r:
+            row, gs, bits, _ = key.split("/")
+            groups.setdefault((row, int(gs[1:]), int(bits)), []).append(r)
+    out = []
+    for (row, gs, bits), rs in groups.items():
+        s = {"row": row, "group_size": gs, "bits": bits, "seeds": len(rs)}
+        for name, get in (("ppl", lambda r: r["eval"]["ppl"]), ("kl", lambda r: r["eval"]["kl"]),
+                          ("acc", lambda r: r["eval"]["tasks"].get("average", {}).get("acc")),
+                          ("cpu", lambda r: r["quant"]["cpu"]), ("rss", lambda r: r["quant"]["rss_gb"])):  # fmt: skip
+            values = [v for v in map(get, rs) if v is not None]
+            if values:
+                s[name], s[name + "_spread"] = statistics.fmean(values), max(values) - min(values)
+        out.append(s)
+    order = list(ROWS)
+    return sorted(out, key=lambda s: (s["group_size"] == -1, s["bits"], order.index(s["row"])))
+
+
+def page(data: dict) -> str:
+    """docs/results/gptq_defaults.md from its JSON alone."""
+    from matgptq.execution import format_table
+
+    parts = [header("gptq_defaults.py", "gptq_defaults.json")]
+    for name, m in data["models"].items():
+        s = m["settings"]
+        rows = summary(m["runs"])
+        parts.append(f"## {name}\n\nCalibration {s['nsamples']} x {s['seqlen']} tokens from the second half of "
+                     f"`{Path(s['calib']).name}`; perplexity and KL on the first {s['eval_windows']} x {s['eval_seqlen']} tokens "
+                     f"of its first half; zero-shot: ARC-Easy + PIQA, first {s['limit']} questions each; "
+                     f"{s['threads']} threads. Each cell: mean over the seeds, ± the spread (max − min).")  # fmt: skip
+        cell = lambda r, k, f: "-" if k not in r else f"{r[k]:{f}} ± {r[k + '_spread']:{f}}"  # noqa: E731
+        fp = m["runs"].get("fp32", {}).get("eval")
+        body = [[r["row"] if r["row"] not in PEER_LABELS else PEER_LABELS[r["row"]], r["group_size"], r["bits"],
+                 r["seeds"], cell(r, "ppl", ".3f"), cell(r, "kl", ".4f"), cell(r, "acc", ".4f"), cell(r, "cpu", ".0f"),
+                 cell(r, "rss", ".2f"), ratio(r, rows)] for r in rows]  # fmt: skip
+        if fp:
+            body.insert(0, ["fp32", "-", 32, "-", f"{fp['ppl']:.3f}", "0", f"{fp['tasks']['average']['acc']:.4f}"
+                            if fp.get("tasks") else "-", "-", "-", "-"])  # fmt: skip
+        parts.append(format_table(["row", "group", "bits", "seeds", "ppl", "KL to fp32", "zero-shot acc", "CPU s",
+                                   "peak RSS GB", "ppl / best peer's"], body))  # fmt: skip
+        fails = sorted({f"- {k}: `{r['quant']['error']}`" for k, r in m["runs"].items() if not r.get("quant", {}).get("ok", True)})
+        if fails:
+            parts.append("Failed:\n" + "\n".join(fails))
+    parts.append("Rows (every option spelled out; `default` passes none):\n\n" + "\n".join(
+        f"- `{k}`: " + ("the peer's own defaults" if v == "peer" else "no option" if v is None else
+                        " ".join(options(v))) for k, v in ROWS.items()))  # fmt: skip
+    return "\n\n".join(parts) + "\n"
+
+
+def ratio(r: dict, rows: list[dict]) -> str:
+    peers = [p for p in rows if p["row"] in PEER_LABELS and (p["group_size"], p["bits"]) == (r["group_size"], r["bits"])
+             and "ppl" in p]  # fmt: skip
+    if not peers or "ppl" not in r:
+        return "-"
+    best = min(peers, key=lambda p: p["ppl"])
+    return f"{r['ppl'] / best['ppl']:.3f}"
+
+
+if __name__ == "__main__":
+    main()
