@@ -37,7 +37,7 @@ from pathlib import Path
 
 from _docs import RESULTS, header, load_json, write_page
 from bench_pipeline import run_measured
-from real_model_table import BENCH_PYTHON, DEFAULT_MODEL, WIKI, evaluate
+from real_model_table import BENCH_PYTHON, DEFAULT_MODEL, WIKI
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -100,6 +100,34 @@ def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Pa
     return row
 
 
+def dense_model(path: Path):
+    """The model a checkpoint holds, every weight dense float32: `matgptq.load` for float, matgptq and GPTQ
+    checkpoints, transformers + compressed-tensors (decompressed on load) for llm-compressor's."""
+    import torch
+
+    config = load_json(Path(path) / "config.json")
+    if config.get("quantization_config", {}).get("quant_method") == "compressed-tensors":
+        from transformers import AutoModelForCausalLM
+        from transformers.utils.quantization_config import CompressedTensorsConfig
+
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                    quantization_config=CompressedTensorsConfig(dequantize=True))  # fmt: skip
+    from matgptq.runtime import load
+
+    return load(path, dtype=torch.float32)
+
+
+def evaluate(path: Path, windows, teacher, specs, a, tokenizer) -> dict:
+    """Perplexity, KL to the float model and (with `specs`) zero-shot accuracy of one checkpoint."""
+    from matgptq.evaluation.perplexity import score
+    from matgptq.evaluation.tasks import score_tasks, with_average, wrap_model
+
+    model = dense_model(path)
+    sc = score(model, windows, teacher, batch_size=1, progress=True, desc=Path(path).name)
+    tasks = with_average(score_tasks(wrap_model(model, tokenizer, 16), specs, a.limit)) if specs else {}
+    return {"ppl": sc.ppl, "kl": sc.kl, "tokens": sc.tokens, "tasks": tasks}
+
+
 def settings(a) -> dict:
     return {"model": str(Path(a.model).resolve()), "calib": str(a.calib), "nsamples": a.nsamples, "seqlen": a.seqlen,
             "eval_windows": a.eval_windows, "eval_seqlen": a.eval_seqlen, "limit": a.limit, "threads": a.threads}  # fmt: skip
@@ -132,8 +160,6 @@ def main() -> None:
 
 
 def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: list[int]) -> None:
-    import shutil
-
     import torch
     from safetensors.torch import save_file
 
@@ -164,8 +190,9 @@ def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: li
     specs = resolve_tasks("arc_easy,piqa", SHARED / "data" / "zero-shot") if a.limit else []
     calib_ids = tokenize(tokenizer, read_text(a.calib, (0.5, 1.0)))
     teacher = Teacher(load(a.model), windows, batch_size=1, progress=True)
+    scoring = (windows, teacher, specs, tokenizer)
     if "fp32" not in state["runs"]:
-        state["runs"]["fp32"] = {"eval": evaluate(a.model, [32], windows, teacher, specs, a, tokenizer)["32"]}
+        state["runs"]["fp32"] = {"eval": evaluate(Path(a.model), windows, teacher, specs, a, tokenizer)}
         save()
     for seed in seeds:
         ids_file = work / f"ids-seed{seed}.safetensors"
@@ -173,24 +200,34 @@ def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: li
         for gs in group_sizes:
             for bits in widths:
                 for row in rows:
-                    key = f"{row}/g{gs}/{bits}/seed{seed}"
-                    if "eval" in state["runs"].get(key, {}):
-                        continue
-                    if ROWS[row] == "peer" and not BENCH_PYTHON.exists():
-                        print(f"  {key}: skipped (no {BENCH_PYTHON}: `make bench-venv` builds it)", flush=True)
-                        continue
-                    out = work / key.replace("/", "-")
-                    q = quantize(row, key, a, gs, bits, seed, ids_file, out)
-                    print(f"  {key}: {'ok' if q['ok'] else 'FAILED: ' + q['error']} CPU {q['cpu']:.0f} s, "
-                          f"peak RSS {q['rss_gb']:.2f} GB", flush=True)  # fmt: skip
-                    state["runs"][key] = {"quant": q}
-                    if q["ok"]:
-                        state["runs"][key]["eval"] = evaluate(out, [bits], windows, teacher, specs, a, tokenizer,
-                                                              parent=False)[str(bits)]  # fmt: skip
+                    run_one(f"{row}/g{gs}/{bits}/seed{seed}", state, a, work, ids_file, scoring)
                     save()
-                    if not a.keep:
-                        shutil.rmtree(out, ignore_errors=True)
     print(page(everything))
+
+
+def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple) -> None:
+    """Quantize and score one (row, group, bits, seed) into state["runs"][key], unless it is there (scored, or its
+    quantization failed: delete the entry to try again). A checkpoint quantized but not yet scored is scored."""
+    import shutil
+
+    row, gs, bits, seed = key.split("/")
+    gs, bits, seed = int(gs[1:]), int(bits), int(seed[4:])
+    done = state["runs"].get(key, {})
+    if "eval" in done or done.get("quant", {}).get("ok") is False:
+        return
+    if ROWS[row] == "peer" and not BENCH_PYTHON.exists():
+        print(f"  {key}: skipped (no {BENCH_PYTHON}: `make bench-venv` builds it)", flush=True)
+        return
+    out = work / key.replace("/", "-")
+    if not (done.get("quant", {}).get("ok") and out.is_dir()):
+        done = state["runs"][key] = {"quant": quantize(row, key, a, gs, bits, seed, ids_file, out)}
+    q = done["quant"]
+    print(f"  {key}: {'ok' if q['ok'] else 'FAILED: ' + q['error']} CPU {q['cpu']:.0f} s, peak RSS {q['rss_gb']:.2f} GB",
+          flush=True)  # fmt: skip
+    if q["ok"]:
+        done["eval"] = evaluate(out, *scoring[:3], a, scoring[3])
+        if not a.keep:
+            shutil.rmtree(out, ignore_errors=True)
 
 
 def summary(runs: dict) -> list[dict]:
@@ -243,6 +280,81 @@ def page(data: dict) -> str:
         f"- `{k}`: " + ("the peer's own defaults" if v == "peer" else "no option" if v is None else
                         " ".join(options(v))) for k, v in ROWS.items()))  # fmt: skip
     return "\n\n".join(parts) + "\n"
+
+
+def _cells(data: dict, model: str = "SmolLM2-135M-Instruct", group: int = 128) -> dict[tuple[str, int], dict]:
+    """(row, bits) -> its summary, for one model and group size."""
+    runs = data["models"].get(model, {}).get("runs", {})
+    return {(r["row"], r["bits"]): r for r in summary(runs) if r["group_size"] == group}
+
+
+def _step(cells: dict, before: str, after: str) -> str:
+    """What going from row `before` to row `after` did, per width: perplexity and KL ratios (seed means)."""
+    parts = []
+    for bits in (3, 4):
+        a, b = cells.get((before, bits)), cells.get((after, bits))
+        if a and b:
+            parts.append(f"{bits}-bit ppl ×{b['ppl'] / a['ppl']:.2f}, KL ×{b['kl'] / a['kl']:.2f} ({min(a['seeds'], b['seeds'])} seed"
+                         f"{'s' if min(a['seeds'], b['seeds']) > 1 else ''})")  # fmt: skip
+    return "; ".join(parts) or "not measured"
+
+
+def _step_group(data: dict) -> str:
+    """The `default` row per channel → at g128 (seed means), or "not measured"."""
+    per_channel, g128 = _cells(data, group=-1), _cells(data)
+    both = {**{("pc", b): v for (r, b), v in per_channel.items() if r == "default"},
+            **{("g", b): v for (r, b), v in g128.items() if r == "default"}}  # fmt: skip
+    return _step(both, "pc", "g")
+
+
+def defaults_block(data: dict) -> str:
+    """docs/guide/quantize.md's table of defaults: each method's value (METHOD_DEFAULTS, the code) and, for GPTQ, what
+    the ablation measured for it on SmolLM2-135M-Instruct at g128 (docs/results/gptq_defaults.json)."""
+    from matgptq.quantization.config import METHOD_DEFAULTS, Method
+
+    cells = _cells(data)
+    show = lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v)  # noqa: E731
+    value = lambda k: " / ".join(show(METHOD_DEFAULTS[m][k]) for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN))  # noqa: E731
+    why = {
+        "group_size": "the field's default (GPTQModel, llm-compressor, vLLM's kernels); -1 (one scale per row) stores "
+                      "0.125 fewer bits per weight; -1 → 128 for `default`: " + _step_group(data),
+        "group_act_order": "GAR, GPTQModel's default; plain → `gar`: " + _step(cells, "plain", "gar"),
+        "mse": "the scale searched, its error weighted by H_kk, the codes' scales refit by least squares; "
+               "`gar` → `gar-mse-w-refit`: " + _step(cells, "gar", "gar-mse-w-refit"),
+        "damp": "GPTQ's and llm-compressor's; not ablated here",
+    }  # fmt: skip
+    rows = [("`--group-size`", value("group_size"), why["group_size"]),
+            ("`--group-act-order`", value("group_act_order"), why["group_act_order"]),
+            ("`--mse`, `--mse-weighted`, `--refit-scales`", " / ".join(
+                "on" if all(METHOD_DEFAULTS[m][k] for k in ("mse", "mse_weighted", "refit_scales")) else "off"
+                for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN)), why["mse"]),
+            ("`--damp`", value("damp"), why["damp"])]  # fmt: skip
+    lines = ["| option | gptq / matgptq / rtn | why (SmolLM2-135M-Instruct, g128; [gptq_defaults](../results/gptq_defaults.md)) |",
+             "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]  # fmt: skip
+    lines += ["", "MatGPTQ and RTN keep their former options (only the group size changed): the ablation has not "
+              "measured the new ones on a parent yet. `--nsamples`, `--seqlen` and `--dtype` were not ablated."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def readme_block(data: dict) -> str:
+    """The README's comparison: `quantize --method gptq` with no options against the peers' defaults, seed means."""
+    cells = _cells(data)
+    peers = [p for p in ("gptqmodel", "llmcompressor", "llmcompressor-g64") if any(k[0] == p for k in cells)]
+    head = "| bits | matgptq, no options | " + " | ".join(PEER_LABELS[p] for p in peers) + " | ours / best peer |"
+    lines = [head, "|---" * (3 + len(peers)) + "|"]
+    for bits in (3, 4):
+        ours = cells.get(("default", bits))
+        if not ours:
+            continue
+        got = [cells.get((p, bits)) for p in peers]
+        best = min((g for g in got if g), key=lambda g: g["ppl"], default=None)
+        fmt = lambda r: "failed" if r is None else f"{r['ppl']:.1f} ± {r['ppl_spread']:.1f}"  # noqa: E731
+        versus = f"{ours['ppl'] / best['ppl']:.2f}" if best else "-"
+        lines.append(f"| {bits} | {fmt(ours)} | " + " | ".join(fmt(g) for g in got) + f" | {versus} |")
+    n = min((c["seeds"] for k, c in cells.items() if k[0] == "default"), default=0)
+    return "\n".join(lines) + (f"\n\nWikiText-2 perplexity of SmolLM2-135M-Instruct at group size 128, mean ± spread "
+                               f"over {n} calibration seeds, every tool on the same windows ([gptq_defaults]"
+                               "(docs/results/gptq_defaults.md), which also has KL, CPU time and memory).")  # fmt: skip
 
 
 def ratio(r: dict, rows: list[dict]) -> str:

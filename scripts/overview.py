@@ -55,7 +55,7 @@ def series(src: dict) -> dict[str, list[tuple[float, float]]]:
     t, ev, mixes = src["table"], src["run"]["eval"], src["run"]["mixes"]
     return {
         "fp32": [(16.0, _ppl(t["fp32"], 32))],
-        "GPTQ (matgptq default), one model per width": [(b, _ppl(t[f"gptq{b}"], b)) for b in (3, 4, 6, 8)],
+        "GPTQ (matgptq, plain options), one model per width": [(b, _ppl(t[f"gptq{b}"], b)) for b in (3, 4, 6, 8)],
         "GPTQModel 7.6.0, one model per width": [(b, _ppl(t[f"gptqmodel{b}"], b)) for b in (3, 4)],
         "MatGPTQ parent: uniform slices": [(b, ev[f"uniform-{b}"]["ppl"]) for b in (2, 3, 4, 6, 8)],
         "MatGPTQ parent: searched mixes": sorted((mixes[k]["summary"]["code_bits"], ev[f"mix-{k}"]["ppl"]) for k in mixes),
@@ -85,9 +85,9 @@ def render(src: dict) -> str:
     """The README block: the left panel's key rows and the right panel's ratios, as markdown."""
     s = series(src)
     slices, mixes = dict(s["MatGPTQ parent: uniform slices"]), dict(s["MatGPTQ parent: searched mixes"])
-    gptq, peer = dict(s["GPTQ (matgptq default), one model per width"]), dict(s["GPTQModel 7.6.0, one model per width"])
+    gptq, peer = dict(s["GPTQ (matgptq, plain options), one model per width"]), dict(s["GPTQModel 7.6.0, one model per width"])
     lines = [
-        "| bits per weight | MatGPTQ parent, searched mix | its uniform slice | GPTQ (matgptq) | GPTQModel 7.6.0 |",
+        "| bits per weight | MatGPTQ parent, searched mix | its uniform slice | GPTQ (matgptq, plain options) | GPTQModel 7.6.0 |",
         "|---|---|---|---|---|",
     ]
     for b in (3, 4):
@@ -114,7 +114,7 @@ def plot(src: dict, path: Path) -> None:
     plt = pyplot()
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    styles = {"GPTQ (matgptq default), one model per width": ("s", "tab:gray"),
+    styles = {"GPTQ (matgptq, plain options), one model per width": ("s", "tab:gray"),
               "GPTQModel 7.6.0, one model per width": ("^", "tab:orange"),
               "MatGPTQ parent: uniform slices": ("o", "tab:blue"), "MatGPTQ parent: searched mixes": ("D", "tab:green")}  # fmt: skip
     s = series(src)

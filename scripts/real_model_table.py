@@ -12,8 +12,9 @@ Protocol (every row sees the same data):
   scoring      every model in float32 (a checkpoint calibrated in bf16 stores bf16 embeddings; they are upcast)
   time, RSS    end to end (load → calibrate → quantize → save), one child process per quantization, os.wait4's
                wall, CPU (user+sys) and peak RSS; --threads threads each
-Rows: fp32; RTN 3/4; GPTQ 3/4/6/8 (matgptq, the model's float32); GPTQ 4 with --dtype bfloat16 (the dtype GPTQModel
-calibrates in on CPU); GPTQ 3/4 with GPTQModel's default settings (--act-order --static-groups --damp 0.05); two
+Rows: fp32; RTN 3/4; GPTQ 3/4/6/8 (matgptq with plain options: no column order, the min-max grid, no scale refit:
+the defaults before scripts/gptq_defaults.py chose new ones; the model's float32); GPTQ 4 with --dtype bfloat16 (the
+dtype GPTQModel calibrates in on CPU); GPTQ 3/4 with GPTQModel's default settings (--act-order --static-groups --damp 0.05); two
 MatGPTQ parents (c = 8, R = {3,4,8}; the published algorithm and the default variant) sliced at 3/4/6/8; and, when the
 bench venv is there
 (.venv-bench, `make bench-venv`), GPTQModel 7.6.0 and llm-compressor 0.14 GPTQ at 3 and 4 bits (scripts/bench_pipeline.py's
@@ -53,7 +54,7 @@ QUANTS = {
     "gptqmodel3": ("gptqmodel", (3,), (3,)), "gptqmodel4": ("gptqmodel", (4,), (4,)),
     "llmcompressor3": ("llmcompressor", (3,), (3,)), "llmcompressor4": ("llmcompressor", (4,), (4,)),
 }  # fmt: skip
-LABELS = {"rtn": "RTN", "gptq": "GPTQ (matgptq)", "gptq-bf16": "GPTQ (matgptq, bf16 calibration)",
+LABELS = {"rtn": "RTN", "gptq": "GPTQ (matgptq, plain options)", "gptq-bf16": "GPTQ (matgptq, plain options, bf16 calibration)",
           "gptq-ao": "GPTQ (matgptq, --act-order --static-groups --damp 0.05)",
           "matgptq-paper": "MatGPTQ slice (one parent, --variant paper)",
           "matgptq": "MatGPTQ slice (one parent, default per-width-scales)", "gptqmodel": "GPTQModel 7.6.0", "llmcompressor": "llm-compressor 0.14"}  # fmt: skip
@@ -90,6 +91,8 @@ def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path | None
             cmd += ["--dtype", "bfloat16"]
         if tool == "gptq-ao":  # GPTQModel's defaults: damp 0.05, act-order that keeps each group's columns together
             cmd += ["--act-order", "--static-groups", "--damp", "0.05"]
+        if tool in ("gptq", "gptq-bf16", "gptq-ao"):  # the options these rows were measured with, whatever the defaults
+            cmd += ["--no-group-act-order", "--no-mse", "--no-mse-weighted", "--no-refit-scales"]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "GPTQMODEL_CPU_WORKERS": str(a.threads),
            "TORCHDYNAMO_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
     row = {**run_measured(cmd, env, log), "load_average": os.getloadavg()[0]}

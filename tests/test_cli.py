@@ -139,7 +139,8 @@ def test_signed_scale_and_skip_validation(tmp_path, capsys):
     assert "not a valid regular expression" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--skip", "("), capsys)
     assert "nothing would be quantized" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--skip", "."), capsys)
     assert not (tmp_path / ".out.resume").exists()
-    assert "add --mse" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--mse-weighted"), capsys)
+    assert "drop --no-mse" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--no-mse", "--mse-weighted"),
+                                        capsys)  # fmt: skip
     for flags in (["--mse", "--mse-weighted"], ["--refit-scales"]):
         err = run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--method", "rtn", *flags), capsys)
         assert "RTN does not collect" in err

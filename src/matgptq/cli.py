@@ -44,23 +44,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="matgptq: paper = the published MatGPTQ algorithm (mean error fed back, master scale); "
                         "per-width = one error-feedback track per width; per-width-scales = that plus each width's "
                         "own least-squares scales (docs/guide/quantize.md)")
-    q.add_argument("--group-size", type=int, default=QuantConfig.group_size, help="columns per scale group; -1 = one group per output row")
+    q.add_argument("--group-size", type=int, help="columns per scale group; -1 = one group per output row "
+                                                  f"({method_default('group_size')})")
     sym = q.add_mutually_exclusive_group()
     sym.add_argument("--sym", dest="sym", action="store_true", default=True, help="symmetric grid (default)")
     sym.add_argument("--asym", dest="sym", action="store_false", help="asymmetric grid with an integer zero point")
     q.add_argument("--act-order", action="store_true", help="quantize columns by decreasing Hessian diagonal")
-    q.add_argument("--group-act-order", action=argparse.BooleanOptionalAction, default=QuantConfig.group_act_order,
+    q.add_argument("--group-act-order", action=argparse.BooleanOptionalAction,
                    help="process whole groups by decreasing Hessian diagonal, and the columns inside each group too "
-                        "(GAR, GPTQModel's act_group_aware): the plain layout, no g_idx; --act-order overrides it")
+                        "(GAR, GPTQModel's act_group_aware): the plain layout, no g_idx; --act-order overrides it "
+                        f"({method_default('group_act_order')})")
     q.add_argument("--static-groups", action="store_true", help="group scales/zeros from the original weights (before GPTQ updates and act-order)")
-    q.add_argument("--mse", action=argparse.BooleanOptionalAction, default=QuantConfig.mse, help="search the scale on a shrink grid (min L2.4 error)")
-    q.add_argument("--mse-weighted", action=argparse.BooleanOptionalAction, default=QuantConfig.mse_weighted,
+    q.add_argument("--mse", action=argparse.BooleanOptionalAction,
+                   help=f"search the scale on a shrink grid (min L2.4 error) ({method_default('mse')})")
+    q.add_argument("--mse-weighted", action=argparse.BooleanOptionalAction,
                    help="weight each column's error in the --mse search by the Hessian diagonal (the inputs' mean "
-                        "square: llama.cpp's importance matrix); needs --mse, not with --method rtn")
-    q.add_argument("--refit-scales", action=argparse.BooleanOptionalAction, default=QuantConfig.refit_scales,
+                        "square: llama.cpp's importance matrix); needs --mse, not with --method rtn "
+                        f"({method_default('mse_weighted')})")
+    q.add_argument("--refit-scales", action=argparse.BooleanOptionalAction,
                    help="after the solver, refit every group scale of the stored codes by Hessian-weighted least "
                         "squares, per row kept only where the layer's calibration error shrinks (codes unchanged; "
-                        "not with --method rtn)")
+                        f"not with --method rtn) ({method_default('refit_scales')})")
     q.add_argument("--signed-scale", action="store_true",
                    help="symmetric grid whose scale takes the sign of the largest-|w| weight (llama.cpp Q4_0's grid)")
     q.add_argument("--kquant", choices=[t.value for t in KQuantType],
@@ -69,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "sub-scales, exactly; symmetric grids, group size 16-128 (32-128 for q4_k/q5_k)")
     q.add_argument("--skip", action="append", default=[], metavar="REGEX",
                    help="leave block Linears whose module name matches unquantized (repeatable)")
-    q.add_argument("--damp", type=float, default=QuantConfig.damp, help="relative Hessian damping (retried x10 if needed)")
+    q.add_argument("--damp", type=float, help="relative Hessian damping (retried x10 if needed) "
+                                              f"({method_default('damp')})")
     q.add_argument("--block-size", type=int, default=QuantConfig.block_size, help="GPTQ lazy-update block size")
     q.add_argument("--no-true-sequential", dest="true_sequential", action="store_false",
                    help="quantize all Linears of a block from the same inputs")  # fmt: skip
@@ -131,6 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(sub)
     add_search_parser(sub)
     return p
+
+
+def method_default(option: str) -> str:
+    """The defaults of `option` per method for --help: "default: 128", or "default: on for gptq, off for rtn, ..."."""
+    from .quantization.config import METHOD_DEFAULTS
+
+    values = {m.value: METHOD_DEFAULTS[m][option] for m in METHOD_DEFAULTS}
+    show = lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v)  # noqa: E731
+    if len(set(values.values())) == 1:
+        return f"default: {show(next(iter(values.values())))}"
+    return "default: " + ", ".join(f"{show(v)} for {m}" for m, v in values.items())
 
 
 def cmd_quantize(a: argparse.Namespace) -> None:

@@ -16,6 +16,7 @@ from matgptq.api import make_config
 from matgptq.models.arch import arch_spec, get_blocks, set_weight_matrix, weight_matrix
 from matgptq.quantization.passes import PassTimes, capture_block_inputs, collect_hessians
 from matgptq.quantization.pipeline import make_rounding, quantize_model
+from matgptq.quantization.refit import refit_master
 from matgptq.quantization.solver import gptq_quantize
 from tests.quantization.test_pipeline import CONFIGS, tiny_model, windows
 
@@ -53,7 +54,11 @@ def reference_pipeline(model, ids, cfg, batch):
                 module = block.get_submodule(name)
                 res = gptq_quantize(weight_matrix(module, spec).float(), sums[name], rounding,
                                     group_size=cfg.group_size, sym=cfg.sym, act_order=cfg.act_order,
-                                    static_groups=cfg.static_groups, damp=cfg.damp, block_size=cfg.block_size)  # fmt: skip
+                                    static_groups=cfg.static_groups, damp=cfg.damp, block_size=cfg.block_size,
+                                    mse=cfg.mse, mse_weighted=cfg.mse_weighted, group_order=cfg.group_act_order)  # fmt: skip
+                if cfg.refit_scales:  # the stored codes' scales refit to the Hessian (refit.py), as the pipeline does
+                    res.scales = refit_master(weight_matrix(module, spec).float(), sums[name], res.codes, res.scales,
+                                              res.zeros, res.g_idx, cfg.bits, res.damp, None)  # fmt: skip
                 codes[f"{spec.blocks}.{i}.{name}"] = res
                 q = res.scales.float()[:, res.g_idx.long()] * (res.codes.float() - res.zeros.float()[:, res.g_idx.long()])
                 set_weight_matrix(module, spec, q)

@@ -29,24 +29,38 @@ MIN_BITS, MAX_BITS = 2, 8
 MASTER_BIT_WEIGHT = 16.0  # default λ_c of the per-width variants (QuantConfig.default_bit_weight)
 
 
+# Each method's defaults for the options left None in QuantConfig, chosen by measurement: scripts/gptq_defaults.py
+# runs the ablation, docs/results/gptq_defaults.md shows it and docs/guide/quantize.md gives each default's reason.
+METHOD_DEFAULTS: dict[Method, dict[str, object]] = {
+    Method.GPTQ: {"group_size": 128, "group_act_order": True, "mse": True, "mse_weighted": True,
+                  "refit_scales": True, "damp": 0.01},
+    Method.MATGPTQ: {"group_size": 128, "group_act_order": False, "mse": False, "mse_weighted": False,
+                     "refit_scales": False, "damp": 0.01},
+    Method.RTN: {"group_size": 128, "group_act_order": False, "mse": False, "mse_weighted": False,
+                 "refit_scales": False, "damp": 0.01},
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """Everything that determines the quantized weights (besides the model and the calibration data).
 
     `bits` is the width of the stored codes: for MatGPTQ the master width c. `target_bits` is the set R of widths
     the codes are optimised for (always contains `bits`; `(bits,)` for GPTQ/RTN) and `bit_weights` the λ_r.
+    A field that is None takes its method's default (METHOD_DEFAULTS) on construction; `group_act_order` and
+    `mse_weighted` default to off where they mean nothing (with act-order, without the MSE search).
     """
 
     method: Method = Method.GPTQ
     bits: int = 4
-    group_size: int = -1
+    group_size: int | None = None
     sym: bool = True
     act_order: bool = False
-    group_act_order: bool = False  # GAR (solver.py): groups and the columns inside them by decreasing diag H
+    group_act_order: bool | None = None  # GAR (solver.py): groups and the columns inside them by decreasing diag H
     static_groups: bool = False
-    mse: bool = False
-    mse_weighted: bool = False  # the MSE search's error weighted per column by diag H (grid.py), as llama.cpp's imatrix
-    damp: float = 0.01
+    mse: bool | None = None
+    mse_weighted: bool | None = None  # the MSE search's error weighted per column by diag H (grid.py), as llama.cpp's imatrix
+    damp: float | None = None
     block_size: int = 128
     true_sequential: bool = True
     signed_scale: bool = False  # symmetric grid with the sign of the extreme weight (llama.cpp Q4_0's), grid.py
@@ -55,13 +69,21 @@ class QuantConfig:
     bit_weights: tuple[float, ...] = ()
     variant: Variant = Variant.PER_WIDTH_SCALES  # MatGPTQ only; parents recorded before it existed are PAPER
     kquant: KQuantType | None = None  # scales on this GGUF K-quant's super-block lattice (kquant_scales.py)
-    refit_scales: bool = False  # the master's scales refit to its codes by Hessian least squares (refit.refit_master)
+    refit_scales: bool | None = None  # the master's scales refit to its codes by Hessian least squares (refit.refit_master)
     # per-layer widths (GPTQ/RTN): (full layer name, width) pairs, e.g. a `matgptq search` mix; `bits` is then the
     # widest, the checkpoint's stored width. Each layer is solved as a one-width run at its own width (`for_layer`)
     layer_bits: tuple[tuple[str, int], ...] = ()
 
+    def _fill_defaults(self) -> None:
+        """The None fields from METHOD_DEFAULTS; an option that means nothing with the ones given stays off."""
+        for name, value in METHOD_DEFAULTS[self.method].items():  # mse before mse_weighted
+            moot = {"group_act_order": self.act_order, "mse_weighted": not self.mse}.get(name, False)
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, False if moot else value)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))
+        self._fill_defaults()
         try:
             object.__setattr__(self, "variant", Variant(self.variant))
         except ValueError:
@@ -82,7 +104,7 @@ class QuantConfig:
         if self.kquant is not None:
             self._check_kquant()
         if self.mse_weighted and not self.mse:
-            raise UserError("--mse-weighted weights the --mse scale search; add --mse")
+            raise UserError("--mse-weighted weights the --mse scale search, which is off; drop --no-mse")
         if self.mse_weighted and self.method is Method.RTN:
             raise UserError("--mse-weighted weights by the calibration Hessian, which RTN does not collect; "
                             "use --method gptq or matgptq")  # fmt: skip
@@ -181,7 +203,8 @@ class QuantConfig:
 
     @classmethod
     def from_json(cls, d: dict) -> "QuantConfig":
-        d = {"variant": Variant.PAPER.value, **d}  # recorded before variants existed: the published algorithm
+        # recorded before variants existed: the published algorithm; before group act-order existed: without it
+        d = {"variant": Variant.PAPER.value, "group_act_order": False, **d}
         mix = d.get("layer_bits") or {}
         d["layer_bits"] = tuple(mix.items()) if isinstance(mix, dict) else mix
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in cls.__dataclass_fields__})

@@ -50,33 +50,40 @@ class NearestRounding:
         self.bits = bits
         self.maxq = (1 << bits) - 1
 
-    def codes(self, w, scale, zero):
-        return torch.clamp(torch.round(w / scale) + zero, 0, self.maxq)
+    def codes(self, w, scale, zero):  # clamp(round(w / s) + z, 0, maxq), in place on one buffer
+        return torch.div(w, scale).round_().add_(zero).clamp_(0, self.maxq)
 
     def residual(self, w, codes, scale, zero):
         return w - scale * (codes - zero)
 
-    def loss(self, w, codes, scale, zero, norm):
-        return (w - scale * (codes - zero)).abs_().pow_(norm)
+    def loss(self, w, codes, scale, zero, norm):  # |w − s·(q − z)|^norm; consumes `codes` (the buffer is reused)
+        return torch.sub(w, codes.sub_(zero).mul_(scale)).abs_().pow_(norm)
 
 
-def minmax_params(w: torch.Tensor, bits: int, sym: bool, shrink: float | torch.Tensor = 1.0, signed: bool = False):
-    """Scale and zero for each row of `w` ([rows, n]) from its (shrunk) range; scale float16-representable, ≠ 0."""
+def _range(w: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the grid is fit to, per row: (min(min w, 0), max(max w, 0)), or for the signed grid the weight of largest
+    magnitude (twice, so both forms are a pair)."""
+    if signed:
+        m = torch.gather(w, -1, w.abs().argmax(dim=-1, keepdim=True))[..., 0]
+        return m, m
+    return torch.clamp(w.min(dim=-1).values, max=0), torch.clamp(w.max(dim=-1).values, min=0)
+
+
+def _params(lo: torch.Tensor, hi: torch.Tensor, bits: int, sym: bool, shrink: float | torch.Tensor, signed: bool):
+    """Scale and zero from a row range (`_range`) shrunk by `shrink` (module docstring)."""
     maxq = (1 << bits) - 1
     if signed:
         half = float(1 << (bits - 1))
-        m = torch.gather(w, -1, w.abs().argmax(dim=-1, keepdim=True))[..., 0] * shrink
-        scale = (m / -half).to(torch.float16).to(w.dtype)
+        scale = ((lo * shrink) / -half).to(torch.float16).to(lo.dtype)
         scale = torch.where((scale != 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
         return scale, torch.full_like(scale, half)
-    xmin = torch.clamp(w.min(dim=-1).values, max=0) * shrink
-    xmax = torch.clamp(w.max(dim=-1).values, min=0) * shrink
+    xmin, xmax = lo * shrink, hi * shrink
     if sym:
         amax = torch.maximum(-xmin, xmax)
         scale = 2 * amax / maxq
     else:
         scale = (xmax - xmin) / maxq
-    scale = scale.to(torch.float16).to(w.dtype)
+    scale = scale.to(torch.float16).to(lo.dtype)
     scale = torch.where((scale > 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
     if sym:
         zero = torch.full_like(scale, float(1 << (bits - 1)))
@@ -85,19 +92,26 @@ def minmax_params(w: torch.Tensor, bits: int, sym: bool, shrink: float | torch.T
     return scale, zero
 
 
+def minmax_params(w: torch.Tensor, bits: int, sym: bool, shrink: float | torch.Tensor = 1.0, signed: bool = False):
+    """Scale and zero for each row of `w` ([rows, n]) from its (shrunk) range; scale float16-representable, ≠ 0."""
+    return _params(*_range(w, signed), bits, sym, shrink, signed)
+
+
 def find_params(w: torch.Tensor, rounding: Rounding, sym: bool, mse: bool, signed: bool = False,
                 col_weights: torch.Tensor | None = None):  # fmt: skip
     """Per-row (scale, zero) for `w` [rows, n]: min-max, or the MSE shrink-grid search under `rounding`, its error
     weighted per column by `col_weights` [n] if given."""
-    scale, zero = minmax_params(w, rounding.bits, sym, signed=signed)
+    lo, hi = _range(w, signed)  # the same for every shrink: found once
+    scale, zero = _params(lo, hi, rounding.bits, sym, 1.0, signed)
     if not mse:
         return scale, zero
     best = torch.full_like(scale, float("inf"))
+    weights = None if col_weights is None else col_weights.to(w.dtype)
     for i in range(int(MSE_MAX_SHRINK * MSE_GRID)):
-        s1, z1 = minmax_params(w, rounding.bits, sym, shrink=1 - i / MSE_GRID, signed=signed)
+        s1, z1 = _params(lo, hi, rounding.bits, sym, 1 - i / MSE_GRID, signed)
         s1c, z1c = s1.unsqueeze(-1), z1.unsqueeze(-1)
         err = rounding.loss(w, rounding.codes(w, s1c, z1c), s1c, z1c, MSE_NORM)
-        err = err.sum(-1) if col_weights is None else err @ col_weights.to(err.dtype)
+        err = err.sum(-1) if weights is None else err @ weights
         better = err < best
         best = torch.where(better, err, best)
         scale = torch.where(better, s1, scale)
