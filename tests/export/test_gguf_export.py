@@ -170,7 +170,7 @@ def test_width_mix_gptq_checkpoint(models, tmp_path):
 
 def test_per_channel_k_quants_are_exact(models, tmp_path):
     """Per-channel (one scale per 256 columns): Q2_K/Q3_K/Q6_K with sub-scale 1 hold the codes exactly."""
-    ck = quick_quantize(models["k256"], tmp_path / "pc", method="rtn", bits=8)
+    ck = quick_quantize(models["k256"], tmp_path / "pc", method="rtn", bits=8, group_size=-1)
     for bits, typ in {2: "Q2_K", 3: "Q3_K", 4: "Q4_0", 5: "Q5_0", 6: "Q6_K", 8: "Q8_0"}.items():
         rep = export_gguf(ck, tmp_path / f"{bits}.gguf", bits=bits)
         assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {typ}, bits

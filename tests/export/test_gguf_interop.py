@@ -143,7 +143,7 @@ def ck(tmp_path_factory):
         "root": root, "small": small,
         "parent": quick_quantize(small, root / "parent", method="matgptq", bits="4,8", group_size=32),
         "asym": quick_quantize(small, root / "asym", bits=4, sym=False, group_size=32),
-        "pc": quick_quantize(k256, root / "pc", method="rtn", bits=8),  # per-channel: exact K-quants
+        "pc": quick_quantize(k256, root / "pc", method="rtn", bits=8, group_size=-1),  # per-channel: exact K-quants
         # group 32 with scales on Q2_K's lattice (quantize --kquant): every K-quant exact; written as the type named
         "lattice": quick_quantize(k256, root / "lattice", method="matgptq", bits="2,3,4,8", group_size=32,
                                   kquant="q2_k"),
