@@ -129,7 +129,7 @@ def evaluate(path: Path, windows, teacher, specs, a, tokenizer) -> dict:
 
 
 def settings(a) -> dict:
-    return {"model": str(Path(a.model).resolve()), "calib": str(a.calib), "nsamples": a.nsamples, "seqlen": a.seqlen,
+    return {"model": str(Path(a.model).resolve()), "calib": str(Path(a.calib).resolve()), "nsamples": a.nsamples, "seqlen": a.seqlen,
             "eval_windows": a.eval_windows, "eval_seqlen": a.eval_seqlen, "limit": a.limit, "threads": a.threads}  # fmt: skip
 
 
@@ -242,7 +242,8 @@ def summary(runs: dict) -> list[dict]:
         s = {"row": row, "group_size": gs, "bits": bits, "seeds": len(rs)}
         for name, get in (("ppl", lambda r: r["eval"]["ppl"]), ("kl", lambda r: r["eval"]["kl"]),
                           ("acc", lambda r: r["eval"]["tasks"].get("average", {}).get("acc")),
-                          ("cpu", lambda r: r["quant"]["cpu"]), ("rss", lambda r: r["quant"]["rss_gb"])):  # fmt: skip
+                          ("cpu", lambda r: r["quant"]["cpu"]), ("rss", lambda r: r["quant"]["rss_gb"]),
+                          ("load", lambda r: r["quant"].get("load_average"))):  # fmt: skip
             values = [v for v in map(get, rs) if v is not None]
             if values:
                 s[name], s[name + "_spread"] = statistics.fmean(values), max(values) - min(values)
@@ -260,25 +261,32 @@ def page(data: dict) -> str:
         s = m["settings"]
         rows = summary(m["runs"])
         parts.append(f"## {name}\n\nCalibration {s['nsamples']} x {s['seqlen']} tokens from the second half of "
-                     f"`{Path(s['calib']).name}`; perplexity and KL on the first {s['eval_windows']} x {s['eval_seqlen']} tokens "
-                     f"of its first half; zero-shot: ARC-Easy + PIQA, first {s['limit']} questions each; "
-                     f"{s['threads']} threads. Each cell: mean over the seeds, ± the spread (max − min).")  # fmt: skip
+                     f"`{Path(s['calib']).name}`; perplexity and KL on the first {s['eval_windows']} x "
+                     f"{s['eval_seqlen']} tokens of its first half; {s['threads']} threads. Each cell: mean over the "
+                     "seeds, ± the spread (max − min). CPU s and peak RSS: the quantizing process's own (os.wait4); "
+                     "load is the machine's 1-minute load average when it ended (2 cores: above 2, other work shared "
+                     "them and inflated CPU s).")  # fmt: skip
         cell = lambda r, k, f: "-" if k not in r else f"{r[k]:{f}} ± {r[k + '_spread']:{f}}"  # noqa: E731
+        tasks = any("acc" in r for r in rows)
+        body = [[PEER_LABELS.get(r["row"], r["row"]), r["group_size"], r["bits"], r["seeds"], cell(r, "ppl", ".3f"),
+                 cell(r, "kl", ".4f")] + ([cell(r, "acc", ".4f")] if tasks else []) +
+                [cell(r, "cpu", ".0f"), cell(r, "rss", ".2f"), f"{r['load']:.1f}", ratio(r, rows, "ppl"),
+                 ratio(r, rows, "kl")] for r in rows]  # fmt: skip
         fp = m["runs"].get("fp32", {}).get("eval")
-        body = [[r["row"] if r["row"] not in PEER_LABELS else PEER_LABELS[r["row"]], r["group_size"], r["bits"],
-                 r["seeds"], cell(r, "ppl", ".3f"), cell(r, "kl", ".4f"), cell(r, "acc", ".4f"), cell(r, "cpu", ".0f"),
-                 cell(r, "rss", ".2f"), ratio(r, rows)] for r in rows]  # fmt: skip
         if fp:
-            body.insert(0, ["fp32", "-", 32, "-", f"{fp['ppl']:.3f}", "0", f"{fp['tasks']['average']['acc']:.4f}"
-                            if fp.get("tasks") else "-", "-", "-", "-"])  # fmt: skip
-        parts.append(format_table(["row", "group", "bits", "seeds", "ppl", "KL to fp32", "zero-shot acc", "CPU s",
-                                   "peak RSS GB", "ppl / best peer's"], body))  # fmt: skip
+            acc = [f"{fp['tasks']['average']['acc']:.4f}" if fp.get("tasks") else "-"] if tasks else []
+            body.insert(0, ["fp32", "-", 32, "-", f"{fp['ppl']:.3f}", "0"] + acc + ["-"] * 5)
+        parts.append(format_table(["row", "group", "bits", "seeds", "ppl", "KL to fp32"] + (["zero-shot acc"] if tasks
+                                  else []) + ["CPU s", "peak RSS GB", "load", "ppl / best peer's",
+                                              "KL / best peer's"], body))  # fmt: skip
         fails = sorted({f"- {k}: `{r['quant']['error']}`" for k, r in m["runs"].items() if not r.get("quant", {}).get("ok", True)})
         if fails:
             parts.append("Failed:\n" + "\n".join(fails))
+    ran = {k.split("/")[0] for m in data["models"].values() for k in m["runs"]}
     parts.append("Rows (every option spelled out; `default` passes none):\n\n" + "\n".join(
         f"- `{k}`: " + ("the peer's own defaults" if v == "peer" else "no option" if v is None else
-                        " ".join(options(v))) for k, v in ROWS.items()))  # fmt: skip
+                        " ".join(options(v))) + (f" (group size {PEER_GROUP[k]})" if k in PEER_GROUP else "")
+        for k, v in ROWS.items() if k in ran))  # fmt: skip
     return "\n\n".join(parts) + "\n"
 
 
@@ -342,28 +350,57 @@ def readme_block(data: dict) -> str:
     peers = [p for p in ("gptqmodel", "llmcompressor", "llmcompressor-g64") if any(k[0] == p for k in cells)]
     head = "| bits | matgptq, no options | " + " | ".join(PEER_LABELS[p] for p in peers) + " | ours / best peer |"
     lines = [head, "|---" * (3 + len(peers)) + "|"]
+    def fmt(r: dict | None) -> str:
+        if r is None:
+            return "not run"
+        spread = f"± {r['ppl_spread']:.1f}" if r["seeds"] > 1 else "(1 seed)"
+        return f"{r['ppl']:.1f} {spread} (KL {r['kl']:.3f})"
+
     for bits in (3, 4):
         ours = cells.get(("default", bits))
         if not ours:
             continue
         got = [cells.get((p, bits)) for p in peers]
-        best = min((g for g in got if g), key=lambda g: g["ppl"], default=None)
-        fmt = lambda r: "failed" if r is None else f"{r['ppl']:.1f} ± {r['ppl_spread']:.1f}"  # noqa: E731
-        versus = f"{ours['ppl'] / best['ppl']:.2f}" if best else "-"
+        found = [g for g in got if g]
+        versus = (f"ppl ×{ours['ppl'] / min(g['ppl'] for g in found):.2f}, KL ×{ours['kl'] / min(g['kl'] for g in found):.2f}"
+                  if found else "-")  # fmt: skip
         lines.append(f"| {bits} | {fmt(ours)} | " + " | ".join(fmt(g) for g in got) + f" | {versus} |")
     n = min((c["seeds"] for k, c in cells.items() if k[0] == "default"), default=0)
-    return "\n".join(lines) + (f"\n\nWikiText-2 perplexity of SmolLM2-135M-Instruct at group size 128, mean ± spread "
-                               f"over {n} calibration seeds, every tool on the same windows ([gptq_defaults]"
-                               "(docs/results/gptq_defaults.md), which also has KL, CPU time and memory).")  # fmt: skip
+    return "\n".join(lines) + (f"\n\nWikiText-2 perplexity ± its spread over {n} calibration seeds (and KL to the "
+                               "float model) of SmolLM2-135M-Instruct at group size 128, every tool on the same "
+                               "windows; llm-compressor cannot quantize its 576-column layers at 128, so it runs at 64 "
+                               "([gptq_defaults](docs/results/gptq_defaults.md): the ablation, CPU time, memory).")  # fmt: skip
 
 
-def ratio(r: dict, rows: list[dict]) -> str:
+def plot_page(data: dict, path: Path) -> None:
+    """docs/results/gptq_defaults.png from its JSON: perplexity and KL per row at g128, seed means with the spread."""
+    from _docs import pyplot, save_figure
+
+    cells = _cells(data)
+    rows = [r for r in ROWS if any(k[0] == r for k in cells)]
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in ((axes[0], "ppl", "WikiText-2 perplexity"), (axes[1], "kl", "KL to the float model")):
+        for i, bits in enumerate((3, 4)):
+            got = [(n, cells[(n, bits)]) for n in rows if (n, bits) in cells]
+            x = [j + 0.4 * i for j in range(len(got))]
+            ax.bar(x, [c[key] for _, c in got], width=0.4, label=f"{bits}-bit",
+                   yerr=[c[key + "_spread"] / 2 for _, c in got], capsize=3)  # fmt: skip
+        names = [PEER_LABELS.get(n, n).replace(" (its defaults)", "") for n in rows]
+        ax.set_xticks([j + 0.2 for j in range(len(rows))], names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(label + " (lower is better)")
+        ax.legend(fontsize=8)
+    fig.suptitle("SmolLM2-135M-Instruct, g128: GPTQ options and the peers' defaults (bars: seed mean, whiskers: spread)")
+    save_figure(fig, path)
+
+
+def ratio(r: dict, rows: list[dict], key: str) -> str:
+    """`key` (ppl or kl) of row r over the best peer's at the same group size and width."""
     peers = [p for p in rows if p["row"] in PEER_LABELS and (p["group_size"], p["bits"]) == (r["group_size"], r["bits"])
-             and "ppl" in p]  # fmt: skip
-    if not peers or "ppl" not in r:
+             and key in p]  # fmt: skip
+    if not peers or key not in r:
         return "-"
-    best = min(peers, key=lambda p: p["ppl"])
-    return f"{r['ppl'] / best['ppl']:.3f}"
+    return f"{r[key] / min(p[key] for p in peers):.3f}"
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ PAGES = (
          about="SmolLM2-135M-Instruct: the same ablation (`--real-model`)"),
     Page("scale_choice", ("scale_choice.json",), md="scale_choice.md",
          about="how GPTQ's group scales are chosen: MSE search, Hessian-weighted, least-squares refit"),
-    Page("gptq_defaults", ("gptq_defaults.json",), md="gptq_defaults.md",
+    Page("gptq_defaults", ("gptq_defaults.json",), md="gptq_defaults.md", png="gptq_defaults.png",
          about="which GPTQ options are the defaults: the ablation over seeds, GPTQModel and llm-compressor beside it"),
     Page("gptq_defaults", ("gptq_defaults.json",), block="docs/guide/quantize.md#defaults", render="defaults_block",
          about="the guide's table of defaults, each with what the ablation measured for it"),
