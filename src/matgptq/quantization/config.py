@@ -203,8 +203,9 @@ class QuantConfig:
 
     @classmethod
     def from_json(cls, d: dict) -> "QuantConfig":
-        # recorded before variants existed: the published algorithm; before group act-order existed: without it
-        d = {"variant": Variant.PAPER.value, "group_act_order": False, **d}
+        # recorded before variants existed: the published algorithm; before an option existed: without it (not the
+        # method's default of today)
+        d = {"variant": Variant.PAPER.value, "group_act_order": False, "mse_weighted": False, "refit_scales": False, **d}
         mix = d.get("layer_bits") or {}
         d["layer_bits"] = tuple(mix.items()) if isinstance(mix, dict) else mix
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in cls.__dataclass_fields__})
