@@ -40,6 +40,7 @@ from bench_pipeline import run_measured
 from real_model_table import BENCH_PYTHON, DEFAULT_MODEL, WIKI
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # score with this tree's package, as the quantizing children (PYTHONPATH) do
 SHARED = ROOT.parent / "shared"
 OUT = RESULTS / "gptq_defaults.json"
 # Every GPTQ option the ablation turns, at its value before the ablation (all off, damping 0.01, the model's dtype).
@@ -55,6 +56,8 @@ ROWS = {
     "gar-mse-w": {**GAR, "mse": True, "mse_weighted": True},
     "gar-refit": {**GAR, "refit_scales": True},
     "gar-mse-w-refit": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True},
+    # the same calibrating in bfloat16, as GPTQModel does on a CPU (and as `--dtype auto` does for a bf16 model)
+    "gar-mse-w-refit-bf16": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "dtype": "bfloat16"},
     "gar-not-seq": {**GAR, "true_sequential": False},
     "gar-bf16": {**GAR, "dtype": "bfloat16"},
     "ao-static": {"act_order": True, "static_groups": True},
@@ -143,7 +146,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2", help="calibration seeds")
     p.add_argument("--nsamples", type=int, default=64, help="calibration windows")
     p.add_argument("--seqlen", type=int, default=512, help="tokens per calibration window")
-    p.add_argument("--eval-windows", type=int, default=16, help="windows of --eval-seqlen tokens scored")
+    p.add_argument("--eval-windows", type=int, default=8, help="windows of --eval-seqlen tokens scored")
     p.add_argument("--eval-seqlen", type=int, default=2048, help="tokens per scored window")
     p.add_argument("--limit", type=int, default=0, help="questions per zero-shot task (0: no zero-shot)")
     p.add_argument("--threads", type=int, default=2, help="threads of every process")
@@ -296,23 +299,16 @@ def _cells(data: dict, model: str = "SmolLM2-135M-Instruct", group: int = 128) -
     return {(r["row"], r["bits"]): r for r in summary(runs) if r["group_size"] == group}
 
 
-def _step(cells: dict, before: str, after: str) -> str:
-    """What going from row `before` to row `after` did, per width: perplexity and KL ratios (seed means)."""
+def _step(cells: dict, before: str, after: str, after_cells: dict | None = None) -> str:
+    """What going from row `before` to row `after` (of `after_cells`, default the same cells) did, per width:
+    perplexity and KL ratios (seed means)."""
     parts = []
     for bits in (3, 4):
-        a, b = cells.get((before, bits)), cells.get((after, bits))
+        a, b = cells.get((before, bits)), (cells if after_cells is None else after_cells).get((after, bits))
         if a and b:
             parts.append(f"{bits}-bit ppl ×{b['ppl'] / a['ppl']:.2f}, KL ×{b['kl'] / a['kl']:.2f} ({min(a['seeds'], b['seeds'])} seed"
                          f"{'s' if min(a['seeds'], b['seeds']) > 1 else ''})")  # fmt: skip
     return "; ".join(parts) or "not measured"
-
-
-def _step_group(data: dict) -> str:
-    """The `default` row per channel → at g128 (seed means), or "not measured"."""
-    per_channel, g128 = _cells(data, group=-1), _cells(data)
-    both = {**{("pc", b): v for (r, b), v in per_channel.items() if r == "default"},
-            **{("g", b): v for (r, b), v in g128.items() if r == "default"}}  # fmt: skip
-    return _step(both, "pc", "g")
 
 
 def defaults_block(data: dict) -> str:
@@ -325,7 +321,8 @@ def defaults_block(data: dict) -> str:
     value = lambda k: " / ".join(show(METHOD_DEFAULTS[m][k]) for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN))  # noqa: E731
     why = {
         "group_size": "the field's default (GPTQModel, llm-compressor, vLLM's kernels); -1 (one scale per row) stores "
-                      "0.125 fewer bits per weight; -1 → 128 for `default`: " + _step_group(data),
+                      "0.125 fewer bits per weight; -1 → 128 for `default`: " + _step(_cells(data, group=-1), "default",
+                                                                             "default", cells),
         "group_act_order": "GAR, GPTQModel's default; plain → `gar`: " + _step(cells, "plain", "gar"),
         "mse": "the scale searched, its error weighted by H_kk, the codes' scales refit by least squares; "
                "`gar` → `gar-mse-w-refit`: " + _step(cells, "gar", "gar-mse-w-refit"),

@@ -19,7 +19,7 @@ from .models import quiet_loggers
 
 def build_parser() -> argparse.ArgumentParser:
     from .formats.staged import SHARD_BYTES
-    from .quantization.config import MASTER_BIT_WEIGHT, QuantConfig, Variant
+    from .quantization.config import GGUF_BLOCK, MASTER_BIT_WEIGHT, QuantConfig, Target, Variant
     from .formats.gguf import KQuantType
 
     p = argparse.ArgumentParser(prog="matgptq", description=__doc__)
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "per-width = one error-feedback track per width; per-width-scales = that plus each width's "
                         "own least-squares scales (docs/guide/quantize.md)")
     q.add_argument("--group-size", type=int, help="columns per scale group; -1 = one group per output row "
-                                                  f"({method_default('group_size')})")
+                                                  f"({method_default('group_size')}; {GGUF_BLOCK} with --target gguf)")
     sym = q.add_mutually_exclusive_group()
     sym.add_argument("--sym", dest="sym", action="store_true", default=True, help="symmetric grid (default)")
     sym.add_argument("--asym", dest="sym", action="store_false", help="asymmetric grid with an integer zero point")
@@ -65,8 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the solver, refit every group scale of the stored codes by Hessian-weighted least "
                         "squares, per row kept only where the layer's calibration error shrinks (codes unchanged; "
                         f"not with --method rtn) ({method_default('refit_scales')})")
-    q.add_argument("--signed-scale", action="store_true",
-                   help="symmetric grid whose scale takes the sign of the largest-|w| weight (llama.cpp Q4_0's grid)")
+    q.add_argument("--target", choices=[t.value for t in Target], default=Target.ANY.value,
+                   help="the runtime the codes are shaped for: any = the plain grid every export takes (GPTQ v1/v2, "
+                        "compressed-tensors, GGUF); gguf = llama.cpp's grid, for `export --format gguf`: the "
+                        f"signed scale of Q4_0/Q5_0/Q8_0 and their {GGUF_BLOCK}-column groups (or --kquant's)")
+    q.add_argument("--signed-scale", action=argparse.BooleanOptionalAction,
+                   help="symmetric grid whose scale takes the sign of the largest-|w| weight (llama.cpp Q4_0's grid) "
+                        "(default: on with --target gguf, else off)")
     q.add_argument("--kquant", choices=[t.value for t in KQuantType],
                    help="put group scales on this GGUF K-quant's super-block lattice (one fp16 d per 256 columns, "
                         "small integer sub-scales), so `export --format gguf` writes it, and every K-quant with wider "
@@ -159,7 +164,7 @@ def cmd_quantize(a: argparse.Namespace) -> None:
         bit_weights=a.bit_weights, calib_range=a.calib_range, nsamples=a.nsamples, seqlen=a.seqlen, seed=a.seed,
         overwrite=a.overwrite, progress=not a.quiet, dtype=a.dtype, resume=a.resume, group_size=a.group_size, sym=a.sym,
         act_order=a.act_order, group_act_order=a.group_act_order, static_groups=a.static_groups, mse=a.mse, damp=a.damp, block_size=a.block_size,
-        true_sequential=a.true_sequential, signed_scale=a.signed_scale, skip=tuple(a.skip), variant=a.variant,
+        true_sequential=a.true_sequential, signed_scale=a.signed_scale, target=a.target, skip=tuple(a.skip), variant=a.variant,
         kquant=a.kquant, refit_scales=a.refit_scales, mse_weighted=a.mse_weighted, device=a.device, stream=a.stream,
         shard_bytes=int(a.shard_size * 2**20),
     )  # fmt: skip

@@ -544,3 +544,13 @@ def test_weighted_grid_and_refit_scales_export_exactly(models, tmp_path, method,
         rep = export_gguf(ck, tmp_path / f"{width}.gguf", bits=width if method == "matgptq" else None)
         assert rep.exact and rep.max_abs_err == 0.0, rep.table()
         _check_readback(tmp_path / f"{width}.gguf", _reference(ck, width), rep)
+
+
+def test_target_gguf_writes_q4_0_exactly(models, tmp_path):
+    """`quantize --target gguf` (signed scale, 32-column groups, the GPTQ defaults) then `export --type q4_0`: every
+    layer is a bit-exact Q4_0, read back by gguf-py equal to the weights matgptq evaluates."""
+    ck = quick_quantize(models["small"], tmp_path / "ck", method="gptq", bits="4", target="gguf")
+    rep = export_gguf(ck, tmp_path / "m.gguf", qtype="q4_0")
+    assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {"Q4_0"}
+    assert rep.exact and rep.max_abs_err == 0.0 and not rep.warnings, rep.table()
+    _check_readback(tmp_path / "m.gguf", _reference(ck, 4), rep)

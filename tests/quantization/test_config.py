@@ -1,6 +1,13 @@
-"""QuantConfig's per-method defaults: what a None field becomes, and what an old checkpoint's record means."""
+"""QuantConfig's per-method defaults: what a None field becomes, what an old checkpoint's record means, and what
+--target gguf changes."""
 
-from matgptq.quantization.config import Method, QuantConfig
+import re
+
+import pytest
+
+from matgptq.errors import UserError
+from matgptq.formats.gguf import KQuantType
+from matgptq.quantization.config import GGUF_BLOCK, Method, QuantConfig, Target
 
 
 def test_gptq_defaults_and_options_that_mean_nothing_stay_off():
@@ -20,3 +27,26 @@ def test_a_record_from_before_an_option_existed_reads_without_it():
     cfg = QuantConfig.from_json(old)
     assert (cfg.group_size, cfg.group_act_order, cfg.mse_weighted, cfg.refit_scales) == (-1, False, False, False)
     assert QuantConfig.from_json(QuantConfig(bits=3).to_json()) == QuantConfig(bits=3)
+
+
+def test_target_gguf_shapes_the_grid_for_llama_cpp():
+    """--target gguf: Q4_0's signed scale and 32-column block, unless the user said otherwise or it cannot apply."""
+    cfg = QuantConfig(bits=4, target=Target.GGUF)
+    assert (cfg.signed_scale, cfg.group_size, cfg.mse_weighted, cfg.refit_scales) == (True, GGUF_BLOCK, True, True)
+    assert QuantConfig(bits=4).signed_scale is False  # the plain grid without a target
+    assert QuantConfig(bits=4, target="gguf", signed_scale=False).signed_scale is False  # said by the user
+    assert QuantConfig(bits=4, target="gguf", sym=False).signed_scale is False  # asymmetric: Q4_1's grid, unsigned
+    q4k = QuantConfig(bits=4, target="gguf", kquant="q4_k", group_size=32)  # unsigned sub-scales, no signed grid
+    assert (q4k.signed_scale, q4k.kquant) == (False, KQuantType.Q4_K)
+    assert QuantConfig(bits=6, target="gguf", kquant="q6_k", group_size=16).signed_scale is True  # Q6_K's are signed
+    assert QuantConfig.from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(group_size=128), "drop --group-size 128"),
+    (dict(act_order=True), "add --static-groups"),
+    (dict(target="ggml"), "unknown target 'ggml'; use one of any, gguf"),
+])  # fmt: skip
+def test_target_gguf_refuses_what_llama_cpp_blocks_cannot_hold(options, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        QuantConfig(bits=4, **{"target": "gguf", **options})

@@ -25,6 +25,15 @@ class Variant(str, Enum):
     PER_WIDTH_SCALES = "per-width-scales"  # per-width tracks + each width's own least-squares scales (refit.py)
 
 
+class Target(str, Enum):
+    """Which runtime's grid the codes are shaped for (`--target`)."""
+
+    ANY = "any"  # the plain grid, which every export takes (GPTQ v1/v2, compressed-tensors, GGUF)
+    GGUF = "gguf"  # llama.cpp's: signed scale (Q4_0/Q5_0/Q8_0's, grid.py) and its 32-column block by default
+
+
+GGUF_BLOCK = 32  # columns per block of llama.cpp's legacy types (Q4_0 ... Q8_0): --target gguf's group size
+
 MIN_BITS, MAX_BITS = 2, 8
 MASTER_BIT_WEIGHT = 16.0  # default λ_c of the per-width variants (QuantConfig.default_bit_weight)
 
@@ -63,7 +72,8 @@ class QuantConfig:
     damp: float | None = None
     block_size: int = 128
     true_sequential: bool = True
-    signed_scale: bool = False  # symmetric grid with the sign of the extreme weight (llama.cpp Q4_0's), grid.py
+    # symmetric grid with the sign of the extreme weight (llama.cpp Q4_0's), grid.py; None: on for --target gguf
+    signed_scale: bool | None = None
     skip: tuple[str, ...] = ()  # regexes on full module names of block Linears to leave unquantized
     target_bits: tuple[int, ...] = ()
     bit_weights: tuple[float, ...] = ()
@@ -73,22 +83,34 @@ class QuantConfig:
     # per-layer widths (GPTQ/RTN): (full layer name, width) pairs, e.g. a `matgptq search` mix; `bits` is then the
     # widest, the checkpoint's stored width. Each layer is solved as a one-width run at its own width (`for_layer`)
     layer_bits: tuple[tuple[str, int], ...] = ()
+    target: Target = Target.ANY
 
     def _fill_defaults(self) -> None:
-        """The None fields from METHOD_DEFAULTS; an option that means nothing with the ones given stays off."""
-        for name, value in METHOD_DEFAULTS[self.method].items():  # mse before mse_weighted
+        """The None fields from METHOD_DEFAULTS (the target's, for --target gguf); an option that means nothing
+        with the ones given stays off."""
+        gguf = self.target is Target.GGUF
+        signed_fits = self.sym and (self.kquant is None or LATTICES[self.kquant].signed)
+        defaults = {**METHOD_DEFAULTS[self.method], "signed_scale": gguf and signed_fits,
+                    **({"group_size": GGUF_BLOCK} if gguf and self.kquant is None else {})}  # fmt: skip
+        for name, value in defaults.items():  # mse before mse_weighted
             moot = {"group_act_order": self.act_order, "mse_weighted": not self.mse}.get(name, False)
             if getattr(self, name) is None:
                 object.__setattr__(self, name, False if moot else value)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "method", Method(self.method))
-        self._fill_defaults()
+    def _enum(self, name: str, kind: type[Enum], what: str) -> None:
+        """Field `name` as its enum `kind`, or a UserError naming the choices."""
+        value = getattr(self, name)
         try:
-            object.__setattr__(self, "variant", Variant(self.variant))
+            object.__setattr__(self, name, None if value is None else kind(value))
         except ValueError:
-            raise UserError(f"unknown MatGPTQ variant {self.variant!r}; use one of "
-                            f"{', '.join(v.value for v in Variant)}") from None  # fmt: skip
+            raise UserError(f"unknown {what} {value!r}; use one of {', '.join(v.value for v in kind)}") from None
+
+    def __post_init__(self) -> None:
+        self._enum("method", Method, "method")
+        self._enum("variant", Variant, "MatGPTQ variant")
+        self._enum("target", Target, "target")
+        self._enum("kquant", KQuantType, "K-quant type")
+        self._fill_defaults()
         if self.layer_bits:  # before the checks of `bits`, which a mix sets to its widest width
             self._check_layer_bits()
         if not MIN_BITS <= self.bits <= MAX_BITS:
@@ -103,6 +125,8 @@ class QuantConfig:
             raise UserError("--signed-scale is a symmetric grid; drop --asym or --signed-scale")
         if self.kquant is not None:
             self._check_kquant()
+        if self.target is Target.GGUF:
+            self._check_gguf_target()
         if self.mse_weighted and not self.mse:
             raise UserError("--mse-weighted weights the --mse scale search, which is off; drop --no-mse")
         if self.mse_weighted and self.method is Method.RTN:
@@ -119,12 +143,7 @@ class QuantConfig:
         self._set_targets()
 
     def _check_kquant(self) -> None:
-        """--kquant: a known K-quant whose lattice the grid, scale sign, groups and group size fit."""
-        try:
-            object.__setattr__(self, "kquant", KQuantType(self.kquant))
-        except ValueError:
-            raise UserError(f"unknown K-quant type {self.kquant!r}; use one of "
-                            f"{', '.join(t.value for t in KQuantType)}") from None  # fmt: skip
+        """--kquant: a K-quant whose lattice the grid, scale sign, groups and group size fit."""
         if not self.sym:
             raise UserError("--kquant needs a symmetric grid; drop --asym")
         if self.signed_scale and not LATTICES[self.kquant].signed:
@@ -135,6 +154,15 @@ class QuantConfig:
         why = check_group_size(self.kquant, self.group_size)
         if why:
             raise UserError(f"--kquant {self.kquant.value}: {why}")
+
+    def _check_gguf_target(self) -> None:
+        """--target gguf: groups llama.cpp's blocks hold (contiguous; 32 columns, or a K-quant's lattice)."""
+        if self.act_order and not self.static_groups:
+            raise UserError("--target gguf needs contiguous groups, which --act-order alone breaks; add "
+                            "--static-groups, or drop --act-order (group act-order, the default, keeps them)")  # fmt: skip
+        if self.kquant is None and self.group_size != GGUF_BLOCK:
+            raise UserError(f"--target gguf writes llama.cpp's {GGUF_BLOCK}-column blocks (Q4_0 ... Q8_0): drop "
+                            f"--group-size {self.group_size}, or add --kquant TYPE for K-quant super-blocks")  # fmt: skip
 
     def _set_targets(self) -> None:
         """`target_bits` sorted (R, containing the master width) and `bit_weights` one positive λ_r per width."""
@@ -195,6 +223,7 @@ class QuantConfig:
         d = asdict(self)
         d["method"] = self.method.value
         d["variant"] = self.variant.value
+        d["target"] = self.target.value
         d["kquant"] = self.kquant.value if self.kquant else None
         d["target_bits"] = list(self.target_bits)
         d["bit_weights"] = list(self.bit_weights)
