@@ -228,5 +228,19 @@ def page(state: dict) -> str:
     return "\n".join(lines)
 
 
+def readme_block(state: dict) -> str:
+    """The README's GGUF quickstart result: `--target gguf` → Q4_0 against llama.cpp's Q4_0, seed means."""
+    row = "target-gguf"
+    plain, im = (_ratios(state, row, ref, "wiki") for ref in ("llama:Q4_0", "llama:Q4_0+im"))
+    cells = _cells(state, row)
+    if not (plain and im and cells):
+        return "Not measured yet: `python scripts/gguf_default.py`."
+    kl = [c["wiki"]["kl"] for c in cells]
+    return (f"On SmolLM2-135M-Instruct this file's KL to the F32 model (WikiText-2, scored by llama.cpp) is "
+            f"{_spread(kl, 3)} over {len(cells)} calibration seeds: {_spread(plain, 2)}× that of llama.cpp's own "
+            f"Q4_0 and {_spread(im, 2)}× that of its Q4_0 with an importance matrix from the same calibration text, "
+            f"at the same bytes ([gguf_default](docs/results/gguf_default.md)).")
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -62,18 +62,24 @@ ROWS = {
     "gar-bf16": {**GAR, "dtype": "bfloat16"},
     "ao-static": {"act_order": True, "static_groups": True},
     "ao-static-damp0.05": {"act_order": True, "static_groups": True, "damp": 0.05},
+    # one MatGPTQ parent per seed (target widths PARENT_WIDTHS), each width scored as its slice: `matgptq-parent` with
+    # the plain options (MatGPTQ's defaults), then with GPTQ's scale choice (`--method matgptq` re-checked, item 2)
+    "matgptq-parent": {"method": "matgptq"},
+    "matgptq-parent-gar-mse-w-refit": {"method": "matgptq", **GAR, "mse": True, "mse_weighted": True,
+                                       "refit_scales": True},
     "gptqmodel": "peer",
     "llmcompressor": "peer",
     "llmcompressor-g64": "peer",  # where it cannot run the row's group size: the largest it runs on SmolLM2 (576 columns)
 }  # fmt: skip
 PEER_GROUP = {"llmcompressor-g64": 64}
+PARENT_WIDTHS = "3,4,8"
 PEER_LABELS = {"gptqmodel": "GPTQModel 7.6.0 (its defaults)", "llmcompressor": "llm-compressor 0.14 (its defaults)",
                "llmcompressor-g64": "llm-compressor 0.14 (its defaults) at g64"}
 
 
 def options(row: dict) -> list[str]:
     """The command-line options of a row, every option of ALL spelled out."""
-    s = {**ALL, **row}
+    s = {**ALL, **{k: v for k, v in row.items() if k != "method"}}
     out = [f"--{'' if s[k] else 'no-'}{k.replace('_', '-')}" for k in ("group_act_order", "mse", "mse_weighted",
                                                                         "refit_scales")]  # fmt: skip
     out += ["--act-order"] * s["act_order"] + ["--static-groups"] * s["static_groups"]
@@ -90,9 +96,11 @@ def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Pa
                str(PEER_GROUP.get(name, gs)), "--report",
                str(out.with_suffix(".report.json"))]  # fmt: skip
     else:
-        cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(out), "--method", "gptq", "--bits",
-               str(bits), "--group-size", str(gs), "--calib", str(a.calib), "--calib-range", "0.5:1", "--nsamples",
-               str(a.nsamples), "--seqlen", str(a.seqlen), "--seed", str(seed), "--overwrite", "--quiet"]  # fmt: skip
+        parent = is_parent(name)
+        cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(out), "--method",
+               "matgptq" if parent else "gptq", "--bits", PARENT_WIDTHS if parent else str(bits), "--group-size",
+               str(gs), "--calib", str(a.calib), "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen",
+               str(a.seqlen), "--seed", str(seed), "--overwrite", "--quiet"]  # fmt: skip
         cmd += [] if ROWS[name] is None else options(ROWS[name])
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "GPTQMODEL_CPU_WORKERS": str(a.threads),
            "TORCHDYNAMO_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
@@ -103,9 +111,14 @@ def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Pa
     return row
 
 
-def dense_model(path: Path):
-    """The model a checkpoint holds, every weight dense float32: `matgptq.load` for float, matgptq and GPTQ
-    checkpoints, transformers + compressed-tensors (decompressed on load) for llm-compressor's."""
+def is_parent(row: str) -> bool:
+    return isinstance(ROWS[row], dict) and ROWS[row].get("method") == "matgptq"
+
+
+def dense_model(path: Path, bits: int | None = None):
+    """The model a checkpoint holds (a parent's `bits`-bit slice), every weight dense float32: `matgptq.load` for
+    float, matgptq and GPTQ checkpoints, transformers + compressed-tensors (decompressed on load) for
+    llm-compressor's."""
     import torch
 
     config = load_json(Path(path) / "config.json")
@@ -117,15 +130,15 @@ def dense_model(path: Path):
                                                     quantization_config=CompressedTensorsConfig(dequantize=True))  # fmt: skip
     from matgptq.runtime import load
 
-    return load(path, dtype=torch.float32)
+    return load(path, bits=bits, dtype=torch.float32)
 
 
-def evaluate(path: Path, windows, teacher, specs, a, tokenizer) -> dict:
-    """Perplexity, KL to the float model and (with `specs`) zero-shot accuracy of one checkpoint."""
+def evaluate(path: Path, windows, teacher, specs, a, tokenizer, bits: int | None = None) -> dict:
+    """Perplexity, KL to the float model and (with `specs`) zero-shot accuracy of one checkpoint (a parent's slice)."""
     from matgptq.evaluation.perplexity import score
     from matgptq.evaluation.tasks import score_tasks, with_average, wrap_model
 
-    model = dense_model(path)
+    model = dense_model(path, bits)
     sc = score(model, windows, teacher, batch_size=1, progress=True, desc=Path(path).name)
     tasks = with_average(score_tasks(wrap_model(model, tokenizer, 16), specs, a.limit)) if specs else {}
     return {"ppl": sc.ppl, "kl": sc.kl, "tokens": sc.tokens, "tasks": tasks}
@@ -158,7 +171,8 @@ def main() -> None:
         p.error(f"unknown rows {sorted(set(rows) - set(ROWS))}")
     if not (Path(a.model) / "config.json").is_file():
         sys.exit(f"gptq_defaults: error: no model at {a.model}; run `make real-model` first")
-    run(a, rows, [int(b) for b in a.bits.split(",")], [int(g) for g in a.group_sizes.split(",")],
+    a.widths = [int(b) for b in a.bits.split(",")]
+    run(a, rows, a.widths, [int(g) for g in a.group_sizes.split(",")],
         [int(s) for s in a.seeds.split(",")])  # fmt: skip
 
 
@@ -221,15 +235,21 @@ def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple
     if ROWS[row] == "peer" and not BENCH_PYTHON.exists():
         print(f"  {key}: skipped (no {BENCH_PYTHON}: `make bench-venv` builds it)", flush=True)
         return
-    out = work / key.replace("/", "-")
+    parent = is_parent(row)  # one parent per (row, group, seed), each width scored as its slice
+    out = work / (f"{row}-g{gs}-seed{seed}" if parent else key.replace("/", "-"))
+    siblings = [k for k in state["runs"] if parent and k.startswith(f"{row}/g{gs}/") and k.endswith(f"/seed{seed}")]
+    made = next((state["runs"][k]["quant"] for k in siblings if state["runs"][k].get("quant", {}).get("ok")), None)
     if not (done.get("quant", {}).get("ok") and out.is_dir()):
-        done = state["runs"][key] = {"quant": quantize(row, key, a, gs, bits, seed, ids_file, out)}
+        q = made if made and out.is_dir() else quantize(row, key, a, gs, bits, seed, ids_file, out)
+        done = state["runs"][key] = {"quant": q}
     q = done["quant"]
     print(f"  {key}: {'ok' if q['ok'] else 'FAILED: ' + q['error']} CPU {q['cpu']:.0f} s, peak RSS {q['rss_gb']:.2f} GB",
           flush=True)  # fmt: skip
     if q["ok"]:
-        done["eval"] = evaluate(out, *scoring[:3], a, scoring[3])
-        if not a.keep:
+        done["eval"] = evaluate(out, *scoring[:3], a, scoring[3], bits if parent else None)
+        scored = {int(k.split("/")[2]) for k, r in state["runs"].items()
+                  if k.startswith(f"{row}/g{gs}/") and k.endswith(f"/seed{seed}") and "eval" in r}  # fmt: skip
+        if not a.keep and not (parent and set(a.widths) - scored):  # a parent: once its last width is scored
             shutil.rmtree(out, ignore_errors=True)
 
 
@@ -288,7 +308,7 @@ def page(data: dict) -> str:
     ran = {k.split("/")[0] for m in data["models"].values() for k in m["runs"]}
     parts.append("Rows (every option spelled out; `default` passes none):\n\n" + "\n".join(
         f"- `{k}`: " + ("the peer's own defaults" if v == "peer" else "no option" if v is None else
-                        " ".join(options(v))) + (f" (group size {PEER_GROUP[k]})" if k in PEER_GROUP else "")
+                        f"--method matgptq --bits {PARENT_WIDTHS} " * is_parent(k) + " ".join(options(v))) + (f" (group size {PEER_GROUP[k]})" if k in PEER_GROUP else "")
         for k, v in ROWS.items() if k in ran))  # fmt: skip
     return "\n\n".join(parts) + "\n"
 

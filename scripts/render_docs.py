@@ -78,6 +78,8 @@ PAGES = (
     Page("gguf_default", ("gguf_default.json",), md="gguf_default.md",
          about="the GGUF path a new user types (GPTQ g32, `--target gguf`, `export --type q4_0`) against llama.cpp's "
                "Q4_0 with and without imatrix, over calibration seeds"),
+    Page("gguf_default", ("gguf_default.json",), block="README.md#gguf-default", render="readme_block",
+         about="the README's GGUF quickstart result"),
     Page("gptq_defaults", ("gptq_defaults.json",), md="gptq_defaults.md", png="gptq_defaults.png",
          about="which GPTQ options are the defaults: the ablation over seeds, GPTQModel and llm-compressor beside it"),
     Page("gptq_defaults", ("gptq_defaults.json",), block="docs/guide/quantize.md#defaults", render="defaults_block",
