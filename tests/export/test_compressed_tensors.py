@@ -61,6 +61,7 @@ SOURCES = {  # name: (model, quantize options); "tiny" is conftest's random Llam
     "stories-skip": (STORIES, dict(method="gptq", bits=4, group_size=32, skip=("down_proj$",))),  # left unquantized
     "ao-dynamic": ("tiny", dict(method="gptq", bits=4, group_size=32, act_order=True)),  # refused
     "asym-parent": ("tiny", dict(method="matgptq", bits=(4, 8), sym=False, group_size=32)),  # 4-bit slice refused
+    "sym-g32-signed": ("tiny", dict(method="gptq", bits=4, target="gguf")),  # llama.cpp's grid: scales of either sign
 }
 EXPORTS = {  # id: (source, bits); None = the stored widths
     **{f"sym-g32-{b}bit": ("sym-g32", b) for b in (2, 3, 4, 6, 8)},
@@ -73,6 +74,7 @@ EXPORTS = {  # id: (source, bits); None = the stored widths
     "stories-sym-g32-ragged-2bit": ("stories-sym-g32", 2),
     "stories-asym-channel-3bit": ("stories-asym-channel", 3),
     "stories-skip-down-proj-4bit": ("stories-skip", 4),
+    "sym-g32-signed-scales-4bit": ("sym-g32-signed", 4),
 }
 
 

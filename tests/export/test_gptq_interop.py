@@ -449,3 +449,21 @@ def test_transformers_default_kernel_needs_whole_groups(gptqmodel, tmp_path):
     ours = matgptq.load(src, dtype=torch.float16, packed=False)
     for name, w in _gptqmodel_weights(gptqmodel, model).items():
         assert torch.equal(w.to(torch.float16), ours.get_submodule(name).weight), name
+
+
+@pytest.mark.parametrize("fmt", ["gptq_v1", "gptq_v2"])
+def test_gptqmodel_reads_signed_scales(gptqmodel, tiny_llama_dir, tmp_path, fmt):
+    """A `--target gguf` checkpoint (llama.cpp's grid: group scales of either sign) exported as GPTQ: GPTQModel's
+    torch kernel dequantizes scale · (q − z) with the stored fp16 scale, negative or not, to our weights bit for bit."""
+    from tests.conftest import quick_quantize
+
+    src = quick_quantize(tiny_llama_dir, tmp_path / "q", bits=4, target="gguf")
+    assert bool((matgptq.load(src).matgptq.layers["model.layers.0.mlp.up_proj"].scales < 0).any())
+    path = export_gptq(src, tmp_path / fmt, fmt)
+    logits, model = _gptqmodel_logits(gptqmodel, path, torch.randint(0, 256, (1, 12)))
+    assert torch.isfinite(logits).all()
+    ours = matgptq.load(src, dtype=torch.float16, packed=False)
+    weights = _gptqmodel_weights(gptqmodel, model)
+    assert len(weights) == 14
+    for name, w in weights.items():
+        assert torch.equal(w.to(torch.float16), ours.get_submodule(name).weight), name
