@@ -129,6 +129,20 @@ def run_measured(cmd: list[str], env: dict, log: Path) -> dict:
     return json.loads(result.read_text())
 
 
+def measured_child(cmd: list[str], threads: int, log: Path) -> dict:
+    """`cmd` as one measured quantization of a results script: `threads` threads for torch and GPTQModel, this
+    tree's package first on the path; run_measured's numbers, the load average when it ended and, where it failed,
+    its last line naming an error."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "GPTQMODEL_CPU_WORKERS": str(threads),
+           "TORCHDYNAMO_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}  # fmt: skip
+    row = {**run_measured(cmd, env, log), "load_average": os.getloadavg()[0]}
+    if not row["ok"]:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        row["error"] = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "?")
+    return row
+
+
 def run_child(args, tool: str, ids_file: Path, work: Path) -> dict:
     out = work / tool
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "GPTQMODEL_CPU_WORKERS": str(args.threads),

@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 
 from _docs import RESULTS, header, load_json, write_page
-from bench_pipeline import run_measured
+from bench_pipeline import measured_child
 from real_model_table import BENCH_PYTHON, DEFAULT_MODEL, WIKI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,13 +101,7 @@ def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Pa
                str(gs), "--calib", str(a.calib), "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen",
                str(a.seqlen), "--seed", str(seed), "--overwrite", "--quiet"]  # fmt: skip
         cmd += [] if ROWS[name] is None else options(ROWS[name])
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "GPTQMODEL_CPU_WORKERS": str(a.threads),
-           "TORCHDYNAMO_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
-    row = {**run_measured(cmd, env, log), "load_average": os.getloadavg()[0], "command": cmd[1:]}
-    if not row["ok"]:
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-        row["error"] = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "?")
-    return row
+    return {**measured_child(cmd, a.threads, log), "command": cmd[1:]}
 
 
 def is_parent(row: str) -> bool:

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from _docs import RESULTS, header, pyplot, save_figure, write_page
-from bench_pipeline import run_measured  # the same child-process measurement as the pipeline benchmark
+from bench_pipeline import measured_child  # the same child-process measurement as the pipeline benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -93,13 +93,7 @@ def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path | None
             cmd += ["--act-order", "--static-groups", "--damp", "0.05"]
         if tool in ("gptq", "gptq-bf16", "gptq-ao"):  # the options these rows were measured with, whatever the defaults
             cmd += ["--no-group-act-order", "--no-mse", "--no-mse-weighted", "--no-refit-scales"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "GPTQMODEL_CPU_WORKERS": str(a.threads),
-           "TORCHDYNAMO_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
-    row = {**run_measured(cmd, env, log), "load_average": os.getloadavg()[0]}
-    if not row["ok"]:
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-        row["error"] = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "?")
-    return row
+    return measured_child(cmd, a.threads, log)
 
 
 def evaluate(path: Path | str, widths, windows, teacher, specs, a, tokenizer, parent: bool | None = None) -> dict:
