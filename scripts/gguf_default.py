@@ -198,18 +198,17 @@ def page(state: dict) -> str:
              f"same windows), seeds {', '.join(seeds)}. Scored by `llama-perplexity -c 512` on {s['wiki_chunks'] * 256} "
              f"WikiText-2 and {s['ts_chunks'] * 256} TinyStories positions; KL(F32 ‖ file). Mean over seeds ± spread "
              "(max − min); llama.cpp's plain Q4_0 uses no calibration, so it is one file.", "",
-             "| file | seeds | tensor bytes | quantize s | " + " | ".join(f"{n} ppl | {n} KL" for n in DATASETS.values())
-             + " |", "|---" * (4 + 2 * len(DATASETS)) + "|"]  # fmt: skip
+             "| file | seeds | tensor bytes | " + " | ".join(f"{n} ppl | {n} KL" for n in DATASETS.values())
+             + " |", "|---" * (3 + 2 * len(DATASETS)) + "|"]  # fmt: skip
     f32 = state.get("f32", {})
     if all(ds in f32 for ds in DATASETS):
-        lines.append("| F32 (convert_hf_to_gguf) | – | – | – | " + " | ".join(
+        lines.append("| F32 (convert_hf_to_gguf) | – | – | " + " | ".join(
             f"{f32[ds]['ppl']:.3f} | 0" for ds in DATASETS) + " |")  # fmt: skip
     for row in [*LLAMA, *OURS]:
         cells = _cells(state, row)
         if not cells:
             continue
-        secs = [c["quantize_seconds"] for c in cells if "quantize_seconds" in c]
-        lines.append(f"| {LABEL[row]} | {len(cells)} | {cells[0]['tensor_bytes']} | {_spread(secs, 0)} | " + " | ".join(
+        lines.append(f"| {LABEL[row]} | {len(cells)} | {cells[0]['tensor_bytes']} | " + " | ".join(
             f"{_spread([c[ds]['ppl'] for c in cells], 3)} | {_spread([c[ds]['kl'] for c in cells], 4)}"
             for ds in DATASETS) + " |")  # fmt: skip
     lines += ["", f"Goal: KL ≤ {GOAL} × llama.cpp's plain Q4_0's, and below Q4_0 + imatrix's. Ratios per seed (in "
@@ -239,7 +238,7 @@ def readme_block(state: dict) -> str:
     return (f"On SmolLM2-135M-Instruct this file's KL to the F32 model (WikiText-2, scored by llama.cpp) is "
             f"{_spread(kl, 3)} over {len(cells)} calibration seeds: {_spread(plain, 2)}× that of llama.cpp's own "
             f"Q4_0 and {_spread(im, 2)}× that of its Q4_0 with an importance matrix from the same calibration text, "
-            f"at the same bytes ([gguf_default](docs/results/gguf_default.md)).")
+            f"in no more tensor bytes ([gguf_default](docs/results/gguf_default.md)).")
 
 
 if __name__ == "__main__":
