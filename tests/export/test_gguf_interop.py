@@ -141,7 +141,11 @@ def ck(tmp_path_factory):
     k256 = make_tiny_llama(root / "k256", hidden=256, intermediate=256, heads=4, kv_heads=2, layers=1)
     return {
         "root": root, "small": small,
-        "parent": quick_quantize(small, root / "parent", method="matgptq", bits="4,8", group_size=32),
+        # the options the emulation's tolerance was measured on: with MatGPTQ's defaults today (group act-order and
+        # the refit) one activation of this fixture's 6-bit slice sits on a Q8 rounding boundary at position 19, and
+        # the flip reaches most later positions through attention (median 0.004), which the median cannot absorb
+        "parent": quick_quantize(small, root / "parent", method="matgptq", bits="4,8", group_size=32,
+                                 group_act_order=False, refit_scales=False),
         "asym": quick_quantize(small, root / "asym", bits=4, sym=False, group_size=32),
         "pc": quick_quantize(k256, root / "pc", method="rtn", bits=8, group_size=-1),  # per-channel: exact K-quants
         # group 32 with scales on Q2_K's lattice (quantize --kquant): every K-quant exact; written as the type named

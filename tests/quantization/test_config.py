@@ -50,3 +50,10 @@ def test_target_gguf_shapes_the_grid_for_llama_cpp():
 def test_target_gguf_refuses_what_llama_cpp_blocks_cannot_hold(options, message):
     with pytest.raises(UserError, match=re.escape(message)):
         QuantConfig(bits=4, **{"target": "gguf", **options})
+
+
+def test_matgptq_defaults_group_act_order_and_refit_without_the_scale_search():
+    """A parent's defaults (scripts/gptq_defaults.py measured them): group act-order and the master's scale refit,
+    both free in CPU time; the scale search, which costs a parent ~2.8x, stays off."""
+    cfg = QuantConfig(method=Method.MATGPTQ, bits=8, target_bits=(3, 4, 8))
+    assert (cfg.group_size, cfg.group_act_order, cfg.refit_scales, cfg.mse, cfg.mse_weighted) == (128, True, True, False, False)

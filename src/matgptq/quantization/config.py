@@ -43,8 +43,8 @@ MASTER_BIT_WEIGHT = 16.0  # default λ_c of the per-width variants (QuantConfig.
 METHOD_DEFAULTS: dict[Method, dict[str, object]] = {
     Method.GPTQ: {"group_size": 128, "group_act_order": True, "mse": True, "mse_weighted": True,
                   "refit_scales": True, "damp": 0.01},
-    Method.MATGPTQ: {"group_size": 128, "group_act_order": False, "mse": False, "mse_weighted": False,
-                     "refit_scales": False, "damp": 0.01},
+    Method.MATGPTQ: {"group_size": 128, "group_act_order": True, "mse": False, "mse_weighted": False,
+                     "refit_scales": True, "damp": 0.01},  # the scale search: ~2.8x the CPU time on a parent
     Method.RTN: {"group_size": 128, "group_act_order": False, "mse": False, "mse_weighted": False,
                  "refit_scales": False, "damp": 0.01},
 }  # fmt: skip
