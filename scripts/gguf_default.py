@@ -6,7 +6,7 @@
 
 against `llama-quantize F32 OUT Q4_0`, without and with `--imatrix` (llama-imatrix on the same calibration windows).
 Every other quantize option stays at its default, the calibration size included: --nsamples and --seqlen are not
-passed, and llama-imatrix gets those same windows (NSAMPLES × SEQLEN, read from the CLI's parser).
+passed, and llama-imatrix gets those same windows (CalibConfig's NSAMPLES × SEQLEN).
 
 Protocol (scripts/gguf_vs_llamacpp_real.py's helpers: the F32 file from llama.cpp's converter, llama.cpp's scoring)
   model        SmolLM2-135M-Instruct (`make real-model`; a dequantized Q4_1 model, so every g32 4-bit grid, ours
@@ -30,13 +30,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from _docs import RESULTS, header, load_json, write_page
 from gguf_real_files import file_info
 from gguf_vs_llamacpp_real import (DEFAULT_MODEL, TOOLS, WIKI, calib_text, child_env, f32_gguf, log, run,
                                    score)  # fmt: skip
+from matgptq.quantization.config import CalibConfig
 
 OUT = RESULTS / "gguf_default.json"
 DATASETS = {"wiki": "WikiText-2", "ts": "TinyStories"}
@@ -49,34 +49,22 @@ LABEL = {"default": "ours: `quantize --method gptq --bits 4 --group-size 32`",
          "llama:Q4_0": "llama.cpp Q4_0", "llama:Q4_0+im": "llama.cpp Q4_0 + imatrix"}  # fmt: skip
 
 
-def calibration_defaults() -> tuple[int, int]:
-    """(--nsamples, --seqlen) as `matgptq quantize` defaults them."""
-    from matgptq.cli import build_parser
-
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    q = sub.choices["quantize"]
-    return q.get_default("nsamples"), q.get_default("seqlen")
-
-
 def settings(a, nsamples: int, seqlen: int) -> dict:
     return {"model": str(Path(a.model).resolve()), "nsamples": nsamples, "seqlen": seqlen,
             "wiki_chunks": a.wiki_chunks, "ts_chunks": a.ts_chunks, "ctx": 512, "ours": OURS}  # fmt: skip
 
 
-def ours(row: str, seed: int, a, seed_dir: Path, out: Path) -> float:
-    """Quantize and export one of our rows; the quantization's wall seconds."""
+def ours(row: str, seed: int, a, seed_dir: Path, out: Path) -> None:
+    """Quantize and export one of our rows."""
     ckpt = seed_dir / f"{row}-ckpt"
-    t0 = time.time()
     if not (ckpt / "config.json").is_file():
         run([sys.executable, "-m", "matgptq", "quantize", a.model, "--out", ckpt, "--method", "gptq", "--bits", "4",
              "--group-size", "32", *OURS[row], "--calib", WIKI, "--calib-range", "0.5:1", "--seed", str(seed),
              "--overwrite", "--resume", "--quiet"], seed_dir / f"{row}.quantize.log", child_env(a.threads))  # fmt: skip
-    seconds = time.time() - t0
     tmp = out.with_suffix(".tmp.gguf")
     run([sys.executable, "-m", "matgptq", "export", ckpt, "--format", "gguf", "--type", "q4_0", "--out", tmp,
          "--overwrite"], seed_dir / f"{row}.export.log", child_env(a.threads))  # fmt: skip
     tmp.replace(out)
-    return round(seconds, 1)
 
 
 def llama(row: str, a, f32: Path, seed_dir: Path, imatrix: Path, out: Path) -> None:
@@ -105,7 +93,7 @@ def main() -> int:
             sys.exit(f"gguf_default: error: no {TOOLS / tool}; run `make llama-cpp-tools` first")
     if not (a.model / "config.json").is_file():
         sys.exit(f"gguf_default: error: no model at {a.model}; run `make real-model` first")
-    a.nsamples, a.seqlen = calibration_defaults()  # calib_text and llama-imatrix read them from `a`
+    a.nsamples, a.seqlen = CalibConfig.nsamples, CalibConfig.seqlen  # quantize's; calib_text reads them from `a`
     state = load_json(OUT) if OUT.is_file() else {"settings": settings(a, a.nsamples, a.seqlen), "runs": {}}
     if state["settings"] != settings(a, a.nsamples, a.seqlen):
         sys.exit(f"gguf_default: error: {OUT} holds a run with other settings; move it away or match them")
@@ -139,27 +127,17 @@ def main() -> int:
             cell = cells.setdefault(row, {})
             if not out.is_file():
                 if row in OURS:
-                    cell["quantize_seconds"] = ours(row, seed, a, seed_dir, out)
+                    ours(row, seed, a, seed_dir, out)
                 else:
                     llama(row, a, f32, seed_dir, imatrix, out)
             cell["tensor_bytes"] = file_info(out)["tensor_bytes"]
             for ds in DATASETS:
                 if ds not in cell:
-                    cell[ds] = score_in(out, ds, a, seed_dir)
+                    log(f"{seed_dir.name} {out.stem}: scoring on {ds}")
+                    cell[ds] = score(out, ds, a.work, a, logs=seed_dir)  # logs are named by the file's stem
                     save()
     print(page(state))
     return 0
-
-
-def score_in(path: Path, ds: str, a, where: Path) -> dict:
-    """score() with its logs in `where` (they are named by the file's stem), the F32 file and its saved logits
-    linked in from --work."""
-    chunks = a.wiki_chunks if ds == "wiki" else a.ts_chunks
-    for f in ("f32.gguf", f"base-{ds}-{chunks}.kld"):
-        if not (where / f).exists():
-            (where / f).symlink_to(a.work / f)
-    log(f"{where.name} {path.stem}: scoring on {ds}")
-    return score(path, ds, where, a)
 
 
 def _cells(state: dict, row: str) -> list[dict]:

@@ -142,8 +142,9 @@ _TOP = re.compile(r"Same top p:\s*([0-9.]+)\s*±\s*([0-9.]+)")
 _BASE_PPL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 
 
-def score(gguf_file: Path, ds: str, work: Path, a: argparse.Namespace) -> dict:
-    """llama-perplexity's perplexity and KL(F32 ‖ file) on `chunks` × 512 tokens of one text."""
+def score(gguf_file: Path, ds: str, work: Path, a: argparse.Namespace, logs: Path | None = None) -> dict:
+    """llama-perplexity's perplexity and KL(F32 ‖ file) on `chunks` × 512 tokens of one text; the F32 file and its
+    saved logits in `work`, the quantized file's log in `logs` (default `work`)."""
     chunks = a.wiki_chunks if ds == "wiki" else a.ts_chunks
     base = work / f"base-{ds}-{chunks}.kld"
     common = ["-c", "512", "-b", "512", "--chunks", str(chunks), "-t", str(a.threads)]
@@ -156,7 +157,7 @@ def score(gguf_file: Path, ds: str, work: Path, a: argparse.Namespace) -> dict:
         if gguf_file == f32:
             return {"ppl": float(m[1]), "ppl_se": float(m[2]), "kl": 0.0, "kl_se": 0.0, "positions": chunks * 256}
     text = run([TOOLS / "llama-perplexity", "-m", gguf_file, *common, "--kl-divergence-base", base, "--kl-divergence"],
-               work / f"{gguf_file.stem}-{ds}.score.log")  # fmt: skip
+               (logs or work) / f"{gguf_file.stem}-{ds}.score.log")  # fmt: skip
     p, k, top = _PPL.search(text), _KLD.search(text), _TOP.search(text)
     return {"ppl": float(p[1]), "ppl_se": float(p[2]), "kl": float(k[1]), "kl_se": float(k[2]),
             "same_top": float(top[1]), "positions": chunks * 256}  # fmt: skip

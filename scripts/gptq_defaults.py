@@ -185,8 +185,9 @@ def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple
         return
     parent = is_parent(row)  # one parent per (row, group, seed), each width scored as its slice
     out = work / (f"{row}-g{gs}-seed{seed}" if parent else key.replace("/", "-"))
-    siblings = [k for k in state["runs"] if parent and k.startswith(f"{row}/g{gs}/") and k.endswith(f"/seed{seed}")]
-    made = next((state["runs"][k]["quant"] for k in siblings if state["runs"][k].get("quant", {}).get("ok")), None)
+    widths = {int(k.split("/")[2]): r for k, r in state["runs"].items()  # this parent's widths so far
+              if parent and k.startswith(f"{row}/g{gs}/") and k.endswith(f"/seed{seed}")}  # fmt: skip
+    made = next((r["quant"] for r in widths.values() if r.get("quant", {}).get("ok")), None)
     if not (done.get("quant", {}).get("ok") and out.is_dir()):
         q = made if made and out.is_dir() else quantize(row, key, a, gs, bits, seed, ids_file, out)
         done = state["runs"][key] = {"quant": q}
@@ -195,8 +196,7 @@ def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple
           flush=True)  # fmt: skip
     if q["ok"]:
         done["eval"] = evaluate(out, *scoring[:3], a, scoring[3], bits if parent else None)
-        scored = {int(k.split("/")[2]) for k, r in state["runs"].items()
-                  if k.startswith(f"{row}/g{gs}/") and k.endswith(f"/seed{seed}") and "eval" in r}  # fmt: skip
+        scored = {b for b, r in {**widths, bits: done}.items() if "eval" in r}
         if not a.keep and not (parent and set(a.widths) - scored):  # a parent: once its last width is scored
             shutil.rmtree(out, ignore_errors=True)
 

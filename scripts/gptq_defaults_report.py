@@ -144,8 +144,8 @@ def _default_parent() -> str | None:
     from matgptq.quantization.config import METHOD_DEFAULTS, Method
 
     want = {**ALL, **{k: v for k, v in METHOD_DEFAULTS[Method.MATGPTQ].items() if k in ALL}}
-    return next((r for r in ROWS if is_parent(r) and {**ALL, **ROWS[r]} | {"method": None} == want | {"method": None}),
-                None)  # fmt: skip
+    spelled = lambda r: {**ALL, **{k: v for k, v in ROWS[r].items() if k != "method"}}  # noqa: E731
+    return next((r for r in ROWS if is_parent(r) and spelled(r) == want), None)
 
 
 def readme_block(data: dict) -> str:

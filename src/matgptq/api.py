@@ -43,7 +43,7 @@ def quantize(
     model: str | Path, out: str | Path, *, calib: str | Path | list[str] | None = None, method: str = "gptq",
     bits=None, bits_config: WidthSpec | None = None, master_bits: int | None = None, bit_weights=None,
     calib_range: tuple[float, float] = (0.0, 1.0),
-    nsamples: int = 128, seqlen: int = 256, seed: int = 0, overwrite: bool = False, progress: bool = True,
+    nsamples: int = CalibConfig.nsamples, seqlen: int = CalibConfig.seqlen, seed: int = 0, overwrite: bool = False, progress: bool = True,
     dtype: str = "auto", resume: bool = False, device: str = "auto", stream: bool | None = None,
     shard_bytes: int = SHARD_BYTES, **options,
 ) -> tuple[Path, list[LayerReport]]:  # fmt: skip

@@ -19,7 +19,7 @@ from .models import quiet_loggers
 
 def build_parser() -> argparse.ArgumentParser:
     from .formats.staged import SHARD_BYTES
-    from .quantization.config import GGUF_BLOCK, MASTER_BIT_WEIGHT, QuantConfig, Target, Variant
+    from .quantization.config import GGUF_BLOCK, MASTER_BIT_WEIGHT, CalibConfig, QuantConfig, Target, Variant
     from .formats.gguf import KQuantType
 
     p = argparse.ArgumentParser(prog="matgptq", description=__doc__)
@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="quantize all Linears of a block from the same inputs")  # fmt: skip
     q.add_argument("--calib", help="calibration text file (UTF-8); required except for --method rtn")
     q.add_argument("--calib-range", type=fraction_range, default="0:1", help="character range START:END of --calib")
-    q.add_argument("--nsamples", type=int, default=128, help="number of calibration windows")
-    q.add_argument("--seqlen", type=int, default=256, help="tokens per calibration window")
+    q.add_argument("--nsamples", type=int, default=CalibConfig.nsamples, help="number of calibration windows")
+    q.add_argument("--seqlen", type=int, default=CalibConfig.seqlen, help="tokens per calibration window")
     q.add_argument("--seed", type=int, default=0, help="seed for drawing the windows")
     q.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="model dtype while calibrating, and of the unquantized tensors written (auto: the model's "
