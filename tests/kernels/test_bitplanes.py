@@ -41,4 +41,14 @@ def test_a_layout_keeps_only_the_planes_its_widths_need():
     with pytest.raises(UserError, match="cannot serve 9 bits"):
         NestedLayout.build(q, widths=(9,))
     with pytest.raises(UserError, match="already a 3-bit slice"):
-        NestedLayout.build(q.slice(3))
+        NestedLayout.build(q.slice(3), widths=(3, 4))
+
+
+@pytest.mark.parametrize("bits", [2, 3, 5, 8])
+def test_a_slice_layout_is_its_r_planes_exactly(bits):
+    q = parent(24, 200, 64, True, width_scales=True, seed=bits)
+    layout = NestedLayout.build(q.slice(bits))
+    assert layout.planes.shape[0] == bits and layout.sliced == (bits < 8)
+    assert layout.widths == ((bits,) if bits < 8 else tuple(range(1, 9)))  # slice(c) is the parent itself
+    assert torch.equal(layout.slice_codes(bits), slice_codes(q.codes, 8, bits).to(torch.int32))
+    assert torch.equal(layout.dequantize(bits), q.slice(bits).dequantize())

@@ -6,18 +6,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
 @triton.jit
 def _weight_tile(planes, scales, zeros, offs_k, offs_n, K, N, K32,
-                 BITS: tl.constexpr, C: tl.constexpr, GS: tl.constexpr):  # fmt: skip
-    """The float32 weight tile [BLOCK_K, BLOCK_N] of width BITS (module doc)."""
+                 BITS: tl.constexpr, C: tl.constexpr, GS: tl.constexpr, CARRY: tl.constexpr):  # fmt: skip
+    """The float32 weight tile [BLOCK_K, BLOCK_N] of width BITS, any group size (triton_nested.py, generic path)."""
     mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
     word = (offs_k // 32)[:, None] * N + offs_n[None, :]
     bit = (offs_k % 32)[:, None]
     top = tl.zeros(word.shape, dtype=tl.int32)
     for p in tl.static_range(BITS):
         top = (top << 1) | ((tl.load(planes + p * K32 * N + word, mask=mask, other=0) >> bit) & 1)
-    if BITS < C:
+    if CARRY and BITS < C:
         top = top + ((tl.load(planes + BITS * K32 * N + word, mask=mask, other=0) >> bit) & 1)
         top = tl.minimum(top, (1 << BITS) - 1)
     g = (offs_k // GS)[:, None] * N + offs_n[None, :]
@@ -27,34 +26,112 @@ def _weight_tile(planes, scales, zeros, offs_k, offs_n, K, N, K32,
 
 
 @triton.jit
-def gemv(x, planes, scales, zeros, y, K, N, K32, BITS: tl.constexpr, C: tl.constexpr, GS: tl.constexpr,
+def _word_masks(planes, word, mask, K32, N, BITS: tl.constexpr, C: tl.constexpr, CARRY: tl.constexpr):
+    """The carry plane's words with the saturated columns cleared (triton_nested.py), [BLOCK_W, BLOCK_N] int32."""
+    sat = tl.full(word.shape, -1, dtype=tl.int32)
+    for p in tl.static_range(BITS):
+        sat = sat & tl.load(planes + p * K32 * N + word, mask=mask, other=0)
+    carry = tl.zeros(word.shape, dtype=tl.int32)
+    if CARRY and BITS < C:
+        carry = tl.load(planes + BITS * K32 * N + word, mask=mask, other=0) & ~sat
+    return carry
+
+
+@triton.jit
+def _lanes(planes, word, mask, carry, b, K32, N, BITS: tl.constexpr, LANES: tl.constexpr):
+    """S of the columns 32w + LB·j + b in lane j of each int32 of [BLOCK_W, BLOCK_N] (Horner over the planes)."""
+    s = tl.zeros(word.shape, dtype=tl.int32)
+    for p in tl.static_range(BITS):
+        s = (s << 1) | ((tl.load(planes + p * K32 * N + word, mask=mask, other=0) >> b) & LANES)
+    return s + ((carry >> b) & LANES)
+
+
+@triton.jit
+def _lane_float(s, j: tl.constexpr, LB: tl.constexpr):
+    """Lane j of s as float32 (the float 2^23 + lane is the bit pattern 0x4B000000 | lane: exact)."""
+    v = ((s >> (LB * j)) & ((1 << LB) - 1)) | 0x4B000000
+    return v.to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def gemv(x, planes, scales, zeros, y, M, K, N, K32, BITS: tl.constexpr, C: tl.constexpr, GS: tl.constexpr,
+         CARRY: tl.constexpr, WORDS: tl.constexpr, LB: tl.constexpr, LANES: tl.constexpr, SPLIT_K: tl.constexpr,
          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    pid_n, m = tl.program_id(0), tl.program_id(1)
+    """One row m of x against BLOCK_N outputs; the word path keeps every tensor [BLOCK_K / 32, BLOCK_N]."""
+    pid_n, m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        xv = tl.load(x + m * K + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-        w = _weight_tile(planes, scales, zeros, offs_k, offs_n, K, N, K32, BITS, C, GS)
-        acc += tl.sum(xv[:, None] * w, axis=0)
-    tl.store(y + m * N + offs_n, acc.to(y.dtype.element_ty), mask=offs_n < N)
+    for k0 in range(pid_k * BLOCK_K, K, SPLIT_K * BLOCK_K):
+        if WORDS:  # per word: Σ_k x·s·(S·2^h − z) = s·(2^h·Σ_k x·S − z·Σ_k x) (triton_nested.py)
+            offs_w = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            mask = (offs_w[:, None] < K32) & (offs_n[None, :] < N)
+            word = offs_w[:, None] * N + offs_n[None, :]
+            carry = _word_masks(planes, word, mask, K32, N, BITS, C, CARRY)
+            part = tl.zeros(word.shape, dtype=tl.float32)
+            xs = tl.zeros((BLOCK_K // 32,), dtype=tl.float32)
+            for b in tl.static_range(LB):
+                s = _lanes(planes, word, mask, carry, b, K32, N, BITS, LANES)
+                for j in tl.static_range(32 // LB):
+                    cols = offs_w * 32 + LB * j + b
+                    xv = tl.load(x + m * K + cols, mask=cols < K, other=0.0).to(tl.float32)
+                    xs += xv
+                    part += xv[:, None] * _lane_float(s, j, LB)
+            g = (offs_w * 32 // GS)[:, None] * N + offs_n[None, :]
+            sc = tl.load(scales + g, mask=mask, other=0.0).to(tl.float32)
+            z = tl.load(zeros + g, mask=mask, other=0).to(tl.float32)
+            acc += tl.sum(sc * (part * (1 << (C - BITS)) - z * xs[:, None]), axis=0)
+        else:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x + m * K + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+            w = _weight_tile(planes, scales, zeros, offs_k, offs_n, K, N, K32, BITS, C, GS, CARRY)
+            acc += tl.sum(xv[:, None] * w, axis=0)
+    if SPLIT_K == 1:
+        tl.store(y + m * N + offs_n, acc.to(y.dtype.element_ty), mask=offs_n < N)
+    else:  # y is a zeroed float32 buffer
+        tl.atomic_add(y + m * N + offs_n, acc, mask=offs_n < N)
 
 
 @triton.jit
 def gemm(x, planes, scales, zeros, y, M, K, N, K32, BITS: tl.constexpr, C: tl.constexpr, GS: tl.constexpr,
-         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+         CARRY: tl.constexpr, WORDS: tl.constexpr, LB: tl.constexpr, LANES: tl.constexpr, BLOCK_M: tl.constexpr,
+         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """BLOCK_M rows against BLOCK_N outputs; the word path makes one product per lane (j, b): x's columns
+    32w + LB·j + b [BLOCK_M, BLOCK_K / 32] times that lane's weights [BLOCK_K / 32, BLOCK_N] (BLOCK_K ≥ 512)."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        xt = tl.load(x + offs_m[:, None] * K + offs_k[None, :], mask=(offs_m[:, None] < M) & (offs_k[None, :] < K),
-                     other=0.0)  # fmt: skip
-        w = _weight_tile(planes, scales, zeros, offs_k, offs_n, K, N, K32, BITS, C, GS).to(xt.dtype)
-        if IEEE:
-            acc += tl.dot(xt, w, input_precision="ieee")
+        if WORDS:
+            offs_w = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            mask = (offs_w[:, None] < K32) & (offs_n[None, :] < N)
+            word = offs_w[:, None] * N + offs_n[None, :]
+            carry = _word_masks(planes, word, mask, K32, N, BITS, C, CARRY)
+            g = (offs_w * 32 // GS)[:, None] * N + offs_n[None, :]
+            sc = tl.load(scales + g, mask=mask, other=0.0).to(tl.float32)
+            z = tl.load(zeros + g, mask=mask, other=0).to(tl.float32)
+            for b in tl.static_range(LB):
+                s = _lanes(planes, word, mask, carry, b, K32, N, BITS, LANES)
+                for j in tl.static_range(32 // LB):
+                    cols = offs_w * 32 + LB * j + b
+                    xt = tl.load(x + offs_m[:, None] * K + cols[None, :],
+                                 mask=(offs_m[:, None] < M) & (cols[None, :] < K), other=0.0)  # fmt: skip
+                    w = sc * (_lane_float(s, j, LB) * (1 << (C - BITS)) - z)
+                    acc = _dot(acc, xt, w, IEEE)
         else:
-            acc += tl.dot(xt, w)
+            cols = k0 + tl.arange(0, BLOCK_K)
+            xt = tl.load(x + offs_m[:, None] * K + cols[None, :], mask=(offs_m[:, None] < M) & (cols[None, :] < K),
+                         other=0.0)  # fmt: skip
+            acc = _dot(acc, xt, _weight_tile(planes, scales, zeros, cols, offs_n, K, N, K32, BITS, C, GS, CARRY), IEEE)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(y + offs_m[:, None] * N + offs_n[None, :], acc.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dot(acc, xt, w, IEEE: tl.constexpr):
+    """acc + xt · w, w cast to x's dtype (float32 products exact in the interpreter's tests: IEEE)."""
+    if IEEE:
+        acc += tl.dot(xt, w.to(xt.dtype), input_precision="ieee")
+    else:
+        acc += tl.dot(xt, w.to(xt.dtype))
+    return acc

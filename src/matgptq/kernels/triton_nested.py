@@ -6,10 +6,29 @@ do (module doc of bitplanes.py):
     S = min(Σ_{p<r} plane_p · 2^(r−1−p) + plane_r, 2^r − 1),   w = s_r[g, n] · (S · 2^(c−r) − z[g, n]),  g = k // gs
 
 in float32 (exact: an fp16 scale times an integer below 2^9), and read r + 1 bits per weight from memory, never the
-other planes. `nested_gemv` (batch 1–8: one program per (row of x, BLOCK_N outputs), a multiply-and-reduce on CUDA
-cores, which is what a memory-bound GEMV wants) and `nested_gemm` (tl.dot on BLOCK_M × BLOCK_N tiles, the weight
-tile cast to x's dtype, float32 accumulation). On a GPU x is float16/bfloat16; in the interpreter (TRITON_INTERPRET=1,
-CPU tensors) float32 works too, which the tests use to separate the layout (exact) from the accumulation order.
+other planes (a slice's layout: its r planes, no carry). GEMV (one row of x: one program per BLOCK_N outputs and
+K share, a multiply-and-reduce on CUDA cores, which is what a memory-bound GEMV wants) and GEMM (tl.dot on
+BLOCK_M × BLOCK_N tiles, the weight tile cast to x's dtype, float32 accumulation). On a GPU x is float16/bfloat16;
+in the interpreter (TRITON_INTERPRET=1, CPU tensors) float32 works too, which the tests use to separate the layout
+(exact) from the accumulation order.
+
+Where every group is whole words (group size a multiple of 32, `WORDS`), both kernels decode 32 columns per int32
+word of each plane at once, in lanes of LB bits (LB = 4 for r ≤ 4, else 8; S < 2^r fits a lane): column 32w + LB·j + b
+is bit LB·j + b of word w, i.e. bit 0 of lane j of (word >> b), so for each b the r planes compose S of 32/LB columns
+by Horner's rule, s = (s << 1) | ((plane >> b) & 0x1111…), one shift and one mask-or per plane and word. The
+saturation needs no per-column branch: the carry plane is first ANDed with the complement of the AND of the r top
+planes, which is all ones exactly where the top bits are. The float 2^23 + lane is the bit pattern 0x4B000000 | lane.
+GEMV then sums per word
+
+    Σ_{k ∈ word} x_k·s·(S_k·2^h − z) = s·(2^h·Σ_k x_k·S_k − z·Σ_k x_k),   h = c − r,
+
+one scale multiply per word instead of per weight (its rounding: |fl − exact| ≤ γ_{K+8}·Σ_k |x_k|·s·(S_k·2^h + z),
+tests/kernels/test_triton_nested.py). Every tensor is [BLOCK_K / 32, BLOCK_N] (one row per word): for each lane
+(b, j) the kernels gather x's columns 32w + LB·j + b, GEMV multiplying and adding, GEMM making one tl.dot of those
+columns (≥ 16 words, so BLOCK_K ≥ 512) with the lane's scaled weights. (A first version held the block as
+[words, LB, lanes, BLOCK_N] tensors and ran 5× slower on an H100: docs/results/gpu.json.) Other group sizes take the
+generic path, one bit per column and plane, with a K block of at most 64.
+`split_k` > 1 lets GEMV's programs share K (float32 atomic adds into a zeroed buffer), for few output rows.
 
 Triton is imported on first use (the `kernels` extra); the interpreter is chosen by triton itself from
 TRITON_INTERPRET when triton is first imported, so set it before anything imports triton.
@@ -19,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from dataclasses import dataclass
 from enum import Enum
 
 import torch
@@ -26,7 +46,10 @@ import torch
 from ..errors import UserError
 from .bitplanes import NestedLayout
 
-GEMV_MAX_ROWS = 8  # rows of x up to which Kernel.AUTO takes the GEMV kernel
+# Measured by make gpu-check (docs/results/gpu.json, H100): at 8192², 4 bits, GEMV takes 39 µs at one row and GEMM
+# 82 µs at 4 rows against GEMV's 113 (GEMV decodes the weight once per row); so GEMV serves one row only.
+GEMV_MAX_ROWS = 1  # rows of x up to which Kernel.AUTO takes the GEMV kernel (one program per row and BLOCK_N)
+GENERIC_BLOCK_K = 64  # the generic path's K block at most (a GEMM tile [512, 32] needed 512 KB of shared memory)
 
 
 class NestedKernel(str, Enum):
@@ -42,7 +65,8 @@ def interpreting() -> bool:
 def _kernels():
     """(triton, gemv, gemm). Triton picks interpreter or compiler when a function is decorated (TRITON_INTERPRET at
     import), so _triton_src is re-imported when that choice no longer matches the environment; triton.language's own
-    helpers are decorated when triton is first imported, so TRITON_INTERPRET must be set before that (tests/conftest)."""
+    helpers are decorated when triton is first imported, so TRITON_INTERPRET must be set before that
+    (tests/conftest)."""
     try:
         import triton
         from triton.runtime.interpreter import InterpretedFunction
@@ -57,8 +81,24 @@ def _kernels():
     return triton, _triton_src.gemv, _triton_src.gemm
 
 
+@dataclass(frozen=True)
+class Tiles:
+    """Launch parameters of the kernels (block sizes in outputs N, columns K and rows M; K blocks a multiple of 32)."""
+
+    block_n: int = 64
+    block_k: int = 64
+    block_m: int = 16
+    split_k: int = 1
+    num_warps: int = 4
+    words: bool = True  # decode whole plane words where the groups allow (module doc); False: the generic path
+
+
+# The fastest correct candidates of make gpu-check's sweep (docs/results/gpu.json, H100, 8192², 4 bits)
+DEFAULT_TILES = {NestedKernel.GEMV: Tiles(32, 256, split_k=4), NestedKernel.GEMM: Tiles(64, 512, 16)}
+
+
 def nested_matmul(x: torch.Tensor, layout: NestedLayout, bits: int, kernel: NestedKernel = NestedKernel.AUTO,
-                  block_n: int = 64, block_k: int = 64, block_m: int = 16) -> torch.Tensor:  # fmt: skip
+                  tiles: Tiles | None = None) -> torch.Tensor:  # fmt: skip
     """x [..., K] → x Ŵ_rᵀ [..., N] through the Triton kernels (CUDA tensors, or any under TRITON_INTERPRET=1)."""
     layout.check(bits)
     if not x.is_cuda and not interpreting():
@@ -73,20 +113,32 @@ def nested_matmul(x: torch.Tensor, layout: NestedLayout, bits: int, kernel: Nest
     if layout.perm is not None:
         x2 = x2.index_select(1, layout.perm.to(x2.device))
     x2 = x2.contiguous()
-    m, k, n = x2.shape[0], layout.in_features, layout.out_features
-    dev = x2.device
-    planes, zeros = layout.planes.to(dev), layout.zeros.to(dev)
-    scales = layout.scale(bits).to(dev)
-    y = torch.empty(m, n, dtype=x.dtype, device=dev)
+    m, n = x2.shape[0], layout.out_features
     kernel = NestedKernel(kernel)
     if kernel == NestedKernel.AUTO:
         kernel = NestedKernel.GEMV if m <= GEMV_MAX_ROWS else NestedKernel.GEMM
-    common = dict(BITS=bits, C=layout.master_bits, GS=layout.group_size)
+    t = tiles or DEFAULT_TILES[kernel]
+    if t.block_k % 32:
+        raise UserError(f"block_k must be a multiple of 32 (one plane word), not {t.block_k}")
+    # the word path: whole-word groups; GEMM's products need ≥ 16 words (tl.dot's K) per lane
+    words = t.words and layout.group_size % 32 == 0 and (kernel == NestedKernel.GEMV or t.block_k >= 512)
+    dev = x2.device
+    planes, zeros, scales = layout.planes.to(dev), layout.zeros.to(dev), layout.scale(bits).to(dev)
+    lb = 4 if bits <= 4 else 8
+    # the generic path holds a float tile [BLOCK_K, BLOCK_N]: a word path's long K block would overflow shared memory
+    block_k = t.block_k if words else min(t.block_k, GENERIC_BLOCK_K)
+    common = dict(BITS=bits, C=layout.master_bits, GS=layout.group_size, CARRY=layout.carry, WORDS=words, LB=lb,
+                  LANES=0x11111111 if lb == 4 else 0x01010101, BLOCK_N=t.block_n, BLOCK_K=block_k,
+                  num_warps=t.num_warps)  # fmt: skip
+    args = (x2, planes, scales, zeros)
     if kernel == NestedKernel.GEMV:
-        gemv[(triton.cdiv(n, block_n), m)](x2, planes, scales, zeros, y, k, n, planes.shape[1], BLOCK_N=block_n,
-                                            BLOCK_K=block_k, **common)  # fmt: skip
+        y = torch.empty(m, n, dtype=x.dtype, device=dev) if t.split_k == 1 else torch.zeros(m, n, device=dev)
+        gemv[(triton.cdiv(n, t.block_n), m, t.split_k)](*args, y, m, layout.in_features, n, planes.shape[1],
+                                                          SPLIT_K=t.split_k, **common)  # fmt: skip
+        y = y.to(x.dtype)
     else:
-        grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-        gemm[grid](x2, planes, scales, zeros, y, m, k, n, planes.shape[1], BLOCK_M=block_m, BLOCK_N=block_n,
-                   BLOCK_K=block_k, IEEE=x2.dtype == torch.float32, **common)  # fmt: skip
+        y = torch.empty(m, n, dtype=x.dtype, device=dev)
+        grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n))
+        gemm[grid](*args, y, m, layout.in_features, n, planes.shape[1], BLOCK_M=t.block_m,
+                   IEEE=x2.dtype == torch.float32, **common)  # fmt: skip
     return y.view(*shape[:-1], n)
