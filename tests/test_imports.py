@@ -20,13 +20,13 @@ RANK: dict[str, int] = {
     "execution": 1,  # devices, torch.distributed helpers, tables: used by every stage (imports only errors)
     "argtypes": 2,  # the commands' argument types (--device's help comes from execution)
     "models": 1, "formats": 1,  # the Hugging Face side; bytes on disk (each with its reader and writer)
-    "quantization": 2, "runtime": 2,  # model → parent; parent or slice → a model that runs
-    "kernels": 2,  # GPU layouts and Triton kernels for a parent (beside runtime: reads formats only)
-    "evaluation": 3,  # scores of a loaded model, and the tables that report them
-    "integrations": 3,  # matgptq inside other engines (transformers' from_pretrained): uses runtime
-    "export": 4,  # GPTQ / GGUF writers (their reports use evaluation's tables)
-    "search": 4,  # per-layer mixes of a parent under a budget (scores candidates with evaluation's KL)
-    "api": 5, "cli": 5, "__main__": 5, "": 5,  # the entry points: only these import everything
+    "kernels": 2,  # GPU layouts and Triton kernels for a parent (reads formats only; runtime serves with them)
+    "quantization": 3, "runtime": 3,  # model → parent; parent or slice → a model that runs
+    "evaluation": 4,  # scores of a loaded model, and the tables that report them
+    "integrations": 4,  # matgptq inside other engines (transformers' from_pretrained): uses runtime
+    "export": 5,  # GPTQ / GGUF writers (their reports use evaluation's tables)
+    "search": 5,  # per-layer mixes of a parent under a budget (scores candidates with evaluation's KL)
+    "api": 6, "cli": 6, "__main__": 6, "": 6,  # the entry points: only these import everything
 }  # fmt: skip
 
 Edge = tuple[str, str, int]  # (importer, imported, line)

@@ -1,20 +1,25 @@
 """`load()`: a transformers model computing with the (sliced) quantized weights, and width switching in memory.
 
-The model is an ordinary transformers model whose quantized Linear weights are replaced by the exact dequantized
-values (float32 arithmetic, cast to the model dtype), or, packed (the default for bfloat16 models on CPU-only
-machines, `packed_wins`), by PackedLinear modules that keep the codes packed and compute from them. The parent's
-integer data stays attached as `model.matgptq`, so `set_bits(model, 3)` re-slices without touching the file.
+The model is an ordinary transformers model whose quantized Linear weights are, by `Packing`: DENSE, the exact
+dequantized values (float32 arithmetic, cast to the model dtype); CPU (the default for bfloat16 models on CPU-only
+machines, `packed_wins`), PackedLinear modules that keep the codes packed and compute from them (runtime/packed.py);
+NESTED (the default on a GPU), NestedLinear modules holding bit planes for the nested Triton kernels
+(runtime/nested.py), with a dense fallback for layers they cannot hold. The parent's integer data stays attached as
+`model.matgptq`, so `set_bits(model, 3)` re-slices without touching the file.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..errors import UserError
+from ..execution import resolve_device
 from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_checkpoint
 from ..formats.mix import WidthSpec, read_mix
 from ..untrusted import read_json
@@ -22,7 +27,16 @@ from ..models import (
     LOAD_ERRORS, arch_spec, load_fp_model, loader_quiet, require_model_dir, resolve_model, set_weight_matrix,
     weight_matrix,
 )  # fmt: skip
+from .nested import NestedLinear, Resident, kernels_missing, resident_choice
 from .packed import PackedLinear
+
+
+class Packing(str, Enum):
+    """What a quantized layer of a loaded model is."""
+
+    DENSE = "dense"  # the model's own module with the exact dequantized float weight
+    CPU = "cpu"  # PackedLinear: packed codes, torch's int4 CPU kernel or the exact bit stream (runtime/packed.py)
+    NESTED = "nested"  # NestedLinear: bit planes for the nested Triton kernels, on the GPU (runtime/nested.py)
 
 
 @dataclass
@@ -31,7 +45,19 @@ class QuantizedState:
 
     checkpoint: Checkpoint
     bits: dict[str, int]
-    packed: bool = False  # quantized layers are PackedLinear modules (runtime/packed.py)
+    packing: Packing | bool = Packing.DENSE  # a bool is the former `packed` flag: True = Packing.CPU
+    resident: Resident | str = Resident.SLICE  # what a NESTED layer holds (runtime/nested.py)
+    dense: dict[str, str] = field(default_factory=dict)  # NESTED layers that run dense instead: name → why
+
+    def __post_init__(self) -> None:
+        if isinstance(self.packing, bool):
+            self.packing = Packing.CPU if self.packing else Packing.DENSE
+        self.packing, self.resident = Packing(self.packing), resident_choice(self.resident)
+
+    @property
+    def packed(self) -> bool:
+        """Whether the quantized layers keep their codes packed (CPU or NESTED)."""
+        return self.packing is not Packing.DENSE
 
     @property
     def layers(self):
@@ -64,11 +90,42 @@ def set_bits(model, bits: WidthSpec | None) -> None:
         if state.bits.get(name) == r:
             continue
         module = model.get_submodule(name)
-        if state.packed:  # re-packed from the parent in memory
+        if state.packing is Packing.CPU:  # re-packed from the parent in memory
             model.set_submodule(name, PackedLinear(state.layers[name].slice(r), module.bias, dtype))
+        elif state.packing is Packing.NESTED and name not in state.dense:
+            _set_nested(model, name, state, r, dtype)
         else:
             set_weight_matrix(module, spec, state.layers[name].slice(r).dequantize(dtype))
     state.bits = widths
+
+
+def _set_nested(model, name: str, state: QuantizedState, bits: int, dtype: torch.dtype) -> None:
+    """Layer `name` at `bits` on the nested kernels: PARENT switches in place; otherwise the layer is built on the CPU
+    from the parent in memory and moved where the layer was. One the layout cannot hold (a UserError of
+    NestedLayout.build, e.g. uneven groups) is recorded in `state.dense` and set dense."""
+    module = model.get_submodule(name)
+    if isinstance(module, NestedLinear) and module.resident is Resident.PARENT:
+        module.set_width(bits)
+        return
+    device = module.planes.device if isinstance(module, NestedLinear) else module.weight.device
+    q = state.layers[name]
+    try:
+        layer = NestedLinear(q, bits, module.bias, dtype, state.resident)
+    except UserError as e:
+        state.dense[name] = str(e)
+        set_weight_matrix(module, arch_spec(model.config.model_type), q.slice(bits).dequantize(dtype))
+        return
+    model.set_submodule(name, layer.to(device))
+
+
+def dense_notice(state: QuantizedState) -> str | None:
+    """The one line saying which NESTED layers run dense and why (None when all run on the kernels)."""
+    if not state.dense:
+        return None
+    reasons = list(dict.fromkeys(state.dense.values()))
+    more = f" (and {len(reasons) - 1} other reason(s))" if len(reasons) > 1 else ""
+    return (f"matgptq: {len(state.dense)} of {len(state.layers)} quantized layers run dense (float weights), not on "
+            f"the nested kernels: {reasons[0]}{more}")  # fmt: skip
 
 
 def _config(ckpt: Checkpoint):
@@ -103,15 +160,24 @@ def check_layers(ckpt: Checkpoint, model, spec) -> None:
                             f"{list(shape) if shape else 'no such Linear'}; re-create the checkpoint")  # fmt: skip
 
 
-def attach(model, ckpt: Checkpoint, bits: WidthSpec | None, packed: bool) -> None:
-    """Give `model` (whose unquantized tensors are loaded) the checkpoint's quantized layers at `bits`, packed or as
-    float weights, and keep the integer data as `model.matgptq` for `set_bits`."""
+def attach(model, ckpt: Checkpoint, bits: WidthSpec | None, packed: bool | Packing,
+           resident: Resident | str = Resident.SLICE) -> None:  # fmt: skip
+    """Give `model` (whose unquantized tensors are loaded) the checkpoint's quantized layers at `bits` (`packed`: a
+    Packing, or a bool, True = Packing.CPU), and keep the integer data as `model.matgptq` for `set_bits`. NESTED
+    layers are built where the model's Linears are, one at a time; without Triton, or for layers the nested layout
+    cannot hold, they stay dense and one line on stderr says how many and why."""
     spec = arch_spec(model.config.model_type)
-    if packed and spec.conv1d:
+    state = QuantizedState(ckpt, {}, packed, resident)
+    if state.packed and spec.conv1d:
         raise UserError(f"packed layers hold nn.Linear weights; {model.config.model_type} uses Conv1D: load it with "
                         "packed=False")  # fmt: skip
-    model.matgptq = QuantizedState(ckpt, {}, packed)
+    if state.packing is Packing.NESTED and (why := kernels_missing()):
+        state.dense = dict.fromkeys(ckpt.layers, why)
+    model.matgptq = state
     set_bits(model, bits)
+    notice = dense_notice(state) if state.packing is Packing.NESTED else None
+    if notice:
+        print(notice, file=sys.stderr)
 
 
 def default_packed(packed: bool | None, dtype: torch.dtype, model_type: str) -> bool:
@@ -119,8 +185,25 @@ def default_packed(packed: bool | None, dtype: torch.dtype, model_type: str) -> 
     return packed_wins(dtype) and not arch_spec(model_type).conv1d if packed is None else packed
 
 
+def default_packing(packed: bool | Packing | None, dtype: torch.dtype, model_type: str,
+                    device: torch.device) -> Packing:  # fmt: skip
+    """A Packing as given; else on the CPU `default_packed`'s choice (True = Packing.CPU), on a GPU NESTED unless
+    packed=False (packed=None: NESTED for nn.Linear models, DENSE for Conv1D ones, which packed layers cannot hold)."""
+    if isinstance(packed, Packing):
+        return packed
+    if device.type == "cpu":
+        return Packing.CPU if default_packed(packed, dtype, model_type) else Packing.DENSE
+    if packed is None:
+        packed = not arch_spec(model_type).conv1d
+    return Packing.NESTED if packed else Packing.DENSE
+
+
 def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dtype | None = None,
-                packed: bool | None = False):  # fmt: skip
+                packed: bool | Packing | None = False, device: torch.device | str | None = None,
+                resident: Resident | str = Resident.SLICE):  # fmt: skip
+    """The model of `ckpt` (load's work after the checkpoint is read): built on the CPU, its quantized layers set
+    (`default_packing`), then moved to `device` (None: the CPU), so a GPU receives the packed model only."""
+    device = resolve_device(device or "cpu")
     config = _config(ckpt)
     dtype = dtype or getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
@@ -147,8 +230,8 @@ def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dt
     check_layers(ckpt, model, spec)
     model.load_state_dict(ckpt.tensors, strict=False)
     model.tie_weights()
-    attach(model, ckpt, bits, default_packed(packed, dtype, config.model_type))
-    return model.eval()
+    attach(model, ckpt, bits, default_packing(packed, dtype, config.model_type, device), resident)
+    return model.to(device).eval()
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint | None:
@@ -156,7 +239,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint | None:
     p = Path(path)
     if is_checkpoint(p):
         return read_checkpoint(p)
-    config = read_json(require_model_dir(p) / "config.json", "the model directory is damaged; re-download or re-create it")
+    config = read_json(require_model_dir(p) / "config.json",
+                       "the model directory is damaged; re-download or re-create it")  # fmt: skip
     qc = config.get("quantization_config") or {}
     method = qc.get("quant_method") if isinstance(qc, dict) else "unknown"
     if method == "gptq":
@@ -166,7 +250,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint | None:
     return None
 
 
-def load(path: str | Path, bits: WidthSpec | None = None, dtype: torch.dtype | None = None, packed: bool | None = None):
+def load(path: str | Path, bits: WidthSpec | None = None, dtype: torch.dtype | None = None, packed: bool | None = None,
+         device: str | torch.device | None = None, resident: Resident | str | None = None):  # fmt: skip
     """A transformers causal LM (eval mode) from a matgptq parent/slice, a GPTQ checkpoint or an unquantized model:
     a local directory or a Hugging Face id `org/name[@revision]` (models/hub.py).
 
@@ -175,13 +260,27 @@ def load(path: str | Path, bits: WidthSpec | None = None, dtype: torch.dtype | N
     float matrix, outputs equal to the dense ones or within the int4 kernel's derived tolerance); `set_bits` re-packs
     from the parent held in memory. None (default): packed where that wins (`packed_wins`: bfloat16 without CUDA),
     dense float weights otherwise; True/False force it.
+    `device`: None or "cpu" (default) keeps the model on the CPU; "cuda", "cuda:i" (or "auto") builds it on the CPU
+    and moves it to that GPU, where quantized layers, unless packed=False, hold nested bit planes and compute with
+    the nested Triton kernels (runtime/nested.py), so the GPU receives the packed model only. A layer the kernels
+    cannot serve (uneven groups; every layer without Triton) runs dense, and one line on stderr says so.
+    `resident` (GPU, packed layers only): "slice" (default) holds the loaded width's planes alone, about r bits per
+    weight (`set_bits` rebuilds the layers from the parent in memory); "parent" holds all the parent's planes, so
+    `set_bits` switches any width in place without copying a weight.
     """
+    target = resolve_device(device or "cpu")
+    resident = None if resident is None else resident_choice(resident)
+    if resident is not None and (target.type == "cpu" or packed is False):
+        where = "packed=False keeps dense weights" if target.type != "cpu" else "the model loads on the CPU"
+        raise UserError(f"resident= chooses what a GPU's packed (nested-kernel) layers hold, and {where}: drop "
+                        "resident, or load with device='cuda' and packed left as None or True")  # fmt: skip
     path = resolve_model(path).path  # a Hugging Face id (org/name[@revision]) is resolved through its cache
     if not path.exists():
         raise UserError(f"{path} does not exist; give a model or checkpoint directory, or a Hugging Face id org/name")
     ckpt = open_checkpoint(path)
     if ckpt is None:
-        if bits is not None or packed:
-            raise UserError(f"{path} is not quantized; --bits and packed apply to matgptq/GPTQ checkpoints only")
-        return load_fp_model(path, dtype)
-    return build_model(ckpt, bits, dtype, packed)
+        if bits is not None or packed or resident is not None:
+            raise UserError(f"{path} is not quantized; --bits, packed and resident apply to matgptq/GPTQ checkpoints "
+                            "only")  # fmt: skip
+        return load_fp_model(path, dtype).to(target)
+    return build_model(ckpt, bits, dtype, packed, target, resident or Resident.SLICE)
