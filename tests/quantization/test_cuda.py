@@ -5,10 +5,17 @@ Tolerance, derived: the model is float32 on both devices, so the two runs differ
 tiling for the block forward and the Hessian X·Xᵀ, cuSOLVER's Cholesky). That perturbs each pre-rounding value
 x = w/s + z by a relative ~k·ε₃₂ (k ≤ 128 summands, ε₃₂ = 6e-8: ~1e-5), so a code flips when x lies within ~1e-5·|x|
 ≤ 3e-3 of a rounding boundary (|x| ≤ 255): probability ~6e-3 per weight at the 8-bit master width, far less at
-4 bits. GPTQ then feeds the changed error (one step, s) into the row's later columns, which can flip a few more in
-that row. Bounds: at most 2% of codes differ (≈3× the single-flip rate at 8 bits, for the cascades); every
-differing code is within 2 steps (a tie moves a code by one, a cascade by the fed-back fraction of one); and each
-layer's GPTQ objective (the reported relative error, a sum over all weights) within 5% of the CPU run's.
+4 bits. A flip then changes the error GPTQ feeds into the row's later columns, which can move a few of them by more
+than one step: on an H100 (make gpu-check, 2026-11-26) a 4-bit act-order layer had codes 4 steps apart and a
+MatGPTQ parent 11 master steps (a tie at its 3-bit width moves the master code by up to 2^(8−3) = 32), so the size of
+a difference bounds nothing. Nor does their number, with act-order: its column order is the sort of diag(H), and two
+near-equal diagonal entries swap under a float-order perturbation, which re-orders a whole layer's solve (measured:
+2.5% of codes differ on this test's act-order case on an H100, against 0.01% for plain GPTQ in scripts/
+gpu_bench_quantize.py's comparison; the MatGPTQ case here passed at ≤ 2%), and the differences feed the next
+blocks' inputs. What is bounded is the result: each layer's GPTQ objective (the reported relative error, a sum over
+all weights, which flipped ties and swapped near-equal columns move by a float-order amount) within 5% of the CPU
+run's (measured ≤ 0.9%), and the share of differing codes below 10% (a sanity bound: a device bug, such as a wrong
+Hessian or rounding, changes most codes).
 """
 
 from __future__ import annotations
@@ -44,9 +51,8 @@ def test_cuda_codes_agree_with_cpu(tmp_path, options):
         qb = b.layers[name]
         assert (qa.codes.shape, qa.scales.shape, qa.bits) == (qb.codes.shape, qb.scales.shape, qb.bits)
         steps = (qa.codes.long() - qb.codes.long()).abs()
-        assert int(steps.max()) <= 2, name
         differ, total = differ + int((steps > 0).sum()), total + steps.numel()
-    assert differ <= 0.02 * total, f"{differ} of {total} codes differ"
+    assert differ <= 0.10 * total, f"{differ} of {total} codes differ"
     ra, rb = (json.loads((d / "matgptq.json").read_text())["report"] for d in (cpu, cuda))
     for x, y in zip(ra, rb):
         for r, e in x["rel_error"].items():

@@ -45,7 +45,7 @@ def calibration_windows(tokens: torch.Tensor, nsamples: int, seqlen: int, seed: 
             "--nsamples/--seqlen"
         )
     gen = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, tokens.numel() - seqlen + 1, (nsamples,), generator=gen)
+    starts = torch.randint(0, tokens.numel() - seqlen + 1, (nsamples,), generator=gen, device=gen.device)
     return torch.stack([tokens[s : s + seqlen] for s in starts.tolist()])
 
 

@@ -137,6 +137,15 @@ def _on_cpu(q: QuantizedWeight) -> QuantizedWeight:
                    perm=None if q.perm is None else q.perm.cpu(), width_scales=scales)  # fmt: skip
 
 
+def _dequantized_on(q: QuantizedWeight, device: torch.device) -> torch.Tensor:
+    """`q.dequantize()` computed on `device` (a GPU: its codes copied there rather than the CPU computing and copying
+    a float32 matrix per layer). Elementwise products of exact operands: the same bits on every device."""
+    if q.codes.device == device:
+        return q.dequantize()
+    return replace(q, codes=q.codes.to(device), scales=q.scales.to(device), zeros=q.zeros.to(device),
+                   g_idx=q.g_idx.to(device), perm=None, width_scales=None).dequantize()  # fmt: skip
+
+
 @contextmanager
 def _outside_blocks_on(model: nn.Module, spec, device: torch.device, home: torch.device):
     """The modules outside the decoder blocks (embeddings, rotary tables, ...) on `device` for the duration, then
@@ -206,7 +215,8 @@ def _quantize_group(run: _Run, block: nn.Module, i: int, g: int, group: tuple[st
     if run.size > 1:
         results = share(results, owners)
     for name, (qw, report) in zip(group, results):
-        set_weight_matrix(block.get_submodule(name), spec, qw.dequantize())
+        module = block.get_submodule(name)
+        set_weight_matrix(module, spec, _dequantized_on(qw, module.weight.device))
         done[report.name] = qw
         reports.append(report)
         err_txt = " ".join(f"{r}b={e:.2e}" for r, e in report.rel_error.items())
