@@ -10,7 +10,7 @@ TEXT    := $(SHARED)/data/tinystories/tinystories_val_head.txt
 PINS    := $(abspath .ci/constraints.txt)
 PIP     := PIP_CONSTRAINT=$(PINS) $(BIN)/pip install -q --disable-pip-version-check -c $(PINS)
 
-.PHONY: venv demo test interop compat llama-cpp-tools real-model real-model-table search-real-model bench-venv bench bench-pipeline results clean
+.PHONY: venv demo test interop compat llama-cpp-tools real-model real-model-table search-real-model bench-venv bench bench-pipeline results gpu-check gpu-carry clean
 
 # torch is installed first and pinned (.ci/constraints.txt): 2.13.0 is a local CPU wheel; any other version
 # would pull gigabytes of CUDA wheels.
@@ -31,6 +31,17 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# Everything on one GPU in one run of a few minutes (scripts/gpu_check.py): the machine's own python3 (torch, triton,
+# transformers), PYTHONPATH=src, no venv and no install; writes docs/results/gpu.{json,md}. Without CUDA it runs the
+# same code on tiny shapes in Triton's interpreter (here with the venv's python when there is one) and measures nothing.
+# GPU_OUT: a folder that also receives gpu.json and the test log. `make gpu-carry` fills .gpu-carry/ (from ../shared).
+GPU_PY  ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-check:
+	PYTHONPATH=src $(GPU_PY) scripts/gpu_check.py $(if $(GPU_OUT),--out $(GPU_OUT))
+
+gpu-carry:
+	PYTHONPATH=src $(GPU_PY) scripts/gpu_check.py --prepare
 
 # Peer libraries for the interop tests (GPTQModel, optimum, compressed-tensors, llama-cpp-python; Triton for the kernel tests in its
 # CPU interpreter (the kernels extra); the last builds llama.cpp once,

@@ -1,13 +1,17 @@
 """Build a random-initialised Llama of a real configuration's shape on disk (bf16 safetensors shards), for the
-large-model benchmarks (issue #13): bench_big_model.py (Llama-3.2-1B's shape) and bench_gpu.py (Llama-3.1-8B's).
+large-model benchmarks (issue #13): bench_big_model.py (Llama-3.2-1B's shape) and gpu_bench_quantize.py
+(Llama-3.1-8B's, `make gpu-check`).
 
 Written block by block, one shard per decoder block plus one for the embeddings, final norm and (untied) lm_head,
 with Hugging Face's model.safetensors.index.json, so building an 8B model needs one block's memory, not 16 GB.
 Weights ~ N(0, initializer_range²) as transformers initialises Llama (norms 1); values are irrelevant to speed and
 memory, and GPTQ sees a well-conditioned Hessian. The tokenizer is SmolLM2's (49,152 ids, all below the vocabulary
-size). Outside the repository: by default under ~/.cache/matgptq/.
+size), copied from ~/.cache/matgptq/SmolLM2-135M-Instruct or `tokenizer` (a directory with its tokenizer files: a
+GPU machine without that cache gets them carried, scripts/gpu_bench_quantize.py). Outside the repository: by default
+under ~/.cache/matgptq/. `llama-tiny` is no published shape: a small Llama for a CPU dry run of the GPU benchmarks.
 
-    python scripts/random_llama.py {llama-3.2-1b|llama-3.1-8b} [--out DIR] [--layers N] [--seed S]
+    python scripts/random_llama.py {llama-3.2-1b|llama-3.1-8b|llama-tiny} [--out DIR] [--layers N] [--seed S]
+        [--tokenizer DIR]
 """
 
 from __future__ import annotations
@@ -30,11 +34,18 @@ SHAPES = {  # the published configs' shapes (meta-llama/Llama-3.2-1B, meta-llama
     "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                          num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False,
                          rope_theta=500000.0, max_position_embeddings=131072),  # fmt: skip
+    "llama-tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=32, vocab_size=49152, tie_word_embeddings=False,
+                       rope_theta=500000.0, max_position_embeddings=2048),  # fmt: skip
 }
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
-def build(name: str, out: Path | None = None, layers: int | None = None, seed: int = 0) -> Path:
-    """The model directory (built once; an existing complete one is reused)."""
+def build(name: str, out: Path | None = None, layers: int | None = None, seed: int = 0,
+          tokenizer: Path | None = None, device: str = "cpu") -> Path:  # fmt: skip
+    """The model directory (built once; an existing complete one is reused); its tokenizer files come from
+    `tokenizer` (default: SmolLM2's in ~/.cache/matgptq). `device`: where the random numbers are drawn ("cuda": in
+    seconds instead of a minute for an 8B shape; other values than the CPU's for the same seed)."""
     shape = dict(SHAPES[name], **({"num_hidden_layers": layers} if layers else {}))
     out = out or CACHE / f"random-{name}{f'-{layers}l' if layers else ''}"
     if (out / "model.safetensors.index.json").is_file():
@@ -44,12 +55,12 @@ def build(name: str, out: Path | None = None, layers: int | None = None, seed: i
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     h, f, v, d = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"], shape["head_dim"]
     q, kv = shape["num_attention_heads"] * d, shape["num_key_value_heads"] * d
 
     def normal(*size):
-        return (torch.randn(*size, generator=gen) * 0.02).to(torch.bfloat16)
+        return (torch.randn(*size, generator=gen, device=device) * 0.02).to(torch.bfloat16).cpu()
 
     n = shape["num_hidden_layers"]
     files = [f"model-{k + 1:05d}-of-{n + 1:05d}.safetensors" for k in range(n + 1)]
@@ -78,9 +89,9 @@ def build(name: str, out: Path | None = None, layers: int | None = None, seed: i
                          rope_parameters={"rope_type": "default", "rope_theta": shape["rope_theta"]},
                          bos_token_id=1, eos_token_id=2)  # fmt: skip
     config.save_pretrained(tmp)
-    for file in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (TOKENIZER / file).is_file():
-            shutil.copy2(TOKENIZER / file, tmp / file)
+    for file in TOKENIZER_FILES:
+        if (Path(tokenizer or TOKENIZER) / file).is_file():
+            shutil.copy2(Path(tokenizer or TOKENIZER) / file, tmp / file)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
@@ -96,8 +107,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="model directory (default ~/.cache/matgptq/random-SHAPE)")
     ap.add_argument("--layers", type=int, help="fewer decoder blocks than the real model (quick runs)")
     ap.add_argument("--seed", type=int, default=0, help="random seed")
+    ap.add_argument("--tokenizer", type=Path, help=f"directory with the tokenizer files (default {TOKENIZER})")
     a = ap.parse_args()
-    out = build(a.shape, a.out, a.layers, a.seed)
+    out = build(a.shape, a.out, a.layers, a.seed, a.tokenizer)
     print(f"{out}: {weight_bytes(out) / 2**30:.2f} GiB of bf16 weights")
 
 

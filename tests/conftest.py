@@ -23,7 +23,8 @@ import torch  # noqa: E402
 from matgptq.formats import QuantizedWeight  # noqa: E402
 
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+# ../shared beside the checkout; MATGPTQ_SHARED names a copy elsewhere (make gpu-check carries one: no ../shared there)
+SHARED = Path(os.environ.get("MATGPTQ_SHARED") or Path(__file__).resolve().parents[1].parent / "shared")
 STORIES = SHARED / "models" / "stories260K"
 TINYSTORIES = SHARED / "data" / "tinystories" / "tinystories_val_head.txt"
 
