@@ -165,12 +165,12 @@ def test_decode_batch_and_generate(kernels, parent):
     run_and_check(model, out[:, -1:])  # one decode step of 4 rows, layer by layer
 
 
-def test_a_slice_holds_fewer_bytes_than_the_parent(parent):
+def test_a_slice_holds_fewer_bytes_than_the_parent(kernels, parent):
     sizes = {r: weight_bytes(nested_model(parent, 3, r)) for r in Resident}
     assert sizes[Resident.SLICE] < sizes[Resident.PARENT] < weight_bytes(matgptq.load(parent, bits=3, packed=False))
 
 
-def test_uneven_groups_run_dense_with_one_notice(parent, capsys):
+def test_uneven_groups_run_dense_with_one_notice(kernels, parent, capsys):
     """act-order groups of unequal sizes (here one column moved from group 0 to group 1) have no nested layout: that
     layer keeps a dense weight, the others run nested, and one line says so; set_bits keeps it dense."""
     ckpt = read_checkpoint(parent)
