@@ -4,9 +4,9 @@ whole parent resident); a part of `make gpu-check` (scripts/gpu_check.py), which
 
 The model is written here in plain torch (RMSNorm, rotary attention over a static KV cache, SwiGLU MLP; embedding
 and lm_head stay fp16 in every variant) so that one decode step, the next token's argmax included, is captured as a
-CUDA graph: the time is the GPU's, not Python's. Tokens/s = batch / (seconds per step), the median of REPEATS runs
-of STEPS replayed steps; per block = (step − the same step with no blocks) / BLOCKS. The weights of a quantized
-variant are a random 8-bit parent (group size 128) sliced to r bits, so every variant does the same arithmetic as a
+CUDA graph: the time is the GPU's, not Python's. Tokens/s = batch / (seconds per step), the median of
+gpu_bench_kernels.REPEATS runs of STEPS replayed steps; per block = (step − the same step with no blocks) / BLOCKS.
+The weights of a quantized variant are a random 8-bit parent (group size 128) sliced to r bits, so every variant does the same arithmetic as a
 real checkpoint's.
 
 tiny=True (no CUDA): the same code with tiny shapes on the CPU, nested layers in Triton's interpreter, one step.
@@ -15,18 +15,18 @@ tiny=True (no CUDA): the same code with tiny shapes on the CPU, nested layers in
 from __future__ import annotations
 
 import math
-from statistics import median
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_bench_kernels import graph_us
 from matgptq.formats import QuantizedWeight
 from matgptq.runtime.nested import NestedLinear, Resident
 
 SHAPE = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256)
 TINY = dict(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64, vocab=512)
-BLOCKS, CACHE, STEPS, REPEATS, GROUP = 4, 1024, 32, 3, 128
+BLOCKS, CACHE, STEPS, GROUP = 4, 1024, 32, 128
 
 
 def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -116,28 +116,8 @@ def linear_factory(kind: str, bits: int, device: str):
 
 
 def step_seconds(model: Decoder, tiny: bool) -> float:
-    if tiny:
-        model.step()
-        return float("nan")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            model.step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        model.step()
-    times = []
-    for _ in range(REPEATS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(STEPS):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / STEPS)
-    return median(times)
+    """Seconds per decode step, the step captured as one CUDA graph (gpu_bench_kernels.graph_us)."""
+    return graph_us([model.step], tiny, replays=STEPS, warmups=3) / 1e6
 
 
 VARIANTS = [("fp16", 16), ("slice", 4), ("slice", 3), ("slice", 2), ("parent", 4), ("parent", 2)]

@@ -46,17 +46,19 @@ def random_parent(n: int, k: int, device: str, seed: int = 0) -> QuantizedWeight
                            torch.arange(k, dtype=torch.int32, device=device) // GROUP, 8)  # fmt: skip
 
 
-def graph_us(calls: list, tiny: bool) -> float:
-    """Microseconds per call of `calls` (run in turn) as one CUDA graph replayed; tiny: run once, return nan."""
+def graph_us(calls: list, tiny: bool, replays: int = REPLAYS, warmups: int = 1) -> float:
+    """Microseconds per call of `calls` (run in turn) as one CUDA graph replayed `replays` times, the median of
+    REPEATS timings after `warmups` eager runs (they compile and allocate); tiny: run once, return nan."""
     if tiny:
         for c in calls:
             c()
         return float("nan")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up: compiles, allocates
-        for c in calls:
-            c()
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            for c in calls:
+                c()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -68,11 +70,11 @@ def graph_us(calls: list, tiny: bool) -> float:
     for _ in range(REPEATS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(REPLAYS):
+        for _ in range(replays):
             graph.replay()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (REPLAYS * len(calls)))
+        times.append(start.elapsed_time(end) * 1e3 / (replays * len(calls)))
     return median(times)
 
 
