@@ -29,10 +29,10 @@ from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint
 from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
 from matgptq.runtime import load
-from matgptq.search import BudgetKind, CostModel, EvoConfig
-from matgptq.search.evopress import evolve
-from matgptq.search.fitness import Fitness
-from matgptq.search.mutation import mutate
+from matgptq.allocation import BudgetKind, CostModel, EvoConfig
+from matgptq.allocation.evopress import evolve
+from matgptq.allocation.fitness import Fitness
+from matgptq.allocation.mutation import mutate
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:

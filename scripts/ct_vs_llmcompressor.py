@@ -56,7 +56,7 @@ def llmcompressor_checkpoint(out: Path, bits: int, sym: bool, group: int) -> Pat
 
 def matgptq_checkpoint(out: Path, bits: int, sym: bool, group: int) -> Path:
     import matgptq
-    from matgptq.export.compressed_tensors import export_compressed_tensors
+    from matgptq.exporters.compressed_tensors import export_compressed_tensors
 
     skip = ("down_proj$",) if group > 0 and 172 % group else ()
     parent, _ = matgptq.quantize(STORIES, out.with_name(out.name + "-parent"), method="rtn", bits=bits, sym=sym,

@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import matgptq
     from matgptq.evaluation.perplexity import Teacher
-    from matgptq.export.gguf import export_gguf
+    from matgptq.exporters.gguf import export_gguf
     from matgptq.models.hf import load_fp_model, load_tokenizer
     from matgptq.models.text import eval_windows, read_text, tokenize
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Generate docs/results/gptq_compat.{json,md} from the GPTQ interop tests (tests/export/test_gptq_interop.py).
+"""Generate docs/results/gptq_compat.{json,md} from the GPTQ interop tests (tests/exporters/test_gptq_interop.py).
 
     GPTQMODEL_CPU_WORKERS=2 <venv with gptqmodel+optimum>/bin/python scripts/gptq_compat_table.py
     python scripts/gptq_compat_table.py --junit results.xml      # from an earlier `pytest --junitxml` run
@@ -26,8 +26,8 @@ from pathlib import Path
 from _docs import RESULTS, header, write_page
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = "tests/export/test_gptq_interop.py"
-PURE_TESTS = "tests/export/test_gptq_export.py"
+TESTS = "tests/exporters/test_gptq_interop.py"
+PURE_TESTS = "tests/exporters/test_gptq_export.py"
 PEERS = ("gptqmodel", "optimum", "transformers", "torch")
 
 VLLM_NOTE = """\
@@ -207,7 +207,7 @@ def render_stories(results: dict[str, dict]) -> list[str]:
         "its 3-bit unpacker reshapes them into whole 3-word blocks (fails for the 17 `qzeros` columns of N = 172), and",
         "GPTQModel 7.6.0 itself crashes packing such a layer (IndexError in `pack_original`); both measured, not in the",
         "test suite. `matgptq export` names the layer and suggests 2, 4 or 8 bits, or GGUF",
-        "(tests/export/test_gptq_export.py).",
+        "(tests/exporters/test_gptq_export.py).",
         "",
         "Kernels: transformers' default 4-bit CPU kernel (`TorchAtenLinear`) rejects out_features 172 at the first",
         "forward (`_convert_weight_to_int4pack_cpu` needs N % 16 == 0, for GPTQModel's own files too): load 4-bit",

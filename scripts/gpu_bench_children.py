@@ -159,8 +159,8 @@ from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint
 from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
 from matgptq.runtime import load
-from matgptq.search import CostModel, ScoreDtype
-from matgptq.search.fitness import Fitness
+from matgptq.allocation import CostModel, ScoreDtype
+from matgptq.allocation.fitness import Fitness
 
 t_start = time.perf_counter()
 ckpt = read_checkpoint(parent)

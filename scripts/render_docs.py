@@ -109,7 +109,7 @@ PAGES = (
     Page("ct_vs_llmcompressor", ("ct_vs_llmcompressor.json",), md="ct_vs_llmcompressor.md",
          about="compressed-tensors exports against llm-compressor 0.14's checkpoints of the same scheme"),
     Page("gptq_compat_table", ("gptq_compat.json",), md="gptq_compat.md",
-         about="GPTQ exports loaded by GPTQModel and transformers + optimum (tests/export/test_gptq_interop.py)"),
+         about="GPTQ exports loaded by GPTQModel and transformers + optimum (tests/exporters/test_gptq_interop.py)"),
 )
 INDEX = RESULTS / "README.md"  # the list of the pages, rendered from PAGES
 

@@ -201,7 +201,7 @@ def random_baseline(a, parent: Path, budget: str, evaluations: int) -> dict:
     import torch
 
     from matgptq.models import load_tokenizer
-    from matgptq.search import BudgetKind, EvoConfig
+    from matgptq.allocation import BudgetKind, EvoConfig
 
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
@@ -241,7 +241,7 @@ def curve(a, parent: Path, mix_file: Path, every: int = 5) -> list[dict]:
     from matgptq.evaluation.teacher import Teacher
     from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
     from matgptq.runtime import load
-    from matgptq.search.fitness import Fitness
+    from matgptq.allocation.fitness import Fitness
 
     mix = json.loads(mix_file.read_text())
     names = tuple(mix["bits"])

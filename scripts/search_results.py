@@ -31,13 +31,13 @@ from matgptq.evaluation.perplexity import Teacher, score
 from matgptq.execution import format_table
 from matgptq.formats import read_checkpoint
 from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
-from matgptq.search import BudgetKind, CostModel, EvoConfig, SearchRequest, run_search
-from matgptq.search.evopress import MAX_DRAWS_PER_CHILD, draw_windows, evolve
-from matgptq.search.fitness import Fitness
-from matgptq.search.mutation import random_mix
-from matgptq.search.runner import ScoreDtype
-from matgptq.search.spread import score_all
-from matgptq.search.sensitivity import knapsack_mix, measure
+from matgptq.allocation import BudgetKind, CostModel, EvoConfig, SearchRequest, run_search
+from matgptq.allocation.evopress import MAX_DRAWS_PER_CHILD, draw_windows, evolve
+from matgptq.allocation.fitness import Fitness
+from matgptq.allocation.mutation import random_mix
+from matgptq.allocation.runner import ScoreDtype
+from matgptq.allocation.spread import score_all
+from matgptq.allocation.sensitivity import knapsack_mix, measure
 from _docs import RESULTS, header, load_json, pyplot, save_figure, write_page
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -55,7 +55,7 @@ def test_slice_evaluate_and_export_are_the_commands(parent, tmp_path):
 
     import matgptq
     from matgptq.cli import main
-    from matgptq.export import export
+    from matgptq.exporters import export
     from tests.conftest import TINYSTORIES
 
     assert matgptq.slice(parent, 4, tmp_path / "a") == tmp_path / "a"

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 import matgptq
 from matgptq.cli import main
 from matgptq.errors import UserError
-from matgptq.export.gptq import export_gptq
+from matgptq.exporters.gptq import export_gptq
 from matgptq.models import load_tokenizer
 from tests.conftest import TINYSTORIES, quick_quantize
 

@@ -24,8 +24,8 @@ RANK: dict[str, int] = {
     "quantization": 3, "runtime": 3,  # model → parent; parent or slice → a model that runs
     "evaluation": 4,  # scores of a loaded model, and the tables that report them
     "integrations": 4,  # matgptq inside other engines (transformers' from_pretrained): uses runtime
-    "export": 5,  # GPTQ / GGUF writers (their reports use evaluation's tables)
-    "search": 5,  # per-layer mixes of a parent under a budget (scores candidates with evaluation's KL)
+    "exporters": 5,  # GPTQ / GGUF writers (their reports use evaluation's tables)
+    "allocation": 5,  # per-layer mixes of a parent under a budget (scores candidates with evaluation's KL)
     "api": 6, "cli": 6, "__main__": 6, "": 6,  # the entry points: only these import everything
 }  # fmt: skip
 

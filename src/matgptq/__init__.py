@@ -1,6 +1,6 @@
 """matgptq: quantize a Hugging Face causal LM once into a Matryoshka parent; slice, load and export any width.
 
-Exports: `matgptq.export.export(src, out, format, ...)` (the name `matgptq.export` is the subpackage). Importing matgptq
+Exports: `matgptq.exporters.export(src, out, format, ...)`. Importing matgptq
 also lets transformers' `from_pretrained` load matgptq checkpoints (`MatGPTQConfig`, integrations/transformers.py).
 """
 

@@ -1,6 +1,6 @@
 """The Python API: `quantize(...)` → checkpoint directory, `load(path, bits=...)` → model (runtime), `set_bits`,
 `slice` → a smaller checkpoint of one width, `evaluate` → scores (evaluation/run.py); exports are
-`matgptq.export.export` (the subpackage's name is taken, so it is not re-bound here)."""
+`matgptq.exporters.export` (the subpackage's name is taken, so it is not re-bound here)."""
 
 from __future__ import annotations
 

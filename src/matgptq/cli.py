@@ -135,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="output checkpoint directory")
     s.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
-    from .export import add_export_parser
-    from .search.cli import add_search_parser
+    from .exporters import add_export_parser
+    from .allocation.cli import add_search_parser
 
     add_export_parser(sub)
     add_search_parser(sub)
@@ -277,7 +277,7 @@ def _left_behind(a: argparse.Namespace) -> str:
 
         states = [resume_dir(a.out)]
     elif a.command == "search":
-        from .search.runner import state_path
+        from .allocation.runner import state_path
 
         states = [state_path(Path(a.out), b.strip()) for b in a.budget.split(",")]
     states = [p for p in states if p.exists()]
@@ -288,13 +288,13 @@ def _left_behind(a: argparse.Namespace) -> str:
 
 
 def _search(a: argparse.Namespace) -> None:
-    from .search.cli import cmd_search
+    from .allocation.cli import cmd_search
 
     cmd_search(a)
 
 
 def _export(a: argparse.Namespace) -> None:
-    from .export import cmd_export
+    from .exporters import cmd_export
 
     cmd_export(a)
 

@@ -66,7 +66,7 @@ def test_cli_device_cuda_without_cuda(tmp_path, capsys):
 
 def test_auto_score_dtype_is_bfloat16_only_where_native(monkeypatch):
     from matgptq.execution import native_bfloat16
-    from matgptq.search import ScoreDtype
+    from matgptq.allocation import ScoreDtype
 
     cpu = torch.device("cpu")
     for native in (True, False):
@@ -78,7 +78,7 @@ def test_auto_score_dtype_is_bfloat16_only_where_native(monkeypatch):
 
 
 def test_bfloat16_scoring_on_a_gpu_without_it_is_refused(monkeypatch):
-    from matgptq.search import ScoreDtype
+    from matgptq.allocation import ScoreDtype
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     with pytest.raises(UserError, match="has no bfloat16"):

@@ -12,7 +12,7 @@ from tests.conftest import make_tiny_llama, require_peer
 
 gguf = pytest.importorskip("gguf")
 
-from matgptq.export.gguf import export_gguf  # noqa: E402
+from matgptq.exporters.gguf import export_gguf  # noqa: E402
 from matgptq.formats.gguf.quantize import quantize_q6_k  # noqa: E402
 
 

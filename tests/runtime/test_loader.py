@@ -105,8 +105,8 @@ def test_quantization_is_reproducible_bit_exactly(tiny_llama_dir, tmp_path):
 def test_skipped_layers_round_trip_and_exports(tiny_llama_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from matgptq.export.gguf import export_gguf, read_gguf_weights
-    from matgptq.export.gptq import export_gptq
+    from matgptq.exporters.gguf import export_gguf, read_gguf_weights
+    from matgptq.exporters.gptq import export_gptq
 
     out, _ = matgptq.quantize(tiny_llama_dir, tmp_path / "skip", calib=TINYSTORIES, calib_range=(0.9, 1.0),
                               bits=4, nsamples=4, seqlen=64, group_size=32, signed_scale=True,

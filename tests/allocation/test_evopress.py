@@ -11,11 +11,11 @@ from matgptq.errors import UserError
 from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint
 from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
-from matgptq.search.budget import BudgetKind, CostModel
-from matgptq.search.evopress import EvoConfig, Stage, evolve, parse_stages
-from matgptq.search.fitness import Fitness
-from matgptq.search.mutation import random_mix
-from matgptq.search.sensitivity import knapsack_mix, measure
+from matgptq.allocation.budget import BudgetKind, CostModel
+from matgptq.allocation.evopress import EvoConfig, Stage, evolve, parse_stages
+from matgptq.allocation.fitness import Fitness
+from matgptq.allocation.mutation import random_mix
+from matgptq.allocation.sensitivity import knapsack_mix, measure
 from tests.conftest import STORIES, TINYSTORIES
 
 LEVELS = (2, 3, 4, 6, 8)

@@ -16,8 +16,8 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from matgptq.errors import UserError  # noqa: E402
-from matgptq.export.gguf import GGUFExportWarning, export_gguf, read_gguf_weights  # noqa: E402
-from matgptq.export.gguf import llama_qk_permutation  # noqa: E402
+from matgptq.exporters.gguf import GGUFExportWarning, export_gguf, read_gguf_weights  # noqa: E402
+from matgptq.exporters.gguf import llama_qk_permutation  # noqa: E402
 from matgptq.formats.parent import read_checkpoint  # noqa: E402
 
 from tests.conftest import STORIES, make_tiny_llama, quick_quantize  # noqa: E402
@@ -522,7 +522,7 @@ def test_cli(parent, tmp_path, capsys):
 def test_from_gptq_checkpoint_same_tensors(parent, tmp_path, fmt):
     """A slice exported as a GPTQ checkpoint, read back (runtime.open_checkpoint) and written as GGUF, gives the same
     tensor bytes as the direct GGUF export of the slice: r-bit scale = s·2^(8−r) and zero 2^(r−1) on both paths."""
-    from matgptq.export.gptq import export_gptq
+    from matgptq.exporters.gptq import export_gptq
 
     mix = {"*": 4, "model.layers.0.mlp.down_proj": 8, "model.layers.1.self_attn.q_proj": 3}
     export_gptq(parent, tmp_path / "gptq", fmt, bits_config=mix)

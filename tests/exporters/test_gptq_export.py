@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 import matgptq
 from matgptq.cli import main
 from matgptq.errors import UserError
-from matgptq.export.gptq import export_gptq
+from matgptq.exporters.gptq import export_gptq
 from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
 from matgptq.formats.gptq_packing import pack_cols, unpack_cols
 from matgptq.formats.parent import read_checkpoint, save_checkpoint

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from matgptq.errors import UserError
 from matgptq.formats import read_checkpoint, save_checkpoint
-from matgptq.search.budget import BudgetKind, CostModel, LayerSize, parse_budget
+from matgptq.allocation.budget import BudgetKind, CostModel, LayerSize, parse_budget
 from matgptq.untrusted import read_header
 
 BYTES = {"U8": 1, "F16": 2, "I32": 4}

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from matgptq.search.knapsack import solve
+from matgptq.allocation.knapsack import solve
 
 
 def brute_force(costs, values, limit):

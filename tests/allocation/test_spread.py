@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from matgptq.cli import main
-from tests.search.test_cli import search
+from tests.allocation.test_cli import search
 
 ARGS = ["--budget", "3.0,2.5", "--generations", "4", "--offspring", "5", "--stages", "126:3,504:1"]
 

@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from matgptq.search.budget import BudgetKind, CostModel, LayerSize
-from matgptq.search.knapsack import solve
-from matgptq.search.mutation import mutate, random_mix
+from matgptq.allocation.budget import BudgetKind, CostModel, LayerSize
+from matgptq.allocation.knapsack import solve
+from matgptq.allocation.mutation import mutate, random_mix
 
 
 @st.composite

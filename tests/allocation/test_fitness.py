@@ -10,9 +10,9 @@ import matgptq
 from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint
 from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
-from matgptq.search.budget import BudgetKind, CostModel
-from matgptq.search.fitness import Fitness
-from matgptq.search.sensitivity import Sensitivity, knapsack_mix, measure, probe_level
+from matgptq.allocation.budget import BudgetKind, CostModel
+from matgptq.allocation.fitness import Fitness
+from matgptq.allocation.sensitivity import Sensitivity, knapsack_mix, measure, probe_level
 from tests.conftest import STORIES, TINYSTORIES
 
 

@@ -4,9 +4,9 @@ next to it) or, where marked "not tested", the reader's documented limits (vLLM 
 
 GPTQ (docs/formats.md §2), per layer: width r (config `bits`, or a `dynamic` override), N = out_features (scales
 [G, N]), K = in_features (g_idx [K]), group size g.
-  * matgptq.load reads every GPTQ file this tool writes (tests/export/test_gptq_export.py).
+  * matgptq.load reads every GPTQ file this tool writes (tests/exporters/test_gptq_export.py).
   * GPTQModel 7.6, torch kernel: every one, mixes (`dynamic`) and zero-padded odd shapes included
-    (tests/export/test_gptq_interop.py: test_gptqmodel_loads_export, _per_layer_mix, _padded_stories_export).
+    (tests/exporters/test_gptq_interop.py: test_gptqmodel_loads_export, _per_layer_mix, _padded_stories_export).
   * transformers + optimum + gptqmodel: ignores `dynamic`, so a mix is not runnable there. At 4 bits its default CPU
     kernel (TorchAtenLinear, int4pack) needs N % 16 == 0 and K % g == 0 (test_transformers_optimum_loads_padded_
     stories_export, test_transformers_default_kernel_needs_whole_groups); GPTQConfig(bits=4, backend="gptq_torch")

@@ -1,6 +1,6 @@
 """The architectures llama.cpp runs, in GGUF (docs/formats.md §3.2–3.3): per HF `model_type`, llama.cpp's architecture
 name, the GGUF name of each HF tensor, convert_hf_to_gguf's tensor order, and whether Q/K rows get Llama's RoPE
-permutation. Checked against llama.cpp's own converter (tests/export/test_gguf_arch.py).
+permutation. Checked against llama.cpp's own converter (tests/exporters/test_gguf_arch.py).
 
 - llama, mistral → `llama` (convert_hf_to_gguf maps MistralForCausalLM to LlamaModel): interleaved RoPE, so the Q/K
   rows are permuted (LlamaModel.permute).

@@ -6,7 +6,7 @@ windows. Only the scorings are split: candidate i of a batch (a stage's pool, th
 scored on rank i mod N, and one all-reduce of a float64 vector — zero except at a rank's own entries — gives every
 rank every score. Adding exact zeros changes no value, and each candidate is scored by the same arithmetic as in a
 single process, so with the same threads per process the search takes the same path and ends with the same mix
-(tests/search/test_spread.py). What every rank still does in full: the teacher pass, the teacher terms of the windows
+(tests/allocation/test_spread.py). What every rank still does in full: the teacher pass, the teacher terms of the windows
 it scores and the held-out report, so the speed-up is below N where those dominate; each rank fills its own prefix
 cache from its own scorings (fitness.py), which changes no score. Rank 0 alone writes
 the search state and the mix files; a resumed run reads the state on rank 0 and hands it to the others.

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.interop
 pytest.importorskip("gguf")
 
 from matgptq.errors import UserError  # noqa: E402
-from matgptq.export.gguf import export_gguf  # noqa: E402
-from matgptq.export.gguf.vocab import bpe_pre_tokenizer  # noqa: E402
+from matgptq.exporters.gguf import export_gguf  # noqa: E402
+from matgptq.exporters.gguf.vocab import bpe_pre_tokenizer  # noqa: E402
 
 LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")

@@ -1,6 +1,6 @@
 """GPTQ exports read by the peers: GPTQModel 7.6.0 and transformers + optimum (CPU), and GPTQModel's files read by us.
 
-Run with the peers installed, e.g.  GPTQMODEL_CPU_WORKERS=2 python -m pytest -m interop tests/export/test_gptq_interop.py
+Run with the peers installed, e.g.  GPTQMODEL_CPU_WORKERS=2 python -m pytest -m interop tests/exporters/test_gptq_interop.py
 (a missing peer skips, or fails under MATGPTQ_REQUIRE_PEERS=1). Each check records its measured differences with
 `record_property`; scripts/gptq_compat_table.py turns the junit XML into docs/results/gptq_compat.md.
 
@@ -36,8 +36,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import matgptq
-from matgptq.export.gptq import FORMATS, export_gptq, gptq_layer
-from matgptq.export.readers import gptq_readers
+from matgptq.exporters.gptq import FORMATS, export_gptq, gptq_layer
+from matgptq.exporters.readers import gptq_readers
 from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
 from matgptq.formats.parent import read_checkpoint
 

@@ -1,4 +1,4 @@
-"""compressed-tensors `pack-quantized` export (src/matgptq/export/compressed_tensors.py), read by independent readers.
+"""compressed-tensors `pack-quantized` export (src/matgptq/exporters/compressed_tensors.py), read by independent readers.
 
 Readers (checked 2026-11-26 with compressed-tensors 0.19.0 on CPU; transformers 5.23.0 in .venv and 5.17.0 in
 .venv-bench, where this file runs too: `PYTHONPATH=src .venv-bench/bin/python -m pytest <this file>`):
@@ -37,9 +37,9 @@ from safetensors.torch import load_file
 
 import matgptq
 from matgptq.cli import main
-from matgptq.export.readers import ct_readers
+from matgptq.exporters.readers import ct_readers
 from matgptq.errors import UserError
-from matgptq.export.compressed_tensors import CT_VERSION, export_compressed_tensors, pack_int32, unpack_int32
+from matgptq.exporters.compressed_tensors import CT_VERSION, export_compressed_tensors, pack_int32, unpack_int32
 from matgptq.formats.parent import read_checkpoint
 from matgptq.runtime import open_checkpoint
 

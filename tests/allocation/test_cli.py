@@ -51,7 +51,7 @@ def test_mix_files_are_read_by_load_eval_and_export(searched, stories_parent, tm
     name = next(iter(mix["bits"]))
     assert torch.equal(exported.get_submodule(name).weight.data.float(), reference.get_submodule(name).weight.data.float())
     # and as GGUF, each layer in the block type of its own width, read back by gguf-py
-    from matgptq.export.gguf import read_gguf_weights
+    from matgptq.exporters.gguf import read_gguf_weights
 
     assert main(["export", str(stories_parent), "--format", "gguf", "--bits-config", str(path), "--out",
                  str(tmp_path / "mix.gguf")]) == 0  # fmt: skip
@@ -95,7 +95,7 @@ def test_a_gguf_budget_is_kept_by_the_file_export_writes(stories_parent, tmp_pat
     from gguf import GGUFReader
 
     from matgptq.formats import read_checkpoint
-    from matgptq.search import BudgetKind, CostModel
+    from matgptq.allocation import BudgetKind, CostModel
 
     cost = CostModel.from_checkpoint(read_checkpoint(stories_parent), (2, 4, 8), gguf=True)
     lo, hi = (cost.average(tuple(r for _ in cost.names), BudgetKind.GGUF) for r in (2, 8))
@@ -171,7 +171,7 @@ def test_a_slice_has_no_levels(stories_parent, tmp_path, capsys):
 def test_ctrl_c_keeps_the_search_state_and_says_how_to_resume(stories_parent, tmp_path, capsys, monkeypatch):
     """Ctrl-C after a generation's state is written: exit 130, the message names the state and --resume, and that
     command then writes the mix."""
-    from matgptq.search import evopress
+    from matgptq.allocation import evopress
 
     write_state = evopress.write_state
 

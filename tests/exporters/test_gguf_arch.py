@@ -25,13 +25,13 @@ import pytest
 import torch
 
 from tests.conftest import STORIES, quick_quantize, require_peer
-from tests.export.test_gguf_interop import F32_KV, TOKENS, cpp_logits, hf_logits, per_position
+from tests.exporters.test_gguf_interop import F32_KV, TOKENS, cpp_logits, hf_logits, per_position
 
 pytestmark = pytest.mark.interop
 gguf = pytest.importorskip("gguf")
 
-from matgptq.export.gguf import export_gguf, read_gguf_weights  # noqa: E402
-from matgptq.export.readers import gguf_readers  # noqa: E402
+from matgptq.exporters.gguf import export_gguf, read_gguf_weights  # noqa: E402
+from matgptq.exporters.readers import gguf_readers  # noqa: E402
 
 CONVERTER = Path(sys.prefix) / "llama.cpp" / "convert_hf_to_gguf.py"
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3")

@@ -1,5 +1,5 @@
 """The readers line `matgptq export` prints (export/readers.py), as a user sees it. Whether each claim is true is
-asserted where the readers are run: tests/export/test_gptq_interop.py and test_compressed_tensors.py check the line
+asserted where the readers are run: tests/exporters/test_gptq_interop.py and test_compressed_tensors.py check the line
 of every file they load against the outcome; here, that the command prints it and the rules pick the right case."""
 
 from __future__ import annotations
