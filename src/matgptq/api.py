@@ -14,7 +14,7 @@ from .formats.mix import WidthSpec, width_spec
 from .formats.staged import SHARD_BYTES
 from .fsutil import check_output
 from .models import resolve_model
-from .quantization import CalibConfig, LayerReport, Method, QuantConfig
+from .quantization import CalibConfig, LayerReport, Method, MethodConfig, config_for, method_of
 from .quantization.run import COMPUTE_DTYPES, run_quantization, unquantized_tensors
 
 
@@ -27,16 +27,17 @@ def parse_bits(bits: int | str | tuple[int, ...] | list[int]) -> tuple[int, ...]
 
 
 def make_config(method: str | Method = "gptq", bits=4, master_bits: int | None = None,
-                bit_weights: tuple[float, ...] | None = None, **options) -> QuantConfig:  # fmt: skip
-    """QuantConfig from user-level arguments: `bits` is one width, or the target set R for MatGPTQ."""
-    method = Method(method)
+                bit_weights: tuple[float, ...] | None = None, **options) -> MethodConfig:  # fmt: skip
+    """The method's typed config (quantization/config.py) from user-level arguments: `bits` is one width, or the
+    target set R for MatGPTQ (its master width `master_bits`, default the widest); `options` as `quantize`'s."""
+    method = method_of(method)
     widths = parse_bits(bits)
     if method is Method.MATGPTQ:
         master = master_bits or max(widths)
-        return QuantConfig(method=method, bits=master, target_bits=widths, bit_weights=tuple(bit_weights or ()), **options)
+        return config_for(method, bits=master, target_bits=widths, bit_weights=tuple(bit_weights or ()), **options)
     if len(widths) != 1:
         raise UserError(f"--method {method.value} takes one width, got {list(widths)}; use --method matgptq for several")
-    return QuantConfig(method=method, bits=widths[0], **options)
+    return config_for(method, bits=widths[0], **options)
 
 
 def quantize(

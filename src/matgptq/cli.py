@@ -19,7 +19,7 @@ from .models import quiet_loggers
 
 def build_parser() -> argparse.ArgumentParser:
     from .formats.staged import SHARD_BYTES
-    from .quantization.config import GGUF_BLOCK, MASTER_BIT_WEIGHT, CalibConfig, QuantConfig, Target, Variant
+    from .quantization.config import GGUF_BLOCK, MASTER_BIT_WEIGHT, CalibConfig, GPTQConfig, MatGPTQConfig, Target, Variant
     from .formats.gguf import KQuantType
 
     p = argparse.ArgumentParser(prog="matgptq", description=__doc__)
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--bit-weights", type=floats,
                    help="matgptq: weight λ_r per target width, same order as --bits (default: 1 each, and "
                         f"{MASTER_BIT_WEIGHT:g} for the master width except with --variant paper)")
-    q.add_argument("--variant", choices=[v.value for v in Variant], default=QuantConfig.variant.value,
+    q.add_argument("--variant", choices=[v.value for v in Variant], default=MatGPTQConfig.variant.value,
                    help="matgptq: paper = the published MatGPTQ algorithm (mean error fed back, master scale); "
                         "per-width = one error-feedback track per width; per-width-scales = that plus each width's "
                         "own least-squares scales (docs/guide/quantize.md)")
@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave block Linears whose module name matches unquantized (repeatable)")
     q.add_argument("--damp", type=float, help="relative Hessian damping (retried x10 if needed) "
                                               f"({method_default('damp')})")
-    q.add_argument("--block-size", type=int, default=QuantConfig.block_size, help="GPTQ lazy-update block size")
+    q.add_argument("--block-size", type=int, default=GPTQConfig.block_size, help="GPTQ lazy-update block size")
     q.add_argument("--no-true-sequential", dest="true_sequential", action="store_false",
                    help="quantize all Linears of a block from the same inputs")  # fmt: skip
     q.add_argument("--calib", help="calibration text file (UTF-8); required except for --method rtn")
@@ -147,7 +147,7 @@ def method_default(option: str) -> str:
     """The defaults of `option` per method for --help: "default: 128", or "default: on for gptq, off for rtn, ..."."""
     from .quantization.config import METHOD_DEFAULTS
 
-    values = {m.value: METHOD_DEFAULTS[m][option] for m in METHOD_DEFAULTS}
+    values = {m.value: d[option] for m, d in METHOD_DEFAULTS.items() if option in d}
     show = lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v)  # noqa: E731
     if len(set(values.values())) == 1:
         return f"default: {show(next(iter(values.values())))}"

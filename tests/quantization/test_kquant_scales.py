@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from matgptq.errors import UserError
-from matgptq.quantization.config import Method, QuantConfig
+from matgptq.quantization import GPTQConfig, config_from_json
 from matgptq.quantization.grid import NearestRounding, find_params
 from matgptq.formats.gguf import KQuantType
 from matgptq.quantization.kquant_scales import LATTICES, SUPER_BLOCK, lattice_for
@@ -164,10 +164,10 @@ def test_where_the_lattice_applies():
 ])  # fmt: skip
 def test_config_refuses_what_the_lattice_cannot_hold(kw, match):
     with pytest.raises(UserError, match=match):
-        QuantConfig(method=Method.GPTQ, bits=3, **{"group_size": 32, **kw})
+        GPTQConfig(bits=3, **{"group_size": 32, **kw})
 
 
 def test_config_round_trips_the_type():
-    cfg = QuantConfig(method=Method.GPTQ, bits=3, group_size=32, kquant="q3_k")
-    assert cfg.kquant is KQuantType.Q3_K and QuantConfig.from_json(cfg.to_json()) == cfg
+    cfg = GPTQConfig(bits=3, group_size=32, kquant="q3_k")
+    assert cfg.kquant is KQuantType.Q3_K and config_from_json(cfg.to_json()) == cfg
     assert LATTICES[KQuantType.Q6_K].d_bits == 4  # 127 needs 7 bits: d keeps 11 - 7

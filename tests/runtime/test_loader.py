@@ -88,7 +88,7 @@ def test_quantization_is_reproducible_bit_exactly(tiny_llama_dir, tmp_path):
     from safetensors.torch import load_file
 
     from matgptq.formats.parent import read_checkpoint
-    from matgptq.quantization.config import QuantConfig
+    from matgptq.quantization import config_from_json
 
     kw = dict(calib=TINYSTORIES, calib_range=(0.9, 1.0), method="gptq", bits=3, nsamples=4, seqlen=64,
               group_size=32, act_order=True, mse=True, progress=False)  # fmt: skip
@@ -97,7 +97,7 @@ def test_quantization_is_reproducible_bit_exactly(tiny_llama_dir, tmp_path):
     ta, tb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")  # (header key order may vary)
     assert set(ta) == set(tb) and all(torch.equal(ta[k], tb[k]) for k in ta)
     meta = read_checkpoint(a).meta
-    cfg = QuantConfig.from_json(meta["quantization"])  # the recorded settings rebuild the same config
+    cfg = config_from_json(meta["quantization"])  # the recorded settings rebuild the same config
     assert cfg.bits == 3 and cfg.act_order and cfg.mse and cfg.group_size == 32
     assert meta["calibration"]["nsamples"] == 4 and meta["calibration"]["sha256"]
 

@@ -47,6 +47,7 @@ from safetensors.torch import save_file
 from ..errors import UserError
 from ..formats import QuantizedWeight
 from ..fsutil import atomic_output, copy_tokenizer_files
+from ..quantization import config_from_json
 from .readers import ct_readers
 from .source import quantized_source
 
@@ -193,16 +194,18 @@ def export_compressed_tensors(src, out, bits: int | None = None, bits_config=Non
     tensors = {k: v.contiguous() for k, v in ckpt.tensors.items()}
     groups: Groups = {}
     ragged = {}
-    qmeta = ckpt.meta.get("quantization") or {}
+    record = ckpt.meta.get("quantization") or {}
+    cfg = config_from_json(record)
+    group_size = cfg.group_size if "group_size" in record else None  # None: each layer's own (ct_layer)
     for name, r in widths.items():
-        layer = ct_layer(name, ckpt.layers[name].slice(r), qmeta.get("group_size"))
+        layer = ct_layer(name, ckpt.layers[name].slice(r), group_size)
         groups.setdefault(layer.scheme, []).append(name)
         tensors.update(layer.tensors(name))
         if layer.ragged_from:
             ragged[name] = layer
     if ragged:
         _warn_ragged(ragged)
-    actorder = "weight" if qmeta.get("act_order") else None  # GPTQ's column order: calibration only, same format
+    actorder = "weight" if getattr(cfg, "act_order", False) else None  # GPTQ's column order: calibration only
     qc = quantization_config(groups, other_linears(ckpt.config, set(widths)), actorder)
     with atomic_output(out, overwrite) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "matgptq"})

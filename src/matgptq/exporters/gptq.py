@@ -32,6 +32,7 @@ from .._version import __version__
 from ..errors import UserError
 from ..formats import SUPPORTED_BITS, QuantizedWeight, pack_cols, pack_rows, to_v1_words, trivial_g_idx
 from ..fsutil import atomic_output, copy_tokenizer_files
+from ..quantization import GPTQConfig, MethodConfig, config_from_json
 from .readers import gptq_readers
 from .source import quantized_source
 
@@ -82,12 +83,14 @@ def _layer_tensors(name: str, q: QuantizedWeight, v1: bool) -> tuple[dict[str, t
     return tensors, sym, (k * r) % 32 != 0 or (n * r) % 32 != 0
 
 
-def quantization_config(fmt: str, widths: dict[str, int], group_size: int, desc_act: bool, sym: bool, meta: dict) -> dict:
-    """The GPTQ config dict (fields every loader reads, docs/formats.md §2.6), with `dynamic` for per-layer mixes."""
+def quantization_config(fmt: str, widths: dict[str, int], group_size: int, desc_act: bool, sym: bool,
+                        cfg: MethodConfig) -> dict:  # fmt: skip
+    """The GPTQ config dict (fields every loader reads, docs/formats.md §2.6), with `dynamic` for per-layer mixes;
+    the solver's settings where the method has them (GPTQ, MatGPTQ)."""
     counts = Counter(widths.values())
     base = max(counts, key=lambda b: (counts[b], b))
-    extra = {k: meta[k] for k in ("true_sequential", "static_groups") if k in meta}
-    extra["damp_percent"] = meta.get("damp", 0.01)
+    extra = {k: getattr(cfg, k) for k in ("true_sequential", "static_groups") if hasattr(cfg, k)}
+    extra["damp_percent"] = getattr(cfg, "damp", GPTQConfig.damp)
     qc = {
         "quant_method": "gptq", "method": "gptq", "bits": base, "group_size": group_size, "desc_act": desc_act,
         "sym": sym, "lm_head": False, "checkpoint_format": fmt, "format": fmt, "pack_dtype": "int32", **extra,
@@ -105,14 +108,15 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
         raise UserError(f"unknown GPTQ format {fmt!r}; use one of {sorted(FORMATS)}")
     ckpt, widths = quantized_source(src, out, bits, bits_config, overwrite)
     qmeta = ckpt.meta.get("quantization") or {}
-    if qmeta.get("skip"):
-        raise UserError(
-            f"{src} leaves block Linears unquantized (--skip {' '.join(qmeta['skip'])}); GPTQ loaders expect every "
-            "block Linear quantized: re-quantize without --skip, or use --format gguf"
-        )
     if "group_size" not in qmeta:
         raise UserError(f"{src} does not record its group size (matgptq.json quantization.group_size); re-quantize it")
-    group_size = int(qmeta["group_size"])
+    cfg = config_from_json(qmeta)
+    if cfg.skip:
+        raise UserError(
+            f"{src} leaves block Linears unquantized (--skip {' '.join(cfg.skip)}); GPTQ loaders expect every "
+            "block Linear quantized: re-quantize without --skip, or use --format gguf"
+        )
+    group_size = cfg.group_size
     tensors = {k: v.contiguous() for k, v in ckpt.tensors.items()}
     all_sym, desc_act, padded = True, False, {}
     for name, r in widths.items():
@@ -123,7 +127,7 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
             padded[name] = (r, *q.shape)
         desc_act |= not torch.equal(layer["g_idx"], trivial_g_idx(q.shape[1], group_size))
         tensors.update({f"{name}.{k}": v for k, v in layer.items()})
-    qc = quantization_config(FORMATS[fmt], widths, group_size, desc_act, all_sym, qmeta)
+    qc = quantization_config(FORMATS[fmt], widths, group_size, desc_act, all_sym, cfg)
     if padded:
         name, (r, n, k) = next(iter(padded.items()))
         warnings.warn(

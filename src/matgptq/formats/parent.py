@@ -20,7 +20,7 @@ A parent with per-width scales is format v2 (a v1 reader would slice it on the m
 must refuse). A GPTQ/RTN checkpoint of mixed widths (`quantize --bits-config`) is v3: `layer_bits` in matgptq.json
 gives each layer's stored width (`stored_bits` is the widest), so a v2 reader, which would unpack every layer at
 `stored_bits`, refuses it. Everything else is still written as v1, which this version reads as before.
-`matgptq.json` records the format version, the QuantConfig, the stored width and shift (slices), the slicing rule,
+`matgptq.json` records the format version, the method config (quantization/config.py), the stored width and shift (slices), the slicing rule,
 calibration settings and versions — everything needed to reproduce the weights bit-exactly.
 """
 

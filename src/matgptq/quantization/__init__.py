@@ -2,7 +2,11 @@
 (multibit), per-width scales (refit), the validated settings (config), the block-by-block pass over a model
 (pipeline) and what a whole run does around it (run)."""
 
-from .config import CalibConfig, Method, QuantConfig, Variant
+from .config import (
+    CalibConfig, GPTQConfig, GridConfig, MatGPTQConfig, Method, MethodConfig, RTNConfig, Target, Variant, config_for,
+    config_from_json, method_of,
+)  # fmt: skip
 from .pipeline import LayerReport, quantize_model
 
-__all__ = ["CalibConfig", "Method", "QuantConfig", "Variant", "LayerReport", "quantize_model"]
+__all__ = ["CalibConfig", "GridConfig", "RTNConfig", "GPTQConfig", "MatGPTQConfig", "MethodConfig", "Method", "Target",
+           "Variant", "config_for", "config_from_json", "method_of", "LayerReport", "quantize_model"]

@@ -1,10 +1,22 @@
-"""Typed, validated quantization settings shared by the solver, the pipeline and the checkpoint metadata."""
+"""The settings that determine quantized weights: one grid config and one typed config per method, each checked in
+its own terms, and their one round trip to and from a checkpoint's `matgptq.json` (`to_json` / `config_from_json`).
+
+    GridConfig                      the grid (grid.py): width, groups, symmetry, how scales are chosen; which layers
+      RTNConfig                     round-to-nearest onto it: nothing else
+      GPTQConfig                    + the solver (solver.py): column order, damping, lazy blocks, scale refit
+        MatGPTQConfig               + the target widths R, their weights λ_r and the code-sharing variant
+
+Each class's defaults are its method's, chosen by measurement (scripts/gptq_defaults.py runs the ablation,
+docs/results/gptq_defaults.md shows it, docs/guide/quantize.md gives each default's reason). A field that is None
+depends on other fields and is resolved on construction (its comment says how).
+"""
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
+from typing import ClassVar
 
 from ..errors import UserError
 from ..formats.gguf import KQuantType
@@ -33,142 +45,199 @@ class Target(str, Enum):
 
 
 GGUF_BLOCK = 32  # columns per block of llama.cpp's legacy types (Q4_0 ... Q8_0): --target gguf's group size
-
+DEFAULT_GROUP_SIZE = 128  # GPTQModel's and llm-compressor's
 MIN_BITS, MAX_BITS = 2, 8
-MASTER_BIT_WEIGHT = 16.0  # default λ_c of the per-width variants (QuantConfig.default_bit_weight)
+MASTER_BIT_WEIGHT = 16.0  # default λ_c of the per-width variants (MatGPTQConfig.default_bit_weight)
 
 
-# Each method's defaults for the options left None in QuantConfig, chosen by measurement: scripts/gptq_defaults.py
-# runs the ablation, docs/results/gptq_defaults.md shows it and docs/guide/quantize.md gives each default's reason.
-METHOD_DEFAULTS: dict[Method, dict[str, object]] = {
-    Method.GPTQ: {"group_size": 128, "group_act_order": True, "mse": True, "mse_weighted": True,
-                  "refit_scales": True, "damp": 0.01},
-    Method.MATGPTQ: {"group_size": 128, "group_act_order": True, "mse": False, "mse_weighted": False,
-                     "refit_scales": True, "damp": 0.01},  # the scale search: ~2.8x the CPU time on a parent
-    Method.RTN: {"group_size": 128, "group_act_order": False, "mse": False, "mse_weighted": False,
-                 "refit_scales": False, "damp": 0.01},
-}  # fmt: skip
+def _as_enum(cfg, name: str, kind: type[Enum], what: str) -> None:
+    """Field `name` of the frozen `cfg` as its enum `kind`, or a UserError naming the choices."""
+    value = getattr(cfg, name)
+    try:
+        object.__setattr__(cfg, name, None if value is None else kind(value))
+    except ValueError:
+        raise UserError(f"unknown {what} {value!r}; use one of {', '.join(v.value for v in kind)}") from None
 
 
 @dataclass(frozen=True)
-class QuantConfig:
-    """Everything that determines the quantized weights (besides the model and the calibration data).
+class GridConfig:
+    """The grid the codes live on (grid.py), and which layers get it at which width."""
 
-    `bits` is the width of the stored codes: for MatGPTQ the master width c. `target_bits` is the set R of widths
-    the codes are optimised for (always contains `bits`; `(bits,)` for GPTQ/RTN) and `bit_weights` the λ_r.
-    A field that is None takes its method's default (METHOD_DEFAULTS) on construction; `group_act_order` and
-    `mse_weighted` default to off where they mean nothing (with act-order, without the MSE search).
-    """
-
-    method: Method = Method.GPTQ
-    bits: int = 4
-    group_size: int | None = None
+    bits: int = 4  # the stored width: for MatGPTQ the master width c
+    group_size: int | None = None  # None: 128, or llama.cpp's 32-column block for --target gguf (without --kquant)
     sym: bool = True
-    act_order: bool = False
-    group_act_order: bool | None = None  # GAR (solver.py): groups and the columns inside them by decreasing diag H
-    static_groups: bool = False
-    mse: bool | None = None
-    mse_weighted: bool | None = None  # the MSE search's error weighted per column by diag H (grid.py), as llama.cpp's imatrix
-    damp: float | None = None
-    block_size: int = 128
-    true_sequential: bool = True
     # symmetric grid with the sign of the extreme weight (llama.cpp Q4_0's), grid.py; None: on for --target gguf
+    # where the grid is symmetric and the K-quant lattice (if any) stores signed sub-scales
     signed_scale: bool | None = None
-    skip: tuple[str, ...] = ()  # regexes on full module names of block Linears to leave unquantized
-    target_bits: tuple[int, ...] = ()
-    bit_weights: tuple[float, ...] = ()
-    variant: Variant = Variant.PER_WIDTH_SCALES  # MatGPTQ only; parents recorded before it existed are PAPER
+    mse: bool = False  # each group's scale by a search over shrunk ranges (grid.py) instead of min/max
     kquant: KQuantType | None = None  # scales on this GGUF K-quant's super-block lattice (kquant_scales.py)
-    refit_scales: bool | None = None  # the master's scales refit to its codes by Hessian least squares (refit.refit_master)
-    # per-layer widths (GPTQ/RTN): (full layer name, width) pairs, e.g. a `matgptq search` mix; `bits` is then the
-    # widest, the checkpoint's stored width. Each layer is solved as a one-width run at its own width (`for_layer`)
-    layer_bits: tuple[tuple[str, int], ...] = ()
     target: Target = Target.ANY
+    skip: tuple[str, ...] = ()  # regexes on full module names of block Linears to leave unquantized
+    # per-layer widths: (full layer name, width) pairs, e.g. a `matgptq search` mix; `bits` is then the widest, the
+    # checkpoint's stored width. Each layer is solved as a one-width run at its own width (`for_layer`)
+    layer_bits: tuple[tuple[str, int], ...] = ()
 
-    def _fill_defaults(self) -> None:
-        """The None fields from METHOD_DEFAULTS (the target's, for --target gguf); an option that means nothing
-        with the ones given stays off."""
-        gguf = self.target is Target.GGUF
-        signed_fits = self.sym and (self.kquant is None or LATTICES[self.kquant].signed)
-        defaults = {**METHOD_DEFAULTS[self.method], "signed_scale": gguf and signed_fits,
-                    **({"group_size": GGUF_BLOCK} if gguf and self.kquant is None else {})}  # fmt: skip
-        for name, value in defaults.items():  # mse before mse_weighted
-            moot = {"group_act_order": self.act_order, "mse_weighted": not self.mse}.get(name, False)
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, False if moot else value)
-
-    def _enum(self, name: str, kind: type[Enum], what: str) -> None:
-        """Field `name` as its enum `kind`, or a UserError naming the choices."""
-        value = getattr(self, name)
-        try:
-            object.__setattr__(self, name, None if value is None else kind(value))
-        except ValueError:
-            raise UserError(f"unknown {what} {value!r}; use one of {', '.join(v.value for v in kind)}") from None
+    method: ClassVar[Method]
 
     def __post_init__(self) -> None:
-        self._enum("method", Method, "method")
-        self._enum("variant", Variant, "MatGPTQ variant")
-        self._enum("target", Target, "target")
-        self._enum("kquant", KQuantType, "K-quant type")
-        self._fill_defaults()
+        _as_enum(self, "target", Target, "target")
+        _as_enum(self, "kquant", KQuantType, "K-quant type")
+        self._resolve()
+        self._check()
+
+    def _resolve(self) -> None:
+        """The None fields, from the others."""
+        gguf = self.target is Target.GGUF
+        if self.group_size is None:
+            object.__setattr__(self, "group_size", GGUF_BLOCK if gguf and self.kquant is None else DEFAULT_GROUP_SIZE)
+        if self.signed_scale is None:
+            signed_fits = self.sym and (self.kquant is None or LATTICES[self.kquant].signed)
+            object.__setattr__(self, "signed_scale", gguf and signed_fits)
+
+    def _check(self) -> None:
         if self.layer_bits:  # before the checks of `bits`, which a mix sets to its widest width
             self._check_layer_bits()
         if not MIN_BITS <= self.bits <= MAX_BITS:
             raise UserError(f"bits must be between {MIN_BITS} and {MAX_BITS}, got {self.bits}")
         if self.group_size == 0 or self.group_size < -1:
             raise UserError(f"group size must be -1 (per output channel) or positive, got {self.group_size}")
-        if not 0 < self.damp <= 1:
-            raise UserError(f"damping must be in (0, 1] (relative to mean(diag H)), got {self.damp}")
-        if self.block_size < 1:
-            raise UserError(f"block size must be positive, got {self.block_size}")
         if self.signed_scale and not self.sym:
             raise UserError("--signed-scale is a symmetric grid; drop --asym or --signed-scale")
         if self.kquant is not None:
             self._check_kquant()
-        if self.target is Target.GGUF:
-            self._check_gguf_target()
-        if self.mse_weighted and not self.mse:
-            raise UserError("--mse-weighted weights the --mse scale search, which is off; drop --no-mse")
-        if self.mse_weighted and self.method is Method.RTN:
-            raise UserError("--mse-weighted weights by the calibration Hessian, which RTN does not collect; "
-                            "use --method gptq or matgptq")  # fmt: skip
-        if self.refit_scales and self.method is Method.RTN:
-            raise UserError("--refit-scales fits scales on the calibration Hessian, which RTN does not collect; "
-                            "use --method gptq or matgptq")  # fmt: skip
+        if self.target is Target.GGUF and self.kquant is None and self.group_size != GGUF_BLOCK:
+            raise UserError(f"--target gguf writes llama.cpp's {GGUF_BLOCK}-column blocks (Q4_0 ... Q8_0): drop "
+                            f"--group-size {self.group_size}, or add --kquant TYPE for K-quant super-blocks")  # fmt: skip
         for pattern in self.skip:
             try:
                 re.compile(pattern)
             except re.error as e:
                 raise UserError(f"--skip {pattern!r} is not a valid regular expression ({e})") from None
-        self._set_targets()
 
     def _check_kquant(self) -> None:
-        """--kquant: a K-quant whose lattice the grid, scale sign, groups and group size fit."""
+        """--kquant: a K-quant whose lattice the grid, scale sign and group size fit."""
         if not self.sym:
             raise UserError("--kquant needs a symmetric grid; drop --asym")
         if self.signed_scale and not LATTICES[self.kquant].signed:
             raise UserError(f"--kquant {self.kquant.value} stores unsigned sub-scales, so it needs the plain "
                             "symmetric grid; drop --signed-scale, or use --kquant q3_k or q6_k (signed)")  # fmt: skip
-        if self.act_order and not self.static_groups:
-            raise UserError("--kquant needs contiguous groups; add --static-groups to --act-order")
         why = check_group_size(self.kquant, self.group_size)
         if why:
             raise UserError(f"--kquant {self.kquant.value}: {why}")
 
-    def _check_gguf_target(self) -> None:
-        """--target gguf: groups llama.cpp's blocks hold (contiguous; 32 columns, or a K-quant's lattice)."""
-        if self.act_order and not self.static_groups:
+    def _check_layer_bits(self) -> None:
+        widths = dict(self.layer_bits)
+        bad = [(n, r) for n, r in widths.items()
+               if not isinstance(r, int) or isinstance(r, bool) or not MIN_BITS <= r <= MAX_BITS]  # fmt: skip
+        if bad:
+            raise UserError(f"the width mix gives {bad[0][0]} {bad[0][1]!r} bits; widths are {MIN_BITS}..{MAX_BITS}")
+        if len(widths) != len(self.layer_bits):
+            raise UserError("the width mix names a layer twice")
+        if self.bits != max(widths.values()):
+            raise UserError(f"bits ({self.bits}) must be the widest width of the mix ({max(widths.values())})")
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The widths the codes are solved for: R for MatGPTQ, the one width otherwise."""
+        return (self.bits,)
+
+    def skips(self, name: str) -> bool:
+        """Whether layer `name` (its full module name) stays unquantized (--skip)."""
+        return any(re.search(pattern, name) for pattern in self.skip)
+
+    def width_of(self, name: str) -> int:
+        """The width layer `name` (its full module name) is quantized at."""
+        return dict(self.layer_bits).get(name, self.bits) if self.layer_bits else self.bits
+
+    def for_layer(self, name: str):
+        """The one-width config layer `name` is solved with: itself, or for a mix, the same options at its width."""
+        return self if not self.layer_bits else replace(self, bits=self.width_of(name), layer_bits=())
+
+    def with_mix(self, widths: dict[str, int]):
+        """This config with each layer's own width (a mix); the stored width becomes the widest."""
+        return replace(self, bits=max(widths.values()), layer_bits=tuple(widths.items()))
+
+    def to_json(self) -> dict:
+        """The record in `matgptq.json` ("quantization"): the method and every field, as JSON values."""
+        d = {"method": self.method.value}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            d[f.name] = v.value if isinstance(v, Enum) else dict(v) if f.name == "layer_bits" else \
+                list(v) if isinstance(v, tuple) else v  # fmt: skip
+        return d
+
+
+@dataclass(frozen=True)
+class RTNConfig(GridConfig):
+    """Round-to-nearest onto the grid: no calibration data, no Hessian."""
+
+    method: ClassVar[Method] = Method.RTN
+
+
+@dataclass(frozen=True)
+class GPTQConfig(GridConfig):
+    """GPTQ (solver.py) onto the grid: the calibration Hessian's error feedback, column by column."""
+
+    mse: bool = True
+    # the MSE search's error weighted by diag H (grid.py); None: as `mse` for GPTQ, off for MatGPTQ (weight_search)
+    mse_weighted: bool | None = None
+    act_order: bool = False  # columns by decreasing diag H (groups follow the columns unless static_groups)
+    group_act_order: bool | None = None  # GAR (solver.py): groups, and columns inside them, by decreasing diag H;
+    # None: on unless act_order, which orders every column itself
+    static_groups: bool = False  # with act_order: each group's scale from its original columns, fixed up front
+    damp: float = 0.01  # λ added to diag H, relative to mean(diag H)
+    block_size: int = 128  # the solver's lazy-update block
+    true_sequential: bool = True  # each group of a block's Linears sees the quantized outputs of the groups before
+    refit_scales: bool = True  # the scales refit to the chosen codes by Hessian least squares (refit.refit_master)
+
+    method: ClassVar[Method] = Method.GPTQ
+    weight_search: ClassVar[bool] = True  # mse_weighted's default where the search is on
+
+    def _resolve(self) -> None:
+        super()._resolve()
+        if self.mse_weighted is None:
+            object.__setattr__(self, "mse_weighted", self.mse and self.weight_search)
+        if self.group_act_order is None:
+            object.__setattr__(self, "group_act_order", not self.act_order)
+
+    def _check(self) -> None:
+        super()._check()
+        if not 0 < self.damp <= 1:
+            raise UserError(f"damping must be in (0, 1] (relative to mean(diag H)), got {self.damp}")
+        if self.block_size < 1:
+            raise UserError(f"block size must be positive, got {self.block_size}")
+        if self.mse_weighted and not self.mse:
+            raise UserError("--mse-weighted weights the --mse scale search, which is off; drop --no-mse")
+        if self.act_order and not self.static_groups and self.kquant is not None:
+            raise UserError("--kquant needs contiguous groups; add --static-groups to --act-order")
+        if self.act_order and not self.static_groups and self.target is Target.GGUF:
             raise UserError("--target gguf needs contiguous groups, which --act-order alone breaks; add "
                             "--static-groups, or drop --act-order (group act-order, the default, keeps them)")  # fmt: skip
-        if self.kquant is None and self.group_size != GGUF_BLOCK:
-            raise UserError(f"--target gguf writes llama.cpp's {GGUF_BLOCK}-column blocks (Q4_0 ... Q8_0): drop "
-                            f"--group-size {self.group_size}, or add --kquant TYPE for K-quant super-blocks")  # fmt: skip
 
-    def _set_targets(self) -> None:
-        """`target_bits` sorted (R, containing the master width) and `bit_weights` one positive λ_r per width."""
+
+@dataclass(frozen=True)
+class MatGPTQConfig(GPTQConfig):
+    """MatGPTQ: one set of `bits`-bit codes whose top r bits are also good r-bit codes, for each r in R."""
+
+    mse: bool = False  # the scale search: ~2.8x the CPU time on a parent (docs/results/gptq_defaults.md)
+    target_bits: tuple[int, ...] = ()  # R, sorted, containing the master width; () = (bits,)
+    bit_weights: tuple[float, ...] = ()  # λ_r, one per width of R; () = default_bit_weight
+    variant: Variant = Variant.PER_WIDTH_SCALES  # parents recorded before variants existed are PAPER
+
+    method: ClassVar[Method] = Method.MATGPTQ
+    weight_search: ClassVar[bool] = False  # off, as the scale search itself (docs/results/gptq_defaults.md)
+
+    def __post_init__(self) -> None:
+        _as_enum(self, "variant", Variant, "MatGPTQ variant")
+        super().__post_init__()
+
+    def _check_layer_bits(self) -> None:
+        raise UserError("a per-layer width mix is for --method gptq or rtn; a matgptq parent already holds "
+                        "every width (slice a mix from it with `export --bits-config` or `load(bits=...)`)")  # fmt: skip
+
+    def _check(self) -> None:
+        super()._check()
         targets = tuple(sorted(set(self.target_bits))) if self.target_bits else (self.bits,)
-        if self.method is not Method.MATGPTQ and targets != (self.bits,):
-            raise UserError(f"method {self.method.value} quantizes one width; use --method matgptq for several")
         for r in targets:
             if not MIN_BITS <= r <= self.bits:
                 raise UserError(f"target width {r} must be between {MIN_BITS} and the master width {self.bits}")
@@ -185,59 +254,75 @@ class QuantConfig:
         object.__setattr__(self, "target_bits", targets)
         object.__setattr__(self, "bit_weights", lambdas)
 
-    def _check_layer_bits(self) -> None:
-        if self.method is Method.MATGPTQ:
-            raise UserError("a per-layer width mix is for --method gptq or rtn; a matgptq parent already holds "
-                            "every width (slice a mix from it with `export --bits-config` or `load(bits=...)`)")  # fmt: skip
-        widths = dict(self.layer_bits)
-        bad = [(n, r) for n, r in widths.items()
-               if not isinstance(r, int) or isinstance(r, bool) or not MIN_BITS <= r <= MAX_BITS]  # fmt: skip
-        if bad:
-            raise UserError(f"the width mix gives {bad[0][0]} {bad[0][1]!r} bits; widths are {MIN_BITS}..{MAX_BITS}")
-        if len(widths) != len(self.layer_bits):
-            raise UserError("the width mix names a layer twice")
-        if self.bits != max(widths.values()):
-            raise UserError(f"bits ({self.bits}) must be the widest width of the mix ({max(widths.values())})")
-
-    def skips(self, name: str) -> bool:
-        """Whether layer `name` (its full module name) stays unquantized (--skip)."""
-        return any(re.search(pattern, name) for pattern in self.skip)
-
-    def width_of(self, name: str) -> int:
-        """The width layer `name` (its full module name) is quantized at."""
-        return dict(self.layer_bits).get(name, self.bits) if self.layer_bits else self.bits
-
-    def for_layer(self, name: str) -> "QuantConfig":
-        """The one-width config layer `name` is solved with: itself, or for a mix, the same options at its width."""
-        r = self.width_of(name)
-        return self if not self.layer_bits else replace(self, bits=r, target_bits=(r,), bit_weights=(), layer_bits=())
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return self.target_bits
 
     def default_bit_weight(self, width: int) -> float:
         """λ_r when none is given: 1 (the paper), except the master's in the per-width variants: 16. A larger λ_c
         pulls the shared codes towards the master width's own optimum, improving the widest slices at a small cost to
         the narrow ones (docs/results/ablation*.md compare values)."""
-        per_width = self.method is Method.MATGPTQ and self.variant is not Variant.PAPER
-        return MASTER_BIT_WEIGHT if per_width and width == self.bits else 1.0
+        return MASTER_BIT_WEIGHT if self.variant is not Variant.PAPER and width == self.bits else 1.0
 
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["method"] = self.method.value
-        d["variant"] = self.variant.value
-        d["target"] = self.target.value
-        d["kquant"] = self.kquant.value if self.kquant else None
-        d["target_bits"] = list(self.target_bits)
-        d["bit_weights"] = list(self.bit_weights)
-        d["layer_bits"] = dict(self.layer_bits)
-        return d
 
-    @classmethod
-    def from_json(cls, d: dict) -> "QuantConfig":
-        # recorded before variants existed: the published algorithm; before an option existed: without it (not the
-        # method's default of today)
-        d = {"variant": Variant.PAPER.value, "group_act_order": False, "mse_weighted": False, "refit_scales": False, **d}
-        mix = d.get("layer_bits") or {}
-        d["layer_bits"] = tuple(mix.items()) if isinstance(mix, dict) else mix
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in cls.__dataclass_fields__})
+MethodConfig = RTNConfig | GPTQConfig | MatGPTQConfig
+CONFIGS: dict[Method, type[GridConfig]] = {Method.GPTQ: GPTQConfig, Method.MATGPTQ: MatGPTQConfig, Method.RTN: RTNConfig}
+OPTIONS = frozenset(f.name for f in fields(MatGPTQConfig))  # every method's options together
+
+
+def method_of(method: str | Method) -> Method:
+    """`method` as a Method, or a UserError naming the choices."""
+    try:
+        return Method(method)
+    except ValueError:
+        raise UserError(f"unknown method {method!r}; use one of {', '.join(m.value for m in Method)}") from None
+
+
+SHOWN_DEFAULTS = ("group_size", "group_act_order", "mse", "mse_weighted", "refit_scales", "damp")
+# each method's default of the options --help and docs/guide/quantize.md show per method (resolved as without
+# --target); an on/off option the method does not have is off, a numeric one is absent
+METHOD_DEFAULTS: dict[Method, dict[str, object]] = {
+    m: {k: getattr(cls(), k, False) for k in SHOWN_DEFAULTS if hasattr(cls(), k) or k != "damp"}
+    for m, cls in CONFIGS.items()
+}  # fmt: skip
+
+
+# GPTQ's options that act through the calibration Hessian, which RTN does not collect: refused with RTN when on
+NEEDS_HESSIAN = {"mse_weighted": "weights", "refit_scales": "fits scales on", "act_order": "orders columns by",
+                 "group_act_order": "orders groups by", "static_groups": "fixes groups for the column order of"}
+
+
+def config_for(method: str | Method, **options) -> MethodConfig:
+    """The method's config from flat options (the API's and CLI's keyword arguments, which name every option). An
+    option that is None takes the config's default; one the method does not have is dropped, unless it is on and
+    acts through the calibration Hessian RTN does not collect (NEEDS_HESSIAN), which is refused."""
+    cls = CONFIGS[method_of(method)]
+    unknown = set(options) - OPTIONS
+    if unknown:
+        raise TypeError(f"unknown quantization option(s): {', '.join(sorted(unknown))}")
+    own = {f.name for f in fields(cls)}
+    for name, verb in NEEDS_HESSIAN.items():
+        if name not in own and options.get(name):
+            raise UserError(f"--{name.replace('_', '-')} {verb} the calibration Hessian, which RTN does not collect; "
+                            "use --method gptq or matgptq")  # fmt: skip
+    return cls(**{k: v for k, v in options.items() if k in own and v is not None})
+
+
+def config_from_json(record: dict) -> MethodConfig:
+    """The config a checkpoint's "quantization" record describes. Recorded before an option existed means made
+    without it (not with today's default): MatGPTQ before variants is the paper's; before group act-order, the
+    weighted search and the refit, without them. Keys the method does not have (older records wrote every key)
+    are ignored; a record no config can be built from is a UserError."""
+    cls = CONFIGS[method_of(record.get("method", Method.GPTQ.value))]
+    old = {"variant": Variant.PAPER.value, "group_act_order": False, "mse_weighted": False, "refit_scales": False}
+    d = {**old, **record}
+    mix = d.get("layer_bits") or {}
+    d["layer_bits"] = tuple(mix.items()) if isinstance(mix, dict) else mix
+    own = {f.name for f in fields(cls)}
+    try:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in own and v is not None})
+    except (TypeError, ValueError, UserError) as e:
+        raise UserError(f"the checkpoint's `quantization` record is not valid ({e}); re-create the checkpoint") from None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ moves: the computation is the one without devices, bit for bit.
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple, Protocol
@@ -37,26 +36,14 @@ from tqdm.auto import tqdm
 from ..errors import UserError
 from ..formats import QuantizedWeight
 from ..models import ArchSpec, arch_spec, get_blocks, set_weight_matrix, weight_matrix
-from .config import Method, QuantConfig, Variant
-from .grid import NearestRounding, Rounding
-from .multibit import MatryoshkaRounding, PerWidthRounding
-from .refit import refit_master, refit_scales
+from .config import GPTQConfig, MethodConfig
+from .grid import Rounding
+from .layer import LayerReport, make_rounding, solve_layer
 from ..execution import combine_hessians, share, shard, world
 from .resume import BlockState
 from .passes import (
     Inputs, PassTimes, attention_cache, capture_block_inputs, collect_hessians, replay_outputs, run_block,
 )  # fmt: skip
-from .kquant_scales import ScaleLattice, lattice_for
-from .solver import QuantResult, gptq_quantize, rtn_quantize
-
-
-@dataclass
-class LayerReport:
-    name: str
-    shape: tuple[int, int]
-    rel_error: dict[int, float]  # width -> ‖(W − Ŵ)X‖² / ‖WX‖² on the calibration inputs (rows subsampled)
-    damp: float
-    seconds: float
 
 
 @dataclass
@@ -89,43 +76,10 @@ class BlockSource(Protocol):
     def free_block(self, i: int) -> None: ...
 
 
-def make_rounding(cfg: QuantConfig) -> Rounding:
-    if cfg.method is Method.MATGPTQ:
-        per_width = cfg.variant is not Variant.PAPER
-        return (PerWidthRounding if per_width else MatryoshkaRounding)(cfg.bits, cfg.target_bits, cfg.bit_weights)
-    return NearestRounding(cfg.bits)
-
-
-def with_width_scales(qw: QuantizedWeight, w: torch.Tensor, h: torch.Tensor, damp: float,
-                      widths: tuple[int, ...], lattice: ScaleLattice | None = None,
-                      group_size: int = -1) -> QuantizedWeight:  # fmt: skip
-    """The parent with its own least-squares scales (refit.py) for each target width below the master, in
-    `width_scales`; other widths (interpolated ones, the master) slice on the master scale. The master keeps the scale
-    its codes were chosen on, so what later layers see is the same as without the refit. Refitting only R's widths
-    keeps the cost to |R| − 1 passes of H (every width 2..c−1 would be c − 2)."""
-    if not widths:
-        return qw
-    fit = refit_scales(w, h, qw.codes, qw.scales, qw.zeros, qw.g_idx, qw.bits, widths, damp)
-    if lattice is not None:  # each width's scales on its own K-quant lattice (kquant_scales.py)
-        fit = {r: lattice.snap(s, lattice.super_scales(s, group_size)) for r, s in fit.items()}
-    return replace(qw, width_scales=fit)
-
-
 def check_finite(model: nn.Module) -> None:
     for name, p in model.named_parameters():
         if not torch.isfinite(p).all():
             raise UserError(f"the model weight {name} contains NaN or Inf values; fix or re-export the model first")
-
-
-def _relative_error(w: torch.Tensor, deq: torch.Tensor, h: torch.Tensor, max_rows: int = 128) -> float:
-    rows = torch.linspace(0, w.shape[0] - 1, min(max_rows, w.shape[0]), device=w.device).long()
-    w, e = w[rows].float(), (w[rows] - deq[rows]).float()
-    den = torch.einsum("nk,kl,nl->", w, h, w)
-    return float(torch.einsum("nk,kl,nl->", e, h, e) / den) if den > 0 else 0.0
-
-
-def _to_weight(res: QuantResult, bits: int) -> QuantizedWeight:
-    return QuantizedWeight(res.codes, res.scales, res.zeros, res.g_idx, bits, 0, res.perm)
 
 
 def _on_cpu(q: QuantizedWeight) -> QuantizedWeight:
@@ -175,7 +129,7 @@ class _Run:
     """What every block of one quantize_model call shares."""
 
     spec: ArchSpec
-    cfg: QuantConfig
+    cfg: MethodConfig
     rounding: Rounding
     groups: tuple[tuple[str, ...], ...]
     needs_data: bool
@@ -246,7 +200,7 @@ def _quantize_block(run: _Run, block: nn.Module, i: int, inputs: Inputs, reports
 
 @torch.no_grad()
 def quantize_model(
-    model: nn.Module, windows: torch.Tensor, cfg: QuantConfig, batch_tokens: int = 4096, progress: bool = True,
+    model: nn.Module, windows: torch.Tensor, cfg: MethodConfig, batch_tokens: int = 4096, progress: bool = True,
     rounding: Rounding | None = None, state: BlockState | None = None, device: torch.device | None = None,
     source: BlockSource | None = None, sink: BlockSink | None = None,
 ) -> QuantizeOutput:
@@ -263,8 +217,8 @@ def quantize_model(
     if state is not None and sink is None:
         raise ValueError("a resumable run needs a sink for its finished blocks")
     blocks = get_blocks(model, spec)
-    groups = spec.groups if cfg.true_sequential else (tuple(n for g in spec.groups for n in g),)
-    needs_data, (rank, size) = cfg.method is not Method.RTN, world()
+    needs_data, (rank, size) = isinstance(cfg, GPTQConfig), world()
+    groups = spec.groups if not needs_data or cfg.true_sequential else (tuple(n for g in spec.groups for n in g),)
     if size > 1 and needs_data:
         if windows.shape[0] < size:
             raise UserError(f"{windows.shape[0]} calibration windows for {size} processes leave some without work; "
@@ -300,41 +254,14 @@ def quantize_model(
     return QuantizeOutput(layers, reports, run.times)
 
 
-def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg: QuantConfig,
+def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg: MethodConfig,
            times: StageTimes) -> tuple[QuantizedWeight, LayerReport]:  # fmt: skip
-    """One layer's codes (GPTQ with the collected Hessian, or RTN without) and its report. A layer of a width mix is
-    solved as a one-width run at its own width would solve it."""
-    if cfg.layer_bits:
-        cfg = cfg.for_layer(full)
-        rounding = make_rounding(cfg)
+    """Layer `name` of `block` (full module name `full`) solved (layer.py), its codes on the CPU."""
     w = weight_matrix(block.get_submodule(name), spec).float()
-    lattice = lattice_for(cfg.kquant, cfg.group_size, w.shape[1])
-    t0 = time.perf_counter()
-    if collected is not None:
-        res = gptq_quantize(
-            w, collected.hessians[name], rounding, group_size=cfg.group_size, sym=cfg.sym, act_order=cfg.act_order,
-            static_groups=cfg.static_groups, mse=cfg.mse, damp=cfg.damp, block_size=cfg.block_size,
-            signed=cfg.signed_scale, lattice=lattice, mse_weighted=cfg.mse_weighted, group_order=cfg.group_act_order,
-        )  # fmt: skip
-    else:
-        res = rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse, cfg.signed_scale, lattice)
-    qw = _to_weight(res, cfg.bits)
-    if collected is not None and cfg.refit_scales:
-        snap = None if lattice is None else (lambda s: lattice.snap(s, lattice.super_scales(s, cfg.group_size)))
-        fit = refit_master(w, collected.hessians[name], qw.codes, qw.scales, qw.zeros, qw.g_idx, cfg.bits, res.damp,
-                           snap)  # fmt: skip
-        qw = replace(qw, scales=fit)
-    if collected is not None and cfg.method is Method.MATGPTQ and cfg.variant is Variant.PER_WIDTH_SCALES:
-        qw = with_width_scales(qw, w, collected.hessians[name], res.damp, cfg.target_bits[:-1], lattice,
-                               cfg.group_size)  # fmt: skip
-    seconds = time.perf_counter() - t0
-    times.solver += seconds
-    errors = {}
-    if collected is not None:
-        t1 = time.perf_counter()
-        errors = {r: _relative_error(w, qw.slice(r).dequantize(), collected.hessians[name]) for r in cfg.target_bits}
-        times.report += time.perf_counter() - t1
-    return _on_cpu(qw), LayerReport(full, tuple(w.shape), errors, res.damp, seconds)
+    qw, report, report_seconds = solve_layer(w, collected.hessians[name] if collected else None, full, rounding, cfg)
+    times.solver += report.seconds
+    times.report += report_seconds
+    return _on_cpu(qw), report
 
 
 def _restore(model, spec, state: BlockState | None, sink: BlockSink | None, source: BlockSource | None,

@@ -8,7 +8,7 @@ import os
 import platform
 import shutil
 import uuid
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -24,7 +24,7 @@ from ..models import (
     quantized_layer_names, read_text, require_model_dir, tokenize,
 )  # fmt: skip
 from ..models.lazy import LazyModel
-from .config import CalibConfig, Method, QuantConfig
+from .config import CalibConfig, Method, MethodConfig
 from .pipeline import LayerReport, quantize_model
 from .resume import BlockState
 
@@ -44,7 +44,7 @@ def unquantized_tensors(model, layers: dict, outside: str | None = None) -> dict
     return tensors
 
 
-def _windows(tokenizer, calib, cfg: QuantConfig, calib_cfg: CalibConfig) -> torch.Tensor:
+def _windows(tokenizer, calib, cfg: MethodConfig, calib_cfg: CalibConfig) -> torch.Tensor:
     """The calibration windows: `nsamples` random windows of `seqlen` tokens of the text (none for RTN)."""
     if calib is None:
         if cfg.method is not Method.RTN:
@@ -63,7 +63,7 @@ def _open(model: Path, dtype: str, stream: bool | None):
     return lazy, lazy.model if lazy is not None else load_fp_model(model, COMPUTE_DTYPES[dtype])
 
 
-def _with_widths(cfg: QuantConfig, fp, bits_config: WidthSpec | None) -> QuantConfig:
+def _with_widths(cfg: MethodConfig, fp, bits_config: WidthSpec | None) -> MethodConfig:
     """`cfg` with each layer's width from the mix `bits_config` (names as in a parent: --skip's layers stay out)."""
     names = [n for n in quantized_layer_names(fp, arch_spec(fp.config.model_type)) if not cfg.skips(n)]
     if not names:
@@ -71,11 +71,10 @@ def _with_widths(cfg: QuantConfig, fp, bits_config: WidthSpec | None) -> QuantCo
     if bits_config is None:
         return cfg
     widths = read_mix(bits_config, names)
-    widest = max(widths.values())
-    return replace(cfg, bits=widest, target_bits=(widest,), layer_bits=tuple(widths.items()))
+    return cfg.with_mix(widths)
 
 
-def _metadata(cfg: QuantConfig, calib_cfg: CalibConfig, calib, source: ModelSource, fp, reports: list[LayerReport],
+def _metadata(cfg: MethodConfig, calib_cfg: CalibConfig, calib, source: ModelSource, fp, reports: list[LayerReport],
               dev: torch.device, size: int) -> dict:  # fmt: skip
     """matgptq.json's record of how the checkpoint was made (docs/formats.md §1.4)."""
     meta = {
@@ -99,7 +98,7 @@ def _metadata(cfg: QuantConfig, calib_cfg: CalibConfig, calib, source: ModelSour
     return meta
 
 
-def run_quantization(source: ModelSource, out: str | Path, cfg: QuantConfig, calib_cfg: CalibConfig, calib,
+def run_quantization(source: ModelSource, out: str | Path, cfg: MethodConfig, calib_cfg: CalibConfig, calib,
                      bits_config: WidthSpec | None, dtype: str, dev: torch.device, *, resume: bool, stream: bool | None,
                      overwrite: bool, progress: bool, shard_bytes: int) -> tuple[Path, list[LayerReport]]:  # fmt: skip
     """Quantize the model at `source` with `cfg` and write the checkpoint `out` (the API's arguments, checked)."""
@@ -144,7 +143,7 @@ class _Discard:
         return {}
 
 
-def _run_settings(model, cfg: QuantConfig, calib_cfg: CalibConfig, calib, windows: torch.Tensor, dtype: str,
+def _run_settings(model, cfg: MethodConfig, calib_cfg: CalibConfig, calib, windows: torch.Tensor, dtype: str,
                   device: torch.device) -> dict:  # fmt: skip
     """What a quantization's result depends on, for refusing to resume another run's state: the model (its path,
     config and weight files' sizes and times — hashing a large model's shards would take long), the options, the
