@@ -15,7 +15,8 @@ import torch
 from matgptq.api import make_config
 from matgptq.models.arch import arch_spec, get_blocks, set_weight_matrix, weight_matrix
 from matgptq.quantization.passes import PassTimes, capture_block_inputs, collect_hessians
-from matgptq.quantization.pipeline import make_rounding, quantize_model
+from matgptq.quantization.layer import make_rounding
+from matgptq.quantization.pipeline import quantize_model
 from matgptq.quantization.refit import refit_master
 from matgptq.quantization.solver import gptq_quantize
 from tests.quantization.test_pipeline import CONFIGS, tiny_model, windows

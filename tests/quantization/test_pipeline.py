@@ -75,7 +75,7 @@ def test_matgptq_propagates_master_width_and_reports_every_target():
 def test_default_variant_stores_target_width_scales_and_each_variant_its_rounding():
     from matgptq.quantization.config import Variant
     from matgptq.quantization.multibit import MatryoshkaRounding, PerWidthRounding
-    from matgptq.quantization.pipeline import make_rounding
+    from matgptq.quantization.layer import make_rounding
 
     default, paper = make_config("matgptq", (3, 4, 8)), make_config("matgptq", (3, 4, 8), variant="paper")
     assert default.variant is Variant.PER_WIDTH_SCALES and default.bit_weights == (1.0, 1.0, 16.0)

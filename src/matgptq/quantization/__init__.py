@@ -1,12 +1,13 @@
 """Model → parent: the integer grid (grid), GPTQ/RTN on one matrix (solver), MatGPTQ's multi-width code choice
-(multibit), per-width scales (refit), the validated settings (config), the block-by-block pass over a model
-(pipeline) and what a whole run does around it (run)."""
+(multibit), per-width scales (refit), the typed settings per method (config), one layer solved from them (layer),
+the block-by-block pass over a model (pipeline) and what a whole run does around it (run)."""
 
 from .config import (
     CalibConfig, GPTQConfig, GridConfig, MatGPTQConfig, Method, MethodConfig, RTNConfig, Target, Variant, config_for,
     config_from_json, method_of,
 )  # fmt: skip
-from .pipeline import LayerReport, quantize_model
+from .layer import LayerReport
+from .pipeline import quantize_model
 
 __all__ = ["CalibConfig", "GridConfig", "RTNConfig", "GPTQConfig", "MatGPTQConfig", "MethodConfig", "Method", "Target",
            "Variant", "config_for", "config_from_json", "method_of", "LayerReport", "quantize_model"]

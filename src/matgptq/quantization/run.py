@@ -25,7 +25,8 @@ from ..models import (
 )  # fmt: skip
 from ..models.lazy import LazyModel
 from .config import CalibConfig, Method, MethodConfig
-from .pipeline import LayerReport, quantize_model
+from .layer import LayerReport
+from .pipeline import quantize_model
 from .resume import BlockState
 
 COMPUTE_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
