@@ -161,3 +161,25 @@ def test_probe_sensitivity_follows_the_linearity_model(setup):
         # the model's float32 weights vs the float64 dequantization of the probe: t agrees to ~1e-7 relative
         assert table[layer] == pytest.approx([base + slope * t[r] for r in levels], rel=1e-6, abs=1e-9)
     assert all(row[-1] == base for row in table)
+
+
+@pytest.mark.parametrize("attr,value,post", [
+    ("final_logit_softcapping", 3.0, lambda z: 3.0 * torch.tanh(z / 3.0)),  # Gemma 2/3: not affine, scored directly
+    ("logits_scaling", 4.0, lambda z: z / 4.0),  # Granite: affine, folded into the teacher terms
+])  # fmt: skip
+def test_post_processed_logits_enter_the_kl(setup, attr, value, post):
+    """A model whose forward post-processes its logits (evaluation/teacher.py Head) is scored on the processed ones:
+    the Llama fixture given the setting (its own forward ignores it) against the formula applied by hand."""
+    fitness, _, windows, parent = setup
+    mix, chosen = tuple(3 for _ in fitness.names), (1, 4)
+    candidate, reference = matgptq.load(parent, bits=dict(zip(fitness.names, mix))), matgptq.load(STORIES)
+    with torch.no_grad():
+        logp = F.log_softmax(post(reference(windows[list(chosen)]).logits[:, :-1].double()), -1)
+        logq = F.log_softmax(post(candidate(windows[list(chosen)]).logits[:, :-1].double()), -1)
+    want = float((logp.exp() * (logp - logq)).sum(-1).mean())
+    for model in (candidate, reference):
+        setattr(model.config, attr, value)
+    with Teacher(reference, windows, batch_size=4) as teacher:
+        got = Fitness(candidate, teacher, windows, fitness.names, batch_size=4).kl(mix, chosen)
+    # as in test_kl_is_the_all_at_once_formula: float32 logits against float64 log-softmax, ~1e-6 relative per term
+    assert got == pytest.approx(want, rel=1e-5)

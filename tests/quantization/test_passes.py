@@ -14,7 +14,7 @@ import torch
 
 from matgptq.api import make_config
 from matgptq.models.arch import arch_spec, get_blocks, set_weight_matrix, weight_matrix
-from matgptq.quantization.passes import PassTimes, capture_block_inputs, collect_hessians
+from matgptq.quantization.passes import PassTimes, capture_block_inputs, collect_hessians, trace_groups
 from matgptq.quantization.layer import make_rounding
 from matgptq.quantization.pipeline import quantize_model
 from matgptq.quantization.refit import refit_master
@@ -22,11 +22,21 @@ from matgptq.quantization.solver import gptq_quantize
 from tests.quantization.test_pipeline import CONFIGS, tiny_model, windows
 
 
+# the true-sequential groups of the architectures found from the model (no ArchSpec), written out by hand from their
+# modeling code: the oracle for the groups the pipeline traces (passes.trace_groups)
+LLAMA_LIKE = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
+              ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))  # fmt: skip
+HAND_GROUPS = {"gemma2": LLAMA_LIKE, "gemma3_text": LLAMA_LIKE, "olmo2": LLAMA_LIKE, "granite": LLAMA_LIKE,
+               "opt": (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.out_proj",),
+                       ("fc1",), ("fc2",))}  # fmt: skip
+
+
 def reference_pipeline(model, ids, cfg, batch):
-    spec = arch_spec(model.config.model_type)
+    spec = arch_spec(model)
     rounding = make_rounding(cfg)
     inputs = capture_block_inputs(model, spec, ids, batch)
-    groups = spec.groups if cfg.true_sequential else (tuple(n for g in spec.groups for n in g),)
+    written = spec.groups or HAND_GROUPS[model.config.model_type]
+    groups = written if cfg.true_sequential else (spec.layers,)  # one group: the layers in module order
     codes = {}
     for i, block in enumerate(get_blocks(model, spec)):
         for all_names in groups:
@@ -89,8 +99,10 @@ def test_pipeline_equals_the_plain_pipeline_bit_for_bit(kind, case):
     for name, q in layers.items():
         e = expected[name]
         assert torch.equal(q.codes, e.codes) and torch.equal(q.scales, e.scales) and torch.equal(q.zeros, e.zeros), name
-    # the shortcuts were taken: true-sequential runs one pass per group and no re-run (4 groups, 2 blocks)
-    assert times.forward_passes == (2 * 4 if cfg.true_sequential else 2 * 2)
+    # the shortcuts were taken: true-sequential runs one pass per group and no re-run (4 groups, 2 blocks); a block
+    # found from the model alone takes none (ArchSpec.residual_last is off): one pass per group and a re-run
+    shortcuts = arch_spec(tiny_model(kind)).residual_last
+    assert times.forward_passes == (2 * (4 + (not shortcuts)) if cfg.true_sequential else 2 * 2)
 
 
 def test_skipping_the_last_linear_falls_back_to_a_re_run():
@@ -105,7 +117,7 @@ def test_skipping_the_last_linear_falls_back_to_a_re_run():
 
 def test_shared_inputs_share_one_hessian_and_the_pass_stops_early():
     model = tiny_model("llama")
-    spec = arch_spec("llama")
+    spec = arch_spec(model)
     inputs = capture_block_inputs(model, spec, windows(4, 16), 2)
     block = get_blocks(model, spec)[0]
     calls = []
@@ -145,7 +157,7 @@ def test_hessians_do_not_depend_on_the_batch_size(windows_per_batch):
     each Hessian is (2/n) Σ x xᵀ within the float32 bound. The codes are a deterministic function of the Hessians
     (the pass structure is pinned bit for bit above), so that bound is the whole of the batch size's effect."""
     model = tiny_model("llama")
-    spec = arch_spec("llama")
+    spec = arch_spec(model)
     ids = windows(4, 16)
     inputs = capture_block_inputs(model, spec, ids, windows_per_batch)
     block = get_blocks(model, spec)[0]
@@ -167,3 +179,14 @@ def test_hessians_do_not_depend_on_the_batch_size(windows_per_batch):
         # float32: (rows + batches)·2⁻²⁴ ≈ 4e-6 of Σ|x||x| ≤ max|H| (derivation in the test above)
         for name in group:
             assert torch.allclose(hessians[name].double(), expected, rtol=0, atol=1e-5 * expected.abs().max()), name
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_traced_groups_are_the_ones_written_by_hand(kind):
+    """passes.trace_groups on a block's forward gives the groups models/arch.py writes out (llama ... gpt2) or the ones
+    read off the modeling code (HAND_GROUPS, for the architectures found from the model alone)."""
+    model = tiny_model(kind)
+    spec = arch_spec(model)
+    inputs = capture_block_inputs(model, spec, windows(2, 12), 2)
+    traced = trace_groups(get_blocks(model, spec)[0], spec.layers, inputs)
+    assert traced == (spec.groups or HAND_GROUPS[model.config.model_type])

@@ -208,12 +208,12 @@ def test_without_triton_every_layer_runs_dense(parent, capsys, monkeypatch):
 
 def test_packing_choices_and_bad_requests(parent):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert default_packing(None, torch.float32, "llama", cuda) is Packing.NESTED
-    assert default_packing(True, torch.bfloat16, "llama", cuda) is Packing.NESTED
-    assert default_packing(False, torch.bfloat16, "llama", cuda) is Packing.DENSE
-    assert default_packing(None, torch.float32, "gpt2", cuda) is Packing.DENSE  # Conv1D: no packed layer holds it
-    assert default_packing(True, torch.float32, "llama", cpu) is Packing.CPU
-    assert default_packing(None, torch.float32, "llama", cpu) is Packing.DENSE
+    assert default_packing(None, torch.float32, False, cuda) is Packing.NESTED
+    assert default_packing(True, torch.bfloat16, False, cuda) is Packing.NESTED
+    assert default_packing(False, torch.bfloat16, False, cuda) is Packing.DENSE
+    assert default_packing(None, torch.float32, True, cuda) is Packing.DENSE  # Conv1D: no packed layer holds it
+    assert default_packing(True, torch.float32, False, cpu) is Packing.CPU
+    assert default_packing(None, torch.float32, False, cpu) is Packing.DENSE
     assert QuantizedState(read_checkpoint(parent), {}, True).packing is Packing.CPU  # the former `packed` flag
     for kw, match in [({"resident": "gpu"}, "not a choice; use slice .* or parent"),
                       ({"resident": "parent"}, "loads on the CPU"),

@@ -91,7 +91,7 @@ class Fitness:
         self.batch_size, self.cache_limit, self.compute_dtype = batch_size, cache_limit, compute_dtype
         self.body, self.head = body_and_head(model)
         self.device = self.head.weight.device  # windows go where the model is (search --device)
-        spec = arch_spec(model.config.model_type)
+        spec = arch_spec(model)
         self.blocks = get_blocks(model, spec)
         prefix = spec.blocks + "."
         self.block_of = tuple(int(n[len(prefix):].split(".")[0]) if n.startswith(prefix) else 0 for n in self.names)
@@ -147,7 +147,10 @@ class Fitness:
         for b, batch in enumerate(self._batches(windows)):
             sink = cache.outputs[b] if until > skip else None
             hidden = self._hidden(batch, cache.outputs[b][skip - 1] if skip else None, skip, sink, until)
-            total += self._kl_sum(WindowTerms.cat([self.window_terms(w) for w in batch]), hidden)
+            if self.head.softcap is None:
+                total += self._kl_sum(WindowTerms.cat([self.window_terms(w) for w in batch]), hidden)
+            else:  # soft-capped logits (Gemma 2/3) are not affine in h: the KL from both distributions
+                total += self._kl_direct(batch, hidden)
             count += hidden.shape[0]
         self.evaluations += 1
         self.tokens += count
@@ -189,7 +192,7 @@ class Fitness:
         if window in self._terms:
             return self._terms[window]
         ref = self.teacher.hidden(window, window + 1)
-        weight, bias = self.head.weight, self.head.bias
+        weight, bias = self.head.affine()
         parts = []
         for c0 in range(0, ref.shape[0], self._chunk()):
             zt = self.teacher.logits(ref[c0 : c0 + self._chunk()]).float().to(self.device)
@@ -219,4 +222,15 @@ class Fitness:
             rows = slice(c0, c0 + h.shape[0])
             cross = (h.double() * terms.g[rows]).sum(-1)
             total += float((terms.const[rows] - cross + lse * terms.mass[rows]).sum())
+        return total
+
+    def _kl_direct(self, batch: list[int], hidden: torch.Tensor) -> float:
+        """Σ over rows of KL(p ‖ q) = Σ_v p_v (log p_v − log q_v) from the teacher's and the candidate's logits, chunk
+        by chunk (a head that is not affine, where the terms of the module docstring do not apply)."""
+        ref = torch.cat([self.teacher.hidden(w, w + 1) for w in batch])
+        total = 0.0
+        for c0 in range(0, hidden.shape[0], self._chunk()):
+            logp = self.teacher.logprobs(ref[c0 : c0 + self._chunk()]).to(self.device)
+            logq = torch.log_softmax(self.head(hidden[c0 : c0 + self._chunk()]).float(), -1)
+            total += float((logp.exp() * (logp - logq)).sum(dtype=torch.float64))
         return total

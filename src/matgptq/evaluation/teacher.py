@@ -35,20 +35,56 @@ class _Body:
         return self.base(input_ids=ids, use_cache=False).last_hidden_state
 
 
-def body_and_head(model) -> tuple[_Body, nn.Linear]:
+class Head(nn.Module):
+    """The output head: the model's Linear, then the elementwise post-processing its forward applies to the logits
+    (as the modeling code of transformers 5 writes them): Gemma 2/3's soft cap c·tanh(z/c), Granite's z / s,
+    Cohere's z·s. `weight` is the Linear's."""
+
+    def __init__(self, linear: nn.Linear, softcap: float | None = None, divide: float | None = None,
+                 multiply: float | None = None) -> None:  # fmt: skip
+        super().__init__()
+        self.linear, self.softcap, self.divide, self.multiply = linear, softcap, divide, multiply
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    @property
+    def out_features(self) -> int:
+        return self.linear.out_features
+
+    def affine(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(A, c) with head(h) = A h + c, where the head is affine (no soft cap): the Linear's, scaled."""
+        if self.softcap is not None:
+            raise ValueError("a soft-capped head is not affine")
+        s = (self.multiply or 1.0) / (self.divide or 1.0)
+        w, b = self.linear.weight, self.linear.bias
+        return (w, b) if s == 1.0 else (w * s, None if b is None else b * s)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        z = self.linear(hidden)
+        if self.softcap is not None:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        if self.divide is not None:
+            z = z / self.divide
+        if self.multiply is not None:
+            z = z * self.multiply
+        return z
+
+
+def body_and_head(model) -> tuple[_Body, Head]:
     """Split a causal LM into body (ids → final hidden states) and output head, where logits = head(hidden).
 
-    Holds for every architecture in models/arch.py (Llama, Mistral, Qwen2/3, Phi-3, GPT-2): their forward is
-    `lm_head(base_model(ids).last_hidden_state)` (tests/evaluation check it against `model(ids).logits`).
-    Models that post-process logits (soft-capping, logit scaling) are refused instead of scored wrongly."""
+    Holds for the decoder-only models transformers builds: their forward is `post(lm_head(base_model(ids)
+    .last_hidden_state))` with `post` one of Head's (tests/evaluation check it against `model(ids).logits` for every
+    architecture the tests build)."""
     cfg = model.config
-    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
-        if getattr(cfg, attr, None) not in (None, 1, 1.0):
-            raise ValueError(f"{cfg.model_type} post-processes its logits ({attr}); streamed scoring does not apply")
-    head = model.get_output_embeddings()
-    if not isinstance(head, nn.Linear):
+    linear = model.get_output_embeddings()
+    if not isinstance(linear, nn.Linear):
         raise ValueError(f"{cfg.model_type}'s output head is not a Linear layer")
-    return _Body(model.base_model, head.in_features), head
+    head = Head(linear, getattr(cfg, "final_logit_softcapping", None), getattr(cfg, "logits_scaling", None),
+                getattr(cfg, "logit_scale", None))  # fmt: skip
+    return _Body(model.base_model, linear.in_features), head
 
 
 class Teacher:

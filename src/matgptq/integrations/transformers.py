@@ -112,7 +112,7 @@ def _quantizer_class():
         def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
             # the quantized layers only: transformers loads the other tensors itself
             self.checkpoint = read_checkpoint(_checkpoint_dir(checkpoint_files, model.config), layers_only=True)
-            check_layers(self.checkpoint, model, arch_spec(model.config.model_type))
+            check_layers(self.checkpoint, model, arch_spec(model))
             for name in self.checkpoint.layers:
                 model.set_submodule(name, _Pending(model.get_submodule(name)))
             ignore = model._keys_to_ignore_on_load_unexpected
@@ -126,7 +126,7 @@ def _quantizer_class():
                                 "'cpu' or 'cuda'")  # fmt: skip
             device, dtype = devices.pop(), model.get_input_embeddings().weight.dtype
             cfg = self.quantization_config
-            packed = default_packed(cfg.packed, dtype, model.config.model_type)
+            packed = default_packed(cfg.packed, dtype, arch_spec(model).conv1d)
             for name in self.checkpoint.layers:
                 pending = model.get_submodule(name)
                 module = pending.original

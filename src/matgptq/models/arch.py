@@ -1,8 +1,11 @@
 """Which modules of a decoder-only HF model are quantized, and in which order (true-sequential groups).
 
-Each supported `model_type` names its list of decoder blocks and, inside a block, the Linear layers in groups that can
-be quantized together (a group only sees inputs produced by already-quantized groups when `true_sequential`).
-lm_head and the embeddings are never listed: they stay unquantized.
+`arch_spec(model)` finds them from the model itself: the decoder blocks are the ModuleList of
+`config.num_hidden_layers` modules of one class, and the quantized layers a block's Linear (or GPT-2 Conv1D)
+modules. The order and grouping of those layers (a group: the layers that read one tensor) come from the block's own
+forward, traced on the calibration inputs (quantization/passes.py `trace_groups`). ARCHITECTURES holds overrides:
+the groups written out, and the shortcuts the pipeline may take for blocks known to allow them (`residual_last`,
+`attention_out`). lm_head and the embeddings are never quantized.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ _LLAMA_GROUPS = (
 @dataclass(frozen=True)
 class ArchSpec:
     blocks: str  # dotted path of the nn.ModuleList of decoder blocks
-    groups: tuple[tuple[str, ...], ...]  # Linear names inside a block, in true-sequential order
+    # Linear names inside a block, in true-sequential order; None: traced from the block's forward (discovered)
+    groups: tuple[tuple[str, ...], ...] | None
     conv1d: bool = False  # GPT-2 style Conv1D: weight stored [in, out]
     # The block's output is `residual + last(x)` for the one Linear of the last group (true for every block listed
     # here: the MLP's output projection feeds only the final residual add). Lets the pipeline replay that Linear
@@ -34,6 +38,12 @@ class ArchSpec:
     # The Linear whose output is the attention module's output (its parent module): `(o(y), weights)`. Lets the
     # pipeline compute the attention once per block instead of once per later group (quantization/passes.py).
     attention_out: str | None = "self_attn.o_proj"
+    linears: tuple[str, ...] = ()  # the quantized layers of a block in module order, for a discovered spec
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """A block's quantized layers: in true-sequential order where the groups are known, else in module order."""
+        return tuple(n for g in self.groups for n in g) if self.groups is not None else self.linears
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -50,13 +60,32 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 }
 
 
-def arch_spec(model_type: str) -> ArchSpec:
-    if model_type not in ARCHITECTURES:
-        raise UserError(
-            f"model type '{model_type}' is not supported (supported: {', '.join(sorted(ARCHITECTURES))}); "
-            "add an ArchSpec to matgptq.models.arch.ARCHITECTURES naming its block list and Linear layer groups"
-        )
-    return ARCHITECTURES[model_type]
+def arch_spec(model: nn.Module) -> ArchSpec:
+    """The blocks and layers to quantize in `model` (it may be on the meta device): its override, or discovered."""
+    model_type = getattr(model.config, "model_type", type(model).__name__)
+    return ARCHITECTURES.get(model_type) or discover(model, model_type)
+
+
+def discover(model: nn.Module, model_type: str) -> ArchSpec:
+    """The decoder blocks (the ModuleList of `num_hidden_layers` modules of one class) and their Linear/Conv1D
+    layers; groups are left to the trace. Mixture-of-experts blocks whose experts are fused 3-D tensors are refused."""
+    n = getattr(model.config, "num_hidden_layers", None)
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0
+             and (n is None or len(m) == n) and len({type(b) for b in m}) == 1]  # fmt: skip
+    if not lists:
+        raise UserError(f"no list of {n or 'identical'} decoder blocks found in the {model_type} model; it is not a "
+                        "decoder-only transformer matgptq can quantize (add an ArchSpec to models/arch.py "
+                        "ARCHITECTURES)")  # fmt: skip
+    blocks, block = lists[0][0], lists[0][1][0]
+    fused = [name for name, p in block.named_parameters() if p.ndim == 3]
+    if fused:
+        raise UserError(f"{model_type} keeps its experts as fused 3-D tensors ({fused[0]}); mixture-of-experts "
+                        "models are not supported yet")  # fmt: skip
+    conv1d = [name for name, m in block.named_modules() if type(m).__name__ == "Conv1D"]
+    linears = tuple(name for name, m in block.named_modules() if isinstance(m, nn.Linear) or name in conv1d)
+    if not linears:
+        raise UserError(f"the {model_type} decoder blocks ({blocks}) hold no Linear layers to quantize")
+    return ArchSpec(blocks, None, conv1d=bool(conv1d), residual_last=False, attention_out=None, linears=linears)
 
 
 def get_blocks(model: nn.Module, spec: ArchSpec) -> nn.ModuleList:
@@ -81,4 +110,4 @@ def set_weight_matrix(module: nn.Module, spec: ArchSpec, w: torch.Tensor) -> Non
 
 def quantized_layer_names(model: nn.Module, spec: ArchSpec) -> list[str]:
     """Full module names of every quantized Linear, in pipeline order."""
-    return [f"{spec.blocks}.{i}.{name}" for i in range(len(get_blocks(model, spec))) for grp in spec.groups for name in grp]
+    return [f"{spec.blocks}.{i}.{name}" for i in range(len(get_blocks(model, spec))) for name in spec.layers]

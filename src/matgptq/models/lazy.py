@@ -73,13 +73,13 @@ class LazyModel:
                 stored[name] = (f, kind, shape)
         try:
             config = AutoConfig.from_pretrained(p)
-            spec = arch_spec(config.model_type)
             if dtype is None:  # transformers' "auto": config.json's dtype, else the first floating tensor's
                 dtype = getattr(config, "dtype", None) or next(
                     (_DTYPES[k] for _, k, _ in stored.values() if k in _DTYPES), torch.float32)  # fmt: skip
                 dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
             with parameters_on_meta():
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            spec = arch_spec(model)
         except LOAD_ERRORS as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
             raise UserError(f"cannot build the model in {p} ({first}); {fix}") from None

@@ -45,6 +45,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ..errors import UserError
 from ..models import ArchSpec, get_blocks
 
 Inputs = list[tuple[torch.Tensor, dict]]  # per batch of windows: (hidden states, keyword arguments of the block)
@@ -191,6 +192,34 @@ def run_block(block: nn.Module, inputs: Inputs, times: PassTimes | None = None) 
         times.forward += time.perf_counter() - t0
         times.forward_passes += 1
     return outs
+
+
+@torch.no_grad()
+def trace_groups(block: nn.Module, names: tuple[str, ...], inputs: Inputs) -> tuple[tuple[str, ...], ...]:
+    """A block's true-sequential groups from its own forward on the first batch: its layers in the order they run,
+    consecutive layers that read the very same tensor in one group (q/k/v, gate/up), as the groups written out in
+    models/arch.py ARCHITECTURES. Every layer must run exactly once."""
+    order: list[tuple[str, torch.Tensor]] = []
+    hooks = [block.get_submodule(n).register_forward_pre_hook(lambda m, args, n=n: order.append((n, args[0])))
+             for n in names]  # fmt: skip
+    try:
+        hidden, kwargs = inputs[0]
+        block(hidden, **kwargs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    ran = [n for n, _ in order]
+    if sorted(ran) != sorted(names):
+        odd = next(n for n in names if ran.count(n) != 1)
+        raise UserError(f"layer {odd} of a decoder block ran {ran.count(odd)} times in its forward, not once; "
+                        "matgptq cannot order it (add an ArchSpec to models/arch.py ARCHITECTURES)")  # fmt: skip
+    groups: list[tuple[list[str], torch.Tensor]] = []
+    for n, x in order:
+        if groups and groups[-1][1] is x:
+            groups[-1][0].append(n)
+        else:
+            groups.append(([n], x))
+    return tuple(tuple(g) for g, _ in groups)
 
 
 @torch.no_grad()

@@ -43,6 +43,7 @@ from ..execution import combine_hessians, share, shard, world
 from .resume import BlockState
 from .passes import (
     Inputs, PassTimes, attention_cache, capture_block_inputs, collect_hessians, replay_outputs, run_block,
+    trace_groups,
 )  # fmt: skip
 
 
@@ -131,7 +132,7 @@ class _Run:
     spec: ArchSpec
     cfg: MethodConfig
     rounding: Rounding
-    groups: tuple[tuple[str, ...], ...]
+    groups: tuple[tuple[str, ...], ...] | None  # None: traced from the first block quantized (passes.trace_groups)
     needs_data: bool
     rows: int  # calibration tokens on this rank
     rank: int
@@ -187,6 +188,8 @@ def _quantize_block(run: _Run, block: nn.Module, i: int, inputs: Inputs, reports
     """Quantize every group of block `i` in order; (its layers, the next block's inputs)."""
     done: dict[str, QuantizedWeight] = {}
     replayed, attention = False, None
+    if run.groups is None:
+        run.groups = trace_groups(block, run.spec.layers, inputs)
     for g, all_names in enumerate(run.groups):
         group = tuple(n for n in all_names if not run.cfg.skips(f"{run.spec.blocks}.{i}.{n}"))
         run.bar.update(len(all_names) - len(group))
@@ -211,14 +214,14 @@ def quantize_model(
     killed run (resume.py); `source` supplies the blocks of a model not in memory; `device`: where to compute
     (module docstring).
     """
-    spec = arch_spec(model.config.model_type)
+    spec = arch_spec(model)
     if source is None:
         check_finite(model)  # a lazy model's files were checked when it was opened
     if state is not None and sink is None:
         raise ValueError("a resumable run needs a sink for its finished blocks")
     blocks = get_blocks(model, spec)
     needs_data, (rank, size) = isinstance(cfg, GPTQConfig), world()
-    groups = spec.groups if not needs_data or cfg.true_sequential else (tuple(n for g in spec.groups for n in g),)
+    groups = _groups(spec, cfg, needs_data)
     if size > 1 and needs_data:
         if windows.shape[0] < size:
             raise UserError(f"{windows.shape[0]} calibration windows for {size} processes leave some without work; "
@@ -228,7 +231,7 @@ def quantize_model(
     device = torch.device(device) if device is not None else home
     batch = max(1, batch_tokens // windows.shape[1])
     inputs: Inputs = _block_inputs(model, spec, windows, batch, device, home) if needs_data else []
-    per_block = sum(len(g) for g in groups)
+    per_block = len(spec.layers)
     bar = tqdm(total=len(blocks) * per_block, desc="quantize", unit="layer", disable=not progress or rank > 0)
     run = _Run(spec, cfg, rounding or make_rounding(cfg), groups, needs_data,
                sum(h.shape[0] * h.shape[1] for h, _ in inputs), rank, size, StageTimes(), bar)  # fmt: skip
@@ -252,6 +255,16 @@ def quantize_model(
             blocks[i].to(home)
     bar.close()
     return QuantizeOutput(layers, reports, run.times)
+
+
+def _groups(spec: ArchSpec, cfg: MethodConfig, needs_data: bool) -> tuple[tuple[str, ...], ...] | None:
+    """A block's groups: all layers at once without true-sequential, one layer at a time without data (RTN), the
+    architecture's own where written out, else None (traced from the block's forward)."""
+    if needs_data and not cfg.true_sequential:
+        return (spec.layers,)
+    if spec.groups is None and not needs_data:
+        return tuple((n,) for n in spec.layers)
+    return spec.groups
 
 
 def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg: MethodConfig,

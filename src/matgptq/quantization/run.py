@@ -66,7 +66,7 @@ def _open(model: Path, dtype: str, stream: bool | None):
 
 def _with_widths(cfg: MethodConfig, fp, bits_config: WidthSpec | None) -> MethodConfig:
     """`cfg` with each layer's width from the mix `bits_config` (names as in a parent: --skip's layers stay out)."""
-    names = [n for n in quantized_layer_names(fp, arch_spec(fp.config.model_type)) if not cfg.skips(n)]
+    names = [n for n in quantized_layer_names(fp, arch_spec(fp)) if not cfg.skips(n)]
     if not names:
         raise UserError(f"--skip {' '.join(cfg.skip)} matches every quantizable layer; nothing would be quantized")
     if bits_config is None:
@@ -121,7 +121,7 @@ def run_quantization(source: ModelSource, out: str | Path, cfg: MethodConfig, ca
                                        sink=stage)  # fmt: skip
         if rank > 0:  # every rank holds the result; one writes it
             return Path(out), reports
-        spec = arch_spec(fp.config.model_type)
+        spec = arch_spec(fp)
         stage.assemble(out, len(get_blocks(fp, spec)), fp.config.to_dict(), unquantized_tensors(fp, {}, spec.blocks),
                        {r.name: list(r.shape) for r in reports}, {r.name: cfg.width_of(r.name) for r in reports},
                        _metadata(cfg, calib_cfg, calib, source, fp, reports, dev, size), model, overwrite,

@@ -84,7 +84,7 @@ def set_bits(model, bits: WidthSpec | None) -> None:
     if state is None:
         raise UserError("this model was not loaded from a quantized checkpoint by matgptq.load")
     widths = resolve_bits(bits, state.checkpoint)
-    spec = arch_spec(model.config.model_type)
+    spec = arch_spec(model)
     dtype = model.get_input_embeddings().weight.dtype
     for name, r in widths.items():
         if state.bits.get(name) == r:
@@ -113,7 +113,7 @@ def _set_nested(model, name: str, state: QuantizedState, bits: int, dtype: torch
         layer = NestedLinear(q, bits, module.bias, dtype, state.resident)
     except UserError as e:
         state.dense[name] = str(e)
-        set_weight_matrix(module, arch_spec(model.config.model_type), q.slice(bits).dequantize(dtype))
+        set_weight_matrix(module, arch_spec(model), q.slice(bits).dequantize(dtype))
         return
     model.set_submodule(name, layer.to(device))
 
@@ -135,7 +135,6 @@ def _config(ckpt: Checkpoint):
     except LOAD_ERRORS as e:
         raise UserError(f"{ckpt.path}/config.json is not a valid model config ({str(e)[:200]}); re-create the "
                         "checkpoint") from None  # fmt: skip
-    arch_spec(config.model_type)
     return config
 
 
@@ -166,7 +165,7 @@ def attach(model, ckpt: Checkpoint, bits: WidthSpec | None, packed: bool | Packi
     Packing, or a bool, True = Packing.CPU), and keep the integer data as `model.matgptq` for `set_bits`. NESTED
     layers are built where the model's Linears are, one at a time; without Triton, or for layers the nested layout
     cannot hold, they stay dense and one line on stderr says how many and why."""
-    spec = arch_spec(model.config.model_type)
+    spec = arch_spec(model)
     state = QuantizedState(ckpt, {}, packed, resident)
     if state.packed and spec.conv1d:
         raise UserError(f"packed layers hold nn.Linear weights; {model.config.model_type} uses Conv1D: load it with "
@@ -180,21 +179,21 @@ def attach(model, ckpt: Checkpoint, bits: WidthSpec | None, packed: bool | Packi
         print(notice, file=sys.stderr)
 
 
-def default_packed(packed: bool | None, dtype: torch.dtype, model_type: str) -> bool:
+def default_packed(packed: bool | None, dtype: torch.dtype, conv1d: bool) -> bool:
     """`packed` as given, or where it wins (`packed_wins`) for layers it can hold (nn.Linear, not Conv1D)."""
-    return packed_wins(dtype) and not arch_spec(model_type).conv1d if packed is None else packed
+    return packed_wins(dtype) and not conv1d if packed is None else packed
 
 
-def default_packing(packed: bool | Packing | None, dtype: torch.dtype, model_type: str,
+def default_packing(packed: bool | Packing | None, dtype: torch.dtype, conv1d: bool,
                     device: torch.device) -> Packing:  # fmt: skip
     """A Packing as given; else on the CPU `default_packed`'s choice (True = Packing.CPU), on a GPU NESTED unless
     packed=False (packed=None: NESTED for nn.Linear models, DENSE for Conv1D ones, which packed layers cannot hold)."""
     if isinstance(packed, Packing):
         return packed
     if device.type == "cpu":
-        return Packing.CPU if default_packed(packed, dtype, model_type) else Packing.DENSE
+        return Packing.CPU if default_packed(packed, dtype, conv1d) else Packing.DENSE
     if packed is None:
-        packed = not arch_spec(model_type).conv1d
+        packed = not conv1d
     return Packing.NESTED if packed else Packing.DENSE
 
 
@@ -208,13 +207,13 @@ def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dt
     dtype = dtype or getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
-    spec = arch_spec(config.model_type)
     try:
         with loader_quiet():
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     except LOAD_ERRORS as e:  # sizes a damaged config.json implies
         raise UserError(f"{ckpt.path}/config.json describes no buildable model ({str(e)[:200]}); re-create the "
                         "checkpoint") from None  # fmt: skip
+    spec = arch_spec(model)
     expected = dict(model.state_dict())
     quantized = {f"{n}.weight" for n in ckpt.layers}
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
@@ -230,7 +229,7 @@ def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dt
     check_layers(ckpt, model, spec)
     model.load_state_dict(ckpt.tensors, strict=False)
     model.tie_weights()
-    attach(model, ckpt, bits, default_packing(packed, dtype, config.model_type, device), resident)
+    attach(model, ckpt, bits, default_packing(packed, dtype, spec.conv1d, device), resident)
     return model.to(device).eval()
 
 
