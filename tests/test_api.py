@@ -48,15 +48,17 @@ def parent(tiny_llama_dir, tmp_path_factory):
                           group_size=32)  # fmt: skip
 
 
-def test_slice_evaluate_and_export_are_the_commands(parent, tmp_path):
+def test_slice_evaluate_export_and_search_are_the_commands(parent, tmp_path):
     """The Python calls write and return exactly what the commands do (the commands call them; this guards the
     API's own argument handling): the same slice bytes, the same eval report, the same export bytes."""
     import torch
 
     import matgptq
+    from matgptq.allocation import EvoConfig, parse_stages
     from matgptq.cli import main
-    from matgptq.exporters import export
     from tests.conftest import TINYSTORIES
+
+    export = matgptq.export
 
     assert matgptq.slice(parent, 4, tmp_path / "a") == tmp_path / "a"
     assert main(["slice", str(parent), "--bits", "4", "--out", str(tmp_path / "b")]) == 0
@@ -78,3 +80,12 @@ def test_slice_evaluate_and_export_are_the_commands(parent, tmp_path):
     assert same_tensors(tmp_path / "c" / "model.safetensors", tmp_path / "d" / "model.safetensors")
     with pytest.raises(ValueError, match="'gptq_v3' is not a valid ExportFormat"):
         export(parent, tmp_path / "x", "gptq_v3")
+
+    quick = dict(calib_range=(0.6, 0.7), levels=(2, 4, 8), seqlen=64, sensitivity_tokens=126, progress=False)
+    evo = EvoConfig(generations=2, offspring=4, stages=parse_stages("126:2,504:1"))
+    rows = matgptq.search(parent, "3.0", TINYSTORIES, tmp_path / "m1", evo=evo, **quick)
+    assert main(["search", str(parent), "--budget", "3.0", "--calib", str(TINYSTORIES), "--calib-range", "0.6:0.7",
+                 "--levels", "2,4,8", "--generations", "2", "--offspring", "4", "--stages", "126:2,504:1",
+                 "--seqlen", "64", "--sensitivity-tokens", "126", "--quiet", "--out", str(tmp_path / "m2")]) == 0  # fmt: skip
+    written = [json.loads((tmp_path / m / "mix-3.0.json").read_text()) for m in ("m1", "m2")]
+    assert written[0]["bits"] == written[1]["bits"] and rows[0]["budget"] == "3.0"

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .allocation import EvoConfig, SearchRequest, run_search
 from .errors import UserError
 from .evaluation.run import evaluate
 from .execution import resolve_device
+from .exporters import ExportFormat
+from .exporters import export as export_checkpoint
 from .formats import write_slice
 from .formats.mix import WidthSpec, width_spec
 from .formats.staged import SHARD_BYTES
@@ -82,9 +85,29 @@ def quantize(
                             overwrite=overwrite, progress=progress, shard_bytes=shard_bytes)
 
 
+def export(src: str | Path, out: str | Path, format: ExportFormat | str, *, bits: int | None = None,
+           bits_config: WidthSpec | None = None, overwrite: bool = False, **gguf_options) -> Path:  # fmt: skip
+    """Write the checkpoint `src` at `bits` (or the mix `bits_config`) as `format` (gptq_v1, gptq_v2,
+    compressed-tensors, gguf) to `out`, as `matgptq export`; `gguf_options`: qtype, float_type, embed_type."""
+    return export_checkpoint(src, out, format, bits=bits, bits_config=bits_config, overwrite=overwrite, **gguf_options)
+
+
+def search(parent: str | Path, budgets: str | float | list, calib: str | Path, out: str | Path, *,
+           evo: EvoConfig | None = None, **options) -> list[dict]:  # fmt: skip
+    """Search the best per-layer widths of the MatGPTQ `parent` under each bit budget (e.g. "3.0,2.5" or [3.0, 2.5])
+    on the calibration text `calib`, writing `out`/mix-<budget>.json, as `matgptq search`; returns one summary row
+    per budget. `evo`: the EvoPress settings (generations, offspring, stages, seed); `options`: the fields of
+    allocation.runner.SearchRequest (levels, kind, seqlen, sensitivity_tokens, calib_tokens, reference, text, ...)."""
+    spelled = budgets.split(",") if isinstance(budgets, str) else budgets if isinstance(budgets, (list, tuple)) \
+        else [budgets]  # fmt: skip
+    request = SearchRequest(parent=Path(parent), budgets=tuple(str(b).strip() for b in spelled), calib=Path(calib),
+                            out=Path(out), evo=evo or EvoConfig(), **options)  # fmt: skip
+    return run_search(request)
+
+
 def slice(parent: str | Path, bits: int, out: str | Path, overwrite: bool = False) -> Path:  # noqa: A001
     """Write the `bits`-bit slice of a parent as its own checkpoint (only that width's data), as `matgptq slice`."""
     return write_slice(parent, bits, out, overwrite)
 
 
-__all__ = ["quantize", "slice", "evaluate", "make_config", "parse_bits", "unquantized_tensors"]
+__all__ = ["quantize", "slice", "evaluate", "export", "search", "make_config", "parse_bits", "unquantized_tensors"]
