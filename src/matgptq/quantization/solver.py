@@ -127,6 +127,54 @@ def inverse_hessian_factor(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, 
         damp = min(damp * 10, 1.0)
 
 
+@dataclass
+class _Grid:
+    """What choosing a group's (scale, zero) needs: the grid settings, the column weights of the weighted search and the
+    K-quant lattice (with its super-scales), in processing order."""
+
+    rounding: Rounding
+    sym: bool
+    mse: bool
+    signed: bool
+    col_weights: torch.Tensor | None
+    lattice: ScaleLattice | None
+    lattice_d: torch.Tensor | None
+
+    def params(self, current: torch.Tensor, j: int, e: int, gid: int):
+        """(scale, zero) of the group of columns j..e from their current weights `current` [e − j, N]."""
+        cw = None if self.col_weights is None else self.col_weights[j:e]
+        scale, zero = find_params(current.T, self.rounding, self.sym, self.mse, self.signed, cw)
+        if self.lattice_d is not None:
+            scale = self.lattice.snap(scale, self.lattice_d[:, gid])
+        return scale, zero
+
+
+def _prepared(weight: torch.Tensor, hessian: torch.Tensor):
+    """(W, H) in float32 (float64 if given), copies; dead inputs (diag H = 0) get H_kk = 1 and zero weights."""
+    dtype = torch.promote_types(weight.dtype, torch.float32)
+    w, h = weight.to(dtype).clone(), hessian.to(dtype).clone()
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1
+    w[:, dead] = 0
+    return w, h
+
+
+def processing_order(diag_h: torch.Tensor, group_size: int, act_order: bool, group_order: bool):
+    """The column permutation GPTQ processes in: decreasing diag H (act-order), GAR's (group act-order), or None."""
+    if group_order:
+        return group_aware_order(diag_h, group_size)
+    return torch.argsort(diag_h, descending=True, stable=True) if act_order else None
+
+
+def _column(rounding: Rounding, col: torch.Tensor, scale, zero, tracks: int, n_rows: int):
+    """One column's codes and the error to propagate (per track, stacked, for T > 1)."""
+    if tracks > 1:
+        q = rounding.codes_tracks(col.view(tracks, n_rows), scale, zero)
+        return q, rounding.residual_tracks(col.view(tracks, n_rows), q, scale, zero).view(-1)
+    q = rounding.codes(col, scale, zero)
+    return q, rounding.residual(col, q, scale, zero)
+
+
 def gptq_quantize(
     weight: torch.Tensor,
     hessian: torch.Tensor,
@@ -152,44 +200,42 @@ def gptq_quantize(
 
     `lattice` (symmetric, contiguous groups): every group scale is moved onto d·sc (kquant_scales.py), d per row and
     super-block from the scales of the weights before any update, as soon as the group's scale is found."""
-    dtype = torch.promote_types(weight.dtype, torch.float32)
-    w = weight.to(dtype).clone()
-    h = hessian.to(dtype).clone()
-    n_rows, k = w.shape
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1
-    w[:, dead] = 0
-
+    w, h = _prepared(weight, hessian)
     col_weights = torch.diag(h).clone() if mse_weighted else None  # original column order
     lattice_d = _lattice_d(w, rounding, group_size, mse, lattice, col_weights, signed)
+    static = None
     if static_groups:
-        static_scales, static_zeros = _static_params(w, rounding, group_size, sym, mse, signed, col_weights)
+        static = _static_params(w, rounding, group_size, sym, mse, signed, col_weights)
         if lattice_d is not None:
-            static_scales = lattice.snap(static_scales, lattice_d)
-    perm = None
+            static = (lattice.snap(static[0], lattice_d), static[1])
     group_order = group_order and not act_order
-    if act_order or group_order:
-        diag_h = torch.diag(h)
-        perm = group_aware_order(diag_h, group_size) if group_order else torch.argsort(diag_h, descending=True, stable=True)
+    perm = processing_order(torch.diag(h), group_size, act_order, group_order)
+    if perm is not None:
         w, h = w[:, perm], h[perm][:, perm]
         col_weights = None if col_weights is None else col_weights[perm]
-    order = perm if perm is not None else torch.arange(k, device=w.device)
     u, damp = inverse_hessian_factor(h, damp)
+    grid = _Grid(rounding, sym, mse, signed, col_weights, lattice, lattice_d)
+    codes, scales, zeros = _solve(w, u, grid, group_size, block_size, perm, static, group_order)
+    return _finish(codes, scales, zeros, static, perm, group_size, group_order, damp)
 
+
+def _solve(w, u, grid: _Grid, group_size: int, block_size: int, perm, static, group_order: bool):
+    """The lazy-batch column loop (IST-DASLab/gptq `fasterquant`) on the ordered W [N, K] with the inverse-Hessian
+    factor U: codes [K, N] in processing order, and the group scales and zeros [N, G] found on the way."""
+    rounding, (n_rows, k), dtype = grid.rounding, w.shape, w.dtype
     g = k if group_size == -1 else group_size
-    n_groups = math.ceil(k / g)
+    order = perm if perm is not None else torch.arange(k, device=w.device)
     # Work on Wᵀ ([K, N]) so each column is a contiguous row, and split each lazy block into cache-sized sub-blocks:
     # the per-column rank-1 update touches only the rest of the sub-block; the rest of the block gets one small
     # matmul per sub-block, the rest of the matrix one per block. Same arithmetic as the plain recursion.
     tracks = getattr(rounding, "tracks", 1)
     wt = w.T.repeat(1, tracks).contiguous()  # [K, T·N]: track t in columns t·N..(t+1)·N
     codes = torch.empty(k, n_rows, dtype=dtype, device=w.device)
-    scales = torch.zeros(n_rows, n_groups, dtype=dtype, device=w.device)
-    zeros = torch.zeros(n_rows, n_groups, dtype=dtype, device=w.device)
+    scales = torch.zeros(n_rows, math.ceil(k / g), dtype=dtype, device=w.device)
+    zeros = torch.zeros_like(scales)
     diag = torch.diagonal(u).tolist()
     group_of = (order // g).tolist()  # original group of the column processed at each position
-    if static_groups:
-        static_s, static_z = static_scales.T.contiguous(), static_zeros.T.contiguous()
+    static_s, static_z = (static[0].T.contiguous(), static[1].T.contiguous()) if static else (None, None)
     scale = zero = None
     for b0 in range(0, k, block_size):
         b1 = min(b0 + block_size, k)
@@ -198,10 +244,9 @@ def gptq_quantize(
             s1 = min(s0 + SUB_BLOCK, b1)
             for j in range(s0, s1):
                 i = j - b0
-                if static_groups:
+                if static:
                     scale, zero = static_s[group_of[j]], static_z[group_of[j]]
-                elif j % g == 0:
-                    # current weights of columns j..j+g: add the pending sub-block and block updates
+                elif j % g == 0:  # the group's current weights: columns j..j+g with the pending updates added
                     e = j + g
                     current = torch.cat([
                         wt[j : min(s1, e)],
@@ -210,20 +255,10 @@ def gptq_quantize(
                     ])  # fmt: skip
                     if tracks > 1:
                         current = rounding.mean_track(current.view(-1, tracks, n_rows).transpose(0, 1))
-                    cw = None if col_weights is None else col_weights[j:e]
-                    scale, zero = find_params(current.T, rounding, sym, mse, signed, cw)
                     gid = group_of[j] if group_order else j // g  # act-order: groups in processing order (g_idx)
-                    if lattice_d is not None:
-                        scale = lattice.snap(scale, lattice_d[:, gid])
+                    scale, zero = grid.params(current, j, e, gid)
                     scales[:, gid], zeros[:, gid] = scale, zero
-                col = wt[j]
-                if tracks > 1:
-                    q = rounding.codes_tracks(col.view(tracks, n_rows), scale, zero)
-                    residual = rounding.residual_tracks(col.view(tracks, n_rows), q, scale, zero).view(-1)
-                else:
-                    q = rounding.codes(col, scale, zero)
-                    residual = rounding.residual(col, q, scale, zero)
-                codes[j] = q
+                codes[j], residual = _column(rounding, wt[j], scale, zero, tracks, n_rows)
                 torch.div(residual, diag[j], out=err[i])
                 if j + 1 < s1:
                     wt[j + 1 : s1].addr_(u[j, j + 1 : s1], err[i], alpha=-1)
@@ -231,13 +266,20 @@ def gptq_quantize(
                 wt[s1:b1].addmm_(u[s0:s1, s1:b1].T, err[s0 - b0 : s1 - b0], alpha=-1)
         if b1 < k:
             wt[b1:].addmm_(u[b0:b1, b1:].T, err, alpha=-1)
+    return codes, scales, zeros
 
-    g_idx = torch.empty(k, dtype=torch.int64, device=w.device)
-    g_idx[order] = order // g if static_groups or group_order else torch.arange(k, device=w.device) // g
-    if static_groups:
-        scales, zeros = static_scales, static_zeros
+
+def _finish(codes, scales, zeros, static, perm, group_size: int, group_order: bool, damp: float) -> QuantResult:
+    """The result in original column order: g_idx (act-order: groups in processing order; static groups and GAR:
+    contiguous), the static parameters where fixed up front, the permutation kept only where g_idx needs it."""
+    k = codes.shape[0]
+    g = k if group_size == -1 else group_size
+    order = perm if perm is not None else torch.arange(k, device=codes.device)
+    g_idx = torch.empty(k, dtype=torch.int64, device=codes.device)
+    g_idx[order] = order // g if static or group_order else torch.arange(k, device=codes.device) // g
+    if static:
+        scales, zeros = static
     codes = codes.T
     if perm is not None:
         codes = codes[:, torch.argsort(perm)]
-    codes = codes.contiguous()
-    return _to_result(codes, scales, zeros, g_idx, None if group_order else perm, damp)
+    return _to_result(codes.contiguous(), scales, zeros, g_idx, None if group_order else perm, damp)
