@@ -11,7 +11,7 @@ and CPU time (children's user+sys, os.wait4 — for torchrun the launcher's wait
     python scripts/bench_distributed.py [MODEL_DIR] [--method gptq] [--bits 4] [--nsamples 32] [--seqlen 256]
 
 --search PARENT times `matgptq search PARENT` instead (1 process x 1 thread vs torchrun x 2: the sensitivity table's
-and every stage's scorings dealt across the ranks, search/spread.py) and checks that both runs chose the same mix.
+and every stage's scorings dealt across the ranks, allocation/spread.py) and checks that both runs chose the same mix.
 
     python scripts/bench_distributed.py --search PARENT [--search-args "--budget 3.0 --generations 4"]
 """

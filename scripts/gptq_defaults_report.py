@@ -113,7 +113,9 @@ def defaults_block(data: dict) -> str:
 
     cells = _cells(data)
     show = lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v)  # noqa: E731
-    value = lambda k: " / ".join(show(METHOD_DEFAULTS[m][k]) for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN))  # noqa: E731
+    # an option a method does not have (RTN's damping) shows as "-"
+    value = lambda k: " / ".join(show(METHOD_DEFAULTS[m][k]) if k in METHOD_DEFAULTS[m] else "-"  # noqa: E731
+                                 for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN))
     parent = lambda after: _step(cells, "matgptq-parent", after) + _cpu(cells, "matgptq-parent", after)  # noqa: E731
     rows = [
         ("`--group-size`", value("group_size"), "the field's default (GPTQModel, llm-compressor, vLLM's kernels); -1 "

@@ -3,7 +3,7 @@ scripts/gpu_bench_quantize.py's measure_quantize wrote. The function for scripts
 
     measure_search_scoring(work, parent, tiny) -> dict
 
-The scoring (search/fitness.py `Fitness.kl`) runs in a `python3 -c` child (scripts/gpu_bench_children.py's
+The scoring (allocation/fitness.py `Fitness.kl`) runs in a `python3 -c` child (scripts/gpu_bench_children.py's
 SCORE_CHILD) with a timeout: on an H100 at most 45 s (FULL's score_timeout_s); a failing or timed-out child records why
 (the last lines of its stderr). `tiny=True` runs the same code (child, dict keys) on a small random Llama on the CPU,
 quantizing a tiny parent of its own when `work` holds none. The carried inputs, the child runner and the budgets are
@@ -31,7 +31,7 @@ def _default_parent(work: Path) -> Path | None:
 
 
 def measure_search_scoring(work: Path, parent: Path | None, tiny: bool, timeout_s: float | None = None) -> dict:
-    """The search's scoring throughput (search/fitness.py `Fitness.kl`: the candidate's forward over the calibration
+    """The search's scoring throughput (allocation/fitness.py `Fitness.kl`: the candidate's forward over the calibration
     windows at a mix of widths and its KL to the teacher) on the device: after a warm-up, a few candidates each
     two layers away from the last (an EvoPress child), timed apart from their `set_bits` re-slicing. `parent`: a
     parent written by measure_quantize (default: the one it kept under `work`)."""

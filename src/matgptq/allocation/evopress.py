@@ -169,7 +169,7 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
         else:
             rng0 = np.random.Generator(np.random.PCG64(config.seed))
             state = EvoState(0, tuple(start), rng0.bit_generator.state, tuple(start))
-    state = from_rank0(state)  # under torchrun every rank continues from rank 0's state (search/spread.py)
+    state = from_rank0(state)  # under torchrun every rank continues from rank 0's state (allocation/spread.py)
     rng = np.random.Generator(np.random.PCG64())
     rng.bit_generator.state = state.rng
     n_windows, seqlen = fitness.windows.shape

@@ -157,7 +157,7 @@ class Fitness:
         return total / count
 
     def count_elsewhere(self, evaluations: int, windows: tuple[int, ...]) -> None:
-        """Count scorings of `windows` made by other processes (search/spread.py), so every rank reports the total."""
+        """Count scorings of `windows` made by other processes (allocation/spread.py), so every rank reports the total."""
         self.evaluations += evaluations
         self.tokens += evaluations * len(windows) * (self.windows.shape[1] - 1)
 

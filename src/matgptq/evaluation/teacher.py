@@ -7,7 +7,7 @@ time and the reference log-probabilities are recomputed exactly, chunk by chunk,
 (a copy of its weights, so the reference model itself can be freed). On a GPU the reference runs there and its
 hidden states go through the CPU to the file; `logprobs`/`logits` take rows from anywhere to the head's device.
 Memory for a 128k vocabulary at 500k tokens: disk 500k × H × 4 bytes (2 GB at H = 1024, 8 GB at H = 4096); RAM
-one batch of hidden states plus CHUNK_ELEMENTS-sized chunks, whatever the token count. The search (search/fitness.py)
+one batch of hidden states plus CHUNK_ELEMENTS-sized chunks, whatever the token count. The search (allocation/fitness.py)
 reuses it: one teacher, many candidates.
 """
 

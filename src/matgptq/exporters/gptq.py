@@ -13,7 +13,7 @@ stored as z − 1, and GPTQModel refuses asymmetric v1 not made by itself).
 Config (§2.6–2.7): the same dict in config.json["quantization_config"] and quantize_config.json, with both
 `checkpoint_format` and `format`; a per-layer mix uses the most common width as `bits` plus GPTQModel `dynamic`
 overrides {"+:^<escaped name>$": {"bits": r}}, which GPTQModel honours and transformers/optimum ignore. Which
-readers run a written file: export/readers.py.
+readers run a written file: exporters/readers.py.
 """
 
 from __future__ import annotations

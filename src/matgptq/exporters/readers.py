@@ -52,7 +52,7 @@ class Readers:
 
 
 def _gptq_layers(path: Path, qc: dict) -> dict[str, tuple[int, int, int]]:
-    """{layer: (bits, N, K)} of a GPTQ directory written by export/gptq.py (one model.safetensors)."""
+    """{layer: (bits, N, K)} of a GPTQ directory written by exporters/gptq.py (one model.safetensors)."""
     header = read_header(path / "model.safetensors")
     dynamic = qc.get("dynamic") or {}
     out = {}

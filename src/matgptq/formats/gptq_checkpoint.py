@@ -17,7 +17,7 @@ torch kernel, and transformers + optimum with it, load such files (faster kernel
 3-bit layer needs K and N multiples of 32 and is refused otherwise. The reader crops the fill again (K from g_idx, N
 from qweight).
 
-Written by export/gptq.py.
+Written by exporters/gptq.py.
 """
 
 from __future__ import annotations
