@@ -27,7 +27,7 @@ from matgptq.execution import format_table
 from matgptq.quantization.grid import NearestRounding, minmax_params
 from matgptq.formats import QuantizedWeight
 from matgptq.quantization.multibit import MatryoshkaRounding, PerWidthRounding, brute_force_codes
-from matgptq.quantization.pipeline import with_width_scales
+from matgptq.quantization.layer import with_width_scales
 from matgptq.quantization.solver import gptq_quantize
 
 

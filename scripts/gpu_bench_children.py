@@ -41,7 +41,7 @@ CUDA = device.startswith("cuda")
 import matgptq
 from matgptq.formats.staged import StagedCheckpoint
 from matgptq.models.lazy import LazyModel
-from matgptq.quantization import passes, pipeline, resume
+from matgptq.quantization import layer, passes, pipeline, resume
 from matgptq.quantization import run as qrun
 
 stages, blocks, active, times = {}, [], [], {}
@@ -82,9 +82,9 @@ wrap(pipeline, "_block_inputs", "capture", sync_before=True)
 wrap(LazyModel, "load_block", "load_block")
 wrap(pipeline, "_quantize_block", "blocks", sync_before=True, done=block_done)
 wrap(pipeline, "_solve", "solve_wall", sync_before=True, done=layer_done)
-wrap(pipeline, "gptq_quantize", "gptq")  # synchronised inside _solve's timing: StageTimes.solver is the device's
-wrap(pipeline, "refit_master", "refit")
-wrap(pipeline, "with_width_scales", "width_scales")
+wrap(layer, "gptq_quantize", "gptq")  # synchronised inside _solve's timing: StageTimes.solver is the device's
+wrap(layer, "refit_master", "refit")
+wrap(layer, "with_width_scales", "width_scales")
 wrap(passes._Accumulator, "add", "hessian_add")  # synchronised inside the hook's timing: StageTimes.hessian
 wrap(StagedCheckpoint, "write_block", "sink_write")
 wrap(StagedCheckpoint, "assemble", "assemble")
