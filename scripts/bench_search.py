@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from matgptq.argtypes import fraction_range as _range
+from matgptq.cli.argtypes import fraction_range as _range
 from matgptq.execution import format_table
 from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint

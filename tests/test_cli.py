@@ -273,7 +273,7 @@ def test_third_party_warnings_are_silenced_matgptq_ones_are_not(tmp_path, monkey
             logger.warning(f"{logger.name}: a note")
             logger.error(f"{logger.name}: an error")
 
-    monkeypatch.setattr(cli, "cmd_slice", command)
+    monkeypatch.setattr(cli.COMMANDS["slice"], "run", command)
     filters, levels = list(warnings.filters), [logger.level for logger in loggers]
     for logger in loggers:
         logger.addHandler(handler)

@@ -18,7 +18,6 @@ SRC = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 RANK: dict[str, int] = {
     "errors": 0, "fsutil": 0, "untrusted": 0, "_version": 0,  # base: import nothing above
     "execution": 1,  # devices, torch.distributed helpers, tables: used by every stage (imports only errors)
-    "argtypes": 2,  # the commands' argument types (--device's help comes from execution)
     "models": 1, "formats": 1,  # the Hugging Face side; bytes on disk (each with its reader and writer)
     "kernels": 2,  # GPU layouts and Triton kernels for a parent (reads formats only; runtime serves with them)
     "quantization": 3, "runtime": 3,  # model → parent; parent or slice → a model that runs
@@ -26,7 +25,9 @@ RANK: dict[str, int] = {
     "integrations": 4,  # matgptq inside other engines (transformers' from_pretrained): uses runtime
     "exporters": 5,  # GPTQ / GGUF writers (their reports use evaluation's tables)
     "allocation": 5,  # per-layer mixes of a parent under a budget (scores candidates with evaluation's KL)
-    "api": 6, "cli": 6, "__main__": 6, "": 6,  # the entry points: only these import everything
+    "api": 6,  # the Python API: one function per command, each calling its runner
+    "cli": 7,  # the command line: parses, calls the API, prints
+    "__main__": 8, "": 8,  # `python -m matgptq` and the package itself
 }  # fmt: skip
 
 Edge = tuple[str, str, int]  # (importer, imported, line)

@@ -1,5 +1,5 @@
 """Exports of quantized checkpoints to formats other tools run: GPTQ (v1/v2), compressed-tensors (`pack-quantized`)
-and GGUF; `export` picks the writer; `matgptq export` (cli)."""
+and GGUF; `export` picks the writer (`matgptq export` is cli/export.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from enum import Enum
 from pathlib import Path
 
 from ..formats.mix import WidthSpec
-from .cli import add_export_parser, cmd_export
 
 
 class ExportFormat(str, Enum):
@@ -38,4 +37,4 @@ def export(src: str | Path, out: str | Path, format: ExportFormat | str, *, bits
     return export_gptq(src, out, fmt.value, bits, bits_config, overwrite)
 
 
-__all__ = ["ExportFormat", "export", "add_export_parser", "cmd_export"]
+__all__ = ["ExportFormat", "export"]

@@ -48,7 +48,6 @@ from ..errors import UserError
 from ..formats import QuantizedWeight
 from ..fsutil import atomic_output, copy_tokenizer_files
 from ..quantization import config_from_json
-from .readers import ct_readers
 from .source import quantized_source
 
 FORMAT = "pack-quantized"
@@ -213,8 +212,3 @@ def export_compressed_tensors(src, out, bits: int | None = None, bits_config=Non
         copy_tokenizer_files(ckpt.path, tmp)
     return Path(out)
 
-
-def export_compressed_tensors_cli(args) -> None:
-    out = export_compressed_tensors(args.src, args.out, args.bits, args.bits_config, args.overwrite)
-    print(f"wrote {out} (compressed-tensors {FORMAT})")
-    print(ct_readers(out).line())

@@ -33,7 +33,6 @@ from ..errors import UserError
 from ..formats import SUPPORTED_BITS, QuantizedWeight, pack_cols, pack_rows, to_v1_words, trivial_g_idx
 from ..fsutil import atomic_output, copy_tokenizer_files
 from ..quantization import GPTQConfig, MethodConfig, config_from_json
-from .readers import gptq_readers
 from .source import quantized_source
 
 FORMATS = {"gptq_v1": "gptq", "gptq_v2": "gptq_v2"}  # CLI name -> checkpoint_format
@@ -143,8 +142,3 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
         copy_tokenizer_files(ckpt.path, tmp)
     return Path(out)
 
-
-def export_gptq_cli(args) -> None:
-    out = export_gptq(args.src, args.out, args.format, args.bits, args.bits_config, args.overwrite)
-    print(f"wrote {out} ({args.format})")
-    print(gptq_readers(out).line())

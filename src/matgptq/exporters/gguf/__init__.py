@@ -2,9 +2,9 @@
 (metadata) and the tokenizer (vocab)."""
 
 from .arch import ARCHITECTURES, llama_qk_permutation
-from .writer import GGUFExport, GGUFExportWarning, TensorExport, export_gguf, export_gguf_cli, read_gguf_weights
+from .writer import GGUFExport, GGUFExportWarning, TensorExport, export_gguf, read_gguf_weights
 
 __all__ = [
     "ARCHITECTURES", "llama_qk_permutation", "GGUFExport", "GGUFExportWarning", "TensorExport", "export_gguf",
-    "export_gguf_cli", "read_gguf_weights",
+    "read_gguf_weights",
 ]  # fmt: skip

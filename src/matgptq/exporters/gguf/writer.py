@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,9 +35,8 @@ from ...untrusted import read_json
 from .arch import ARCHITECTURES, tensor_order, llama_qk_permutation
 from .metadata import add_metadata, hparams
 from .vocab import add_vocab
-from ..readers import gguf_readers
 
-__all__ = ["export_gguf", "export_gguf_cli", "read_gguf_weights", "GGUFExport", "TensorExport", "GGUFExportWarning"]
+__all__ = ["export_gguf", "read_gguf_weights", "GGUFExport", "TensorExport", "GGUFExportWarning"]
 
 
 class GGUFExportWarning(UserWarning):
@@ -293,22 +291,6 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
     report.size_bytes = out.stat().st_size
     return report
 
-
-def export_gguf_cli(args) -> None:
-    """`matgptq export SRC --format gguf ...`: export and print the report's summary (with --verbose, every tensor)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", GGUFExportWarning)  # the report lists them
-        rep = export_gguf(args.src, args.out, bits=args.bits, bits_config=args.bits_config, qtype=args.type,
-                          overwrite=args.overwrite, float_type=getattr(args, "float_type", None) or "f32",
-                          embed_type=getattr(args, "embed_type", None) or "auto")  # fmt: skip
-    if getattr(args, "verbose", False):
-        print(rep.table())
-    for w in rep.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    print(rep.summary())
-    print(f"wrote {rep.path} ({rep.size_bytes / 2**20:.2f} MiB, {rep.bits_per_weight:.2f} bits per weight, mostly "
-          f"{rep.file_type.upper()})")  # fmt: skip
-    print(gguf_readers(rep.path).line())
 
 
 # --- reading back (independent check through gguf-py) ---------------------------------------------------------------

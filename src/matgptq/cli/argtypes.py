@@ -42,6 +42,6 @@ def ints(text: str) -> tuple[int, ...]:
 
 
 def add_device_option(parser: argparse.ArgumentParser, what: str) -> None:
-    from .execution import CHOICES_HELP
+    from ..execution import CHOICES_HELP
 
     parser.add_argument("--device", default="auto", help=f"where {what}: {CHOICES_HELP}")

@@ -1,20 +1,20 @@
-"""`matgptq search`: the command-line entry of the mix search (parser and command; the work is in runner.py)."""
+"""`matgptq search`: parse, call `matgptq.search`, print one row per budget."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..argtypes import DefaultsHelpFormatter, add_device_option, fraction_range, ints
+from ..allocation import BudgetKind, EvoConfig, ScoreDtype, SearchRequest, mix_path, parse_stages
+from ..allocation.evopress import format_stages
+from ..allocation.sensitivity import Sensitivity
+from ..allocation.spread import is_writer
+from ..api import search
 from ..execution import format_table
-from .budget import BudgetKind
-from .evopress import EvoConfig, format_stages, parse_stages
-from .runner import ScoreDtype, SearchRequest, mix_path, run_search
-from .sensitivity import Sensitivity
-from .spread import is_writer
+from .argtypes import DefaultsHelpFormatter, add_device_option, fraction_range, ints
 
 
-def add_search_parser(sub) -> None:
+def add_parser(sub) -> None:
     s = sub.add_parser("search", help="best per-layer widths of a parent under bit budgets (knapsack start + EvoPress)",
                        formatter_class=DefaultsHelpFormatter)
     s.add_argument("parent", help="matgptq parent checkpoint (from quantize --method matgptq)")
@@ -60,19 +60,16 @@ def add_search_parser(sub) -> None:
     add_device_option(s, "the candidates are scored")
 
 
-def cmd_search(a: argparse.Namespace) -> None:
-
+def run(a: argparse.Namespace) -> None:
     evo = EvoConfig(generations=a.generations, offspring=a.offspring, stages=parse_stages(a.stages), seed=a.seed)
-    req = SearchRequest(
-        parent=Path(a.parent), budgets=tuple(b.strip() for b in a.budget.split(",")), calib=Path(a.calib),
-        out=Path(a.out), calib_range=a.calib_range, levels=a.levels, kind=BudgetKind(a.budget_kind), evo=evo,
-        seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens, sensitivity=Sensitivity(a.sensitivity),
-        calib_tokens=a.calib_tokens, reference=a.kl_to,
+    rows = search(
+        a.parent, a.budget, a.calib, a.out, evo=evo, calib_range=a.calib_range, levels=a.levels,
+        kind=BudgetKind(a.budget_kind), seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens,
+        sensitivity=Sensitivity(a.sensitivity), calib_tokens=a.calib_tokens, reference=a.kl_to,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
         resume=a.resume, overwrite=a.overwrite, progress=not a.quiet, device=a.device,
         score_dtype=ScoreDtype(a.score_dtype),
     )  # fmt: skip
-    rows = run_search(req)
     if not is_writer():  # torchrun: every rank holds the same mixes; rank 0 reports them
         return
     headers = ["budget", "kind", "code_bits", "storage_bits"] + (["gguf_bits"] if a.budget_kind == "gguf" else [])

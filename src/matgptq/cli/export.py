@@ -1,14 +1,19 @@
-"""`matgptq export`: the command-line entry for every export format."""
+"""`matgptq export`: parse, call the format's writer, print what was written and which readers run it."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 
-from ..argtypes import DefaultsHelpFormatter
+from ..api import export
+from ..exporters.gguf import GGUFExportWarning, export_gguf
+from ..exporters.readers import ct_readers, gguf_readers, gptq_readers
 from ..formats.gguf import EMBED_TYPES
+from .argtypes import DefaultsHelpFormatter
 
 
-def add_export_parser(sub) -> None:
+def add_parser(sub) -> None:
     x = sub.add_parser("export", formatter_class=DefaultsHelpFormatter,
                        help="export a parent or quantized checkpoint as GPTQ (v1/v2), compressed-tensors or GGUF")
     x.add_argument("src", help="matgptq parent/slice or quantized checkpoint directory")
@@ -30,16 +35,30 @@ def add_export_parser(sub) -> None:
                         "default only their summary)")  # fmt: skip
 
 
-def cmd_export(a: argparse.Namespace) -> None:
+def run(a: argparse.Namespace) -> None:
     if a.format == "gguf":
-        from .gguf import export_gguf_cli
-
-        export_gguf_cli(a)
-    elif a.format == "compressed-tensors":
-        from .compressed_tensors import export_compressed_tensors_cli
-
-        export_compressed_tensors_cli(a)
+        _gguf(a)
+        return
+    out = export(a.src, a.out, a.format, bits=a.bits, bits_config=a.bits_config, overwrite=a.overwrite)
+    if a.format == "compressed-tensors":
+        print(f"wrote {out} (compressed-tensors pack-quantized)")
+        print(ct_readers(out).line())
     else:
-        from .gptq import export_gptq_cli
+        print(f"wrote {out} ({a.format})")
+        print(gptq_readers(out).line())
 
-        export_gptq_cli(a)
+
+def _gguf(a: argparse.Namespace) -> None:
+    """Export and print the report's summary (with --verbose, every tensor), its warnings, and the readers line."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GGUFExportWarning)  # the report lists them
+        rep = export_gguf(a.src, a.out, bits=a.bits, bits_config=a.bits_config, qtype=a.type, overwrite=a.overwrite,
+                          float_type=a.float_type, embed_type=a.embed_type)  # fmt: skip
+    if a.verbose:
+        print(rep.table())
+    for w in rep.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(rep.summary())
+    print(f"wrote {rep.path} ({rep.size_bytes / 2**20:.2f} MiB, {rep.bits_per_weight:.2f} bits per weight, mostly "
+          f"{rep.file_type.upper()})")  # fmt: skip
+    print(gguf_readers(rep.path).line())

@@ -1,30 +1,21 @@
-"""The `matgptq` command line: quantize, eval, slice, export, search. User errors print one line and exit with status 2."""
+"""`matgptq quantize`: parse, call `matgptq.quantize`, print the layers' errors."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
+from ..api import quantize
+from ..execution import format_table, world
+from ..formats.gguf import KQuantType
+from ..formats.staged import SHARD_BYTES
+from ..quantization.config import (
+    GGUF_BLOCK, MASTER_BIT_WEIGHT, METHOD_DEFAULTS, CalibConfig, GPTQConfig, MatGPTQConfig, Target, Variant,
+)  # fmt: skip
 from .argtypes import DefaultsHelpFormatter, add_device_option, floats, fraction_range, ints
-from .errors import UserError
-from .integrations.transformers import IMPORT_LOGGERS
-from .models import quiet_loggers
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .formats.staged import SHARD_BYTES
-    from .quantization.config import GGUF_BLOCK, MASTER_BIT_WEIGHT, CalibConfig, GPTQConfig, MatGPTQConfig, Target, Variant
-    from .formats.gguf import KQuantType
-
-    p = argparse.ArgumentParser(prog="matgptq", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_parser(sub) -> None:
     q = sub.add_parser("quantize", help="quantize a HF model directory (GPTQ, RTN or a MatGPTQ parent)",
                        formatter_class=DefaultsHelpFormatter)
     q.add_argument("model", help="Hugging Face model: a local directory (config.json + safetensors) or an id "
@@ -106,47 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "written as model-0000k-of-0000N.safetensors shards with model.safetensors.index.json")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    e = sub.add_parser("eval", formatter_class=DefaultsHelpFormatter,
-                       help="perplexity (and KL) and/or zero-shot accuracy of a model, checkpoint or parent widths")
-    e.add_argument("model", help="unquantized model, matgptq checkpoint/parent, or GPTQ checkpoint: a directory or a "
-                                  "Hugging Face id org/name[@revision]")
-    e.add_argument("--text", help="evaluation text file (UTF-8) for perplexity; --text and/or --tasks is required")
-    e.add_argument("--text-range", type=fraction_range, default="0:1", help="character range START:END of --text")
-    e.add_argument("--seqlen", type=int, default=256, help="tokens per non-overlapping window")
-    e.add_argument("--max-tokens", type=int, help="use only the first N tokens of the text")
-    e.add_argument("--tasks", help="zero-shot multiple-choice tasks scored by lm-eval, e.g. arc_easy,piqa: each is "
-                                   "<tasks-dir>/<name>.jsonl (needs pip install 'matgptq[tasks]')")
-    e.add_argument("--tasks-dir", help="folder of <task>.jsonl files (default: $MATGPTQ_TASKS_DIR, else "
-                                       "../shared/data/zero-shot relative to the current directory)")
-    e.add_argument("--limit", type=int, help="score only the first N questions of each task")
-    e.add_argument("--bits", help="widths to evaluate from a parent (e.g. 3,4,6,8) or a mix JSON file")
-    e.add_argument("--kl-to", help="unquantized reference model (directory or Hugging Face id): also report "
-                                        "KL(reference || model)")
-    e.add_argument("--batch-size", type=int, default=None,
-                   help="windows per forward pass (default: 2048 tokens' worth, i.e. 2048 // --seqlen, at least 1)")
-    e.add_argument("--task-batch-size", type=int, default=16, help="lm-eval requests per forward pass (--tasks)")
-    e.add_argument("--json", help="write the results as JSON to this file")
-    add_device_option(e, "the models are scored")
-
-    s = sub.add_parser("slice", help="write a standalone r-bit checkpoint (only the r-bit data) from a parent",
-                       formatter_class=DefaultsHelpFormatter)
-    s.add_argument("parent", help="matgptq parent checkpoint directory")
-    s.add_argument("--bits", type=int, required=True, help="slice width r (2..master)")
-    s.add_argument("--out", required=True, help="output checkpoint directory")
-    s.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-
-    from .exporters import add_export_parser
-    from .allocation.cli import add_search_parser
-
-    add_export_parser(sub)
-    add_search_parser(sub)
-    return p
-
 
 def method_default(option: str) -> str:
     """The defaults of `option` per method for --help: "default: 128", or "default: on for gptq, off for rtn, ..."."""
-    from .quantization.config import METHOD_DEFAULTS
-
     values = {m.value: d[option] for m, d in METHOD_DEFAULTS.items() if option in d}
     show = lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v)  # noqa: E731
     if len(set(values.values())) == 1:
@@ -154,10 +107,7 @@ def method_default(option: str) -> str:
     return "default: " + ", ".join(f"{show(v)} for {m}" for m, v in values.items())
 
 
-def cmd_quantize(a: argparse.Namespace) -> None:
-    from .api import quantize
-    from .execution import format_table
-
+def run(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     out, reports = quantize(
         a.model, a.out, calib=a.calib, method=a.method, bits=a.bits, bits_config=a.bits_config, master_bits=a.master_bits,
@@ -168,8 +118,6 @@ def cmd_quantize(a: argparse.Namespace) -> None:
         kquant=a.kquant, refit_scales=a.refit_scales, mse_weighted=a.mse_weighted, device=a.device, stream=a.stream,
         shard_bytes=int(a.shard_size * 2**20),
     )  # fmt: skip
-    from .execution import world
-
     if world()[0] > 0:  # torchrun: the other ranks hold the same result; rank 0 reports it
         return
     widths = sorted({r for rep in reports for r in rep.rel_error})
@@ -178,126 +126,3 @@ def cmd_quantize(a: argparse.Namespace) -> None:
     if rows:
         print(format_table(["width", "layers", "mean rel. output error", "max"], rows))
     print(f"wrote {out} ({len(reports)} layers, {time.perf_counter() - t0:.1f} s)")
-
-
-def cmd_eval(a: argparse.Namespace) -> None:
-    from .api import evaluate
-    from .execution import format_table
-    from .formats.mix import width_specs
-
-    report = evaluate(a.model, bits=width_specs(a.bits) if a.bits else None, text=a.text, text_range=a.text_range,
-                      seqlen=a.seqlen, max_tokens=a.max_tokens, kl_to=a.kl_to, tasks=a.tasks, tasks_dir=a.tasks_dir,
-                      limit=a.limit, batch_size=a.batch_size, task_batch_size=a.task_batch_size,
-                      device=a.device)  # fmt: skip
-    results, task_results = report.get("results", []), report.get("task_results", [])
-    if results:
-        headers = ["model", "bits", "tokens", "ppl"] + (["kl"] if a.kl_to else [])
-        print(format_table(headers, [[r[h] for h in headers] for r in results]))
-    if task_results:
-        print(("\n" if results else "") + format_table(["model", "bits", "task", "n", "acc", "acc_norm"],
-              [[r["model"], r["bits"], r["task"], r["n"], r["acc"], r["acc_norm"]] for r in task_results]))  # fmt: skip
-    if a.json:
-        from .fsutil import atomic_output
-
-        with atomic_output(a.json, overwrite=True, directory=False) as f:
-            f.write_text(json.dumps(report, indent=2))
-
-
-def cmd_slice(a: argparse.Namespace) -> None:
-    from .api import slice as slice_parent
-
-    out = slice_parent(a.parent, a.bits, a.out, a.overwrite)
-    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
-    print(f"wrote {a.out}: {a.bits}-bit slice, {size / 1e6:.2f} MB of tensors")
-
-
-def _quiet_transformers() -> None:
-    """Our own progress bars and one-line errors only: transformers' warnings and loading bars go to stderr."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-
-def main(argv: list[str] | None = None) -> int:
-    with _third_party_quiet():
-        args = build_parser().parse_args(argv)
-        _quiet_transformers()
-        command = {"quantize": cmd_quantize, "eval": cmd_eval, "slice": cmd_slice, "search": _search}.get(args.command)
-        try:
-            (command or _export)(args)
-        except UserError as e:
-            _end_progress_bars()
-            print(f"matgptq: error: {e}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            _end_progress_bars()
-            print(f"matgptq: interrupted; {_left_behind(args)}", file=sys.stderr)
-            return 130
-    return 0
-
-
-@contextmanager
-def _third_party_quiet() -> Iterator[None]:
-    """While a command runs, other libraries' deprecation and usage warnings are not shown (matgptq's own are), unless
-    the user asked for warnings (-W, PYTHONWARNINGS), and the loggers of the backends transformers imports (torchao,
-    torch's pytree: IMPORT_LOGGERS) log errors only; all as before afterwards."""
-    format_warning = warnings.formatwarning
-    with warnings.catch_warnings(), quiet_loggers(*IMPORT_LOGGERS):
-        warnings.formatwarning = _one_line_warning
-        if not sys.warnoptions:
-            for category in (DeprecationWarning, FutureWarning, UserWarning):
-                warnings.filterwarnings("ignore", category=category, module=r"(?!matgptq(\.|$))")
-        try:
-            yield
-        finally:
-            warnings.formatwarning = format_warning
-
-
-def _one_line_warning(message, category, filename, lineno, line=None) -> str:
-    """A warning as the command's own line (`matgptq: warning: ...`), not Python's file:line and source excerpt."""
-    return f"matgptq: warning: {message}\n"
-
-
-def _end_progress_bars() -> None:
-    """Close the progress bars still on screen, each ending its line, so that a message starts on a line of its own."""
-    from tqdm import tqdm
-
-    for bar in list(getattr(tqdm, "_instances", ())):
-        bar.leave = True  # a closed bar that is not left would only return to the start of its line
-        bar.close()
-
-
-def _left_behind(a: argparse.Namespace) -> str:
-    """What an interrupted command leaves: the resume state of quantize or search, else nothing (outputs are written
-    atomically)."""
-    states: list[Path] = []
-    if a.command == "quantize":
-        from .quantization.resume import resume_dir
-
-        states = [resume_dir(a.out)]
-    elif a.command == "search":
-        from .allocation.runner import state_path
-
-        states = [state_path(Path(a.out), b.strip()) for b in a.budget.split(",")]
-    states = [p for p in states if p.exists()]
-    if not states:
-        return "nothing was written"
-    again = "the same command again" if a.resume else "the same command with --resume"
-    return f"the progress is kept in {', '.join(map(str, states))}; run {again} to continue"
-
-
-def _search(a: argparse.Namespace) -> None:
-    from .allocation.cli import cmd_search
-
-    cmd_search(a)
-
-
-def _export(a: argparse.Namespace) -> None:
-    from .exporters import cmd_export
-
-    cmd_export(a)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
