@@ -192,7 +192,7 @@ class Fitness:
         if window in self._terms:
             return self._terms[window]
         ref = self.teacher.hidden(window, window + 1)
-        weight, bias = self.head.affine()
+        weight, bias, scale = self.head.affine()  # z = s·(W h + b): g and the bias's term scaled by s, W not copied
         parts = []
         for c0 in range(0, ref.shape[0], self._chunk()):
             zt = self.teacher.logits(ref[c0 : c0 + self._chunk()]).float().to(self.device)
@@ -205,8 +205,8 @@ class Fitness:
                 pv = p[:, v0 : v0 + VOCAB_CHUNK].double()
                 g += pv @ weight[v0 : v0 + VOCAB_CHUNK].double()
                 if bias is not None:
-                    const -= pv @ bias[v0 : v0 + VOCAB_CHUNK].double()
-            parts.append(WindowTerms(const, g, mass))
+                    const -= scale * (pv @ bias[v0 : v0 + VOCAB_CHUNK].double())
+            parts.append(WindowTerms(const, g if scale == 1.0 else g * scale, mass))
         terms = WindowTerms.cat(parts)
         if self._terms_bytes + terms.nbytes <= self.cache_limit:
             self._terms[window] = terms

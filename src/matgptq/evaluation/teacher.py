@@ -53,13 +53,11 @@ class Head(nn.Module):
     def out_features(self) -> int:
         return self.linear.out_features
 
-    def affine(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(A, c) with head(h) = A h + c, where the head is affine (no soft cap): the Linear's, scaled."""
+    def affine(self) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """(W, b, s) with head(h) = s·(W h + b), where the head is affine (no soft cap): the Linear's and the scale."""
         if self.softcap is not None:
             raise ValueError("a soft-capped head is not affine")
-        s = (self.multiply or 1.0) / (self.divide or 1.0)
-        w, b = self.linear.weight, self.linear.bias
-        return (w, b) if s == 1.0 else (w * s, None if b is None else b * s)
+        return self.linear.weight, self.linear.bias, (self.multiply or 1.0) / (self.divide or 1.0)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         z = self.linear(hidden)

@@ -109,5 +109,6 @@ def set_weight_matrix(module: nn.Module, spec: ArchSpec, w: torch.Tensor) -> Non
 
 
 def quantized_layer_names(model: nn.Module, spec: ArchSpec) -> list[str]:
-    """Full module names of every quantized Linear, in pipeline order."""
+    """Full module names of every quantized Linear, block by block in `spec.layers` order (the pipeline's, except
+    for a discovered spec, whose traced order may differ from module order)."""
     return [f"{spec.blocks}.{i}.{name}" for i in range(len(get_blocks(model, spec))) for name in spec.layers]

@@ -282,8 +282,8 @@ SHOWN_DEFAULTS = ("group_size", "group_act_order", "mse", "mse_weighted", "refit
 # each method's default of the options --help and docs/guide/quantize.md show per method (resolved as without
 # --target); an on/off option the method does not have is off, a numeric one is absent
 METHOD_DEFAULTS: dict[Method, dict[str, object]] = {
-    m: {k: getattr(cls(), k, False) for k in SHOWN_DEFAULTS if hasattr(cls(), k) or k != "damp"}
-    for m, cls in CONFIGS.items()
+    m: {k: getattr(cfg, k, False) for k in SHOWN_DEFAULTS if hasattr(cfg, k) or k != "damp"}
+    for m, cfg in ((m, cls()) for m, cls in CONFIGS.items())
 }  # fmt: skip
 
 
