@@ -12,10 +12,13 @@ a difference bounds nothing. Nor does their number, with act-order: its column o
 near-equal diagonal entries swap under a float-order perturbation, which re-orders a whole layer's solve (measured:
 2.5% of codes differ on this test's act-order case on an H100, against 0.01% for plain GPTQ in scripts/
 gpu_bench_quantize.py's comparison; the MatGPTQ case here passed at ≤ 2%), and the differences feed the next
-blocks' inputs. What is bounded is the result: each layer's GPTQ objective (the reported relative error, a sum over
-all weights, which flipped ties and swapped near-equal columns move by a float-order amount) within 5% of the CPU
-run's (measured ≤ 0.9%), and the share of differing codes below 10% (a sanity bound: a device bug, such as a wrong
-Hessian or rounding, changes most codes).
+blocks' inputs. What is bounded is the result: each layer's GPTQ
+objective (the reported relative error, a sum over all weights) moves by what a swap of near-equal columns or a
+flipped tie moves it, which has either sign: measured up to 5.0% on one layer (o_proj of the last block, act-order,
+H200, 2026-11-26), so each layer within 10% of the CPU run's; and, since a device bug (a wrong Hessian or rounding)
+moves every layer the same way while the swaps' moves are independent, the mean of the layers' signed relative
+differences within 2% (with |d| ≲ 3% per layer over the 21 layers, the mean's spread is ~3%/√21 ≈ 0.7%: 2% is three
+of those). The share of differing codes is bounded below 10% (a sanity bound: a device bug changes most codes).
 """
 
 from __future__ import annotations
@@ -54,7 +57,31 @@ def test_cuda_codes_agree_with_cpu(tmp_path, options):
         differ, total = differ + int((steps > 0).sum()), total + steps.numel()
     assert differ <= 0.10 * total, f"{differ} of {total} codes differ"
     ra, rb = (json.loads((d / "matgptq.json").read_text())["report"] for d in (cpu, cuda))
-    for x, y in zip(ra, rb):
-        for r, e in x["rel_error"].items():
-            assert abs(y["rel_error"][r] - e) <= 0.05 * e + 1e-9, (x["name"], r)
+    moves = [(y["rel_error"][r] - e) / max(e, 1e-12) for x, y in zip(ra, rb) for r, e in x["rel_error"].items()]
+    assert max(abs(d) for d in moves) <= 0.10, moves
+    assert abs(sum(moves) / len(moves)) <= 0.02, moves
     assert json.loads((cuda / "matgptq.json").read_text())["device"] == torch.cuda.get_device_name(0)
+
+
+def test_block_graphs_replay_the_eager_loop(monkeypatch):
+    """On the GPU, full blocks replayed as one CUDA graph (solver._BlockGraph) against the same loop run eagerly on
+    the same device: the same kernels on the same values, so the same codes; cuBLAS may pick another algorithm for a
+    product inside a captured graph, which moves a pre-rounding value by a float-order amount, so up to 0.1% of the
+    codes may differ by a tie (this module's derivation gives ~6e-3 per weight at 8 bits, far less at 4)."""
+    import functools
+
+    from matgptq.quantization import solver
+    from matgptq.quantization.grid import NearestRounding
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(512, 1024, generator=g)
+    x = torch.randn(2048, 1024, generator=g) * torch.linspace(0.1, 2, 1024)
+    h = (2 * x.T @ x / 2048).cuda()
+    kw = dict(group_size=128, mse=True, mse_weighted=True, group_order=True)
+    monkeypatch.setattr(solver, "_solve", functools.partial(solver._solve, graphs=False))
+    eager = solver.gptq_quantize(w.cuda(), h, NearestRounding(4), **kw)
+    monkeypatch.setattr(solver, "_solve", functools.partial(solver._solve, graphs=True))
+    graphed = solver.gptq_quantize(w.cuda(), h, NearestRounding(4), **kw)
+    differ = int((eager.codes != graphed.codes).sum())
+    assert differ <= 1e-3 * eager.codes.numel(), differ
+    assert torch.equal(eager.g_idx, graphed.g_idx)
