@@ -108,7 +108,8 @@ def brute_force_tracks(u: torch.Tensor, c: int, widths: tuple[int, ...], lambdas
 @settings(max_examples=60, deadline=None)
 @given(problems(), st.sampled_from([0.0, 0.3, 3.0, 40.0]))
 def test_per_width_codes_minimise_the_objective_like_enumeration(problem, spread):
-    """PerWidthRounding's cell search returns a brute-force minimiser for per-track targets (module docstring)."""
+    """PerWidthRounding's cell search returns a brute-force minimiser for per-track targets (module docstring), the
+    same in numpy (the host) and torch (a GPU)."""
     c, widths, lambdas, sym, seed = problem
     gen = torch.Generator().manual_seed(seed)
     n, t = 1500, len(widths)
@@ -119,7 +120,10 @@ def test_per_width_codes_minimise_the_objective_like_enumeration(problem, spread
     base[:100] = torch.randint(0, 2**c, (100,), generator=gen).double() + 0.5 * (torch.arange(100) % 2)  # ties
     u = base + spread * torch.randn(t, n, generator=gen, dtype=torch.float64)  # the tracks drift apart
     w = scale * (u - zero)
-    got = PerWidthRounding(c, widths, lambdas).codes_tracks(w, scale, zero).long()
+    rounding = PerWidthRounding(c, widths, lambdas)
+    got = rounding.codes_tracks(w, scale, zero).long()
+    on_gpu = rounding._search(w / scale + zero, torch, *rounding._device_tables(torch.device("cpu")))
+    assert torch.equal(on_gpu.long(), got)  # the GPU's torch search (here on CPU tensors): the host's codes
     obj = brute_force_tracks(w / scale + zero, c, widths, lambdas)
     best = obj.min(1).values
     chosen = obj.gather(1, got[:, None])[:, 0]

@@ -151,7 +151,7 @@ class MatryoshkaRounding:
             at = np.nonzero(near)
             kk = np.clip(k[at][:, None] + np.array([-1, 0, 1]), 0, len(self.env_codes) - 1)
             cand = self.env_codes[kk]  # ascending codes per weight
-            pick = lambda a: np.broadcast_to(a, w_np.shape)[at][:, None, None]  # noqa: E731
+            pick = lambda a: np.broadcast_to(a, u.shape)[at][:, None, None]  # noqa: E731
             pos = self.table_np[cand].astype(w_np.dtype)  # [m, 3, |R|]
             diff = pick(w_np) - pick(s_np) * (pos - pick(z_np))
             loss = ((diff * diff) * self.lambda_np.astype(w_np.dtype)).sum(-1)
@@ -205,20 +205,40 @@ class PerWidthRounding(MatryoshkaRounding):
         return (w * lam).sum(0) / lam.sum()
 
     def codes_tracks(self, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-        """Codes [N] for track weights w [tracks, N] with scale, zero [N]."""
+        """Codes [N] for track weights w [tracks, N] with scale, zero [N]: numpy on the host, torch on a GPU (the same
+        float64 operations in the same order, so the same codes, without copying the column to the host)."""
+        if w.is_cuda:
+            tables = self._device_tables(w.device)
+            u = w.double() / scale.double() + zero.double()
+            return self._search(u, torch, *tables).to(w.dtype)
         s, z = _host(scale).astype(np.float64), _host(zero).astype(np.float64)
         u = _host(w).astype(np.float64) / s + z  # [R, N]
+        best = self._search(u, np, self.cell_of, self.cell_table, self.lam)
+        return torch.from_numpy(best.astype(np.float32)).to(w.device, w.dtype)
+
+    def _device_tables(self, device: torch.device):
+        if getattr(self, "_tables_on", None) != device:
+            self._tables = tuple(torch.from_numpy(np.asarray(t)).to(device) for t in (self.cell_of, self.cell_table,
+                                                                                     self.lam))  # fmt: skip
+            self._tables_on = device
+        return self._tables
+
+    def _search(self, u, xp, cell_of, cell_table, lam):
+        """The cell search of the module docstring on positions u [R, N] (float64), with xp numpy or torch (1-D
+        `take` gathers in both; numpy's is cheaper than fancy indexing)."""
         top = float((1 << self.bits) - 1)
-        k0 = self.cell_of[np.clip(np.ceil(u.min(0) - self.half - 1.0), 0, top).astype(np.int64)]
-        k1 = self.cell_of[np.clip(np.floor(u.max(0) + self.half), 0, top).astype(np.int64)]
+        as_index = (lambda a: a.astype(np.int64)) if xp is np else (lambda a: a.long())  # noqa: E731
+        k0 = cell_of[as_index(xp.clip(xp.ceil(xp.amin(u, 0) - self.half - 1.0), 0, top))]
+        k1 = cell_of[as_index(xp.clip(xp.floor(xp.amax(u, 0) + self.half), 0, top))]
         uc = u[-1]
-        nearest = np.ceil(uc - 0.5)  # nearest master code, ties to the lower (clamped by each cell)
-        lo, hi, sq, lin = self.cell_table[0], self.cell_table[1], self.cell_table[2], self.cell_table[3:]
+        nearest = xp.ceil(uc - 0.5)  # nearest master code, ties to the lower (clamped by each cell)
+        lo, hi, sq, lin = cell_table[0], cell_table[1], cell_table[2], cell_table[3:]
         for j in range(int((k1 - k0).max()) + 1):  # the j-th cell of each weight's window W, ascending
             at = k0 + j
-            cand = np.minimum(np.maximum(nearest, lo.take(at)), hi.take(at))
+            cand = xp.minimum(xp.maximum(nearest, lo.take(at)), hi.take(at))
             # Σ_r λ_r (u_r − D_r)² minus the candidate-independent Σ_{r<c} λ_r u_r²
-            loss = self.lam[-1] * (uc - cand) ** 2 + sq.take(at)
+            d = uc - cand
+            loss = lam[-1] * (d * d) + sq.take(at)
             if len(lin):
                 dot = lin[0].take(at) * u[0]
                 for t in range(1, len(lin)):
@@ -228,8 +248,8 @@ class PerWidthRounding(MatryoshkaRounding):
                 best, best_loss = cand, loss
             else:  # strictly lower only: ties keep the lower cell's code, like the enumeration
                 better = loss < best_loss
-                best, best_loss = np.where(better, cand, best), np.where(better, loss, best_loss)
-        return torch.from_numpy(best.astype(np.float32)).to(w.device, w.dtype)
+                best, best_loss = xp.where(better, cand, best), xp.where(better, loss, best_loss)
+        return best
 
     def residual_tracks(self, w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
         """Each track's own slice error w_t − s·(D_t(q) − z): [tracks, N]."""
