@@ -30,9 +30,13 @@ COPIES, REPLAYS, REPEATS = 4, 20, 3
 GROUP = 128
 # Candidates. The second make gpu-check (H100, 2026-11-26; docs/results/gpu.json) timed 2D-tile versions of the
 # kernels: at 8192², batch 1, 4 bits GEMV (32, 256, split 4) took 39 µs, (64, 128, split 4) 42, (128, 128, split 2)
-# 87, the generic path 187; GEMM (64, 512) 92 µs at batch 16, the generic path 455.
-GEMV_TILES = [Tiles(32, 256, split_k=4), Tiles(64, 128, split_k=4), Tiles(64, 256, split_k=2),
-              Tiles(16, 512, split_k=4), Tiles(32, 512, split_k=2), Tiles(64, 64, split_k=4, words=False)]  # fmt: skip
+# 87, the generic path 187; GEMM (64, 512) 92 µs at batch 16, the generic path 455. The third (H200, 2026-11-26 22:37)
+# timed lanes decoded in place (inplace=True) and shifted down first: (32, 512, split 2) 28.9 µs, (32, 256, split 8)
+# 30.5, (16, 512, split 4) 31.1, (32, 256, split 4) 33.9 in place and 31.5 shifted.
+GEMV_TILES = [Tiles(32, 512, split_k=2), Tiles(32, 512, split_k=2, inplace=False), Tiles(32, 256, split_k=8),
+              Tiles(32, 256, split_k=8, inplace=False), Tiles(32, 1024, split_k=1), Tiles(32, 512, split_k=4),
+              Tiles(16, 1024, split_k=2), Tiles(32, 512, split_k=2, num_warps=2), Tiles(64, 512, split_k=2),
+              Tiles(64, 64, split_k=4, words=False)]  # fmt: skip
 GEMM_TILES = [Tiles(64, 512, 16), Tiles(128, 512, 16, num_warps=8), Tiles(32, 512, 16),
               Tiles(64, 64, 16, words=False)]  # fmt: skip
 

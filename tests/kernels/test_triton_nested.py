@@ -85,6 +85,21 @@ def test_a_slice_layout_holds_r_planes_and_serves_its_width(bits, kernel):
     check(nested_matmul(x.to(DEVICE), layout, bits, kernel, Tiles(block_n=32, block_k=32)), x, q, bits)
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("k,act_order", [(256, False), (250, True)])
+@pytest.mark.parametrize("inplace", [True, False])
+def test_gemv_without_masks_and_with_lanes_decoded_in_place(bits, k, act_order, inplace):
+    """Shapes whose words and outputs fill the blocks (the kernel's EVEN case: no masked load; K = 250 pads x to the
+    8 words), with each lane decoded where it lies and x pre-scaled by 2^−o, or shifted down first: the same products
+    x·lane (a power-of-two scaling is exact), so the module's bound holds for both."""
+    q = parent(64, k, 32, act_order, width_scales=True, seed=bits)
+    layout = NestedLayout.build(q).to(DEVICE)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(k))
+    for split_k in (1, 2):
+        tiles = Tiles(block_n=32, block_k=64, split_k=split_k, inplace=inplace)
+        check(nested_matmul(x.to(DEVICE), layout, bits, NestedKernel.GEMV, tiles), x, q, bits)
+
+
 @pytest.mark.parametrize("split_k,block_k", [(2, 32), (3, 64)])
 def test_split_k_gemv(split_k, block_k):
     q = parent(72, 300, 32, False, seed=5)

@@ -26,14 +26,23 @@ def _weight_tile(planes, scales, zeros, offs_k, offs_n, K, N, K32,
 
 
 @triton.jit
+def _ld(ptr, mask):
+    """tl.load, masked (0 where masked off) unless mask is None (the kernels' EVEN case: every load in bounds)."""
+    if mask is None:
+        return tl.load(ptr)
+    else:
+        return tl.load(ptr, mask=mask, other=0)
+
+
+@triton.jit
 def _word_masks(planes, word, mask, K32, N, BITS: tl.constexpr, C: tl.constexpr, CARRY: tl.constexpr):
     """The carry plane's words with the saturated columns cleared (triton_nested.py), [BLOCK_W, BLOCK_N] int32."""
     sat = tl.full(word.shape, -1, dtype=tl.int32)
     for p in tl.static_range(BITS):
-        sat = sat & tl.load(planes + p * K32 * N + word, mask=mask, other=0)
+        sat = sat & _ld(planes + p * K32 * N + word, mask)
     carry = tl.zeros(word.shape, dtype=tl.int32)
     if CARRY and BITS < C:
-        carry = tl.load(planes + BITS * K32 * N + word, mask=mask, other=0) & ~sat
+        carry = _ld(planes + BITS * K32 * N + word, mask) & ~sat
     return carry
 
 
@@ -42,7 +51,7 @@ def _lanes(planes, word, mask, carry, b, K32, N, BITS: tl.constexpr, LANES: tl.c
     """S of the columns 32w + LB·j + b in lane j of each int32 of [BLOCK_W, BLOCK_N] (Horner over the planes)."""
     s = tl.zeros(word.shape, dtype=tl.int32)
     for p in tl.static_range(BITS):
-        s = (s << 1) | ((tl.load(planes + p * K32 * N + word, mask=mask, other=0) >> b) & LANES)
+        s = (s << 1) | ((_ld(planes + p * K32 * N + word, mask) >> b) & LANES)
     return s + ((carry >> b) & LANES)
 
 
@@ -54,31 +63,55 @@ def _lane_float(s, j: tl.constexpr, LB: tl.constexpr):
 
 
 @triton.jit
+def _lane_at(s, hi, j: tl.constexpr, LB: tl.constexpr):
+    """Lane j of s as float32 times 2^o, o its offset in its half-word (hi = s >> 16 holds the upper lanes): the lane
+    is masked where it lies, never shifted down, and 2^23 + lane·2^o (o + LB ≤ 16 < 23) is again the bit pattern
+    0x4B000000 | (lane << o): exact. The caller scales x by 2^−o instead (exact: a power of two)."""
+    if LB * j < 16:
+        v = (s & (((1 << LB) - 1) << (LB * j))) | 0x4B000000
+    else:
+        v = (hi & (((1 << LB) - 1) << ((LB * j) % 16))) | 0x4B000000
+    return v.to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
 def gemv(x, planes, scales, zeros, y, M, K, N, K32, BITS: tl.constexpr, C: tl.constexpr, GS: tl.constexpr,
          CARRY: tl.constexpr, WORDS: tl.constexpr, LB: tl.constexpr, LANES: tl.constexpr, SPLIT_K: tl.constexpr,
-         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """One row m of x against BLOCK_N outputs; the word path keeps every tensor [BLOCK_K / 32, BLOCK_N]."""
+         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INPLACE: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """One row m of x against BLOCK_N outputs; the word path keeps every tensor [BLOCK_K / 32, BLOCK_N]. INPLACE:
+    lanes decoded where they lie (_lane_at), x pre-scaled per lane; EVEN: K32 a multiple of BLOCK_K / 32, N of
+    BLOCK_N and x padded to K32·32 columns, so no load needs a mask."""
     pid_n, m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(pid_k * BLOCK_K, K, SPLIT_K * BLOCK_K):
         if WORDS:  # per word: Σ_k x·s·(S·2^h − z) = s·(2^h·Σ_k x·S − z·Σ_k x) (triton_nested.py)
             offs_w = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            mask = (offs_w[:, None] < K32) & (offs_n[None, :] < N)
+            if EVEN:
+                mask = None
+            else:
+                mask = (offs_w[:, None] < K32) & (offs_n[None, :] < N)
             word = offs_w[:, None] * N + offs_n[None, :]
             carry = _word_masks(planes, word, mask, K32, N, BITS, C, CARRY)
             part = tl.zeros(word.shape, dtype=tl.float32)
             xs = tl.zeros((BLOCK_K // 32,), dtype=tl.float32)
             for b in tl.static_range(LB):
                 s = _lanes(planes, word, mask, carry, b, K32, N, BITS, LANES)
+                hi = s >> 16
                 for j in tl.static_range(32 // LB):
                     cols = offs_w * 32 + LB * j + b
-                    xv = tl.load(x + m * K + cols, mask=cols < K, other=0.0).to(tl.float32)
+                    if EVEN:
+                        xv = tl.load(x + m * K32 * 32 + cols).to(tl.float32)
+                    else:
+                        xv = tl.load(x + m * K + cols, mask=cols < K, other=0.0).to(tl.float32)
                     xs += xv
-                    part += xv[:, None] * _lane_float(s, j, LB)
+                    if INPLACE:
+                        part += (xv * (1.0 / (1 << ((LB * j) % 16))))[:, None] * _lane_at(s, hi, j, LB)
+                    else:
+                        part += xv[:, None] * _lane_float(s, j, LB)
             g = (offs_w * 32 // GS)[:, None] * N + offs_n[None, :]
-            sc = tl.load(scales + g, mask=mask, other=0.0).to(tl.float32)
-            z = tl.load(zeros + g, mask=mask, other=0).to(tl.float32)
+            sc = _ld(scales + g, mask).to(tl.float32)
+            z = _ld(zeros + g, mask).to(tl.float32)
             acc += tl.sum(sc * (part * (1 << (C - BITS)) - z * xs[:, None]), axis=0)
         else:
             offs_k = k0 + tl.arange(0, BLOCK_K)

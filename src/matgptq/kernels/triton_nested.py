@@ -91,10 +91,12 @@ class Tiles:
     split_k: int = 1
     num_warps: int = 4
     words: bool = True  # decode whole plane words where the groups allow (module doc); False: the generic path
+    inplace: bool = True  # GEMV: decode each lane where it lies in the word, x pre-scaled (module doc)
 
 
-# The fastest correct candidates of make gpu-check's sweep (docs/results/gpu.json, H100, 8192², 4 bits)
-DEFAULT_TILES = {NestedKernel.GEMV: Tiles(32, 256, split_k=4), NestedKernel.GEMM: Tiles(64, 512, 16)}
+# The fastest correct candidates of make gpu-check's sweeps (docs/results/gpu.json, 8192², 4 bits): GEMV on an H200
+# (28.9 µs; the H100's (32, 256, split 4) took 33.9 there), GEMM on an H100 and on an H200
+DEFAULT_TILES = {NestedKernel.GEMV: Tiles(32, 512, split_k=2), NestedKernel.GEMM: Tiles(64, 512, 16)}
 
 
 def nested_matmul(x: torch.Tensor, layout: NestedLayout, bits: int, kernel: NestedKernel = NestedKernel.AUTO,
@@ -132,9 +134,14 @@ def nested_matmul(x: torch.Tensor, layout: NestedLayout, bits: int, kernel: Nest
                   num_warps=t.num_warps)  # fmt: skip
     args = (x2, planes, scales, zeros)
     if kernel == NestedKernel.GEMV:
+        k32 = planes.shape[1]
+        even = words and k32 % (block_k // 32) == 0 and n % t.block_n == 0  # no load needs a mask (_triton_src)
+        if even and x2.shape[1] != 32 * k32:
+            x2 = torch.nn.functional.pad(x2, (0, 32 * k32 - x2.shape[1]))
         y = torch.empty(m, n, dtype=x.dtype, device=dev) if t.split_k == 1 else torch.zeros(m, n, device=dev)
-        gemv[(triton.cdiv(n, t.block_n), m, t.split_k)](*args, y, m, layout.in_features, n, planes.shape[1],
-                                                          SPLIT_K=t.split_k, **common)  # fmt: skip
+        gemv[(triton.cdiv(n, t.block_n), m, t.split_k)](x2, *args[1:], y, m, layout.in_features, n, k32,
+                                                          SPLIT_K=t.split_k, INPLACE=t.inplace, EVEN=even,
+                                                          **common)  # fmt: skip
         y = y.to(x.dtype)
     else:
         y = torch.empty(m, n, dtype=x.dtype, device=dev)
