@@ -63,7 +63,7 @@ def measure_search_scoring(work: Path, parent: Path | None, tiny: bool, timeout_
     timeout = timeout_s or (TINY if tiny else FULL)["score_timeout_s"]
     child = _child(SCORE_CHILD, [str(parent), str(calib), json.dumps(opts)], timeout)
     res.update(error=child["error"], timed_out=child["timed_out"], process_s=round(child["seconds"], 2),
-               candidates=opts["candidates"])  # fmt: skip
+               candidates=opts["candidates"], stages=[p for p in child["progress"] if p["kind"] == "stage"])  # fmt: skip
     r = child["result"]
     if r is None:
         return res
