@@ -109,7 +109,7 @@ def brute_force_tracks(u: torch.Tensor, c: int, widths: tuple[int, ...], lambdas
 @given(problems(), st.sampled_from([0.0, 0.3, 3.0, 40.0]))
 def test_per_width_codes_minimise_the_objective_like_enumeration(problem, spread):
     """PerWidthRounding's cell search returns a brute-force minimiser for per-track targets (module docstring), the
-    same in numpy (the host) and torch (a GPU)."""
+    the same from the host's window loop (numpy) and the GPU's scoring of every cell (torch)."""
     c, widths, lambdas, sym, seed = problem
     gen = torch.Generator().manual_seed(seed)
     n, t = 1500, len(widths)
@@ -122,8 +122,9 @@ def test_per_width_codes_minimise_the_objective_like_enumeration(problem, spread
     w = scale * (u - zero)
     rounding = PerWidthRounding(c, widths, lambdas)
     got = rounding.codes_tracks(w, scale, zero).long()
-    on_gpu = rounding._search(w / scale + zero, torch, *rounding._device_tables(torch.device("cpu")))
-    assert torch.equal(on_gpu.long(), got)  # the GPU's torch search (here on CPU tensors): the host's codes
+    tables = rounding._device_tables(torch.device("cpu"))
+    on_gpu = rounding._search_all(w / scale + zero, *tables)
+    assert torch.equal(on_gpu.long(), got)  # the GPU's search over every cell (here on CPU tensors): the host's codes
     obj = brute_force_tracks(w / scale + zero, c, widths, lambdas)
     best = obj.min(1).values
     chosen = obj.gather(1, got[:, None])[:, 0]

@@ -26,9 +26,11 @@ it from above changes no lower term for the worse and strictly improves the mast
 (D_r(0) = 0, no saturation). So the search scores one candidate per cell meeting W — exact, with ties to the lowest
 code like the enumeration.
 
-Devices: the code searches run in numpy on the host. On a GPU the solver's column (N weights, its scales and zeros)
-is copied to the host and the codes (and the paper variant's error) back, one synchronising round trip per column:
-about 3 copies of N floats, against the column's own update work. On the CPU nothing is copied.
+Devices: the code searches run in numpy on the host. On a GPU, PerWidthRounding scores every cell of every weight at
+once in torch (`_search_all`; the window only saves the host work, a cell outside it scoring strictly worse), so the
+column stays on the device; the paper variant's (MatryoshkaRounding) search copies the column (N weights, its scales
+and zeros) to the host and the codes and error back, one synchronising round trip per column. On the CPU nothing is
+copied.
 """
 
 from __future__ import annotations
@@ -205,40 +207,54 @@ class PerWidthRounding(MatryoshkaRounding):
         return (w * lam).sum(0) / lam.sum()
 
     def codes_tracks(self, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-        """Codes [N] for track weights w [tracks, N] with scale, zero [N]: numpy on the host, torch on a GPU (the same
-        float64 operations in the same order, so the same codes, without copying the column to the host)."""
+        """Codes [N] for track weights w [tracks, N] with scale, zero [N]: numpy on the host (the window loop), torch on
+        a GPU (every cell at once, `_search_all`: the same codes, without copying the column to the host)."""
         if w.is_cuda:
             tables = self._device_tables(w.device)
             u = w.double() / scale.double() + zero.double()
-            return self._search(u, torch, *tables).to(w.dtype)
+            return self._search_all(u, *tables).to(w.dtype)
         s, z = _host(scale).astype(np.float64), _host(zero).astype(np.float64)
         u = _host(w).astype(np.float64) / s + z  # [R, N]
-        best = self._search(u, np, self.cell_of, self.cell_table, self.lam)
+        best = self._search(u)
         return torch.from_numpy(best.astype(np.float32)).to(w.device, w.dtype)
 
     def _device_tables(self, device: torch.device):
         if getattr(self, "_tables_on", None) != device:
-            self._tables = tuple(torch.from_numpy(np.asarray(t)).to(device) for t in (self.cell_of, self.cell_table,
-                                                                                     self.lam))  # fmt: skip
+            self._tables = tuple(torch.from_numpy(t).to(device) for t in (self.cell_table, self.lam))
             self._tables_on = device
         return self._tables
 
-    def _search(self, u, xp, cell_of, cell_table, lam):
-        """The cell search of the module docstring on positions u [R, N] (float64), with xp numpy or torch (1-D
-        `take` gathers in both; numpy's is cheaper than fancy indexing)."""
+    def _search_all(self, u: torch.Tensor, cell_table: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        """The search of `_search` with every cell scored at once ([N, cells], no loop and no host round trip: a GPU's
+        way). The window W only saves work: a cell outside it scores strictly worse (module docstring), so the first
+        minimiser over all cells, ascending, is the window loop's (same float64 operations per candidate, same ties)."""
+        cells = len(self.cell_lo)
+        lo, hi, sq, lin = (cell_table[0, :cells], cell_table[1, :cells], cell_table[2, :cells], cell_table[3:, :cells])
+        uc = u[-1][:, None]
+        cand = torch.minimum(torch.maximum(torch.ceil(uc - 0.5), lo), hi)  # [N, cells]
+        d = uc - cand
+        loss = lam[-1] * (d * d) + sq
+        if len(lin):
+            dot = lin[0] * u[0][:, None]
+            for t in range(1, len(lin)):
+                dot += lin[t] * u[t][:, None]
+            loss -= 2 * dot
+        return cand.gather(1, loss.argmin(1, keepdim=True))[:, 0]
+
+    def _search(self, u: np.ndarray) -> np.ndarray:
+        """The cell search of the module docstring on positions u [R, N] (float64), each weight's window W only."""
         top = float((1 << self.bits) - 1)
-        as_index = (lambda a: a.astype(np.int64)) if xp is np else (lambda a: a.long())  # noqa: E731
-        k0 = cell_of[as_index(xp.clip(xp.ceil(xp.amin(u, 0) - self.half - 1.0), 0, top))]
-        k1 = cell_of[as_index(xp.clip(xp.floor(xp.amax(u, 0) + self.half), 0, top))]
+        k0 = self.cell_of[np.clip(np.ceil(u.min(0) - self.half - 1.0), 0, top).astype(np.int64)]
+        k1 = self.cell_of[np.clip(np.floor(u.max(0) + self.half), 0, top).astype(np.int64)]
         uc = u[-1]
-        nearest = xp.ceil(uc - 0.5)  # nearest master code, ties to the lower (clamped by each cell)
-        lo, hi, sq, lin = cell_table[0], cell_table[1], cell_table[2], cell_table[3:]
+        nearest = np.ceil(uc - 0.5)  # nearest master code, ties to the lower (clamped by each cell)
+        lo, hi, sq, lin = self.cell_table[0], self.cell_table[1], self.cell_table[2], self.cell_table[3:]
         for j in range(int((k1 - k0).max()) + 1):  # the j-th cell of each weight's window W, ascending
             at = k0 + j
-            cand = xp.minimum(xp.maximum(nearest, lo.take(at)), hi.take(at))
+            cand = np.minimum(np.maximum(nearest, lo.take(at)), hi.take(at))
             # Σ_r λ_r (u_r − D_r)² minus the candidate-independent Σ_{r<c} λ_r u_r²
             d = uc - cand
-            loss = lam[-1] * (d * d) + sq.take(at)
+            loss = self.lam[-1] * (d * d) + sq.take(at)
             if len(lin):
                 dot = lin[0].take(at) * u[0]
                 for t in range(1, len(lin)):
@@ -248,7 +264,7 @@ class PerWidthRounding(MatryoshkaRounding):
                 best, best_loss = cand, loss
             else:  # strictly lower only: ties keep the lower cell's code, like the enumeration
                 better = loss < best_loss
-                best, best_loss = xp.where(better, cand, best), xp.where(better, loss, best_loss)
+                best, best_loss = np.where(better, cand, best), np.where(better, loss, best_loss)
         return best
 
     def residual_tracks(self, w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
