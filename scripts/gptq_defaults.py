@@ -61,7 +61,16 @@ def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Pa
                str(gs), "--calib", str(a.calib), "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen",
                str(a.seqlen), "--seed", str(seed), "--overwrite", "--quiet"]  # fmt: skip
         cmd += [] if ROWS[name] is None else options(ROWS[name])
-    return {**measured_child(cmd, a.threads, log), "command": cmd[1:]}
+    return {**measured_child(cmd, a.threads, log), "command": cmd[1:], "measured": measured_at()}
+
+
+def measured_at() -> str:
+    """When and on which commit of this tree a quantization ran (the page names the rows measured on another)."""
+    import subprocess
+    import time
+
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    return f"{time.strftime('%Y-%m-%d', time.gmtime())} at {rev.strip() or 'an unknown commit'}"
 
 def dense_model(path: Path, bits: int | None = None):
     """The model a checkpoint holds (a parent's `bits`-bit slice), every weight dense float32: `matgptq.load` for

@@ -66,6 +66,11 @@ def page(data: dict) -> str:
         parts.append(format_table(["row", "group", "bits", "seeds", "ppl", "KL to fp32"] + (["zero-shot acc"] if tasks
                                   else []) + ["CPU s", "peak RSS GB", "load", "ppl / best peer's",
                                               "KL / best peer's"], body))  # fmt: skip
+        when = sorted({f"- `{k.split('/')[0]}`: measured {r['quant']['measured']}" for k, r in m["runs"].items()
+                       if r.get("quant", {}).get("measured")})  # fmt: skip
+        if when:
+            parts.append("Rows measured since the runs recorded their commit (the other rows predate these, and "
+                         "their CPU s the code of their day):\n" + "\n".join(when))  # fmt: skip
         fails = sorted({f"- {k}: `{r['quant']['error']}`" for k, r in m["runs"].items() if not r.get("quant", {}).get("ok", True)})
         if fails:
             parts.append("Failed:\n" + "\n".join(fails))
