@@ -18,6 +18,7 @@ import torch
 
 import matgptq
 from matgptq.cli import main
+from matgptq.errors import UserError
 from matgptq.models import load_tokenizer
 from matgptq.evaluation.tasks import SHAPES, TaskSpec, resolve_tasks, score_tasks, task_config, wrap_model
 from tests.conftest import SHARED, STORIES, quick_quantize, require_peer
@@ -218,17 +219,16 @@ def test_missing_lm_eval_is_one_line(monkeypatch, tmp_path, capsys, tiny_bpe_lla
     assert "pip install 'matgptq[tasks]'" in err and not js.exists()
 
 
-def test_default_tasks_dir_is_shared_beside_the_checkout(monkeypatch, tmp_path):
-    """Default: $MATGPTQ_TASKS_DIR, else ../shared/data/zero-shot from the current directory (the project's layout)."""
+def test_tasks_dir_comes_from_the_option_or_the_environment(monkeypatch, tmp_path):
+    """$MATGPTQ_TASKS_DIR when --tasks-dir is not given; neither: a one-line error, no path guessed."""
     monkeypatch.delenv("MATGPTQ_TASKS_DIR", raising=False)
-    shutil.copytree(ZERO_SHOT, tmp_path / "shared" / "data" / "zero-shot")
-    (tmp_path / "checkout").mkdir()
-    monkeypatch.chdir(tmp_path / "checkout")
-    assert [s.size for s in resolve_tasks("arc_easy,piqa")] == [2376, 1838]
-    monkeypatch.setenv("MATGPTQ_TASKS_DIR", str(tmp_path / "shared" / "data" / "zero-shot"))
     monkeypatch.chdir(tmp_path)
-    assert resolve_tasks(["piqa"]) == [TaskSpec("piqa", (tmp_path / "shared/data/zero-shot/piqa.jsonl").resolve(),
-                                                "choices", 1838)]  # fmt: skip
+    with pytest.raises(UserError, match="no tasks directory: pass --tasks-dir DIR or set MATGPTQ_TASKS_DIR"):
+        resolve_tasks("arc_easy,piqa")
+    shutil.copytree(ZERO_SHOT, tmp_path / "zero-shot")
+    monkeypatch.setenv("MATGPTQ_TASKS_DIR", str(tmp_path / "zero-shot"))
+    assert [s.size for s in resolve_tasks("arc_easy,piqa")] == [2376, 1838]
+    assert resolve_tasks(["piqa"]) == [TaskSpec("piqa", (tmp_path / "zero-shot/piqa.jsonl").resolve(), "choices", 1838)]
 
 
 @pytest.mark.slow

@@ -23,8 +23,8 @@ def add_parser(sub) -> None:
     e.add_argument("--max-tokens", type=int, help="use only the first N tokens of the text")
     e.add_argument("--tasks", help="zero-shot multiple-choice tasks scored by lm-eval, e.g. arc_easy,piqa: each is "
                                    "<tasks-dir>/<name>.jsonl (needs pip install 'matgptq[tasks]')")
-    e.add_argument("--tasks-dir", help="folder of <task>.jsonl files (default: $MATGPTQ_TASKS_DIR, else "
-                                       "../shared/data/zero-shot relative to the current directory)")
+    e.add_argument("--tasks-dir", help="folder of <task>.jsonl files (default: $MATGPTQ_TASKS_DIR; one of them is "
+                                       "needed with --tasks)")
     e.add_argument("--limit", type=int, help="score only the first N questions of each task")
     e.add_argument("--bits", help="widths to evaluate from a parent (e.g. 3,4,6,8) or a mix JSON file")
     e.add_argument("--kl-to", help="unquantized reference model (directory or Hugging Face id): also report "

@@ -20,8 +20,7 @@ from pathlib import Path
 
 from ..errors import UserError
 
-DEFAULT_TASKS_DIR = "../shared/data/zero-shot"  # the project's layout: ../shared beside the checkout
-TASKS_DIR_ENV = "MATGPTQ_TASKS_DIR"
+TASKS_DIR_ENV = "MATGPTQ_TASKS_DIR"  # where the task files are when --tasks-dir is not given
 SHAPES = {  # template name → the keys of one line
     "choices": ("query", "choices", "gold"),
     "context_options": ("context_options", "continuation", "gold"),
@@ -38,7 +37,11 @@ class TaskSpec:
 
 
 def default_tasks_dir() -> Path:
-    return Path(os.environ.get(TASKS_DIR_ENV) or DEFAULT_TASKS_DIR)
+    """$MATGPTQ_TASKS_DIR; without it there is no default (the files are the user's, not the package's)."""
+    if not os.environ.get(TASKS_DIR_ENV):
+        raise UserError(f"no tasks directory: pass --tasks-dir DIR or set {TASKS_DIR_ENV} (a folder of "
+                        "<task>.jsonl files, docs/guide/evaluation.md)")  # fmt: skip
+    return Path(os.environ[TASKS_DIR_ENV])
 
 
 def _line_shape(path: Path, lineno: int, line: str) -> str:
