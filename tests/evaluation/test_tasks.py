@@ -10,8 +10,6 @@ same questions, so they are compared exactly.
 import json
 import math
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +19,7 @@ from matgptq.cli import main
 from matgptq.errors import UserError
 from matgptq.models import load_tokenizer
 from matgptq.evaluation.tasks import SHAPES, TaskSpec, resolve_tasks, score_tasks, task_config, wrap_model
-from tests.conftest import SHARED, STORIES, quick_quantize, require_peer
+from tests.conftest import REAL_MODEL, SHARED, STORIES, quick_quantize, require_peer
 
 ZERO_SHOT = SHARED / "data" / "zero-shot"
 TASKS = "arc_easy,piqa,wino"
@@ -234,12 +232,7 @@ def test_tasks_dir_comes_from_the_option_or_the_environment(monkeypatch, tmp_pat
 @pytest.mark.slow
 def test_real_model_equals_lm_evals_own_hf_path(lm_eval, tmp_path):
     """SmolLM2-135M-Instruct (`make real-model`; skipped when it was never made), 20 questions of each shared task."""
-    sys_path = str(Path(__file__).resolve().parents[2] / "scripts")
-    if sys_path not in sys.path:
-        sys.path.insert(0, sys_path)
-    import real_model
-
-    real = real_model.default_cache() / real_model.NAME
+    real = REAL_MODEL
     if not (real / "model.safetensors").is_file():
         pytest.skip(f"{real} not made (make real-model)")
     specs = resolve_tasks("arc_easy,piqa", ZERO_SHOT)

@@ -110,7 +110,7 @@ def test_the_real_smollm2_tokenizes_like_hf_on_whole_files(tmp_path):
     from llama_cpp import Llama
     from transformers import AutoTokenizer
 
-    from tests.models.test_real_model import REAL
+    from tests.conftest import REAL_MODEL as REAL
 
     if not (REAL / "model.safetensors").is_file():
         pytest.skip(f"{REAL} not made (make real-model)")

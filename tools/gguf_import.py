@@ -5,7 +5,8 @@ transformers' GGUF loader dequantizes the weights to float32 (the reference "fp3
 `quantization_config`) are written here. The tokenizer transformers converts from the GGUF metadata depends on the
 transformers version (transformers 5.17, for one, writes a byte-fallback tokenizer with the wrong eos), so what
 is written is checked against the GGUF's own vocabulary and special ids, and refused, never written half-right.
-Needs the `gguf` and `accelerate` packages (`pip install 'matgptq[real-model]'`).
+Needs the `gguf` and `accelerate` packages (`pip install 'matgptq[real-model]'`). A tool of `make real-model`
+(tools/real_model.py), not part of the package: it builds the project's reference model, nothing a user loads.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
-from ..fsutil import atomic_output
-from .hf import load_fp_model
+from matgptq.errors import UserError
+from matgptq.fsutil import atomic_output
+from matgptq.models.hf import load_fp_model
 
 # Text whose encode → decode must give it back: ASCII, accents, CJK, an emoji, spaces and newlines.
 ROUND_TRIP = "Hello world,  héllo\n\nnaïve café — 東京 🙂 x=3.14;\ttab"

