@@ -64,7 +64,7 @@ def test_cuda_codes_agree_with_cpu(tmp_path, options):
 
 
 def test_block_graphs_replay_the_eager_loop(monkeypatch):
-    """On the GPU, full blocks replayed as one CUDA graph (solver._BlockGraph) against the same loop run eagerly on
+    """On the GPU, full blocks replayed as one CUDA graph (lazy_blocks.BlockGraph) against the same loop run eagerly on
     the same device: the same kernels on the same values, so the same codes; cuBLAS may pick another algorithm for a
     product inside a captured graph, which moves a pre-rounding value by a float-order amount, so up to 0.1% of the
     codes may differ by a tie (this module's derivation gives ~6e-3 per weight at 8 bits, far less at 4)."""

@@ -103,19 +103,19 @@ def test_gptq_matches_reference(bits, group_size, sym, act_order, static_groups,
 
 @pytest.mark.parametrize("group_size,act_order,group_order", [(32, False, True), (-1, True, False), (64, False, False)])
 def test_block_buffers_run_the_same_loop(monkeypatch, group_size, act_order, group_order):
-    """Full blocks on the fixed buffers of solver._BlockGraph (replayed as a CUDA graph on a GPU, run without one
+    """Full blocks on the fixed buffers of lazy_blocks.BlockGraph (replayed as a CUDA graph on a GPU, run without one
     here) give the reference's codes, and with the weighted MSE search the plain loop's codes, scales and zeros bit
     for bit (the same operations on the same values)."""
     import functools
 
-    from matgptq.quantization import solver
+    from matgptq.quantization import lazy_blocks, solver
 
     w, h, _ = random_problem(24, 300, seed=group_size + 3)
     rounding = NearestRounding(4)
     kw = dict(group_size=group_size, act_order=act_order, group_order=group_order, block_size=64)
     plain = [gptq_quantize(w, h, rounding, mse=m, mse_weighted=m, **kw) for m in (False, True)]
-    runs, run = [], solver._BlockGraph.run  # the blocks it ran (their first column)
-    monkeypatch.setattr(solver._BlockGraph, "run", lambda self, *a: runs.append(a[-3]) or run(self, *a))
+    runs, run = [], lazy_blocks.BlockGraph.run  # the blocks it ran (their first column)
+    monkeypatch.setattr(lazy_blocks.BlockGraph, "run", lambda self, *a: runs.append(a[-3]) or run(self, *a))
     monkeypatch.setattr(solver, "_solve", functools.partial(solver._solve, graphs=True))
     buffered = [gptq_quantize(w, h, rounding, mse=m, mse_weighted=m, **kw) for m in (False, True)]
     assert runs == [0, 64, 128, 192] * 2  # the last block (256..300) is short: the plain loop runs it

@@ -1,4 +1,4 @@
-"""One GPTQ column step in one kernel launch (the solver's inner loop on a GPU, quantization/solver.py `_block`).
+"""One GPTQ column step in one kernel launch (the solver's inner loop on a GPU, quantization/lazy_blocks.py).
 
 For column j of the ordered weights with nearest rounding, GPTQ computes its codes and the error it feeds forward,
 

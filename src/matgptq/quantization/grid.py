@@ -128,7 +128,7 @@ def find_params(w: torch.Tensor, rounding: Rounding, sym: bool, mse: bool, signe
 @lru_cache(maxsize=8)
 def _shrinks(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """p = 1, 0.99, …, 0.21 (module docstring), made once per device: a CUDA graph replaying the search may not copy
-    from the host (solver._BlockGraph)."""
+    from the host (lazy_blocks.BlockGraph)."""
     return torch.tensor([1 - i / MSE_GRID for i in range(int(MSE_MAX_SHRINK * MSE_GRID))], dtype=dtype, device=device)
 
 

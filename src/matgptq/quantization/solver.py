@@ -26,17 +26,14 @@ retried ×10 up to 1.0.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from ..errors import UserError
-from ..kernels import gptq_column
-from .grid import NearestRounding, Rounding, find_params
+from .grid import Rounding, find_params
 from .kquant_scales import ScaleLattice
-
-SUB_BLOCK = 32  # columns whose per-column updates stay in cache (scripts/bench_gptq.py profiles the choice)
-
+from .lazy_blocks import BlockGraph, GroupGrid, run_block
 
 @dataclass
 class QuantResult:
@@ -128,28 +125,6 @@ def inverse_hessian_factor(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, 
         damp = min(damp * 10, 1.0)
 
 
-@dataclass
-class _Grid:
-    """What choosing a group's (scale, zero) needs: the grid settings, the column weights of the weighted search and the
-    K-quant lattice (with its super-scales), in processing order."""
-
-    rounding: Rounding
-    sym: bool
-    mse: bool
-    signed: bool
-    col_weights: torch.Tensor | None
-    lattice: ScaleLattice | None
-    lattice_d: torch.Tensor | None
-
-    def params(self, current: torch.Tensor, j: int, e: int, gid: int):
-        """(scale, zero) of the group of columns j..e from their current weights `current` [e − j, N]."""
-        cw = None if self.col_weights is None else self.col_weights[j:e]
-        scale, zero = find_params(current.T, self.rounding, self.sym, self.mse, self.signed, cw)
-        if self.lattice_d is not None:
-            scale = self.lattice.snap(scale, self.lattice_d[:, gid])
-        return scale, zero
-
-
 def _prepared(weight: torch.Tensor, hessian: torch.Tensor):
     """(W, H) in float32 (float64 if given), copies; dead inputs (diag H = 0) get H_kk = 1 and zero weights."""
     dtype = torch.promote_types(weight.dtype, torch.float32)
@@ -165,20 +140,6 @@ def processing_order(diag_h: torch.Tensor, group_size: int, act_order: bool, gro
     if group_order:
         return group_aware_order(diag_h, group_size)
     return torch.argsort(diag_h, descending=True, stable=True) if act_order else None
-
-
-def _step(rounding: Rounding, col: torch.Tensor, scale, zero, d, codes_j, err_j, tracks: int) -> None:
-    """One column: its codes into codes_j, the error it propagates divided by d = U_jj into err_j (per track, stacked,
-    for T > 1). On a GPU, nearest rounding runs as one fused kernel (kernels/gptq_column.py: the same roundings)."""
-    if tracks > 1:
-        cols = col.view(tracks, -1)
-        codes_j[:] = q = rounding.codes_tracks(cols, scale, zero)
-        torch.div(rounding.residual_tracks(cols, q, scale, zero).view(-1), d, out=err_j)
-    elif isinstance(rounding, NearestRounding) and gptq_column.available(col, scale, zero, codes_j, err_j):
-        gptq_column.column_step(col, scale, zero, d, rounding.maxq, codes_j, err_j)
-    else:
-        codes_j[:] = q = rounding.codes(col, scale, zero)
-        torch.div(rounding.residual(col, q, scale, zero), d, out=err_j)
 
 
 def gptq_quantize(
@@ -220,16 +181,16 @@ def gptq_quantize(
         w, h = w[:, perm], h[perm][:, perm]
         col_weights = None if col_weights is None else col_weights[perm]
     u, damp = inverse_hessian_factor(h, damp)
-    grid = _Grid(rounding, sym, mse, signed, col_weights, lattice, lattice_d)
+    grid = GroupGrid(rounding, sym, mse, signed, col_weights, lattice, lattice_d)
     codes, scales, zeros = _solve(w, u, grid, group_size, block_size, perm, static, group_order)
     return _finish(codes, scales, zeros, static, perm, group_size, group_order, damp)
 
 
-def _solve(w, u, grid: _Grid, group_size: int, block_size: int, perm, static, group_order: bool,
+def _solve(w, u, grid: GroupGrid, group_size: int, block_size: int, perm, static, group_order: bool,
            graphs: bool | None = None):  # fmt: skip
     """The lazy-batch column loop (IST-DASLab/gptq `fasterquant`) on the ordered W [N, K] with the inverse-Hessian
     factor U: codes [K, N] in processing order, and the group scales and zeros [N, G] found on the way. `graphs`:
-    replay full blocks as a CUDA graph (_BlockGraph; None: on a GPU, where it applies)."""
+    replay full blocks as a CUDA graph (lazy_blocks.BlockGraph; None: on a GPU, where it applies)."""
     (n_rows, k), dtype = w.shape, w.dtype
     g = k if group_size == -1 else group_size
     order = perm if perm is not None else torch.arange(k, device=w.device)
@@ -243,7 +204,7 @@ def _solve(w, u, grid: _Grid, group_size: int, block_size: int, perm, static, gr
     group_of = (order // g).tolist()  # original group of the column processed at each position
     gid = (lambda j: group_of[j]) if group_order else (lambda j: j // g)  # act-order: groups in processing order
     static_s, static_z = (static[0].T.contiguous(), static[1].T.contiguous()) if static else (None, None)
-    graph = _BlockGraph.for_layer(wt, grid, g, block_size, static, graphs)
+    graph = BlockGraph.for_layer(wt, grid, g, block_size, static, graphs)
     state = None
     if graph is not None and g >= k:  # one group: its parameters before any update (what the loop finds at j = 0)
         state = grid.params(wt[:k], 0, k, 0)
@@ -261,123 +222,11 @@ def _solve(w, u, grid: _Grid, group_size: int, block_size: int, perm, static, gr
 
             fixed = (lambda j, b0=b0: (static_s[group_of[b0 + j]], static_z[group_of[b0 + j]])) if static else None
             err = torch.empty(b1 - b0, tracks * n_rows, dtype=dtype, device=w.device)
-            state = _block(grid.rounding, wt[b0:], u[b0:, b0:], diag[b0:], err, codes[b0:], (b0, g), group_params,
+            state = run_block(grid.rounding, wt[b0:], u[b0:, b0:], diag[b0:], err, codes[b0:], (b0, g), group_params,
                            fixed, state)  # fmt: skip
         if b1 < k:
             wt[b1:].addmm_(u[b0:b1, b1:].T, err, alpha=-1)
     return codes, scales, zeros
-
-
-def _block(rounding: Rounding, wt, u, diag, err, codes, groups: tuple[int, int], group_params, fixed, state):
-    """One lazy block, in coordinates local to it: row j of `wt` [≥ B, T·N], `u`, `diag` and `codes` is the block's
-    column j, B = len(err). Quantizes columns 0..B−1 into codes[j], their scaled errors into err [B, T·N], and applies
-    the updates inside the block to wt[:B]; the rows past B get them from the caller (one matrix product). A group
-    starts where (first + j) % g == 0 for groups = (first, g): `group_params(j, current)` then gives its (scale, zero)
-    from its current weights (the columns j..j+g with the pending updates added); `fixed(j)` instead gives static
-    parameters; `state` is the (scale, zero) in force when the block starts, returned as it is when it ends.
-
-    The block is split into cache-sized sub-blocks: the per-column rank-1 update touches only the rest of the
-    sub-block, the rest of the block gets one small matmul per sub-block. Same arithmetic as the plain recursion."""
-    (first, g), n_cols, tracks = groups, err.shape[0], getattr(rounding, "tracks", 1)
-    n_rows = codes.shape[1]
-    scale, zero = state if state is not None else (None, None)
-    for s0 in range(0, n_cols, SUB_BLOCK):
-        s1 = min(s0 + SUB_BLOCK, n_cols)
-        for j in range(s0, s1):
-            if fixed is not None:
-                scale, zero = fixed(j)
-            elif group_params is not None and (first + j) % g == 0:
-                e = j + g
-                current = torch.cat([
-                    wt[j : min(s1, e)],
-                    wt[s1 : min(n_cols, e)] - u[s0:j, s1 : min(n_cols, e)].T @ err[s0:j],
-                    wt[n_cols:e] - u[:j, n_cols:e].T @ err[:j],
-                ])  # fmt: skip
-                if tracks > 1:
-                    current = rounding.mean_track(current.view(-1, tracks, n_rows).transpose(0, 1))
-                scale, zero = group_params(j, current)
-            _step(rounding, wt[j], scale, zero, diag[j], codes[j], err[j], tracks)
-            if j + 1 < s1:
-                wt[j + 1 : s1].addr_(u[j, j + 1 : s1], err[j], alpha=-1)
-        if s1 < n_cols:
-            wt[s1:n_cols].addmm_(u[s0:s1, s1:n_cols].T, err[s0:s1], alpha=-1)
-    return scale, zero
-
-
-class _BlockGraph:
-    """A full block's column loop (`_block`) on fixed buffers, captured once as a CUDA graph and replayed for every
-    full block of the layer: on a GPU the loop is some ten small kernels per column, whose launches cost more than
-    their work (gpu-anchors.md: 0.98 s eager, 0.09 s as one graph per block, for a 4096² layer). The replay runs the
-    same operations on the same values as the eager loop, so the codes are the eager ones. Only where every
-    operation is a device operation with no host round trip: nearest rounding (MatGPTQ's code search runs on the
-    host), no static groups or K-quant lattice, and groups that never cross a block (g divides the block, or one
-    group per row, whose parameters the caller finds first). `capture=False` runs the loop on the buffers without a
-    graph (how the CPU tests check the buffers' plumbing)."""
-
-    def __init__(self, wt, grid: _Grid, g: int, size: int, capture: bool = True):
-        n, dev, dtype = wt.shape[1], wt.device, wt.dtype
-        self.g, self.size, self.whole = g, size, g >= wt.shape[0]
-        self.w, self.err, self.codes = (torch.zeros(size, n, dtype=dtype, device=dev) for _ in range(3))
-        self.u = torch.eye(size, dtype=dtype, device=dev)
-        self.diag = torch.ones(size, dtype=dtype, device=dev)
-        groups = 1 if self.whole else size // g
-        self.scales, self.zeros = torch.ones(n, groups, dtype=dtype, device=dev), torch.zeros(n, groups, dtype=dtype,
-                                                                                            device=dev)  # fmt: skip
-        self.cw = None if grid.col_weights is None else torch.ones(size, dtype=dtype, device=dev)
-        self.grid = replace(grid, col_weights=self.cw)
-        self.graph, self.col_weights = None, grid.col_weights
-        if capture:
-            self.graph = torch.cuda.CUDAGraph()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # a first run allocates the temporaries and fills the caches
-                self._body()
-            torch.cuda.current_stream().wait_stream(side)
-            with torch.cuda.graph(self.graph):
-                self._body()
-
-    @classmethod
-    def for_layer(cls, wt, grid: _Grid, g: int, size: int, static, use: bool | None) -> "_BlockGraph | None":
-        """The graph for this layer's loop (`use`: None on a GPU only; True also without a graph on the CPU), or None
-        where the class docstring says it does not apply."""
-        k = wt.shape[0]
-        if not (wt.is_cuda if use is None else use) or not isinstance(grid.rounding, NearestRounding) or static or grid.lattice is not None or k < 2 * size:
-            return None
-        if g < k and size % g:
-            return None
-        return cls(wt, grid, g, size, capture=wt.is_cuda)
-
-    def _body(self):
-        def group_params(j, current):
-            scale, zero = self.grid.params(current, j, j + self.g, j // self.g)
-            self.scales[:, j // self.g], self.zeros[:, j // self.g] = scale, zero
-            return scale, zero
-
-        state = (self.scales[:, 0], self.zeros[:, 0]) if self.whole else None
-        _block(self.grid.rounding, self.w, self.u, self.diag, self.err, self.codes, (0, self.g),
-               None if self.whole else group_params, None, state)  # fmt: skip
-
-    def run(self, wt, u, diag, codes, scales, zeros, b0: int, gids: list[int], state):
-        """Columns b0..b0+size of the layer (arguments as in `_solve`): codes and group parameters written into the
-        layer's, the block's scaled errors returned (valid until the next run)."""
-        b1 = b0 + self.size
-        self.w.copy_(wt[b0:b1])
-        self.u.copy_(u[b0:b1, b0:b1])
-        self.diag.copy_(diag[b0:b1])
-        if self.cw is not None:
-            self.cw.copy_(self.col_weights[b0:b1])
-        if self.whole:
-            self.scales[:, 0], self.zeros[:, 0] = state
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self._body()
-        codes[b0:b1] = self.codes
-        if not self.whole:
-            ids = torch.tensor(gids, device=wt.device)
-            scales.index_copy_(1, ids, self.scales)
-            zeros.index_copy_(1, ids, self.zeros)
-        return self.err
 
 
 def _finish(codes, scales, zeros, static, perm, group_size: int, group_order: bool, damp: float) -> QuantResult:
