@@ -212,15 +212,17 @@ class PerWidthRounding(MatryoshkaRounding):
         if w.is_cuda:
             tables = self._device_tables(w.device)
             u = w.double() / scale.double() + zero.double()
-            return self._search_all(u, *tables).to(w.dtype)
+            return self._search_all(u, *tables[:2]).to(w.dtype)
         s, z = _host(scale).astype(np.float64), _host(zero).astype(np.float64)
         u = _host(w).astype(np.float64) / s + z  # [R, N]
         best = self._search(u)
         return torch.from_numpy(best.astype(np.float32)).to(w.device, w.dtype)
 
     def _device_tables(self, device: torch.device):
+        """(cell table, λ, position table) on `device`, copied once (a copy per column would sync the host)."""
         if getattr(self, "_tables_on", None) != device:
-            self._tables = tuple(torch.from_numpy(t).to(device) for t in (self.cell_table, self.lam))
+            cells, lam = (torch.from_numpy(t).to(device) for t in (self.cell_table, self.lam))
+            self._tables = (cells, lam, self.table.to(device))
             self._tables_on = device
         return self._tables
 
@@ -269,5 +271,6 @@ class PerWidthRounding(MatryoshkaRounding):
 
     def residual_tracks(self, w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
         """Each track's own slice error w_t − s·(D_t(q) − z): [tracks, N]."""
-        pos = self.table.to(codes.device).index_select(0, codes.long()).T.to(w.dtype)  # [R, N]
+        table = self.table if codes.device.type == "cpu" else self._device_tables(codes.device)[2]
+        pos = table.index_select(0, codes.long()).T.to(w.dtype)  # [R, N]
         return w - scale * (pos - zero)
