@@ -112,17 +112,16 @@ def find_params(w: torch.Tensor, rounding: Rounding, sym: bool, mse: bool, signe
     shrinks = _shrinks(lo.dtype, lo.device)
     weights = None if col_weights is None else col_weights.to(w.dtype)
     chunk = search_chunk(w)
-    best, scale, zero = None, [], []
+    errors, scales, zeros = [], [], []  # per chunk of shrinks: [S, rows] each
     for c0 in range(0, len(shrinks), chunk):
-        s1, z1 = _params(lo, hi, rounding.bits, sym, shrinks[c0 : c0 + chunk, None], signed)  # [S, rows]
-        s1c, z1c = s1.unsqueeze(-1), z1.unsqueeze(-1)
-        err = rounding.loss(w, rounding.codes(w, s1c, z1c), s1c, z1c, MSE_NORM)
-        err = err.sum(-1) if weights is None else err @ weights
-        best = err if best is None else torch.cat([best, err])
-        scale.append(s1)
-        zero.append(z1)
-    pick = torch.nan_to_num(best, nan=float("inf")).argmin(0, keepdim=True)  # first minimiser; NaN never wins
-    return torch.cat(scale).gather(0, pick)[0], torch.cat(zero).gather(0, pick)[0]
+        s, z = _params(lo, hi, rounding.bits, sym, shrinks[c0 : c0 + chunk, None], signed)
+        sc, zc = s.unsqueeze(-1), z.unsqueeze(-1)
+        err = rounding.loss(w, rounding.codes(w, sc, zc), sc, zc, MSE_NORM)
+        errors.append(err.sum(-1) if weights is None else err @ weights)
+        scales.append(s)
+        zeros.append(z)
+    pick = torch.nan_to_num(torch.cat(errors), nan=float("inf")).argmin(0, keepdim=True)  # first minimiser, never NaN
+    return torch.cat(scales).gather(0, pick)[0], torch.cat(zeros).gather(0, pick)[0]
 
 
 @lru_cache(maxsize=8)
