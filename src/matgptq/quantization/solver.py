@@ -206,7 +206,7 @@ def _solve(w, u, grid: GroupGrid, group_size: int, block_size: int, perm, static
     static_s, static_z = (static[0].T.contiguous(), static[1].T.contiguous()) if static else (None, None)
     graph = BlockGraph.for_layer(wt, grid, g, block_size, static, graphs)
     state = None
-    if graph is not None and g >= k:  # one group: its parameters before any update (what the loop finds at j = 0)
+    if graph is not None and graph.whole:  # one group: its parameters before any update (what the loop finds at j = 0)
         state = grid.params(wt[:k], 0, k, 0)
         scales[:, 0], zeros[:, 0] = state
     for b0 in range(0, k, block_size):
