@@ -32,16 +32,16 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
-# Everything on one GPU in one run of a few minutes (scripts/gpu_check.py): the machine's own python3 (torch, triton,
+# Everything on one GPU in one run of a few minutes (benchmarks/gpu_check.py): the machine's own python3 (torch, triton,
 # transformers), PYTHONPATH=src, no venv and no install; writes docs/results/gpu.{json,md}. Without CUDA it runs the
 # same code on tiny shapes in Triton's interpreter (here with the venv's python when there is one) and measures nothing.
 # GPU_OUT: a folder that also receives gpu.json and the test log. `make gpu-carry` fills .gpu-carry/ (from ../shared).
 GPU_PY  ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-check:
-	PYTHONPATH=src $(GPU_PY) scripts/gpu_check.py $(if $(GPU_OUT),--out $(GPU_OUT))
+	PYTHONPATH=src $(GPU_PY) -m benchmarks.gpu_check $(if $(GPU_OUT),--out $(GPU_OUT))
 
 gpu-carry:
-	PYTHONPATH=src $(GPU_PY) scripts/gpu_check.py --prepare
+	PYTHONPATH=src $(GPU_PY) -m benchmarks.gpu_check --prepare
 
 # Peer libraries for the interop tests (GPTQModel, optimum, compressed-tensors, llama-cpp-python; Triton for the kernel tests in its
 # CPU interpreter (the kernels extra); the last builds llama.cpp once,
@@ -76,7 +76,7 @@ $(LLAMA_CPP_CONVERT): $(PINS) | venv
 
 # llama.cpp's own command-line tools (llama-quantize, llama-imatrix, llama-perplexity), built once from the llama.cpp
 # vendored in the same pinned llama-cpp-python sdist (CPU, GGML_NATIVE=OFF, static, 2 jobs; ~10-15 min on 2 cores):
-# scripts/gguf_vs_llamacpp_real.py quantizes and scores with them (the python binding cannot pass an imatrix).
+# benchmarks/gguf_vs_llamacpp_real.py quantizes and scores with them (the python binding cannot pass an imatrix).
 LLAMA_CPP_TOOLS := $(VENV)/llama.cpp-tools
 llama-cpp-tools: $(LLAMA_CPP_TOOLS)/llama-perplexity
 $(LLAMA_CPP_TOOLS)/llama-perplexity: $(PINS) | venv
@@ -106,7 +106,7 @@ real-model: venv
 # With .venv-bench present (`make bench-venv`) GPTQModel and llm-compressor run side by side on the same windows.
 real-model-table: venv
 	$(PIP) -e ".[dev,tasks]"
-	$(BIN)/python scripts/real_model_table.py "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct"
+	$(BIN)/python -m benchmarks.real_model_table "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct"
 
 # Mix'n'Match on the real model (after real-model-table, whose GPTQ rows it shows; resumable). A run's numbers come
 # from one parent on one machine: RUN=NAME starts a new run where the recorded run's parent does not re-quantize
@@ -114,7 +114,7 @@ real-model-table: venv
 RUN ?= 2
 search-real-model: venv
 	$(PIP) -e ".[dev,tasks]"
-	$(BIN)/python scripts/search_real_model.py "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct" --run "$(RUN)"
+	$(BIN)/python -m benchmarks.search_real_model "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct" --run "$(RUN)"
 
 # The peers for the benchmarks live in their own venv with their own pins (.ci/constraints-bench.txt says why:
 # llm-compressor 0.14 needs transformers<=5.17); the test stack is untouched.
@@ -130,16 +130,16 @@ $(BENCH_VENV)/bin/matgptq: pyproject.toml $(BENCH_PINS)
 bench-venv: $(BENCH_VENV)/bin/matgptq
 
 bench: $(BENCH_VENV)/bin/matgptq
-	GPTQMODEL_CPU_WORKERS=2 TORCHDYNAMO_DISABLE=1 $(BENCH_VENV)/bin/python scripts/bench_gptq.py
-	$(BENCH_VENV)/bin/python scripts/bench_multibit.py
+	GPTQMODEL_CPU_WORKERS=2 TORCHDYNAMO_DISABLE=1 $(BENCH_VENV)/bin/python -m benchmarks.bench_gptq
+	$(BENCH_VENV)/bin/python -m benchmarks.bench_multibit
 
 # End to end on the real model (make real-model first): matgptq vs GPTQModel vs llm-compressor, same windows.
 bench-pipeline: $(BENCH_VENV)/bin/matgptq
-	$(BENCH_VENV)/bin/python scripts/bench_pipeline.py "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct" \
+	$(BENCH_VENV)/bin/python -m benchmarks.bench_pipeline "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct" \
 	    --calib $(SHARED)/data/wikitext-2-raw/wiki.test.joined.txt --calib-range 0.5:1 --nsamples 64 --seqlen 512
 
 results: venv
-	$(BIN)/python scripts/results.py
+	$(BIN)/python -m benchmarks.results
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) runs .pytest_cache

@@ -1,4 +1,4 @@
-"""The docs cannot drift: every generated page equals its rendering from its JSON (scripts/render_docs.py --check), and
+"""The docs cannot drift: every generated page equals its rendering from its JSON (`python -m benchmarks.render_docs --check`), and
 every relative link in README.md and docs/**/*.md points at a file that exists (a moved page leaves no dangling link).
 """
 
@@ -33,7 +33,7 @@ def relative_links(text: str) -> list[str]:
 def test_generated_pages_match_their_json():
     env = {k: v for k, v in os.environ.items() if not k.endswith("_PROXY") and not k.endswith("_proxy")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", MPLBACKEND="Agg")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "render_docs.py"), "--check"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.render_docs", "--check"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, f"docs drifted from their JSON:\n{proc.stderr}{proc.stdout}"
 

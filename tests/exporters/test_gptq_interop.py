@@ -2,7 +2,7 @@
 
 Run with the peers installed, e.g.  GPTQMODEL_CPU_WORKERS=2 python -m pytest -m interop tests/exporters/test_gptq_interop.py
 (a missing peer skips, or fails under MATGPTQ_REQUIRE_PEERS=1). Each check records its measured differences with
-`record_property`; scripts/gptq_compat_table.py turns the junit XML into docs/results/gptq_compat.md.
+`record_property`; benchmarks/gptq_compat_table.py turns the junit XML into docs/results/gptq_compat.md.
 
 What is asserted, and why it holds on every CPU (no observed tolerance anywhere):
   * weights: every quantized layer the peer dequantizes equals our weight cast to float16, bit for bit;

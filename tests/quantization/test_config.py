@@ -75,7 +75,7 @@ def test_target_gguf_refuses_what_llama_cpp_blocks_cannot_hold(options, message)
 
 
 def test_matgptq_defaults_group_act_order_and_refit_without_the_scale_search():
-    """A parent's defaults (scripts/gptq_defaults.py measured them): group act-order and the master's scale refit,
+    """A parent's defaults (benchmarks/gptq_defaults.py measured them): group act-order and the master's scale refit,
     both free in CPU time; the scale search, which costs a parent ~2.8x, stays off, and so does its weighting even
     when the search is asked for."""
     cfg = MatGPTQConfig(bits=8, target_bits=(3, 4, 8))

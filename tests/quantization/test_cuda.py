@@ -10,7 +10,7 @@ than one step: on an H100 (make gpu-check, 2026-11-26) a 4-bit act-order layer h
 MatGPTQ parent 11 master steps (a tie at its 3-bit width moves the master code by up to 2^(8−3) = 32), so the size of
 a difference bounds nothing. Nor does their number, with act-order: its column order is the sort of diag(H), and two
 near-equal diagonal entries swap under a float-order perturbation, which re-orders a whole layer's solve (measured:
-2.5% of codes differ on this test's act-order case on an H100, against 0.01% for plain GPTQ in scripts/
+2.5% of codes differ on this test's act-order case on an H100, against 0.01% for plain GPTQ in benchmarks/
 gpu_bench_quantize.py's comparison; the MatGPTQ case here passed at ≤ 2%), and the differences feed the next
 blocks' inputs. What is bounded is the result: each layer's GPTQ
 objective (the reported relative error, a sum over all weights) moves by what a swap of near-equal columns or a

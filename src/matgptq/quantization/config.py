@@ -6,7 +6,7 @@ its own terms, and their one round trip to and from a checkpoint's `matgptq.json
       GPTQConfig                    + the solver (solver.py): column order, damping, lazy blocks, scale refit
         MatGPTQConfig               + the target widths R, their weights λ_r and the code-sharing variant
 
-Each class's defaults are its method's, chosen by measurement (scripts/gptq_defaults.py runs the ablation,
+Each class's defaults are its method's, chosen by measurement (benchmarks/gptq_defaults.py runs the ablation,
 docs/results/gptq_defaults.md shows it, docs/guide/quantize.md gives each default's reason). A field that is None
 depends on other fields and is resolved on construction (its comment says how).
 """

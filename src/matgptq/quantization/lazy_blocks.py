@@ -12,7 +12,7 @@ from ..kernels import gptq_column
 from .grid import NearestRounding, Rounding, find_params
 from .kquant_scales import ScaleLattice
 
-SUB_BLOCK = 32  # columns whose per-column updates stay in cache (scripts/bench_gptq.py profiles the choice)
+SUB_BLOCK = 32  # columns whose per-column updates stay in cache (benchmarks/bench_gptq.py profiles the choice)
 
 
 @dataclass

@@ -24,7 +24,7 @@ import torch
 from ..formats.slicing import positions
 
 # bytes of one row chunk's [rows, K] products: big enough for efficient GEMMs, small enough to bound the memory
-# (scripts/bench_multibit.py times the refit)
+# (benchmarks/bench_multibit.py times the refit)
 CHUNK_BYTES = 1 << 26
 
 

@@ -1,0 +1,216 @@
+"""Benchmark (not a test): end-to-end quantization (load → calibrate → quantize → save) of a real model with matgptq,
+GPTQModel and llm-compressor on the same calibration windows, one tool per child process, in one run.
+
+The parent draws the windows once (matgptq's calibration_windows: --nsamples windows of --seqlen tokens, --seed) and
+hands every tool the same token ids. Each tool runs in its own process, so wall time, CPU time (user+sys) and peak
+RSS are the child's own (os.wait4). Printed: one row per tool and the ratios CPU / fastest peer and RSS / lowest
+peer, then matgptq's own breakdown (load, capture of the first block's inputs, block forwards, Hessian accumulation,
+solver, error report, save).
+
+Tools (--tools, comma-separated):
+  matgptq          GPTQ, --bits, group --group-size, symmetric, in the model's own dtype (float32 for SmolLM2 here)
+  matgptq-bf16     the same with --dtype bfloat16 (Hessians and solver still float32), GPTQModel's CPU dtype
+  matgptq-348      MatGPTQ parent {3,4,8} (master 8), model's dtype
+  matgptq-348-bf16 the same in bfloat16
+  gptqmodel        GPTQModel.load + quantize + save, QuantizeConfig(bits, group_size, sym=True, desc_act=False);
+                   its CPU default dtype (bfloat16), its other defaults
+  llmcompressor    oneshot with GPTQModifier(int weights, --bits, group --group-size, symmetric, targets Linear, lm_head
+                   ignored), the model in its own dtype, sequential pipeline (its default), save_compressed.
+                   A group size that does not divide every layer's columns (SmolLM2: 576 = 4.5 x 128) needs its
+                   bypass_divisibility_checks=True; compressed-tensors cannot pack that, so the model is then saved
+                   dense (the fake-quantized weights, i.e. the dequantized codes)
+
+Needs the bench venv (`make bench-venv`: GPTQModel 7.6.0, llm-compressor 0.14.0.1, .ci/constraints-bench.txt).
+Timings on a shared machine vary; compare CPU time and read the load average printed in the header.
+With --json FILE the measurements go to FILE and the page rendered from them alone beside it (FILE with .md; the
+recorded run is docs/results/bench_pipeline.{json,md}, re-rendered by `python -m benchmarks.render_docs`).
+
+    python -m benchmarks.bench_pipeline MODEL_DIR --calib FILE [--calib-range A:B] [--nsamples 64] [--seqlen 512]
+        [--tools matgptq,matgptq-bf16,gptqmodel,llmcompressor] [--threads 2] [--work DIR] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks._harness import child_env, header, load_json, run_measured, write_page
+
+TOOLS = ("matgptq", "matgptq-bf16", "matgptq-348", "matgptq-348-bf16", "gptqmodel", "llmcompressor")
+PEERS = ("gptqmodel", "llmcompressor")
+
+
+def worker(tool: str, model_dir: str, ids_file: str, out: str, bits: int, group_size: int) -> dict:
+    import torch
+    from safetensors.torch import load_file
+
+    ids = load_file(ids_file)["ids"]
+    if tool.startswith("matgptq"):
+        return matgptq_worker(tool, model_dir, ids, out, bits, group_size)
+    if tool == "gptqmodel":
+        from gptqmodel import GPTQModel, QuantizeConfig
+
+        model = GPTQModel.load(model_dir, QuantizeConfig(bits=bits, group_size=group_size, sym=True, desc_act=False))
+        model.quantize([{"input_ids": r.tolist(), "attention_mask": [1] * len(r)} for r in ids])
+        model.save(out)
+        return {}
+    if tool == "llmcompressor":
+        from datasets import Dataset
+        from llmcompressor import oneshot
+        from llmcompressor.modifiers.quantization import GPTQModifier
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+        data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist()})
+        weights = {"num_bits": bits, "type": "int", "symmetric": True, "strategy": "group", "group_size": group_size}
+        ragged = any(m.in_features % group_size for m in model.modules() if isinstance(m, torch.nn.Linear))
+        # a group size that does not divide every layer's columns (SmolLM2's 576 at g128): llm-compressor's own way
+        # out, named in its error message; it quantizes the ragged last group, but compressed-tensors cannot pack
+        # it, so the fake-quantized weights are saved dense (they are exactly the dequantized codes)
+        recipe = GPTQModifier(config_groups={"g": {"targets": ["Linear"], "weights": weights}}, ignore=["lm_head"],
+                              bypass_divisibility_checks=ragged)  # fmt: skip
+        oneshot(model=model, dataset=data, recipe=recipe, max_seq_length=ids.shape[1], num_calibration_samples=len(ids))
+        model.save_pretrained(out, save_compressed=not ragged)
+        AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+        return {}
+    raise SystemExit(f"unknown tool {tool}")
+
+
+def matgptq_worker(tool: str, model_dir: str, ids, out: str, bits: int, group_size: int) -> dict:
+    import torch
+
+    from matgptq.api import COMPUTE_DTYPES, make_config, unquantized_tensors
+    from matgptq.formats import save_checkpoint
+    from matgptq.models import load_fp_model
+    from matgptq.quantization.pipeline import quantize_model
+
+    t0 = time.perf_counter()
+    model = load_fp_model(model_dir, COMPUTE_DTYPES["bfloat16" if tool.endswith("bf16") else "auto"])
+    t_load = time.perf_counter() - t0
+    cfg = make_config("matgptq", (3, 4, 8), group_size=group_size) if "348" in tool else \
+        make_config("gptq", bits, group_size=group_size)  # fmt: skip
+    t0 = time.perf_counter()
+    layers, reports, times = quantize_model(model, ids, cfg, progress=False)
+    t_quant = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    meta = {"quantization": cfg.to_json(), "model_type": model.config.model_type, "report": []}
+    save_checkpoint(out, model.config.to_dict(), unquantized_tensors(model, layers), layers, meta, model_dir, True)
+    t_save = time.perf_counter() - t0
+    accounted = times.forward + times.hessian + times.solver + times.report
+    return {"load": t_load, "first-block inputs + other": t_quant - accounted, "block forwards": times.forward,
+            "Hessians": times.hessian, "solver": times.solver, "error report": times.report, "save": t_save,
+            "block runs": times.forward_passes, "threads": torch.get_num_threads()}  # fmt: skip
+
+
+def run_child(args, tool: str, ids_file: Path, work: Path) -> dict:
+    out = work / tool
+    report = work / f"{tool}.json"
+    cmd = [sys.executable, "-m", "benchmarks.bench_pipeline", "--worker", tool, args.model, "--ids", str(ids_file),
+           "--out-model", str(out), "--bits", str(args.bits), "--group-size", str(args.group_size), "--report", str(report)]  # fmt: skip
+    usage = run_measured(cmd, child_env(args.threads), work / f"{tool}.log")
+    return {"tool": tool, **usage, "breakdown": json.loads(report.read_text()) if usage["ok"] else {}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="Hugging Face model directory")
+    p.add_argument("--calib", help="calibration text file")
+    p.add_argument("--calib-range", default="0:1", help="character range START:END of --calib")
+    p.add_argument("--nsamples", type=int, default=64, help="calibration windows")
+    p.add_argument("--seqlen", type=int, default=512, help="tokens per window")
+    p.add_argument("--seed", type=int, default=0, help="seed of the window draw")
+    p.add_argument("--bits", type=int, default=4, help="GPTQ width")
+    p.add_argument("--group-size", type=int, default=64,
+                   help="columns per scale group (default 64: llm-compressor cannot do 128 on SmolLM2's 576 columns)")
+    p.add_argument("--tools", default="matgptq,matgptq-bf16,matgptq-348-bf16,gptqmodel,llmcompressor",
+                   help=f"comma-separated, from {', '.join(TOOLS)}")
+    p.add_argument("--threads", type=int, default=2, help="threads per tool (OMP_NUM_THREADS)")
+    p.add_argument("--work", help="keep outputs and logs here (default: a temporary directory, removed)")
+    p.add_argument("--json", help="write the measurements to this file")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--ids", help=argparse.SUPPRESS)
+    p.add_argument("--out-model", help=argparse.SUPPRESS)
+    p.add_argument("--report", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        Path(args.report).write_text(json.dumps(worker(args.worker, args.model, args.ids, args.out_model, args.bits,
+                                                       args.group_size)))  # fmt: skip
+        return
+
+    from safetensors.torch import save_file
+
+    from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
+
+    tools = args.tools.split(",")
+    unknown = set(tools) - set(TOOLS)
+    if unknown or not args.calib:
+        p.error(f"unknown tools {sorted(unknown)}" if unknown else "--calib FILE is required")
+    a, b = (float(x) for x in args.calib_range.split(":"))
+    ids = calibration_windows(tokenize(load_tokenizer(args.model), read_text(args.calib, (a, b))), args.nsamples,
+                              args.seqlen, args.seed)  # fmt: skip
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench-pipeline-"))
+    work.mkdir(parents=True, exist_ok=True)
+    save_file({"ids": ids.contiguous()}, str(work / "ids.safetensors"))
+    load_start = os.getloadavg()[0]
+    print(f"{args.model}: {args.nsamples} x {args.seqlen} tokens, GPTQ {args.bits}-bit g{args.group_size} sym, "
+          f"{args.threads} threads per tool, load average {load_start:.2f}", flush=True)  # fmt: skip
+    results = []
+    for tool in tools:
+        results.append(run_child(args, tool, work / "ids.safetensors", work))
+        r = results[-1]
+        print(f"  {tool}: {'ok' if r['ok'] else 'FAILED (see ' + str(work / (tool + '.log')) + ')'} "
+              f"wall {r['wall']:.0f} s, CPU {r['cpu']:.0f} s, peak RSS {r['rss_gb']:.2f} GB", flush=True)
+    data = {"args": vars(args), "load_average_start": load_start, "load_average": os.getloadavg(), "results": results}
+    print("\n" + tables(data))
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=2))
+        write_page(Path(args.json).with_suffix(".md"), page(load_json(Path(args.json))))
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def page(data: dict) -> str:
+    """docs/results/bench_pipeline.md from its JSON."""
+    a = data["args"]
+    load = [f"{data['load_average_start']:.2f} at the start"] if "load_average_start" in data else []
+    load += [f"{data['load_average'][0]:.2f} at the end"] if data.get("load_average") else []
+    return "\n".join([header("benchmarks/bench_pipeline.py", "bench_pipeline.json"),
+                      "# End-to-end quantization: matgptq against GPTQModel and llm-compressor", "",
+                      f"{a['model']}: {a['nsamples']} x {a['seqlen']} tokens (seed {a['seed']}, {a['calib']} "
+                      f"[{a['calib_range']}]), GPTQ {a['bits']}-bit g{a['group_size']} sym, {a['threads']} threads per "
+                      f"tool{', load average ' if load else ''}{' and '.join(load)}.", "", tables(data)])  # fmt: skip
+
+
+def tables(data: dict) -> str:
+    """One row per tool with the ratios to the peers, then matgptq's own breakdown."""
+    from matgptq.execution import format_table
+
+    results = data["results"]
+    peers = [r for r in results if r["tool"] in PEERS and r["ok"]]
+    best_cpu = min((r["cpu"] for r in peers), default=None)
+    best_rss = min((r["rss_gb"] for r in peers), default=None)
+    rows = [[r["tool"], f"{r['wall']:.0f}", f"{r['cpu']:.0f}", f"{r['rss_gb']:.2f}",
+             f"{r['cpu'] / best_cpu:.2f}" if best_cpu else "-", f"{r['rss_gb'] / best_rss:.2f}" if best_rss else "-"]
+            for r in results if r["ok"]]  # fmt: skip
+    out = [format_table(["tool", "wall s", "CPU s", "peak RSS GB", "CPU / fastest peer", "RSS / lowest peer"], rows)]
+    out += [f"- {r['tool']}: FAILED" for r in results if not r["ok"]]
+    parts = [r for r in results if r["tool"].startswith("matgptq") and r["ok"]]
+    if parts:
+        keys = list(parts[0]["breakdown"])
+        out += ["", format_table(["seconds"] + [r["tool"] for r in parts],
+                                 [[k] + [_fmt(r["breakdown"][k]) for r in parts] for k in keys])]  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def _fmt(v) -> str:
+    return f"{v:.1f}" if isinstance(v, float) else str(v)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+#!/usr/bin/env python
+"""Our GGUF exports of SmolLM2-135M-Instruct against llama.cpp's own quantizer, all scored by
+llama.cpp's own tools.
+
+Protocol
+  float model   llama.cpp's `convert_hf_to_gguf.py` (vendored in the pinned llama-cpp-python sdist, `make interop`)
+                writes the F32 GGUF every llama.cpp preset starts from and every file is compared with
+  calibration   the project's SmolLM2 protocol (benchmarks/real_model_table.py): 64 windows × 512 tokens, seed 0, from
+                the second half (by characters) of WikiText-2 test. GPTQ gets them as token ids; llama-imatrix gets
+                the same 64 windows decoded to text (`calib.txt`, one window per 512-token chunk after llama.cpp
+                re-tokenizes it; the byte-level BPE round-trips, so the tokens are the same up to chunk boundaries)
+  presets       `llama-quantize F32 OUT Q4_0|Q4_K_M|Q3_K_M`, each without and with `--imatrix` (llama-imatrix on
+                calib.txt, -c 512); the per-tensor types each really writes are read back with gguf-py
+  ours          GPTQ, group size 32, llama.cpp's signed Q4_0/Q5_0 grid (`--signed-scale`), act-order + static groups
+                + MSE scale search, exported with `matgptq export --format gguf --type auto` (bit-exact Q4_0/Q5_0;
+                embeddings `auto` = Q8_0 for 576-wide rows, as every preset here has them); the "-hw" rows add
+                `--mse-weighted --refit-scales`: the scale search weighted by the Hessian diagonal (the same
+                statistic as llama.cpp's importance matrix) and each scale refit to its codes by least squares
+  searched      one MatGPTQ [4,5,8] parent (the same options, "-hw"), and per preset a `matgptq search` for the
+                per-layer widths (levels 4,5,8 → Q4_0/Q5_0/Q8_0) that fill the preset's tensor bytes (search_budget);
+                a [4,5,6,8] parent with `--kquant q6_k` (ffn_down's 6-bit slice → Q6_K), searched in GGUF bytes
+  re-solved     a search's knapsack mix quantized again, `quantize --method gptq --bits-config MIX` with the "-hw"
+                options: every layer a dedicated GPTQ run at its width instead of the parent's slice, same GGUF types
+  rows          gguf_real_rows.py (what is compared), gguf_real_files.py (what a file holds), gguf_real_report.py
+                (the tables)
+  scoring       `llama-perplexity -c 512` on the first half of WikiText-2 test (--wiki-chunks chunks) and on the
+                TinyStories file (--ts-chunks chunks): the F32 file's logits are saved with --kl-divergence-base, each
+                quantized file is run with --kl-divergence. llama.cpp scores the second half of every 512-token chunk
+                (256 positions each), so perplexity and KL are over chunks·256 positions. Values are llama.cpp's
+                "Mean PPL(Q)" and "Mean KLD" with its ± (one standard error)
+  size          tensor bytes (the sum of the tensors' data, what llama.cpp's BPW counts); ours must be ≤ the
+                preset's. BPW = tensor bytes · 8 / parameters (all tensors, norms included). Whole-file bytes are shown
+                too: ours carry ~8 KB more metadata (matgptq.* keys), so at equal tensor bytes the file is 0.01% larger
+  goal          our KL ≤ 0.7 × the preset's (the better of without/with imatrix), at ≤ its file size
+
+Needs `make llama-cpp-tools` (llama-quantize, llama-imatrix, llama-perplexity in .venv/llama.cpp-tools) and
+`make real-model`. Resumable: every finished step is kept in docs/results/gguf_vs_llamacpp_real.json (files and logits
+in --work); re-running skips them, and a killed quantization continues from its last finished block (`--resume`).
+Writes docs/results/gguf_vs_llamacpp_real.md (gguf_real_report.py, from the JSONs alone: `python -m benchmarks.render_docs`).
+
+    python -m benchmarks.gguf_vs_llamacpp_real [--threads 1] [--wiki-chunks 24] [--ts-chunks 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.gguf_real_files import file_info, search_budget
+from benchmarks.gguf_real_report import STATE, publish
+from benchmarks.gguf_real_rows import (CKPTS, DATASETS, EMBED_OF, GPTQ_FLAGS, HW, ISSUE_PRESETS, OURS, PRESETS,
+                            QUANTIZE, RESOLVE, SEARCH_OF)  # fmt: skip
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+VENV = Path(sys.prefix)
+TOOLS = VENV / "llama.cpp-tools"
+CONVERTER = VENV / "llama.cpp" / "convert_hf_to_gguf.py"
+DEFAULT_MODEL = Path.home() / ".cache" / "matgptq" / "SmolLM2-135M-Instruct"
+WIKI = SHARED / "data" / "wikitext-2-raw" / "wiki.test.joined.txt"
+TINYSTORIES = SHARED / "data" / "tinystories" / "tinystories_val_head.txt"
+
+
+def state_file(seed: int) -> Path:
+    return STATE if seed == 0 else STATE.with_name(f"{STATE.stem}.seed{seed}.json")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], logfile: Path, env: dict | None = None) -> str:
+    """Run a tool, its output to `logfile`; a failure ends the script with the log's last lines."""
+    log(" ".join(str(c) for c in cmd))
+    with open(logfile, "w") as f:
+        rc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    text = logfile.read_text(errors="replace")
+    if rc != 0:
+        sys.exit(f"gguf_vs_llamacpp_real: error: {cmd[0]} failed ({rc}), see {logfile}:\n" + "\n".join(text.splitlines()[-8:]))
+    return text
+
+
+def child_env(threads: int) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "TORCHDYNAMO_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
+
+
+def f32_gguf(model: Path, work: Path) -> Path:
+    """llama.cpp's converter on the HF model. SmolLM2's config.json (as `make real-model` writes it) has no
+    `architectures` entry, which the converter keys on: it reads a copy (symlinks + config with LlamaForCausalLM)."""
+    out = work / "f32.gguf"
+    if out.is_file():
+        return out
+    hf = work / "hf"
+    hf.mkdir(exist_ok=True)
+    for f in model.iterdir():
+        if f.name != "config.json" and not (hf / f.name).exists():
+            (hf / f.name).symlink_to(f.resolve())
+    cfg = json.loads((model / "config.json").read_text())
+    cfg.setdefault("architectures", ["LlamaForCausalLM"])
+    (hf / "config.json").write_text(json.dumps(cfg, indent=2))
+    conv = CONVERTER.parent
+    env = {**os.environ, "PYTHONPATH": f"{conv}:{conv / 'gguf-py'}"}
+    run([sys.executable, CONVERTER, hf, "--outtype", "f32", "--outfile", work / "f32.tmp.gguf"], work / "f32.log", env)
+    (work / "f32.tmp.gguf").replace(out)
+    return out
+
+
+def calib_text(model: Path, work: Path, a: argparse.Namespace) -> Path:
+    """The GPTQ calibration windows decoded to text, one after another (llama-imatrix re-tokenizes and chunks it)."""
+    out = work / "calib.txt"
+    if not out.is_file():
+        from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
+
+        tok = load_tokenizer(model)
+        ids = calibration_windows(tokenize(tok, read_text(WIKI, (0.5, 1.0))), a.nsamples, a.seqlen, a.seed)
+        out.write_text("".join(tok.decode(w, skip_special_tokens=False) for w in ids.tolist()), encoding="utf-8")
+    return out
+
+
+def eval_text(work: Path, ds: str) -> Path:
+    out = work / f"{ds}_eval.txt"
+    if not out.is_file():
+        if ds == "wiki":  # the first half: never calibrated on
+            t = WIKI.read_text(encoding="utf-8")
+            out.write_text(t[: len(t) // 2], encoding="utf-8")
+        else:
+            out.write_text(TINYSTORIES.read_text(encoding="utf-8"), encoding="utf-8")
+    return out
+
+
+_PPL = re.compile(r"Mean PPL\(Q\)\s*:\s*([0-9.]+)\s*±\s*([0-9.]+)")
+_KLD = re.compile(r"Mean\s+KLD:\s*([0-9.]+)\s*±\s*([0-9.]+)")
+_TOP = re.compile(r"Same top p:\s*([0-9.]+)\s*±\s*([0-9.]+)")
+_BASE_PPL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
+
+
+def score(gguf_file: Path, ds: str, work: Path, a: argparse.Namespace, logs: Path | None = None) -> dict:
+    """llama-perplexity's perplexity and KL(F32 ‖ file) on `chunks` × 512 tokens of one text; the F32 file and its
+    saved logits in `work`, the quantized file's log in `logs` (default `work`)."""
+    chunks = a.wiki_chunks if ds == "wiki" else a.ts_chunks
+    base = work / f"base-{ds}-{chunks}.kld"
+    common = ["-c", "512", "-b", "512", "--chunks", str(chunks), "-t", str(a.threads)]
+    if gguf_file.name == "f32.gguf" or not base.is_file():  # the F32 logits every KL is taken against
+        f32, tmp = work / "f32.gguf", base.with_suffix(".tmp")
+        text = run([TOOLS / "llama-perplexity", "-m", f32, "-f", eval_text(work, ds), *common,
+                    "--kl-divergence-base", tmp], work / f"f32-{ds}.score.log")  # fmt: skip
+        tmp.replace(base)  # a killed run leaves no partial base behind
+        m = _BASE_PPL.search(text)
+        if gguf_file == f32:
+            return {"ppl": float(m[1]), "ppl_se": float(m[2]), "kl": 0.0, "kl_se": 0.0, "positions": chunks * 256}
+    text = run([TOOLS / "llama-perplexity", "-m", gguf_file, *common, "--kl-divergence-base", base, "--kl-divergence"],
+               (logs or work) / f"{gguf_file.stem}-{ds}.score.log")  # fmt: skip
+    p, k, top = _PPL.search(text), _KLD.search(text), _TOP.search(text)
+    return {"ppl": float(p[1]), "ppl_se": float(p[2]), "kl": float(k[1]), "kl_se": float(k[2]),
+            "same_top": float(top[1]), "positions": chunks * 256}  # fmt: skip
+
+
+def settings(a: argparse.Namespace) -> dict:
+    return {"model": str(Path(a.model).resolve()), "nsamples": a.nsamples, "seqlen": a.seqlen, "seed": a.seed,
+            "wiki_chunks": a.wiki_chunks, "ts_chunks": a.ts_chunks, "ctx": 512, "gptq_flags": GPTQ_FLAGS}  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the fp32 HF model directory (make real-model)")
+    p.add_argument("--work", type=Path, default=Path.home() / ".cache" / "matgptq" / "gguf_vs_llamacpp_real",
+                   help="GGUF files, checkpoints, saved F32 logits and logs (~3 GB)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=1, help="threads for llama.cpp's tools and GPTQ")
+    p.add_argument("--wiki-chunks", type=int, default=24, help="512-token chunks of WikiText-2 scored")
+    p.add_argument("--ts-chunks", type=int, default=16, help="512-token chunks of TinyStories scored")
+    p.add_argument("--nsamples", type=int, default=64, help="calibration windows (GPTQ and imatrix)")
+    p.add_argument("--seqlen", type=int, default=512, help="tokens per calibration window")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the calibration draw (GPTQ and imatrix); a seed other than 0 keeps its files in "
+                        "WORK/seedS and its results in docs/results/gguf_vs_llamacpp_real.seedS.json, and the report adds "
+                        "each seed's goal ratios (use --only to limit the rows)")  # fmt: skip
+    p.add_argument("--only", default="", help="comma list of rows to compute (default all): f32, llama:PRESET[+im], gptq4…")
+    p.add_argument("--render-only", action="store_true", help="only re-render the page from the JSONs")
+    a = p.parse_args()
+
+    path = state_file(a.seed)
+    state = json.loads(path.read_text()) if path.is_file() else {"settings": settings(a), "files": {}, "scores": {}}
+    if state["settings"] != settings(a):
+        sys.exit(f"gguf_vs_llamacpp_real: error: {path} holds a run with other settings; move it away or match them")
+
+    def save() -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(path)
+        publish()  # seed 0's tables, and every seed's goal ratios beside them
+
+    if a.render_only:
+        publish(echo=True)
+        return 0
+    for tool in ("llama-quantize", "llama-imatrix", "llama-perplexity"):
+        if not (TOOLS / tool).is_file():
+            sys.exit(f"gguf_vs_llamacpp_real: error: no {TOOLS / tool}; run `make llama-cpp-tools` first")
+    if not (a.model / "config.json").is_file():
+        sys.exit(f"gguf_vs_llamacpp_real: error: no model at {a.model}; run `make real-model` first")
+    work = a.work if a.seed == 0 else a.work / f"seed{a.seed}"
+    work.mkdir(parents=True, exist_ok=True)
+    lock = open(work / "run.lock", "w")  # noqa: SIM115 (held until the process ends, however it ends)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.exit(f"gguf_vs_llamacpp_real: error: another run of seed {a.seed} is writing {path}; wait for it to end "
+                 "(two runs of one seed would overwrite each other's results)")  # fmt: skip
+    if a.seed:  # the F32 file and its saved logits do not depend on the calibration seed: seed 0's are reused
+        for f in ("f32.gguf", f"base-wiki-{a.wiki_chunks}.kld", f"base-ts-{a.ts_chunks}.kld"):
+            if (a.work / f).is_file() and not (work / f).exists():
+                (work / f).symlink_to(a.work / f)
+    only = set(filter(None, a.only.split(",")))
+    want = lambda name: not only or name in only  # noqa: E731
+
+    f32 = f32_gguf(a.model, work)
+    files: dict[str, Path] = {"f32": f32}
+    state["files"]["f32"] = file_info(f32)
+    imatrix = work / "imatrix.gguf"
+    if not imatrix.is_file():
+        run([TOOLS / "llama-imatrix", "-m", f32, "-f", calib_text(a.model, work, a), "-c", str(a.seqlen), "-b",
+             str(a.seqlen), "--chunks", str(a.nsamples), "-t", str(a.threads), "-o", imatrix], work / "imatrix.log")  # fmt: skip
+    for preset in PRESETS:
+        for im in (False, True):
+            name = f"llama:{preset}" + ("+im" if im else "")
+            out = work / f"llama-{preset}{'-im' if im else ''}.gguf"
+            if not out.is_file():
+                tmp = out.with_suffix(".tmp.gguf")
+                qtype, options = QUANTIZE[preset]
+                run([TOOLS / "llama-quantize", *(["--imatrix", imatrix] if im else []), *options, f32, tmp, qtype,
+                     str(a.threads)], out.with_suffix(".log"))  # fmt: skip
+                tmp.replace(out)
+            files[name] = out
+            state["files"][name] = file_info(out)
+    for name in OURS:  # files of an earlier run: read again (file_info may have grown fields)
+        if (work / f"{name}.gguf").is_file():
+            state["files"][name] = file_info(work / f"{name}.gguf")
+    save()
+
+    def score_all(name: str, path: Path) -> None:
+        for ds in DATASETS:
+            if ds not in state["scores"].get(name, {}):
+                state["scores"].setdefault(name, {})[ds] = score(path, ds, work, a)
+                save()
+
+    # in the order of the comparisons (F32 base, then each of ours followed by the presets it is matched with), so
+    # a run cut short still holds whole comparisons
+    score_all("f32", f32)
+    budget_of = {(ck, *w[1:3]): search_budget(f32, state["files"][f"llama:{w[1]}"]["tensor_bytes"], w[2],
+                                              SEARCH_OF[ck][0])
+                 for ck, w, _ in OURS.values() if isinstance(w, tuple)}  # (parent, preset, embed) -> budget  # fmt: skip
+
+    def quantize(ckpt: Path, options: list, key: str) -> None:
+        if not (ckpt / "config.json").is_file():
+            t0 = time.time()
+            run([sys.executable, "-m", "matgptq", "quantize", a.model, "--out", ckpt, *options, *GPTQ_FLAGS, "--calib",
+                 WIKI, "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen", str(a.seqlen), "--seed",
+                 str(a.seed), "--overwrite", "--resume", "--quiet"], work / f"{key}.quantize.log", child_env(a.threads))  # fmt: skip
+            state.setdefault("quantize_seconds", {})[key] = round(time.time() - t0, 1)
+
+    for name, (ck, width, vs) in OURS.items():
+        if want(name):
+            out = work / f"{name}.gguf"
+            if not out.is_file():
+                ckpt = work / f"{ck}-ckpt"
+                method, bits, extra = CKPTS[ck]
+                quantize(ckpt, ["--method", method, "--bits", bits, *extra], ck)
+                sel = []
+                embed = EMBED_OF.get(name, "auto")
+                if isinstance(width, tuple):  # (SEARCH, preset, embed[, "dp"[, RESOLVE]])
+                    embed, budget = width[2], budget_of[(ck, *width[1:3])]
+                    sdir = work / f"{ck}-search"
+                    if not (sdir / f"mix-{budget}.json").is_file():  # one search for every budget of this parent:
+                        todo = list(dict.fromkeys(  # one teacher, one sensitivity pass
+                            budget_of[(c, *w[1:3])] for n, (c, w, _) in OURS.items()
+                            if c == ck and isinstance(w, tuple) and want(n)
+                            and not (sdir / f"mix-{budget_of[(c, *w[1:3])]}.json").is_file()))  # fmt: skip
+                        t0 = time.time()
+                        kind, levels = SEARCH_OF[ck]
+                        run([sys.executable, "-m", "matgptq", "search", ckpt, "--budget", ",".join(todo),
+                             "--budget-kind", kind, "--levels", levels, "--calib", WIKI, "--calib-range",
+                             "0.5:1", "--seed", str(a.seed), "--out", sdir, "--resume", "--quiet"],
+                            work / f"{ck}.search.log", child_env(a.threads))  # fmt: skip
+                        state.setdefault("search_seconds", {})[",".join(todo)] = round(time.time() - t0, 1)
+                    state.setdefault("search_budgets", {})[name] = budget
+                    # each row names its candidate; the command's own output ("bits") is the lower-KL of the two
+                    mix = json.loads((sdir / f"mix-{budget}.json").read_text())
+                    bits = mix["dp_bits"] if width[3:4] == ("dp",) else mix.get("search_bits", mix["bits"])
+                    (work / f"{name}.mix.json").write_text(json.dumps({"bits": bits}))
+                    sel = ["--bits-config", work / f"{name}.mix.json"]
+                    if width[4:] == (RESOLVE,):  # the mix's own checkpoint: every layer GPTQ at its width
+                        ckpt, sel = work / f"{name}-ckpt", []
+                        quantize(ckpt, ["--method", "gptq", "--bits-config", work / f"{name}.mix.json", *HW], name)
+                elif isinstance(width, dict):
+                    (work / f"{name}.mix.json").write_text(json.dumps({"bits": width}))
+                    sel = ["--bits-config", work / f"{name}.mix.json"]
+                elif width is not None:
+                    sel = ["--bits", str(width)]
+                run([sys.executable, "-m", "matgptq", "export", ckpt, *sel, "--format", "gguf", "--type", "auto",
+                     "--embed-type", embed, "--out", out, "--overwrite"], work / f"{name}.export.log", child_env(a.threads))  # fmt: skip
+            state["files"][name] = file_info(out)
+            save()
+            for preset in set(vs) & set(ISSUE_PRESETS):  # a size over the preset's is a bug in the budget
+                if state["files"][name]["tensor_bytes"] > state["files"][f"llama:{preset}"]["tensor_bytes"]:
+                    sys.exit(f"gguf_vs_llamacpp_real: error: {out} has more tensor bytes than llama.cpp's {preset}")
+            score_all(name, out)
+        for preset in vs:
+            for ref in (f"llama:{preset}", f"llama:{preset}+im"):
+                if want(ref):
+                    score_all(ref, files[ref])
+    publish(echo=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

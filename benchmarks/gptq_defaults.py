@@ -1,0 +1,211 @@
+"""Which GPTQ settings are `matgptq quantize --method gptq`'s defaults: an ablation against the peers, in one run.
+
+Protocol (benchmarks/real_model_table.py's; every row sees the same data):
+  model        SmolLM2-135M-Instruct, the fp32 copy of `make real-model` (a dequantized Q4_1 model: its weights sit
+               on a 4-bit asymmetric grid per 32 columns, so g32 numbers flatter round-to-nearest; decide on g128 and
+               per channel), or any model directory with --calib/--text of its own (stories260K: TinyStories)
+  grid         symmetric, --group-sizes (128 and -1 = per channel)
+  calibration  --nsamples windows of --seqlen tokens drawn with each of --seeds from the second half (by characters)
+               of the calibration text; the same token ids for every tool (the peers get them from a file)
+  scoring      perplexity on the first --eval-windows windows of --eval-seqlen tokens of the text's *first* half,
+               KL(fp32 ‖ model) on the same positions, ARC-Easy and PIQA through lm-eval (first --limit questions;
+               0 = none, the default: 300 questions cost twice the perplexity's tokens, and their accuracy's standard
+               error, ~2.8 points, is larger than any difference between these rows); every model in float32
+  time, RSS    end to end (load → calibrate → quantize → save), one child process per quantization (os.wait4's
+               wall, CPU user+sys, peak RSS), --threads threads each; the load average is recorded beside each
+Rows: every row spells every option of ALL (so a row means the same whatever the defaults are); `default` is the
+command with no option but bits and group size, whatever the defaults are when it runs. The peers (GPTQModel 7.6.0
+with its own defaults, llm-compressor 0.14 GPTQ with `bypass_divisibility_checks=True` so SmolLM2's 576 columns
+quantize at g128) run from the bench venv (`make bench-venv`).
+Results per (row, group size, bits) are the mean over seeds with the spread (max − min) beside it.
+
+Rows: gptq_defaults_rows.py; the page, the guide's table of defaults and the README block: gptq_defaults_report.py.
+Resumable: every quantization and score is kept in --work (default runs/gptq-defaults/<model name>); a second run
+continues where the first stopped. Writes docs/results/gptq_defaults.{json,md} (`python -m benchmarks.render_docs`
+re-renders the page from the JSON alone).
+
+    python -m benchmarks.gptq_defaults [MODEL_DIR] [--rows a,b] [--bits 3,4] [--group-sizes 128,-1] [--seeds 0,1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from benchmarks._harness import RESULTS, load_json, measured_child, write_page
+from benchmarks.gptq_defaults_report import page
+from benchmarks.gptq_defaults_rows import PARENT_WIDTHS, PEER_GROUP, ROWS, is_parent, options
+from benchmarks.real_model_table import BENCH_PYTHON, DEFAULT_MODEL, WIKI
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+OUT = RESULTS / "gptq_defaults.json"
+
+
+def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Path, out: Path) -> dict:
+    """One end-to-end quantization in a child process; its wall, CPU, peak RSS (or the failing line)."""
+    log = out.with_suffix(".log")
+    if ROWS[name] == "peer":
+        cmd = [str(BENCH_PYTHON), "-m", "benchmarks.bench_pipeline", "--worker", name.split("-")[0], a.model,
+               "--ids", str(ids_file), "--out-model", str(out), "--bits", str(bits), "--group-size",
+               str(PEER_GROUP.get(name, gs)), "--report",
+               str(out.with_suffix(".report.json"))]  # fmt: skip
+    else:
+        parent = is_parent(name)
+        cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(out), "--method",
+               "matgptq" if parent else "gptq", "--bits", PARENT_WIDTHS if parent else str(bits), "--group-size",
+               str(gs), "--calib", str(a.calib), "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen",
+               str(a.seqlen), "--seed", str(seed), "--overwrite", "--quiet"]  # fmt: skip
+        cmd += [] if ROWS[name] is None else options(ROWS[name])
+    return {**measured_child(cmd, a.threads, log), "command": cmd[1:], "measured": measured_at()}
+
+
+def measured_at() -> str:
+    """When and on which commit of this tree a quantization ran (the page names the rows measured on another)."""
+    import subprocess
+    import time
+
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    return f"{time.strftime('%Y-%m-%d', time.gmtime())} at {rev.strip() or 'an unknown commit'}"
+
+def dense_model(path: Path, bits: int | None = None):
+    """The model a checkpoint holds (a parent's `bits`-bit slice), every weight dense float32: `matgptq.load` for
+    float, matgptq and GPTQ checkpoints, transformers + compressed-tensors (decompressed on load) for
+    llm-compressor's."""
+    import torch
+
+    config = load_json(Path(path) / "config.json")
+    if config.get("quantization_config", {}).get("quant_method") == "compressed-tensors":
+        from transformers import AutoModelForCausalLM
+        from transformers.utils.quantization_config import CompressedTensorsConfig
+
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                    quantization_config=CompressedTensorsConfig(dequantize=True))  # fmt: skip
+    from matgptq.runtime import load
+
+    return load(path, bits=bits, dtype=torch.float32)
+
+
+def evaluate(path: Path, windows, teacher, specs, a, tokenizer, bits: int | None = None) -> dict:
+    """Perplexity, KL to the float model and (with `specs`) zero-shot accuracy of one checkpoint (a parent's slice)."""
+    from matgptq.evaluation.perplexity import score
+    from matgptq.evaluation.tasks import score_tasks, with_average, wrap_model
+
+    model = dense_model(path, bits)
+    sc = score(model, windows, teacher, batch_size=1, progress=True, desc=Path(path).name)
+    tasks = with_average(score_tasks(wrap_model(model, tokenizer, 16), specs, a.limit)) if specs else {}
+    return {"ppl": sc.ppl, "kl": sc.kl, "tokens": sc.tokens, "tasks": tasks}
+
+
+def settings(a) -> dict:
+    return {"model": str(Path(a.model).resolve()), "calib": str(Path(a.calib).resolve()), "nsamples": a.nsamples, "seqlen": a.seqlen,
+            "eval_windows": a.eval_windows, "eval_seqlen": a.eval_seqlen, "limit": a.limit, "threads": a.threads}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=str(DEFAULT_MODEL), help="the fp32 model directory (make real-model)")
+    p.add_argument("--calib", default=str(WIKI), help="text: calibration from its second half, scoring its first")
+    p.add_argument("--rows", default=",".join(ROWS), help=f"rows to run, from {','.join(ROWS)}")
+    p.add_argument("--bits", default="3,4", help="widths")
+    p.add_argument("--group-sizes", default="128,-1", help="group sizes (-1: per channel)")
+    p.add_argument("--seeds", default="0,1,2", help="calibration seeds")
+    p.add_argument("--nsamples", type=int, default=64, help="calibration windows")
+    p.add_argument("--seqlen", type=int, default=512, help="tokens per calibration window")
+    p.add_argument("--eval-windows", type=int, default=8, help="windows of --eval-seqlen tokens scored")
+    p.add_argument("--eval-seqlen", type=int, default=2048, help="tokens per scored window")
+    p.add_argument("--limit", type=int, default=0, help="questions per zero-shot task (0: no zero-shot)")
+    p.add_argument("--threads", type=int, default=2, help="threads of every process")
+    p.add_argument("--work", help="checkpoints and measurements (default runs/gptq-defaults/<model name>)")
+    p.add_argument("--keep", action="store_true", help="keep the checkpoints (default: deleted once scored)")
+    a = p.parse_args()
+    rows = [r for r in a.rows.split(",") if r]
+    if set(rows) - set(ROWS):
+        p.error(f"unknown rows {sorted(set(rows) - set(ROWS))}")
+    if not (Path(a.model) / "config.json").is_file():
+        sys.exit(f"gptq_defaults: error: no model at {a.model}; run `make real-model` first")
+    a.widths = [int(b) for b in a.bits.split(",")]
+    run(a, rows, a.widths, [int(g) for g in a.group_sizes.split(",")],
+        [int(s) for s in a.seeds.split(",")])  # fmt: skip
+
+
+def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: list[int]) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from matgptq.evaluation.perplexity import Teacher
+    from matgptq.evaluation.tasks import resolve_tasks
+    from matgptq.models import calibration_windows, eval_windows, load_tokenizer, read_text, tokenize
+    from matgptq.runtime import load
+
+    name = Path(a.model).resolve().name
+    work = Path(a.work or ROOT / "runs" / "gptq-defaults" / name)
+    work.mkdir(parents=True, exist_ok=True)
+    everything = load_json(OUT) if OUT.is_file() else {"protocol": __doc__, "models": {}}
+    state = everything["models"].setdefault(name, {"settings": settings(a), "runs": {}})
+    if state["settings"] != settings(a):
+        sys.exit(f"gptq_defaults: error: {OUT} holds {name} with other settings; remove its entry to start again")
+
+    def save() -> None:
+        everything["protocol"] = __doc__
+        tmp = OUT.with_suffix(".tmp")
+        tmp.write_text(json.dumps(everything, indent=1))
+        tmp.replace(OUT)
+        write_page(RESULTS / "gptq_defaults.md", page(everything))
+
+    torch.set_num_threads(a.threads)
+    tokenizer = load_tokenizer(a.model)
+    windows = eval_windows(tokenize(tokenizer, read_text(a.calib, (0.0, 0.5))), a.eval_seqlen,
+                           a.eval_seqlen * a.eval_windows)  # fmt: skip
+    specs = resolve_tasks("arc_easy,piqa", SHARED / "data" / "zero-shot") if a.limit else []
+    calib_ids = tokenize(tokenizer, read_text(a.calib, (0.5, 1.0)))
+    teacher = Teacher(load(a.model), windows, batch_size=1, progress=True)
+    scoring = (windows, teacher, specs, tokenizer)
+    if "fp32" not in state["runs"]:
+        state["runs"]["fp32"] = {"eval": evaluate(Path(a.model), windows, teacher, specs, a, tokenizer)}
+        save()
+    for seed in seeds:
+        ids_file = work / f"ids-seed{seed}.safetensors"
+        save_file({"ids": calibration_windows(calib_ids, a.nsamples, a.seqlen, seed).contiguous()}, str(ids_file))
+        for gs in group_sizes:
+            for bits in widths:
+                for row in rows:
+                    run_one(f"{row}/g{gs}/{bits}/seed{seed}", state, a, work, ids_file, scoring)
+                    save()
+    print(page(everything))
+
+
+def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple) -> None:
+    """Quantize and score one (row, group, bits, seed) into state["runs"][key], unless it is there (scored, or its
+    quantization failed: delete the entry to try again). A checkpoint quantized but not yet scored is scored."""
+    import shutil
+
+    row, gs, bits, seed = key.split("/")
+    gs, bits, seed = int(gs[1:]), int(bits), int(seed[4:])
+    done = state["runs"].get(key, {})
+    if "eval" in done or done.get("quant", {}).get("ok") is False:
+        return
+    if ROWS[row] == "peer" and not BENCH_PYTHON.exists():
+        print(f"  {key}: skipped (no {BENCH_PYTHON}: `make bench-venv` builds it)", flush=True)
+        return
+    parent = is_parent(row)  # one parent per (row, group, seed), each width scored as its slice
+    out = work / (f"{row}-g{gs}-seed{seed}" if parent else key.replace("/", "-"))
+    widths = {int(k.split("/")[2]): r for k, r in state["runs"].items()  # this parent's widths so far
+              if parent and k.startswith(f"{row}/g{gs}/") and k.endswith(f"/seed{seed}")}  # fmt: skip
+    made = next((r["quant"] for r in widths.values() if r.get("quant", {}).get("ok")), None)
+    if not (done.get("quant", {}).get("ok") and out.is_dir()):
+        q = made if made and out.is_dir() else quantize(row, key, a, gs, bits, seed, ids_file, out)
+        done = state["runs"][key] = {"quant": q}
+    q = done["quant"]
+    print(f"  {key}: {'ok' if q['ok'] else 'FAILED: ' + q['error']} CPU {q['cpu']:.0f} s, peak RSS {q['rss_gb']:.2f} GB",
+          flush=True)  # fmt: skip
+    if q["ok"]:
+        done["eval"] = evaluate(out, *scoring[:3], a, scoring[3], bits if parent else None)
+        scored = {b for b, r in {**widths, bits: done}.items() if "eval" in r}
+        if not a.keep and not (parent and set(a.widths) - scored):  # a parent: once its last width is scored
+            shutil.rmtree(out, ignore_errors=True)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""The report of benchmarks/gptq_defaults.py, rendered from docs/results/gptq_defaults.json alone: the page
+(docs/results/gptq_defaults.md) and its figure, the guide's table of defaults (docs/guide/quantize.md#defaults) and
+the README's comparison (README.md#gptq-defaults); `python -m benchmarks.render_docs` re-renders them."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from benchmarks._harness import header
+from benchmarks.gptq_defaults_rows import ALL, PARENT_WIDTHS, PEER_GROUP, PEER_LABELS, ROWS, is_parent, options
+
+
+QUIET_LOAD = 2.5  # 1-minute load average on the 2-core machine at a run's end: above it, other work shared the cores
+
+
+def summary(runs: dict) -> list[dict]:
+    """One row per (row, group size, bits): mean and spread (max − min) over the seeds measured."""
+    groups: dict[tuple, list[dict]] = {}
+    for key, r in runs.items():
+        if key != "fp32" and "eval" in r:
+            row, gs, bits, _ = key.split("/")
+            groups.setdefault((row, int(gs[1:]), int(bits)), []).append(r)
+    out = []
+    for (row, gs, bits), rs in groups.items():
+        s = {"row": row, "group_size": gs, "bits": bits, "seeds": len(rs)}
+        for name, get in (("ppl", lambda r: r["eval"]["ppl"]), ("kl", lambda r: r["eval"]["kl"]),
+                          ("acc", lambda r: r["eval"]["tasks"].get("average", {}).get("acc")),
+                          ("cpu", lambda r: r["quant"]["cpu"]), ("rss", lambda r: r["quant"]["rss_gb"]),
+                          ("load", lambda r: r["quant"].get("load_average"))):  # fmt: skip
+            values = [v for v in map(get, rs) if v is not None]
+            if values:
+                s[name], s[name + "_spread"] = statistics.fmean(values), max(values) - min(values)
+        quiet = [r["quant"] for r in rs if r["quant"].get("load_average", QUIET_LOAD + 1) <= QUIET_LOAD]
+        if quiet:  # what the ratios of CPU time and memory use: only runs that had the cores to themselves
+            s["cpu_quiet"], s["rss_quiet"] = (statistics.fmean(q[k] for q in quiet) for k in ("cpu", "rss_gb"))
+        out.append(s)
+    order = list(ROWS)
+    return sorted(out, key=lambda s: (s["group_size"] == -1, s["bits"], order.index(s["row"])))
+
+
+def page(data: dict) -> str:
+    """docs/results/gptq_defaults.md from its JSON alone."""
+    from matgptq.execution import format_table
+
+    parts = [header("benchmarks/gptq_defaults.py", "gptq_defaults.json")]
+    for name, m in data["models"].items():
+        s = m["settings"]
+        rows = summary(m["runs"])
+        parts.append(f"## {name}\n\nCalibration {s['nsamples']} x {s['seqlen']} tokens from the second half of "
+                     f"`{Path(s['calib']).name}`; perplexity and KL on the first {s['eval_windows']} x "
+                     f"{s['eval_seqlen']} tokens of its first half; {s['threads']} threads. Each cell: mean over the "
+                     "seeds, ± the spread (max − min). CPU s and peak RSS: the quantizing process's own (os.wait4); "
+                     "load is the machine's 1-minute load average when it ended (2 cores: above 2, other work shared "
+                     "them and inflated CPU s).")  # fmt: skip
+        cell = lambda r, k, f: "-" if k not in r else f"{r[k]:{f}} ± {r[k + '_spread']:{f}}"  # noqa: E731
+        tasks = any("acc" in r for r in rows)
+        body = [[PEER_LABELS.get(r["row"], r["row"]), r["group_size"], r["bits"], r["seeds"], cell(r, "ppl", ".3f"),
+                 cell(r, "kl", ".4f")] + ([cell(r, "acc", ".4f")] if tasks else []) +
+                [cell(r, "cpu", ".0f"), cell(r, "rss", ".2f"), f"{r['load']:.1f}", ratio(r, rows, "ppl"),
+                 ratio(r, rows, "kl")] for r in rows]  # fmt: skip
+        fp = m["runs"].get("fp32", {}).get("eval")
+        if fp:
+            acc = [f"{fp['tasks']['average']['acc']:.4f}" if fp.get("tasks") else "-"] if tasks else []
+            body.insert(0, ["fp32", "-", 32, "-", f"{fp['ppl']:.3f}", "0"] + acc + ["-"] * 5)
+        parts.append(format_table(["row", "group", "bits", "seeds", "ppl", "KL to fp32"] + (["zero-shot acc"] if tasks
+                                  else []) + ["CPU s", "peak RSS GB", "load", "ppl / best peer's",
+                                              "KL / best peer's"], body))  # fmt: skip
+        when = sorted({f"- `{k.split('/')[0]}`: measured {r['quant']['measured']}" for k, r in m["runs"].items()
+                       if r.get("quant", {}).get("measured")})  # fmt: skip
+        if when:
+            parts.append("Rows measured since the runs recorded their commit (the other rows predate these, and "
+                         "their CPU s the code of their day):\n" + "\n".join(when))  # fmt: skip
+        fails = sorted({f"- {k}: `{r['quant']['error']}`" for k, r in m["runs"].items() if not r.get("quant", {}).get("ok", True)})
+        if fails:
+            parts.append("Failed:\n" + "\n".join(fails))
+    ran = {k.split("/")[0] for m in data["models"].values() for k in m["runs"]}
+    parts.append("Rows (every option spelled out; `default` passes none):\n\n" + "\n".join(
+        f"- `{k}`: " + ("the peer's own defaults" if v == "peer" else "no option" if v is None else
+                        f"--method matgptq --bits {PARENT_WIDTHS} " * is_parent(k) + " ".join(options(v))) + (f" (group size {PEER_GROUP[k]})" if k in PEER_GROUP else "")
+        for k, v in ROWS.items() if k in ran))  # fmt: skip
+    return "\n\n".join(parts) + "\n"
+
+
+def _cells(data: dict, model: str = "SmolLM2-135M-Instruct", group: int = 128) -> dict[tuple[str, int], dict]:
+    """(row, bits) -> its summary, for one model and group size."""
+    runs = data["models"].get(model, {}).get("runs", {})
+    return {(r["row"], r["bits"]): r for r in summary(runs) if r["group_size"] == group}
+
+
+def _step(cells: dict, before: str, after: str, after_cells: dict | None = None) -> str:
+    """What going from row `before` to row `after` (of `after_cells`, default the same cells) did, per width:
+    perplexity and KL ratios (seed means)."""
+    parts = []
+    for bits in (3, 4):
+        a, b = cells.get((before, bits)), (cells if after_cells is None else after_cells).get((after, bits))
+        if a and b:
+            parts.append(f"{bits}-bit ppl ×{b['ppl'] / a['ppl']:.2f}, KL ×{b['kl'] / a['kl']:.2f} ({min(a['seeds'], b['seeds'])} seed"
+                         f"{'s' if min(a['seeds'], b['seeds']) > 1 else ''})")  # fmt: skip
+    return "; ".join(parts) or "not measured"
+
+
+def _cpu(cells: dict, before: str, after: str) -> str:
+    """CPU time and peak memory of row `after` over row `before`, per width (seed means), or nothing."""
+    parts = {bits: f"CPU ×{b['cpu_quiet'] / a['cpu_quiet']:.2f}, peak RSS ×{b['rss_quiet'] / a['rss_quiet']:.2f} "
+                   f"(runs on a quiet machine)" for bits in (3, 4)
+             if (a := cells.get((before, bits))) and (b := cells.get((after, bits))) and "cpu_quiet" in a
+             and "cpu_quiet" in b}  # fmt: skip
+    if len(set(parts.values())) == 1:  # one run for every width (a parent), or the same ratios
+        return "; " + next(iter(parts.values()))
+    return "".join(f"; {bits}-bit {text}" for bits, text in parts.items())
+
+
+def defaults_block(data: dict) -> str:
+    """docs/guide/quantize.md's table of defaults: each method's value (METHOD_DEFAULTS, the code) and, for GPTQ, what
+    the ablation measured for it on SmolLM2-135M-Instruct at g128 (docs/results/gptq_defaults.json)."""
+    from matgptq.quantization.config import METHOD_DEFAULTS, Method
+
+    cells = _cells(data)
+    show = lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v)  # noqa: E731
+    # an option a method does not have (RTN's damping) shows as "-"
+    value = lambda k: " / ".join(show(METHOD_DEFAULTS[m][k]) if k in METHOD_DEFAULTS[m] else "-"  # noqa: E731
+                                 for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN))
+    parent = lambda after: _step(cells, "matgptq-parent", after) + _cpu(cells, "matgptq-parent", after)  # noqa: E731
+    rows = [
+        ("`--group-size`", value("group_size"), "the field's default (GPTQModel, llm-compressor, vLLM's kernels); -1 "
+         "(one scale per row) stores 0.125 fewer bits per weight; -1 → 128 for `default`: "
+         + _step(_cells(data, group=-1), "default", "default", cells)),
+        ("`--group-act-order`", value("group_act_order"), "GAR, GPTQModel's default; GPTQ, plain → `gar`: "
+         + _step(cells, "plain", "gar")),
+        ("`--refit-scales`", value("refit_scales"), "the codes' scales refit by least squares; a parent, "
+         "`matgptq-parent` → `matgptq-parent-gar-refit` (with group act-order): " + parent("matgptq-parent-gar-refit")),
+        ("`--mse`, `--mse-weighted`", " / ".join(show(METHOD_DEFAULTS[m]["mse"] and METHOD_DEFAULTS[m]["mse_weighted"])
+                                               for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN)),
+         "the scale searched, its error weighted by H_kk; GPTQ, `gar` → `gar-mse-w-refit` (with the refit): "
+         + _step(cells, "gar", "gar-mse-w-refit") + "; a parent, `matgptq-parent` → `matgptq-parent-gar-mse-w-refit` "
+         "(off for a parent, for its CPU time): " + parent("matgptq-parent-gar-mse-w-refit")),
+        ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; not ablated here"),
+        ("`--dtype`", "auto / auto / auto", "the model's own dtype; calibrating a float32 model in bfloat16 instead "
+         "(`default` → `gar-mse-w-refit-bf16`, the same options; GPTQModel's CPU dtype): "
+         + _step(cells, "default", "gar-mse-w-refit-bf16") + _cpu(cells, "default", "gar-mse-w-refit-bf16")),
+    ]  # fmt: skip
+    lines = ["| option | gptq / matgptq / rtn | why (SmolLM2-135M-Instruct, g128; [gptq_defaults](../results/gptq_defaults.md)) |",
+             "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]  # fmt: skip
+    lines += ["", "`--nsamples` and `--seqlen` were not ablated."]
+    return "\n".join(lines)
+
+
+def _default_parent() -> str | None:
+    """The parent row whose spelled-out options are `--method matgptq`'s defaults today (METHOD_DEFAULTS), if any."""
+    from matgptq.quantization.config import METHOD_DEFAULTS, Method
+
+    want = {**ALL, **{k: v for k, v in METHOD_DEFAULTS[Method.MATGPTQ].items() if k in ALL}}
+    spelled = lambda r: {**ALL, **{k: v for k, v in ROWS[r].items() if k != "method"}}  # noqa: E731
+    return next((r for r in ROWS if is_parent(r) and spelled(r) == want), None)
+
+
+def readme_block(data: dict) -> str:
+    """The README's comparison: `quantize --method gptq` with no options against the peers' defaults, seed means."""
+    cells = _cells(data)
+    peers = [p for p in ("gptqmodel", "llmcompressor", "llmcompressor-g64") if any(k[0] == p for k in cells)]
+    default_parent = _default_parent()
+    parent = any(k[0] == default_parent for k in cells)  # its slices, the parent made with no options either
+    head = ("| bits | matgptq, no options | " + f"MatGPTQ parent ({PARENT_WIDTHS}), its slice, no options | " * parent
+            + " | ".join(PEER_LABELS[p] for p in peers) + " | ours / best peer |")  # fmt: skip
+    lines = [head, "|---" * (3 + parent + len(peers)) + "|"]
+    def fmt(r: dict | None) -> str:
+        if r is None:
+            return "not run"
+        spread = f"± {r['ppl_spread']:.1f}" if r["seeds"] > 1 else "(1 seed)"
+        return f"{r['ppl']:.1f} {spread} (KL {r['kl']:.3f})"
+
+    for bits in (3, 4):
+        ours = cells.get(("default", bits))
+        if not ours:
+            continue
+        got = [cells.get((p, bits)) for p in peers]
+        found = [g for g in got if g]
+        versus = (f"ppl ×{ours['ppl'] / min(g['ppl'] for g in found):.2f}, KL ×{ours['kl'] / min(g['kl'] for g in found):.2f}"
+                  if found else "-")  # fmt: skip
+        mat = f"{fmt(cells.get((default_parent, bits)))} | " * parent
+        lines.append(f"| {bits} | {fmt(ours)} | {mat}" + " | ".join(fmt(g) for g in got) + f" | {versus} |")
+    n = min((c["seeds"] for k, c in cells.items() if k[0] == "default"), default=0)
+    return "\n".join(lines) + (f"\n\nWikiText-2 perplexity ± its spread over {n} calibration seeds (and KL to the "
+                               "float model) of SmolLM2-135M-Instruct at group size 128, every tool on the same "
+                               "windows; llm-compressor cannot quantize its 576-column layers at 128, so it runs at 64 "
+                               "([gptq_defaults](docs/results/gptq_defaults.md): the ablation, CPU time, memory)."
+                               + (" The parent is one quantization serving every width; what GPTQ's scale options do "
+                                  "for it: [defaults](docs/guide/quantize.md#defaults)." if parent else "")
+                               + _cost_sentence(cells))  # fmt: skip
+
+
+def _cost_sentence(cells: dict) -> str:
+    """End to end CPU time and peak memory of `default` (and of it calibrating in bfloat16) over GPTQModel's, at 4 bits
+    (seed means), or nothing where a row is missing."""
+    peer, rows = cells.get(("gptqmodel", 4)), [("default", "in the model's float32"),
+                                                ("gar-mse-w-refit-bf16", "calibrating in bfloat16, as GPTQModel does")]
+    got = [(cells[(r, 4)], what) for r, what in rows if (r, 4) in cells and "cpu_quiet" in cells[(r, 4)]]
+    if not peer or "cpu_quiet" not in peer or not got:
+        return ""
+    return " At 4 bits, end to end on a quiet machine: " + "; ".join(
+        f"{what}, {c['cpu_quiet'] / peer['cpu_quiet']:.2f}× GPTQModel's CPU time and "
+        f"{c['rss_quiet'] / peer['rss_quiet']:.2f}× its peak memory" for c, what in got) + "."  # fmt: skip
+
+
+def plot_page(data: dict, path: Path) -> None:
+    """docs/results/gptq_defaults.png from its JSON: perplexity and KL per row at g128, seed means with the spread."""
+    from benchmarks._harness import pyplot, save_figure
+
+    cells = _cells(data)
+    rows = [r for r in ROWS if any(k[0] == r for k in cells)]
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in ((axes[0], "ppl", "WikiText-2 perplexity"), (axes[1], "kl", "KL to the float model")):
+        for i, bits in enumerate((3, 4)):
+            got = [(n, cells[(n, bits)]) for n in rows if (n, bits) in cells]
+            x = [rows.index(n) + 0.4 * i for n, _ in got]  # a row without this width leaves its slot empty
+            ax.bar(x, [c[key] for _, c in got], width=0.4, label=f"{bits}-bit",
+                   yerr=[c[key + "_spread"] / 2 for _, c in got], capsize=3)  # fmt: skip
+        names = [PEER_LABELS.get(n, n).replace(" (its defaults)", "") for n in rows]
+        ax.set_xticks([j + 0.2 for j in range(len(rows))], names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(label + " (lower is better)")
+        ax.legend(fontsize=8)
+    fig.suptitle("SmolLM2-135M-Instruct, g128: GPTQ options, MatGPTQ parent slices and the peers' defaults (bars: seed "
+                 "mean, whiskers: spread)", fontsize=10)  # fmt: skip
+    save_figure(fig, path)
+
+
+def ratio(r: dict, rows: list[dict], key: str) -> str:
+    """`key` (ppl or kl) of row r over the best peer's at the same group size and width."""
+    peers = [p for p in rows if p["row"] in PEER_LABELS and (p["group_size"], p["bits"]) == (r["group_size"], r["bits"])
+             and key in p]  # fmt: skip
+    if not peers or key not in r:
+        return "-"
+    return f"{r[key] / min(p[key] for p in peers):.3f}"

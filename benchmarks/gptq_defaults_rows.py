@@ -1,0 +1,52 @@
+"""What benchmarks/gptq_defaults.py compares: its rows (every option spelled out), the peers and the MatGPTQ parents'
+widths; the runner and the report (gptq_defaults_report.py) both read these."""
+
+from __future__ import annotations
+
+# Every GPTQ option the ablation turns, at its value before the ablation (all off, damping 0.01, the model's dtype).
+ALL = {"group_act_order": False, "act_order": False, "static_groups": False, "damp": 0.01, "mse": False,
+       "mse_weighted": False, "refit_scales": False, "true_sequential": True, "dtype": "auto"}  # fmt: skip
+GAR = {"group_act_order": True}
+ROWS = {
+    "default": None,  # no option at all: the defaults as they are when the script runs
+    "plain": {},  # every option off: the defaults before this ablation
+    "gar": GAR,
+    "gar-damp0.05": {**GAR, "damp": 0.05},
+    "gar-mse": {**GAR, "mse": True},
+    "gar-mse-w": {**GAR, "mse": True, "mse_weighted": True},
+    "gar-refit": {**GAR, "refit_scales": True},
+    "gar-mse-w-refit": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True},
+    # the same calibrating in bfloat16, as GPTQModel does on a CPU (and as `--dtype auto` does for a bf16 model)
+    "gar-mse-w-refit-bf16": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "dtype": "bfloat16"},
+    "gar-not-seq": {**GAR, "true_sequential": False},
+    "gar-bf16": {**GAR, "dtype": "bfloat16"},
+    "ao-static": {"act_order": True, "static_groups": True},
+    "ao-static-damp0.05": {"act_order": True, "static_groups": True, "damp": 0.05},
+    # one MatGPTQ parent per seed (target widths PARENT_WIDTHS), each width scored as its slice: `matgptq-parent` with
+    # the plain options (MatGPTQ's defaults), then with GPTQ's scale choice (`--method matgptq` re-checked, item 2)
+    "matgptq-parent": {"method": "matgptq"},
+    "matgptq-parent-gar-mse-w-refit": {"method": "matgptq", **GAR, "mse": True, "mse_weighted": True,
+                                       "refit_scales": True},
+    "matgptq-parent-gar-refit": {"method": "matgptq", **GAR, "refit_scales": True},  # without the scale search's cost
+    "gptqmodel": "peer",
+    "llmcompressor": "peer",
+    "llmcompressor-g64": "peer",  # where it cannot run the row's group size: the largest it runs on SmolLM2 (576 columns)
+}  # fmt: skip
+PEER_GROUP = {"llmcompressor-g64": 64}
+PARENT_WIDTHS = "3,4,8"
+PEER_LABELS = {"gptqmodel": "GPTQModel 7.6.0 (its defaults)", "llmcompressor": "llm-compressor 0.14 (its defaults)",
+               "llmcompressor-g64": "llm-compressor 0.14 (its defaults) at g64"}
+
+
+def options(row: dict) -> list[str]:
+    """The command-line options of a row, every option of ALL spelled out."""
+    s = {**ALL, **{k: v for k, v in row.items() if k != "method"}}
+    out = [f"--{'' if s[k] else 'no-'}{k.replace('_', '-')}" for k in ("group_act_order", "mse", "mse_weighted",
+                                                                        "refit_scales")]  # fmt: skip
+    out += ["--act-order"] * s["act_order"] + ["--static-groups"] * s["static_groups"]
+    out += [] if s["true_sequential"] else ["--no-true-sequential"]
+    return out + ["--damp", str(s["damp"]), "--dtype", s["dtype"]]
+
+
+def is_parent(row: str) -> bool:
+    return isinstance(ROWS[row], dict) and ROWS[row].get("method") == "matgptq"
