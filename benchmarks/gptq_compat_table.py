@@ -89,6 +89,15 @@ def page(data: dict) -> str:
 
 
 def render(results: dict[str, dict], versions: dict[str, str]) -> str:
+    """The page: the exports the peers load, the odd shapes, the per-layer mixes, GPTQModel's own checkpoints read
+    back, and the packing compared with GPTQModel's packer."""
+    lines = render_exports(results, versions) + render_stories(results) + render_mixes(results)
+    lines += render_peer_checkpoints(results) + render_packing(results)
+    return "\n".join(lines + ["", VLLM_NOTE])
+
+
+def render_exports(results: dict[str, dict], versions: dict[str, str]) -> list[str]:
+    """The header and the table of exports loaded by GPTQModel and transformers + optimum."""
     lines = [
         header("benchmarks/gptq_compat_table.py", "gptq_compat.json"),
         "# GPTQ export compatibility",
@@ -131,8 +140,12 @@ def render(results: dict[str, dict], versions: dict[str, str]) -> str:
         "multiples of 32 (next section).",
         "",
     ]
-    lines += render_stories(results)
-    lines += [
+    return lines
+
+
+def render_mixes(results: dict[str, dict]) -> list[str]:
+    """Per-layer mixes (GPTQ's `dynamic` overrides) as the peers load them."""
+    lines = [
         "",
         "## Per-layer mixes (`dynamic` overrides)",
         "",
@@ -142,14 +155,24 @@ def render(results: dict[str, dict], versions: dict[str, str]) -> str:
     for fmt in ("gptq_v1", "gptq_v2"):
         res = results.get(f"test_gptqmodel_loads_per_layer_mix[{fmt}]")
         lines.append(f"| {fmt} | {cell(res)} | not supported (ignores `dynamic`; not tested) |")
-    lines += ["", "## GPTQModel's own checkpoints read by `matgptq.load`", "",
+    return lines
+
+
+def render_peer_checkpoints(results: dict[str, dict]) -> list[str]:
+    """GPTQModel's own checkpoints read back by `matgptq.load`."""
+    lines = ["", "## GPTQModel's own checkpoints read by `matgptq.load`", "",
               "| GPTQModel quantize config | result (Δ16 vs GPTQModel's logits) |", "|---|---|"]  # fmt: skip
     for name, res in sorted(results.items()):
         m = re.fullmatch(r"test_we_read_gptqmodel_checkpoints\[(\d)bit-(\w+)-(\w+)-(\w+)\]", name)
         if m:
             b, sym, fmt, ao = m.groups()
             lines.append(f"| {b}-bit {sym}, format={fmt}, desc_act={ao == 'act_order'} | {cell(res)} |")
-    lines += ["", "## Packing identical to GPTQModel's packer", "",
+    return lines
+
+
+def render_packing(results: dict[str, dict]) -> list[str]:
+    """Our packed bytes against GPTQModel's packers fed the same weights."""
+    lines = ["", "## Packing identical to GPTQModel's packer", "",
               "`qweight`/`qzeros` bytes of our exports vs GPTQModel `TorchLinear.pack_block` and `pack_original` fed the",
               "same weights, scales, zeros and g_idx (v1: after GPTQModel's `convert_gptq_v2_to_v1_format_module`).", "",
               "| bits | sym | asym |", "|---|---|---|"]  # fmt: skip
@@ -157,7 +180,7 @@ def render(results: dict[str, dict], versions: dict[str, str]) -> str:
         r = [results.get(f"test_packing_matches_gptqmodel_packer[{bits}-{s}]") for s in ("sym", "asym")]
         lines.append(f"| {bits} | " + " | ".join("✅ identical" if x and x["outcome"] == "pass" else
                                                   (x["outcome"] if x else "not run") for x in r) + " |")  # fmt: skip
-    return "\n".join(lines + ["", VLLM_NOTE])
+    return lines
 
 
 def render_stories(results: dict[str, dict]) -> list[str]:

@@ -120,7 +120,7 @@ def evaluate(path: Path | str, widths, windows, teacher, specs, a, tokenizer, pa
     return out
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", default=str(DEFAULT_MODEL), help="the fp32 model directory (make real-model)")
     p.add_argument("--group-size", type=int, default=128, help="columns per scale group (paper: 128)")
@@ -133,6 +133,11 @@ def main() -> None:
     p.add_argument("--rows", default=",".join(QUANTS), help=f"quantizations to run, from {','.join(QUANTS)}")
     p.add_argument("--work", default=str(ROOT / "runs" / "real-model-table"), help="checkpoints and measurements")
     p.add_argument("--render-only", action="store_true", help="re-render the JSON, page and figure from --work")
+    return p
+
+
+def main() -> None:
+    p = build_parser()
     a = p.parse_args()
     rows = [r for r in a.rows.split(",") if r]
     if set(rows) - set(QUANTS):
@@ -152,8 +157,14 @@ def main() -> None:
         tmp.replace(state_file)
         publish(state)
 
-    if a.render_only:
-        return publish(state, echo=True)
+    if not a.render_only:
+        measure(a, rows, work, state, save)
+    publish(state, echo=True)
+
+
+def measure(a, rows: list[str], work: Path, state: dict, save) -> None:
+    """Quantize and evaluate every row not yet in `state` (the float model first), calling `save` after each step so
+    that a killed run resumes where it stopped."""
     import torch
     from safetensors.torch import save_file
 
@@ -190,7 +201,6 @@ def main() -> None:
         if q["ok"]:
             state["eval"][name] = evaluate(work / name, list(widths), windows, teacher, specs, a, tokenizer)
             save()
-    publish(state, echo=True)
 
 
 def table_rows(state: dict) -> list[dict]:

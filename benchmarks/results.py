@@ -38,13 +38,19 @@ def main() -> None:
     if args.from_json:
         publish(load_json(out / f"{STEM}.json"), out)
         return
+    data = {"protocol": __doc__, "rows": measure_rows((3, 4) if args.quick else (2, 3, 4, 6, 8))}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{STEM}.json").write_text(json.dumps(data, indent=2))
+    publish(data, out)
+
+
+def measure_rows(widths: tuple[int, ...]) -> list[dict]:
+    """fp32, then RTN and the GPTQ variants at each width, then the MatGPTQ {3,4,8} parents' slices at each width."""
     import torch
 
-    from matgptq.api import make_config
     from matgptq.evaluation.perplexity import Teacher, score
     from matgptq.models.hf import load_fp_model, load_tokenizer
     from matgptq.models.text import calibration_windows, eval_windows, read_text, tokenize
-    from matgptq.quantization.pipeline import quantize_model
 
     torch.set_num_threads(1)  # stories260K is tiny: one thread is fastest (models/README.md)
 
@@ -59,7 +65,15 @@ def main() -> None:
         s = score(model, windows, ref, 32)
         return s.ppl, s.kl
 
-    widths = (3, 4) if args.quick else (2, 3, 4, 6, 8)
+    return rows + gptq_rows(fp, calib, widths, measure) + slice_rows(fp, calib, widths, measure)
+
+
+def gptq_rows(fp, calib, widths: tuple[int, ...], measure) -> list[dict]:
+    """RTN and GPTQ (plain, act-order, MSE, both) at each width, each quantized from a copy of `fp`."""
+    from matgptq.api import make_config
+    from matgptq.quantization.pipeline import quantize_model
+
+    rows = []
     variants = {"": {}, "act-order": {"act_order": True}, "mse": {"mse": True}, "act-order+mse": {"act_order": True, "mse": True}}
     for bits in widths:
         for method, opts in [("rtn", {"": {}}), ("gptq", variants)]:
@@ -71,8 +85,15 @@ def main() -> None:
                 rows.append({"method": method.upper(), "options": label, "bits": bits, "ppl": ppl, "kl": kl,
                              "seconds": time.perf_counter() - t0})  # fmt: skip
                 print(f"{method} {bits}b {label}: ppl {ppl:.4f}", flush=True)
+    return rows
 
-    slices = (3, 4) if args.quick else (2, 3, 4, 6, 8)
+
+def slice_rows(fp, calib, slices: tuple[int, ...], measure) -> list[dict]:
+    """The slices of a MatGPTQ {3,4,8} parent (plain and act-order) at each width in `slices`."""
+    from matgptq.api import make_config
+    from matgptq.quantization.pipeline import quantize_model
+
+    rows = []
     for label, kw in [("", {}), ("act-order", {"act_order": True})]:
         model = copy.deepcopy(fp)
         t0 = time.perf_counter()
@@ -84,11 +105,7 @@ def main() -> None:
             ppl, kl = measure(model)
             rows.append({"method": "MatGPTQ slice", "options": label, "bits": r, "ppl": ppl, "kl": kl, "seconds": seconds})
             print(f"matgptq slice {r} {label}: ppl {ppl:.4f}", flush=True)
-
-    data = {"protocol": __doc__, "rows": rows}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{STEM}.json").write_text(json.dumps(data, indent=2))
-    publish(data, out)
+    return rows
 
 
 def publish(data: dict, out: Path) -> None:

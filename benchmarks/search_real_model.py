@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks._harness import run_measured
+from benchmarks._harness import child_env, run_measured
 from benchmarks.real_model_table import DEFAULT_MODEL, SHARED, WIKI, evaluate, quantize
 from benchmarks.search_real_model_report import PARENTS, ROOT, RUNS, TABLE_JSON, publish
 from benchmarks.search_results import random_search, search_fitness
@@ -76,7 +75,7 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", default=str(DEFAULT_MODEL), help="the fp32 model directory (make real-model)")
     p.add_argument("--budgets", default="3.0,2.5,3.5,4.0,2.25,2.75,3.25",
@@ -91,7 +90,11 @@ def main() -> None:
     p.add_argument("--work", help="mix files and measurements (default: runs/search-real-model/RUN)")
     p.add_argument("--render-only", action="store_true", help="only re-render the page and figure from the JSONs")
     p.add_argument("--no-render", action="store_true", help="measure only; leave the page and figure as they are")
-    a = p.parse_args()
+    return p
+
+
+def main() -> None:
+    a = build_parser().parse_args()
     work = Path(a.work or ROOT / "runs" / "search-real-model" / a.run)
     work.mkdir(parents=True, exist_ok=True)
     state_file = RUNS / f"run-{a.run}.json"
@@ -110,54 +113,67 @@ def main() -> None:
         tmp.write_text(json.dumps(state, indent=1) + "\n")
         tmp.replace(state_file)
 
-    parent = work / "parent"
     if not a.render_only:
-        if not TABLE_JSON.is_file():
-            sys.exit(f"search_real_model: error: no {TABLE_JSON}; run `make real-model-table` first")
-        if not (parent / "matgptq.json").is_file():
-            # the Table-1 row's own command and settings (real_model_table.quantize), into work/parent
-            table = argparse.Namespace(model=a.model, threads=a.threads, **{
-                k: v for k, v in json.loads(TABLE_JSON.read_text())["settings"].items()
-                if k in ("group_size", "nsamples", "seqlen", "seed")})  # fmt: skip
-            usage = quantize("matgptq348", table, work, None, out=parent, bits=PARENTS[a.parent])
-            if not usage["ok"]:
-                sys.exit(f"search_real_model: error: quantizing the parent failed; see {work}/matgptq348.log")
-            state["quant"] = usage
-            save()
-        digest = parent_digest(parent)
-        if state.setdefault("parent_sha256", digest) != digest:
-            sys.exit(f"search_real_model: error: {parent} is not the parent run {a.run} was measured on (its tensors "
-                     f"hash differently: another machine rounds differently); start a new run beside it with "
-                     f"--run NAME (make search-real-model RUN=NAME)")  # fmt: skip
-        save()
+        parent = ensure_parent(a, work, state, save)
         budgets = [b for b in a.budgets.split(",") if b]
-
-        def collect() -> None:  # each budget's mix into the run's JSON as soon as the search writes it
-            for b in budgets:
-                if b not in state["mixes"] and (work / f"mix-{b}.json").is_file():
-                    mix = json.loads((work / f"mix-{b}.json").read_text())
-                    state["mixes"][b] = {k: mix[k] for k in ("summary", "bits", "dp_bits", "start_bits", "search_bits")}
-                    save()
-
-        collect()
-        todo = [b for b in budgets if b not in state["mixes"]]
-        if todo:
-            cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(todo), "--calib",
-                   str(WIKI), "--calib-range", "0.5:1", "--kl-to", a.model, "--out", str(work), "--resume", "--quiet"]  # fmt: skip
-            env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONPATH": str(ROOT / "src")}
-            with ThreadPoolExecutor(1) as pool:  # one process for every budget (shared teacher and sensitivities)
-                search = pool.submit(run_measured, cmd, env, work / f"search-{'_'.join(todo)}.log")
-                while not search.done():
-                    time.sleep(10)
-                    collect()
-                usage = search.result()
-            if not usage["ok"]:
-                sys.exit(f"search_real_model: error: the search failed; see {work}/search-*.log")
-            state["search"][",".join(todo)] = usage
-            collect()
+        search_budgets(a, work, parent, budgets, state, save)
         measure(a, work, parent, budgets, state, save)
     if not a.no_render:
         publish()
+
+
+def ensure_parent(a, work: Path, state: dict, save) -> Path:
+    """work/parent: the Table-1 row's parent, quantized once with its own command and settings; refused when a
+    run's recorded parent hashes differently (another machine rounds differently)."""
+    parent = work / "parent"
+    if not TABLE_JSON.is_file():
+        sys.exit(f"search_real_model: error: no {TABLE_JSON}; run `make real-model-table` first")
+    if not (parent / "matgptq.json").is_file():
+        # the Table-1 row's own command and settings (real_model_table.quantize), into work/parent
+        table = argparse.Namespace(model=a.model, threads=a.threads, **{
+            k: v for k, v in json.loads(TABLE_JSON.read_text())["settings"].items()
+            if k in ("group_size", "nsamples", "seqlen", "seed")})  # fmt: skip
+        usage = quantize("matgptq348", table, work, None, out=parent, bits=PARENTS[a.parent])
+        if not usage["ok"]:
+            sys.exit(f"search_real_model: error: quantizing the parent failed; see {work}/matgptq348.log")
+        state["quant"] = usage
+        save()
+    digest = parent_digest(parent)
+    if state.setdefault("parent_sha256", digest) != digest:
+        sys.exit(f"search_real_model: error: {parent} is not the parent run {a.run} was measured on (its tensors "
+                 f"hash differently: another machine rounds differently); start a new run beside it with "
+                 f"--run NAME (make search-real-model RUN=NAME)")  # fmt: skip
+    save()
+    return parent
+
+
+def search_budgets(a, work: Path, parent: Path, budgets: list[str], state: dict, save) -> None:
+    """`matgptq search` of every budget without a mix yet, in one measured process (shared teacher and
+    sensitivities); each budget's mix goes into the run's JSON as soon as the search writes it."""
+
+    def collect() -> None:
+        for b in budgets:
+            if b not in state["mixes"] and (work / f"mix-{b}.json").is_file():
+                mix = json.loads((work / f"mix-{b}.json").read_text())
+                state["mixes"][b] = {k: mix[k] for k in ("summary", "bits", "dp_bits", "start_bits", "search_bits")}
+                save()
+
+    collect()
+    todo = [b for b in budgets if b not in state["mixes"]]
+    if not todo:
+        return
+    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(todo), "--calib",
+           str(WIKI), "--calib-range", "0.5:1", "--kl-to", a.model, "--out", str(work), "--resume", "--quiet"]  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        search = pool.submit(run_measured, cmd, child_env(a.threads), work / f"search-{'_'.join(todo)}.log")
+        while not search.done():
+            time.sleep(10)
+            collect()
+        usage = search.result()
+    if not usage["ok"]:
+        sys.exit(f"search_real_model: error: the search failed; see {work}/search-*.log")
+    state["search"][",".join(todo)] = usage
+    collect()
 
 
 def measure(a, work: Path, parent: Path, budgets: list[str], state: dict, save) -> None:

@@ -7,7 +7,7 @@ its SHA-256, and dequantized by transformers to float32 — those float32 weight
 The directory is written atomically (temporary sibling, then rename) and verified (tools/gguf_import.py);
 a second run only prints its path.
 
-    python tools/real_model.py [--cache DIR]     # default: $MATGPTQ_CACHE or ~/.cache/matgptq
+    python -m tools.real_model [--cache DIR]     # from the repository root; default: $MATGPTQ_CACHE or ~/.cache/matgptq
 
 Prints the model directory. Errors: one line `real-model: error: …`, exit status 2.
 """
@@ -87,7 +87,7 @@ def make(cache: Path) -> Path:
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     from matgptq.errors import UserError
-    from gguf_import import import_gguf  # tools/, beside this script
+    from tools.gguf_import import import_gguf
 
     version = pinned_version()
     cache.mkdir(parents=True, exist_ok=True)

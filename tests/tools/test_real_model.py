@@ -15,10 +15,9 @@ from matgptq.errors import UserError
 from tests.conftest import REAL_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tools" / "real_model.py"
-sys.path.insert(0, str(ROOT / "tools"))  # the tools under test
-import real_model  # noqa: E402
-from gguf_import import check_byte_level_tokenizer, check_config, gguf_vocabulary  # noqa: E402
+TOOL = [sys.executable, "-m", "tools.real_model"]  # run from the repository root, as `make real-model` does
+from tools import real_model  # noqa: E402
+from tools.gguf_import import check_byte_level_tokenizer, check_config, gguf_vocabulary  # noqa: E402
 
 
 @pytest.fixture
@@ -84,8 +83,8 @@ def test_not_a_gguf_file(tmp_path):
 
 def run_script(tmp_path, links: Path) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links)}
-    return subprocess.run([sys.executable, str(SCRIPT), "--cache", str(tmp_path / "cache")], capture_output=True,
-                          text=True, env=env, timeout=300)  # fmt: skip
+    return subprocess.run([*TOOL, "--cache", str(tmp_path / "cache")], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=300)  # fmt: skip
 
 
 def assert_one_line_error(r, message, cache: Path):
@@ -127,5 +126,5 @@ def test_the_real_model(tmp_path):
         pytest.skip(f"{REAL} not made (make real-model)")
     check_config(REAL, real_model.EXPECTED_CONFIG)
     check_byte_level_tokenizer(REAL, real_model.EOS_TOKEN)
-    r = subprocess.run([sys.executable, str(SCRIPT), "--cache", str(REAL.parent)], capture_output=True, text=True)
+    r = subprocess.run([*TOOL, "--cache", str(REAL.parent)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and r.stdout == f"{REAL}\n"
