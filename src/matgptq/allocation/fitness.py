@@ -132,8 +132,11 @@ class Fitness:
         return PrefixCache(tuple(mix), tuple(windows), outputs, self.compute_dtype)
 
     @torch.no_grad()
-    def kl(self, mix: Mix, windows: tuple[int, ...], cache: PrefixCache | None = None) -> float:
-        """F(mix; windows): mean KL per predicted token."""
+    def kl(self, mix: Mix, windows: tuple[int, ...], cache: PrefixCache | None = None,
+           replaced: tuple[int, torch.Tensor] | None = None) -> float:  # fmt: skip
+        """F(mix; windows): mean KL per predicted token. `replaced` = (layer index, weight as its module stores it):
+        that layer computes with this weight instead of its slice, for this scoring only (noise probes,
+        allocators.py); the prefix cache then replays only the blocks before the layer's block."""
         self.apply(mix)
         skip = until = 0  # replay blocks < skip from the cache; record blocks skip..until−1 into it
         if cache is not None:
@@ -141,8 +144,21 @@ class Fitness:
                 raise ValueError("the prefix cache was built on other windows")
             if cache.outputs is not None and cache.dtype == self.compute_dtype:
                 first = self.first_changed_block(cache.mix, tuple(mix))
+                first = first if replaced is None else min(first, self.block_of[replaced[0]])
                 skip = min(first, len(cache.outputs[0]))
                 until = max(first, skip)
+        if replaced is None:
+            return self._scored(windows, cache, skip, until)
+        module = self.model.get_submodule(self.names[replaced[0]])
+        saved = module.weight.data
+        module.weight.data = replaced[1].to(saved.device, saved.dtype)
+        try:
+            return self._scored(windows, cache, skip, until)
+        finally:
+            module.weight.data = saved
+
+    def _scored(self, windows: tuple[int, ...], cache: PrefixCache | None, skip: int, until: int) -> float:
+        """The mean KL per predicted token of the model as it stands, replaying and recording as `kl` decided."""
         total, count = 0.0, 0
         for b, batch in enumerate(self._batches(windows)):
             sink = cache.outputs[b] if until > skip else None
@@ -155,6 +171,12 @@ class Fitness:
         self.evaluations += 1
         self.tokens += count
         return total / count
+
+    @torch.no_grad()
+    def run(self, windows: tuple[int, ...]) -> None:
+        """The body's forward on `windows` as the model stands, for hooks that observe the layers' inputs."""
+        for batch in self._batches(windows):
+            self._body(self.windows[batch].to(self.device))
 
     def count_elsewhere(self, evaluations: int, windows: tuple[int, ...]) -> None:
         """Count scorings of `windows` made by other processes (allocation/spread.py), so every rank reports the total."""

@@ -1,0 +1,147 @@
+"""One-shot allocations: a mix per budget from a per-layer loss table and the exact knapsack, no search.
+
+Each allocator predicts v_l(r), the loss of the parent with layer l at width r, and takes the mix minimising
+Σ_l v_l(r_l) under the budget (knapsack.py) — the additive model every shipped allocator uses. They differ in how
+the table is filled, and in what it costs:
+
+- UNIFORM   the widest uniform slice under the budget. Free.
+- PROBE     the search's default start (sensitivity.py): each layer scored at the lowest width, the other widths
+            linear in the layer's relative squared weight error. Layers × 1 scorings.
+- ADDITIVE  each layer scored alone at every width (sensitivity.py, FULL): the measured additive model.
+            Layers × (widths − 1) scorings.
+- NOISE     ExLlamaV3's idea (its `sc_*` optimizer): inject Gaussian noise into one layer of the top mix at two
+            relative Frobenius norms ρ_a > ρ_b (those of the layer's two lowest slices), score both, and fit
+            ΔKL_l(ρ) = S_l · ρ^α_l through them (α_l clamped to [ALPHA_MIN, ALPHA_MAX]; ALPHA_DEFAULT, ExLlamaV3's
+            α ≈ 2, when a probe does not raise the loss); then v_l(r) = base + S_l · rfn_l(r)^α_l with
+            rfn_l(r) = ‖W_l(r) − W_l(top)‖ / ‖W_l(top)‖. The noise is unshaped (i.i.d.), where ExLlamaV3 shapes it
+            like its quantizer's error. Layers × 2 scorings.
+- ERROR     llama.cpp's `--target-bpw` idea: no forward pass per candidate. The importance of input column j is the
+            mean square of the layer's input on the calibration windows (llama.cpp's imatrix), and
+            v_l(r) = Σ_ij imatrix_l,j · (W_l(r) − W_l(top))_ij² — the layer's output error with the columns' cross
+            terms dropped, summed across layers without weighting them. One forward pass of the top mix.
+
+Costs are scorings of the windows given (fitness.py); `tables` returns each table with its seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from enum import Enum
+from fractions import Fraction
+
+import torch
+from tqdm.auto import tqdm
+
+from .budget import BudgetKind, CostModel
+from .fitness import Fitness, Mix
+from .sensitivity import Sensitivity, knapsack_mix, measure, relative_errors
+
+ALPHA_MIN, ALPHA_MAX, ALPHA_DEFAULT = 0.5, 4.0, 2.0
+
+
+class Allocator(str, Enum):
+    UNIFORM = "uniform"
+    PROBE = "probe"
+    ADDITIVE = "additive"
+    NOISE = "noise"
+    ERROR = "error"
+
+
+def uniform_mix(cost_model: CostModel, budget: Fraction, kind: BudgetKind) -> Mix:
+    """The widest uniform mix within the budget (check_budget guarantees the lowest fits)."""
+    n = len(cost_model.names)
+    fitting = [r for r in cost_model.levels if cost_model.fits(tuple(r for _ in range(n)), budget, kind)]
+    return tuple(fitting[-1] for _ in range(n))
+
+
+def power_law(rho_a: float, d_a: float, rho_b: float, d_b: float) -> tuple[float, float]:
+    """(S, α) of d = S · ρ^α through (ρ_a, d_a) and (ρ_b, d_b), ρ_a > ρ_b > 0; α clamped to [ALPHA_MIN, ALPHA_MAX],
+    ALPHA_DEFAULT where either increase is not positive. S is fitted at the larger probe (a loss below the base
+    gives S = 0: the layer is free)."""
+    if d_a > 0 and d_b > 0 and rho_a > rho_b > 0:
+        alpha = min(ALPHA_MAX, max(ALPHA_MIN, math.log(d_a / d_b) / math.log(rho_a / rho_b)))
+    else:
+        alpha = ALPHA_DEFAULT
+    return (max(d_a, 0.0) / rho_a**alpha if rho_a > 0 else 0.0), alpha
+
+
+def noise(weight: torch.Tensor, rho: float, seed: int) -> torch.Tensor:
+    """`weight` plus i.i.d. Gaussian noise of relative Frobenius norm `rho` (deterministic in `seed`)."""
+    g = torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    w = weight.double().cpu()
+    return (w + g * (rho * w.norm() / g.norm())).to(weight.dtype)
+
+
+def noise_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], seed: int = 0,
+                progress: bool = False) -> list[list[float]]:  # fmt: skip
+    """v_l(r) of NOISE (module docstring) for every layer of `fitness.names`."""
+    top = tuple(levels[-1] for _ in fitness.names)
+    cache = fitness.prefix_cache(top, windows)
+    base = fitness.kl(top, windows, cache)
+    rfn = [[math.sqrt(t) for t in row] for row in relative_errors(fitness, levels)]
+    table = []
+    for layer in tqdm(range(len(top)), desc="noise probes", unit="layer", disable=not progress, leave=False):
+        weight = fitness.model.get_submodule(fitness.names[layer]).weight.data
+        rho_a, rho_b = rfn[layer][0], rfn[layer][1]
+        d = [fitness.kl(top, windows, cache, (layer, noise(weight, rho, seed + 2 * layer + i))) - base if rho > 0
+             else 0.0 for i, rho in enumerate((rho_a, rho_b))]  # fmt: skip
+        s, alpha = power_law(rho_a, d[0], rho_b, d[1])
+        table.append([base + s * x**alpha for x in rfn[layer]])
+    return table
+
+
+@torch.no_grad()
+def input_importance(fitness: Fitness, top: int, windows: tuple[int, ...]) -> list[torch.Tensor]:
+    """Per layer of `fitness.names`: the mean square of each input column over the windows' tokens, every layer at
+    width `top` (llama.cpp's imatrix)."""
+    fitness.apply(tuple(top for _ in fitness.names))
+    sums: list[torch.Tensor | None] = [None] * len(fitness.names)
+    counts = [0] * len(fitness.names)
+
+    def hook(i):
+        def record(module, args):
+            x = args[0].reshape(-1, args[0].shape[-1]).double()
+            sums[i] = x.square().sum(0) if sums[i] is None else sums[i] + x.square().sum(0)
+            counts[i] += x.shape[0]
+        return record
+
+    handles = [fitness.model.get_submodule(n).register_forward_pre_hook(hook(i)) for i, n in enumerate(fitness.names)]
+    try:
+        fitness.run(windows)
+    finally:
+        for h in handles:
+            h.remove()
+    return [s.cpu() / c for s, c in zip(sums, counts)]
+
+
+def error_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...]) -> list[list[float]]:
+    """v_l(r) of ERROR (module docstring) for every layer of `fitness.names`."""
+    layers = fitness.model.matgptq.layers
+    table = []
+    for name, imatrix in zip(fitness.names, input_importance(fitness, levels[-1], windows)):
+        top = layers[name].slice(levels[-1]).dequantize(torch.float64)
+        table.append([float(((layers[name].slice(r).dequantize(torch.float64) - top).square() * imatrix).sum())
+                      for r in levels])  # fmt: skip
+    return table
+
+
+def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], allocators, seed: int = 0,
+           progress: bool = False) -> dict[Allocator, tuple[list[list[float]], float]]:  # fmt: skip
+    """{allocator: (its loss table, seconds to fill it)} for the table-based allocators among `allocators`."""
+    fill = {Allocator.PROBE: lambda: measure(fitness, levels, windows, Sensitivity.PROBE, progress),
+            Allocator.ADDITIVE: lambda: measure(fitness, levels, windows, Sensitivity.FULL, progress),
+            Allocator.NOISE: lambda: noise_table(fitness, levels, windows, seed, progress),
+            Allocator.ERROR: lambda: error_table(fitness, levels, windows)}  # fmt: skip
+    out = {}
+    for a in allocators:
+        if a in fill:
+            t0 = time.perf_counter()
+            table = fill[a]()
+            out[a] = (table, time.perf_counter() - t0)
+    return out
+
+
+def allocate(cost_model: CostModel, table: list[list[float]] | None, budget: Fraction, kind: BudgetKind) -> Mix:
+    """The mix of a table (the knapsack under the budget), or the uniform mix for table None."""
+    return uniform_mix(cost_model, budget, kind) if table is None else knapsack_mix(cost_model, table, budget, kind)
