@@ -74,7 +74,8 @@ def llama(row: str, a, f32: Path, seed_dir: Path, imatrix: Path, out: Path) -> N
     tmp.replace(out)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: model, work dir, seeds, rows, threads and scored chunks."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the fp32 HF model directory (make real-model)")
     p.add_argument("--work", type=Path, default=Path.home() / ".cache" / "matgptq" / "gguf_default",
@@ -84,7 +85,11 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2, help="threads for llama.cpp's tools and the quantizer")
     p.add_argument("--wiki-chunks", type=int, default=24, help="512-token chunks of WikiText-2 scored")
     p.add_argument("--ts-chunks", type=int, default=16, help="512-token chunks of TinyStories scored")
-    a = p.parse_args()
+    return p
+
+
+def check_inputs(p: argparse.ArgumentParser, a: argparse.Namespace) -> list[str]:
+    """The --rows asked for; an unknown row, a missing llama.cpp tool or a missing model ends the script."""
     rows = [r for r in a.rows.split(",") if r]
     if bad := [r for r in rows if r not in OURS and r not in LLAMA]:
         p.error(f"unknown row {bad[0]!r}; rows are {', '.join([*OURS, *LLAMA])}")
@@ -93,52 +98,71 @@ def main() -> int:
             sys.exit(f"gguf_default: error: no {TOOLS / tool}; run `make llama-cpp-tools` first")
     if not (a.model / "config.json").is_file():
         sys.exit(f"gguf_default: error: no model at {a.model}; run `make real-model` first")
-    a.nsamples, a.seqlen = CalibConfig.nsamples, CalibConfig.seqlen  # quantize's; calib_text reads them from `a`
+    return rows
+
+
+def load_state(a: argparse.Namespace) -> dict:
+    """The results so far (or a new state); a run with other settings in OUT ends the script."""
     state = load_json(OUT) if OUT.is_file() else {"settings": settings(a, a.nsamples, a.seqlen), "runs": {}}
     if state["settings"] != settings(a, a.nsamples, a.seqlen):
         sys.exit(f"gguf_default: error: {OUT} holds a run with other settings; move it away or match them")
+    return state
 
-    def save() -> None:
-        tmp = OUT.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(OUT)
-        write_page(RESULTS / "gguf_default.md", page(state))
 
+def save(state: dict) -> None:
+    """Write the state to OUT (atomically) and re-render its page."""
+    tmp = OUT.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(OUT)
+    write_page(RESULTS / "gguf_default.md", page(state))
+
+
+def run_seed(a: argparse.Namespace, state: dict, rows: list[str], f32: Path, seed: int) -> None:
+    """Make (imatrix, then each row's file) and score every row of one calibration seed, saving after each score."""
+    a.seed = seed
+    seed_dir = a.work / f"seed{seed}"
+    seed_dir.mkdir(exist_ok=True)
+    cells = state["runs"].setdefault(str(seed), {})
+    imatrix = seed_dir / "imatrix.gguf"
+    if "llama:Q4_0+im" in rows and not imatrix.is_file():
+        run([TOOLS / "llama-imatrix", "-m", f32, "-f", calib_text(a.model, seed_dir, a), "-c", str(a.seqlen),
+             "-b", str(a.seqlen), "--chunks", str(a.nsamples), "-t", str(a.threads), "-o", imatrix],
+            seed_dir / "imatrix.log")  # fmt: skip
+    for row in rows:
+        if row == "llama:Q4_0" and seed != 0:  # no calibration: made and scored once, with seed 0
+            continue
+        out = seed_dir / f"{row.replace(':', '-').replace('+', '-')}.gguf"
+        cell = cells.setdefault(row, {})
+        if not out.is_file():
+            if row in OURS:
+                ours(row, seed, a, seed_dir, out)
+            else:
+                llama(row, a, f32, seed_dir, imatrix, out)
+        cell["tensor_bytes"] = file_info(out)["tensor_bytes"]
+        for ds in DATASETS:
+            if ds not in cell:
+                log(f"{seed_dir.name} {out.stem}: scoring on {ds}")
+                cell[ds] = score(out, ds, a.work, a, logs=seed_dir)  # logs are named by the file's stem
+                save(state)
+
+
+def main() -> int:
+    """Score the F32 file, then make and score every row for each seed; print the page."""
+    p = build_parser()
+    a = p.parse_args()
+    rows = check_inputs(p, a)
+    a.nsamples, a.seqlen = CalibConfig.nsamples, CalibConfig.seqlen  # quantize's; calib_text reads them from `a`
+    state = load_state(a)
     a.work.mkdir(parents=True, exist_ok=True)
     f32 = f32_gguf(a.model, a.work)
     for ds in DATASETS:  # the F32 file's scores, and its logits every KL is taken against (saved in --work)
         if ds not in state.setdefault("f32", {}):
             state["f32"][ds] = score(f32, ds, a.work, a)
-            save()
+            save(state)
     for seed in (int(s) for s in a.seeds.split(",")):
-        a.seed = seed
-        seed_dir = a.work / f"seed{seed}"
-        seed_dir.mkdir(exist_ok=True)
-        cells = state["runs"].setdefault(str(seed), {})
-        imatrix = seed_dir / "imatrix.gguf"
-        if "llama:Q4_0+im" in rows and not imatrix.is_file():
-            run([TOOLS / "llama-imatrix", "-m", f32, "-f", calib_text(a.model, seed_dir, a), "-c", str(a.seqlen),
-                 "-b", str(a.seqlen), "--chunks", str(a.nsamples), "-t", str(a.threads), "-o", imatrix],
-                seed_dir / "imatrix.log")  # fmt: skip
-        for row in rows:
-            if row == "llama:Q4_0" and seed != 0:  # no calibration: made and scored once, with seed 0
-                continue
-            out = seed_dir / f"{row.replace(':', '-').replace('+', '-')}.gguf"
-            cell = cells.setdefault(row, {})
-            if not out.is_file():
-                if row in OURS:
-                    ours(row, seed, a, seed_dir, out)
-                else:
-                    llama(row, a, f32, seed_dir, imatrix, out)
-            cell["tensor_bytes"] = file_info(out)["tensor_bytes"]
-            for ds in DATASETS:
-                if ds not in cell:
-                    log(f"{seed_dir.name} {out.stem}: scoring on {ds}")
-                    cell[ds] = score(out, ds, a.work, a, logs=seed_dir)  # logs are named by the file's stem
-                    save()
+        run_seed(a, state, rows, f32, seed)
     print(page(state))
     return 0
-
 
 def _cells(state: dict, row: str) -> list[dict]:
     """The row's finished cells, one per seed (llama.cpp's plain Q4_0: seed 0's only)."""

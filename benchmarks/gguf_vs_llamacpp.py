@@ -37,6 +37,7 @@ import tempfile
 import time
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -146,7 +147,8 @@ def hf_scores(model_dir: Path, bits, windows, teacher) -> tuple[float, float]:
     return s.ppl, s.kl
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: model and text, work dir, output JSON, quantizer set-ups and evaluation sizes."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=SHARED / "models" / "stories260K")
     ap.add_argument("--text", type=Path, default=SHARED / "data" / "tinystories" / "tinystories_val_head.txt")
@@ -165,24 +167,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
                     help="llama.cpp threads (fewer than idle cores: its threads spin and crawl when oversubscribed)")
     ap.add_argument("--reuse", action="store_true", help="reuse checkpoints already in --workdir (same settings!)")
-    a = ap.parse_args(argv)
-    if a.render_only:
-        return publish(a.out_json)
+    return ap
 
-    import matgptq
-    from matgptq.evaluation.perplexity import Teacher
-    from matgptq.exporters.gguf import export_gguf
-    from matgptq.models.hf import load_fp_model, load_tokenizer
+
+@dataclass
+class References:
+    """The F32 model's scores and outputs every file is compared with, from llama.cpp and from HF."""
+
+    ppl_f32: float  # llama.cpp on the F32 GGUF
+    ref_cpp: list[np.ndarray]  # its per-window log-probs (KL reference)
+    ref_hf: object  # matgptq Teacher of the HF fp32 model
+    ppl_hf_fp: float  # HF fp32 perplexity
+
+
+def eval_windows_of(a: argparse.Namespace) -> tuple[Path, torch.Tensor]:
+    """Create the work dir and cut the evaluation text (first 60%) into windows."""
+    from matgptq.models.hf import load_tokenizer
     from matgptq.models.text import eval_windows, read_text, tokenize
 
-    t_start = time.time()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="gguf_vs_llamacpp-"))
     work.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(a.model)
     windows = eval_windows(tokenize(tok, read_text(a.text, (0.0, 0.6))), a.seqlen, a.max_tokens)
     log(f"evaluation: {windows.shape[0]} windows × {a.seqlen} tokens; work dir {work}")
+    return work, windows
 
-    # --- quantize (matgptq) -------------------------------------------------------------------------------------
+
+def quantize_variants(a: argparse.Namespace, work: Path, error) -> dict[str, tuple[Path, object]]:
+    """Quantize each --variants set-up with GPTQ and MatGPTQ; the Q4_0 exports to make, label -> (checkpoint, bits)."""
+    import matgptq
+
     base = dict(calib=a.text, calib_range=(0.6, 1.0), nsamples=a.nsamples, seqlen=a.seqlen, seed=0,
                 group_size=a.group_size, sym=True, progress=False, overwrite=True)  # fmt: skip
     tuned = dict(base, act_order=True, static_groups=True, mse=True)
@@ -196,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     exports: dict[str, tuple[Path, object]] = {}
     for name in [v.strip() for v in a.variants.split(",") if v.strip()]:
         if name not in variants:
-            ap.error(f"unknown variant {name}; choose from {', '.join(variants)}")
+            error(f"unknown variant {name}; choose from {', '.join(variants)}")
         tag, opts, grid, fpdown, mat_bits = variants[name]
         for method, bits in (("gptq", 4), ("matgptq", mat_bits)):
             out = work / f"{method}-{name}"
@@ -213,8 +227,13 @@ def main(argv: list[str] | None = None) -> int:
             exports[f"MatGPTQ[{bits}] 4-bit slice ({tag}) → Q4_0"] = (out, 4)
             if not fpdown:
                 exports[f"MatGPTQ[{bits}] 4-bit, down_proj 8-bit slice ({tag}) → Q4_0"] = (out, mix)
+    return exports
 
-    # --- GGUF files -----------------------------------------------------------------------------------------------
+
+def make_gguf_files(a: argparse.Namespace, work: Path, exports: dict[str, tuple[Path, object]]) -> dict[str, dict]:
+    """Write the F32 GGUF, llama.cpp's Q4_0 and Q4_K_M of it, and our Q4_0 exports; label -> path and provenance."""
+    from matgptq.exporters.gguf import export_gguf
+
     files: dict[str, dict] = {}
     f32 = work / "f32.gguf"
     export_gguf(a.model, f32, overwrite=True)
@@ -238,57 +257,97 @@ def main(argv: list[str] | None = None) -> int:
                         "exact_layers": f"{sum(t.exact for t in q_layers)}/{len(q_layers)}",
                         "max_dw_exact_layers": max((t.max_abs_err for t in q_layers if t.method == 'codes'),
                                                    default=0.0)}  # fmt: skip
+    return files
 
+
+def token_embd_identical(files: dict[str, dict], exports: dict[str, tuple[Path, object]]) -> bool:
+    """Whether our first export's Q8_0 token_embd has the same bytes as llama.cpp's Q4_0 file's."""
     # Our Q8_0 token_embd is gguf-py's port of ggml's quantize_row_q8_0: compare bytes with llama.cpp's own file.
     import gguf
 
     def tensor_bytes(path: Path, name: str) -> bytes:
+        """The raw data of tensor `name` in the GGUF file `path`."""
         return next(np.asarray(t.data).tobytes() for t in gguf.GGUFReader(str(path)).tensors if t.name == name)
 
-    same_embd = tensor_bytes(files["llama.cpp Q4_0"]["path"], "token_embd.weight") == tensor_bytes(
+    return tensor_bytes(files["llama.cpp Q4_0"]["path"], "token_embd.weight") == tensor_bytes(
         files[next(iter(exports))]["path"], "token_embd.weight")  # fmt: skip
 
-    # --- score ----------------------------------------------------------------------------------------------------
-    t0 = time.time()
-    ppl_f32, _, ref_cpp = score_llamacpp(f32, windows, None, a.threads)
-    log(f"llama.cpp F32 reference: ppl {ppl_f32:.4f} ({time.time() - t0:.1f}s)")
-    fp = load_fp_model(a.model, torch.float32)
-    ref_hf = Teacher(fp, windows)
-    from matgptq.evaluation.perplexity import perplexity
 
+def score_references(model: Path, f32: Path, windows: torch.Tensor, threads: int) -> References:
+    """Score the F32 GGUF with llama.cpp and the fp32 model with HF: the references of every KL."""
+    from matgptq.evaluation.perplexity import Teacher, perplexity
+    from matgptq.models.hf import load_fp_model
+
+    t0 = time.time()
+    ppl_f32, _, ref_cpp = score_llamacpp(f32, windows, None, threads)
+    log(f"llama.cpp F32 reference: ppl {ppl_f32:.4f} ({time.time() - t0:.1f}s)")
+    fp = load_fp_model(model, torch.float32)
+    ref_hf = Teacher(fp, windows)
     ppl_hf_fp = perplexity(fp, windows)
     del fp
-    results = {}
-    for label, info in files.items():
-        t0 = time.time()
-        if label.startswith("F32"):
-            ppl, kl = ppl_f32, 0.0
-        else:
-            ppl, kl, _ = score_llamacpp(info["path"], windows, ref_cpp, a.threads)
-        hf_ppl = hf_kl = None
-        if info["hf"] is not None:
-            src, bits = info["hf"]
-            hf_ppl, hf_kl = (ppl_hf_fp, 0.0) if bits is None else hf_scores(src, bits, windows, ref_hf)
-        types = gguf_types(info["path"])
-        size = info["path"].stat().st_size
-        results[label] = {"file": str(info["path"]), "source": info["source"], "size_bytes": size,
-                          "types": types, "types_summary": type_summary(types), "ppl_llamacpp": ppl,
-                          "kl_llamacpp": kl, "ppl_hf": hf_ppl, "kl_hf": hf_kl,
-                          **{k: info[k] for k in ("exact_layers", "max_dw_exact_layers") if k in info}}  # fmt: skip
-        log(f"{label}: ppl {ppl:.4f} KL {kl:.5f} ({time.time() - t0:.1f}s)")
+    return References(ppl_f32, ref_cpp, ref_hf, ppl_hf_fp)
+
+
+def score_file(label: str, info: dict, refs: References, windows: torch.Tensor, threads: int) -> dict:
+    """One file's row: llama.cpp's ppl and KL, the HF cross-check, its tensor types and size."""
+    t0 = time.time()
+    if label.startswith("F32"):
+        ppl, kl = refs.ppl_f32, 0.0
+    else:
+        ppl, kl, _ = score_llamacpp(info["path"], windows, refs.ref_cpp, threads)
+    hf_ppl = hf_kl = None
+    if info["hf"] is not None:
+        src, bits = info["hf"]
+        hf_ppl, hf_kl = (refs.ppl_hf_fp, 0.0) if bits is None else hf_scores(src, bits, windows, refs.ref_hf)
+    types = gguf_types(info["path"])
+    size = info["path"].stat().st_size
+    row = {"file": str(info["path"]), "source": info["source"], "size_bytes": size,
+           "types": types, "types_summary": type_summary(types), "ppl_llamacpp": ppl,
+           "kl_llamacpp": kl, "ppl_hf": hf_ppl, "kl_hf": hf_kl,
+           **{k: info[k] for k in ("exact_layers", "max_dw_exact_layers") if k in info}}  # fmt: skip
+    log(f"{label}: ppl {ppl:.4f} KL {kl:.5f} ({time.time() - t0:.1f}s)")
+    return row
+
+
+def score_files(files: dict[str, dict], refs: References, windows: torch.Tensor, threads: int) -> dict[str, dict]:
+    """Score every file in order, then each one's KL as a multiple of llama.cpp Q4_0's."""
+    results = {label: score_file(label, info, refs, windows, threads) for label, info in files.items()}
     base_kl = results["llama.cpp Q4_0"]["kl_llamacpp"]
     for r in results.values():
         r["kl_vs_llamacpp_q4_0"] = r["kl_llamacpp"] / base_kl if base_kl else None
+    return results
+
+
+def write_json(a: argparse.Namespace, windows: torch.Tensor, refs: References, same_embd: bool, results: dict,
+               t_start: float) -> None:
+    """Write the protocol, the references and every file's row to --out-json."""
     data = {
         "protocol": {"model": str(a.model), "text": str(a.text), "calibration": "128x256 from last 40%, seed 0",
                      "evaluation": f"first 60%, first {a.max_tokens} tokens, {windows.shape[0]}x{a.seqlen}",
                      "group_size": a.group_size, "matgptq_bits": a.matgptq_bits, "nsamples": a.nsamples,
                      "variants": a.variants},
-        "ppl_f32_llamacpp": ppl_f32, "ppl_fp32_hf": ppl_hf_fp, "token_embd_q8_0_identical": same_embd,
+        "ppl_f32_llamacpp": refs.ppl_f32, "ppl_fp32_hf": refs.ppl_hf_fp, "token_embd_q8_0_identical": same_embd,
         "results": results, "seconds": time.time() - t_start,
     }  # fmt: skip
     a.out_json.parent.mkdir(parents=True, exist_ok=True)
     a.out_json.write_text(json.dumps(data, indent=2, default=str))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Quantize, export and score every file, write the JSON and print the page rendered from it."""
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    if a.render_only:
+        return publish(a.out_json)
+
+    t_start = time.time()
+    work, windows = eval_windows_of(a)
+    exports = quantize_variants(a, work, ap.error)
+    files = make_gguf_files(a, work, exports)
+    same_embd = token_embd_identical(files, exports)
+    refs = score_references(a.model, files["F32 (matgptq export of fp32)"]["path"], windows, a.threads)
+    results = score_files(files, refs, windows, a.threads)
+    write_json(a, windows, refs, same_embd, results, t_start)
     return publish(a.out_json)
 
 

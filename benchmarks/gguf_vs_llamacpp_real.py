@@ -51,7 +51,9 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from benchmarks.gguf_real_files import file_info, search_budget
 from benchmarks.gguf_real_report import STATE, publish
@@ -168,7 +170,8 @@ def settings(a: argparse.Namespace) -> dict:
             "wiki_chunks": a.wiki_chunks, "ts_chunks": a.ts_chunks, "ctx": 512, "gptq_flags": GPTQ_FLAGS}  # fmt: skip
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: model, work dir, threads, scored chunks, calibration size and seed, rows to compute."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the fp32 HF model directory (make real-model)")
     p.add_argument("--work", type=Path, default=Path.home() / ".cache" / "matgptq" / "gguf_vs_llamacpp_real",
@@ -184,27 +187,72 @@ def main() -> int:
                         "each seed's goal ratios (use --only to limit the rows)")  # fmt: skip
     p.add_argument("--only", default="", help="comma list of rows to compute (default all): f32, llama:PRESET[+im], gptq4…")
     p.add_argument("--render-only", action="store_true", help="only re-render the page from the JSONs")
-    a = p.parse_args()
+    return p
 
+
+@dataclass
+class Job:
+    """One run: its options, its results JSON (`state`, saved after every step), work dir, and the files made so far."""
+
+    a: argparse.Namespace
+    path: Path  # the results JSON of this seed
+    state: dict
+    work: Path | None = None
+    lock: IO | None = None  # WORK/run.lock, held open (and locked) until the process ends
+    only: set[str] = field(default_factory=set)  # --only's rows; empty: all
+    files: dict[str, Path] = field(default_factory=dict)  # llama.cpp's files: row -> path
+    budget_of: dict = field(default_factory=dict)  # (parent, preset, embed) -> search budget
+
+    def save(self) -> None:
+        """Write the state (atomically) and re-render the tables."""
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=2))
+        tmp.replace(self.path)
+        publish()  # seed 0's tables, and every seed's goal ratios beside them
+
+    def want(self, name: str) -> bool:
+        """Whether --only asks for this row."""
+        return not self.only or name in self.only
+
+    def score_all(self, name: str, path: Path) -> None:
+        """Score a file on every dataset not yet scored, saving after each."""
+        for ds in DATASETS:
+            if ds not in self.state["scores"].get(name, {}):
+                self.state["scores"].setdefault(name, {})[ds] = score(path, ds, self.work, self.a)
+                self.save()
+
+    def quantize(self, ckpt: Path, options: list, key: str) -> None:
+        """`matgptq quantize` a checkpoint with GPTQ_FLAGS and the calibration protocol, unless it exists."""
+        a, work = self.a, self.work
+        if not (ckpt / "config.json").is_file():
+            t0 = time.time()
+            run([sys.executable, "-m", "matgptq", "quantize", a.model, "--out", ckpt, *options, *GPTQ_FLAGS, "--calib",
+                 WIKI, "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen", str(a.seqlen), "--seed",
+                 str(a.seed), "--overwrite", "--resume", "--quiet"], work / f"{key}.quantize.log", child_env(a.threads))  # fmt: skip
+            self.state.setdefault("quantize_seconds", {})[key] = round(time.time() - t0, 1)
+
+
+def load_job(a: argparse.Namespace) -> Job:
+    """This seed's results so far (or a new state); a run with other settings there ends the script."""
     path = state_file(a.seed)
     state = json.loads(path.read_text()) if path.is_file() else {"settings": settings(a), "files": {}, "scores": {}}
     if state["settings"] != settings(a):
         sys.exit(f"gguf_vs_llamacpp_real: error: {path} holds a run with other settings; move it away or match them")
+    return Job(a, path, state)
 
-    def save() -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(path)
-        publish()  # seed 0's tables, and every seed's goal ratios beside them
 
-    if a.render_only:
-        publish(echo=True)
-        return 0
+def check_prerequisites(a: argparse.Namespace) -> None:
+    """End the script unless llama.cpp's tools and the model are there."""
     for tool in ("llama-quantize", "llama-imatrix", "llama-perplexity"):
         if not (TOOLS / tool).is_file():
             sys.exit(f"gguf_vs_llamacpp_real: error: no {TOOLS / tool}; run `make llama-cpp-tools` first")
     if not (a.model / "config.json").is_file():
         sys.exit(f"gguf_vs_llamacpp_real: error: no model at {a.model}; run `make real-model` first")
+
+
+def open_work(job: Job) -> None:
+    """Create and lock the seed's work dir (seed 0's F32 file and logits linked in) and read --only."""
+    a, path = job.a, job.path
     work = a.work if a.seed == 0 else a.work / f"seed{a.seed}"
     work.mkdir(parents=True, exist_ok=True)
     lock = open(work / "run.lock", "w")  # noqa: SIM115 (held until the process ends, however it ends)
@@ -217,11 +265,15 @@ def main() -> int:
         for f in ("f32.gguf", f"base-wiki-{a.wiki_chunks}.kld", f"base-ts-{a.ts_chunks}.kld"):
             if (a.work / f).is_file() and not (work / f).exists():
                 (work / f).symlink_to(a.work / f)
-    only = set(filter(None, a.only.split(",")))
-    want = lambda name: not only or name in only  # noqa: E731
+    job.work, job.lock = work, lock
+    job.only = set(filter(None, a.only.split(",")))
 
+
+def make_presets(job: Job) -> Path:
+    """The F32 GGUF, the imatrix and every llama.cpp preset (each without and with it); returns the F32 file."""
+    a, work, state = job.a, job.work, job.state
     f32 = f32_gguf(a.model, work)
-    files: dict[str, Path] = {"f32": f32}
+    job.files = {"f32": f32}
     state["files"]["f32"] = file_info(f32)
     imatrix = work / "imatrix.gguf"
     if not imatrix.is_file():
@@ -237,87 +289,106 @@ def main() -> int:
                 run([TOOLS / "llama-quantize", *(["--imatrix", imatrix] if im else []), *options, f32, tmp, qtype,
                      str(a.threads)], out.with_suffix(".log"))  # fmt: skip
                 tmp.replace(out)
-            files[name] = out
+            job.files[name] = out
             state["files"][name] = file_info(out)
     for name in OURS:  # files of an earlier run: read again (file_info may have grown fields)
         if (work / f"{name}.gguf").is_file():
             state["files"][name] = file_info(work / f"{name}.gguf")
-    save()
+    job.save()
+    return f32
 
-    def score_all(name: str, path: Path) -> None:
-        for ds in DATASETS:
-            if ds not in state["scores"].get(name, {}):
-                state["scores"].setdefault(name, {})[ds] = score(path, ds, work, a)
-                save()
 
+def search_budgets(job: Job, f32: Path) -> dict:
+    """The search budget of every searched row: (parent, preset, embed) -> the preset's tensor bytes as a budget."""
+    return {(ck, *w[1:3]): search_budget(f32, job.state["files"][f"llama:{w[1]}"]["tensor_bytes"], w[2],
+                                         SEARCH_OF[ck][0])
+            for ck, w, _ in OURS.values() if isinstance(w, tuple)}  # (parent, preset, embed) -> budget  # fmt: skip
+
+
+def searched_mix(job: Job, name: str, ck: str, ckpt: Path, width: tuple) -> tuple[Path, list, str]:
+    """Run (once per parent) `matgptq search` for a searched row; the checkpoint, export selection and embed type."""
+    a, work, state, budget_of = job.a, job.work, job.state, job.budget_of
+    embed, budget = width[2], budget_of[(ck, *width[1:3])]
+    sdir = work / f"{ck}-search"
+    if not (sdir / f"mix-{budget}.json").is_file():  # one search for every budget of this parent:
+        todo = list(dict.fromkeys(  # one teacher, one sensitivity pass
+            budget_of[(c, *w[1:3])] for n, (c, w, _) in OURS.items()
+            if c == ck and isinstance(w, tuple) and job.want(n)
+            and not (sdir / f"mix-{budget_of[(c, *w[1:3])]}.json").is_file()))  # fmt: skip
+        t0 = time.time()
+        kind, levels = SEARCH_OF[ck]
+        run([sys.executable, "-m", "matgptq", "search", ckpt, "--budget", ",".join(todo),
+             "--budget-kind", kind, "--levels", levels, "--calib", WIKI, "--calib-range",
+             "0.5:1", "--seed", str(a.seed), "--out", sdir, "--resume", "--quiet"],
+            work / f"{ck}.search.log", child_env(a.threads))  # fmt: skip
+        state.setdefault("search_seconds", {})[",".join(todo)] = round(time.time() - t0, 1)
+    state.setdefault("search_budgets", {})[name] = budget
+    # each row names its candidate; the command's own output ("bits") is the lower-KL of the two
+    mix = json.loads((sdir / f"mix-{budget}.json").read_text())
+    bits = mix["dp_bits"] if width[3:4] == ("dp",) else mix.get("search_bits", mix["bits"])
+    (work / f"{name}.mix.json").write_text(json.dumps({"bits": bits}))
+    sel = ["--bits-config", work / f"{name}.mix.json"]
+    if width[4:] == (RESOLVE,):  # the mix's own checkpoint: every layer GPTQ at its width
+        ckpt, sel = work / f"{name}-ckpt", []
+        job.quantize(ckpt, ["--method", "gptq", "--bits-config", work / f"{name}.mix.json", *HW], name)
+    return ckpt, sel, embed
+
+
+def make_ours(job: Job, name: str, ck: str, width, out: Path) -> None:
+    """Quantize one of our rows' checkpoint (and search its mix) and export it to `out`."""
+    a, work = job.a, job.work
+    ckpt = work / f"{ck}-ckpt"
+    method, bits, extra = CKPTS[ck]
+    job.quantize(ckpt, ["--method", method, "--bits", bits, *extra], ck)
+    sel = []
+    embed = EMBED_OF.get(name, "auto")
+    if isinstance(width, tuple):  # (SEARCH, preset, embed[, "dp"[, RESOLVE]])
+        ckpt, sel, embed = searched_mix(job, name, ck, ckpt, width)
+    elif isinstance(width, dict):
+        (work / f"{name}.mix.json").write_text(json.dumps({"bits": width}))
+        sel = ["--bits-config", work / f"{name}.mix.json"]
+    elif width is not None:
+        sel = ["--bits", str(width)]
+    run([sys.executable, "-m", "matgptq", "export", ckpt, *sel, "--format", "gguf", "--type", "auto",
+         "--embed-type", embed, "--out", out, "--overwrite"], work / f"{name}.export.log", child_env(a.threads))  # fmt: skip
+
+
+def ours_row(job: Job, name: str, ck: str, width, vs: tuple) -> None:
+    """Make one of our files if missing, check its size against the presets it is matched with, and score it."""
+    out = job.work / f"{name}.gguf"
+    if not out.is_file():
+        make_ours(job, name, ck, width, out)
+    job.state["files"][name] = file_info(out)
+    job.save()
+    for preset in set(vs) & set(ISSUE_PRESETS):  # a size over the preset's is a bug in the budget
+        if job.state["files"][name]["tensor_bytes"] > job.state["files"][f"llama:{preset}"]["tensor_bytes"]:
+            sys.exit(f"gguf_vs_llamacpp_real: error: {out} has more tensor bytes than llama.cpp's {preset}")
+    job.score_all(name, out)
+
+
+def main() -> int:
+    """Make llama.cpp's presets and our files, score each against the F32 file, and print the tables."""
+    a = build_parser().parse_args()
+    job = load_job(a)
+    if a.render_only:
+        publish(echo=True)
+        return 0
+    check_prerequisites(a)
+    open_work(job)
+    f32 = make_presets(job)
     # in the order of the comparisons (F32 base, then each of ours followed by the presets it is matched with), so
     # a run cut short still holds whole comparisons
-    score_all("f32", f32)
-    budget_of = {(ck, *w[1:3]): search_budget(f32, state["files"][f"llama:{w[1]}"]["tensor_bytes"], w[2],
-                                              SEARCH_OF[ck][0])
-                 for ck, w, _ in OURS.values() if isinstance(w, tuple)}  # (parent, preset, embed) -> budget  # fmt: skip
-
-    def quantize(ckpt: Path, options: list, key: str) -> None:
-        if not (ckpt / "config.json").is_file():
-            t0 = time.time()
-            run([sys.executable, "-m", "matgptq", "quantize", a.model, "--out", ckpt, *options, *GPTQ_FLAGS, "--calib",
-                 WIKI, "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen", str(a.seqlen), "--seed",
-                 str(a.seed), "--overwrite", "--resume", "--quiet"], work / f"{key}.quantize.log", child_env(a.threads))  # fmt: skip
-            state.setdefault("quantize_seconds", {})[key] = round(time.time() - t0, 1)
-
+    job.score_all("f32", f32)
+    job.budget_of = search_budgets(job, f32)
     for name, (ck, width, vs) in OURS.items():
-        if want(name):
-            out = work / f"{name}.gguf"
-            if not out.is_file():
-                ckpt = work / f"{ck}-ckpt"
-                method, bits, extra = CKPTS[ck]
-                quantize(ckpt, ["--method", method, "--bits", bits, *extra], ck)
-                sel = []
-                embed = EMBED_OF.get(name, "auto")
-                if isinstance(width, tuple):  # (SEARCH, preset, embed[, "dp"[, RESOLVE]])
-                    embed, budget = width[2], budget_of[(ck, *width[1:3])]
-                    sdir = work / f"{ck}-search"
-                    if not (sdir / f"mix-{budget}.json").is_file():  # one search for every budget of this parent:
-                        todo = list(dict.fromkeys(  # one teacher, one sensitivity pass
-                            budget_of[(c, *w[1:3])] for n, (c, w, _) in OURS.items()
-                            if c == ck and isinstance(w, tuple) and want(n)
-                            and not (sdir / f"mix-{budget_of[(c, *w[1:3])]}.json").is_file()))  # fmt: skip
-                        t0 = time.time()
-                        kind, levels = SEARCH_OF[ck]
-                        run([sys.executable, "-m", "matgptq", "search", ckpt, "--budget", ",".join(todo),
-                             "--budget-kind", kind, "--levels", levels, "--calib", WIKI, "--calib-range",
-                             "0.5:1", "--seed", str(a.seed), "--out", sdir, "--resume", "--quiet"],
-                            work / f"{ck}.search.log", child_env(a.threads))  # fmt: skip
-                        state.setdefault("search_seconds", {})[",".join(todo)] = round(time.time() - t0, 1)
-                    state.setdefault("search_budgets", {})[name] = budget
-                    # each row names its candidate; the command's own output ("bits") is the lower-KL of the two
-                    mix = json.loads((sdir / f"mix-{budget}.json").read_text())
-                    bits = mix["dp_bits"] if width[3:4] == ("dp",) else mix.get("search_bits", mix["bits"])
-                    (work / f"{name}.mix.json").write_text(json.dumps({"bits": bits}))
-                    sel = ["--bits-config", work / f"{name}.mix.json"]
-                    if width[4:] == (RESOLVE,):  # the mix's own checkpoint: every layer GPTQ at its width
-                        ckpt, sel = work / f"{name}-ckpt", []
-                        quantize(ckpt, ["--method", "gptq", "--bits-config", work / f"{name}.mix.json", *HW], name)
-                elif isinstance(width, dict):
-                    (work / f"{name}.mix.json").write_text(json.dumps({"bits": width}))
-                    sel = ["--bits-config", work / f"{name}.mix.json"]
-                elif width is not None:
-                    sel = ["--bits", str(width)]
-                run([sys.executable, "-m", "matgptq", "export", ckpt, *sel, "--format", "gguf", "--type", "auto",
-                     "--embed-type", embed, "--out", out, "--overwrite"], work / f"{name}.export.log", child_env(a.threads))  # fmt: skip
-            state["files"][name] = file_info(out)
-            save()
-            for preset in set(vs) & set(ISSUE_PRESETS):  # a size over the preset's is a bug in the budget
-                if state["files"][name]["tensor_bytes"] > state["files"][f"llama:{preset}"]["tensor_bytes"]:
-                    sys.exit(f"gguf_vs_llamacpp_real: error: {out} has more tensor bytes than llama.cpp's {preset}")
-            score_all(name, out)
+        if job.want(name):
+            ours_row(job, name, ck, width, vs)
         for preset in vs:
             for ref in (f"llama:{preset}", f"llama:{preset}+im"):
-                if want(ref):
-                    score_all(ref, files[ref])
+                if job.want(ref):
+                    job.score_all(ref, job.files[ref])
     publish(echo=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
