@@ -145,3 +145,17 @@ def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], 
 def allocate(cost_model: CostModel, table: list[list[float]] | None, budget: Fraction, kind: BudgetKind) -> Mix:
     """The mix of a table (the knapsack under the budget), or the uniform mix for table None."""
     return uniform_mix(cost_model, budget, kind) if table is None else knapsack_mix(cost_model, table, budget, kind)
+
+
+def baseline_mixes(cost_model: CostModel, filled: dict, own: Allocator, others: tuple[Allocator, ...],
+                   budget: Fraction, kind: BudgetKind) -> dict[str, Mix]:  # fmt: skip
+    """{label: mix} of the allocations at one budget: the search's own knapsack start first ("knapsack", from the
+    `own` table), then each of `others` ("uniform R" for UNIFORM, else the allocator's name)."""
+    mixes = {"knapsack": allocate(cost_model, filled[own][0], budget, kind)}
+    for a in others:
+        if a is Allocator.UNIFORM:
+            mix = uniform_mix(cost_model, budget, kind)
+            mixes[f"uniform {mix[0]}"] = mix
+        elif a is not own:
+            mixes[a.value] = allocate(cost_model, filled[a][0], budget, kind)
+    return mixes

@@ -35,9 +35,10 @@ from ..fsutil import atomic_output, check_output
 from ..models import eval_windows, file_sha256, load_tokenizer, read_text, require_model_dir, resolve_model, tokenize
 from ..runtime import load
 from .budget import BudgetKind, CostModel, parse_budget
+from .allocators import Allocator, baseline_mixes, tables
 from .evopress import EvoConfig, evolve, format_stages
 from .fitness import Fitness, Mix
-from .sensitivity import Sensitivity, knapsack_mix, measure
+from .sensitivity import Sensitivity
 from .spread import is_writer, score_all
 
 MIX_FORMAT = "matgptq-mix"
@@ -74,6 +75,9 @@ class SearchRequest:
     # the same tokens, and the search then fits them (its held-out scores get worse)
     calib_tokens: int = 16384
     sensitivity: Sensitivity = Sensitivity.PROBE
+    # one-shot allocations (allocators.py) that compete with the knapsack start as the search's first parent and with
+    # the evolved mix for the written one; the default ones cost one forward pass in all
+    baselines: tuple[Allocator, ...] = (Allocator.UNIFORM, Allocator.ERROR)
     reference: str | Path | None = None  # a directory or Hugging Face id; default: the parent's recorded model
     text: Path | None = None
     text_range: tuple[float, float] = (0.0, 1.0)
@@ -150,7 +154,7 @@ def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows:
     settings = {"parent": str(Path(req.parent).resolve()), "parent_meta_sha256": meta_hash,
                 "calib_sha256": file_sha256(req.calib), "calib_range": list(req.calib_range), "seqlen": req.seqlen,
                 "calib_windows": int(calib_windows.shape[0]), "sensitivity_tokens": req.sensitivity_tokens,
-                "sensitivity": req.sensitivity.value, "score_dtype": str(score_dtype).removeprefix("torch."),
+                "sensitivity": req.sensitivity.value, "baselines": [a.value for a in req.baselines], "score_dtype": str(score_dtype).removeprefix("torch."),
                 "budget": str(budget), "budget_kind": req.kind.value, "levels": list(levels), **req.evo.settings()}  # fmt: skip
     return json.loads(json.dumps(settings))
 
@@ -180,18 +184,25 @@ def _check_states(req: SearchRequest, budgets, settings: dict, layers: int) -> N
             read_state(state_path(req.out, label), settings[label], layers)
 
 
+def _own(req: SearchRequest) -> Allocator:
+    """The table of the search's knapsack start: --sensitivity probe or full (the measured additive model)."""
+    return Allocator.ADDITIVE if req.sensitivity is Sensitivity.FULL else Allocator.PROBE
+
+
 def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cost_model: CostModel, fitness: Fitness,
-                   sensitivity, sens_windows, settings: dict, held_out, t0: float) -> dict:  # fmt: skip
-    """One budget: the knapsack mix from the sensitivities, the search's start, EvoPress, the choice among them on the
-    whole calibration pool; its mix file written; the summary row (seconds counted from `t0`)."""
+                   filled: dict, sens_windows, settings: dict, held_out, t0: float) -> dict:  # fmt: skip
+    """One budget: the one-shot allocations (the knapsack mix first), the search's start (the best of them on the
+    sensitivity windows), EvoPress, the choice among all of them on the whole calibration pool; its mix file
+    written; the summary row (seconds counted from `t0`)."""
     label, limit = budget
-    dp = knapsack_mix(cost_model, sensitivity, limit, req.kind)
-    start, start_kind = _start(fitness, cost_model, dp, limit, req.kind, sens_windows)
+    mixes = baseline_mixes(cost_model, filled, _own(req), req.baselines, limit, req.kind)
+    dp = mixes["knapsack"]
+    start, start_kind = _start(fitness, mixes, sens_windows)
     state = evolve(fitness, levels, cost_model.table(req.kind), cost_model.limit(limit, req.kind), start, req.evo,
                    state_path(req.out, label), settings, req.resume, req.progress,
                    weights=cost_model.total_weights)  # fmt: skip
     all_windows = tuple(range(fitness.windows.shape[0]))
-    row, mix = _report(req, label, cost_model, fitness, dp, state, start_kind, all_windows, *held_out)
+    row, mix = _report(req, label, cost_model, fitness, mixes, state, start_kind, all_windows, *held_out)
     row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(time.perf_counter() - t0, 1))
     _write_mix(req, label, row, cost_model, state, dp, mix, settings)
     return row
@@ -227,14 +238,14 @@ def run_search(req: SearchRequest) -> list[dict]:
     model = load(req.parent, bits=levels[-1], packed=False).to(device)
     fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size, compute_dtype=score_dtype)
     sens_windows = tuple(range(min(calib.shape[0], math.ceil(req.sensitivity_tokens / (req.seqlen - 1)))))
-    sensitivity: list[list[float]] | None = None
+    filled = None  # the allocators' loss tables, measured once for every budget
     rows = []
     try:
         for label, budget in budgets:
             t0 = time.perf_counter()
-            if sensitivity is None:
-                sensitivity = measure(fitness, levels, sens_windows, req.sensitivity, req.progress)
-            rows.append(_search_budget(req, (label, budget), levels, cost_model, fitness, sensitivity, sens_windows,
+            if filled is None:
+                filled = tables(fitness, levels, sens_windows, (_own(req), *req.baselines), req.evo.seed, req.progress)
+            rows.append(_search_budget(req, (label, budget), levels, cost_model, fitness, filled, sens_windows,
                                        settings[label], (text, text_teacher), t0))  # fmt: skip
     finally:
         teacher.close()
@@ -243,14 +254,16 @@ def run_search(req: SearchRequest) -> list[dict]:
     return rows
 
 
-def _report(req, label, cost_model, fitness, dp_mix: Mix, state, start_kind: str, all_windows, text,
+def _report(req, label, cost_model, fitness, mixes: dict[str, Mix], state, start_kind: str, all_windows, text,
             text_teacher) -> tuple[dict, Mix]:  # fmt: skip
-    """Score the knapsack mix, the search's start and its evolved parent on the whole calibration pool, and choose
-    the lowest as the budget's output. The stages score each generation on a few thousand fresh tokens; at budgets
-    where candidates differ by less than that sample's noise, the generations can drift to a mix that is worse on
-    the whole pool than where they began. The choice is made on calibration tokens only; the held-out `--text`
-    scores are reported for each candidate."""
-    candidates = {"search": state.parent, "knapsack": dp_mix, start_kind: state.start}  # ties go to the first
+    """Score the evolved parent and every one-shot allocation (the start among them) on the whole calibration pool,
+    and choose the lowest as the budget's output: the written mix is never worse there than a baseline the search
+    could have returned. The stages score each generation on a few thousand fresh tokens; at budgets where
+    candidates differ by less than that sample's noise, the generations can drift to a mix that is worse on the
+    whole pool than where they began. The choice is made on calibration tokens only; the held-out `--text` scores
+    are reported for the knapsack, the evolved and the written mix."""
+    dp_mix = mixes["knapsack"]
+    candidates = {"search": state.parent, **mixes}  # ties go to the first
     unique = list(dict.fromkeys(candidates.values()))
     with fitness.exact():
         kl_of = dict(zip(unique, score_all(fitness, unique, all_windows)))
@@ -261,7 +274,7 @@ def _report(req, label, cost_model, fitness, dp_mix: Mix, state, start_kind: str
            "dp_kl": kl_of[dp_mix], "start_kl": kl_of[state.start], "search_kl": kl_of[state.parent],
            "search_code_bits": cost_model.average(state.parent, BudgetKind.CODE),
            "search_storage_bits": cost_model.average(state.parent, BudgetKind.STORAGE),
-           "chosen": chosen, "kl": kl_of[mix]}  # fmt: skip
+           "baseline_kl": {k: kl_of[m] for k, m in mixes.items()}, "chosen": chosen, "kl": kl_of[mix]}  # fmt: skip
     if req.kind is BudgetKind.GGUF:
         row["gguf_bits"] = cost_model.average(mix, BudgetKind.GGUF)
     if text is not None:
@@ -274,18 +287,16 @@ def _report(req, label, cost_model, fitness, dp_mix: Mix, state, start_kind: str
     return row, mix
 
 
-def _start(fitness: Fitness, cost_model: CostModel, dp: Mix, budget: Fraction, kind: BudgetKind,
-           windows: tuple[int, ...]) -> tuple[Mix, str]:
-    """The search's first parent: the knapsack mix, or the widest uniform mix under the budget when that scores
-    better on the sensitivity windows (the additive model can misjudge a network far from linear; the search then
-    never starts behind a plain slice)."""
-    fitting = [r for r in cost_model.levels if cost_model.fits(tuple(r for _ in dp), budget, kind)]
-    uniform = tuple(fitting[-1] for _ in dp)
-    if uniform != dp:
-        kl_uniform, kl_dp = score_all(fitness, (uniform, dp), windows)
-        if kl_uniform < kl_dp:
-            return uniform, f"uniform {fitting[-1]}"
-    return dp, "knapsack"
+def _start(fitness: Fitness, mixes: dict[str, Mix], windows: tuple[int, ...]) -> tuple[Mix, str]:
+    """The search's first parent: the one-shot allocation that scores lowest on the sensitivity windows, the
+    knapsack mix on a tie (an additive model can misjudge a network far from linear; the search then never starts
+    behind a plain slice or another allocator)."""
+    unique = list(dict.fromkeys(mixes.values()))
+    if len(unique) == 1:
+        return unique[0], "knapsack"
+    kl_of = dict(zip(unique, score_all(fitness, unique, windows)))
+    label = min(mixes, key=lambda k: kl_of[mixes[k]])
+    return mixes[label], label
 
 
 def _write_mix(req, label, row, cost_model, state, dp: Mix, mix: Mix, settings) -> None:

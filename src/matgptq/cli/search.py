@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..allocation import BudgetKind, EvoConfig, ScoreDtype, SearchRequest, mix_path, parse_stages
+from ..allocation.allocators import Allocator
 from ..allocation.evopress import format_stages
 from ..allocation.sensitivity import Sensitivity
 from ..allocation.spread import is_writer
@@ -39,6 +40,10 @@ def add_parser(sub) -> None:
     s.add_argument("--sensitivity", choices=[k.value for k in Sensitivity], default=req.sensitivity.value,
                    help="starting mix: score each layer at one probe level and extrapolate by its weight error "
                         "(probe), or at every level (full; levels − 1 times the cost)")  # fmt: skip
+    s.add_argument("--baselines", type=allocators, default=",".join(a.value for a in req.baselines),
+                   help="one-shot allocations that compete with the knapsack start for the first parent and with the "
+                        "evolved mix for the written one, from " + ", ".join(a.value for a in Allocator) + " ('' for "
+                        "none; additive and noise cost layers × (levels − 1) and layers × 2 scorings)")  # fmt: skip
     s.add_argument("--calib-tokens", type=int, default=req.calib_tokens,
                    help="calibration tokens the stages draw their windows from (default %(default)s; at least the "
                         "last stage's)")  # fmt: skip
@@ -60,12 +65,20 @@ def add_parser(sub) -> None:
     add_device_option(s, "the candidates are scored")
 
 
+def allocators(text: str) -> tuple[Allocator, ...]:
+    try:
+        return tuple(Allocator(x.strip()) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected allocators from {', '.join(a.value for a in Allocator)}, "
+                                         f"got {text!r}") from None
+
+
 def run(a: argparse.Namespace) -> None:
     evo = EvoConfig(generations=a.generations, offspring=a.offspring, stages=parse_stages(a.stages), seed=a.seed)
     rows = search(
         a.parent, a.budget, a.calib, a.out, evo=evo, calib_range=a.calib_range, levels=a.levels,
         kind=BudgetKind(a.budget_kind), seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens,
-        sensitivity=Sensitivity(a.sensitivity), calib_tokens=a.calib_tokens, reference=a.kl_to,
+        sensitivity=Sensitivity(a.sensitivity), baselines=a.baselines, calib_tokens=a.calib_tokens, reference=a.kl_to,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
         resume=a.resume, overwrite=a.overwrite, progress=not a.quiet, device=a.device,
         score_dtype=ScoreDtype(a.score_dtype),
