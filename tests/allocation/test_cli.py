@@ -204,3 +204,19 @@ def test_too_little_calibration_text_names_the_numbers(stories_parent, tmp_path,
     err = run_error([*args, "--calib-tokens", "100", "--sensitivity-tokens", "200"], capsys)
     assert "needs for --stages 126:2,504:1 (8 windows" in err and err.strip().endswith("lower --stages")
     assert not (tmp_path / "none").exists()
+
+
+def test_the_written_mix_is_the_best_candidate(searched):
+    """Every one-shot allocation of --baselines (default: the knapsack start, the uniform slice, the imatrix-weighted
+    error) and the evolved mix are scored on the whole calibration pool; the written mix is the lowest of them."""
+    for budget in ("3.0", "2.5"):
+        mix = json.loads((searched / f"mix-{budget}.json").read_text())
+        s = mix["summary"]
+        assert {"knapsack", "error"} <= set(s["baseline_kl"]) and any(k.startswith("uniform ") for k in s["baseline_kl"])
+        assert s["baseline_kl"]["knapsack"] == s["dp_kl"]
+        assert s["kl"] == min([s["search_kl"], *s["baseline_kl"].values()])
+        assert s["kl"] == (s["search_kl"] if s["chosen"] == "search" else s["baseline_kl"][s["chosen"]])
+        if s["chosen"] == "search":
+            assert mix["bits"] == mix["search_bits"]
+        elif s["chosen"] == "knapsack":
+            assert mix["bits"] == mix["dp_bits"]
