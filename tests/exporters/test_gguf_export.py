@@ -1,13 +1,17 @@
 """GGUF export checked with gguf-py only: every tensor read back by GGUFReader + gguf.quants.dequantize (and the Q/K
 RoPE permutation undone) equals matgptq's dequantized weight — bit for bit where the report says exact, within the
-reported error elsewhere (docs/formats.md §3)."""
+reported error elsewhere (docs/formats.md §3).
+
+This module: the legacy types (Q4_0/Q5_0/Q8_0, Q4_1/Q5_1) — symmetric slices and per-layer mixes written exactly,
+asymmetric and act-order checkpoints and odd shapes (exact types where they hold the codes, else a re-quantized
+Q8_0 within its bound), and the sources that write exact legacy types (a GPTQ export, weighted grids, `--target
+gguf`). K-quants and the scale lattice: test_gguf_export_kquants.py; embeddings, metadata, tokenizer, refusals and
+the CLI: test_gguf_export_metadata.py. The fixtures `models` and `parent` are in conftest.py, the read-back check in
+gguf_helpers.py."""
 
 from __future__ import annotations
 
 import json
-import re
-import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,52 +20,11 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from matgptq.errors import UserError  # noqa: E402
-from matgptq.exporters.gguf import GGUFExportWarning, export_gguf, read_gguf_weights  # noqa: E402
-from matgptq.exporters.gguf import llama_qk_permutation  # noqa: E402
+from matgptq.exporters.gguf import GGUFExportWarning, export_gguf  # noqa: E402
 from matgptq.formats.parent import read_checkpoint  # noqa: E402
 
-from tests.conftest import STORIES, make_tiny_llama, quick_quantize  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gguf")
-    return {
-        "small": make_tiny_llama(root / "small"),  # hidden 64, intermediate 128: legacy 32-blocks only
-        "k256": make_tiny_llama(root / "k256", hidden=256, intermediate=256, heads=4, kv_heads=2, layers=1),
-        "odd": make_tiny_llama(root / "odd", intermediate=80, layers=1),  # down_proj in_features 80: no 32-blocks
-        "root": root,
-    }
-
-
-@pytest.fixture(scope="module")
-def parent(models):  # MatGPTQ 8-bit symmetric parent, group 32: every width is a slice
-    return quick_quantize(models["small"], models["root"] / "parent", method="matgptq", bits="4,8", group_size=32)
-
-
-def _reference(ckpt_dir: Path, bits) -> dict[str, np.ndarray]:
-    """matgptq's view: dequantized slices for the quantized layers, the stored tensors for the rest."""
-    ck = read_checkpoint(ckpt_dir)
-    widths = bits if isinstance(bits, dict) else {n: bits or q.bits for n, q in ck.layers.items()}
-    ref = {k: v.float().numpy() for k, v in ck.tensors.items()}
-    for n, q in ck.layers.items():
-        ref[f"{n}.weight"] = q.slice(widths.get(n, widths.get("*"))).dequantize(torch.float32).numpy()
-    return ref
-
-
-def _check_readback(path: Path, ref: dict[str, np.ndarray], rep) -> dict[str, np.ndarray]:
-    """The file, read by gguf-py, equals `ref` exactly where the report claims exactness, else within its error."""
-    back = read_gguf_weights(path)
-    assert set(back) == set(ref) - ({"lm_head.weight"} if "output.weight" not in {t.name for t in rep.tensors}
-                                    else set())  # fmt: skip
-    by_src = {t.source: t for t in rep.tensors}
-    for name, w in back.items():
-        t = by_src[name]
-        err = float(np.abs(w.astype(np.float64) - ref[name].astype(np.float64)).max())
-        assert err == pytest.approx(t.max_abs_err, rel=1e-6, abs=0), name
-        if t.exact:
-            np.testing.assert_array_equal(w, ref[name], err_msg=name)
-    return back
+from tests.conftest import quick_quantize  # noqa: E402
+from tests.exporters.gguf_helpers import _check_readback, _reference  # noqa: E402
 
 
 # --- symmetric slices: exact legacy types -------------------------------------------------------------------------
@@ -165,100 +128,6 @@ def test_width_mix_gptq_checkpoint(models, tmp_path):
     _check_readback(tmp_path / "m.gguf", _reference(ck, None), rep)
 
 
-# --- K-quants -------------------------------------------------------------------------------------------------------
-
-
-def test_per_channel_k_quants_are_exact(models, tmp_path):
-    """Per-channel (one scale per 256 columns): Q2_K/Q3_K/Q6_K with sub-scale 1 hold the codes exactly."""
-    ck = quick_quantize(models["k256"], tmp_path / "pc", method="rtn", bits=8, group_size=-1)
-    for bits, typ in {2: "Q2_K", 3: "Q3_K", 4: "Q4_0", 5: "Q5_0", 6: "Q6_K", 8: "Q8_0"}.items():
-        rep = export_gguf(ck, tmp_path / f"{bits}.gguf", bits=bits)
-        assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {typ}, bits
-        assert rep.exact
-        _check_readback(tmp_path / f"{bits}.gguf", _reference(ck, bits), rep)
-
-
-@pytest.mark.parametrize("qtype,bits", [("q6_k", 6), ("q6_k", 4), ("q3_k", 3), ("q3_k", 2), ("q2_k", 2)])
-def test_grouped_k_quants_keep_codes_and_report_scale_error(models, tmp_path, qtype, bits):
-    """Group 16: codes kept, per-16 scales rounded onto the K-quant grid; the reported error is the measured one."""
-    ck = tmp_path / "g16"
-    quick_quantize(models["k256"], ck, method="rtn", bits=8, group_size=16)
-    rep = export_gguf(ck, tmp_path / "m.gguf", bits=bits, qtype=qtype)
-    layers = [t for t in rep.tensors if t.bits is not None]
-    assert {t.ggml_type for t in layers} == {qtype.upper()} and {t.method for t in layers} == {"codes"}
-    ref = _reference(ck, bits)
-    _check_readback(tmp_path / "m.gguf", ref, rep)
-    q = read_checkpoint(ck).layers
-    for t in layers:  # well below half a quantization step of the largest group scale
-        step = float(q[t.source[: -len(".weight")]].scales.float().max()) * 2 ** (8 - bits)
-        assert 0 < t.max_abs_err < 0.25 * step, (t.name, t.max_abs_err / step)
-
-
-@pytest.fixture(scope="module")
-def lattice_parent(models):  # MatGPTQ parent with scales on Q2_K's lattice (the narrowest), per-width scales too
-    return quick_quantize(models["k256"], models["root"] / "lattice", method="matgptq", bits="2,3,4,8", group_size=32,
-                          kquant="q2_k")  # fmt: skip
-
-
-@pytest.mark.parametrize("bits,typ", [(2, "Q2_K"), (3, "Q3_K"), (4, "Q4_0"), (5, "Q5_0"), (6, "Q6_K"), (8, "Q8_0")])
-def test_kquant_lattice_slices_take_the_smallest_exact_type(lattice_parent, tmp_path, bits, typ):
-    """`quantize --kquant`: with grouped scales, auto now writes 2/3/6-bit slices as Q2_K/Q3_K/Q6_K (2.6/3.4/6.6 bpw
-    instead of Q4_0's 4.5 and Q8_0's 8.5), and gguf-py reads back matgptq's weights bit for bit."""
-    rep = export_gguf(lattice_parent, tmp_path / "m.gguf", bits=bits)
-    assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {typ} and rep.exact
-    _check_readback(tmp_path / "m.gguf", _reference(lattice_parent, bits), rep)
-
-
-def test_signed_scales_on_the_q6_k_lattice_export_exactly(models, tmp_path):
-    """`--kquant q6_k --signed-scale` (llama.cpp Q4_0's grid, scales of either sign): the 6-bit slice is Q6_K with
-    negative int8 sub-scales, the 4-bit slice Q4_0, both read back by gguf-py bit for bit."""
-    ck = quick_quantize(models["k256"], tmp_path / "signed", method="matgptq", bits="4,6,8", group_size=32,
-                        kquant="q6_k", signed_scale=True)  # fmt: skip
-    assert any((q.scales < 0).any() for q in read_checkpoint(ck).layers.values())
-    for bits, typ in ((6, "Q6_K"), (4, "Q4_0")):
-        rep = export_gguf(ck, tmp_path / f"m{bits}.gguf", bits=bits)
-        assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {typ} and rep.exact
-        _check_readback(tmp_path / f"m{bits}.gguf", _reference(ck, bits), rep)
-
-
-def test_kquant_lattice_mix_writes_per_tensor_types(lattice_parent, tmp_path):
-    """Issue 12 item 4: a per-layer mix (as `matgptq search` writes it) of a --kquant parent becomes per-tensor GGUF
-    types, each layer the smallest exact type of its own width, read back by gguf-py bit for bit."""
-    layers = "model.layers.0"
-    mix = {"*": 4, f"{layers}.mlp.down_proj": 2, f"{layers}.self_attn.q_proj": 3, f"{layers}.mlp.up_proj": 6,
-           f"{layers}.self_attn.v_proj": 8}  # fmt: skip
-    (tmp_path / "mix.json").write_text(json.dumps({"bits": mix, "summary": {}}))  # the search's file layout
-    rep = export_gguf(lattice_parent, tmp_path / "m.gguf", bits_config=tmp_path / "mix.json")
-    types = {t.source: t.ggml_type for t in rep.tensors if t.bits is not None}
-    assert types == {f"{layers}.mlp.down_proj.weight": "Q2_K", f"{layers}.self_attn.q_proj.weight": "Q3_K",
-                     f"{layers}.mlp.up_proj.weight": "Q6_K", f"{layers}.self_attn.v_proj.weight": "Q8_0",
-                     f"{layers}.self_attn.k_proj.weight": "Q4_0", f"{layers}.self_attn.o_proj.weight": "Q4_0",
-                     f"{layers}.mlp.gate_proj.weight": "Q4_0"}  # fmt: skip
-    assert rep.exact
-    _check_readback(tmp_path / "m.gguf", _reference(lattice_parent, mix), rep)
-
-
-@pytest.mark.parametrize("bits,qtype", [(2, "q3_k"), (2, "q4_k"), (3, "q4_k"), (4, "q4_k"), (5, "q5_k"), (6, "q6_k")])
-def test_kquant_lattice_holds_every_wider_k_quant(lattice_parent, tmp_path, bits, qtype):
-    rep = export_gguf(lattice_parent, tmp_path / "m.gguf", bits=bits, qtype=qtype)
-    assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {qtype.upper()} and rep.exact
-    _check_readback(tmp_path / "m.gguf", _reference(lattice_parent, bits), rep)
-
-
-def test_without_the_lattice_grouped_k_quants_are_not_chosen(models, tmp_path):
-    ck = quick_quantize(models["k256"], tmp_path / "free", method="gptq", bits=3, group_size=32)
-    rep = export_gguf(ck, tmp_path / "m.gguf")
-    assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {"Q4_0"} and rep.exact
-
-
-def test_k_quant_on_short_rows_falls_back_to_exact_legacy(parent, tmp_path):
-    with pytest.warns(GGUFExportWarning, match="fallback|not a multiple"):
-        warnings.simplefilter("always")
-        rep = export_gguf(parent, tmp_path / "m.gguf", bits=3, qtype="q3_k")  # in_features 64/128, not 256
-    assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {"Q4_0"} and rep.exact
-    assert all("fallback from Q3_K" in t.note for t in rep.tensors if t.bits is not None)
-
-
 # --- asymmetric, act-order, odd shapes ------------------------------------------------------------------------------
 
 
@@ -337,184 +206,6 @@ def test_in_features_not_multiple_of_32(models, tmp_path):
     assert down16.ggml_type == "F16" and down16.rel_err < 2**-10
     assert {t.ggml_type for t in rep16.tensors if t.bits is None} == {"F32", "F16"}  # norms F32, embeddings F16
     _check_readback(tmp_path / "f16.gguf", _reference(ck, None), rep16)
-
-
-def test_embeddings_q8_0(parent, tmp_path):
-    rep = export_gguf(parent, tmp_path / "m.gguf", bits=4, embed_type="q8_0")
-    emb = {t.name: t for t in rep.tensors}
-    assert emb["token_embd.weight"].ggml_type == "Q8_0" and emb["output.weight"].ggml_type == "Q8_0"
-    assert emb["token_embd.weight"].method == "requantized" and emb["token_embd.weight"].rel_err < 0.57 / 127
-    _check_readback(tmp_path / "m.gguf", _reference(parent, 4), rep)
-
-
-# Worst-case error of a re-quantized tensor, relative to its max |w| (gguf-py's ports of ggml-quants.c): Q4_0/Q5_0
-# take d = (the block's signed extreme) / −2^(b−1), so the opposite extreme clips one code short: error ≤ |d| =
-# max|w| / 2^(b−1); Q4_1/Q5_1 take d = (max − min) / (2^b − 1) ≤ 2·max|w| / (2^b − 1) with round-to-nearest: ≤ d/2.
-# The factor 1.07 (0.57 for the halves) covers the float16 rounding of d (and m), ≤ 2^-11 relative, times at most
-# 2^b codes: 16·2^-11 < 0.07 of a step.
-REQUANT_BOUND = {"q4_0": 1.07 / 8, "q5_0": 1.07 / 16, "q4_1": 0.57 * 2 / 15, "q5_1": 0.57 * 2 / 31}
-
-
-@pytest.mark.parametrize("typ", sorted(REQUANT_BOUND))
-def test_embeddings_legacy_types(parent, tmp_path, typ):
-    """--embed-type q4_0…q5_1 (llama-quantize's --token-embedding-type): the tensors are written in that type,
-    read back by gguf-py within the type's worst-case error, and the quantized layers stay bit-exact."""
-    rep = export_gguf(parent, tmp_path / "m.gguf", bits=4, embed_type=typ)
-    emb = {t.name: t for t in rep.tensors if t.name in ("token_embd.weight", "output.weight")}
-    assert {t.ggml_type for t in emb.values()} == {typ.upper()} and len(emb) == 2
-    for t in emb.values():
-        assert t.method == "requantized" and 0 < t.rel_err <= REQUANT_BOUND[typ]
-    assert all(t.exact for t in rep.tensors if t.bits is not None)
-    _check_readback(tmp_path / "m.gguf", _reference(parent, 4), rep)
-
-
-def test_embeddings_auto_as_llamacpp_presets(parent, models, tmp_path):
-    """auto: Q6_K when rows are multiples of 256, else Q8_0 (llama-quant.cpp's rule for the output matrix); the
-    printed bits per weight is Σ tensor bytes · 8 / Σ weights, recounted here from the file by gguf-py."""
-    k256 = quick_quantize(models["k256"], models["root"] / "k256-q", bits=4, group_size=32)
-    for src, bits, want in ((parent, 4, "Q8_0"), (k256, None, "Q6_K")):
-        out = tmp_path / f"{want}.gguf"
-        rep = export_gguf(src, out, bits=bits, embed_type="auto")
-        emb = {t.name: t for t in rep.tensors if t.name in ("token_embd.weight", "output.weight")}
-        assert {t.ggml_type for t in emb.values()} == {want} and len(emb) == 2
-        _check_readback(out, _reference(src, bits), rep)
-        tensors = gguf.GGUFReader(str(out)).tensors
-        assert rep.bits_per_weight == pytest.approx(8 * sum(int(t.n_bytes) for t in tensors)
-                                                    / sum(int(t.n_elements) for t in tensors), rel=1e-12)  # fmt: skip
-    unquantized = export_gguf(models["small"], tmp_path / "f.gguf", embed_type="auto")  # nothing quantized: float
-    assert {t.ggml_type for t in unquantized.tensors} == {"F32"}
-
-
-# --- metadata, tokenizer, permutation -------------------------------------------------------------------------------
-
-
-def test_unquantized_model_and_permutation(models, tmp_path):
-    """An unquantized model exports as F32; attn_q/attn_k rows are permuted exactly as convert_hf_to_gguf does."""
-    from safetensors.torch import load_file
-
-    rep = export_gguf(models["small"], tmp_path / "f32.gguf")
-    assert rep.exact and rep.file_type == "f32" and {t.ggml_type for t in rep.tensors} == {"F32"}
-    hf = load_file(str(models["small"] / "model.safetensors"))
-    raw = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(tmp_path / "f32.gguf")).tensors}
-    for kind, heads in (("q", 4), ("k", 2)):
-        w = hf[f"model.layers.1.self_attn.{kind}_proj.weight"].numpy()
-        hd = 64 // 4
-        expect = w.reshape(heads, 2, hd // 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)  # LlamaModel.permute
-        np.testing.assert_array_equal(raw[f"blk.1.attn_{kind}.weight"], expect)
-        np.testing.assert_array_equal(expect[np.argsort(llama_qk_permutation(w.shape[0], heads))], w)
-    back = read_gguf_weights(tmp_path / "f32.gguf")
-    for k, v in hf.items():
-        np.testing.assert_array_equal(back[k], v.numpy(), err_msg=k)
-
-
-def test_llama_metadata_and_tokenizer(parent, tmp_path):
-    export_gguf(parent, tmp_path / "m.gguf", bits=4)
-    f = {k: v.contents() for k, v in gguf.GGUFReader(str(tmp_path / "m.gguf")).fields.items()}
-    assert f["general.architecture"] == "llama"
-    assert (f["llama.context_length"], f["llama.embedding_length"], f["llama.block_count"]) == (256, 64, 2)
-    assert (f["llama.feed_forward_length"], f["llama.attention.head_count"], f["llama.attention.head_count_kv"]) == (
-        128, 4, 2)  # fmt: skip
-    assert f["llama.rope.dimension_count"] == 16 and f["llama.rope.freq_base"] == 10000.0
-    assert f["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6)
-    assert f["general.quantization_version"] == 2
-    tj = json.loads((STORIES / "tokenizer.json").read_text())
-    vocab = tj["model"]["vocab"]
-    assert f["tokenizer.ggml.model"] == "llama"
-    assert f["tokenizer.ggml.tokens"] == sorted(vocab, key=vocab.get)
-    types, scores = f["tokenizer.ggml.token_type"], f["tokenizer.ggml.scores"]
-    assert types[0] == gguf.TokenType.UNKNOWN and types[1] == types[2] == gguf.TokenType.CONTROL
-    assert types[vocab["<0x0A>"]] == gguf.TokenType.BYTE and types[vocab["▁the"]] == gguf.TokenType.NORMAL
-    assert scores[vocab["▁t"]] == 0.0 and scores[vocab["▁the"]] == -6.0  # −(rank of the first merge making it)
-    assert (f["tokenizer.ggml.bos_token_id"], f["tokenizer.ggml.eos_token_id"]) == (1, 2)
-    assert f["tokenizer.ggml.unknown_token_id"] == 0
-    assert f["tokenizer.ggml.add_bos_token"] is True and f["tokenizer.ggml.add_space_prefix"] is True
-
-
-def test_stories260k_down_proj(tmp_path):
-    """The real model (tied embeddings, head_dim 8, intermediate 172): no output.weight; ffn_down has no blocks."""
-    rep = export_gguf(STORIES, tmp_path / "s.gguf")
-    names = {t.name for t in rep.tensors}
-    assert "output.weight" not in names and "token_embd.weight" in names and len(names) == 2 + 9 * 5
-    back = read_gguf_weights(tmp_path / "s.gguf")
-    from safetensors.torch import load_file
-
-    for k, v in load_file(str(STORIES / "model.safetensors")).items():
-        if k != "lm_head.weight":
-            np.testing.assert_array_equal(back[k], v.float().numpy(), err_msg=k)
-
-
-# --- refusals -------------------------------------------------------------------------------------------------------
-
-
-def _no_leftovers(d: Path, allowed: set[str]) -> None:
-    assert {p.name for p in d.iterdir()} == allowed
-
-
-def test_refusals(parent, models, tmp_path):
-    out = tmp_path / "m.gguf"
-    with pytest.raises(UserError, match="Q4_0 cannot hold"):
-        export_gguf(parent, out, bits=8, qtype="q4_0")
-    with pytest.raises(UserError, match="unknown GGUF type"):
-        export_gguf(parent, out, qtype="iq4_xs")
-    with pytest.raises(UserError, match="either"):
-        export_gguf(parent, out, bits=4, bits_config={"*": 4})
-    with pytest.raises(UserError, match="not quantized"):
-        export_gguf(models["small"], out, bits=4)
-    with pytest.raises(UserError, match="does not exist"):
-        export_gguf(tmp_path / "nope", out)
-    _no_leftovers(tmp_path, set())
-    out.write_bytes(b"keep")
-    with pytest.raises(UserError, match="already exists"):
-        export_gguf(parent, out, bits=4)
-    assert out.read_bytes() == b"keep"
-    export_gguf(parent, out, bits=4, overwrite=True)
-    assert out.read_bytes()[:4] == b"GGUF"
-    _no_leftovers(tmp_path, {"m.gguf"})
-
-
-def test_unmapped_architecture_refused(parent, tmp_path):
-    import shutil
-
-    other = tmp_path / "gpt2"
-    shutil.copytree(parent, other)
-    cfg = json.loads((other / "config.json").read_text())
-    cfg["model_type"] = "gpt2"  # quantizable by matgptq, not mapped to llama.cpp's names
-    (other / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UserError, match="GGUF export supports the model types llama, mistral, qwen2, qwen3, phi3;"):
-        export_gguf(other, tmp_path / "m.gguf", bits=4)
-    assert not (tmp_path / "m.gguf").exists()
-
-
-def test_cli(parent, tmp_path, capsys):
-    from matgptq.cli import main
-
-    out = tmp_path / "m.gguf"
-    assert main(["export", str(parent), "--format", "gguf", "--bits", "3", "--out", str(out)]) == 0
-    text = capsys.readouterr().out
-    rep = export_gguf(parent, tmp_path / "again.gguf", bits=3, embed_type="auto")  # the CLI's defaults
-    n, exact, types = len(rep.tensors), sum(t.exact for t in rep.tensors), rep.types()
-    worst = max(rep.tensors, key=lambda t: t.max_abs_err)
-    assert types["Q8_0"] == 2 and worst.ggml_type == "Q8_0"  # --embed-type auto (hidden 64): embeddings re-quantized
-    by_count = ", ".join(f"{c} {t}" for t, c in sorted(types.items(), key=lambda kv: (-kv[1], kv[0])))
-    assert text.split("\n") == [  # a summary, not one row per tensor
-        f"{n} tensors: {by_count}",
-        f"{exact}/{n} tensors bit-exact, max |Δw| {worst.max_abs_err:.3g} ({worst.name}, Q8_0)",
-        f"wrote {out} ({out.stat().st_size / 2**20:.2f} MiB, {rep.bits_per_weight:.2f} bits per weight, mostly Q4_0)",
-        "readers: runs in llama.cpp (llama-cpp-python 0.3.36); transformers' GGUF reader (dequantized to float)",
-        "",
-    ]
-    assert main(["export", str(parent), "--format", "gguf", "--bits", "3", "--out", str(out), "--overwrite",
-                 "--verbose"]) == 0  # fmt: skip
-    text = capsys.readouterr().out
-    readers = "readers: runs in llama.cpp (llama-cpp-python 0.3.36); transformers' GGUF reader (dequantized to float)"
-    assert text.endswith(f"mostly Q4_0)\n{readers}\n") and f"{n} tensors: {by_count}" in text
-    rows = [line for line in text.split("\n") if re.match(r"\| (token_embd|blk|output)", line)]
-    assert len(rows) == n and re.search(r"token_embd.weight +\| Q8_0", text)
-    assert sum(re.search(r"\| (yes|no) +\|", r).group(1) == "yes" for r in rows) == exact
-    assert main(["export", str(parent), "--format", "gguf", "--bits", "8", "--type", "q4_0", "--out",
-                 str(tmp_path / "x.gguf")]) == 2  # fmt: skip
-    assert "Q4_0 cannot hold" in capsys.readouterr().err
-    assert not (tmp_path / "x.gguf").exists()
 
 
 @pytest.mark.filterwarnings("ignore:a per-layer mix is stored")
