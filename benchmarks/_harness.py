@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,24 @@ def last_error(log: Path) -> str:
     """The last line of `log` naming an error (else its last line): why a child failed, in one line."""
     lines = [ln for ln in Path(log).read_text(errors="replace").splitlines() if ln.strip()]
     return next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "?")
+
+
+def pytest_junit(args: list[str], name: str, env: dict | None = None) -> tuple[Path | None, int]:
+    """Run pytest on `args` from the repository root with a junit XML report (legacy family, as the tables read it)
+    in a temporary `name`.xml: (its path, pytest's exit status); the path is None where pytest wrote no report."""
+    junit = Path(tempfile.mkdtemp()) / f"{name}.xml"
+    cmd = [sys.executable, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+           "-o", "junit_family=legacy"]  # fmt: skip
+    rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    return (junit if junit.is_file() else None), rc
+
+
+def write_results(md: Path, data: dict, text: str) -> None:
+    """`data` as the JSON beside the page `md` (same name, .json), then the page `text` rendered from it."""
+    md = Path(md)
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.with_suffix(".json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_page(md, text)
 
 
 def measured_child(cmd: list[str], threads: int, log: Path) -> dict:

@@ -10,15 +10,12 @@ the JSON; the page is rendered from the JSON alone (`python -m benchmarks.render
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import subprocess
 import sys
-import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from benchmarks._harness import RESULTS, header, write_page
+from benchmarks._harness import RESULTS, header, pytest_junit, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = "tests/test_damaged_inputs.py"
@@ -86,11 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     junit = a.junit
     if junit is None:
-        junit = Path(tempfile.mkdtemp()) / "bad-input.xml"
-        cmd = [sys.executable, "-m", "pytest", TESTS, "-k", CLI_TEST, "-q", "-p", "no:cacheprovider",
-               f"--junitxml={junit}", "-o", "junit_family=legacy"]  # fmt: skip
-        rc = subprocess.run(cmd, cwd=ROOT).returncode
-        if not junit.is_file():
+        junit, rc = pytest_junit([TESTS, "-k", CLI_TEST], "bad-input")
+        if junit is None:
             print(f"pytest exited with {rc} and wrote no results", file=sys.stderr)
             return rc or 1
     rows = read_cases(junit)
@@ -98,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{junit} holds no {CLI_TEST} results", file=sys.stderr)
         return 1
     data = {"tests": TESTS, "cases": cases(rows)}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    write_page(a.out, page(data))
+    write_results(a.out, data, page(data))
     print(f"wrote {a.out} and {a.out.with_suffix('.json').name} ({len(rows)} cases)")
     return 0
 

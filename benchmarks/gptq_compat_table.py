@@ -13,17 +13,14 @@ cell is a test outcome, nothing is filled in by hand. The vLLM note at the end i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import xml.etree.ElementTree as ET
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks._harness import RESULTS, header, write_page
+from benchmarks._harness import RESULTS, header, pytest_junit, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = "tests/exporters/test_gptq_interop.py"
@@ -230,7 +227,7 @@ def render_stories(results: dict[str, dict]) -> list[str]:
         "its 3-bit unpacker reshapes them into whole 3-word blocks (fails for the 17 `qzeros` columns of N = 172), and",
         "GPTQModel 7.6.0 itself crashes packing such a layer (IndexError in `pack_original`); both measured, not in the",
         "test suite. `matgptq export` names the layer and suggests 2, 4 or 8 bits, or GGUF",
-        "(tests/exporters/test_gptq_export.py).",
+        "(tests/exporters/test_gptq_export_refusals.py).",
         "",
         "Kernels: transformers' default 4-bit CPU kernel (`TorchAtenLinear`) rejects out_features 172 at the first",
         "forward (`_convert_weight_to_int4pack_cpu` needs N % 16 == 0, for GPTQModel's own files too): load 4-bit",
@@ -247,12 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     junit = a.junit
     if junit is None:
-        junit = Path(tempfile.mkdtemp()) / "gptq-interop.xml"
-        env = {"GPTQMODEL_CPU_WORKERS": "2", **os.environ}
-        cmd = [sys.executable, "-m", "pytest", TESTS, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-               "-o", "junit_family=legacy"]  # fmt: skip
-        rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
-        if not junit.is_file():
+        junit, rc = pytest_junit([TESTS], "gptq-interop", {"GPTQMODEL_CPU_WORKERS": "2", **os.environ})
+        if junit is None:
             print(f"pytest exited with {rc} and wrote no results", file=sys.stderr)
             return rc or 1
     versions = {}
@@ -262,9 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     data = {"tests": TESTS, "versions": versions, "results": read_junit(junit)}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    write_page(a.out, page(data))
+    write_results(a.out, data, page(data))
     print(f"wrote {a.out} and {a.out.with_suffix('.json').name}")
     return 0
 
