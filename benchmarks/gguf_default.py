@@ -32,10 +32,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks._harness import RESULTS, header, load_json, write_page
+from benchmarks._harness import RESULTS, child_env, header, load_json, write_page
 from benchmarks.gguf_real_files import file_info
-from benchmarks.gguf_vs_llamacpp_real import (DEFAULT_MODEL, TOOLS, WIKI, calib_text, child_env, f32_gguf, log, run,
-                                   score)  # fmt: skip
+from benchmarks.llamacpp_cli import DEFAULT_MODEL, TOOLS, WIKI, calib_text, f32_gguf, log, run, score
 from matgptq.quantization.config import CalibConfig
 
 OUT = RESULTS / "gguf_default.json"

@@ -41,9 +41,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks._harness import child_env, run_measured
+from benchmarks._harness import ROOT, child_env, run_measured
 from benchmarks.real_model_table import DEFAULT_MODEL, SHARED, WIKI, evaluate, quantize
-from benchmarks.search_real_model_report import PARENTS, ROOT, RUNS, TABLE_JSON, publish
+from benchmarks.search_real_model_report import PARENTS, RUNS, TABLE_JSON, publish
 from benchmarks.search_results import random_search, search_fitness
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from benchmarks._harness import RESULTS, ROOT, header, load_json, pyplot, save_figure, write_page  # noqa: F401 (ROOT: for search_real_model.py)
+from benchmarks._harness import RESULTS, header, load_json, pyplot, save_figure, write_page
 from benchmarks.search_results import uniform_line
 
 TABLE_JSON = RESULTS / "real_model_table.json"  # fp32 and per-width GPTQ rows (benchmarks/real_model_table.py)
