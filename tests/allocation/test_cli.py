@@ -216,6 +216,10 @@ def test_the_written_mix_is_the_best_candidate(searched):
         assert s["baseline_kl"]["knapsack"] == s["dp_kl"]
         assert s["kl"] == min([s["search_kl"], *s["baseline_kl"].values()])
         assert s["kl"] == (s["search_kl"] if s["chosen"] == "search" else s["baseline_kl"][s["chosen"]])
+        # the start's table beside the widths: every layer, every level, the top level the unchanged parent's KL
+        assert set(mix["sensitivity"]) == set(mix["bits"])
+        assert all(set(v) == {"2", "4", "8"} for v in mix["sensitivity"].values())
+        assert len({v["8"] for v in mix["sensitivity"].values()}) == 1
         if s["chosen"] == "search":
             assert mix["bits"] == mix["search_bits"]
         elif s["chosen"] == "knapsack":

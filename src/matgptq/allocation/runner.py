@@ -204,7 +204,9 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     all_windows = tuple(range(fitness.windows.shape[0]))
     row, mix = _report(req, label, cost_model, fitness, mixes, state, start_kind, all_windows, *held_out)
     row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(time.perf_counter() - t0, 1))
-    _write_mix(req, label, row, cost_model, state, dp, mix, settings)
+    sensitivity = {name: dict(zip(map(str, levels), values))
+                   for name, values in zip(cost_model.names, filled[_own(req)][0])}  # fmt: skip
+    _write_mix(req, label, row, cost_model, state, dp, mix, settings, sensitivity)
     return row
 
 
@@ -299,14 +301,16 @@ def _start(fitness: Fitness, mixes: dict[str, Mix], windows: tuple[int, ...]) ->
     return mixes[label], label
 
 
-def _write_mix(req, label, row, cost_model, state, dp: Mix, mix: Mix, settings) -> None:
+def _write_mix(req, label, row, cost_model, state, dp: Mix, mix: Mix, settings, sensitivity: dict) -> None:
+    """The mix file; `sensitivity` is the knapsack start's table, {layer: {width: predicted KL}}, so that each
+    layer's chosen width can be read against what lowering it was measured to cost."""
     if not is_writer():  # under torchrun every rank holds the result; rank 0 writes it
         return
     def named(m: Mix) -> dict[str, int]:
         return dict(zip(cost_model.names, m))
 
     body = {"format": MIX_FORMAT, "bits": named(mix), "summary": row, "dp_bits": named(dp),
-            "start_bits": named(state.start), "search_bits": named(state.parent),
+            "start_bits": named(state.start), "search_bits": named(state.parent), "sensitivity": sensitivity,
             "settings": settings, "history": state.history}  # fmt: skip
     with atomic_output(mix_path(req.out, label), overwrite=True, directory=False) as f:
         f.write_text(json.dumps(body, indent=1))
