@@ -31,7 +31,7 @@ def search(parent, out, *extra):
 def searched(stories_parent, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "mixes"
     assert main(search(stories_parent, out, "--budget", "3.0,2.5", "--text", str(TINYSTORIES), "--text-range",
-                       "0:0.01", "--seqlen", "64")) == 0  # fmt: skip
+                       "0:0.01", "--seqlen", "64", "--plot")) == 0  # fmt: skip
     return out
 
 
@@ -224,3 +224,15 @@ def test_the_written_mix_is_the_best_candidate(searched):
             assert mix["bits"] == mix["search_bits"]
         elif s["chosen"] == "knapsack":
             assert mix["bits"] == mix["dp_bits"]
+
+
+def test_the_plot_shows_each_width_against_its_sensitivity(searched):
+    """--plot: a PNG beside each mix file, drawn from the file's widths and the start's table (plot.series)."""
+    from matgptq.allocation.plot import series
+
+    for budget in ("3.0", "2.5"):
+        mix = json.loads((searched / f"mix-{budget}.json").read_text())
+        assert (searched / f"mix-{budget}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        names, widths, delta = series(mix)
+        assert names == list(mix["bits"]) and widths == [mix["bits"][n] for n in names]
+        assert delta == [mix["sensitivity"][n]["2"] - mix["sensitivity"][n]["8"] for n in names]

@@ -38,6 +38,7 @@ from .budget import BudgetKind, CostModel, parse_budget
 from .allocators import Allocator, baseline_mixes, tables
 from .evopress import EvoConfig, evolve, format_stages
 from .fitness import Fitness, Mix
+from .plot import plot_mix, require_matplotlib
 from .sensitivity import Sensitivity
 from .spread import is_writer, score_all
 
@@ -88,6 +89,7 @@ class SearchRequest:
     progress: bool = True
     device: str = "auto"  # where the candidates are scored (execution/devices.py)
     score_dtype: ScoreDtype = ScoreDtype.AUTO
+    plot: bool = False  # also draw each mix file's widths against their sensitivities (plot.py) as mix-<budget>.png
 
 
 def mix_path(out: Path, budget: str) -> Path:
@@ -207,6 +209,8 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     sensitivity = {name: dict(zip(map(str, levels), values))
                    for name, values in zip(cost_model.names, filled[_own(req)][0])}  # fmt: skip
     _write_mix(req, label, row, cost_model, state, dp, mix, settings, sensitivity)
+    if req.plot and is_writer():
+        plot_mix(mix_path(req.out, label), mix_path(req.out, label).with_suffix(".png"))
     return row
 
 
@@ -214,6 +218,8 @@ def run_search(req: SearchRequest) -> list[dict]:
     """Search every budget of `req`; returns one summary row per budget (also written into its mix file)."""
     if req.seqlen < 2 or req.sensitivity_tokens < 1 or req.batch_size < 1 or req.calib_tokens < 1:
         raise UserError("--seqlen must be ≥ 2, --calib-tokens, --sensitivity-tokens and --batch-size ≥ 1")
+    if req.plot:
+        require_matplotlib()
     device = resolve_device(req.device)
     init_from_env(device)  # under torchrun: the scorings are dealt across the processes (spread.py)
     if not is_writer():

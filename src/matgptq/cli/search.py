@@ -59,6 +59,9 @@ def add_parser(sub) -> None:
     s.add_argument("--text", help="held-out text: also report perplexity and KL of the DP and searched mixes")
     s.add_argument("--text-range", type=fraction_range, default="0:1", help="character range START:END of --text")
     s.add_argument("--max-tokens", type=int, help="use only the first N tokens of --text")
+    s.add_argument("--plot", action="store_true",
+                   help="also draw mix-<budget>.png: each layer's width against the measured cost of lowering it "
+                        "(needs matplotlib: pip install 'matgptq[plot]')")  # fmt: skip
     s.add_argument("--resume", action="store_true", help="continue the searches whose states are in --out")
     s.add_argument("--overwrite", action="store_true", help="replace existing mix files")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -80,7 +83,7 @@ def run(a: argparse.Namespace) -> None:
         kind=BudgetKind(a.budget_kind), seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens,
         sensitivity=Sensitivity(a.sensitivity), baselines=a.baselines, calib_tokens=a.calib_tokens, reference=a.kl_to,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
-        resume=a.resume, overwrite=a.overwrite, progress=not a.quiet, device=a.device,
+        resume=a.resume, overwrite=a.overwrite, plot=a.plot, progress=not a.quiet, device=a.device,
         score_dtype=ScoreDtype(a.score_dtype),
     )  # fmt: skip
     if not is_writer():  # torchrun: every rank holds the same mixes; rank 0 reports them
