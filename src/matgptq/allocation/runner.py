@@ -239,10 +239,12 @@ def run_search(req: SearchRequest) -> list[dict]:
     settings = {label: _settings(req, ckpt, levels, b, calib, score_dtype) for label, b in budgets}
     if req.resume:
         _check_states(req, budgets, settings, len(cost_model.layers))
+    t_teacher = time.perf_counter()
     ref_model = load(reference, packed=False).to(device)
     teacher = Teacher(ref_model, calib, req.batch_size, progress=req.progress)
     text_teacher = Teacher(ref_model, text, req.batch_size, progress=req.progress) if text is not None else None
     del ref_model
+    t_teacher = time.perf_counter() - t_teacher
     model = load(req.parent, bits=levels[-1], packed=False).to(device)
     fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size, compute_dtype=score_dtype)
     sens_windows = tuple(range(min(calib.shape[0], math.ceil(req.sensitivity_tokens / (req.seqlen - 1)))))
@@ -251,10 +253,15 @@ def run_search(req: SearchRequest) -> list[dict]:
     try:
         for label, budget in budgets:
             t0 = time.perf_counter()
-            if filled is None:
+            first = filled is None
+            if first:
                 filled = tables(fitness, levels, sens_windows, (_own(req), *req.baselines), req.evo.seed, req.progress)
             rows.append(_search_budget(req, (label, budget), levels, cost_model, fitness, filled, sens_windows,
                                        settings[label], (text, text_teacher), t0))  # fmt: skip
+            # where the time went: the teacher and the tables are shared, so the first budget carries them
+            spent = sum(s for _, s in filled.values()) if first else 0.0
+            rows[-1].update(teacher_seconds=round(t_teacher, 1) if first else 0.0, tables_seconds=round(spent, 1),
+                            search_seconds=round(rows[-1]["seconds"] - spent, 1))  # fmt: skip
     finally:
         teacher.close()
         if text_teacher is not None:

@@ -92,6 +92,6 @@ def run(a: argparse.Namespace) -> None:
     headers += ["start", "dp_kl", "search_kl", "chosen", "kl"]
     if a.text:
         headers += ["text_ppl", "text_kl"]
-    headers += ["evaluations", "seconds"]
+    headers += ["evaluations", "teacher_seconds", "tables_seconds", "search_seconds"]
     print(format_table(headers, [[r[h] for h in headers] for r in rows]))
     print("wrote " + ", ".join(str(mix_path(Path(a.out), r["budget"])) for r in rows))
