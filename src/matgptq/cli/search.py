@@ -94,4 +94,5 @@ def run(a: argparse.Namespace) -> None:
         headers += ["text_ppl", "text_kl"]
     headers += ["evaluations", "teacher_seconds", "tables_seconds", "search_seconds"]
     print(format_table(headers, [[r[h] for h in headers] for r in rows]))
-    print("wrote " + ", ".join(str(mix_path(Path(a.out), r["budget"])) for r in rows))
+    paths = [mix_path(Path(a.out), r["budget"]) for r in rows]
+    print("wrote " + ", ".join(str(p) for p in paths + ([p.with_suffix(".png") for p in paths] if a.plot else [])))
