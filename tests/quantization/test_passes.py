@@ -123,10 +123,11 @@ def test_shared_inputs_share_one_hessian_and_the_pass_stops_early():
     calls = []
     handles = [block.get_submodule(n).register_forward_hook(lambda *a, n=n: calls.append(n))
                for n in ("mlp", "self_attn.v_proj")]  # fmt: skip
-    hessians, kept, _ = collect_hessians(block, spec.groups[0], inputs, PassTimes())
+    hessians, kept, _, rows = collect_hessians(block, spec.groups[0], inputs, PassTimes())
     for handle in handles:
         handle.remove()
     assert calls == [] and kept == []  # stopped before v_proj computed: neither it nor the MLP ran
+    assert rows == dict.fromkeys(spec.groups[0], 4 * 16)  # every calibration token, counted once
     assert hessians["self_attn.q_proj"] is hessians["self_attn.k_proj"] is hessians["self_attn.v_proj"]
     with torch.no_grad():  # and it is the Hessian of the normalized input, (2/n) Σ x xᵀ, in float64
         x = torch.cat([block.input_layernorm(h) for h, _ in inputs]).reshape(-1, 32).double()

@@ -152,11 +152,23 @@ def test_bad_width_mixes_are_clear_errors(method, bits, widths, match):
 
 
 @pytest.mark.parametrize("model_type,experts", [("qwen3_moe", "num_experts"), ("mixtral", "num_local_experts")])
-def test_fused_expert_tensors_are_a_clear_error(model_type, experts):
+def test_fused_experts_are_quantized_one_expert_projection_at_a_time(model_type, experts):
     config = AutoConfig.for_model(model_type, **COMMON, **{experts: 4}, num_experts_per_tok=2, moe_intermediate_size=16)
-    model = AutoModelForCausalLM.from_config(config)
-    with pytest.raises(UserError, match="fused 3-D tensors .*mlp.experts.gate_up_proj.*not supported yet"):
-        quantize_model(model, windows(), make_config("gptq", 4), progress=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    fp_logits = model(windows()).logits
+    layers, _, _ = quantize_model(model, windows(), make_config("gptq", 4, group_size=16), progress=False)
+    spec = arch_spec(model)
+    assert sorted(layers) == sorted(quantized_layer_names(model, spec)) and len(layers) == 2 * (4 + 2 * 4)
+    for i in range(2):
+        module = model.model.layers[i].mlp.experts
+        assert "forward" not in vars(module) and "0" not in module._modules  # the calibration proxies are gone
+        for e in range(4):  # the codes are in the fused tensors, the model's forward unchanged
+            for proj in ("gate_up_proj", "down_proj"):
+                q = layers[f"model.layers.{i}.mlp.experts.{e}.{proj}"]
+                assert torch.equal(getattr(module, proj)[e], q.dequantize())
+    rel = (model(windows()).logits - fp_logits).norm() / fp_logits.norm()
+    assert 0 < rel < 0.5
 
 
 def test_nan_weights_are_refused():

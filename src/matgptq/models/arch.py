@@ -5,17 +5,20 @@
 modules. The order and grouping of those layers (a group: the layers that read one tensor) come from the block's own
 forward, traced on the calibration inputs (quantization/passes.py `trace_groups`). ARCHITECTURES holds overrides:
 the groups written out, and the shortcuts the pipeline may take for blocks known to allow them (`residual_last`,
-`attention_out`). lm_head and the embeddings are never quantized.
+`attention_out`). lm_head and the embeddings are never quantized. Experts fused into 3-D tensors (mixture-of-experts
+blocks) are quantized one expert projection at a time, each its own layer `<experts>.<e>.<projection>` (experts.py).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..errors import UserError
+from .experts import FusedExperts, expert_weight, find_experts, fused_keys, is_router
 
 _LLAMA_GROUPS = (
     ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -39,6 +42,7 @@ class ArchSpec:
     # pipeline compute the attention once per block instead of once per later group (quantization/passes.py).
     attention_out: str | None = "self_attn.o_proj"
     linears: tuple[str, ...] = ()  # the quantized layers of a block in module order, for a discovered spec
+    experts: tuple[FusedExperts, ...] = ()  # a block's fused experts modules (their layers are in `linears`)
 
     @property
     def layers(self) -> tuple[str, ...]:
@@ -68,7 +72,8 @@ def arch_spec(model: nn.Module) -> ArchSpec:
 
 def discover(model: nn.Module, model_type: str) -> ArchSpec:
     """The decoder blocks (the ModuleList of `num_hidden_layers` modules of one class) and their Linear/Conv1D
-    layers; groups are left to the trace. Mixture-of-experts blocks whose experts are fused 3-D tensors are refused."""
+    layers, plus one layer per expert projection of fused experts (a router Linear excluded); groups are left to the
+    trace."""
     n = getattr(model.config, "num_hidden_layers", None)
     lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0
              and (n is None or len(m) == n) and len({type(b) for b in m}) == 1]  # fmt: skip
@@ -77,15 +82,19 @@ def discover(model: nn.Module, model_type: str) -> ArchSpec:
                         "decoder-only transformer matgptq can quantize (add an ArchSpec to models/arch.py "
                         "ARCHITECTURES)")  # fmt: skip
     blocks, block = lists[0][0], lists[0][1][0]
-    fused = [name for name, p in block.named_parameters() if p.ndim == 3]
-    if fused:
-        raise UserError(f"{model_type} keeps its experts as fused 3-D tensors ({fused[0]}); mixture-of-experts "
-                        "models are not supported yet")  # fmt: skip
+    experts = find_experts(block, model_type)
+    if experts and any({k for k, _ in b.named_parameters()} != {k for k, _ in block.named_parameters()}
+                       for b in lists[0][1]):  # fmt: skip
+        raise UserError(f"the {model_type} decoder blocks differ (some without experts, e.g. mlp_only_layers); "
+                        "matgptq quantizes mixture-of-experts models whose blocks are all alike")  # fmt: skip
     conv1d = [name for name, m in block.named_modules() if type(m).__name__ == "Conv1D"]
-    linears = tuple(name for name, m in block.named_modules() if isinstance(m, nn.Linear) or name in conv1d)
+    linears = tuple(name for name, m in block.named_modules()
+                    if (isinstance(m, nn.Linear) and not is_router(name, m, experts)) or name in conv1d)  # fmt: skip
+    linears += tuple(name for fe in experts for name in fe.layers())
     if not linears:
         raise UserError(f"the {model_type} decoder blocks ({blocks}) hold no Linear layers to quantize")
-    return ArchSpec(blocks, None, conv1d=bool(conv1d), residual_last=False, attention_out=None, linears=linears)
+    return ArchSpec(blocks, None, conv1d=bool(conv1d), residual_last=False, attention_out=None, linears=linears,
+                    experts=experts)  # fmt: skip
 
 
 def get_blocks(model: nn.Module, spec: ArchSpec) -> nn.ModuleList:
@@ -106,6 +115,40 @@ def set_weight_matrix(module: nn.Module, spec: ArchSpec, w: torch.Tensor) -> Non
         module.weight.data.copy_(new)
     else:
         module.weight.data = new.contiguous()
+
+
+def layer_weight(root: nn.Module, name: str, spec: ArchSpec) -> torch.Tensor:
+    """Layer `name`'s weight under `root` (the model, or a block for a block-relative name) as [out, in]: a
+    module's, or a view of an expert's slot in a fused parameter."""
+    slot = expert_weight(root, name, spec.experts)
+    return slot if slot is not None else weight_matrix(root.get_submodule(name), spec)
+
+
+def set_layer_weight(root: nn.Module, name: str, spec: ArchSpec, w: torch.Tensor) -> None:
+    """Overwrite layer `name`'s weight with `w` [out, in], in place (an expert's: its slot of the fused parameter)."""
+    slot = expert_weight(root, name, spec.experts)
+    if slot is None:
+        set_weight_matrix(root.get_submodule(name), spec, w)
+    else:
+        slot.copy_(w.to(slot.device, slot.dtype))
+
+
+@contextmanager
+def weight_swapped(root: nn.Module, name: str, spec: ArchSpec, w: torch.Tensor):
+    """Layer `name` computes with `w` [out, in] for the duration; its own weight is put back after."""
+    saved = layer_weight(root, name, spec).clone()
+    set_layer_weight(root, name, spec, w)
+    try:
+        yield
+    finally:
+        set_layer_weight(root, name, spec, saved)
+
+
+def weight_keys(names: set[str], spec: ArchSpec) -> set[str]:
+    """The state-dict keys of quantized layers' weights: `<name>.weight`, and the fused parameters whose experts are
+    all quantized (experts.py `fused_keys`); a checkpoint stores these as quantized layers, not as tensors."""
+    plain = {f"{n}.weight" for n in names}
+    return plain | fused_keys(names, spec.experts) if spec.experts else plain
 
 
 def quantized_layer_names(model: nn.Module, spec: ArchSpec) -> list[str]:

@@ -24,6 +24,8 @@ class LayerReport:
     rel_error: dict[int, float]  # width -> ‖(W − Ŵ)X‖² / ‖WX‖² on the calibration inputs (rows subsampled)
     damp: float
     seconds: float
+    tokens: int | None = None  # fused experts only: the calibration tokens routed to the expert (experts.py)
+    starved: bool | None = None  # fused experts only: its Hessian was shrunk towards the experts' mean (experts.py)
 
 
 def make_rounding(cfg: MethodConfig) -> Rounding:

@@ -47,6 +47,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..models import ArchSpec, get_blocks
+from ..models.experts import FusedExperts, parse
 
 Inputs = list[tuple[torch.Tensor, dict]]  # per batch of windows: (hidden states, keyword arguments of the block)
 
@@ -84,6 +85,7 @@ class Collected(NamedTuple):
     hessians: dict[str, torch.Tensor]  # layer name -> its Hessian (layers that share an input share the tensor)
     kept: list[torch.Tensor]  # per batch, the input of the zeroed layer
     arity: int  # length of the output tuple of the module the pass ended at (0: it ran to the block's end)
+    rows: dict[str, int]  # layer name -> the rows (tokens) its Hessian averages
 
 
 @dataclass
@@ -168,6 +170,9 @@ class _Collector:
     def hessians(self) -> dict[str, torch.Tensor]:
         return {name: self.accumulators[i].hessian for name, i in self.owner.items()}
 
+    def rows(self) -> dict[str, int]:
+        return {name: self.accumulators[i].rows for name, i in self.owner.items()}
+
 
 @contextmanager
 def _substituted(module: nn.Module, forward):
@@ -195,10 +200,14 @@ def run_block(block: nn.Module, inputs: Inputs, times: PassTimes | None = None) 
 
 
 @torch.no_grad()
-def trace_groups(block: nn.Module, names: tuple[str, ...], inputs: Inputs) -> tuple[tuple[str, ...], ...]:
+def trace_groups(block: nn.Module, names: tuple[str, ...], inputs: Inputs,
+                 experts: tuple[FusedExperts, ...] = ()) -> tuple[tuple[str, ...], ...]:  # fmt: skip
     """A block's true-sequential groups from its own forward on the first batch: its layers in the order they run,
     consecutive layers that read the very same tensor in one group (q/k/v, gate/up), as the groups written out in
-    models/arch.py ARCHITECTURES. Every layer must run exactly once."""
+    models/arch.py ARCHITECTURES. Every layer must run exactly once, except fused experts' layers (models/experts.py:
+    run under `calibration_experts`), which run at most once, each on its own tokens: one group per projection of an
+    experts module, every expert in it, those the batch routed no token to included."""
+    family = _families(names, experts)
     order: list[tuple[str, torch.Tensor]] = []
     hooks = [block.get_submodule(n).register_forward_pre_hook(lambda m, args, n=n: order.append((n, args[0])))
              for n in names]  # fmt: skip
@@ -209,17 +218,34 @@ def trace_groups(block: nn.Module, names: tuple[str, ...], inputs: Inputs) -> tu
         for hook in hooks:
             hook.remove()
     ran = [n for n, _ in order]
-    if sorted(ran) != sorted(names):
-        odd = next(n for n in names if ran.count(n) != 1)
+    odd = next((n for n in names if ran.count(n) != 1 and not (n in family and ran.count(n) == 0)), None)
+    if odd is not None:
         raise UserError(f"layer {odd} of a decoder block ran {ran.count(odd)} times in its forward, not once; "
                         "matgptq cannot order it (add an ArchSpec to models/arch.py ARCHITECTURES)")  # fmt: skip
-    groups: list[tuple[list[str], torch.Tensor]] = []
+    groups: list[tuple[list[str], object]] = []
     for n, x in order:
-        if groups and groups[-1][1] is x:
+        key = family.get(n, x)
+        if groups and groups[-1][1] is key:
             groups[-1][0].append(n)
         else:
-            groups.append(([n], x))
-    return tuple(tuple(g) for g, _ in groups)
+            groups.append(([n], key))
+    for n in names:  # experts the first batch routed nothing to: in their projection's group
+        if n in family and n not in ran:
+            group = next((g for g, key in groups if key is family[n]), None)
+            groups.append(([n], family[n])) if group is None else group.append(n)
+    rank = {n: i for i, n in enumerate(names)}  # an experts group in expert order, the others as they ran
+    return tuple(tuple(sorted(g, key=rank.get) if isinstance(key, str) else g) for g, key in groups)
+
+
+def _families(names: tuple[str, ...], experts: tuple[FusedExperts, ...]) -> dict[str, str]:
+    """Fused experts' layer -> its projection (`<experts>.*.<projection>`, one object per projection)."""
+    canonical: dict[str, str] = {}
+    out = {}
+    for n in names:
+        if (found := parse(n, experts)) is not None:
+            key = f"{found[0]}.*.{found[3]}"
+            out[n] = canonical.setdefault(key, key)
+    return out
 
 
 @torch.no_grad()
@@ -253,14 +279,16 @@ def capture_block_inputs(model: nn.Module, spec: ArchSpec, windows: torch.Tensor
 @torch.no_grad()
 def collect_hessians(block: nn.Module, names: tuple[str, ...], inputs: Inputs, times: PassTimes,
                      zeroed: str | None = None, until: str | None = None,
-                     attention: AttentionCache | None = None) -> Collected:  # fmt: skip
+                     attention: AttentionCache | None = None,
+                     optional: frozenset[str] = frozenset()) -> Collected:  # fmt: skip
     """Hessians of the layers `names` of `block` on `inputs`, and the input of the `zeroed` layer per batch.
 
     Without `zeroed` the pass stops before the group's last Linear runs and nothing is kept. With `zeroed` (the
     one layer of its group, see the module docstring) that layer's output is zeros and its input is kept; the pass
     ends at the module `until` (the attention, point 3: its output must be the zeros) or, with `until=None`, at the
     end of the block (point 4): each batch's hidden states in `inputs` are then replaced by the block's residual, so
-    one copy of the activations is alive. `attention` stands in for the attention module (point 3).
+    one copy of the activations is alive. `attention` stands in for the attention module (point 3). Layers in
+    `optional` (fused experts) may never be called: they then have no Hessian.
     """
     layers = {n: block.get_submodule(n) for n in names}
     collector = _Collector(layers, times, stop_early=zeroed is None, zeroed=zeroed)
@@ -286,12 +314,12 @@ def collect_hessians(block: nn.Module, names: tuple[str, ...], inputs: Inputs, t
                 inputs[b] = (residual, kwargs)
     times.forward += time.perf_counter() - t0 - (times.hessian - hessian0)
     times.forward_passes += 1
-    missing = set(names) - set(collector.owner)
+    missing = set(names) - set(collector.owner) - optional
     if missing:
         raise RuntimeError(f"the block never called {sorted(missing)}; its ArchSpec groups are wrong")
     if until is not None and collector.arity == 0:
         raise RuntimeError(f"the block never returned from {until}; its ArchSpec.attention_out is wrong")
-    return Collected(collector.hessians(), collector.kept, collector.arity)
+    return Collected(collector.hessians(), collector.kept, collector.arity, collector.rows())
 
 
 @torch.no_grad()

@@ -8,6 +8,9 @@
    blocks see quantized inputs.
    Once the attention's output projection is quantized, the attention's output is computed once and stands in for
    the attention module in the block's later passes (passes.py).
+   Experts fused into 3-D tensors (mixture-of-experts blocks) are one layer per expert projection, seen through
+   proxy Linears while their block is calibrated (models/experts.py): expert e's Hessian is that of the tokens
+   routed to it, with a stated policy for experts that see too few (experts.py); the router is never quantized.
 3. The next block's inputs: the last group's pass already left `residual` and the last Linear's input, so the output
    is `residual + last(x)` (passes.py), or, where that does not hold, a plain re-run of the block. Only one block's
    activations and Hessians are alive at a time.
@@ -35,9 +38,11 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..formats import QuantizedWeight
-from ..models import ArchSpec, arch_spec, get_blocks, set_weight_matrix, weight_matrix
+from ..models import ArchSpec, arch_spec, get_blocks, set_layer_weight, set_weight_matrix, weight_keys, weight_matrix
+from ..models.experts import calibration_experts
 from .config import GPTQConfig, MethodConfig
 from .grid import Rounding
+from .experts import expert_hessians
 from .layer import LayerReport, make_rounding, solve_layer
 from ..execution import combine_hessians, share, shard, world
 from .resume import BlockState
@@ -119,9 +124,9 @@ def _outside_blocks_on(model: nn.Module, spec, device: torch.device, home: torch
         setattr(holder, attr, blocks)
 
 
-def block_tensors(block: nn.Module, prefix: str, quantized: set[str]) -> dict[str, torch.Tensor]:
-    """A block's state-dict tensors except its quantized Linears' weights, under their full names, on the CPU."""
-    weights = {f"{n}.weight" for n in quantized}
+def block_tensors(block: nn.Module, prefix: str, quantized: set[str], spec: ArchSpec) -> dict[str, torch.Tensor]:
+    """A block's state-dict tensors except its quantized layers' weights, under their full names, on the CPU."""
+    weights = weight_keys(quantized, spec)
     return {prefix + k: v.cpu() for k, v in block.state_dict().items() if k not in weights}
 
 
@@ -139,6 +144,7 @@ class _Run:
     size: int
     times: StageTimes
     bar: tqdm
+    expert_layers: frozenset[str] = frozenset()  # the block's fused experts' layers (models/experts.py)
 
 
 def _block_inputs(model: nn.Module, spec, windows: torch.Tensor, batch: int, device: torch.device,
@@ -160,13 +166,16 @@ def _quantize_group(run: _Run, block: nn.Module, i: int, g: int, group: tuple[st
     replay = single if spec.residual_last and g == len(run.groups) - 1 else None
     cut = single if single == spec.attention_out and g < len(run.groups) - 1 else None
     until = cut.rpartition(".")[0] if cut else None
-    collected = collect_hessians(block, group, inputs, run.times, replay or cut, until, attention) \
+    experts = frozenset(n for n in group if n in run.expert_layers)
+    collected = collect_hessians(block, group, inputs, run.times, replay or cut, until, attention, experts) \
         if run.needs_data else None  # fmt: skip
     if run.size > 1 and run.needs_data:
         combine_hessians(collected.hessians, run.rows)
+    routed = expert_hessians(collected.hessians, collected.rows, group, spec.experts) if experts and collected else {}
     owners = [j % run.size for j in range(len(group))]
-    results = [_solve(block, spec, f"{spec.blocks}.{i}.{name}", name, collected, run.rounding, cfg, run.times)
-               if owner == run.rank else None for name, owner in zip(group, owners)]  # fmt: skip
+    results = [_solve(block, spec, f"{spec.blocks}.{i}.{name}", name, collected, run.rounding, cfg, run.times,
+                      routed.get(name)) if owner == run.rank else None
+               for name, owner in zip(group, owners)]  # fmt: skip
     if run.size > 1:
         results = share(results, owners)
     for name, (qw, report) in zip(group, results):
@@ -188,14 +197,15 @@ def _quantize_block(run: _Run, block: nn.Module, i: int, inputs: Inputs, reports
     """Quantize every group of block `i` in order; (its layers, the next block's inputs)."""
     done: dict[str, QuantizedWeight] = {}
     replayed, attention = False, None
-    if run.groups is None:
-        run.groups = trace_groups(block, run.spec.layers, inputs)
-    for g, all_names in enumerate(run.groups):
-        group = tuple(n for n in all_names if not run.cfg.skips(f"{run.spec.blocks}.{i}.{n}"))
-        run.bar.update(len(all_names) - len(group))
-        if group:
-            was_replayed, attention = _quantize_group(run, block, i, g, group, inputs, attention, done, reports)
-            replayed |= was_replayed
+    with calibration_experts(block, run.spec.experts):  # fused experts: one proxy Linear per expert projection
+        if run.groups is None:
+            run.groups = trace_groups(block, run.spec.layers, inputs, run.spec.experts)
+        for g, all_names in enumerate(run.groups):
+            group = tuple(n for n in all_names if not run.cfg.skips(f"{run.spec.blocks}.{i}.{n}"))
+            run.bar.update(len(all_names) - len(group))
+            if group:
+                was_replayed, attention = _quantize_group(run, block, i, g, group, inputs, attention, done, reports)
+                replayed |= was_replayed
     if run.needs_data and not replayed:
         inputs = [(out, kw) for out, (_, kw) in zip(run_block(block, inputs, run.times), inputs)]
     return done, inputs
@@ -222,6 +232,8 @@ def quantize_model(
     blocks = get_blocks(model, spec)
     needs_data, (rank, size) = isinstance(cfg, GPTQConfig), world()
     groups = _groups(spec, cfg, needs_data)
+    if size > 1 and spec.experts:
+        raise UserError("mixture-of-experts models are quantized in one process: run without torchrun")
     if size > 1 and needs_data:
         if windows.shape[0] < size:
             raise UserError(f"{windows.shape[0]} calibration windows for {size} processes leave some without work; "
@@ -234,7 +246,8 @@ def quantize_model(
     per_block = len(spec.layers)
     bar = tqdm(total=len(blocks) * per_block, desc="quantize", unit="layer", disable=not progress or rank > 0)
     run = _Run(spec, cfg, rounding or make_rounding(cfg), groups, needs_data,
-               sum(h.shape[0] * h.shape[1] for h, _ in inputs), rank, size, StageTimes(), bar)  # fmt: skip
+               sum(h.shape[0] * h.shape[1] for h, _ in inputs), rank, size, StageTimes(), bar,
+               frozenset(n for fe in spec.experts for n in fe.layers()))  # fmt: skip
     layers: dict[str, QuantizedWeight] = {}
     reports: list[LayerReport] = []
     start = _restore(model, spec, state, sink, source, cfg.width_of, len(blocks), inputs, reports)
@@ -244,7 +257,7 @@ def quantize_model(
         done, inputs = _quantize_block(run, block, i, inputs, reports)
         prefix = f"{spec.blocks}.{i}."
         if sink is not None:
-            sink.write_block(i, done, block_tensors(block, prefix, {n[len(prefix):] for n in done}))
+            sink.write_block(i, done, block_tensors(block, prefix, {n[len(prefix):] for n in done}, spec))
         else:
             layers.update(done)
         if state is not None:
@@ -267,11 +280,15 @@ def _groups(spec: ArchSpec, cfg: MethodConfig, needs_data: bool) -> tuple[tuple[
     return spec.groups
 
 
-def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg: MethodConfig,
-           times: StageTimes) -> tuple[QuantizedWeight, LayerReport]:  # fmt: skip
-    """Layer `name` of `block` (full module name `full`) solved (layer.py), its codes on the CPU."""
+def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg: MethodConfig, times: StageTimes,
+           routed: tuple[int, bool] | None = None) -> tuple[QuantizedWeight, LayerReport]:  # fmt: skip
+    """Layer `name` of `block` (full module name `full`) solved (layer.py), its codes on the CPU; `routed`: a fused
+    expert's (tokens, starved), recorded in its report (experts.py)."""
     w = weight_matrix(block.get_submodule(name), spec).float()
-    qw, report, report_seconds = solve_layer(w, collected.hessians[name] if collected else None, full, rounding, cfg)
+    qw, report, report_seconds = solve_layer(w, collected.hessians.get(name) if collected else None, full, rounding,
+                                             cfg)  # fmt: skip
+    if routed is not None:
+        report = replace(report, tokens=routed[0], starved=routed[1])
     times.solver += report.seconds
     times.report += report_seconds
     return _on_cpu(qw), report
@@ -289,7 +306,8 @@ def _restore(model, spec, state: BlockState | None, sink: BlockSink | None, sour
     if source is None:  # a lazy model's finished blocks are never read again
         for i in range(restored.done):
             for name, q in sink.read_layers(i, width).items():
-                set_weight_matrix(model.get_submodule(name), spec, q.dequantize())
+                set_layer_weight(model, name, spec, q.dequantize())
     reports.extend(LayerReport(r["name"], tuple(r["shape"]), {int(k): v for k, v in r["rel_error"].items()},
-                               r["damp"], r["seconds"]) for r in restored.reports)  # fmt: skip
+                               r["damp"], r["seconds"], r.get("tokens"), r.get("starved"))
+                   for r in restored.reports)  # fmt: skip
     return restored.done

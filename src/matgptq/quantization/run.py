@@ -21,7 +21,7 @@ from ..formats.mix import WidthSpec, read_mix
 from ..formats.staged import StagedCheckpoint
 from ..models import (
     ModelSource, arch_spec, calibration_windows, file_sha256, get_blocks, load_fp_model, load_tokenizer,
-    quantized_layer_names, read_text, require_model_dir, tokenize,
+    quantized_layer_names, read_text, require_model_dir, tokenize, weight_keys,
 )  # fmt: skip
 from ..models.lazy import LazyModel
 from .config import CalibConfig, Method, MethodConfig
@@ -29,13 +29,14 @@ from .layer import LayerReport
 from .pipeline import quantize_model
 from .resume import BlockState
 
+EXPERT_POLICY = "an expert with n < K routed tokens (K: input width) gets H = (n·H_own + (K − n)·H_mean) / K"
 COMPUTE_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def unquantized_tensors(model, layers: dict, outside: str | None = None) -> dict[str, torch.Tensor]:
     """The tensors a checkpoint stores as they are: all but the quantized weights and tied duplicates (lm_head);
     with `outside` (the blocks' path), only those outside the blocks (the blocks' own went to their files)."""
-    quantized = {f"{n}.weight" for n in layers}  # layers left out by --skip stay ordinary tensors
+    quantized = weight_keys(set(layers), arch_spec(model)) if layers else set()  # --skip's layers stay tensors
     tensors, seen = {}, set()
     for name, t in model.state_dict().items():
         if (outside is not None and name.startswith(f"{outside}.")) or name in quantized or t.data_ptr() in seen:
@@ -90,8 +91,11 @@ def _metadata(cfg: MethodConfig, calib_cfg: CalibConfig, calib, source: ModelSou
                      # float summation order, part of bit-exactness: thread count and the CPU's vector unit
                      "torch_threads": torch.get_num_threads(),
                      "cpu_capability": torch.backends.cpu.get_cpu_capability()},
-        "report": [asdict(r) for r in reports],
+        "report": [{k: v for k, v in asdict(r).items() if v is not None} for r in reports],
     }  # fmt: skip
+    routed = [r for r in reports if r.tokens is not None]
+    if routed:  # fused experts: the low-token policy (quantization/experts.py) and the experts it hit
+        meta["experts"] = {"policy": EXPERT_POLICY, "starved": {r.name: r.tokens for r in routed if r.starved}}
     if dev.type != "cpu":
         meta["device"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
     if size > 1:
