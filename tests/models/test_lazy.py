@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -132,3 +133,13 @@ def test_peak_memory_does_not_grow_with_depth(tmp_path):
     print({k: f"{v / 2**20:.1f} MiB" for k, v in peaks.items()}, f"block {block / 2**20:.1f} MiB")
     assert streamed < 2 * block, f"streamed peak grew by {streamed / 2**20:.1f} MiB over 8 blocks of {block / 2**20:.1f}"
     assert whole > 6 * block, f"the whole-model control grew by only {whole / 2**20:.1f} MiB: the measurement is blind"
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "gpt_oss"])
+def test_fused_experts_stream_from_per_expert_files(model_type, tmp_path):
+    """transformers saves qwen3_moe's and mixtral's experts one at a time (`experts.<e>.gate_proj`, mixtral's
+    `block_sparse_moe.experts.<e>.w1`), gpt_oss' fused: the streamed blocks assemble what from_pretrained merges."""
+    from tests.models.test_arch import tiny_dir
+    from tests.models.test_moe import MOE
+
+    _same_as_from_pretrained(tiny_dir(tmp_path / "m", model_type, **MOE[model_type]))

@@ -25,6 +25,7 @@ with the command that writes a slice.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -33,7 +34,8 @@ from torch import nn
 from ..errors import UserError
 from ..formats import read_checkpoint
 from ..formats.parent import LAYER_TENSOR, META_FILE
-from ..models import arch_spec, quiet_loggers
+from ..models import arch_spec, quiet_loggers, weight_keys
+from ..models.experts import parse
 from ..runtime import attach, check_layers, default_packed
 
 METHOD = "matgptq"
@@ -112,12 +114,21 @@ def _quantizer_class():
         def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
             # the quantized layers only: transformers loads the other tensors itself
             self.checkpoint = read_checkpoint(_checkpoint_dir(checkpoint_files, model.config), layers_only=True)
-            check_layers(self.checkpoint, model, arch_spec(model))
-            for name in self.checkpoint.layers:
+            spec = arch_spec(model)
+            check_layers(self.checkpoint, model, spec)
+            for name in self._linears(spec):
                 model.set_submodule(name, _Pending(model.get_submodule(name)))
             ignore = model._keys_to_ignore_on_load_unexpected
             model._keys_to_ignore_on_load_unexpected = {*(ignore or ()), LAYER_TENSOR.pattern}
+            fused = weight_keys(set(self.checkpoint.layers), spec) - {f"{n}.weight" for n in self.checkpoint.layers}
+            if fused:  # fused experts stored as quantized layers only: allocated by transformers, written by attach
+                missing = model._keys_to_ignore_on_load_missing
+                model._keys_to_ignore_on_load_missing = {*(missing or ()), *(f"^{re.escape(k)}$" for k in fused)}
             return model
+
+        def _linears(self, spec):
+            """The quantized layers that are modules (not experts of fused tensors, models/experts.py)."""
+            return [n for n in self.checkpoint.layers if parse(n, spec.experts) is None]
 
         def _process_model_after_weight_loading(self, model, **kwargs):
             devices = {t.device for t in model.state_dict().values()}
@@ -127,7 +138,7 @@ def _quantizer_class():
             device, dtype = devices.pop(), model.get_input_embeddings().weight.dtype
             cfg = self.quantization_config
             packed = default_packed(cfg.packed, dtype, arch_spec(model).conv1d)
-            for name in self.checkpoint.layers:
+            for name in self._linears(arch_spec(model)):
                 pending = model.get_submodule(name)
                 module = pending.original
                 if not packed:  # float weights: set_bits writes them

@@ -24,11 +24,15 @@ from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_chec
 from ..formats.mix import WidthSpec, read_mix
 from ..untrusted import read_json
 from ..models import (
-    LOAD_ERRORS, arch_spec, load_fp_model, loader_quiet, require_model_dir, resolve_model, set_weight_matrix,
-    weight_matrix,
+    LOAD_ERRORS, arch_spec, layer_weight, load_fp_model, loader_quiet, require_model_dir, resolve_model,
+    set_layer_weight, weight_keys,
 )  # fmt: skip
+from ..models.experts import parse
 from .nested import NestedLinear, Resident, kernels_missing, resident_choice
 from .packed import PackedLinear
+
+
+FUSED_DENSE = "fused expert tensors (mixture-of-experts) have no packed kernel"
 
 
 class Packing(str, Enum):
@@ -47,7 +51,7 @@ class QuantizedState:
     bits: dict[str, int]
     packing: Packing | bool = Packing.DENSE  # a bool is the former `packed` flag: True = Packing.CPU
     resident: Resident | str = Resident.SLICE  # what a NESTED layer holds (runtime/nested.py)
-    dense: dict[str, str] = field(default_factory=dict)  # NESTED layers that run dense instead: name → why
+    dense: dict[str, str] = field(default_factory=dict)  # packed layers that run dense instead: name → why
 
     def __post_init__(self) -> None:
         if isinstance(self.packing, bool):
@@ -89,13 +93,14 @@ def set_bits(model, bits: WidthSpec | None) -> None:
     for name, r in widths.items():
         if state.bits.get(name) == r:
             continue
-        module = model.get_submodule(name)
-        if state.packing is Packing.CPU:  # re-packed from the parent in memory
-            model.set_submodule(name, PackedLinear(state.layers[name].slice(r), module.bias, dtype))
+        if state.packed and name not in state.dense and parse(name, spec.experts) is not None:
+            state.dense[name] = FUSED_DENSE
+        if state.packing is Packing.CPU and name not in state.dense:  # re-packed from the parent in memory
+            model.set_submodule(name, PackedLinear(state.layers[name].slice(r), model.get_submodule(name).bias, dtype))
         elif state.packing is Packing.NESTED and name not in state.dense:
             _set_nested(model, name, state, r, dtype)
         else:
-            set_weight_matrix(module, spec, state.layers[name].slice(r).dequantize(dtype))
+            set_layer_weight(model, name, spec, state.layers[name].slice(r).dequantize(dtype))
     state.bits = widths
 
 
@@ -113,19 +118,20 @@ def _set_nested(model, name: str, state: QuantizedState, bits: int, dtype: torch
         layer = NestedLinear(q, bits, module.bias, dtype, state.resident)
     except UserError as e:
         state.dense[name] = str(e)
-        set_weight_matrix(module, arch_spec(model), q.slice(bits).dequantize(dtype))
+        set_layer_weight(model, name, arch_spec(model), q.slice(bits).dequantize(dtype))
         return
     model.set_submodule(name, layer.to(device))
 
 
 def dense_notice(state: QuantizedState) -> str | None:
-    """The one line saying which NESTED layers run dense and why (None when all run on the kernels)."""
+    """The one line saying which packed layers run dense and why (None when all run packed)."""
     if not state.dense:
         return None
     reasons = list(dict.fromkeys(state.dense.values()))
     more = f" (and {len(reasons) - 1} other reason(s))" if len(reasons) > 1 else ""
+    where = "the nested kernels" if state.packing is Packing.NESTED else "packed codes"
     return (f"matgptq: {len(state.dense)} of {len(state.layers)} quantized layers run dense (float weights), not on "
-            f"the nested kernels: {reasons[0]}{more}")  # fmt: skip
+            f"{where}: {reasons[0]}{more}")  # fmt: skip
 
 
 def _config(ckpt: Checkpoint):
@@ -140,7 +146,7 @@ def _config(ckpt: Checkpoint):
 
 def packed_wins(dtype: torch.dtype) -> bool:
     """Whether `load` packs by default: bfloat16 on a machine without CUDA, where PackedLinear runs torch's int4 CPU
-    kernel (runtime/int4_cpu.py) on 4 or 8 bits per weight instead of 16 (scripts/bench_packed_cpu.py compares the
+    kernel (runtime/int4_cpu.py) on 4 or 8 bits per weight instead of 16 (benchmarks/bench_packed_cpu.py compares the
     speed). float32/float16 layers would take the exact bit-stream path, which dequantizes the weight at every call;
     on a CUDA machine a model usually moves to the GPU, where the CPU kernel does not run."""
     return dtype == torch.bfloat16 and not torch.cuda.is_available()
@@ -151,7 +157,7 @@ def check_layers(ckpt: Checkpoint, model, spec) -> None:
     device will do: only shapes are read)."""
     for name, q in ckpt.layers.items():
         try:
-            shape = tuple(weight_matrix(model.get_submodule(name), spec).shape)
+            shape = tuple(layer_weight(model, name, spec).shape)
         except AttributeError:  # no such module, or one without a weight
             shape = None
         if shape != q.shape:
@@ -174,7 +180,7 @@ def attach(model, ckpt: Checkpoint, bits: WidthSpec | None, packed: bool | Packi
         state.dense = dict.fromkeys(ckpt.layers, why)
     model.matgptq = state
     set_bits(model, bits)
-    notice = dense_notice(state) if state.packing is Packing.NESTED else None
+    notice = dense_notice(state)
     if notice:
         print(notice, file=sys.stderr)
 
@@ -215,7 +221,7 @@ def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dt
                         "checkpoint") from None  # fmt: skip
     spec = arch_spec(model)
     expected = dict(model.state_dict())
-    quantized = {f"{n}.weight" for n in ckpt.layers}
+    quantized = weight_keys(set(ckpt.layers), spec)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     unexpected = sorted(set(ckpt.tensors) - set(expected))
     missing = sorted(set(expected) - set(ckpt.tensors) - quantized - tied)
