@@ -33,6 +33,8 @@ from fractions import Fraction
 import torch
 from tqdm.auto import tqdm
 
+from ..models import layer_weight
+from ..models.experts import experts_as_layers
 from .budget import BudgetKind, CostModel
 from .fitness import Fitness, Mix
 from .sensitivity import Sensitivity, knapsack_mix, measure, relative_errors
@@ -82,7 +84,7 @@ def noise_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, .
     rfn = [[math.sqrt(t) for t in row] for row in relative_errors(fitness, levels)]
     table = []
     for layer in tqdm(range(len(top)), desc="noise probes", unit="layer", disable=not progress, leave=False):
-        weight = fitness.model.get_submodule(fitness.names[layer]).weight.data
+        weight = layer_weight(fitness.model, fitness.names[layer], fitness.spec)
         rho_a, rho_b = rfn[layer][0], rfn[layer][1]
         d = [fitness.kl(top, windows, cache, (layer, noise(weight, rho, seed + 2 * layer + i))) - base if rho > 0
              else 0.0 for i, rho in enumerate((rho_a, rho_b))]  # fmt: skip
@@ -106,13 +108,17 @@ def input_importance(fitness: Fitness, top: int, windows: tuple[int, ...]) -> li
             counts[i] += x.shape[0]
         return record
 
-    handles = [fitness.model.get_submodule(n).register_forward_pre_hook(hook(i)) for i, n in enumerate(fitness.names)]
-    try:
-        fitness.run(windows)
-    finally:
-        for h in handles:
-            h.remove()
-    return [s.cpu() / c for s, c in zip(sums, counts)]
+    with experts_as_layers(fitness.blocks, fitness.spec.experts):  # fused experts: each sees its routed tokens
+        handles = [fitness.model.get_submodule(n).register_forward_pre_hook(hook(i))
+                   for i, n in enumerate(fitness.names)]  # fmt: skip
+        try:
+            fitness.run(windows)
+        finally:
+            for h in handles:
+                h.remove()
+    width = [layer_weight(fitness.model, n, fitness.spec).shape[1] for n in fitness.names]
+    # an expert the router sent no token to has no input, hence no importance
+    return [s.cpu() / c if c else torch.zeros(k, dtype=torch.float64) for s, c, k in zip(sums, counts, width)]
 
 
 def error_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...]) -> list[list[float]]:

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..evaluation.teacher import CHUNK_ELEMENTS, Teacher, body_and_head
-from ..models import arch_spec, get_blocks
+from ..models import arch_spec, get_blocks, weight_swapped
 from ..runtime import set_bits
 
 Mix = tuple[int, ...]  # one width per layer, in the parent's layer order
@@ -91,7 +91,7 @@ class Fitness:
         self.batch_size, self.cache_limit, self.compute_dtype = batch_size, cache_limit, compute_dtype
         self.body, self.head = body_and_head(model)
         self.device = self.head.weight.device  # windows go where the model is (search --device)
-        spec = arch_spec(model)
+        self.spec = spec = arch_spec(model)
         self.blocks = get_blocks(model, spec)
         prefix = spec.blocks + "."
         self.block_of = tuple(int(n[len(prefix):].split(".")[0]) if n.startswith(prefix) else 0 for n in self.names)
@@ -134,7 +134,7 @@ class Fitness:
     @torch.no_grad()
     def kl(self, mix: Mix, windows: tuple[int, ...], cache: PrefixCache | None = None,
            replaced: tuple[int, torch.Tensor] | None = None) -> float:  # fmt: skip
-        """F(mix; windows): mean KL per predicted token. `replaced` = (layer index, weight as its module stores it):
+        """F(mix; windows): mean KL per predicted token. `replaced` = (layer index, weight as [out, in]):
         that layer computes with this weight instead of its slice, for this scoring only (noise probes,
         allocators.py); the prefix cache then replays only the blocks before the layer's block."""
         self.apply(mix)
@@ -149,13 +149,8 @@ class Fitness:
                 until = max(first, skip)
         if replaced is None:
             return self._scored(windows, cache, skip, until)
-        module = self.model.get_submodule(self.names[replaced[0]])
-        saved = module.weight.data
-        module.weight.data = replaced[1].to(saved.device, saved.dtype)
-        try:
+        with weight_swapped(self.model, self.names[replaced[0]], self.spec, replaced[1]):  # (fused experts too)
             return self._scored(windows, cache, skip, until)
-        finally:
-            module.weight.data = saved
 
     def _scored(self, windows: tuple[int, ...], cache: PrefixCache | None, skip: int, until: int) -> float:
         """The mean KL per predicted token of the model as it stands, replaying and recording as `kl` decided."""

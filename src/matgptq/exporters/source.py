@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..errors import UserError
 from ..formats.mix import width_spec
 from ..fsutil import check_output
 from ..runtime import open_checkpoint, resolve_bits
+
+
+FUSED_EXPERT = re.compile(r"\.experts\.\d+\.gate_up_proj$")  # an expert of a fused 3-D tensor (models/experts.py)
 
 
 def quantized_source(src, out, bits: int | None, bits_config, overwrite: bool):
@@ -20,4 +24,9 @@ def quantized_source(src, out, bits: int | None, bits_config, overwrite: bool):
     ckpt = open_checkpoint(src)
     if ckpt is None:
         raise UserError(f"{src} is not quantized; quantize it first (matgptq quantize) and export the result")
+    fused = next((n for n in ckpt.layers if FUSED_EXPERT.search(n)), None)
+    if fused is not None:
+        raise UserError(f"{src} quantizes fused mixture-of-experts tensors per expert ({fused}); exporting them is "
+                        "not supported yet (no GPTQ, compressed-tensors or GGUF reader maps these layers): load the "
+                        "checkpoint with matgptq.load")  # fmt: skip
     return ckpt, resolve_bits(spec, ckpt)
