@@ -74,6 +74,9 @@ PAGES = (
          about="stories260K: fp32, RTN, GPTQ variants and MatGPTQ slices at every width; the MatGPTQ claims"),
     Page("search_results", ("search.json",), md="search.md", png="search.png",
          about="stories260K: searched mixes against uniform slices, the knapsack start and random search"),
+    Page("search_baselines", ("search_baselines.json",), md="search_baselines.md",
+         about="stories260K: the written mix against the one-shot allocators (uniform, probe, additive KL, noise "
+               "injection, imatrix-weighted error) and random search, 8 budgets, 3 seeds"),
     Page("research.matgptq_ablation", ("ablation.json",), md="ablation.md", render="stories_page",
          about="stories260K: the MatGPTQ variants against per-width GPTQ, over calibration seeds"),
     Page("research.matgptq_ablation", ("ablation_real_model.json",), md="ablation_real_model.md", render="real_model_page",
