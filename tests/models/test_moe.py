@@ -185,3 +185,24 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_checkpoint(tmp_path, monkeyp
     reports = [[{k: v for k, v in r.items() if k != "seconds"} for r in json.loads((d / "matgptq.json").read_text())[
         "report"]] for d in (tmp_path / "whole", tmp_path / "out")]  # fmt: skip
     assert reports[0] == reports[1] and reports[0][-1]["tokens"] > 0
+
+
+@pytest.mark.parametrize("model_type", sorted(MOE))
+def test_the_calibration_forward_computes_what_the_model_does(model_type):
+    """Through the proxies (models/experts.py calibration_experts) the MoE module's output is the model's own, up to
+    float summation order; afterwards the module is as it was."""
+    from matgptq.models.experts import calibration_experts
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **SIZES, **MOE[model_type])).eval()
+    block, spec = model.model.layers[0], arch_spec(model)
+    x = torch.randn(2, 16, SIZES["hidden_size"], generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        own = block.mlp(x)
+        with calibration_experts(block, spec.experts):
+            proxied = block.mlp(x)
+            assert isinstance(block.get_submodule("mlp.experts.3.down_proj"), torch.nn.Linear)
+        again = block.mlp(x)
+    own, proxied, again = (o[0] if isinstance(o, tuple) else o for o in (own, proxied, again))
+    torch.testing.assert_close(proxied, own, rtol=1e-5, atol=1e-6)
+    assert torch.equal(again, own) and "0" not in block.mlp.experts._modules

@@ -135,7 +135,9 @@ def _routed_forward(module: nn.Module, holders: list[nn.Module], first: str):
     (expert, top-k slot) pairs of each token, all first projections before any down projection."""
 
     def forward(hidden_states, *routing, **named):
-        index, weights = (*routing, *named.values())[:2]
+        given = (*routing, *named.values())  # (top-k expert indices, their weights), by position or by name
+        index = next(t for t in given if not t.is_floating_point())
+        weights = next(t for t in given if t.is_floating_point())
         out = torch.zeros_like(hidden_states)
         routed = [torch.nonzero(index == e, as_tuple=True) for e in range(len(holders))]  # (tokens, top-k slots)
         mids = []
