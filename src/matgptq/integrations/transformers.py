@@ -98,6 +98,15 @@ def _config_class():
     return MatGPTQConfig
 
 
+def _expect_fused_missing(model, checkpoint, spec) -> None:
+    """Fused expert tensors stored as quantized layers only are not in the file: transformers allocates them and
+    `attach` writes them, so their absence is expected, not reported."""
+    fused = weight_keys(set(checkpoint.layers), spec) - {f"{n}.weight" for n in checkpoint.layers}
+    if fused:
+        missing = model._keys_to_ignore_on_load_missing
+        model._keys_to_ignore_on_load_missing = {*(missing or ()), *(f"^{re.escape(k)}$" for k in fused)}
+
+
 def _quantizer_class():
     from transformers.quantizers import HfQuantizer
 
@@ -120,10 +129,7 @@ def _quantizer_class():
                 model.set_submodule(name, _Pending(model.get_submodule(name)))
             ignore = model._keys_to_ignore_on_load_unexpected
             model._keys_to_ignore_on_load_unexpected = {*(ignore or ()), LAYER_TENSOR.pattern}
-            fused = weight_keys(set(self.checkpoint.layers), spec) - {f"{n}.weight" for n in self.checkpoint.layers}
-            if fused:  # fused experts stored as quantized layers only: allocated by transformers, written by attach
-                missing = model._keys_to_ignore_on_load_missing
-                model._keys_to_ignore_on_load_missing = {*(missing or ()), *(f"^{re.escape(k)}$" for k in fused)}
+            _expect_fused_missing(model, self.checkpoint, spec)
             return model
 
         def _linears(self, spec):
