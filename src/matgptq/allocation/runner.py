@@ -34,8 +34,8 @@ from ..formats import is_checkpoint, read_checkpoint
 from ..fsutil import atomic_output, check_output
 from ..models import eval_windows, file_sha256, load_tokenizer, read_text, require_model_dir, resolve_model, tokenize
 from ..runtime import load
-from .budget import BudgetKind, CostModel, parse_budget
 from .allocators import Allocator, baseline_mixes, tables
+from .budget import BudgetKind, CostModel, parse_budget
 from .evopress import EvoConfig, evolve, format_stages
 from .fitness import Fitness, Mix
 from .plot import plot_mix, require_matplotlib
@@ -156,7 +156,8 @@ def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows:
     settings = {"parent": str(Path(req.parent).resolve()), "parent_meta_sha256": meta_hash,
                 "calib_sha256": file_sha256(req.calib), "calib_range": list(req.calib_range), "seqlen": req.seqlen,
                 "calib_windows": int(calib_windows.shape[0]), "sensitivity_tokens": req.sensitivity_tokens,
-                "sensitivity": req.sensitivity.value, "baselines": [a.value for a in req.baselines], "score_dtype": str(score_dtype).removeprefix("torch."),
+                "sensitivity": req.sensitivity.value, "baselines": [a.value for a in req.baselines],
+                "score_dtype": str(score_dtype).removeprefix("torch."),
                 "budget": str(budget), "budget_kind": req.kind.value, "levels": list(levels), **req.evo.settings()}  # fmt: skip
     return json.loads(json.dumps(settings))
 
