@@ -14,6 +14,7 @@ measures how many).
 
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -28,6 +29,14 @@ def init_from_env(device: torch.device | None = None) -> None:
         if cuda and device is not None:
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if cuda else "gloo")
+        atexit.register(_leave)
+
+
+def _leave() -> None:
+    """Leave the process group before the interpreter ends: left to teardown, a rank's communication threads can
+    be destroyed while still running (std::terminate, SIGABRT); every collective has completed by then."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def world() -> tuple[int, int]:
