@@ -110,8 +110,8 @@ def test_gptq_with_some_experts_skipped_stores_their_fused_tensor_whole(tmp_path
     assert main(["eval", str(parent), "--kl-to", str(model), "--text", str(TINYSTORIES), "--text-range", "0:0.01",
                  "--seqlen", "64", "--max-tokens", "256", "--json", str(report)]) == 0  # fmt: skip
     assert 0 < json.loads(report.read_text())["results"][0]["kl"] < 1
-    assert main(["export", str(parent), "--format", "gptq_v1", "--out", str(tmp_path / "x")]) == 2  # not yet
-    assert "exporting them is not supported yet" in capsys.readouterr().err
+    assert main(["export", str(parent), "--format", "gptq_v1", "--out", str(tmp_path / "x")]) == 2  # GPTQ: no --skip
+    assert "leaves block Linears unquantized" in capsys.readouterr().err
     packed = matgptq.load(parent, packed=True)  # experts have no packed kernel: dense, and one line says so
     assert capsys.readouterr().err.startswith("matgptq: 15 of 23 quantized layers run dense (float weights), not on "
                                               "packed codes: fused expert tensors")  # fmt: skip

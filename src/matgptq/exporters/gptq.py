@@ -33,6 +33,7 @@ from ..errors import UserError
 from ..formats import SUPPORTED_BITS, QuantizedWeight, pack_cols, pack_rows, to_v1_words, trivial_g_idx
 from ..fsutil import atomic_output, copy_tokenizer_files
 from ..quantization import GPTQConfig, MethodConfig, config_from_json
+from .gptq_experts import check_moe, gptq_widths, split_biases, split_layer
 from .source import quantized_source
 
 FORMATS = {"gptq_v1": "gptq", "gptq_v2": "gptq_v2"}  # CLI name -> checkpoint_format
@@ -105,7 +106,8 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
     """Write the (sliced) checkpoint `src` as a GPTQ directory `out`; fmt is "gptq_v1" or "gptq_v2"."""
     if fmt not in FORMATS:
         raise UserError(f"unknown GPTQ format {fmt!r}; use one of {sorted(FORMATS)}")
-    ckpt, widths = quantized_source(src, out, bits, bits_config, overwrite)
+    ckpt, widths = quantized_source(src, out, bits, bits_config, overwrite, experts=True)
+    check_moe(src, ckpt.config.get("model_type"), widths)
     qmeta = ckpt.meta.get("quantization") or {}
     if "group_size" not in qmeta:
         raise UserError(f"{src} does not record its group size (matgptq.json quantization.group_size); re-quantize it")
@@ -116,17 +118,17 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
             "block Linear quantized: re-quantize without --skip, or use --format gguf"
         )
     group_size = cfg.group_size
-    tensors = {k: v.contiguous() for k, v in ckpt.tensors.items()}
+    tensors = split_biases({k: v.contiguous() for k, v in ckpt.tensors.items()})  # experts: gptq_experts.py
     all_sym, desc_act, padded = True, False, {}
     for name, r in widths.items():
-        q = ckpt.layers[name].slice(r)
-        layer, sym, pad = _layer_tensors(name, q, v1=fmt == "gptq_v1")
-        all_sym &= sym
-        if pad:
-            padded[name] = (r, *q.shape)
-        desc_act |= not torch.equal(layer["g_idx"], trivial_g_idx(q.shape[1], group_size))
-        tensors.update({f"{name}.{k}": v for k, v in layer.items()})
-    qc = quantization_config(FORMATS[fmt], widths, group_size, desc_act, all_sym, cfg)
+        for part, q in split_layer(name, ckpt.layers[name].slice(r)).items():
+            layer, sym, pad = _layer_tensors(part, q, v1=fmt == "gptq_v1")
+            all_sym &= sym
+            if pad:
+                padded[part] = (r, *q.shape)
+            desc_act |= not torch.equal(layer["g_idx"], trivial_g_idx(q.shape[1], group_size))
+            tensors.update({f"{part}.{k}": v for k, v in layer.items()})
+    qc = quantization_config(FORMATS[fmt], gptq_widths(widths), group_size, desc_act, all_sym, cfg)
     if padded:
         name, (r, n, k) = next(iter(padded.items()))
         warnings.warn(

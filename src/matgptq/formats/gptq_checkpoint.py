@@ -210,4 +210,7 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
     quant = {"method": "gptq", "bits": base, "group_size": group_size, "sym": bool(qc.get("sym", True)),
              "act_order": bool(qc.get("desc_act", False))}  # fmt: skip
     meta = {"format": "gptq", "checkpoint_format": "gptq_v2" if v2 else "gptq", "quantization": quant}
+    from ..exporters.gptq_experts import join_experts  # MoE: per-expert gate/up halves back to fused layers
+
+    layers, raw = join_experts(config.get("model_type"), layers, raw)
     return Checkpoint(meta, config, layers, raw, p)
