@@ -1,6 +1,7 @@
 """GPTQ exports of fused mixture-of-experts checkpoints (exporters/gptq_experts.py) read by GPTQModel 7.6.0 on the CPU:
 qwen3_moe, mixtral and gpt_oss, each as a plain GPTQ 4-bit asymmetric v2 export, a 4-bit slice of a MatGPTQ act-order
-parent as v1, and a per-layer mix of that parent (per-expert `dynamic` overrides) as v2.
+parent as v1, and a per-layer mix of that parent (per-expert `dynamic` overrides) as v2. At the end: the dense
+gemma2, gemma3_text, olmo2 and granite, which have no architecture table of their own, read bit-exactly.
 
 Run with the peer installed, e.g.  GPTQMODEL_CPU_WORKERS=2 python -m pytest tests/exporters/test_gptq_moe_interop.py
 (a missing peer skips, or fails under MATGPTQ_REQUIRE_PEERS=1). GPTQModel runs in one child process per model type
@@ -34,7 +35,9 @@ from matgptq.exporters import gptq_experts
 from matgptq.exporters.gptq import export_gptq
 from matgptq.exporters.gptq_experts import gptq_widths
 
+from tests.exporters.gptq_interop_helpers import Cache, _compare, _gptqmodel_logits, _gptqmodel_weights
 from tests.exporters.gptq_moe_helpers import MoECache, gptq_bias, gptq_weight, gptqmodel_runs
+from tests.models.test_arch import FOUND, tiny_dir
 
 pytestmark = pytest.mark.interop
 
@@ -123,3 +126,33 @@ def test_swapped_gate_and_up_halves_are_caught(peer, cache, record_property, mod
     d = _rel(result["logits"], _reference(cache, src, bits)[0])
     record_property("rel_diff_vs_fp16", d)
     assert d > 10 * TOL, f"swapping gate and up moved the logits by only {d:.2e}"
+
+
+# --- dense architectures without a table of their own (tests/models/test_arch.py's FOUND) -----------------------------
+# Loaded in this process, as test_gptq_interop.py does for Llama (Defuser has no patch for these types), and held to
+# test_gptq_interop.py's bit-exact standard: weights equal ours in float16, logits torch.equal to our model with each
+# quantized Linear run by GPTQModel's own kernel on our data (gptq_interop_helpers._compare).
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    caches = {}
+
+    def get(model_type):
+        if model_type not in caches:
+            base = tmp_path_factory.mktemp(f"dense-{model_type}")
+            model = tiny_dir(base / "fp", model_type, **FOUND[model_type])
+            caches[model_type] = Cache(model, base, widths=(4, 8), nsamples=4)
+        return caches[model_type]
+
+    return get
+
+
+@pytest.mark.parametrize("model_type", sorted(FOUND))
+def test_gptqmodel_loads_dense_export(gptqmodel, dense, record_property, model_type):
+    cache = dense(model_type)
+    path = cache.export(4, True, "gptq_v1", True)  # a 4-bit slice of an act-order MatGPTQ parent
+    logits, model = _gptqmodel_logits(gptqmodel, path, cache.ids)
+    weights = _gptqmodel_weights(gptqmodel, model)
+    assert len(weights) == 2 * 7
+    _compare(cache, record_property, model, logits, cache.source(True, 4, True), 4, True, weights)
