@@ -1,4 +1,4 @@
-"""GPTQ export of fused mixture-of-experts checkpoints without peers (exporters/gptq_experts.py, docs/formats.md
+"""GPTQ export of fused mixture-of-experts checkpoints without peers (formats/gptq_experts.py, docs/formats.md
 §2.9): the files hold per-expert gate_proj / up_proj / down_proj layers whose codes, scales and zeros are, bit for
 bit, the rows of the parent's slice (unpacked here straight from the files, so the split is checked independently
 of our reader's join), `dynamic` names them, gpt_oss' biases follow their rows, our own reader joins the halves back

@@ -33,7 +33,7 @@ from ..errors import UserError
 from ..formats import SUPPORTED_BITS, QuantizedWeight, pack_cols, pack_rows, to_v1_words, trivial_g_idx
 from ..fsutil import atomic_output, copy_tokenizer_files
 from ..quantization import GPTQConfig, MethodConfig, config_from_json
-from .gptq_experts import check_moe, gptq_widths, split_biases, split_layer
+from ..formats.gptq_experts import check_moe, gptq_widths, split_biases, split_layer
 from .source import quantized_source
 
 FORMATS = {"gptq_v1": "gptq", "gptq_v2": "gptq_v2"}  # CLI name -> checkpoint_format
@@ -118,7 +118,7 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
             "block Linear quantized: re-quantize without --skip, or use --format gguf"
         )
     group_size = cfg.group_size
-    tensors = split_biases({k: v.contiguous() for k, v in ckpt.tensors.items()})  # experts: gptq_experts.py
+    tensors = split_biases({k: v.contiguous() for k, v in ckpt.tensors.items()})  # experts: formats/gptq_experts.py
     all_sym, desc_act, padded = True, False, {}
     for name, r in widths.items():
         for part, q in split_layer(name, ckpt.layers[name].slice(r)).items():

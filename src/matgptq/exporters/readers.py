@@ -11,7 +11,7 @@ GPTQ (docs/formats.md §2), per layer: width r (config `bits`, or a `dynamic` ov
     kernel (TorchAtenLinear, int4pack) needs N % 16 == 0 and K % g == 0 (test_transformers_optimum_loads_padded_
     stories_export, test_transformers_default_kernel_needs_whole_groups); GPTQConfig(bits=4, backend="gptq_torch")
     runs those files. Other widths use the torch kernel by default.
-  * MoE exports (per-expert gate/up/down layers, exporters/gptq_experts.py): matgptq.load and GPTQModel 7.6 (its
+  * MoE exports (per-expert gate/up/down layers, formats/gptq_experts.py): matgptq.load and GPTQModel 7.6 (its
     Defuser); transformers + optimum leaves the fused experts unloaded (tests/exporters/test_gptq_moe_interop.py).
   * vLLM (not tested): routes GPTQ to Marlin, symmetric 4 and 8 bits with g in {−1, 32, 64, 128} dividing K only (vLLM
     PR #38288, issue #45051).
@@ -74,7 +74,7 @@ def gptq_readers(path: str | Path) -> Readers:
     layers, g = _gptq_layers(path, qc), int(qc["group_size"])
     widths = sorted({b for b, _, _ in layers.values()})
     runs, fails = ["matgptq.load", "GPTQModel 7.6 (torch kernel)"], []
-    if any(_EXPERT.search(n) for n in layers):  # per-expert MoE layers (exporters/gptq_experts.py)
+    if any(_EXPERT.search(n) for n in layers):  # per-expert MoE layers (formats/gptq_experts.py)
         fails.append("transformers + optimum (it keeps the experts fused and leaves them unloaded)")
         return Readers(runs, fails, ["vLLM (per-expert MoE layers)"])
     if qc.get("dynamic"):

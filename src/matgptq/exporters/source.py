@@ -17,7 +17,7 @@ FUSED_EXPERT = re.compile(r"\.experts\.\d+\.gate_up_proj$")  # an expert of a fu
 def quantized_source(src, out, bits: int | None, bits_config, overwrite: bool, experts: bool = False):
     """(checkpoint, {layer: width}) of the quantized checkpoint `src` at `bits` or the mix `bits_config`, after
     checking, before any work, that `out` may be written; bad input is one UserError. Fused experts are refused
-    unless the exporter maps them (`experts`: GPTQ, exporters/gptq_experts.py)."""
+    unless the exporter maps them (`experts`: GPTQ, formats/gptq_experts.py)."""
     spec = width_spec(bits, bits_config)
     check_output(out, overwrite)
     if not Path(src).is_dir():

@@ -31,6 +31,7 @@ import torch
 
 from ..errors import UserError
 from ..untrusted import read_json, read_tensors
+from .gptq_experts import join_experts  # MoE: per-expert gate/up halves back to fused layers
 from .gptq_packing import SUPPORTED_BITS, V1_WORD_ADD, packed_words, unpack_cols, unpack_rows
 from .parent import Checkpoint
 from .quantized import QuantizedWeight
@@ -210,7 +211,5 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
     quant = {"method": "gptq", "bits": base, "group_size": group_size, "sym": bool(qc.get("sym", True)),
              "act_order": bool(qc.get("desc_act", False))}  # fmt: skip
     meta = {"format": "gptq", "checkpoint_format": "gptq_v2" if v2 else "gptq", "quantization": quant}
-    from ..exporters.gptq_experts import join_experts  # MoE: per-expert gate/up halves back to fused layers
-
     layers, raw = join_experts(config.get("model_type"), layers, raw)
     return Checkpoint(meta, config, layers, raw, p)

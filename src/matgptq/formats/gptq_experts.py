@@ -24,7 +24,7 @@ from dataclasses import replace
 import torch
 
 from ..errors import UserError
-from ..formats import QuantizedWeight
+from .quantized import QuantizedWeight
 
 # the MoE types whose GPTQ export GPTQModel 7.6 reads (tests/exporters/test_gptq_moe_interop.py)
 MOE_TYPES = ("gpt_oss", "mixtral", "qwen3_moe")
