@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from matgptq.quantization import grid
 from matgptq.quantization.grid import MSE_GRID, MSE_MAX_SHRINK, MSE_NORM, NearestRounding, find_params
 from matgptq.quantization.solver import gptq_quantize
 
@@ -32,6 +33,35 @@ def test_weighted_search_is_the_weighted_minimiser(seed):
     scale, _ = find_params(w, NearestRounding(3), sym=True, mse=True, col_weights=d)
     for r in range(6):
         assert float(scale[r]) == brute_force_scale(w[r].tolist(), 3, d.tolist())
+
+
+def brute_force_asymmetric(row, bits):
+    """One row, asymmetric grid: for p = 1, 0.99, …: xmin = p·min(min w, 0), xmax = p·max(max w, 0),
+    s = fp16((xmax − xmin) / (2^b − 1)), z = clamp(round(−xmin / s), 0, 2^b − 1); the first (s, z) minimising
+    Σ_j |w_j − s·(clamp(round(w_j / s) + z) − z)|^2.4 (grid.py's docstring, as loops; round half to even as torch)."""
+    maxq = (1 << bits) - 1
+    lo, hi = min(min(row), 0.0), max(max(row), 0.0)
+    best, pick = float("inf"), None
+    for i in range(int(MSE_MAX_SHRINK * MSE_GRID)):
+        p = 1 - i / MSE_GRID
+        s = float(torch.tensor((hi * p - lo * p) / maxq).half())
+        z = min(max(round(-(lo * p) / s), 0), maxq)
+        err = sum(abs(x - s * (min(max(round(x / s) + z, 0), maxq) - z)) ** MSE_NORM for x in row)
+        if err < best:
+            best, pick = err, (s, z)
+    return pick
+
+
+@pytest.mark.parametrize("chunk", [None, 1])
+def test_asymmetric_search_is_the_minimiser_in_any_chunking(monkeypatch, chunk):
+    """The search scores its shrinks in chunks (grid.search_chunk); one shrink per chunk gives the same pick."""
+    if chunk is not None:
+        monkeypatch.setattr(grid, "SEARCH_ELEMENTS", chunk)
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(5, 24, generator=gen, dtype=torch.float64) + 0.7  # off-centre rows: the zero point moves
+    scale, zero = find_params(w, NearestRounding(3), sym=False, mse=True)
+    for r in range(5):
+        assert (float(scale[r]), int(zero[r])) == brute_force_asymmetric(w[r].tolist(), 3)
 
 
 def test_unit_weights_are_the_plain_search_and_weights_change_the_choice():

@@ -166,8 +166,8 @@ class MatryoshkaRounding:
         mean_pos = self.mean_pos[_host(codes).astype(np.int64)].astype(w_np.dtype)
         return torch.from_numpy(w_np - s_np * (mean_pos - z_np)).to(w.device)
 
-    def loss(self, w, codes, scale, zero, norm):
-        return multibit_loss(w, codes, scale, zero, self.table, self.lambda_t, norm)
+    def search_loss(self, w, scale, zero, norm):
+        return multibit_loss(w, self.codes(w, scale, zero), scale, zero, self.table, self.lambda_t, norm)
 
 
 class PerWidthRounding(MatryoshkaRounding):
