@@ -9,7 +9,7 @@ killed run keeps of its finished blocks.
 `assemble` writes the checkpoint directory when every block is done, atomically (fsutil.atomic_output): the tensors
 outside the blocks (embeddings, final norm, an untied lm_head) first, then the block files in order, grouped
 greedily into shards of at most `shard_bytes` (a block file larger than that is a shard of its own). Memory: one
-shard's tensors at a time. One shard → `model.safetensors`, the layout `save_checkpoint` writes, with the same
+block's tensors at a time (streamed.py writes a shard's header first, then one block after another). One shard → `model.safetensors`, the layout `save_checkpoint` writes, with the same
 tensors; more → Hugging Face's `model-0000k-of-0000N.safetensors` and `model.safetensors.index.json`.
 """
 
@@ -28,12 +28,9 @@ from ..fsutil import atomic_output
 from ..untrusted import read_header, read_tensors
 from .parent import INDEX_FILE, TENSOR_METADATA, WEIGHTS_FILE, read_layer, write_dir, layer_tensors
 from .quantized import QuantizedWeight
+from .streamed import Entry, Group, entries_of, write_streamed
 
-SHARD_BYTES = 512 << 20  # default largest shard; assembling holds one shard's tensors in memory
-
-
-def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+SHARD_BYTES = 512 << 20  # default largest shard
 
 
 class StagedCheckpoint:
@@ -74,9 +71,13 @@ class StagedCheckpoint:
         missing = [i for i in range(n_blocks) if not self.path(i).is_file()]
         if missing:
             raise UserError(f"{self.path(missing[0])} is missing: block {missing[0]} was never written; {self.fix}")
-        sizes = [_nbytes(tensors)] + [self.path(i).stat().st_size for i in range(n_blocks)]
         headers = [read_header(self.path(i), self.fix) for i in range(n_blocks)]
         width_scales = any(".scales." in k for h in headers for k in h)  # per-width scales: format v2
+        outside = {k: v.contiguous() for k, v in tensors.items()}
+        groups = [Group(entries_of(outside), lambda: outside)] + [
+            Group([Entry(k, dtype, shape) for k, (dtype, shape) in h.items()],
+                  lambda i=i: read_tensors(self.path(i), self.fix)) for i, h in enumerate(headers)]  # fmt: skip
+        sizes = [sum(e.nbytes for e in g.entries) for g in groups]
         shards: list[list[int]] = []  # source 0 = `tensors`, source i + 1 = block i
         size = 0
         for source, n in enumerate(sizes):
@@ -91,14 +92,8 @@ class StagedCheckpoint:
         total = 0
         with atomic_output(out, overwrite) as tmp:
             for name, sources in zip(names, shards):
-                shard = {}
-                for source in sources:
-                    shard.update({k: v.contiguous() for k, v in tensors.items()} if source == 0
-                                 else read_tensors(self.path(source - 1), self.fix))  # fmt: skip
-                save_file(shard, str(tmp / name), metadata=TENSOR_METADATA)
-                weight_map.update(dict.fromkeys(shard, name))
-                total += _nbytes(shard)
-                del shard
+                total += write_streamed(tmp / name, [groups[s] for s in sources], TENSOR_METADATA)
+                weight_map.update({e.name: name for s in sources for e in groups[s].entries})
             if len(shards) > 1:
                 index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
                 (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2))
