@@ -8,6 +8,10 @@ peer, then matgptq's own breakdown (load, capture of the first block's inputs, b
 solver, error report, save).
 
 Tools (--tools, comma-separated):
+  matgptq-cli      `matgptq quantize MODEL --method gptq --bits B --group-size G` with the calibration options and no
+                   other: what a user runs (model streamed block by block, checkpoint assembled from the block files);
+                   it draws the very windows the others get (the same calibration_windows call on the same text)
+  matgptq-cli-bf16 the same with --dtype bfloat16 (what `auto` gives a model stored in bfloat16)
   matgptq          GPTQ, --bits, group --group-size, symmetric, in the model's own dtype (float32 for SmolLM2 here)
   matgptq-bf16     the same with --dtype bfloat16 (Hessians and solver still float32), GPTQModel's CPU dtype
   matgptq-348      MatGPTQ parent {3,4,8} (master 8), model's dtype
@@ -26,7 +30,8 @@ With --json FILE the measurements go to FILE and the page rendered from them alo
 recorded run is docs/results/bench_pipeline.{json,md}, re-rendered by `python -m benchmarks.render_docs`).
 
     python -m benchmarks.bench_pipeline MODEL_DIR --calib FILE [--calib-range A:B] [--nsamples 64] [--seqlen 512]
-        [--tools matgptq,matgptq-bf16,gptqmodel,llmcompressor] [--threads 2] [--work DIR] [--json FILE]
+        [--group-size 128] [--tools matgptq-cli,matgptq-cli-bf16,matgptq,matgptq-bf16,gptqmodel,llmcompressor]
+        [--threads 2] [--work DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ from pathlib import Path
 
 from benchmarks._harness import child_env, header, load_json, run_measured, write_page
 
-TOOLS = ("matgptq", "matgptq-bf16", "matgptq-348", "matgptq-348-bf16", "gptqmodel", "llmcompressor")
+TOOLS = ("matgptq-cli", "matgptq-cli-bf16", "matgptq", "matgptq-bf16", "matgptq-348", "matgptq-348-bf16", "gptqmodel",
+         "llmcompressor")  # fmt: skip
 PEERS = ("gptqmodel", "llmcompressor")
 
 
@@ -108,13 +114,22 @@ def matgptq_worker(tool: str, model_dir: str, ids, out: str, bits: int, group_si
             "block runs": times.forward_passes, "threads": torch.get_num_threads()}  # fmt: skip
 
 
+def cli_command(args, tool: str, out: Path) -> list[str]:
+    """The command line a user types (tool matgptq-cli[-bf16])."""
+    return [sys.executable, "-m", "matgptq", "quantize", args.model, "--out", str(out), "--method", "gptq", "--bits",
+            str(args.bits), "--group-size", str(args.group_size), "--calib", args.calib, "--calib-range",
+            args.calib_range, "--nsamples", str(args.nsamples), "--seqlen", str(args.seqlen), "--seed", str(args.seed),
+            "--overwrite", "--quiet"] + (["--dtype", "bfloat16"] if tool.endswith("bf16") else [])  # fmt: skip
+
+
 def run_child(args, tool: str, ids_file: Path, work: Path) -> dict:
     out = work / tool
     report = work / f"{tool}.json"
     cmd = [sys.executable, "-m", "benchmarks.bench_pipeline", "--worker", tool, args.model, "--ids", str(ids_file),
            "--out-model", str(out), "--bits", str(args.bits), "--group-size", str(args.group_size), "--report", str(report)]  # fmt: skip
-    usage = run_measured(cmd, child_env(args.threads), work / f"{tool}.log")
-    return {"tool": tool, **usage, "breakdown": json.loads(report.read_text()) if usage["ok"] else {}}
+    cli = tool.startswith("matgptq-cli")
+    usage = run_measured(cli_command(args, tool, out) if cli else cmd, child_env(args.threads), work / f"{tool}.log")
+    return {"tool": tool, **usage, "breakdown": json.loads(report.read_text()) if usage["ok"] and not cli else {}}
 
 
 def main() -> None:
@@ -126,9 +141,8 @@ def main() -> None:
     p.add_argument("--seqlen", type=int, default=512, help="tokens per window")
     p.add_argument("--seed", type=int, default=0, help="seed of the window draw")
     p.add_argument("--bits", type=int, default=4, help="GPTQ width")
-    p.add_argument("--group-size", type=int, default=64,
-                   help="columns per scale group (default 64: llm-compressor cannot do 128 on SmolLM2's 576 columns)")
-    p.add_argument("--tools", default="matgptq,matgptq-bf16,matgptq-348-bf16,gptqmodel,llmcompressor",
+    p.add_argument("--group-size", type=int, default=128, help="columns per scale group")
+    p.add_argument("--tools", default="matgptq-cli,matgptq-cli-bf16,matgptq,matgptq-bf16,gptqmodel,llmcompressor",
                    help=f"comma-separated, from {', '.join(TOOLS)}")
     p.add_argument("--threads", type=int, default=2, help="threads per tool (OMP_NUM_THREADS)")
     p.add_argument("--work", help="keep outputs and logs here (default: a temporary directory, removed)")
@@ -200,7 +214,7 @@ def tables(data: dict) -> str:
             for r in results if r["ok"]]  # fmt: skip
     out = [format_table(["tool", "wall s", "CPU s", "peak RSS GB", "CPU / fastest peer", "RSS / lowest peer"], rows)]
     out += [f"- {r['tool']}: FAILED" for r in results if not r["ok"]]
-    parts = [r for r in results if r["tool"].startswith("matgptq") and r["ok"]]
+    parts = [r for r in results if r["tool"].startswith("matgptq") and r["ok"] and r["breakdown"]]  # the CLI has none
     if parts:
         keys = list(parts[0]["breakdown"])
         out += ["", format_table(["seconds"] + [r["tool"] for r in parts],

@@ -155,8 +155,9 @@ def _default_parent() -> str | None:
     return next((r for r in ROWS if is_parent(r) and spelled(r) == want), None)
 
 
-def readme_block(data: dict) -> str:
-    """The README's comparison: `quantize --method gptq` with no options against the peers' defaults, seed means."""
+def readme_block(data: dict, pipeline: dict) -> str:
+    """The README's comparison: `quantize --method gptq` with no options against the peers' defaults, seed means;
+    its cost from `pipeline` (bench_pipeline.json)."""
     cells = _cells(data)
     peers = [p for p in ("gptqmodel", "llmcompressor", "llmcompressor-g64") if any(k[0] == p for k in cells)]
     default_parent = _default_parent()
@@ -187,20 +188,26 @@ def readme_block(data: dict) -> str:
                                "([gptq_defaults](docs/results/gptq_defaults.md): the ablation, CPU time, memory)."
                                + (" The parent is one quantization serving every width; what GPTQ's scale options do "
                                   "for it: [defaults](docs/guide/quantize.md#defaults)." if parent else "")
-                               + _cost_sentence(cells))  # fmt: skip
+                               + _cost_sentence(pipeline))  # fmt: skip
 
 
-def _cost_sentence(cells: dict) -> str:
-    """End to end CPU time and peak memory of `default` (and of it calibrating in bfloat16) over GPTQModel's, at 4 bits
-    (seed means), or nothing where a row is missing."""
-    peer, rows = cells.get(("gptqmodel", 4)), [("default", "in the model's float32"),
-                                                ("gar-mse-w-refit-bf16", "calibrating in bfloat16, as GPTQModel does")]
-    got = [(cells[(r, 4)], what) for r, what in rows if (r, 4) in cells and "cpu_quiet" in cells[(r, 4)]]
-    if not peer or "cpu_quiet" not in peer or not got:
+def _cost_sentence(pipeline: dict) -> str:
+    """End to end CPU time and peak memory of the command a user types (in the model's float32, and calibrating in
+    bfloat16) over GPTQModel's, measured side by side in one run of benchmarks/bench_pipeline.py (its `matgptq-cli`
+    rows), or nothing where that run has none: the ablation's own CPU times come from runs spread over days and
+    machine loads, so they are not set side by side here."""
+    data = pipeline
+    by_tool = {r["tool"]: r for r in data.get("results", []) if r.get("ok")}
+    peer, a = by_tool.get("gptqmodel"), data.get("args", {})
+    rows = [("matgptq-cli", "in the model's float32"), ("matgptq-cli-bf16", "calibrating in bfloat16 (what a model "
+            "stored in bfloat16 gets, and what GPTQModel does)")]  # fmt: skip
+    got = [(by_tool[t], what) for t, what in rows if t in by_tool]
+    if not peer or not got:
         return ""
-    return " At 4 bits, end to end on a quiet machine: " + "; ".join(
-        f"{what}, {c['cpu_quiet'] / peer['cpu_quiet']:.2f}× GPTQModel's CPU time and "
-        f"{c['rss_quiet'] / peer['rss_quiet']:.2f}× its peak memory" for c, what in got) + "."  # fmt: skip
+    return (f" At {a['bits']} bits g{a['group_size']}, end to end in one run ([bench_pipeline]"
+            "(docs/results/bench_pipeline.md)): " + "; ".join(
+        f"{what}, {c['cpu'] / peer['cpu']:.2f}× GPTQModel's CPU time and {c['rss_gb'] / peer['rss_gb']:.2f}× its "
+        "peak memory" for c, what in got) + ".")  # fmt: skip
 
 
 def plot_page(data: dict, path: Path) -> None:
