@@ -25,8 +25,8 @@ def child_env(threads: int | None = None, **extra: str) -> dict[str, str]:
     threads for torch and GPTQModel, no torch.compile, quiet tokenizers; `extra` on top."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
            "TORCHDYNAMO_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
-    if threads is not None:
-        env.update(OMP_NUM_THREADS=str(threads), GPTQMODEL_CPU_WORKERS=str(threads))
+    if threads is not None:  # GPTQModel's model loader asks its CPU pool for 2 workers and refuses a smaller pool
+        env.update(OMP_NUM_THREADS=str(threads), GPTQMODEL_CPU_WORKERS=str(max(2, threads)))
     return {**env, **extra}
 
 
