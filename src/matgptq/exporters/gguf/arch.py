@@ -7,6 +7,11 @@ permutation. Checked against llama.cpp's own converter (tests/exporters/test_ggu
 - qwen2 → `qwen2` (q/k/v biases), qwen3 → `qwen3` (RMSNorm of q and k per head: attn_q_norm / attn_k_norm),
   phi3 → `phi3` (fused attn_qkv, fused gate|up as ffn_up, gate first as in HF's `chunk(2)`): NEOX RoPE (rotate
   halves), which needs no permutation.
+- olmo2 → `olmo2` (Olmo2Model): norms after attention and MLP (post_attention_norm / post_ffw_norm, no input norm),
+  q/k RMSNorm over all heads (attn_q_norm / attn_k_norm); NEOX RoPE, no permutation.
+- granite → `granite` (GraniteModel, a LlamaModel): Llama's tensors and Q/K permutation; its multipliers are metadata.
+- gemma2 → `gemma2`, gemma3_text → `gemma3` (Gemma2Model / Gemma3Model): four norms per block, each stored as 1 + w
+  (Gemma's RMSNorm multiplies by 1 + w; `norm_shift`), Gemma 3's q/k norms too; gemma2's lm_head is dropped (tied).
 """
 
 from __future__ import annotations
@@ -32,6 +37,15 @@ class GGUFArch:
     name: str  # general.architecture, and the prefix of the model's metadata keys
     permute_qk: bool  # Llama's interleaved RoPE: Q/K rows permuted (docs/formats.md §3.3)
     block_names: dict[str, str] = field(default_factory=lambda: dict(_LLAMA_BLOCK))
+    act: str = "silu"  # the MLP activation llama.cpp's graph uses (HF hidden_act / hidden_activation)
+    norm_shift: float = 0.0  # added to every norm weight by the converter (Gemma: 1 + w)
+    drop: tuple[str, ...] = ()  # HF tensors the converter leaves out
+
+    def stored_norm(self, gguf_name: str, w: np.ndarray) -> np.ndarray:
+        """A 1-D tensor as the converter stores it (Gemma's norms: 1 + w, added in float32 as it does)."""
+        if self.norm_shift and gguf_name.endswith("norm.weight"):
+            return (w.astype(np.float32) + np.float32(self.norm_shift)).astype(np.float32)
+        return w
 
     def tensor_name(self, hf_name: str) -> str | None:
         """GGUF name of an HF tensor, or None if it has none."""
@@ -51,6 +65,11 @@ class GGUFArch:
         return {v: k for k, v in _TOP_NAMES.items()}.get(gguf_name, gguf_name)
 
 
+_PROJ = {k: v for k, v in _LLAMA_BLOCK.items() if "layernorm" not in k}
+_QK_NORM = {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+_GEMMA_BLOCK = {**_PROJ, "input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+                "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}  # fmt: skip
+
 ARCHITECTURES = {
     "llama": GGUFArch("llama", True),
     "mistral": GGUFArch("llama", True),
@@ -60,13 +79,20 @@ ARCHITECTURES = {
     "phi3": GGUFArch("phi3", False, {"self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
                                      "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
                                      "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}),
+    "olmo2": GGUFArch("olmo2", False, {**_PROJ, **_QK_NORM, "post_attention_layernorm": "post_attention_norm",
+                                       "post_feedforward_layernorm": "post_ffw_norm"}),
+    "granite": GGUFArch("granite", True),
+    "gemma2": GGUFArch("gemma2", False, _GEMMA_BLOCK, "gelu_pytorch_tanh", 1.0, ("lm_head.weight",)),
+    "gemma3_text": GGUFArch("gemma3", False, {**_GEMMA_BLOCK, **_QK_NORM}, "gelu_pytorch_tanh", 1.0),
 }  # fmt: skip
 
 
 def gguf_arch(model_type: str | None) -> GGUFArch:
     if model_type not in ARCHITECTURES:
-        raise UserError(f"GGUF export supports the model types {', '.join(ARCHITECTURES)}; this model is "
-                        f"'{model_type}' (its llama.cpp tensor names and metadata are not mapped yet)")  # fmt: skip
+        names = list(ARCHITECTURES)  # the later additions after "also" (test_gguf_export_metadata pins the first five)
+        raise UserError(f"GGUF export supports the model types {', '.join(names[:5])}; also {', '.join(names[5:])}; "
+                        f"this model is '{model_type}' (its llama.cpp tensor names and metadata are not mapped "
+                        "yet)")  # fmt: skip
     return ARCHITECTURES[model_type]
 
 
@@ -75,7 +101,7 @@ def gguf_tensor_name(hf_name: str, arch: GGUFArch = ARCHITECTURES["llama"]) -> s
 
 
 _IN_BLOCK = ("attn_norm", "attn_q", "attn_q_norm", "attn_k", "attn_k_norm", "attn_v", "attn_qkv", "attn_output",
-             "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")  # fmt: skip
+             "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")  # fmt: skip
 
 
 def tensor_order(gguf_name: str) -> tuple:

@@ -13,6 +13,7 @@ import numpy as np
 from ...errors import UserError
 from ...formats.gguf import gguf_module
 from .arch import gguf_arch
+from .metadata_arch import add_arch_metadata
 
 
 # --- metadata -------------------------------------------------------------------------------------------------------
@@ -24,8 +25,9 @@ def hparams(config: dict) -> dict:
 
     arch = gguf_arch(config.get("model_type"))
     cfg = AutoConfig.for_model(**config)
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        raise UserError(f"llama.cpp's {arch.name} graph uses SiLU; this model uses {cfg.hidden_act}")
+    act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", None) or "silu"
+    if act != arch.act:
+        raise UserError(f"llama.cpp's {arch.name} graph uses the activation {arch.act}; this model uses {act}")
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     rope = dict(getattr(cfg, "rope_parameters", None) or {})
@@ -37,7 +39,8 @@ def hparams(config: dict) -> dict:
         "arch": arch, "n_vocab": cfg.vocab_size, "n_ctx": cfg.max_position_embeddings, "n_embd": cfg.hidden_size,
         "n_layer": cfg.num_hidden_layers, "n_ff": cfg.intermediate_size, "n_head": heads,
         "n_head_kv": getattr(cfg, "num_key_value_heads", None) or heads, "head_dim": head_dim,
-        "head_dim_in_config": "head_dim" in config, "eps": cfg.rms_norm_eps, "rope": rope,
+        "head_dim_in_config": "head_dim" in config and arch.name != "granite",  # GraniteModel pops head_dim
+        "eps": cfg.rms_norm_eps, "rope": rope, "config": config,
         "tied": bool(getattr(cfg, "tie_word_embeddings", False)), "sliding_window": config.get("sliding_window"),
     }  # fmt: skip
 
@@ -48,6 +51,9 @@ def add_metadata(writer, hp: dict, name: str) -> list[tuple[str, np.ndarray]]:
     writer.add_name(name)
     if hp["arch"].name == "phi3":
         return _phi3_metadata(writer, hp)
+    if hp["arch"].name in ("gemma2", "gemma3"):
+        add_arch_metadata(writer, hp)
+        return []
     writer.add_block_count(hp["n_layer"])
     writer.add_context_length(hp["n_ctx"])
     writer.add_embedding_length(hp["n_embd"])
@@ -60,9 +66,11 @@ def add_metadata(writer, hp: dict, name: str) -> list[tuple[str, np.ndarray]]:
     if hp["head_dim_in_config"]:
         writer.add_key_length(hp["head_dim"])
         writer.add_value_length(hp["head_dim"])
-    if hp["arch"].name == "llama":
+    if hp["arch"].name in ("llama", "granite"):  # LlamaModel.set_gguf_parameters (GraniteModel's base)
         writer.add_vocab_size(hp["n_vocab"])
         writer.add_rope_dimension_count(hp["head_dim"])
+    if hp["arch"].name == "granite":
+        add_arch_metadata(writer, hp)
     kind = (rope.get("rope_type") or rope.get("type") or "default").lower()
     if kind == "default":
         return []

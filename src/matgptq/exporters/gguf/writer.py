@@ -1,8 +1,8 @@
 """GGUF export (llama.cpp) of a matgptq parent, slice or per-layer mix, keeping the integer codes.
 
-The parts: arch.py names and orders the tensors (Llama, Mistral, Qwen2, Qwen3, Phi-3), formats/gguf/tensors.py
-encodes each one (which block type keeps a layer's codes), metadata.py describes the model, vocab.py its
-tokenizer; this module writes the file.
+The parts: arch.py names and orders the tensors (Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Granite, Gemma 2/3),
+formats/gguf/tensors.py encodes each one (which block type keeps a layer's codes), metadata.py (and metadata_arch.py)
+describes the model, vocab.py its tokenizer; this module writes the file.
 
 Metadata follows convert_hf_to_gguf.py (docs/formats.md §3.1), Llama's Q/K rows get its RoPE permutation (§3.3,
 applied to whole encoded rows, which commutes with the row-wise blocks), norms are F32, embeddings/lm_head `embed_type`
@@ -34,6 +34,7 @@ from ...runtime import open_checkpoint, resolve_bits
 from ...untrusted import read_json
 from .arch import ARCHITECTURES, tensor_order, llama_qk_permutation
 from .metadata import add_metadata, hparams
+from .metadata_arch import check_model
 from .vocab import add_vocab
 
 __all__ = ["export_gguf", "read_gguf_weights", "GGUFExport", "TensorExport", "GGUFExportWarning"]
@@ -169,7 +170,7 @@ def _measured(g: str, hf: str, data: np.ndarray, typ: str, method: str, bits: in
 
 
 def _encode(hf: str, lname: str | None, g: str, perm, ckpt, widths: dict, tensors: dict, types: tuple[str, str, str],
-            warn) -> Entry:  # fmt: skip
+            warn, arch=ARCHITECTURES["llama"]) -> Entry:  # fmt: skip
     """One tensor's GGUF entry: quantized layer `lname`'s weight with its codes where a block type holds them, a norm
     as F32, the embeddings/output as `embed_type`, any other (unquantized source) weight as the float type."""
     qtype, float_type, embed_type = types
@@ -181,7 +182,8 @@ def _encode(hf: str, lname: str | None, g: str, perm, ckpt, widths: dict, tensor
             warn(f"{lname} ({widths[lname]}-bit) written as {enc.ggml_type.upper()}: {enc.note}")
         return _measured(g, hf, enc.data, enc.ggml_type, enc.method, widths[lname], ref, perm, enc.note)
     t = tensors[hf].detach().float().numpy()
-    if t.ndim == 1:
+    if t.ndim == 1:  # as the converter stores it (Gemma's norms: 1 + w)
+        t = arch.stored_norm(g, t)
         return _measured(g, hf, t.astype(np.float32), "f32", "float", None, t, perm)
     if g in ("token_embd.weight", "output.weight"):
         typ = embed_type
@@ -203,14 +205,14 @@ def _entries(src: Path, ckpt, widths: dict, tensors: dict, hp: dict, types: tupl
         if g is None:
             raise UserError(f"{src}: tensor {hf} has no GGUF name in llama.cpp's {arch.name} layout; this variant of "
                             "the architecture is not supported")  # fmt: skip
-        if hf == "lm_head.weight" and hp["tied"]:
+        if (hf == "lm_head.weight" and hp["tied"]) or hf in arch.drop:
             continue
         m = re.fullmatch(r"model\.layers\.\d+\.(self_attn\.[qk]_proj)\.(weight|bias)", hf)
         perm = None
         if m and arch.permute_qk:
             rows = ckpt.layers[layer_of[hf]].shape[0] if hf in layer_of else tensors[hf].shape[0]
             perm = llama_qk_permutation(rows, perms[m.group(1)])
-        entries.append(_encode(hf, layer_of.get(hf), g, perm, ckpt, widths, tensors, types, warn))
+        entries.append(_encode(hf, layer_of.get(hf), g, perm, ckpt, widths, tensors, types, warn, arch))
     return sorted(entries, key=lambda e: tensor_order(e[0].name))
 
 
@@ -275,6 +277,7 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
     src = Path(src)
     ckpt, widths, config, tensors, tok_dir = _source(src, bits, bits_config)
     hp = hparams(config)
+    check_model(hp, tok_dir)
     if ckpt is None and qtype != "auto":
         raise UserError(f"{src} is not quantized: matgptq writes it as {float_type.upper()}; quantize it first or use "
                         "llama.cpp's quantizer on the exported file")  # fmt: skip
@@ -313,5 +316,7 @@ def read_gguf_weights(path: str | Path) -> dict[str, np.ndarray]:
         m = re.fullmatch(r"blk\.\d+\.(attn_q|attn_k)\.(weight|bias)", t.name)
         if m and arch.permute_qk:
             w = w[np.argsort(llama_qk_permutation(w.shape[0], n_head if m.group(1) == "attn_q" else n_kv))]
+        if arch.norm_shift and t.name.endswith("norm.weight"):  # Gemma's 1 + w (not bit-exact: w's low bits)
+            w = w - np.float32(arch.norm_shift)
         out[arch.hf_name(t.name)] = w
     return out
