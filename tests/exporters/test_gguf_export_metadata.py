@@ -163,7 +163,7 @@ def test_unmapped_architecture_refused(parent, tmp_path):
     cfg = json.loads((other / "config.json").read_text())
     cfg["model_type"] = "gpt2"  # quantizable by matgptq, not mapped to llama.cpp's names
     (other / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UserError, match="GGUF export supports the model types llama, mistral, qwen2, qwen3, phi3;"):
+    with pytest.raises(UserError, match="GGUF export supports the model types llama, .*phi3, .*gemma2.*; this model is 'gpt2'"):
         export_gguf(other, tmp_path / "m.gguf", bits=4)
     assert not (tmp_path / "m.gguf").exists()
 
