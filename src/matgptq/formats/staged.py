@@ -9,8 +9,9 @@ killed run keeps of its finished blocks.
 `assemble` writes the checkpoint directory when every block is done, atomically (fsutil.atomic_output): the tensors
 outside the blocks (embeddings, final norm, an untied lm_head) first, then the block files in order, grouped
 greedily into shards of at most `shard_bytes` (a block file larger than that is a shard of its own). Memory: one
-block's tensors at a time (streamed.py writes a shard's header first, then one block after another). One shard → `model.safetensors`, the layout `save_checkpoint` writes, with the same
-tensors; more → Hugging Face's `model-0000k-of-0000N.safetensors` and `model.safetensors.index.json`.
+block's tensors at a time (streamed.py writes a shard's header first, then one block after another). One shard →
+`model.safetensors`, the layout `save_checkpoint` writes, with the same tensors; more → Hugging Face's
+`model-0000k-of-0000N.safetensors` and `model.safetensors.index.json`.
 """
 
 from __future__ import annotations
