@@ -4,13 +4,28 @@ split from; the modules sharing one only read it and write under their own tmp_p
 (random models, calibration), so sharing changes nothing the tests compute."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import STORIES, make_tiny_llama, quick_quantize, require_peer
 from tests.exporters import ct_helpers, gptq_interop_helpers
+from tests.exporters.gguf_converter import CONVERTER
 from tests.exporters.gptq_helpers import synthetic
+
+
+# --- GGUF architectures (test_gguf_arch*.py): llama.cpp's converter, the oracle --------------------------------
+
+
+@pytest.fixture(scope="package")
+def converter() -> Path:
+    if not CONVERTER.is_file():
+        message = f"llama.cpp's converter is not at {CONVERTER}; `make interop` unpacks it"
+        if os.environ.get("MATGPTQ_REQUIRE_PEERS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return CONVERTER
 
 
 # --- GGUF export (test_gguf_export*.py) ------------------------------------------------------------------------------

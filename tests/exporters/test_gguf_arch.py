@@ -14,10 +14,7 @@ The models have random norms, biases and q/k-norm weights (not HF's ones/zeros i
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +22,7 @@ import pytest
 import torch
 
 from tests.conftest import STORIES, quick_quantize, require_peer
+from tests.exporters.gguf_converter import assert_same_file_as_converter
 from tests.exporters.test_gguf_interop import F32_KV, TOKENS, cpp_logits, hf_logits, per_position
 
 pytestmark = pytest.mark.interop
@@ -33,26 +31,8 @@ gguf = pytest.importorskip("gguf")
 from matgptq.exporters.gguf import export_gguf, read_gguf_weights  # noqa: E402
 from matgptq.exporters.readers import gguf_readers  # noqa: E402
 
-CONVERTER = Path(sys.prefix) / "llama.cpp" / "convert_hf_to_gguf.py"
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 ROPE_SCALING = ("qwen2-yarn", "phi3-longrope")  # metadata and RoPE-factor tensors, checked against the converter
-# runs llama.cpp's converter with its vocabulary step skipped (the models borrow a tokenizer it would not read)
-_RUN_CONVERTER = """
-import runpy, sys
-conv = sys.argv[1]
-sys.path.insert(0, conv)
-sys.argv = [conv + "/convert_hf_to_gguf.py", *sys.argv[2:]]
-import conversion
-_get = conversion.get_model_class
-def _without_vocab(name, mmproj=False):
-    cls = _get(name, mmproj)
-    cls.set_vocab = lambda self: None
-    return cls
-conversion.get_model_class = _without_vocab
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def make_model(kind: str, path: Path) -> Path:
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
@@ -92,38 +72,9 @@ def models(tmp_path_factory):
     return {kind: make_model(kind, root / kind / "model") for kind in ARCHS + ROPE_SCALING}
 
 
-@pytest.fixture(scope="module")
-def converter() -> Path:
-    if not CONVERTER.is_file():
-        message = f"llama.cpp's converter is not at {CONVERTER}; `make interop` unpacks it"
-        if os.environ.get("MATGPTQ_REQUIRE_PEERS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return CONVERTER
-
-
-def _fields(path: Path) -> dict:
-    reader = gguf.GGUFReader(str(path))
-    skip = ("tokenizer.", "general.", "GGUF.", "matgptq.")
-    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith(skip)}
-
-
 @pytest.mark.parametrize("kind", ARCHS + ROPE_SCALING)
 def test_same_file_as_llamacpp_converter(converter, models, tmp_path, kind):
-    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
-    env = {**os.environ, "PYTHONPATH": ""}
-    run = subprocess.run([sys.executable, "-c", _RUN_CONVERTER, str(converter.parent), str(models[kind]), "--outtype",
-                          "f32", "--outfile", str(theirs)], env=env, capture_output=True, text=True)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    export_gguf(models[kind], ours)
-    a, b = gguf.GGUFReader(str(theirs)), gguf.GGUFReader(str(ours))
-    assert a.fields["general.architecture"].contents() == b.fields["general.architecture"].contents()
-    assert _fields(theirs) == _fields(ours)
-    ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
-    assert sorted(ta) == sorted(tb)
-    for name, t in ta.items():
-        assert t.tensor_type == tb[name].tensor_type, name
-        np.testing.assert_array_equal(np.asarray(t.data), np.asarray(tb[name].data), err_msg=name)
+    assert_same_file_as_converter(gguf, converter, models[kind], tmp_path)
 
 
 @pytest.mark.parametrize("kind", ARCHS)

@@ -12,10 +12,7 @@ Gemma 2 keeps its default soft-capping (50 / 30) and Gemma 3 its two RoPE bases 
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +20,7 @@ import pytest
 import torch
 
 from tests.conftest import STORIES, quick_quantize, require_peer
-from tests.exporters import test_gguf_arch
-from tests.exporters.test_gguf_arch import _RUN_CONVERTER, _fields
+from tests.exporters.gguf_converter import assert_same_file_as_converter
 from tests.exporters.test_gguf_interop import F32_KV, TOKENS, cpp_logits, hf_logits, model_logits, per_position
 
 pytestmark = pytest.mark.interop
@@ -34,7 +30,6 @@ from matgptq.errors import UserError  # noqa: E402
 from matgptq.exporters.gguf import export_gguf, read_gguf_weights  # noqa: E402
 from matgptq.exporters.readers import gguf_readers  # noqa: E402
 
-converter = test_gguf_arch.converter  # the fixture locating llama.cpp's converter (skips or fails without it)
 ARCHS = ("olmo2", "granite", "gemma2", "gemma3_text")
 COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
@@ -111,20 +106,7 @@ def models(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ARCHS + tuple(VARIANTS))
 def test_same_file_as_llamacpp_converter(converter, models, tmp_path, kind):
-    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
-    env = {**os.environ, "PYTHONPATH": ""}
-    run = subprocess.run([sys.executable, "-c", _RUN_CONVERTER, str(converter.parent), str(models[kind]), "--outtype",
-                          "f32", "--outfile", str(theirs)], env=env, capture_output=True, text=True)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    export_gguf(models[kind], ours)
-    a, b = gguf.GGUFReader(str(theirs)), gguf.GGUFReader(str(ours))
-    assert a.fields["general.architecture"].contents() == b.fields["general.architecture"].contents()
-    assert _fields(theirs) == _fields(ours)
-    ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
-    assert sorted(ta) == sorted(tb)
-    for name, t in ta.items():
-        assert t.tensor_type == tb[name].tensor_type, name
-        np.testing.assert_array_equal(np.asarray(t.data), np.asarray(tb[name].data), err_msg=name)
+    assert_same_file_as_converter(gguf, converter, models[kind], tmp_path)
 
 
 @pytest.mark.parametrize("kind", ARCHS)
