@@ -13,7 +13,7 @@ import numpy as np
 from ...errors import UserError
 from ...formats.gguf import gguf_module
 from .arch import gguf_arch
-from .metadata_arch import add_arch_metadata
+from .metadata_arch import add_arch_metadata, add_dimensions
 
 
 # --- metadata -------------------------------------------------------------------------------------------------------
@@ -54,12 +54,7 @@ def add_metadata(writer, hp: dict, name: str) -> list[tuple[str, np.ndarray]]:
     if hp["arch"].name in ("gemma2", "gemma3"):
         add_arch_metadata(writer, hp)
         return []
-    writer.add_block_count(hp["n_layer"])
-    writer.add_context_length(hp["n_ctx"])
-    writer.add_embedding_length(hp["n_embd"])
-    writer.add_feed_forward_length(hp["n_ff"])
-    writer.add_head_count(hp["n_head"])
-    writer.add_head_count_kv(hp["n_head_kv"])
+    add_dimensions(writer, hp)
     rope = hp["rope"]
     writer.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(float(hp["eps"]))

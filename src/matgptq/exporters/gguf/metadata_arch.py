@@ -82,15 +82,20 @@ def _granite(writer, hp: dict) -> None:
             add(float(cfg[key]))
 
 
-def _gemma2(writer, hp: dict) -> None:
-    """Gemma2Model.set_gguf_parameters (its own set: no RoPE keys)."""
-    cfg = hp["config"]
+def add_dimensions(writer, hp: dict) -> None:
+    """The keys every architecture's GGUF has: block count, context, embedding and feed-forward lengths, heads."""
+    writer.add_block_count(hp["n_layer"])
     writer.add_context_length(hp["n_ctx"])
     writer.add_embedding_length(hp["n_embd"])
-    writer.add_block_count(hp["n_layer"])
     writer.add_feed_forward_length(hp["n_ff"])
     writer.add_head_count(hp["n_head"])
     writer.add_head_count_kv(hp["n_head_kv"])
+
+
+def _gemma2(writer, hp: dict) -> None:
+    """Gemma2Model.set_gguf_parameters (its own set: no RoPE keys)."""
+    cfg = hp["config"]
+    add_dimensions(writer, hp)
     writer.add_layer_norm_rms_eps(float(hp["eps"]))
     writer.add_key_length(hp["head_dim"])
     writer.add_value_length(hp["head_dim"])
@@ -105,12 +110,7 @@ def _gemma3(writer, hp: dict) -> None:
     from ...formats.gguf import gguf_module
 
     cfg, rope = hp["config"], _full_rope(hp)
-    writer.add_block_count(hp["n_layer"])
-    writer.add_context_length(hp["n_ctx"])
-    writer.add_embedding_length(hp["n_embd"])
-    writer.add_feed_forward_length(hp["n_ff"])
-    writer.add_head_count(hp["n_head"])
-    writer.add_head_count_kv(hp["n_head_kv"])
+    add_dimensions(writer, hp)
     kind = rope.get("rope_type", "default")
     if kind == "linear" and rope.get("factor") is not None:
         writer.add_rope_scaling_type(gguf_module().RopeScalingType.LINEAR)
