@@ -12,6 +12,9 @@ permutation. Checked against llama.cpp's own converter (tests/exporters/test_ggu
 - granite → `granite` (GraniteModel, a LlamaModel): Llama's tensors and Q/K permutation; its multipliers are metadata.
 - gemma2 → `gemma2`, gemma3_text → `gemma3` (Gemma2Model / Gemma3Model): four norms per block, each stored as 1 + w
   (Gemma's RMSNorm multiplies by 1 + w; `norm_shift`), Gemma 3's q/k norms too; gemma2's lm_head is dropped (tied).
+- qwen3_moe → `qwen3moe` (Qwen3MoeModel), mixtral → `llama` with experts (convert_hf_to_gguf maps MixtralForCausalLM
+  to LlamaModel: Q/K permuted): the router `mlp.gate` is `ffn_gate_inp` (always F32, as the converter keeps it), the
+  fused experts are 3-D `ffn_{gate,up,down}_exps` (experts.py).
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ class GGUFArch:
 
 
 _PROJ = {k: v for k, v in _LLAMA_BLOCK.items() if "layernorm" not in k}
+_ATTN = {k: v for k, v in _PROJ.items() if k.startswith("self_attn.")}
+_NORMS = {k: v for k, v in _LLAMA_BLOCK.items() if "layernorm" in k}
+_ROUTER = {"mlp.gate": "ffn_gate_inp"}  # a mixture-of-experts block's router; its experts: experts.py
 _QK_NORM = {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 _GEMMA_BLOCK = {**_PROJ, "input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
                 "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}  # fmt: skip
@@ -84,10 +90,18 @@ ARCHITECTURES = {
     "granite": GGUFArch("granite", True),
     "gemma2": GGUFArch("gemma2", False, _GEMMA_BLOCK, "gelu_pytorch_tanh", 1.0, ("lm_head.weight",)),
     "gemma3_text": GGUFArch("gemma3", False, {**_GEMMA_BLOCK, **_QK_NORM}, "gelu_pytorch_tanh", 1.0),
+    "qwen3_moe": GGUFArch("qwen3moe", False, {**_NORMS, **_ATTN, **_QK_NORM, **_ROUTER}),
+    "mixtral": GGUFArch("llama", True, {**_NORMS, **_ATTN, **_ROUTER}),
 }  # fmt: skip
+# model types whose GGUF export is refused with a reason and an alternative (gguf_arch)
+REFUSED = {"gpt_oss": "GGUF export of gpt_oss is not supported: its llama.cpp graph (attention sinks, biased and "
+                      "clamped SwiGLU experts with interleaved gate/up rows) is not mapped or tested here; use export "
+                      "--format gptq_v1/gptq_v2 (GPTQModel 7.6 and matgptq.load run it)"}  # fmt: skip
 
 
 def gguf_arch(model_type: str | None) -> GGUFArch:
+    if model_type in REFUSED:
+        raise UserError(REFUSED[model_type])
     if model_type not in ARCHITECTURES:
         raise UserError(f"GGUF export supports the model types {', '.join(ARCHITECTURES)}; this model is "
                         f"'{model_type}' (its llama.cpp tensor names and metadata are not mapped yet)")  # fmt: skip
@@ -99,7 +113,8 @@ def gguf_tensor_name(hf_name: str, arch: GGUFArch = ARCHITECTURES["llama"]) -> s
 
 
 _IN_BLOCK = ("attn_norm", "attn_q", "attn_q_norm", "attn_k", "attn_k_norm", "attn_v", "attn_qkv", "attn_output",
-             "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")  # fmt: skip
+             "post_attention_norm", "ffn_norm", "ffn_gate_inp", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_exps",
+             "ffn_up_exps", "ffn_down_exps", "post_ffw_norm")  # fmt: skip
 
 
 def tensor_order(gguf_name: str) -> tuple:

@@ -13,7 +13,7 @@ import numpy as np
 from ...errors import UserError
 from ...formats.gguf import gguf_module
 from .arch import gguf_arch
-from .metadata_arch import add_arch_metadata, add_dimensions
+from .metadata_arch import add_arch_metadata, add_dimensions, add_experts
 
 
 # --- metadata -------------------------------------------------------------------------------------------------------
@@ -39,10 +39,17 @@ def hparams(config: dict) -> dict:
         "arch": arch, "n_vocab": cfg.vocab_size, "n_ctx": cfg.max_position_embeddings, "n_embd": cfg.hidden_size,
         "n_layer": cfg.num_hidden_layers, "n_ff": cfg.intermediate_size, "n_head": heads,
         "n_head_kv": getattr(cfg, "num_key_value_heads", None) or heads, "head_dim": head_dim,
-        "head_dim_in_config": "head_dim" in config and arch.name != "granite",  # GraniteModel pops head_dim
+        "head_dim_in_config": config.get("head_dim") is not None and arch.name != "granite",  # GraniteModel pops it
         "eps": cfg.rms_norm_eps, "rope": rope, "config": config,
         "tied": bool(getattr(cfg, "tie_word_embeddings", False)), "sliding_window": config.get("sliding_window"),
+        "n_expert": _first(config, "num_local_experts", "num_experts", "n_routed_experts"),
+        "n_expert_used": _first(config, "num_experts_per_tok", "num_experts_per_token", "top_k_experts"),
     }  # fmt: skip
+
+
+def _first(config: dict, *keys: str):
+    """The value of the first of `keys` in the config (None if it has none), as convert_hf_to_gguf's find_hparam."""
+    return next((config[k] for k in keys if k in config), None)
 
 
 def add_metadata(writer, hp: dict, name: str) -> list[tuple[str, np.ndarray]]:
@@ -58,6 +65,7 @@ def add_metadata(writer, hp: dict, name: str) -> list[tuple[str, np.ndarray]]:
     rope = hp["rope"]
     writer.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(float(hp["eps"]))
+    add_experts(writer, hp)
     if hp["head_dim_in_config"]:
         writer.add_key_length(hp["head_dim"])
         writer.add_value_length(hp["head_dim"])

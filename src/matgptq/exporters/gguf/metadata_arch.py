@@ -22,6 +22,8 @@ def check_model(hp: dict, tok_dir: Path) -> None:
     arch, cfg = hp["arch"].name, hp["config"]
     if arch == "granite" and hp["head_dim"] * hp["n_head"] != hp["n_embd"]:
         raise UserError("llama.cpp's granite graph has head_dim = hidden_size / heads (the converter drops head_dim)")
+    if hp["n_expert"] is not None:
+        _check_moe(hp)
     if arch not in _SWA_PERIOD:
         return
     where = f"llama.cpp's {arch} graph"
@@ -44,6 +46,21 @@ def check_model(hp: dict, tok_dir: Path) -> None:
         raise UserError(f"{where} has no attention logit soft-capping; this model sets attn_logit_softcapping")
     if arch == "gemma3":
         _check_gemma3_vocab(hp, tok_dir)
+
+
+def _check_moe(hp: dict) -> None:
+    """llama.cpp's qwen3moe and llama (Mixtral) graphs: every block a sparse MoE block whose top-k routing weights are
+    renormalised to sum to 1 (build_moe_ffn with norm_w), attention over the whole context."""
+    cfg, where = hp["config"], f"llama.cpp's {hp['arch'].name} graph"
+    if cfg.get("model_type") == "qwen3_moe":
+        if not cfg.get("norm_topk_prob", False):
+            raise UserError(f"{where} renormalises the top-k routing weights; this model sets norm_topk_prob false")
+        if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+            raise UserError(f"{where} has experts in every block; this model has dense MLP blocks (mlp_only_layers / "
+                            "decoder_sparse_step)")  # fmt: skip
+    window = hp["sliding_window"]
+    if cfg.get("model_type") == "mixtral" and window is not None and window < hp["n_ctx"]:
+        raise UserError(f"{where} attends to the whole context; this model's sliding_window is {window}")
 
 
 def _check_gemma3_vocab(hp: dict, tok_dir: Path) -> None:
@@ -80,6 +97,20 @@ def _granite(writer, hp: dict) -> None:
                      ("logits_scaling", writer.add_logit_scale)):  # fmt: skip
         if cfg.get(key):
             add(float(cfg[key]))
+
+
+def add_experts(writer, hp: dict) -> None:
+    """TextModel's expert counts (any architecture whose config has them), and Qwen2MoeModel's expert FFN length."""
+    cfg = hp["config"]
+    if hp["n_expert"] is not None:
+        writer.add_expert_count(int(hp["n_expert"]))
+    if hp["n_expert_used"] is not None:
+        writer.add_expert_used_count(int(hp["n_expert_used"]))
+    if hp["arch"].name == "qwen3moe":
+        if cfg.get("moe_intermediate_size") is not None:
+            writer.add_expert_feed_forward_length(int(cfg["moe_intermediate_size"]))
+        if cfg.get("shared_expert_intermediate_size") is not None:
+            writer.add_expert_shared_feed_forward_length(int(cfg["shared_expert_intermediate_size"]))
 
 
 def add_dimensions(writer, hp: dict) -> None:

@@ -1,8 +1,9 @@
 """GGUF export (llama.cpp) of a matgptq parent, slice or per-layer mix, keeping the integer codes.
 
-The parts: arch.py names and orders the tensors (Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Granite, Gemma 2/3),
-formats/gguf/tensors.py encodes each one (which block type keeps a layer's codes), metadata.py (and metadata_arch.py)
-describes the model, vocab.py its tokenizer; this module writes the file.
+The parts: arch.py names and orders the tensors (Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Granite, Gemma 2/3,
+Qwen3-MoE, Mixtral), experts.py stacks fused experts into 3-D tensors, formats/gguf/tensors.py encodes each one
+(which block type keeps a layer's codes), metadata.py (and metadata_arch.py) describes the model, vocab.py its
+tokenizer; this module writes the file.
 
 Metadata follows convert_hf_to_gguf.py (docs/formats.md §3.1), Llama's Q/K rows get its RoPE permutation (§3.3,
 applied to whole encoded rows, which commutes with the row-wise blocks), norms are F32, embeddings/lm_head `embed_type`
@@ -33,6 +34,7 @@ from ...models import load_fp_model
 from ...runtime import open_checkpoint, resolve_bits
 from ...untrusted import read_json
 from .arch import ARCHITECTURES, tensor_order, llama_qk_permutation
+from .experts import expert_tensors, hf_experts, join_experts, split_experts
 from .metadata import add_metadata, hparams
 from .metadata_arch import check_model
 from .vocab import add_vocab
@@ -182,7 +184,7 @@ def _encode(hf: str, lname: str | None, g: str, perm, ckpt, widths: dict, tensor
             warn(f"{lname} ({widths[lname]}-bit) written as {enc.ggml_type.upper()}: {enc.note}")
         return _measured(g, hf, enc.data, enc.ggml_type, enc.method, widths[lname], ref, perm, enc.note)
     t = tensors[hf].detach().float().numpy()
-    if t.ndim == 1:  # as the converter stores it (Gemma's norms: 1 + w)
+    if t.ndim == 1 or g.endswith("ffn_gate_inp.weight"):  # as the converter stores it (Gemma's norms: 1 + w; routers)
         t = arch.stored_norm(g, t)
         return _measured(g, hf, t.astype(np.float32), "f32", "float", None, t, perm)
     if g in ("token_embd.weight", "output.weight"):
@@ -198,8 +200,9 @@ def _entries(src: Path, ckpt, widths: dict, tensors: dict, hp: dict, types: tupl
     """Every tensor of the file, encoded and measured, in convert_hf_to_gguf's order."""
     arch = hp["arch"]
     perms = {"self_attn.q_proj": hp["n_head"], "self_attn.k_proj": hp["n_head_kv"]}
-    layer_of = {f"{n}.weight": n for n in widths}
-    entries = []
+    tensors, names, groups = split_experts(tensors, widths)
+    layer_of = {f"{n}.weight": n for n in names}
+    entries = _expert_entries(groups, ckpt, widths, types, warn)
     for hf in list(tensors) + list(layer_of):
         g = arch.tensor_name(hf)
         if g is None:
@@ -214,6 +217,16 @@ def _entries(src: Path, ckpt, widths: dict, tensors: dict, hp: dict, types: tupl
             perm = llama_qk_permutation(rows, perms[m.group(1)])
         entries.append(_encode(hf, layer_of.get(hf), g, perm, ckpt, widths, tensors, types, warn, arch))
     return sorted(entries, key=lambda e: tensor_order(e[0].name))
+
+
+def _expert_entries(groups, ckpt, widths: dict, types: tuple[str, str, str], warn) -> list[Entry]:
+    """The 3-D expert tensors of each fused projection (experts.py), measured as any other tensor."""
+    entries = []
+    for grp in groups:
+        for suffix, data, typ, method, bits, ref, note in expert_tensors(grp, ckpt, widths, types[0], types[1], warn):
+            entries.append(_measured(f"blk.{grp.block}.{suffix}.weight", f"{grp.hf} ({suffix})", data, typ, method,
+                                     bits, ref, None, note))  # fmt: skip
+    return entries
 
 
 def _file_type(entries: list[Entry], float_type: str) -> str:
@@ -301,22 +314,27 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
 
 def read_gguf_weights(path: str | Path) -> dict[str, np.ndarray]:
     """Every tensor of a GGUF written for one of arch.py's architectures, dequantized by gguf-py, as float32
-    under its HF name and layout (the Llama Q/K RoPE permutation undone), to compare with the HF / matgptq weights."""
+    under its HF name and layout (the Llama Q/K RoPE permutation undone), to compare with the HF / matgptq weights;
+    3-D expert tensors as one [out, in] weight per expert, `model.layers.<i>.mlp.experts.<e>.<projection>.weight`."""
     gguf = gguf_module()
     reader = gguf.GGUFReader(str(path))
     fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
     name = fields["general.architecture"]
-    arch = next(a for a in ARCHITECTURES.values() if a.name == name)
+    moe = f"{name}.expert_count" in fields  # Mixtral is `llama` with experts
+    arch = next(a for a in ARCHITECTURES.values() if a.name == name and moe == ("mlp.gate" in a.block_names))
     n_head = int(fields[f"{name}.attention.head_count"])
     n_kv = int(fields.get(f"{name}.attention.head_count_kv", n_head))
-    out = {}
+    out, experts = {}, {}
     for t in reader.tensors:
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
         w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32).reshape(shape)
+        if (found := hf_experts(t.name)) is not None:  # [E, rows, cols]: per expert, under its layer's name
+            experts.setdefault(found[:2], {})[found[2]] = w
+            continue
         m = re.fullmatch(r"blk\.\d+\.(attn_q|attn_k)\.(weight|bias)", t.name)
         if m and arch.permute_qk:
             w = w[np.argsort(llama_qk_permutation(w.shape[0], n_head if m.group(1) == "attn_q" else n_kv))]
         if arch.norm_shift and t.name.endswith("norm.weight"):  # Gemma's 1 + w (not bit-exact: w's low bits)
             w = w - np.float32(arch.norm_shift)
         out[arch.hf_name(t.name)] = w
-    return out
+    return {**out, **join_experts(experts)}
