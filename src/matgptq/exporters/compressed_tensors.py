@@ -30,6 +30,9 @@ config group of the other layers). Exact in every case. Act-order groups (g_idx 
 Config: `quantization_config` as compressed-tensors 0.19's ModelCompressor writes it; one config group per
 (width, symmetric, group size) with exact module names as targets (disjoint; exact names beat any other target);
 every other Linear (lm_head, `--skip` layers) in `ignore`.
+Mixture-of-experts parents (qwen3_moe, mixtral, gpt_oss): each expert's fused projections are written as the
+per-expert Linears llm-compressor writes, `<p>.experts.<e>.gate_proj / up_proj / down_proj`, the routers float and
+in `ignore` (ct_experts.py).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from ..errors import UserError
 from ..formats import QuantizedWeight
 from ..fsutil import atomic_output, copy_tokenizer_files
 from ..quantization import config_from_json
+from .ct_experts import CtMoE, ct_moe, routers
 from .source import quantized_source
 
 FORMAT = "pack-quantized"
@@ -169,13 +173,20 @@ def quantization_config(groups: Groups, ignore: list[str], actorder: str | None)
     }  # fmt: skip
 
 
-def other_linears(config: dict, quantized: set[str]) -> list[str]:
-    """The model's Linear modules that are not quantized (lm_head, --skip layers), in module order: `ignore`."""
+def other_linears(config: dict, quantized: set[str], moe: CtMoE | None = None, float_experts=()) -> list[str]:
+    """The model's Linear modules that are not quantized (lm_head, --skip layers), in module order: `ignore`; with
+    experts (`moe`), also their routers and the float per-expert Linears `float_experts`, under their file names."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
-    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n not in quantized]
+    float_modules = set(routers(model)) if moe else set()
+    names = []
+    for n, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and n not in quantized or n in float_modules:
+            names.append(n)
+        names += [e for e in float_experts if e.rpartition(".")[0].rpartition(".")[0] == n]  # <n>.<e>.<proj>
+    names = [moe.file_name(n) for n in names] if moe else names
     return names or ["lm_head"]
 
 
@@ -189,23 +200,29 @@ def _warn_ragged(ragged: dict[str, CtLayer]) -> None:
 
 def export_compressed_tensors(src, out, bits: int | None = None, bits_config=None, overwrite: bool = False) -> Path:
     """Write the (sliced) checkpoint `src` as a compressed-tensors `pack-quantized` directory `out`."""
-    ckpt, widths = quantized_source(src, out, bits, bits_config, overwrite)
+    ckpt, widths = quantized_source(src, out, bits, bits_config, overwrite, experts=True)
+    moe = ct_moe(src, ckpt.config.get("model_type"), widths)  # None without fused experts
     tensors = {k: v.contiguous() for k, v in ckpt.tensors.items()}
+    float_experts: list[str] = []
+    if moe is not None:
+        tensors, float_experts = moe.tensors(tensors, widths)
     groups: Groups = {}
     ragged = {}
     record = ckpt.meta.get("quantization") or {}
     cfg = config_from_json(record)
     group_size = cfg.group_size if "group_size" in record else None  # None: each layer's own (ct_layer)
     for name, r in widths.items():
-        layer = ct_layer(name, ckpt.layers[name].slice(r), group_size)
-        groups.setdefault(layer.scheme, []).append(name)
-        tensors.update(layer.tensors(name))
-        if layer.ragged_from:
-            ragged[name] = layer
+        q = ckpt.layers[name].slice(r)
+        for part, w in (moe.layers(name, q) if moe else {name: q}).items():  # experts: per-expert gate/up/down
+            layer = ct_layer(part, w, group_size)
+            groups.setdefault(layer.scheme, []).append(part)
+            tensors.update(layer.tensors(part))
+            if layer.ragged_from:
+                ragged[part] = layer
     if ragged:
         _warn_ragged(ragged)
     actorder = "weight" if getattr(cfg, "act_order", False) else None  # GPTQ's column order: calibration only
-    qc = quantization_config(groups, other_linears(ckpt.config, set(widths)), actorder)
+    qc = quantization_config(groups, other_linears(ckpt.config, set(widths), moe, float_experts), actorder)
     with atomic_output(out, overwrite) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "matgptq"})
         (tmp / "config.json").write_text(json.dumps(dict(ckpt.config, quantization_config=qc), indent=2, default=str))

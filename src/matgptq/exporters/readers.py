@@ -22,6 +22,12 @@ compressed-tensors (§5), per config group (bits, symmetric, group size):
     True), and only when there is a single config group (same file).
   * vLLM (not tested): its compressed-tensors weight-only path serves symmetric 2-8 bits and per-layer mixes (Humming
     kernels, vLLM PRs #46389 and #48918; Marlin at 4/8 bits, group sizes −1, 32, 64, 128); asymmetric: not documented.
+  * MoE exports (per-expert Linears as llm-compressor 0.14 writes them, exporters/ct_experts.py): compressed-tensors
+    0.19's decompressor, every one; transformers merges qwen3_moe's per-expert tensors into its fused experts when the
+    file is one symmetric config group (zero points: a conversion error; several groups: silently wrong weights), and
+    leaves mixtral's and gpt_oss' fused experts unloaded, as it leaves llm-compressor's own files
+    (tests/exporters/test_compressed_tensors_moe.py). vLLM (not tested) builds one fused MoE layer per block with the
+    scheme it finds for expert 0's gate/up/down, so a block whose experts differ in width is not expected to load.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from pathlib import Path
 from ..untrusted import read_header
 
 _EXPERT = re.compile(r"\.experts\.\d+\.(gate|up|down)_proj$")  # test_gptq_moe_interop.py
+_CT_EXPERT = re.compile(r"\.\d+\.(gate|up|down)_proj$")  # a per-expert Linear `<experts>.<e>.<proj>` (ct_experts.py)
 VLLM_GROUP_SIZES = (-1, 32, 64, 128)  # vLLM's Marlin kernels (which also need 4 or 8 bits for GPTQ)
 
 
@@ -96,11 +103,34 @@ def gptq_readers(path: str | Path) -> Readers:
     return Readers(runs, fails, [vllm])
 
 
+_VLLM_MOE = "vLLM (expected where it serves llm-compressor's own MoE files: the same layout)"
+_VLLM_MIXED = ("vLLM (not expected to run it: its fused MoE layer takes one scheme for a block's experts, this file "
+               "has several)")
+
+
+def _moe_blocks(qc: dict) -> dict[str, set[str]]:
+    """{experts module: the config groups of its per-expert Linears} of a compressed-tensors MoE export."""
+    blocks: dict[str, set[str]] = {}
+    for group, spec in qc["config_groups"].items():
+        for target in spec["targets"]:
+            if (m := _CT_EXPERT.search(target)) is not None:
+                blocks.setdefault(target[: m.start()], set()).add(group)
+    return blocks
+
+
 def ct_readers(path: str | Path) -> Readers:
     """The readers line of a compressed-tensors export directory (module docstring)."""
-    qc = json.loads((Path(path) / "config.json").read_text())["quantization_config"]
+    config = json.loads((Path(path) / "config.json").read_text())
+    qc = config["quantization_config"]
     schemes = [group["weights"] for group in qc["config_groups"].values()]
     asym = any(not w["symmetric"] for w in schemes)
+    blocks, model_type = _moe_blocks(qc), config.get("model_type")
+    if blocks and (model_type != "qwen3_moe" or asym or len(schemes) > 1):  # experts transformers does not merge
+        why = (f"it leaves the fused experts of {model_type} unloaded, as it leaves llm-compressor's own files"
+               if model_type != "qwen3_moe" else "it merges per-expert tensors into fused experts for one symmetric "
+               "config group only: zero points fail its conversion, several groups load wrong weights")  # fmt: skip
+        vllm = _VLLM_MIXED if any(len(g) > 1 for g in blocks.values()) else _VLLM_MOE
+        return Readers(["compressed-tensors 0.19"], [f"transformers ({why})"], [vllm])
     runs, fails = ["compressed-tensors 0.19", "transformers 5.17"], []
     if not asym:
         runs.append("transformers 5.23")

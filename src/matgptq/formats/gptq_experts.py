@@ -65,16 +65,24 @@ def _rows(q: QuantizedWeight, rows: slice) -> QuantizedWeight:
                    zeros=q.zeros[rows].contiguous(), g_idx=q.g_idx.clone(), width_scales=widths)  # fmt: skip
 
 
-def split_layer(name: str, q: QuantizedWeight) -> dict[str, QuantizedWeight]:
-    """{GPTQ name: weight} of layer `name`: a fused gate_up split into its gate and up row halves, else itself."""
+def row_parts(n: int, count: int, interleaved: bool = False) -> list[slice]:
+    """The rows of each of `count` parts of n output rows: consecutive blocks (the halves above), or, `interleaved`,
+    every count-th row from row i (gpt_oss' gate and up, as compressed-tensors exports split them: exporters/
+    ct_experts.py). Rows are independent, so either split is exact."""
+    step = n // count
+    return [slice(i, None, count) if interleaved else slice(i * step, (i + 1) * step) for i in range(count)]
+
+
+def split_layer(name: str, q: QuantizedWeight, interleaved: bool = False) -> dict[str, QuantizedWeight]:
+    """{GPTQ name: weight} of layer `name`: a fused gate_up split into its gate and up row halves (`interleaved`:
+    its even and odd rows, `row_parts`), else itself."""
     names = gptq_names(name)
     if len(names) == 1:
         return {name: q}
     n = q.shape[0]
     if n % len(names):
         raise UserError(f"{name} has {n} output rows, which do not split into {len(names)} equal halves")
-    step = n // len(names)
-    return {part: _rows(q, slice(i * step, (i + 1) * step)) for i, part in enumerate(names)}
+    return {part: _rows(q, rows) for part, rows in zip(names, row_parts(n, len(names), interleaved))}
 
 
 def gptq_widths(widths: dict[str, int]) -> dict[str, int]:
@@ -82,8 +90,9 @@ def gptq_widths(widths: dict[str, int]) -> dict[str, int]:
     return {part: r for name, r in widths.items() for part in gptq_names(name)}
 
 
-def split_biases(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`tensors` with fused expert biases ([E, out], gpt_oss) replaced by one bias per expert and GPTQ layer."""
+def split_biases(tensors: dict[str, torch.Tensor], interleaved: bool = False) -> dict[str, torch.Tensor]:
+    """`tensors` with fused expert biases ([E, out], gpt_oss) replaced by one bias per expert and GPTQ layer, split
+    as `split_layer` splits the rows."""
     out = {}
     for key, value in tensors.items():
         m = _BIAS.match(key)
@@ -92,8 +101,8 @@ def split_biases(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             continue
         for e in range(value.shape[0]):
             parts = gptq_names(f"{m.group(1)}.{e}.{m.group(2)}")
-            for part, piece in zip(parts, value[e].chunk(len(parts))):
-                out[f"{part}.bias"] = piece.contiguous()
+            for part, rows in zip(parts, row_parts(value.shape[1], len(parts), interleaved)):
+                out[f"{part}.bias"] = value[e, rows].contiguous()
     return out
 
 

@@ -1,0 +1,110 @@
+"""compressed-tensors names of fused mixture-of-experts layers: the layout llm-compressor 0.14 writes for qwen3_moe,
+mixtral and gpt_oss on transformers 5.17 (it linearizes the fused experts into per-expert Linears before
+quantizing; tests/exporters/test_compressed_tensors_moe.py compares its files with ours).
+
+matgptq quantizes expert e of `<p>.experts` as `<p>.experts.<e>.gate_up_proj` ([2I, H]) and `.down_proj` ([H, I])
+(models/experts.py). Written per expert as llm-compressor does, each a pack-quantized Linear (compressed_tensors.py):
+
+    <p>.experts.<e>.gate_proj  = gate rows of gate_up      <p>.experts.<e>.up_proj = up rows      .down_proj as is
+
+  * qwen3_moe, mixtral: gate = rows [0, I), up = rows [I, 2I) (transformers' `chunk(2)`), the GPTQ export's split
+    (formats/gptq_experts.py, reused here).
+  * gpt_oss: gate and up interleave (transformers: `gate_up[..., ::2]`, `[..., 1::2]`), so gate = the even rows and
+    up = the odd ones (llm-compressor's GptOssExpertMLP: `gate_up[:, 0::2].T`); the fused biases [E, 2I] / [E, H]
+    split the same way into `.gate_proj.bias`, `.up_proj.bias`, `.down_proj.bias` (float, as llm-compressor writes
+    them). This is not the GPTQ export's split (Defuser's halves), which a reader of named gate/up would misread.
+  * mixtral: the block is saved as `block_sparse_moe` (transformers 5.17's save conversion, which llm-compressor's
+    file shows), so every `<layer>.mlp.` tensor is written as `<layer>.block_sparse_moe.`: the router
+    `block_sparse_moe.gate.weight` and the experts `block_sparse_moe.experts.<e>.gate_proj`, ...
+
+Rows are output features, each with its own scales and zeros, so every split is exact (the parts' codes, scales and
+zeros are rows of the parent's). The router (a transformers TopKRouter, not an nn.Linear) stays float and is listed
+in `ignore`, as llm-compressor lists it. A fused tensor some of whose experts were left unquantized (--skip) is
+stored whole by the parent: its other experts are written as float per-expert weights (split the same way), also in
+`ignore`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UserError
+from ..formats import QuantizedWeight
+from ..formats.gptq_experts import gptq_names, is_expert, row_parts, split_biases, split_layer
+
+
+@dataclass(frozen=True)
+class CtMoE:
+    """How one model type's experts are written: the file name of the `mlp` block, interleaved gate/up rows, and
+    whether the fused parameters are stored transposed ([E, in, out])."""
+
+    block: str
+    interleaved: bool
+    transposed: bool
+
+    def file_name(self, name: str) -> str:
+        """The file's name of model tensor or module `name` (mixtral: `.mlp.` → `.block_sparse_moe.`)."""
+        return name.replace(".mlp.", f".{self.block}.", 1) if self.block != "mlp" else name
+
+    def layers(self, name: str, q: QuantizedWeight) -> dict[str, QuantizedWeight]:
+        """{file name: weight} of quantized layer `name`: an expert's gate_up split into gate and up, else itself."""
+        return {self.file_name(part): w for part, w in split_layer(name, q, self.interleaved).items()}
+
+    def tensors(self, tensors: dict[str, torch.Tensor], quantized) -> tuple[dict[str, torch.Tensor], list[str]]:
+        """The float tensors under their file names: fused biases per expert, and any fused weight still stored
+        (some experts not quantized) as per-expert float weights of the experts not in `quantized`; and the model
+        names of those float per-expert Linears."""
+        out, linears = {}, []
+        for key, value in split_biases(tensors, self.interleaved).items():
+            m = _FUSED.match(key)
+            if m is None:
+                out[self.file_name(key)] = value
+                continue
+            for e in range(value.shape[0]):
+                if f"{m.group(1)}.{e}.{m.group(2)}" in quantized:
+                    continue
+                w = value[e].T if self.transposed else value[e]
+                parts = gptq_names(f"{m.group(1)}.{e}.{m.group(2)}")
+                for part, rows in zip(parts, row_parts(w.shape[0], len(parts), self.interleaved)):
+                    out[self.file_name(f"{part}.weight")] = w[rows].contiguous()
+                    linears.append(part)
+        return out, linears
+
+
+_FUSED = re.compile(r"^(.+\.experts)\.(gate_up_proj|down_proj)$")  # a fused [E, ...] weight stored whole
+CT_MOE = {  # the types llm-compressor 0.14 linearizes this way (its moe/ modules), checked against its files
+    "qwen3_moe": CtMoE("mlp", interleaved=False, transposed=False),
+    "mixtral": CtMoE("block_sparse_moe", interleaved=False, transposed=False),
+    "gpt_oss": CtMoE("mlp", interleaved=True, transposed=True),
+}
+
+
+def ct_moe(src, model_type: str | None, names) -> CtMoE | None:
+    """How the experts of a checkpoint are written (None: it has none); an MoE type not in CT_MOE is refused."""
+    expert = next((n for n in names if is_expert(n)), None)
+    if expert is None:
+        return None
+    if model_type not in CT_MOE:
+        raise UserError(f"{src} quantizes fused experts ({expert}) of {model_type}, whose compressed-tensors layout "
+                        f"was not checked against llm-compressor's (compressed-tensors export of experts: "
+                        f"{', '.join(CT_MOE)}); export --format gptq_v2, or load it with matgptq.load")  # fmt: skip
+    return CT_MOE[model_type]
+
+
+def routers(model: torch.nn.Module) -> list[str]:
+    """The routers of `model`'s experts modules (a sibling module whose weight has one row per expert), in module
+    order: float, and listed in `ignore` as llm-compressor lists them."""
+    found = []
+    for name, module in model.named_modules():
+        fused = [p for p in module.parameters(recurse=False) if p.ndim == 3]
+        parent, _, own = name.rpartition(".")
+        if not fused or not parent:
+            continue
+        for child, sibling in model.get_submodule(parent).named_children():
+            weight = getattr(sibling, "weight", None)
+            if child != own and isinstance(weight, torch.Tensor) and weight.shape[0] == fused[0].shape[0]:
+                found.append(f"{parent}.{child}")
+    return found
