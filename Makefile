@@ -59,7 +59,8 @@ interop: venv $(LLAMA_CPP_CONVERT)
 COMPAT_DIR   := $(VENV)/compat-transformers
 COMPAT_PINS  := $(shell sed -n 's/^\# compat: //p' $(PINS))
 COMPAT_TESTS := tests/integrations/test_transformers.py tests/runtime/test_loader.py tests/exporters/test_compressed_tensors.py \
-                tests/exporters/test_compressed_tensors_export.py tests/exporters/test_gptq_export_moe.py
+                tests/exporters/test_compressed_tensors_export.py tests/exporters/test_gptq_export_moe.py \
+                tests/exporters/test_compressed_tensors_moe.py
 compat: venv
 	rm -rf $(COMPAT_DIR)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --target $(COMPAT_DIR) $(COMPAT_PINS)

@@ -17,7 +17,6 @@ from safetensors.torch import load_file
 import matgptq
 from matgptq.cli import main
 from matgptq.errors import UserError
-from matgptq.exporters import export
 from matgptq.exporters.gptq import export_gptq
 from matgptq.exporters.readers import gptq_readers
 from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
@@ -135,10 +134,7 @@ def test_an_moe_type_without_a_tested_gptq_reader_is_one_line(cache, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_other_formats_still_refuse_experts_in_one_line(cache, tmp_path, capsys):
+def test_cli_exports_experts_as_gptq(cache, tmp_path, capsys):
     src = cache.source("mixtral", "gptq4")
-    with pytest.raises(UserError, match="export --format gptq_v1/gptq_v2") as e:
-        export(src, tmp_path / "ct", "compressed-tensors", bits=4)
-    assert "\n" not in str(e.value)
     assert main(["export", str(src), "--format", "gptq_v2", "--bits", "4", "--out", str(tmp_path / "x")]) == 0
     assert "readers: runs in matgptq.load; GPTQModel 7.6" in capsys.readouterr().out

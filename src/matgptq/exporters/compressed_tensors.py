@@ -200,7 +200,7 @@ def _warn_ragged(ragged: dict[str, CtLayer]) -> None:
 
 def export_compressed_tensors(src, out, bits: int | None = None, bits_config=None, overwrite: bool = False) -> Path:
     """Write the (sliced) checkpoint `src` as a compressed-tensors `pack-quantized` directory `out`."""
-    ckpt, widths = quantized_source(src, out, bits, bits_config, overwrite, experts=True)
+    ckpt, widths = quantized_source(src, out, bits, bits_config, overwrite)
     moe = ct_moe(src, ckpt.config.get("model_type"), widths)  # None without fused experts
     tensors = {k: v.contiguous() for k, v in ckpt.tensors.items()}
     float_experts: list[str] = []

@@ -106,7 +106,7 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
     """Write the (sliced) checkpoint `src` as a GPTQ directory `out`; fmt is "gptq_v1" or "gptq_v2"."""
     if fmt not in FORMATS:
         raise UserError(f"unknown GPTQ format {fmt!r}; use one of {sorted(FORMATS)}")
-    ckpt, widths = quantized_source(src, out, bits, bits_config, overwrite, experts=True)
+    ckpt, widths = quantized_source(src, out, bits, bits_config, overwrite)
     check_moe(src, ckpt.config.get("model_type"), widths)
     qmeta = ckpt.meta.get("quantization") or {}
     if "group_size" not in qmeta:
