@@ -1,5 +1,5 @@
-"""execution/memory.py: with the fixed mmap threshold, freed tensors leave the process's resident memory; without it,
-glibc keeps them. Each case runs in its own process (mallopt is process-wide)."""
+"""execution/memory.py: after release_free_memory, freed tensors under live ones leave the process's resident memory;
+without it, glibc keeps them. Each case runs in its own process (a fresh heap)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,9 @@ pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ve
 # Prints the anonymous resident memory (MiB) the frees gave back.
 CHILD = """
 import sys, torch
-from matgptq.execution.memory import return_freed_memory
+from matgptq.execution import release_free_memory
 def anon():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("RssAnon")) / 1024
-if sys.argv[1] == "fixed":
-    assert return_freed_memory()
 t = torch.ones(24 << 18); del t          # 24 MiB (under glibc's 32 MiB cap), mmapped and freed
 big, pins = [], []
 for _ in range(40):
@@ -29,6 +27,8 @@ for _ in range(40):
     pins.append(torch.ones(16 << 10))    # 64 KiB: from the heap top, above the big one
 before = anon()
 big.clear()
+if sys.argv[1] == "release":
+    assert release_free_memory()
 print(round(before - anon()))
 """
 
@@ -38,9 +38,9 @@ def _returned(mode: str) -> int:
     return int(r.stdout.strip())
 
 
-def test_freed_tensors_leave_resident_memory_only_with_the_fixed_threshold():
-    # 160 MiB were freed: with the threshold every 4 MiB tensor is its own mapping, so (nearly) all of it is returned;
-    # glibc's default keeps them in the heap under the pinning tensors. 120 / 40 MiB leave room for the allocator's
-    # and the interpreter's own small movements.
-    assert _returned("fixed") >= 120
-    assert _returned("default") <= 40
+def test_freed_tensors_leave_resident_memory_only_when_released():
+    # 160 MiB were freed in the heap, each 4 MiB under a live 64 KiB tensor: glibc keeps them (nothing above them is
+    # free, so nothing is trimmed from the top); malloc_trim returns their whole pages. 120 / 40 MiB leave room for
+    # the allocator's and the interpreter's own small movements.
+    assert _returned("release") >= 120
+    assert _returned("keep") <= 40

@@ -6,7 +6,6 @@ import argparse
 import sys
 
 from ..errors import UserError
-from ..execution.memory import return_freed_memory
 from . import evaluate, export, quantize, search
 from . import slice as slice_command
 from .session import end_progress_bars, left_behind, quiet_transformers, third_party_quiet
@@ -27,7 +26,6 @@ def main(argv: list[str] | None = None) -> int:
     with third_party_quiet():
         args = build_parser().parse_args(argv)
         quiet_transformers()
-        return_freed_memory()  # peak RSS = live data on long CPU runs (execution/memory.py)
         try:
             COMMANDS[args.command].run(args)
         except UserError as e:

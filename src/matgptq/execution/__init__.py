@@ -1,11 +1,13 @@
 """Where and how work runs, for every stage: the device (devices), torch.distributed processes under torchrun
-(distributed) and the plain-text tables commands and scripts print (tables)."""
+(distributed), freed memory handed back between steps (memory) and the plain-text tables commands and scripts print
+(tables)."""
 
 from .devices import CHOICES_HELP, model_device, native_bfloat16, resolve_device
 from .distributed import combine_hessians, dist_backend, init_from_env, share, shard, world
+from .memory import release_free_memory
 from .tables import format_table
 
 __all__ = [
     "CHOICES_HELP", "model_device", "native_bfloat16", "resolve_device", "combine_hessians", "dist_backend",
-    "init_from_env", "share", "shard", "world", "format_table",
+    "init_from_env", "share", "shard", "world", "format_table", "release_free_memory",
 ]  # fmt: skip

@@ -44,7 +44,7 @@ from .config import GPTQConfig, MethodConfig
 from .grid import Rounding
 from .experts import expert_hessians
 from .layer import LayerReport, make_rounding, solve_layer
-from ..execution import combine_hessians, share, shard, world
+from ..execution import combine_hessians, release_free_memory, share, shard, world
 from .resume import BlockState
 from .passes import (
     Inputs, PassTimes, attention_cache, capture_block_inputs, collect_hessians, replay_outputs, run_block,
@@ -206,6 +206,7 @@ def _quantize_block(run: _Run, block: nn.Module, i: int, inputs: Inputs, reports
             if group:
                 was_replayed, attention = _quantize_group(run, block, i, g, group, inputs, attention, done, reports)
                 replayed |= was_replayed
+                release_free_memory()  # what the group's passes and solves freed (execution/memory.py)
     if run.needs_data and not replayed:
         inputs = [(out, kw) for out, (_, kw) in zip(run_block(block, inputs, run.times), inputs)]
     return done, inputs
