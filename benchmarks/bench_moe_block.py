@@ -10,8 +10,10 @@ solver's seconds come from the checkpoint's report. Printed: per block, the MoE'
 block solves experts × 2 matrices where the dense one solves 2 (its Hessians come from the routed tokens only), so
 the ratio shows what the per-expert solve costs beyond the active parameters.
 
-    python -m benchmarks.bench_moe_block [--experts 16] [--top-k 2] [--hidden 512] [--moe-width 256] [--blocks 2]
-        [--nsamples 32] [--seqlen 256] [--threads 2] [--json FILE]
+    python -m benchmarks.bench_moe_block [--experts 16] [--top-k 2] [--hidden 512] [--moe-width 256] [--blocks 8]
+        [--nsamples 32] [--seqlen 256] [--threads 2] [--json docs/results/bench_moe_block.json]
+
+Writes the JSON and, beside it, its page (FILE with .md; `python -m benchmarks.render_docs` re-renders it).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from benchmarks._harness import ROOT, child_env, last_error, run_measured
+from benchmarks._harness import RESULTS, ROOT, child_env, header, last_error, run_measured, write_page
 from matgptq.execution import format_table
 
 SHARED = ROOT.parent / "shared"
@@ -70,27 +72,46 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=2, help="experts routed per token")
     ap.add_argument("--hidden", type=int, default=512, help="hidden size of both models")
     ap.add_argument("--moe-width", type=int, default=256, help="intermediate width of one expert")
-    ap.add_argument("--blocks", type=int, default=2, help="decoder blocks of both models")
+    ap.add_argument("--blocks", type=int, default=8, help="decoder blocks of both models")
     ap.add_argument("--nsamples", type=int, default=32, help="calibration windows")
     ap.add_argument("--seqlen", type=int, default=256, help="tokens per calibration window")
     ap.add_argument("--threads", type=int, default=2, help="threads of each quantization")
-    ap.add_argument("--json", help="also write the measurements here")
+    ap.add_argument("--json", default=str(RESULTS / "bench_moe_block.json"), help="the measurements (its page beside)")
     a = ap.parse_args()
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind, model_type in (("dense", "qwen3"), ("moe", "qwen3_moe")):
             model = build(Path(tmp) / kind, model_type, a)
             rows[kind] = quantize(model, Path(tmp) / f"{kind}-q", a)
-    d, m = rows["dense"], rows["moe"]
-    table = [[k, r["layers"], f"{r['wall'] / a.blocks:.2f}", f"{r['cpu'] / a.blocks:.2f}",
-              f"{r['solver'] / a.blocks:.2f}", f"{r['rss_gb']:.2f}"] for k, r in rows.items()]  # fmt: skip
-    print(format_table(["model", "quantized layers", "wall s / block", "CPU s / block", "solver s / block",
-                        "peak RSS GB"], table))  # fmt: skip
-    print(f"MoE / dense per block: wall {m['wall'] / d['wall']:.2f}x, CPU {m['cpu'] / d['cpu']:.2f}x, solver "
-          f"{m['solver'] / d['solver']:.2f}x ({a.experts} experts, top-{a.top_k}: the same active parameters)")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1))
+    import os
 
+    data = {"args": {k: v for k, v in vars(a).items() if k != "json"}, "load_average": os.getloadavg()[0],
+            "rows": rows}  # fmt: skip
+    Path(a.json).write_text(json.dumps(data, indent=1))
+    write_page(Path(a.json).with_suffix(".md"), page(data))
+    print(page(data))
+
+
+def page(data: dict) -> str:
+    """The page of bench_moe_block.json: per block, each model's cost and the MoE's over the dense one's."""
+    a, rows = data["args"], data["rows"]
+    d, m = rows["dense"], rows["moe"]
+    blocks = a["blocks"]
+    table = [[k, r["layers"], f"{r['wall'] / blocks:.2f}", f"{r['cpu'] / blocks:.2f}",
+              f"{r['solver'] / blocks:.2f}", f"{r['rss_gb']:.2f}"] for k, r in rows.items()]  # fmt: skip
+    return "\n".join([
+        header("benchmarks/bench_moe_block.py", "bench_moe_block.json"),
+        "# Quantizing a mixture-of-experts block against a dense block of the same active parameters", "",
+        "```", __doc__.strip(), "```", "",
+        f"qwen3_moe: {a['experts']} experts of width {a['moe_width']}, top-{a['top_k']}; qwen3: intermediate width "
+        f"{a['top_k'] * a['moe_width']}; hidden {a['hidden']}, {blocks} blocks; {a['nsamples']} x {a['seqlen']} "
+        f"calibration tokens; {a['threads']} threads; load average {data['load_average']:.2f} at the end.", "",
+        format_table(["model", "quantized layers", "wall s / block", "CPU s / block", "solver s / block",
+                      "peak RSS GB"], table),  # fmt: skip
+        "",
+        f"MoE / dense per block: wall {m['wall'] / d['wall']:.2f}x, CPU {m['cpu'] / d['cpu']:.2f}x, solver "
+        f"{m['solver'] / d['solver']:.2f}x.",
+    ])
 
 if __name__ == "__main__":
     main()
