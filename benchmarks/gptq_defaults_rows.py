@@ -19,6 +19,10 @@ ROWS = {
     # the same calibrating in bfloat16, as GPTQModel does on a CPU (and as `--dtype auto` does for a bf16 model)
     "gar-mse-w-refit-bf16": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "dtype": "bfloat16"},
     "gar-not-seq": {**GAR, "true_sequential": False},
+    # the defaults with one more option turned: damping, and the whole block's inputs at once (not true-sequential)
+    "gar-mse-w-refit-damp0.05": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "damp": 0.05},
+    "gar-mse-w-refit-not-seq": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True,
+                                "true_sequential": False},
     "gar-bf16": {**GAR, "dtype": "bfloat16"},
     "ao-static": {"act_order": True, "static_groups": True},
     "ao-static-damp0.05": {"act_order": True, "static_groups": True, "damp": 0.05},
