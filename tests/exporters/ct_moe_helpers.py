@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from tests.exporters.gptq_moe_helpers import MoECache
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 TYPES = ("qwen3_moe", "mixtral", "gpt_oss")
@@ -49,23 +51,9 @@ def fused_view(model, module: str, model_type: str, what: str = "weight") -> tor
     return p[:half] if proj == "gate_proj" else p[half:]
 
 
-class CtMoECache:
-    """Per model type the float model (gptq_moe_helpers.moe_model), per SOURCES entry its quantized checkpoint, and
+class CtMoECache(MoECache):
+    """Per model type the float model (gptq_moe_helpers.MoECache), per SOURCES entry its quantized checkpoint, and
     per (type, source, bits) our compressed-tensors export, each built on first use."""
-
-    def __init__(self, base: Path):
-        self.base, self.items = base, {}
-        self.ids = torch.randint(3, 512, (2, 16), generator=torch.Generator().manual_seed(0))
-
-    def _get(self, key, make):
-        if key not in self.items:
-            self.items[key] = make()
-        return self.items[key]
-
-    def model(self, model_type: str) -> Path:
-        from tests.exporters.gptq_moe_helpers import moe_model
-
-        return self._get(("fp", model_type), lambda: moe_model(self.base / f"fp-{model_type}", model_type))
 
     def source(self, model_type: str, kind: str) -> Path:
         import matgptq
