@@ -336,7 +336,11 @@ def attention_cache(module: nn.Module, layer: nn.Module, collected: Collected, t
 def replay_outputs(layer: nn.Module, inputs: Inputs, kept: list[torch.Tensor], times: PassTimes) -> None:
     """Turn the residuals left in `inputs` by a replay pass into the block's outputs, `residual + layer(x)`, in place."""
     t0 = time.perf_counter()
-    for b, ((residual, kwargs), x) in enumerate(zip(inputs, kept, strict=True)):
+    if len(kept) != len(inputs):
+        raise ValueError(f"{len(kept)} kept inputs for {len(inputs)} batches")
+    for b, (residual, kwargs) in enumerate(inputs):
+        x, kept[b] = kept[b], None  # each batch's kept input freed as soon as it is used: memory falls as it goes
         inputs[b] = (residual + layer(x), kwargs)
+        del x
     kept.clear()
     times.forward += time.perf_counter() - t0

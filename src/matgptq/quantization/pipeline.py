@@ -169,6 +169,9 @@ def _quantize_group(run: _Run, block: nn.Module, i: int, g: int, group: tuple[st
     experts = frozenset(n for n in group if n in run.expert_layers)
     collected = collect_hessians(block, group, inputs, run.times, replay or cut, until, attention, experts) \
         if run.needs_data else None  # fmt: skip
+    if replay is not None and attention is not None:
+        attention.outputs.clear()  # the block's last pass is done: its attention outputs are not needed again
+    release_free_memory()  # before the solves: what the pass freed
     if run.size > 1 and run.needs_data:
         combine_hessians(collected.hessians, run.rows)
     routed = expert_hessians(collected.hessians, collected.rows, group, spec.experts) if experts and collected else {}
