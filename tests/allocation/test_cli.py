@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import matgptq
+from matgptq.allocation import EvoConfig, parse_stages
 from matgptq.cli import main
 from matgptq.execution import native_bfloat16
 from tests.conftest import STORIES, TINYSTORIES
@@ -149,6 +150,7 @@ def test_bad_input(searched, stories_parent, tmp_path, capsys):
         (search(STORIES, out, "--budget", "3"), "not a matgptq parent"),
         (search(stories_parent, out, "--budget", "3", "--calib-range", "0.6:0.6005"), "the search needs"),
         (search(stories_parent, out, "--budget", "3", "--stages", "504:1,126:1"), "non-decreasing"),
+        (search(stories_parent, out, "--budget", "3", "--time-limit", "0"), "positive number of minutes"),
         (search(stories_parent, searched, "--budget", "3.0"), "--overwrite"),
         (search(stories_parent, searched, "--budget", "3.0", "--resume", "--seed", "7"), "other settings"),
         (search(stories_parent, searched, "--budget", "3.0", "--resume", "--score-dtype", other_dtype), "score_dtype"),
@@ -236,3 +238,23 @@ def test_the_plot_shows_each_width_against_its_sensitivity(searched):
         names, widths, delta = series(mix)
         assert names == list(mix["bits"]) and widths == [mix["bits"][n] for n in names]
         assert delta == [mix["sensitivity"][n]["2"] - mix["sensitivity"][n]["8"] for n in names]
+
+
+def test_a_time_limit_stops_the_generations_and_every_mix_file_records_the_split(stories_parent, tmp_path):
+    """A limit far below what the teacher alone takes leaves every budget its start, chosen among the one-shot
+    allocations, with no generation run (a generation never starts past its budget's share); the rows and the files
+    say so. Without a limit the same settings run every generation."""
+    args = ["--budget", "3.0,2.5", "--generations", "3"]
+    rows = matgptq.search(stories_parent, "3.0,2.5", TINYSTORIES, tmp_path / "limited", calib_range=(0.6, 0.7),
+                          levels=(2, 4, 8), seqlen=64, sensitivity_tokens=126, progress=False, time_limit=1e-6,
+                          evo=EvoConfig(generations=3, offspring=4, stages=parse_stages("126:2,504:1")))  # fmt: skip
+    assert [r["generations"] for r in rows] == [0, 0]
+    for r in rows:
+        mix = json.loads((tmp_path / "limited" / f"mix-{r['budget']}.json").read_text())
+        assert mix["summary"]["generations"] == 0 and mix["summary"]["time_limit"] == 1e-6
+        assert mix["search_bits"] == mix["start_bits"]
+        assert {"teacher_seconds", "tables_seconds", "search_seconds"} <= set(mix["summary"])
+    assert rows[0]["tables_seconds"] > 0 and rows[1]["tables_seconds"] == rows[1]["teacher_seconds"] == 0
+    assert main(search(stories_parent, tmp_path / "free", *args)) == 0
+    for budget in ("3.0", "2.5"):
+        assert json.loads((tmp_path / "free" / f"mix-{budget}.json").read_text())["summary"]["generations"] == 3

@@ -1,6 +1,7 @@
 """EvoPress on stories260K: resuming gives the uninterrupted result; the search beats its knapsack start and random
 search given the same number of fitness evaluations."""
 
+import time
 from fractions import Fraction
 
 import numpy as np
@@ -90,3 +91,17 @@ def test_stage_and_config_validation():
     for bad in ("2048", "a:b", "2048:4,1024:1", "1024:4,2048:2", "1024:20,2048:1"):
         with pytest.raises(UserError):
             EvoConfig(offspring=16, stages=parse_stages(bad))
+
+
+def test_a_deadline_stops_before_a_generation_that_would_end_after_it(problem, tmp_path):
+    """No generation starts past the deadline; one far away changes nothing (the same mix, bit for bit)."""
+    passed = run(problem, tmp_path / "a.json", config=SHORT, deadline=time.perf_counter() - 1)
+    assert passed.generation == 0 and passed.parent == passed.start
+    far = run(problem, tmp_path / "b.json", config=SHORT, deadline=time.perf_counter() + 3600)
+    free = run(problem, tmp_path / "c.json", config=SHORT)
+    assert far.generation == free.generation == SHORT.generations and far.parent == free.parent
+    one = run(problem, tmp_path / "d.json", config=SHORT, stop_after=1)  # how long one generation takes here
+    seconds = one.seconds
+    # room for about two generations: the mean-time guess lets two or three start, never all eight
+    short = run(problem, tmp_path / "e.json", config=SHORT, deadline=time.perf_counter() + 2.5 * seconds)
+    assert 1 <= short.generation < SHORT.generations

@@ -156,9 +156,11 @@ def offspring(parent: Levels, costs: list[list[int]], limit: int, rng: np.random
 
 def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, start: Mix,
            config: EvoConfig, state_path: Path, settings: dict, resume: bool = False, progress: bool = False,
-           stop_after: int | None = None, weights: int | None = None) -> EvoState:  # fmt: skip
+           stop_after: int | None = None, weights: int | None = None, deadline: float | None = None) -> EvoState:  # fmt: skip
     """Run (or continue) the search from `start` to `config.generations`; `stop_after` ends early after that generation
-    (as a kill would, for tests). `weights` (Σ N·K): the progress bar then shows the parent's bits per weight."""
+    (as a kill would, for tests). `weights` (Σ N·K): the progress bar then shows the parent's bits per weight.
+    `deadline` (a time.perf_counter() value): no generation starts that would end after it, judged by the mean time of
+    this call's generations so far (the first one starts if the deadline has not passed)."""
     index = {r: i for i, r in enumerate(levels)}
     to_levels = lambda mix: tuple(index[r] for r in mix)  # noqa: E731
     to_mix = lambda lv: tuple(levels[i] for i in lv)  # noqa: E731
@@ -175,7 +177,10 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
     n_windows, seqlen = fitness.windows.shape
     bar = tqdm(total=config.generations, initial=min(state.generation, config.generations), desc="search",
                unit="gen", disable=not progress, leave=False)  # fmt: skip
+    began, done = time.perf_counter(), 0
     while state.generation < config.generations:
+        if deadline is not None and from_rank0(_past(deadline, began, done)):  # every rank stops together
+            break
         t0, evals0, tokens0 = time.perf_counter(), fitness.evaluations, fitness.tokens
         survivors = [to_mix(c) for c in offspring(to_levels(state.parent), costs, limit, rng, config)]
         best_kl = None
@@ -205,7 +210,16 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
         if is_writer():
             write_state(state_path, settings, state)
         bar.update(1)
+        done += 1
         if stop_after is not None and state.generation >= stop_after:
             break
     bar.close()
     return state
+
+
+def _past(deadline: float, began: float, done: int) -> bool:
+    """Would the next generation end after `deadline`? (`done` generations since `began`, their mean as the guess.)"""
+    now = time.perf_counter()
+    if done == 0:
+        return now >= deadline
+    return now + (now - began) / done > deadline

@@ -90,6 +90,8 @@ class SearchRequest:
     device: str = "auto"  # where the candidates are scored (execution/devices.py)
     score_dtype: ScoreDtype = ScoreDtype.AUTO
     plot: bool = False  # also draw each mix file's widths against their sensitivities (plot.py) as mix-<budget>.png
+    # wall-clock minutes for the whole run (run_search's docstring); None: every budget runs all its generations
+    time_limit: float | None = None
 
 
 def mix_path(out: Path, budget: str) -> Path:
@@ -192,21 +194,50 @@ def _own(req: SearchRequest) -> Allocator:
     return Allocator.ADDITIVE if req.sensitivity is Sensitivity.FULL else Allocator.PROBE
 
 
+@dataclass
+class _Clock:
+    """The run's time: when it began, the shared work's seconds (teacher, tables), and the latest measured time of
+    one full scoring of one calibration window (the report's unit of cost)."""
+
+    began: float
+    teacher: float = 0.0
+    tables: float = 0.0
+    per_window: float | None = None
+
+    def budget_end(self, minutes: float | None, budgets_left: int) -> float | None:
+        """When the next budget must be done: an equal share of the time left (None without a limit)."""
+        if minutes is None:
+            return None
+        now = time.perf_counter()
+        return now + max(0.0, self.began + 60 * minutes - now) / budgets_left
+
+
 def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cost_model: CostModel, fitness: Fitness,
-                   filled: dict, sens_windows, settings: dict, held_out, t0: float) -> dict:  # fmt: skip
+                   filled: dict, sens_windows, settings: dict, held_out, t0: float, clock: _Clock,
+                   end: float | None) -> dict:  # fmt: skip
     """One budget: the one-shot allocations (the knapsack mix first), the search's start (the best of them on the
-    sensitivity windows), EvoPress, the choice among all of them on the whole calibration pool; its mix file
-    written; the summary row (seconds counted from `t0`)."""
+    sensitivity windows), EvoPress (stopped in time for the report to end by `end`, when given), the choice among
+    all of them on the whole calibration pool; its mix file written; the summary row (seconds counted from `t0`)."""
     label, limit = budget
     mixes = baseline_mixes(cost_model, filled, _own(req), req.baselines, limit, req.kind)
     dp = mixes["knapsack"]
-    start, start_kind = _start(fitness, mixes, sens_windows)
+    t_start = time.perf_counter()
+    start, start_kind, scored = _start(fitness, mixes, sens_windows)
+    if scored:
+        clock.per_window = (time.perf_counter() - t_start) / (scored * len(sens_windows))
+    all_windows = tuple(range(fitness.windows.shape[0]))
+    deadline = None if end is None else end - _report_guess(clock, len(set(mixes.values())) + 1, all_windows, held_out)
     state = evolve(fitness, levels, cost_model.table(req.kind), cost_model.limit(limit, req.kind), start, req.evo,
                    state_path(req.out, label), settings, req.resume, req.progress,
-                   weights=cost_model.total_weights)  # fmt: skip
-    all_windows = tuple(range(fitness.windows.shape[0]))
+                   weights=cost_model.total_weights, deadline=deadline)  # fmt: skip
+    t_report = time.perf_counter()
     row, mix = _report(req, label, cost_model, fitness, mixes, state, start_kind, all_windows, *held_out)
-    row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(time.perf_counter() - t0, 1))
+    scorings = len(set(mixes.values()) | {state.parent})
+    clock.per_window = (time.perf_counter() - t_report) / (scorings * len(all_windows) + _text_windows(held_out))
+    seconds = time.perf_counter() - t0
+    row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(seconds, 1),
+               time_limit=req.time_limit, teacher_seconds=round(clock.teacher, 1), tables_seconds=round(clock.tables, 1),
+               search_seconds=round(seconds - clock.tables, 1))  # fmt: skip
     sensitivity = {name: dict(zip(map(str, levels), values))
                    for name, values in zip(cost_model.names, filled[_own(req)][0])}  # fmt: skip
     _write_mix(req, label, row, cost_model, state, dp, mix, settings, sensitivity)
@@ -216,9 +247,17 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
 
 
 def run_search(req: SearchRequest) -> list[dict]:
-    """Search every budget of `req`; returns one summary row per budget (also written into its mix file)."""
+    """Search every budget of `req`; returns one summary row per budget (also written into its mix file).
+
+    With `req.time_limit` (minutes, counted from here): the teacher and the tables run first, then each budget gets an
+    equal share of the time left (what one budget leaves unused goes to the next), and its generations stop so that
+    its report (the choice on the whole pool, priced at the latest measured time per scored window) ends within the
+    share; `--generations` stays the cap. Which generations run then depends on the machine's speed: the row records
+    how many did, and `--generations` that number on the same settings gives the same mix."""
     if req.seqlen < 2 or req.sensitivity_tokens < 1 or req.batch_size < 1 or req.calib_tokens < 1:
         raise UserError("--seqlen must be ≥ 2, --calib-tokens, --sensitivity-tokens and --batch-size ≥ 1")
+    if req.time_limit is not None and not req.time_limit > 0:
+        raise UserError(f"--time-limit takes a positive number of minutes, got {req.time_limit:g}")
     if req.plot:
         require_matplotlib()
     device = resolve_device(req.device)
@@ -240,29 +279,28 @@ def run_search(req: SearchRequest) -> list[dict]:
     settings = {label: _settings(req, ckpt, levels, b, calib, score_dtype) for label, b in budgets}
     if req.resume:
         _check_states(req, budgets, settings, len(cost_model.layers))
-    t_teacher = time.perf_counter()
+    clock = _Clock(time.perf_counter())
     ref_model = load(reference, packed=False).to(device)
     teacher = Teacher(ref_model, calib, req.batch_size, progress=req.progress)
     text_teacher = Teacher(ref_model, text, req.batch_size, progress=req.progress) if text is not None else None
     del ref_model
-    t_teacher = time.perf_counter() - t_teacher
+    clock.teacher = time.perf_counter() - clock.began
     model = load(req.parent, bits=levels[-1], packed=False).to(device)
     fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size, compute_dtype=score_dtype)
     sens_windows = tuple(range(min(calib.shape[0], math.ceil(req.sensitivity_tokens / (req.seqlen - 1)))))
     filled = None  # the allocators' loss tables, measured once for every budget
     rows = []
     try:
-        for label, budget in budgets:
+        for k, (label, budget) in enumerate(budgets):
             t0 = time.perf_counter()
-            first = filled is None
-            if first:
+            if filled is None:  # the teacher and the tables are shared: the first budget carries their seconds
                 filled = tables(fitness, levels, sens_windows, (_own(req), *req.baselines), req.evo.seed, req.progress)
+                clock.tables = sum(s for _, s in filled.values())
+            elif k == 1:
+                clock.teacher = clock.tables = 0.0
             rows.append(_search_budget(req, (label, budget), levels, cost_model, fitness, filled, sens_windows,
-                                       settings[label], (text, text_teacher), t0))  # fmt: skip
-            # where the time went: the teacher and the tables are shared, so the first budget carries them
-            spent = sum(s for _, s in filled.values()) if first else 0.0
-            rows[-1].update(teacher_seconds=round(t_teacher, 1) if first else 0.0, tables_seconds=round(spent, 1),
-                            search_seconds=round(rows[-1]["seconds"] - spent, 1))  # fmt: skip
+                                       settings[label], (text, text_teacher), t0, clock,
+                                       clock.budget_end(req.time_limit, len(budgets) - k)))  # fmt: skip
     finally:
         teacher.close()
         if text_teacher is not None:
@@ -303,16 +341,27 @@ def _report(req, label, cost_model, fitness, mixes: dict[str, Mix], state, start
     return row, mix
 
 
-def _start(fitness: Fitness, mixes: dict[str, Mix], windows: tuple[int, ...]) -> tuple[Mix, str]:
+def _start(fitness: Fitness, mixes: dict[str, Mix], windows: tuple[int, ...]) -> tuple[Mix, str, int]:
     """The search's first parent: the one-shot allocation that scores lowest on the sensitivity windows, the
     knapsack mix on a tie (an additive model can misjudge a network far from linear; the search then never starts
-    behind a plain slice or another allocator)."""
+    behind a plain slice or another allocator); and how many mixes were scored to choose it."""
     unique = list(dict.fromkeys(mixes.values()))
     if len(unique) == 1:
-        return unique[0], "knapsack"
+        return unique[0], "knapsack", 0
     kl_of = dict(zip(unique, score_all(fitness, unique, windows)))
     label = min(mixes, key=lambda k: kl_of[mixes[k]])
-    return mixes[label], label
+    return mixes[label], label, len(unique)
+
+
+def _text_windows(held_out) -> int:
+    """Window scorings the report spends on the held-out text (up to three mixes: knapsack, evolved, written)."""
+    text, _ = held_out
+    return 0 if text is None else 3 * text.shape[0]
+
+
+def _report_guess(clock: _Clock, mixes: int, windows: tuple[int, ...], held_out) -> float:
+    """Seconds the report of `mixes` mixes will take, from the latest measured time per window (0 before any)."""
+    return (clock.per_window or 0.0) * (mixes * len(windows) + _text_windows(held_out))
 
 
 def _write_mix(req, label, row, cost_model, state, dp: Mix, mix: Mix, settings, sensitivity: dict) -> None:

@@ -62,6 +62,10 @@ def add_parser(sub) -> None:
     s.add_argument("--plot", action="store_true",
                    help="also draw mix-<budget>.png: each layer's width against the measured cost of lowering it "
                         "(needs matplotlib: pip install 'matgptq[plot]')")  # fmt: skip
+    s.add_argument("--time-limit", type=float, metavar="MINUTES",
+                   help="wall-clock minutes for the whole run: the teacher and sensitivities first, then the time left "
+                        "split evenly over the budgets, each search stopping at the last generation that fits its "
+                        "share (--generations stays the cap; each mix file records the generations run)")  # fmt: skip
     s.add_argument("--resume", action="store_true", help="continue the searches whose states are in --out")
     s.add_argument("--overwrite", action="store_true", help="replace existing mix files")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -84,7 +88,7 @@ def run(a: argparse.Namespace) -> None:
         sensitivity=Sensitivity(a.sensitivity), baselines=a.baselines, calib_tokens=a.calib_tokens, reference=a.kl_to,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
         resume=a.resume, overwrite=a.overwrite, plot=a.plot, progress=not a.quiet, device=a.device,
-        score_dtype=ScoreDtype(a.score_dtype),
+        score_dtype=ScoreDtype(a.score_dtype), time_limit=a.time_limit,
     )  # fmt: skip
     if not is_writer():  # torchrun: every rank holds the same mixes; rank 0 reports them
         return
@@ -92,7 +96,7 @@ def run(a: argparse.Namespace) -> None:
     headers += ["start", "dp_kl", "search_kl", "chosen", "kl"]
     if a.text:
         headers += ["text_ppl", "text_kl"]
-    headers += ["evaluations", "teacher_seconds", "tables_seconds", "search_seconds"]
+    headers += ["generations", "evaluations", "teacher_seconds", "tables_seconds", "search_seconds"]
     print(format_table(headers, [[r[h] for h in headers] for r in rows]))
     paths = [mix_path(Path(a.out), r["budget"]) for r in rows]
     print("wrote " + ", ".join(str(p) for p in paths + ([p.with_suffix(".png") for p in paths] if a.plot else [])))
