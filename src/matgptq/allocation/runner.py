@@ -41,6 +41,7 @@ from .fitness import Fitness, Mix
 from .plot import plot_mix, require_matplotlib
 from .sensitivity import Sensitivity
 from .spread import is_writer, score_all
+from .timing import Clock, report_guess, text_windows
 
 MIX_FORMAT = "matgptq-mix"
 
@@ -194,26 +195,8 @@ def _own(req: SearchRequest) -> Allocator:
     return Allocator.ADDITIVE if req.sensitivity is Sensitivity.FULL else Allocator.PROBE
 
 
-@dataclass
-class _Clock:
-    """The run's time: when it began, the shared work's seconds (teacher, tables), and the latest measured time of
-    one full scoring of one calibration window (the report's unit of cost)."""
-
-    began: float
-    teacher: float = 0.0
-    tables: float = 0.0
-    per_window: float | None = None
-
-    def budget_end(self, minutes: float | None, budgets_left: int) -> float | None:
-        """When the next budget must be done: an equal share of the time left (None without a limit)."""
-        if minutes is None:
-            return None
-        now = time.perf_counter()
-        return now + max(0.0, self.began + 60 * minutes - now) / budgets_left
-
-
 def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cost_model: CostModel, fitness: Fitness,
-                   filled: dict, sens_windows, settings: dict, held_out, t0: float, clock: _Clock,
+                   filled: dict, sens_windows, settings: dict, held_out, t0: float, clock: Clock,
                    end: float | None) -> dict:  # fmt: skip
     """One budget: the one-shot allocations (the knapsack mix first), the search's start (the best of them on the
     sensitivity windows), EvoPress (stopped in time for the report to end by `end`, when given), the choice among
@@ -226,14 +209,14 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     if scored:
         clock.per_window = (time.perf_counter() - t_start) / (scored * len(sens_windows))
     all_windows = tuple(range(fitness.windows.shape[0]))
-    deadline = None if end is None else end - _report_guess(clock, len(set(mixes.values())) + 1, all_windows, held_out)
+    deadline = None if end is None else end - report_guess(clock, len(set(mixes.values())) + 1, all_windows, held_out)
     state = evolve(fitness, levels, cost_model.table(req.kind), cost_model.limit(limit, req.kind), start, req.evo,
                    state_path(req.out, label), settings, req.resume, req.progress,
                    weights=cost_model.total_weights, deadline=deadline)  # fmt: skip
     t_report = time.perf_counter()
     row, mix = _report(req, label, cost_model, fitness, mixes, state, start_kind, all_windows, *held_out)
     scorings = len(set(mixes.values()) | {state.parent})
-    clock.per_window = (time.perf_counter() - t_report) / (scorings * len(all_windows) + _text_windows(held_out))
+    clock.per_window = (time.perf_counter() - t_report) / (scorings * len(all_windows) + text_windows(held_out))
     seconds = time.perf_counter() - t0
     row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(seconds, 1),
                time_limit=req.time_limit, teacher_seconds=round(clock.teacher, 1), tables_seconds=round(clock.tables, 1),
@@ -279,7 +262,7 @@ def run_search(req: SearchRequest) -> list[dict]:
     settings = {label: _settings(req, ckpt, levels, b, calib, score_dtype) for label, b in budgets}
     if req.resume:
         _check_states(req, budgets, settings, len(cost_model.layers))
-    clock = _Clock(time.perf_counter())
+    clock = Clock(time.perf_counter())
     ref_model = load(reference, packed=False).to(device)
     teacher = Teacher(ref_model, calib, req.batch_size, progress=req.progress)
     text_teacher = Teacher(ref_model, text, req.batch_size, progress=req.progress) if text is not None else None
@@ -351,17 +334,6 @@ def _start(fitness: Fitness, mixes: dict[str, Mix], windows: tuple[int, ...]) ->
     kl_of = dict(zip(unique, score_all(fitness, unique, windows)))
     label = min(mixes, key=lambda k: kl_of[mixes[k]])
     return mixes[label], label, len(unique)
-
-
-def _text_windows(held_out) -> int:
-    """Window scorings the report spends on the held-out text (up to three mixes: knapsack, evolved, written)."""
-    text, _ = held_out
-    return 0 if text is None else 3 * text.shape[0]
-
-
-def _report_guess(clock: _Clock, mixes: int, windows: tuple[int, ...], held_out) -> float:
-    """Seconds the report of `mixes` mixes will take, from the latest measured time per window (0 before any)."""
-    return (clock.per_window or 0.0) * (mixes * len(windows) + _text_windows(held_out))
 
 
 def _write_mix(req, label, row, cost_model, state, dp: Mix, mix: Mix, settings, sensitivity: dict) -> None:

@@ -1,0 +1,36 @@
+"""The clock of a time-limited search (runner.run_search's `time_limit`): how the time left is shared out over the
+budgets, and what a budget's report will cost, from the latest measured time per scored window."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Clock:
+    """The run's time: when it began, the shared work's seconds (teacher, tables), and the latest measured time of
+    one full scoring of one calibration window (the report's unit of cost)."""
+
+    began: float
+    teacher: float = 0.0
+    tables: float = 0.0
+    per_window: float | None = None
+
+    def budget_end(self, minutes: float | None, budgets_left: int) -> float | None:
+        """When the next budget must be done: an equal share of the time left (None without a limit)."""
+        if minutes is None:
+            return None
+        now = time.perf_counter()
+        return now + max(0.0, self.began + 60 * minutes - now) / budgets_left
+
+
+def text_windows(held_out) -> int:
+    """Window scorings the report spends on the held-out text (up to three mixes: knapsack, evolved, written)."""
+    text, _ = held_out
+    return 0 if text is None else 3 * text.shape[0]
+
+
+def report_guess(clock: Clock, mixes: int, windows: tuple[int, ...], held_out) -> float:
+    """Seconds the report of `mixes` mixes will take, from the latest measured time per window (0 before any)."""
+    return (clock.per_window or 0.0) * (mixes * len(windows) + text_windows(held_out))
