@@ -77,6 +77,9 @@ PAGES = (
     Page("search_baselines", ("search_baselines.json",), md="search_baselines.md",
          about="stories260K: the written mix against the one-shot allocators (uniform, probe, additive KL, noise "
                "injection, imatrix-weighted error) and random search, 8 budgets, 3 seeds"),
+    Page("search_minutes", ("search_minutes.json",), md="search_minutes.md",
+         about="SmolLM2-135M-Instruct: all eight budgets under `search --time-limit 10`, timed, the written mix against "
+               "the uniform slices and the knapsack start on held-out text, 3 seeds"),
     Page("research.matgptq_ablation", ("ablation.json",), md="ablation.md", render="stories_page",
          about="stories260K: the MatGPTQ variants against per-width GPTQ, over calibration seeds"),
     Page("research.matgptq_ablation", ("ablation_real_model.json",), md="ablation_real_model.md", render="real_model_page",
