@@ -67,6 +67,8 @@ def main() -> None:
     a = build_parser().parse_args()
     out = Path(a.out)
     if not a.from_json:
+        if not MODEL.is_dir():
+            raise SystemExit(f"{MODEL} is missing: run `make real-model` first")
         work = Path(a.work)
         parent = make_parent(work)
         data = load_json(out) if out.is_file() else {"protocol": __doc__, "recipe": list(RECIPE), "seeds": {}}
