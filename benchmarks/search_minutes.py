@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 
 import matgptq
-from benchmarks._harness import RESULTS, ROOT, header, load_json, measured_child, write_results
+from benchmarks._harness import RESULTS, ROOT, header, load_json, measured_child, write_page, write_results
+from benchmarks.search_baselines import verdict
 from matgptq.allocation import BudgetKind, CostModel
 from matgptq.allocation.allocators import uniform_mix
 from matgptq.evaluation.perplexity import score
@@ -75,9 +76,9 @@ def main() -> None:
         for seed in (int(s) for s in a.seeds.split(",")):
             data["seeds"][str(seed)] = measure_seed(parent, work, seed, a.minutes)
             write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
-    data = load_json(out)
-    write_results(out.with_suffix(".md"), data, page(data))
-    print(page(data))
+    text = page(load_json(out))
+    write_page(out.with_suffix(".md"), text)
+    print(text)
 
 
 def make_parent(work: Path) -> Path:
@@ -132,14 +133,6 @@ def score_mixes(parent: Path, mixes: Path) -> dict:
 
 def _stats(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.4f}"
-
-
-def verdict(written: list[float], best: list[float]) -> str:
-    """below / tie / above: mean held-out KL of the written mix against the best baseline's, a tie within the larger
-    of the two sample standard deviations over seeds."""
-    spread = max((statistics.stdev(x) if len(x) > 1 else 0.0) for x in (written, best))
-    w, b = statistics.mean(written), statistics.mean(best)
-    return "tie" if abs(w - b) <= spread else ("below" if w < b else "above")
 
 
 def page(data: dict) -> str:
