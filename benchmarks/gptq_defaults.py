@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -47,6 +48,8 @@ OUT = RESULTS / "gptq_defaults.json"
 def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Path, out: Path) -> dict:
     """One end-to-end quantization in a child process; its wall, CPU, peak RSS (or the failing line)."""
     log = out.with_suffix(".log")
+    # a killed run's state (quantization/resume.py): start afresh, so that CPU s counts the whole run
+    shutil.rmtree(out.parent / f".{out.name}.resume", ignore_errors=True)
     if ROWS[name] == "peer":
         cmd = [str(BENCH_PYTHON), "-m", "benchmarks.bench_pipeline", "--worker", name.split("-")[0], a.model,
                "--ids", str(ids_file), "--out-model", str(out), "--bits", str(bits), "--group-size",
@@ -180,8 +183,6 @@ def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: li
 def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple) -> None:
     """Quantize and score one (row, group, bits, seed) into state["runs"][key], unless it is there (scored, or its
     quantization failed: delete the entry to try again). A checkpoint quantized but not yet scored is scored."""
-    import shutil
-
     row, gs, bits, seed = key.split("/")
     gs, bits, seed = int(gs[1:]), int(bits), int(seed[4:])
     done = state["runs"].get(key, {})
