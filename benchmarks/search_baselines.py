@@ -10,6 +10,7 @@ windows the first 2,048 scored tokens of them (the runner's default). Rows per b
   additive    every layer scored alone at every width, knapsack (the measured additive model)
   noise       ExLlamaV3's noise injection: two probes per layer, power law, knapsack
   error       llama.cpp's --target-bpw idea: imatrix-weighted weight error, no forward pass per candidate, knapsack
+  gradient    first order at the uniform slice under the budget, knapsack above it (one backward pass per floor)
   random      random budget-filling mixes through the search's selection stages, as many scorings as the search
   written     the mix `matgptq search` writes with its default settings (--seed s)
 Each mix is scored on held-out text (the first 40,000 tokens of the first 60%: KL to the fp32 model and perplexity)
@@ -37,12 +38,12 @@ import matgptq
 from benchmarks._harness import RESULTS, header, load_json, write_page
 from benchmarks.search_results import MODEL, TEXT, held_out_and_calib, random_search, search_fitness
 from matgptq.allocation import BudgetKind, EvoConfig, SearchRequest, run_search
-from matgptq.allocation.allocators import Allocator, allocate, tables
+from matgptq.allocation.allocators import Allocator, allocate, raise_floors, tables
 from matgptq.evaluation.perplexity import Teacher
 from matgptq.execution import format_table
 from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
 
-TABLES = (Allocator.PROBE, Allocator.ADDITIVE, Allocator.NOISE, Allocator.ERROR)
+TABLES = (Allocator.PROBE, Allocator.ADDITIVE, Allocator.NOISE, Allocator.ERROR, Allocator.GRADIENT)
 KINDS = ("uniform", *(a.value for a in TABLES), "random", "written")
 SENSITIVITY_WINDOWS = 9  # ceil(2048 / 255): the runner's default --sensitivity-tokens on 256-token windows
 
@@ -82,7 +83,8 @@ def measure_seed(seed: int, budgets: tuple[str, ...]) -> list[dict]:
         matgptq.quantize(MODEL, parent, calib=TEXT, calib_range=(0.6, 1.0), method="matgptq", bits=(2, 3, 4, 6, 8),
                          nsamples=128, seqlen=256, seed=seed, progress=False)  # fmt: skip
         fit, cost = search_fitness(parent, MODEL, TEXT, (0.6, 1.0), tok)
-        filled = tables(fit, cost.levels, tuple(range(SENSITIVITY_WINDOWS)), TABLES, seed)
+        floors = raise_floors(cost, [Fraction(b) for b in budgets], BudgetKind.CODE)
+        filled = tables(fit, cost.levels, tuple(range(SENSITIVITY_WINDOWS)), TABLES, seed, floors=floors)
         req = SearchRequest(parent=parent, budgets=budgets, calib=TEXT, out=Path(tmp) / "mixes", calib_range=(0.6, 1.0),
                             evo=EvoConfig(seed=seed), progress=False)  # fmt: skip
         searched = {r["budget"]: r for r in run_search(req)}

@@ -13,6 +13,8 @@ Protocol:
             on): KL to the float32 model and perplexity, float32:
               uniform    the widest uniform slice within the budget
               knapsack   the probe table's knapsack mix (one probe per layer, the search's default start)
+              gradient   first order at the uniform slice under the budget, the knapsack above it (one backward
+                         pass per floor width; allocation/gradient.py)
               evolved    where the generations the time allowed ended
               written    what the mix file says to use: the lowest calibration KL among the above
             The other one-shot allocators (additive KL, noise injection, imatrix-weighted error, random search) are
@@ -49,8 +51,9 @@ MODEL = Path.home() / ".cache" / "matgptq" / "SmolLM2-135M-Instruct"  # `make re
 TEXT = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.joined.txt"
 BUDGETS = ("2.5", "2.75", "3.0", "3.25", "3.5", "4.0", "5.0", "6.0")
 RECIPE = ("--sensitivity-tokens", "510", "--calib-tokens", "2040", "--stages", "255:2,510:1", "--offspring", "8",
-          "--generations", "100", "--baselines", "uniform")  # fmt: skip
-KINDS = ("uniform", "knapsack", "evolved", "written")
+          "--generations", "100", "--baselines", "uniform,gradient")  # fmt: skip
+KINDS = ("uniform", "knapsack", "gradient", "evolved", "written")
+ONE_SHOT = ("uniform", "knapsack", "gradient")  # the allocations the written mix is held against
 HELD_OUT = (4, 1024)  # windows × tokens from the start of the first half
 
 
@@ -72,7 +75,9 @@ def main() -> None:
             raise SystemExit(f"{MODEL} is missing: run `make real-model` first")
         work = Path(a.work)
         parent = make_parent(work)
-        data = load_json(out) if out.is_file() else {"protocol": __doc__, "recipe": list(RECIPE), "seeds": {}}
+        data = load_json(out) if out.is_file() else {}
+        if data.get("recipe") != list(RECIPE):  # seeds of another recipe are not averaged with these
+            data = {"protocol": __doc__, "recipe": list(RECIPE), "seeds": {}}
         for seed in (int(s) for s in a.seeds.split(",")):
             data["seeds"][str(seed)] = measure_seed(parent, work, seed, a.minutes)
             write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
@@ -114,7 +119,8 @@ def score_mixes(parent: Path, mixes: Path) -> dict:
         for budget in BUDGETS:
             body = json.loads((mixes / f"mix-{budget}.json").read_text())
             named = {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(budget), BudgetKind.CODE))),
-                     "knapsack": body["dp_bits"], "evolved": body["search_bits"], "written": body["bits"]}  # fmt: skip
+                     "knapsack": body["dp_bits"], "gradient": body["baseline_bits"]["gradient"],
+                     "evolved": body["search_bits"], "written": body["bits"]}  # fmt: skip
             scores = {}
             for kind, widths in named.items():
                 matgptq.set_bits(model, widths)
@@ -140,10 +146,11 @@ def page(data: dict) -> str:
     seeds = sorted(data["seeds"], key=int)
     runs = [data["seeds"][s] for s in seeds]
     quality, timing = [], []
+    kinds = [k for k in KINDS if all(k in r["budgets"][b]["scores"] for r in runs for b in BUDGETS)]
     for b in BUDGETS:
-        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in KINDS}
-        best = min(("uniform", "knapsack"), key=lambda k: statistics.mean(kl[k]))
-        quality.append([b, *(_stats(kl[k]) for k in KINDS), best, verdict(kl["written"], kl[best]),
+        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in kinds}
+        best = min((k for k in ONE_SHOT if k in kl), key=lambda k: statistics.mean(kl[k]))
+        quality.append([b, *(_stats(kl[k]) for k in kinds), best, verdict(kl["written"], kl[best]),
                         ", ".join(r["budgets"][b]["chosen"] for r in runs)])  # fmt: skip
         timing.append([b, *(f"{statistics.mean(r['budgets'][b][k] for r in runs):.1f}"
                             for k in ("teacher_seconds", "tables_seconds", "search_seconds", "seconds")),
@@ -156,9 +163,9 @@ def page(data: dict) -> str:
         f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds.", "",
         "The whole search, per seed (a measured child process; load: the 1-minute load average when it ended):", "",
         format_table(["seed", "wall s", "CPU s", "peak RSS GB", "load"], usage), "",
-        "Held-out KL to the float32 model per budget; `written vs best`: against the better of uniform and knapsack, "
-        "a tie within the larger spread:", "",
-        format_table(["budget", *KINDS, "best baseline", "written vs best", "chosen per seed"], quality), "",
+        "Held-out KL to the float32 model per budget; `written vs best`: against the best one-shot allocation "
+        f"({', '.join(k for k in ONE_SHOT if k in kinds)}), a tie within the larger spread:", "",
+        format_table(["budget", *kinds, "best baseline", "written vs best", "chosen per seed"], quality), "",
         "Where each budget's seconds went (means; the first budget carries the shared teacher and tables):", "",
         format_table(["budget", "teacher s", "tables s", "search s", "budget s", "generations per seed"], timing),
     ])  # fmt: skip

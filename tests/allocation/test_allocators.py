@@ -106,7 +106,7 @@ def test_error_table_is_the_imatrix_weighted_error(setup):
 def test_every_allocation_fits_its_budget(setup):
     fitness, parent = setup
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
-    filled = tables(fitness, LEVELS, (0, 1), list(Allocator), seed=0)
+    filled = tables(fitness, LEVELS, (0, 1), list(Allocator), seed=0, floors=(2, 3))
     assert set(filled) == set(Allocator) - {Allocator.UNIFORM}
     assert all(seconds >= 0 for _, seconds in filled.values())
     for budget in (Fraction(5, 2), Fraction(3), Fraction(7, 2)):

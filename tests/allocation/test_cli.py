@@ -210,11 +210,17 @@ def test_too_little_calibration_text_names_the_numbers(stories_parent, tmp_path,
 
 def test_the_written_mix_is_the_best_candidate(searched):
     """Every one-shot allocation of --baselines (default: the knapsack start, the uniform slice, the imatrix-weighted
-    error) and the evolved mix are scored on the whole calibration pool; the written mix is the lowest of them."""
+    error, the first-order raise from the uniform slice) and the evolved mix are scored on the whole calibration pool;
+    the written mix is the lowest of them, and each allocation's widths are in the file beside its score."""
     for budget in ("3.0", "2.5"):
         mix = json.loads((searched / f"mix-{budget}.json").read_text())
         s = mix["summary"]
-        assert {"knapsack", "error"} <= set(s["baseline_kl"]) and any(k.startswith("uniform ") for k in s["baseline_kl"])
+        assert {"knapsack", "error", "gradient"} <= set(s["baseline_kl"])
+        assert any(k.startswith("uniform ") for k in s["baseline_kl"]) and set(mix["baseline_bits"]) == set(s["baseline_kl"])
+        uniform = next(v for k, v in mix["baseline_bits"].items() if k.startswith("uniform "))
+        # with --levels 2,4,8 both budgets sit above the uniform 2-bit slice: the gradient raises layers from it
+        assert set(uniform.values()) == {2} and mix["baseline_bits"]["gradient"] != uniform
+        assert min(mix["baseline_bits"]["gradient"].values()) == 2
         assert s["baseline_kl"]["knapsack"] == s["dp_kl"]
         assert s["kl"] == min([s["search_kl"], *s["baseline_kl"].values()])
         assert s["kl"] == (s["search_kl"] if s["chosen"] == "search" else s["baseline_kl"][s["chosen"]])

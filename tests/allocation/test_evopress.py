@@ -13,6 +13,7 @@ from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint
 from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
 from matgptq.allocation.budget import BudgetKind, CostModel
+from matgptq.allocation import evopress
 from matgptq.allocation.evopress import EvoConfig, Stage, evolve, parse_stages
 from matgptq.allocation.fitness import Fitness
 from matgptq.allocation.mutation import random_mix
@@ -93,15 +94,24 @@ def test_stage_and_config_validation():
             EvoConfig(offspring=16, stages=parse_stages(bad))
 
 
-def test_a_deadline_stops_before_a_generation_that_would_end_after_it(problem, tmp_path):
-    """No generation starts past the deadline; one far away changes nothing (the same mix, bit for bit)."""
+def test_a_deadline_stops_before_a_generation_that_would_end_after_it(problem, tmp_path, monkeypatch):
+    """No generation starts past the deadline; one far away changes nothing (the same mix, bit for bit). The next
+    generation is guessed to take the mean of those so far: on a clock where time is work (one second per scoring,
+    so each generation takes as long as its scorings on any machine, under any load), room for 2.5 generations'
+    scorings runs exactly two."""
     passed = run(problem, tmp_path / "a.json", config=SHORT, deadline=time.perf_counter() - 1)
     assert passed.generation == 0 and passed.parent == passed.start
     far = run(problem, tmp_path / "b.json", config=SHORT, deadline=time.perf_counter() + 3600)
     free = run(problem, tmp_path / "c.json", config=SHORT)
     assert far.generation == free.generation == SHORT.generations and far.parent == free.parent
-    one = run(problem, tmp_path / "d.json", config=SHORT, stop_after=1)  # how long one generation takes here
-    seconds = one.seconds
-    # room for about two generations: the mean-time guess lets two or three start, never all eight
-    short = run(problem, tmp_path / "e.json", config=SHORT, deadline=time.perf_counter() + 2.5 * seconds)
-    assert 1 <= short.generation < SHORT.generations
+    per = [h["evaluations"] for h in free.history]
+    per = [b - a for a, b in zip([0, *per], per)]
+    assert len(set(per)) == 1  # every generation scores as many candidates (the clock below needs it)
+
+    model, fitness, start, _ = problem
+    f = fitness()
+    clock = type("WorkClock", (), {"perf_counter": staticmethod(lambda: float(f.evaluations))})
+    monkeypatch.setattr(evopress, "time", clock)
+    costs, limit = model.table(BudgetKind.CODE), model.limit(BUDGET, BudgetKind.CODE)
+    short = evolve(f, LEVELS, costs, limit, start, SHORT, tmp_path / "e.json", SETTINGS, deadline=2.5 * per[0])
+    assert short.generation == 2

@@ -20,7 +20,8 @@ the table is filled, and in what it costs:
             v_l(r) = Σ_ij imatrix_l,j · (W_l(r) − W_l(top))_ij² — the layer's output error with the columns' cross
             terms dropped, summed across layers without weighting them. One forward pass of the top mix.
 
-Costs are scorings of the windows given (fitness.py); `tables` returns each table with its seconds.
+Costs are scorings of the windows given (fitness.py); `tables` returns each table with its seconds (GRADIENT's:
+one table per floor width, `FloorTables`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ..models import layer_weight
 from ..models.experts import experts_as_layers
 from .budget import BudgetKind, CostModel
 from .fitness import Fitness, Mix
+from .gradient import FloorTables, first_order_table, floor_mix
 from .sensitivity import Sensitivity, knapsack_mix, measure, relative_errors
 
 ALPHA_MIN, ALPHA_MAX, ALPHA_DEFAULT = 0.5, 4.0, 2.0
@@ -48,6 +50,7 @@ class Allocator(str, Enum):
     ADDITIVE = "additive"
     NOISE = "noise"
     ERROR = "error"
+    GRADIENT = "gradient"
 
 
 def uniform_mix(cost_model: CostModel, budget: Fraction, kind: BudgetKind) -> Mix:
@@ -55,6 +58,19 @@ def uniform_mix(cost_model: CostModel, budget: Fraction, kind: BudgetKind) -> Mi
     n = len(cost_model.names)
     fitting = [r for r in cost_model.levels if cost_model.fits(tuple(r for _ in range(n)), budget, kind)]
     return tuple(fitting[-1] for _ in range(n))
+
+
+def raise_floors(cost_model: CostModel, budgets, kind: BudgetKind) -> tuple[int, ...]:
+    """The uniform widths of `budgets` that leave room to raise at least one layer a level (GRADIENT's floors)."""
+    out = set()
+    for budget in budgets:
+        mix = uniform_mix(cost_model, budget, kind)
+        if mix[0] == cost_model.levels[-1]:
+            continue
+        up = cost_model.levels[cost_model.levels.index(mix[0]) + 1]
+        if any(cost_model.fits(mix[:l] + (up,) + mix[l + 1 :], budget, kind) for l in range(len(mix))):
+            out.add(mix[0])
+    return tuple(sorted(out))
 
 
 def power_law(rho_a: float, d_a: float, rho_b: float, d_b: float) -> tuple[float, float]:
@@ -133,12 +149,14 @@ def error_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, .
 
 
 def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], allocators, seed: int = 0,
-           progress: bool = False) -> dict[Allocator, tuple[list[list[float]], float]]:  # fmt: skip
-    """{allocator: (its loss table, seconds to fill it)} for the table-based allocators among `allocators`."""
+           progress: bool = False, floors: tuple[int, ...] = ()) -> dict[Allocator, tuple[list | FloorTables, float]]:  # fmt: skip
+    """{allocator: (its loss table, seconds to fill it)} for the table-based allocators among `allocators`; GRADIENT's
+    is one table per width of `floors` (raise_floors of the budgets)."""
     fill = {Allocator.PROBE: lambda: measure(fitness, levels, windows, Sensitivity.PROBE, progress),
             Allocator.ADDITIVE: lambda: measure(fitness, levels, windows, Sensitivity.FULL, progress),
             Allocator.NOISE: lambda: noise_table(fitness, levels, windows, seed, progress),
-            Allocator.ERROR: lambda: error_table(fitness, levels, windows)}  # fmt: skip
+            Allocator.ERROR: lambda: error_table(fitness, levels, windows),
+            Allocator.GRADIENT: lambda: {u: first_order_table(fitness, levels, windows, u) for u in floors}}  # fmt: skip
     out = {}
     for a in allocators:
         if a in fill:
@@ -148,9 +166,16 @@ def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], 
     return out
 
 
-def allocate(cost_model: CostModel, table: list[list[float]] | None, budget: Fraction, kind: BudgetKind) -> Mix:
-    """The mix of a table (the knapsack under the budget), or the uniform mix for table None."""
-    return uniform_mix(cost_model, budget, kind) if table is None else knapsack_mix(cost_model, table, budget, kind)
+def allocate(cost_model: CostModel, table: list[list[float]] | FloorTables | None, budget: Fraction,
+             kind: BudgetKind) -> Mix:  # fmt: skip
+    """The mix of a table (the knapsack under the budget), the uniform mix for table None; for GRADIENT's tables, the
+    knapsack above the budget's uniform width (the uniform mix where no table was made for it: no room to raise)."""
+    if table is None or isinstance(table, dict):
+        uniform = uniform_mix(cost_model, budget, kind)
+        if table is None or uniform[0] not in table:
+            return uniform
+        return floor_mix(cost_model, table[uniform[0]], budget, kind, uniform[0])
+    return knapsack_mix(cost_model, table, budget, kind)
 
 
 def baseline_mixes(cost_model: CostModel, filled: dict, own: Allocator, others: tuple[Allocator, ...],

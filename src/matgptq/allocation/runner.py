@@ -10,7 +10,8 @@ The mix file is what `matgptq.load(parent, bits=FILE)`, `matgptq eval --bits FIL
 --bits-config FILE` read (runtime.loader.resolve_bits takes the `bits` object of a JSON file): {"bits": {layer:
 width}, ...} with the budget, the bit counts, the scores and the search settings alongside. `bits` is the lowest-KL
 of the knapsack mix, the start and the evolved mix on the whole calibration pool (`_report`); all three stay in the
-file (`dp_bits`, `start_bits`, `search_bits`) with their scores in `summary`.
+file (`dp_bits`, `start_bits`, `search_bits`, and every one-shot allocation in `baseline_bits`) with their scores in
+`summary`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ..formats import is_checkpoint, read_checkpoint
 from ..fsutil import atomic_output, check_output
 from ..models import eval_windows, file_sha256, load_tokenizer, read_text, require_model_dir, resolve_model, tokenize
 from ..runtime import load
-from .allocators import Allocator, baseline_mixes, tables
+from .allocators import Allocator, baseline_mixes, raise_floors, tables
 from .budget import BudgetKind, CostModel, parse_budget
 from .evopress import EvoConfig, evolve, format_stages
 from .fitness import Fitness, Mix
@@ -78,8 +79,9 @@ class SearchRequest:
     calib_tokens: int = 16384
     sensitivity: Sensitivity = Sensitivity.PROBE
     # one-shot allocations (allocators.py) that compete with the knapsack start as the search's first parent and with
-    # the evolved mix for the written one; the default ones cost one forward pass in all
-    baselines: tuple[Allocator, ...] = (Allocator.UNIFORM, Allocator.ERROR)
+    # the evolved mix for the written one; the default ones cost one forward pass, and one backward pass per
+    # fractional budget's floor width
+    baselines: tuple[Allocator, ...] = (Allocator.UNIFORM, Allocator.ERROR, Allocator.GRADIENT)
     reference: str | Path | None = None  # a directory or Hugging Face id; default: the parent's recorded model
     text: Path | None = None
     text_range: tuple[float, float] = (0.0, 1.0)
@@ -203,7 +205,6 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     all of them on the whole calibration pool; its mix file written; the summary row (seconds counted from `t0`)."""
     label, limit = budget
     mixes = baseline_mixes(cost_model, filled, _own(req), req.baselines, limit, req.kind)
-    dp = mixes["knapsack"]
     t_start = time.perf_counter()
     start, start_kind, scored = _start(fitness, mixes, sens_windows)
     if scored:
@@ -223,7 +224,7 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
                search_seconds=round(seconds - clock.tables, 1))  # fmt: skip
     sensitivity = {name: dict(zip(map(str, levels), values))
                    for name, values in zip(cost_model.names, filled[_own(req)][0])}  # fmt: skip
-    _write_mix(req, label, row, cost_model, state, dp, mix, settings, sensitivity)
+    _write_mix(req, label, row, cost_model, state, mixes, mix, settings, sensitivity)
     if req.plot and is_writer():
         plot_mix(mix_path(req.out, label), mix_path(req.out, label).with_suffix(".png"))
     return row
@@ -277,7 +278,9 @@ def run_search(req: SearchRequest) -> list[dict]:
         for k, (label, budget) in enumerate(budgets):
             t0 = time.perf_counter()
             if filled is None:  # the teacher and the tables are shared: the first budget carries their seconds
-                filled = tables(fitness, levels, sens_windows, (_own(req), *req.baselines), req.evo.seed, req.progress)
+                floors = raise_floors(cost_model, [b for _, b in budgets], req.kind)
+                filled = tables(fitness, levels, sens_windows, (_own(req), *req.baselines), req.evo.seed, req.progress,
+                                floors)  # fmt: skip
                 clock.tables = sum(s for _, s in filled.values())
             elif k == 1:
                 clock.teacher = clock.tables = 0.0
@@ -336,16 +339,19 @@ def _start(fitness: Fitness, mixes: dict[str, Mix], windows: tuple[int, ...]) ->
     return mixes[label], label, len(unique)
 
 
-def _write_mix(req, label, row, cost_model, state, dp: Mix, mix: Mix, settings, sensitivity: dict) -> None:
+def _write_mix(req, label, row, cost_model, state, mixes: dict[str, Mix], mix: Mix, settings,
+               sensitivity: dict) -> None:  # fmt: skip
     """The mix file; `sensitivity` is the knapsack start's table, {layer: {width: predicted KL}}, so that each
-    layer's chosen width can be read against what lowering it was measured to cost."""
+    layer's chosen width can be read against what lowering it was measured to cost; `baseline_bits` holds every
+    one-shot allocation the search weighed (its `summary.baseline_kl` scores them)."""
     if not is_writer():  # under torchrun every rank holds the result; rank 0 writes it
         return
     def named(m: Mix) -> dict[str, int]:
         return dict(zip(cost_model.names, m))
 
-    body = {"format": MIX_FORMAT, "bits": named(mix), "summary": row, "dp_bits": named(dp),
-            "start_bits": named(state.start), "search_bits": named(state.parent), "sensitivity": sensitivity,
+    body = {"format": MIX_FORMAT, "bits": named(mix), "summary": row, "dp_bits": named(mixes["knapsack"]),
+            "start_bits": named(state.start), "search_bits": named(state.parent),
+            "baseline_bits": {k: named(m) for k, m in mixes.items()}, "sensitivity": sensitivity,
             "settings": settings, "history": state.history}  # fmt: skip
     with atomic_output(mix_path(req.out, label), overwrite=True, directory=False) as f:
         f.write_text(json.dumps(body, indent=1))

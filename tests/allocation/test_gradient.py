@@ -1,0 +1,85 @@
+"""GRADIENT (gradient.py) against independent oracles: its gradient against central finite differences of the
+fitness itself, its floor knapsack against the plain knapsack with the lower widths priced out, and its floors and
+mixes against the budget."""
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+import matgptq
+from matgptq.allocation.allocators import Allocator, allocate, raise_floors, tables, uniform_mix
+from matgptq.allocation.budget import BudgetKind, CostModel
+from matgptq.allocation.fitness import Fitness
+from matgptq.allocation.gradient import first_order_table, floor_mix, gradients
+from matgptq.allocation.sensitivity import knapsack_mix
+from matgptq.evaluation.teacher import Teacher
+from matgptq.formats import read_checkpoint
+from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
+from tests.conftest import STORIES, TINYSTORIES
+
+LEVELS = (2, 3, 4, 8)
+WINDOWS = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def setup(stories_parent):
+    windows = calibration_windows(tokenize(load_tokenizer(STORIES), read_text(TINYSTORIES, (0.6, 0.7))), 6, 64, 0)
+    teacher = Teacher(matgptq.load(STORIES), windows, batch_size=4)
+    model = matgptq.load(stories_parent, bits=8)
+    names = tuple(read_checkpoint(stories_parent).layers)
+    yield Fitness(model, teacher, windows, names, batch_size=4), CostModel.from_checkpoint(
+        read_checkpoint(stories_parent), LEVELS)
+    teacher.close()
+
+
+def test_the_gradient_is_the_fitness_central_difference(setup):
+    """⟨∂F/∂W_l, D⟩ against (F(W + εD) − F(W − εD)) / 2ε along D = W_l(4) − W_l(3), computed by the fitness alone
+    (a replaced weight). Tolerance: the central difference errs by ε²·F'''/6 plus the float32 rounding of F over ε.
+    Measured on this model, the truncation is under 1e-3 of the derivative at ε = 0.1, so under 1e-4 at ε = 0.03, and
+    F's rounding noise is ~1e-7 (1.6e-3 of the smallest derivative at ε = 0.003), so ~2e-4 at ε = 0.03: 2e-3 covers
+    both with room."""
+    fitness, _ = setup
+    mix = tuple(3 for _ in fitness.names)
+    base, grads = gradients(fitness, mix, WINDOWS)
+    assert base == fitness.kl(mix, WINDOWS)  # the same rows through the same formula
+    layers, eps = fitness.model.matgptq.layers, 0.03
+    for layer in (0, 17, len(mix) - 1):
+        at3 = layers[fitness.names[layer]].slice(3).dequantize(torch.float32)
+        d = layers[fitness.names[layer]].slice(4).dequantize(torch.float32) - at3
+        up = fitness.kl(mix, WINDOWS, None, (layer, at3 + eps * d))
+        down = fitness.kl(mix, WINDOWS, None, (layer, at3 - eps * d))
+        assert float((grads[layer].double() * d.double()).sum()) == pytest.approx((up - down) / (2 * eps), rel=2e-3)
+
+
+def test_the_table_predicts_from_the_floor_up_only(setup):
+    fitness, _ = setup
+    table = first_order_table(fitness, LEVELS, WINDOWS, 3)
+    base = fitness.kl(tuple(3 for _ in fitness.names), WINDOWS)
+    assert all(row[0] is None and row[1] == pytest.approx(base, abs=1e-12) for row in table)
+    # raising a layer shrinks its error, so on the whole it lowers F to first order
+    assert sum(row[2] for row in table) < len(table) * base and sum(row[3] for row in table) < len(table) * base
+
+
+def test_the_floor_knapsack_is_the_knapsack_with_the_lower_widths_priced_out(setup):
+    fitness, cost = setup
+    table = first_order_table(fitness, LEVELS, WINDOWS, 2)
+    priced = [[1e6 if v is None else v for v in row] for row in table]
+    for budget in (Fraction(5, 2), Fraction(11, 4), Fraction(7, 2)):
+        mix = floor_mix(cost, table, budget, BudgetKind.CODE, 2)
+        assert mix == knapsack_mix(cost, priced, budget, BudgetKind.CODE)
+        assert cost.fits(mix, budget, BudgetKind.CODE) and min(mix) >= 2
+
+
+def test_floors_are_the_uniform_widths_with_room_to_raise(setup):
+    fitness, cost = setup
+    budgets = [Fraction(5, 2), Fraction(3), Fraction(13, 4), Fraction(8)]
+    # code bits: every layer costs its width per weight, so an integer budget leaves no room
+    assert raise_floors(cost, budgets, BudgetKind.CODE) == (2, 3)
+    filled = tables(fitness, LEVELS, WINDOWS, (Allocator.GRADIENT,), floors=(2, 3))
+    assert set(filled[Allocator.GRADIENT][0]) == {2, 3}
+    for budget in budgets:
+        mix = allocate(cost, filled[Allocator.GRADIENT][0], budget, BudgetKind.CODE)
+        uniform = uniform_mix(cost, budget, BudgetKind.CODE)
+        assert cost.fits(mix, budget, BudgetKind.CODE) and min(mix) >= uniform[0]
+        assert (mix == uniform) == (budget.denominator == 1)
