@@ -32,7 +32,7 @@ def search(parent, out, *extra):
 def searched(stories_parent, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "mixes"
     assert main(search(stories_parent, out, "--budget", "3.0,2.5", "--text", str(TINYSTORIES), "--text-range",
-                       "0:0.01", "--seqlen", "64", "--plot")) == 0  # fmt: skip
+                       "0:0.01", "--seqlen", "64", "--plot", "--baselines", "uniform,error,gradient")) == 0  # fmt: skip
     return out
 
 
@@ -209,7 +209,7 @@ def test_too_little_calibration_text_names_the_numbers(stories_parent, tmp_path,
 
 
 def test_the_written_mix_is_the_best_candidate(searched):
-    """Every one-shot allocation of --baselines (default: the knapsack start, the uniform slice, the imatrix-weighted
+    """Every one-shot allocation of --baselines (here: the knapsack start, the uniform slice, the imatrix-weighted
     error, the first-order raise from the uniform slice) and the evolved mix are scored on the whole calibration pool;
     the written mix is the lowest of them, and each allocation's widths are in the file beside its score."""
     for budget in ("3.0", "2.5"):

@@ -18,8 +18,10 @@ teacher: around a slice that has lost the model (a 2-bit one, say) a first-order
 scores this mix against its other starts (runner._start), so a poor one costs a scoring, not the result.
 
 At a budget whose uniform slice leaves no room to raise a layer (most integer budgets), the mix is the uniform slice
-and no pass is made (allocators.raise_floors). The pass holds one float32 gradient per quantized layer (the layers'
-size again) while it runs, and computes in float32 whatever `compute_dtype` the fitness scores in.
+and no pass is made (allocators.raise_floors). The pass computes in float32 whatever `compute_dtype` the fitness
+scores in, and holds one float32 gradient per quantized layer (the layers' size again) plus one window's activations
+for the backward pass: on SmolLM2-135M (256-token windows) the search's peak memory grows by about 1.3 GB
+(docs/results/search_minutes.md), which is why it is not a default baseline.
 """
 
 from __future__ import annotations
