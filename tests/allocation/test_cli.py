@@ -32,7 +32,7 @@ def search(parent, out, *extra):
 def searched(stories_parent, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "mixes"
     assert main(search(stories_parent, out, "--budget", "3.0,2.5", "--text", str(TINYSTORIES), "--text-range",
-                       "0:0.01", "--seqlen", "64", "--plot", "--baselines", "uniform,error,gradient")) == 0  # fmt: skip
+                       "0:0.01", "--seqlen", "64", "--plot")) == 0  # fmt: skip
     return out
 
 
@@ -209,18 +209,14 @@ def test_too_little_calibration_text_names_the_numbers(stories_parent, tmp_path,
 
 
 def test_the_written_mix_is_the_best_candidate(searched):
-    """Every one-shot allocation of --baselines (here: the knapsack start, the uniform slice, the imatrix-weighted
-    error, the first-order raise from the uniform slice) and the evolved mix are scored on the whole calibration pool;
-    the written mix is the lowest of them, and each allocation's widths are in the file beside its score."""
+    """Every one-shot allocation of --baselines (default: the knapsack start, the uniform slice, the imatrix-weighted
+    error) and the evolved mix are scored on the whole calibration pool; the written mix is the lowest of them, and
+    each allocation's widths are in the file beside its score."""
     for budget in ("3.0", "2.5"):
         mix = json.loads((searched / f"mix-{budget}.json").read_text())
         s = mix["summary"]
-        assert {"knapsack", "error", "gradient"} <= set(s["baseline_kl"])
-        assert any(k.startswith("uniform ") for k in s["baseline_kl"]) and set(mix["baseline_bits"]) == set(s["baseline_kl"])
-        uniform = next(v for k, v in mix["baseline_bits"].items() if k.startswith("uniform "))
-        # with --levels 2,4,8 both budgets sit above the uniform 2-bit slice: the gradient raises layers from it
-        assert set(uniform.values()) == {2} and mix["baseline_bits"]["gradient"] != uniform
-        assert min(mix["baseline_bits"]["gradient"].values()) == 2
+        assert {"knapsack", "error"} <= set(s["baseline_kl"]) and any(k.startswith("uniform ") for k in s["baseline_kl"])
+        assert set(mix["baseline_bits"]) == set(s["baseline_kl"]) and mix["baseline_bits"]["knapsack"] == mix["dp_bits"]
         assert s["baseline_kl"]["knapsack"] == s["dp_kl"]
         assert s["kl"] == min([s["search_kl"], *s["baseline_kl"].values()])
         assert s["kl"] == (s["search_kl"] if s["chosen"] == "search" else s["baseline_kl"][s["chosen"]])
@@ -232,6 +228,18 @@ def test_the_written_mix_is_the_best_candidate(searched):
             assert mix["bits"] == mix["search_bits"]
         elif s["chosen"] == "knapsack":
             assert mix["bits"] == mix["dp_bits"]
+
+
+def test_the_gradient_baseline_raises_layers_from_the_uniform_slice(stories_parent, tmp_path):
+    """--baselines gradient: with --levels 2,4,8 a 2.5-bit budget sits above the uniform 2-bit slice, and the
+    first-order allocation raises layers from it within the budget; the file holds its widths and its score."""
+    out = tmp_path / "mixes"
+    assert main(search(stories_parent, out, "--budget", "2.5", "--generations", "0",
+                       "--baselines", "uniform,gradient")) == 0  # fmt: skip
+    mix = json.loads((out / "mix-2.5.json").read_text())
+    gradient, uniform = mix["baseline_bits"]["gradient"], mix["baseline_bits"]["uniform 2"]
+    assert set(uniform.values()) == {2} and gradient != uniform and min(gradient.values()) == 2
+    assert "gradient" in mix["summary"]["baseline_kl"] and mix["summary"]["code_bits"] <= 2.5
 
 
 def test_the_plot_shows_each_width_against_its_sensitivity(searched):
