@@ -15,6 +15,21 @@ def stories_parent(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def stories_fitness(stories_parent):
+    """The fitness of stories_parent (every layer at 8 bits) on 6 × 64 TinyStories tokens, batches of 4."""
+    from matgptq.allocation.fitness import Fitness
+    from matgptq.evaluation.teacher import Teacher
+    from matgptq.formats import read_checkpoint
+    from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
+
+    windows = calibration_windows(tokenize(load_tokenizer(STORIES), read_text(TINYSTORIES, (0.6, 0.7))), 6, 64, 0)
+    teacher = Teacher(matgptq.load(STORIES), windows, batch_size=4)
+    names = tuple(read_checkpoint(stories_parent).layers)
+    yield Fitness(matgptq.load(stories_parent, bits=8), teacher, windows, names, batch_size=4)
+    teacher.close()
+
+
 @pytest.fixture(scope="session")
 def grouped_parent(tiny_llama_dir, tmp_path_factory):
     """A tiny parent with 32-column groups and act-order (so its slices store `perm`)."""

@@ -12,23 +12,14 @@ from matgptq.allocation.allocators import (
     ALPHA_DEFAULT, ALPHA_MAX, Allocator, allocate, error_table, noise, noise_table, power_law, tables, uniform_mix,
 )  # fmt: skip
 from matgptq.allocation.budget import BudgetKind, CostModel
-from matgptq.allocation.fitness import Fitness
-from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint
-from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
-from tests.conftest import STORIES, TINYSTORIES
 
 LEVELS = (2, 3, 4, 8)
 
 
 @pytest.fixture(scope="module")
-def setup(stories_parent):
-    windows = calibration_windows(tokenize(load_tokenizer(STORIES), read_text(TINYSTORIES, (0.6, 0.7))), 6, 64, 0)
-    teacher = Teacher(matgptq.load(STORIES), windows, batch_size=4)
-    model = matgptq.load(stories_parent, bits=8)
-    names = tuple(read_checkpoint(stories_parent).layers)
-    yield Fitness(model, teacher, windows, names, batch_size=4), stories_parent
-    teacher.close()
+def setup(stories_fitness, stories_parent):
+    return stories_fitness, stories_parent
 
 
 def slice_weight(parent, names, name: str, r: int) -> torch.Tensor:

@@ -7,30 +7,19 @@ from fractions import Fraction
 import pytest
 import torch
 
-import matgptq
 from matgptq.allocation.allocators import Allocator, allocate, raise_floors, tables, uniform_mix
 from matgptq.allocation.budget import BudgetKind, CostModel
-from matgptq.allocation.fitness import Fitness
 from matgptq.allocation.gradient import first_order_table, floor_mix, gradients
 from matgptq.allocation.sensitivity import knapsack_mix
-from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint
-from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
-from tests.conftest import STORIES, TINYSTORIES
 
 LEVELS = (2, 3, 4, 8)
 WINDOWS = (0, 1, 2)
 
 
 @pytest.fixture(scope="module")
-def setup(stories_parent):
-    windows = calibration_windows(tokenize(load_tokenizer(STORIES), read_text(TINYSTORIES, (0.6, 0.7))), 6, 64, 0)
-    teacher = Teacher(matgptq.load(STORIES), windows, batch_size=4)
-    model = matgptq.load(stories_parent, bits=8)
-    names = tuple(read_checkpoint(stories_parent).layers)
-    yield Fitness(model, teacher, windows, names, batch_size=4), CostModel.from_checkpoint(
-        read_checkpoint(stories_parent), LEVELS)
-    teacher.close()
+def setup(stories_fitness, stories_parent):
+    return stories_fitness, CostModel.from_checkpoint(read_checkpoint(stories_parent), LEVELS)
 
 
 def test_the_gradient_is_the_fitness_central_difference(setup):
