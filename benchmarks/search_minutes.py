@@ -13,12 +13,13 @@ Protocol:
             on): KL to the float32 model and perplexity, float32:
               uniform    the widest uniform slice within the budget
               knapsack   the probe table's knapsack mix (one probe per layer, the search's default start)
+              error      llama.cpp's --target-bpw idea: imatrix-weighted weight error, knapsack (a default baseline)
               gradient   first order at the uniform slice under the budget, the knapsack above it (one backward
-                         pass per floor width; allocation/gradient.py)
+                         pass per floor width, block by block; allocation/gradient.py; a default baseline)
               evolved    where the generations the time allowed ended
               written    what the mix file says to use: the lowest calibration KL among the above
-            The other one-shot allocators (additive KL, noise injection, imatrix-weighted error, random search) are
-            compared on stories260K in search_baselines.md; they are not in this run's 10 minutes.
+            The other one-shot allocators (additive KL, noise injection, random search) are compared on stories260K in
+            search_baselines.md; they are not in this run's 10 minutes.
 
     python -m benchmarks.search_minutes [--seeds 0,1,2] [--minutes 10] [--work runs/search-minutes]
         [--out docs/results/search_minutes.json] [--from-json]      # ~15 minutes a seed on 2 cores
@@ -51,9 +52,9 @@ MODEL = Path.home() / ".cache" / "matgptq" / "SmolLM2-135M-Instruct"  # `make re
 TEXT = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.joined.txt"
 BUDGETS = ("2.5", "2.75", "3.0", "3.25", "3.5", "4.0", "5.0", "6.0")
 RECIPE = ("--sensitivity-tokens", "510", "--calib-tokens", "2040", "--stages", "255:2,510:1", "--offspring", "8",
-          "--generations", "100", "--baselines", "uniform,gradient")  # fmt: skip
-KINDS = ("uniform", "knapsack", "gradient", "evolved", "written")
-ONE_SHOT = ("uniform", "knapsack", "gradient")  # the allocations the written mix is held against
+          "--generations", "100")  # fmt: skip
+KINDS = ("uniform", "knapsack", "error", "gradient", "evolved", "written")
+ONE_SHOT = ("uniform", "knapsack", "error", "gradient")  # the allocations the written mix is held against
 HELD_OUT = (4, 1024)  # windows × tokens from the start of the first half
 
 
@@ -119,7 +120,7 @@ def score_mixes(parent: Path, mixes: Path) -> dict:
         for budget in BUDGETS:
             body = json.loads((mixes / f"mix-{budget}.json").read_text())
             named = {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(budget), BudgetKind.CODE))),
-                     "knapsack": body["dp_bits"], "gradient": body["baseline_bits"]["gradient"],
+                     "knapsack": body["dp_bits"], **{k: body["baseline_bits"][k] for k in ("error", "gradient")},
                      "evolved": body["search_bits"], "written": body["bits"]}  # fmt: skip
             scores = {}
             for kind, widths in named.items():

@@ -210,12 +210,13 @@ def test_too_little_calibration_text_names_the_numbers(stories_parent, tmp_path,
 
 def test_the_written_mix_is_the_best_candidate(searched):
     """Every one-shot allocation of --baselines (default: the knapsack start, the uniform slice, the imatrix-weighted
-    error) and the evolved mix are scored on the whole calibration pool; the written mix is the lowest of them, and
-    each allocation's widths are in the file beside its score."""
+    error, the first-order raise) and the evolved mix are scored on the whole calibration pool; the written mix is
+    the lowest of them, and each allocation's widths are in the file beside its score."""
     for budget in ("3.0", "2.5"):
         mix = json.loads((searched / f"mix-{budget}.json").read_text())
         s = mix["summary"]
-        assert {"knapsack", "error"} <= set(s["baseline_kl"]) and any(k.startswith("uniform ") for k in s["baseline_kl"])
+        assert {"knapsack", "error", "gradient"} <= set(s["baseline_kl"])
+        assert any(k.startswith("uniform ") for k in s["baseline_kl"])
         assert set(mix["baseline_bits"]) == set(s["baseline_kl"]) and mix["baseline_bits"]["knapsack"] == mix["dp_bits"]
         assert s["baseline_kl"]["knapsack"] == s["dp_kl"]
         assert s["kl"] == min([s["search_kl"], *s["baseline_kl"].values()])
@@ -230,16 +231,14 @@ def test_the_written_mix_is_the_best_candidate(searched):
             assert mix["bits"] == mix["dp_bits"]
 
 
-def test_the_gradient_baseline_raises_layers_from_the_uniform_slice(stories_parent, tmp_path):
-    """--baselines gradient: with --levels 2,4,8 a 2.5-bit budget sits above the uniform 2-bit slice, and the
-    first-order allocation raises layers from it within the budget; the file holds its widths and its score."""
-    out = tmp_path / "mixes"
-    assert main(search(stories_parent, out, "--budget", "2.5", "--generations", "0",
-                       "--baselines", "uniform,gradient")) == 0  # fmt: skip
-    mix = json.loads((out / "mix-2.5.json").read_text())
-    gradient, uniform = mix["baseline_bits"]["gradient"], mix["baseline_bits"]["uniform 2"]
-    assert set(uniform.values()) == {2} and gradient != uniform and min(gradient.values()) == 2
-    assert "gradient" in mix["summary"]["baseline_kl"] and mix["summary"]["code_bits"] <= 2.5
+def test_the_gradient_baseline_raises_layers_from_the_uniform_slice(searched):
+    """With --levels 2,4,8 the 2.5- and 3.0-bit budgets sit above the uniform 2-bit slice, and the default first-order
+    allocation raises layers from it within the budget; the file holds its widths and its score."""
+    for budget in ("3.0", "2.5"):
+        mix = json.loads((searched / f"mix-{budget}.json").read_text())
+        gradient, uniform = mix["baseline_bits"]["gradient"], mix["baseline_bits"]["uniform 2"]
+        assert set(uniform.values()) == {2} and gradient != uniform and min(gradient.values()) == 2
+        assert "gradient" in mix["summary"]["baseline_kl"] and mix["summary"]["code_bits"] <= float(budget)
 
 
 def test_the_plot_shows_each_width_against_its_sensitivity(searched):

@@ -37,7 +37,7 @@ Mix = tuple[int, ...]  # one width per layer, in the parent's layer order
 VOCAB_CHUNK = 8192  # head rows per float64 copy when accumulating g = pᵀW (bounded memory for any vocabulary)
 
 
-class _Replay(nn.Module):
+class Replay(nn.Module):
     """Stands in for a decoder block: returns a stored output, whatever it is given."""
 
     def __init__(self, output) -> None:
@@ -121,14 +121,15 @@ class Fitness:
         """Calibration windows whose teacher terms are held (the rest are recomputed at each use)."""
         return len(self._terms)
 
-    def _batches(self, windows: tuple[int, ...]) -> list[list[int]]:
+    def batches(self, windows: tuple[int, ...]) -> list[list[int]]:
+        """`windows` in batches of batch_size, in order."""
         return [list(windows[i : i + self.batch_size]) for i in range(0, len(windows), self.batch_size)]
 
     def prefix_cache(self, mix: Mix, windows: tuple[int, ...]) -> PrefixCache:
         """An empty cache of `mix`'s block outputs on `windows`, filled by the scorings that use it (module docstring);
         None in place of the outputs when they would not fit in `cache_limit` bytes."""
         fits = len(self.blocks) * len(windows) * self.windows.shape[1] * self.body.hidden_size * 4 <= self.cache_limit
-        outputs = [[] for _ in self._batches(windows)] if fits else None
+        outputs = [[] for _ in self.batches(windows)] if fits else None
         return PrefixCache(tuple(mix), tuple(windows), outputs, self.compute_dtype)
 
     @torch.no_grad()
@@ -155,7 +156,7 @@ class Fitness:
     def _scored(self, windows: tuple[int, ...], cache: PrefixCache | None, skip: int, until: int) -> float:
         """The mean KL per predicted token of the model as it stands, replaying and recording as `kl` decided."""
         total, count = 0.0, 0
-        for b, batch in enumerate(self._batches(windows)):
+        for b, batch in enumerate(self.batches(windows)):
             sink = cache.outputs[b] if until > skip else None
             hidden = self._hidden(batch, cache.outputs[b][skip - 1] if skip else None, skip, sink, until)
             if self.head.softcap is None:
@@ -170,7 +171,7 @@ class Fitness:
     @torch.no_grad()
     def run(self, windows: tuple[int, ...]) -> None:
         """The body's forward on `windows` as the model stands, for hooks that observe the layers' inputs."""
-        for batch in self._batches(windows):
+        for batch in self.batches(windows):
             self._body(self.windows[batch].to(self.device))
 
     def count_elsewhere(self, evaluations: int, windows: tuple[int, ...]) -> None:
@@ -188,7 +189,7 @@ class Fitness:
         `sink`, the outputs of blocks skip..until − 1 are appended to it."""
         saved = [self.blocks[i] for i in range(skip)]
         for i in range(skip):
-            self.blocks[i] = _Replay(replay)
+            self.blocks[i] = Replay(replay)
         hooks = [] if sink is None else [self.blocks[i].register_forward_hook(lambda m, i, o: sink.append(o))
                                          for i in range(skip, until)]  # fmt: skip
         try:
@@ -200,8 +201,10 @@ class Fitness:
             for i, block in enumerate(saved):
                 self.blocks[i] = block
 
-    def _chunk(self) -> int:
-        return max(1, CHUNK_ELEMENTS // self.head.out_features)  # rows per vocabulary-sized tensor
+    @property
+    def chunk_rows(self) -> int:
+        """Rows per vocabulary-sized tensor (CHUNK_ELEMENTS)."""
+        return max(1, CHUNK_ELEMENTS // self.head.out_features)
 
     @torch.no_grad()
     def window_terms(self, window: int) -> WindowTerms:
@@ -211,8 +214,8 @@ class Fitness:
         ref = self.teacher.hidden(window, window + 1)
         weight, bias, scale = self.head.affine()  # z = s·(W h + b): g and the bias's term scaled by s, W not copied
         parts = []
-        for c0 in range(0, ref.shape[0], self._chunk()):
-            zt = self.teacher.logits(ref[c0 : c0 + self._chunk()]).float().to(self.device)
+        for c0 in range(0, ref.shape[0], self.chunk_rows):
+            zt = self.teacher.logits(ref[c0 : c0 + self.chunk_rows]).float().to(self.device)
             lse = torch.logsumexp(zt, -1, keepdim=True)
             p = (zt - lse).exp()
             mass = p.sum(-1, dtype=torch.float64)
@@ -233,8 +236,8 @@ class Fitness:
     def _kl_sum(self, terms: WindowTerms, hidden: torch.Tensor) -> float:
         """Σ over rows of KL(p ‖ q), chunk by chunk (the formula of the module docstring)."""
         total = 0.0
-        for c0 in range(0, hidden.shape[0], self._chunk()):
-            h = hidden[c0 : c0 + self._chunk()]
+        for c0 in range(0, hidden.shape[0], self.chunk_rows):
+            h = hidden[c0 : c0 + self.chunk_rows]
             lse = torch.logsumexp(self.head(h).float(), -1).double()
             rows = slice(c0, c0 + h.shape[0])
             cross = (h.double() * terms.g[rows]).sum(-1)
@@ -246,8 +249,8 @@ class Fitness:
         by chunk (a head that is not affine, where the terms of the module docstring do not apply)."""
         ref = torch.cat([self.teacher.hidden(w, w + 1) for w in batch])
         total = 0.0
-        for c0 in range(0, hidden.shape[0], self._chunk()):
-            logp = self.teacher.logprobs(ref[c0 : c0 + self._chunk()]).to(self.device)
-            logq = torch.log_softmax(self.head(hidden[c0 : c0 + self._chunk()]).float(), -1)
+        for c0 in range(0, hidden.shape[0], self.chunk_rows):
+            logp = self.teacher.logprobs(ref[c0 : c0 + self.chunk_rows]).to(self.device)
+            logq = torch.log_softmax(self.head(hidden[c0 : c0 + self.chunk_rows]).float(), -1)
             total += float((logp.exp() * (logp - logq)).sum(dtype=torch.float64))
         return total

@@ -7,7 +7,7 @@ layer l alone from u to width r changes F, to first order, by
 
 x_t: layer l's input at position t, g_t = ∂(N·F)/∂y_t the gradient at its output y_t = W_l x_t (+ b), N the
 predicted positions of the windows. One forward and backward pass of the uniform slice gives ∂F/∂W_l for every
-layer, and the parent's slices give W_l(r) for every width: a table for every layer and width for about three
+layer, and the parent's slices give W_l(r) for every width: a table for every layer and width for about four
 scorings' compute plus dequantizing the slices, where the probe table (sensitivity.py) scores once per layer.
 
 Only raising a layer above the floor is predicted (r ≥ u), and the mix is the knapsack over those widths
@@ -18,10 +18,15 @@ teacher: around a slice that has lost the model (a 2-bit one, say) a first-order
 scores this mix against its other starts (runner._start), so a poor one costs a scoring, not the result.
 
 At a budget whose uniform slice leaves no room to raise a layer (most integer budgets), the mix is the uniform slice
-and no pass is made (allocators.raise_floors). The pass computes in float32 whatever `compute_dtype` the fitness
-scores in, and holds one float32 gradient per quantized layer (the layers' size again) plus one window's activations
-for the backward pass: on SmolLM2-135M (256-token windows) the search's peak memory grows by about 1.3 GB
-(docs/results/search_minutes.md), which is why it is not a default baseline.
+and no pass is made (allocators.raise_floors).
+
+Memory: the backward pass goes one decoder block at a time (`_BlockPass`). A forward pass without a graph keeps
+each block's input; the head's gradient comes from the last block's output; then each block, last to first, is run
+again with a graph from its kept input and differentiated, and the ∂F/∂W_l of its layers are folded into their
+table rows (⟨∂F/∂W_l, W_l(r) − W_l(u)⟩ for every r) and dropped. So the pass holds one batch's block inputs, one
+block's graph and one block's gradients — not the whole model's graph and one gradient per layer, which cost
+SmolLM2-135M's search 1.3 GB (docs/results/search_minutes.md). Every batch of windows is folded in this way, so a
+slice is dequantized once per batch. The pass computes in float32 whatever `compute_dtype` the fitness scores in.
 """
 
 from __future__ import annotations
@@ -31,76 +36,150 @@ import torch
 from ..models import layer_weight
 from ..models.experts import experts_as_layers
 from .budget import BudgetKind, CostModel
-from .fitness import Fitness, Mix, WindowTerms
+from .fitness import Fitness, Mix, Replay, WindowTerms
 from .knapsack import solve
 from .spread import from_rank0
 
 FloorTables = dict[int, list[list[float | None]]]  # {floor u: v[l][i] = predicted F at levels[i], None below u}
 
 
-def _loss(fitness: Fitness, window: int, hidden: torch.Tensor) -> torch.Tensor:
-    """N·F of one window as a differentiable tensor: the KL rows of fitness.py's formula, summed."""
-    if fitness.head.softcap is not None:  # a head that is not affine: the KL from both distributions
-        logp = fitness.teacher.logprobs(fitness.teacher.hidden(window, window + 1)).to(hidden.device)
-        return (logp.exp() * (logp - torch.log_softmax(fitness.head(hidden).float(), -1))).sum(dtype=torch.float64)
-    terms: WindowTerms = fitness.window_terms(window)
-    lse = torch.logsumexp(fitness.head(hidden).float(), -1).double()
-    return (terms.const - (hidden.double() * terms.g).sum(-1) + lse * terms.mass).sum()
+def _hidden_of(output) -> torch.Tensor:
+    """A block's output hidden states (transformers' blocks return them alone or first in a tuple)."""
+    return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def gradients(fitness: Fitness, mix: Mix, windows: tuple[int, ...]) -> tuple[float, list[torch.Tensor]]:
-    """(F(mix; windows), [∂F/∂W_l as [out, in] float32 for every layer of `fitness.names`]), one window at a time."""
-    fitness.apply(mix)
-    grads: list[torch.Tensor | None] = [None] * len(fitness.names)
+def _with_hidden(args: tuple, kwargs: dict, hidden: torch.Tensor) -> tuple[tuple, dict]:
+    """A block call's arguments with its hidden states replaced (passed first, or as `hidden_states`)."""
+    if args:
+        return (hidden, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": hidden}
 
-    def hook(i):
+
+def _head_loss(fitness: Fitness, batch: list[int], hidden: torch.Tensor) -> float:
+    """N·F of `batch` from its final hidden states [rows, H] (a leaf): the KL rows of fitness.py's formula, chunk by
+    chunk, each chunk's gradient accumulated into hidden.grad."""
+    total, step = 0.0, fitness.chunk_rows
+    if fitness.head.softcap is None:
+        terms = WindowTerms.cat([fitness.window_terms(w) for w in batch])
+    else:  # a head that is not affine: the KL from both distributions
+        ref = torch.cat([fitness.teacher.hidden(w, w + 1) for w in batch])
+    for c0 in range(0, hidden.shape[0], step):
+        h = hidden[c0 : c0 + step]
+        if fitness.head.softcap is None:
+            rows = slice(c0, c0 + h.shape[0])
+            lse = torch.logsumexp(fitness.head(h).float(), -1).double()
+            loss = (terms.const[rows] - (h.double() * terms.g[rows]).sum(-1) + lse * terms.mass[rows]).sum()
+        else:
+            logp = fitness.teacher.logprobs(ref[c0 : c0 + step]).to(hidden.device)
+            loss = (logp.exp() * (logp - torch.log_softmax(fitness.head(h).float(), -1))).sum(dtype=torch.float64)
+        loss.backward()
+        total += float(loss.detach())
+    return total
+
+
+class _BlockPass:
+    """One batch's forward and block-by-block backward pass (module docstring); `fold` receives each layer's
+    Σ_t g_t x_tᵀ as soon as its block is differentiated."""
+
+    def __init__(self, fitness: Fitness, fold) -> None:
+        self.fitness, self.fold = fitness, fold
+        self.grads: dict[int, torch.Tensor] = {}
+
+    def layer_hook(self, i: int):
         def record(module, args, output):
+            if not output.requires_grad:  # the forward without a graph
+                return
             x = args[0].detach()
 
             def accumulate(g):
                 gx = g.reshape(-1, g.shape[-1]).float().T @ x.reshape(-1, x.shape[-1]).float()
-                grads[i] = gx if grads[i] is None else grads[i].add_(gx)
+                self.grads[i] = gx if i not in self.grads else self.grads[i].add_(gx)
 
             output.register_hook(accumulate)
 
         return record
 
-    def track(module, args, output):  # no weight needs a gradient: the graph starts at the embeddings
-        return output.detach().requires_grad_()
+    def drain(self) -> None:
+        for i in list(self.grads):
+            self.fold(i, self.grads.pop(i))
 
-    total, count = 0.0, 0
-    with experts_as_layers(fitness.blocks, fitness.spec.experts):  # fused experts: each sees its routed tokens
-        handles = [fitness.model.get_submodule(n).register_forward_hook(hook(i)) for i, n in enumerate(fitness.names)]
-        handles.append(fitness.model.get_input_embeddings().register_forward_hook(track))
+    def run(self, batch: list[int]) -> tuple[float, int]:
+        """(N·F, N) of `batch`, every layer's gradient folded."""
+        fitness, blocks = self.fitness, self.fitness.blocks
+        ids = fitness.windows[batch].to(fitness.device)
+        calls, last = [], []
+        handles = [b.register_forward_pre_hook(lambda m, a, k: calls.append((a, k)), with_kwargs=True) for b in blocks]
+        handles.append(blocks[-1].register_forward_hook(lambda m, a, o: last.append(o)))
         try:
-            with torch.enable_grad():
-                for w in windows:
-                    ids = fitness.windows[w : w + 1].to(fitness.device)
-                    hidden = fitness.body(ids)[:, :-1].reshape(-1, fitness.body.hidden_size).to(fitness.head.weight.dtype)
-                    loss = _loss(fitness, w, hidden)
-                    loss.backward()
-                    total, count = total + float(loss.detach()), count + hidden.shape[0]
+            with torch.no_grad():
+                fitness.body(ids)
         finally:
             for h in handles:
                 h.remove()
-    shapes = [(fitness.model.matgptq.layers[n].shape) for n in fitness.names]
-    # a layer no token reached (an expert the router never chose) has no gradient: it moves F by nothing
-    return total / count, [torch.zeros(s) if g is None else g / count for g, s in zip(grads, shapes)]
+        out = _hidden_of(last[0]).detach().requires_grad_()
+        replayed = (out, *last[0][1:]) if isinstance(last[0], (tuple, list)) else out
+        saved = list(blocks)
+        for b in range(len(blocks)):  # every block replays the last one's output: only the final norm runs
+            blocks[b] = Replay(replayed)
+        try:
+            with torch.enable_grad():
+                final = fitness.body(ids)[:, :-1].reshape(-1, fitness.body.hidden_size).to(fitness.head.weight.dtype)
+                leaf = final.detach().requires_grad_()
+                total = _head_loss(fitness, batch, leaf)
+                final.backward(leaf.grad)
+        finally:
+            for b, block in enumerate(saved):
+                blocks[b] = block
+        self.drain()  # a layer outside the blocks (none in the architectures we know) is reached by now
+        grad = out.grad
+        for b in reversed(range(len(blocks))):
+            args, kwargs = calls[b]
+            calls[b] = None
+            x = _hidden_of(args or (kwargs["hidden_states"],)).detach().requires_grad_()
+            args, kwargs = _with_hidden(args, kwargs, x)
+            with torch.enable_grad():
+                _hidden_of(blocks[b](*args, **kwargs)).backward(grad)
+            grad = x.grad
+            self.drain()
+        return total, leaf.shape[0]
 
 
 @torch.no_grad()
 def first_order_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
                       floor: int) -> list[list[float | None]]:  # fmt: skip
     """v[l][i] = F(u) + ⟨∂F/∂W_l, W_l(levels[i]) − W_l(u)⟩ at the uniform mix u = `floor` (None below it)."""
-    base, grads = gradients(fitness, tuple(floor for _ in fitness.names), windows)
-    layers = fitness.model.matgptq.layers
-    table = []
-    for name, g in zip(fitness.names, grads):
-        at_floor = layer_weight(fitness.model, name, fitness.spec).float()  # the model holds the floor's slice now
-        def moved(r: int) -> float:
-            return float((g * (layers[name].slice(r).dequantize(torch.float32) - at_floor)).sum(dtype=torch.float64))
+    fitness.apply(tuple(floor for _ in fitness.names))
+    layers, above = fitness.model.matgptq.layers, [r for r in levels if r > floor]
+    moved = [[0.0] * len(above) for _ in fitness.names]  # Σ over positions of ⟨g xᵀ, W_l(r) − W_l(u)⟩
 
-        table.append([None if r < floor else base if r == floor else base + moved(r) for r in levels])
+    def fold(i: int, gx: torch.Tensor) -> None:
+        name = fitness.names[i]
+        at_floor = layer_weight(fitness.model, name, fitness.spec).float()  # the model holds the floor's slice
+        for j, r in enumerate(above):
+            step = layers[name].slice(r).dequantize(torch.float32) - at_floor
+            moved[i][j] += float((gx * step).sum(dtype=torch.float64))
+
+    total, count = 0.0, 0
+    trainable = [p for p in fitness.model.parameters() if p.requires_grad]
+    with experts_as_layers(fitness.blocks, fitness.spec.experts):  # fused experts: each sees its routed tokens
+        block_pass = _BlockPass(fitness, fold)
+        handles = [fitness.model.get_submodule(n).register_forward_hook(block_pass.layer_hook(i))
+                   for i, n in enumerate(fitness.names)]  # fmt: skip
+        try:
+            for p in trainable:  # no parameter's gradient is wanted (the head's alone is vocabulary × H)
+                p.requires_grad_(False)
+            for batch in fitness.batches(windows):
+                t, n = block_pass.run(batch)
+                total, count = total + t, count + n
+        finally:
+            for p in trainable:
+                p.requires_grad_(True)
+            for h in handles:
+                h.remove()
+    base = total / count
+    # a layer no token reached (an expert the router never chose) has no gradient: it moves F by nothing
+    table = [[None if r < floor else base if r == floor else base + moved[i][above.index(r)] / count for r in levels]
+             for i in range(len(fitness.names))]  # fmt: skip
     return from_rank0(table)  # under torchrun every rank runs the pass; all allocate from rank 0's table
 
 

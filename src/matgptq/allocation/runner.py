@@ -79,9 +79,9 @@ class SearchRequest:
     calib_tokens: int = 16384
     sensitivity: Sensitivity = Sensitivity.PROBE
     # one-shot allocations (allocators.py) that compete with the knapsack start as the search's first parent and with
-    # the evolved mix for the written one; the default ones cost one forward pass in all (gradient: one backward pass
-    # per fractional budget's floor, and memory for it, gradient.py)
-    baselines: tuple[Allocator, ...] = (Allocator.UNIFORM, Allocator.ERROR)
+    # the evolved mix for the written one; the default ones cost one forward pass (error) and one block-by-block
+    # backward pass per fractional budget's floor width (gradient.py), plus dequantizing every slice once for each
+    baselines: tuple[Allocator, ...] = (Allocator.UNIFORM, Allocator.ERROR, Allocator.GRADIENT)
     reference: str | Path | None = None  # a directory or Hugging Face id; default: the parent's recorded model
     text: Path | None = None
     text_range: tuple[float, float] = (0.0, 1.0)

@@ -43,8 +43,8 @@ def add_parser(sub) -> None:
     s.add_argument("--baselines", type=allocators, default=",".join(a.value for a in req.baselines),
                    help="one-shot allocations that compete with the knapsack start for the first parent and with the "
                         "evolved mix for the written one, from " + ", ".join(a.value for a in Allocator) + " ('' for "
-                        "none; additive and noise cost layers × (levels − 1) and layers × 2 scorings, gradient one backward pass per "
-                        "fractional budget's floor width and memory for it)")  # fmt: skip
+                        "none; error costs one forward pass, gradient one backward pass per fractional budget's floor width, additive "
+                        "and noise layers × (levels − 1) and layers × 2 scorings; default %(default)s)")  # fmt: skip
     s.add_argument("--calib-tokens", type=int, default=req.calib_tokens,
                    help="calibration tokens the stages draw their windows from (default %(default)s; at least the "
                         "last stage's)")  # fmt: skip
