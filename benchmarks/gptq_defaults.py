@@ -47,14 +47,14 @@ OUT = RESULTS / "gptq_defaults.json"
 
 def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Path, out: Path) -> dict:
     """One end-to-end quantization in a child process; its wall, CPU, peak RSS (or the failing line)."""
-    log = out.with_suffix(".log")
+    log = out.parent / f"{out.name}.log"  # not with_suffix: "damp0.05-g128-3-seed0" has a dot of its own
     # a killed run's state (quantization/resume.py): start afresh, so that CPU s counts the whole run
     shutil.rmtree(out.parent / f".{out.name}.resume", ignore_errors=True)
     if ROWS[name] == "peer":
         cmd = [str(BENCH_PYTHON), "-m", "benchmarks.bench_pipeline", "--worker", name.split("-")[0], a.model,
                "--ids", str(ids_file), "--out-model", str(out), "--bits", str(bits), "--group-size",
                str(PEER_GROUP.get(name, gs)), "--report",
-               str(out.with_suffix(".report.json"))]  # fmt: skip
+               str(out.parent / f"{out.name}.report.json")]  # fmt: skip
     else:
         parent = is_parent(name)
         cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(out), "--method",
