@@ -95,8 +95,10 @@ def _step(cells: dict, before: str, after: str, after_cells: dict | None = None)
     for bits in (3, 4):
         a, b = cells.get((before, bits)), (cells if after_cells is None else after_cells).get((after, bits))
         if a and b:
-            parts.append(f"{bits}-bit ppl ×{b['ppl'] / a['ppl']:.2f}, KL ×{b['kl'] / a['kl']:.2f} ({min(a['seeds'], b['seeds'])} seed"
-                         f"{'s' if min(a['seeds'], b['seeds']) > 1 else ''})")  # fmt: skip
+            n = min(a["seeds"], b["seeds"])
+            tie = n > 1 and all(abs(b[k] - a[k]) <= max(a[k + "_spread"], b[k + "_spread"]) for k in ("ppl", "kl"))
+            parts.append(f"{bits}-bit ppl ×{b['ppl'] / a['ppl']:.2f}, KL ×{b['kl'] / a['kl']:.2f} ({n} seed"
+                         f"{'s' if n > 1 else ''}{', a tie: both inside the seed spread' if tie else ''})")  # fmt: skip
     return "; ".join(parts) or "not measured"
 
 
@@ -135,7 +137,8 @@ def defaults_block(data: dict) -> str:
          "the scale searched, its error weighted by H_kk; GPTQ, `gar` → `gar-mse-w-refit` (with the refit): "
          + _step(cells, "gar", "gar-mse-w-refit") + "; a parent, `matgptq-parent` → `matgptq-parent-gar-mse-w-refit` "
          "(off for a parent, for its CPU time): " + parent("matgptq-parent-gar-mse-w-refit")),
-        ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; not ablated here"),
+        ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; GPTQModel's 0.05 instead, the other defaults "
+         "kept (`default` → `gar-mse-w-refit-damp0.05`): " + _step(cells, "default", "gar-mse-w-refit-damp0.05")),
         ("`--dtype`", "auto / auto / auto", "the model's own dtype; calibrating a float32 model in bfloat16 instead "
          "(`default` → `gar-mse-w-refit-bf16`, the same options; GPTQModel's CPU dtype): "
          + _step(cells, "default", "gar-mse-w-refit-bf16") + _cpu(cells, "default", "gar-mse-w-refit-bf16")),
