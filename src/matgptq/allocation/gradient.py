@@ -7,8 +7,8 @@ layer l alone from u to width r changes F, to first order, by
 
 x_t: layer l's input at position t, g_t = ∂(N·F)/∂y_t the gradient at its output y_t = W_l x_t (+ b), N the
 predicted positions of the windows. One forward and backward pass of the uniform slice gives ∂F/∂W_l for every
-layer, and the parent's slices give W_l(r) for every width: a table for every layer and width for about four
-scorings' compute plus dequantizing the slices, where the probe table (sensitivity.py) scores once per layer.
+layer, and the parent's slices give W_l(r) for every width: a table for every layer and width for a few scorings'
+compute plus dequantizing the slices, where the probe table (sensitivity.py) scores once per layer.
 
 Only raising a layer above the floor is predicted (r ≥ u), and the mix is the knapsack over those widths
 (`floor_mix`). The uniform slice is not an optimum of F, so the first-order term is the leading one, and it is a
@@ -24,9 +24,10 @@ Memory: the backward pass goes one decoder block at a time (`_BlockPass`). A for
 each block's input; the head's gradient comes from the last block's output; then each block, last to first, is run
 again with a graph from its kept input and differentiated, and the ∂F/∂W_l of its layers are folded into their
 table rows (⟨∂F/∂W_l, W_l(r) − W_l(u)⟩ for every r) and dropped. So the pass holds one batch's block inputs, one
-block's graph and one block's gradients — not the whole model's graph and one gradient per layer, which cost
-SmolLM2-135M's search 1.3 GB (docs/results/search_minutes.md). Every batch of windows is folded in this way, so a
-slice is dequantized once per batch. The pass computes in float32 whatever `compute_dtype` the fitness scores in.
+block's graph and one block's gradients, not the whole model's graph and one gradient per layer (which cost
+SmolLM2-135M's 10-minute search 1.3 GB of peak memory: 3.4 against 2.15 GB, search_minutes at 50ce5e7). Every batch
+of windows is folded in this way, so a slice is dequantized once per batch. The pass computes in float32 whatever
+`compute_dtype` the fitness scores in; the extra forward pass without a graph makes it about four scorings' compute.
 """
 
 from __future__ import annotations
