@@ -23,6 +23,7 @@ computes; their outputs, filled lazily by the scorings themselves, are replayed 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -159,10 +160,7 @@ class Fitness:
         for b, batch in enumerate(self.batches(windows)):
             sink = cache.outputs[b] if until > skip else None
             hidden = self._hidden(batch, cache.outputs[b][skip - 1] if skip else None, skip, sink, until)
-            if self.head.softcap is None:
-                total += self._kl_sum(WindowTerms.cat([self.window_terms(w) for w in batch]), hidden)
-            else:  # soft-capped logits (Gemma 2/3) are not affine in h: the KL from both distributions
-                total += self._kl_direct(batch, hidden)
+            total += sum(float(kl) for kl in self.chunk_kls(batch, hidden))
             count += hidden.shape[0]
         self.evaluations += 1
         self.tokens += count
@@ -233,24 +231,22 @@ class Fitness:
             self._terms_bytes += terms.nbytes
         return terms
 
-    def _kl_sum(self, terms: WindowTerms, hidden: torch.Tensor) -> float:
-        """Σ over rows of KL(p ‖ q), chunk by chunk (the formula of the module docstring)."""
-        total = 0.0
-        for c0 in range(0, hidden.shape[0], self.chunk_rows):
-            h = hidden[c0 : c0 + self.chunk_rows]
-            lse = torch.logsumexp(self.head(h).float(), -1).double()
-            rows = slice(c0, c0 + h.shape[0])
-            cross = (h.double() * terms.g[rows]).sum(-1)
-            total += float((terms.const[rows] - cross + lse * terms.mass[rows]).sum())
-        return total
-
-    def _kl_direct(self, batch: list[int], hidden: torch.Tensor) -> float:
-        """Σ over rows of KL(p ‖ q) = Σ_v p_v (log p_v − log q_v) from the teacher's and the candidate's logits, chunk
-        by chunk (a head that is not affine, where the terms of the module docstring do not apply)."""
-        ref = torch.cat([self.teacher.hidden(w, w + 1) for w in batch])
-        total = 0.0
-        for c0 in range(0, hidden.shape[0], self.chunk_rows):
-            logp = self.teacher.logprobs(ref[c0 : c0 + self.chunk_rows]).to(self.device)
-            logq = torch.log_softmax(self.head(hidden[c0 : c0 + self.chunk_rows]).float(), -1)
-            total += float((logp.exp() * (logp - logq)).sum(dtype=torch.float64))
-        return total
+    def chunk_kls(self, batch: list[int], hidden: torch.Tensor) -> Iterator[torch.Tensor]:
+        """Σ over the rows of each chunk of `hidden` (the final hidden states of `batch`, rows in window order) of
+        KL(p ‖ q), as float64 scalars differentiable in `hidden`: the formula of the module docstring, or, for
+        soft-capped logits (Gemma 2/3, not affine in h), Σ_v p_v (log p_v − log q_v) from both distributions."""
+        step = self.chunk_rows
+        if self.head.softcap is None:
+            terms = WindowTerms.cat([self.window_terms(w) for w in batch])
+        else:
+            ref = torch.cat([self.teacher.hidden(w, w + 1) for w in batch])
+        for c0 in range(0, hidden.shape[0], step):
+            h = hidden[c0 : c0 + step]
+            if self.head.softcap is None:
+                rows = slice(c0, c0 + h.shape[0])
+                lse = torch.logsumexp(self.head(h).float(), -1).double()
+                yield (terms.const[rows] - (h.double() * terms.g[rows]).sum(-1) + lse * terms.mass[rows]).sum()
+            else:
+                logp = self.teacher.logprobs(ref[c0 : c0 + step]).to(self.device)
+                logq = torch.log_softmax(self.head(h).float(), -1)
+                yield (logp.exp() * (logp - logq)).sum(dtype=torch.float64)

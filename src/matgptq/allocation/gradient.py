@@ -37,7 +37,7 @@ import torch
 from ..models import layer_weight
 from ..models.experts import experts_as_layers
 from .budget import BudgetKind, CostModel
-from .fitness import Fitness, Mix, Replay, WindowTerms
+from .fitness import Fitness, Mix, Replay
 from .knapsack import solve
 from .spread import from_rank0
 
@@ -54,28 +54,6 @@ def _with_hidden(args: tuple, kwargs: dict, hidden: torch.Tensor) -> tuple[tuple
     if args:
         return (hidden, *args[1:]), kwargs
     return args, {**kwargs, "hidden_states": hidden}
-
-
-def _head_loss(fitness: Fitness, batch: list[int], hidden: torch.Tensor) -> float:
-    """N·F of `batch` from its final hidden states [rows, H] (a leaf): the KL rows of fitness.py's formula, chunk by
-    chunk, each chunk's gradient accumulated into hidden.grad."""
-    total, step = 0.0, fitness.chunk_rows
-    if fitness.head.softcap is None:
-        terms = WindowTerms.cat([fitness.window_terms(w) for w in batch])
-    else:  # a head that is not affine: the KL from both distributions
-        ref = torch.cat([fitness.teacher.hidden(w, w + 1) for w in batch])
-    for c0 in range(0, hidden.shape[0], step):
-        h = hidden[c0 : c0 + step]
-        if fitness.head.softcap is None:
-            rows = slice(c0, c0 + h.shape[0])
-            lse = torch.logsumexp(fitness.head(h).float(), -1).double()
-            loss = (terms.const[rows] - (h.double() * terms.g[rows]).sum(-1) + lse * terms.mass[rows]).sum()
-        else:
-            logp = fitness.teacher.logprobs(ref[c0 : c0 + step]).to(hidden.device)
-            loss = (logp.exp() * (logp - torch.log_softmax(fitness.head(h).float(), -1))).sum(dtype=torch.float64)
-        loss.backward()
-        total += float(loss.detach())
-    return total
 
 
 class _BlockPass:
@@ -126,7 +104,10 @@ class _BlockPass:
             with torch.enable_grad():
                 final = fitness.body(ids)[:, :-1].reshape(-1, fitness.body.hidden_size).to(fitness.head.weight.dtype)
                 leaf = final.detach().requires_grad_()
-                total = _head_loss(fitness, batch, leaf)
+                total = 0.0
+                for kl in fitness.chunk_kls(batch, leaf):  # chunk by chunk, the gradient accumulating in leaf.grad
+                    kl.backward()
+                    total += float(kl.detach())
                 final.backward(leaf.grad)
         finally:
             for b, block in enumerate(saved):
