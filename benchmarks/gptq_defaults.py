@@ -8,9 +8,12 @@ Protocol (benchmarks/real_model_table.py's; every row sees the same data):
   calibration  --nsamples windows of --seqlen tokens drawn with each of --seeds from the second half (by characters)
                of the calibration text; the same token ids for every tool (the peers get them from a file)
   scoring      perplexity on the first --eval-windows windows of --eval-seqlen tokens of the text's *first* half,
-               KL(fp32 ‖ model) on the same positions, ARC-Easy and PIQA through lm-eval (first --limit questions;
-               0 = none, the default: 300 questions cost twice the perplexity's tokens, and their accuracy's standard
-               error, ~2.8 points, is larger than any difference between these rows); every model in float32
+               KL(fp32 ‖ model) on the same positions, ARC-Easy and PIQA through lm-eval (first --limit questions
+               of each; 0 = none, the default: 500 questions cost about twice the perplexity's time, and their
+               accuracy's standard error, ~2.2 points a task, is larger than most differences between these rows);
+               every model in float32. --limit N on runs already scored without it quantizes them again (same
+               seed, same windows) and adds the accuracies: the recorded time and memory stay, and the re-run's
+               perplexity is recorded beside the first to show it is the same model
   time, RSS    end to end (load → calibrate → quantize → save), one child process per quantization (os.wait4's
                wall, CPU user+sys, peak RSS), --threads threads each; the load average is recorded beside each
 Rows: every row spells every option of ALL (so a row means the same whatever the defaults are); `default` is the
@@ -99,12 +102,17 @@ def evaluate(path: Path, windows, teacher, specs, a, tokenizer, bits: int | None
     model = dense_model(path, bits)
     sc = score(model, windows, teacher, batch_size=1, progress=True, desc=Path(path).name)
     tasks = with_average(score_tasks(wrap_model(model, tokenizer, 16), specs, a.limit)) if specs else {}
-    return {"ppl": sc.ppl, "kl": sc.kl, "tokens": sc.tokens, "tasks": tasks}
+    return {"ppl": sc.ppl, "kl": sc.kl, "tokens": sc.tokens, "tasks": tasks, "limit": a.limit if specs else 0}
+
+
+def wants_tasks(run: dict, a) -> bool:
+    """Whether a scored run lacks the zero-shot accuracies --limit asks for."""
+    return bool(a.limit) and "eval" in run and run["eval"].get("limit", 0) != a.limit
 
 
 def settings(a) -> dict:
     return {"model": str(Path(a.model).resolve()), "calib": str(Path(a.calib).resolve()), "nsamples": a.nsamples, "seqlen": a.seqlen,
-            "eval_windows": a.eval_windows, "eval_seqlen": a.eval_seqlen, "limit": a.limit, "threads": a.threads}  # fmt: skip
+            "eval_windows": a.eval_windows, "eval_seqlen": a.eval_seqlen, "threads": a.threads}  # fmt: skip
 
 
 def main() -> None:
@@ -119,7 +127,10 @@ def main() -> None:
     p.add_argument("--seqlen", type=int, default=512, help="tokens per calibration window")
     p.add_argument("--eval-windows", type=int, default=8, help="windows of --eval-seqlen tokens scored")
     p.add_argument("--eval-seqlen", type=int, default=2048, help="tokens per scored window")
-    p.add_argument("--limit", type=int, default=0, help="questions per zero-shot task (0: no zero-shot)")
+    p.add_argument("--limit", type=int, default=0, help="questions per zero-shot task (0: no zero-shot); runs "
+                   "scored without it are quantized again to add it")
+    p.add_argument("--redo", action="store_true", help="drop the recorded runs of --rows x --group-sizes x --bits x "
+                   "--seeds and measure them again (rows measured at an older commit)")
     p.add_argument("--threads", type=int, default=2, help="threads of every process")
     p.add_argument("--work", help="checkpoints and measurements (default runs/gptq-defaults/<model name>)")
     p.add_argument("--keep", action="store_true", help="keep the checkpoints (default: deleted once scored)")
@@ -148,6 +159,7 @@ def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: li
     work.mkdir(parents=True, exist_ok=True)
     everything = load_json(OUT) if OUT.is_file() else {"protocol": __doc__, "models": {}}
     state = everything["models"].setdefault(name, {"settings": settings(a), "runs": {}})
+    state["settings"].pop("limit", None)  # recorded per run now ("eval"/"limit"), so runs with and without tasks mix
     if state["settings"] != settings(a):
         sys.exit(f"gptq_defaults: error: {OUT} holds {name} with other settings; remove its entry to start again")
 
@@ -166,8 +178,13 @@ def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: li
     calib_ids = tokenize(tokenizer, read_text(a.calib, (0.5, 1.0)))
     teacher = Teacher(load(a.model), windows, batch_size=1, progress=True)
     scoring = (windows, teacher, specs, tokenizer)
-    if "fp32" not in state["runs"]:
+    if "fp32" not in state["runs"] or wants_tasks(state["runs"]["fp32"], a):
         state["runs"]["fp32"] = {"eval": evaluate(Path(a.model), windows, teacher, specs, a, tokenizer)}
+        save()
+    if a.redo:
+        keys = {f"{r}/g{g}/{b}/seed{s}" for r in rows for g in group_sizes for b in widths for s in seeds}
+        for key in keys & set(state["runs"]):
+            del state["runs"][key]
         save()
     for seed in seeds:
         ids_file = work / f"ids-seed{seed}.safetensors"
@@ -181,12 +198,13 @@ def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: li
 
 
 def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple) -> None:
-    """Quantize and score one (row, group, bits, seed) into state["runs"][key], unless it is there (scored, or its
-    quantization failed: delete the entry to try again). A checkpoint quantized but not yet scored is scored."""
+    """Quantize and score one (row, group, bits, seed) into state["runs"][key], unless it is there (scored, with the
+    zero-shot --limit asks for, or its quantization failed: delete the entry to try again). A checkpoint quantized but
+    not yet scored is scored; a scored run without the zero-shot is quantized again (the first time and memory kept)."""
     row, gs, bits, seed = key.split("/")
     gs, bits, seed = int(gs[1:]), int(bits), int(seed[4:])
     done = state["runs"].get(key, {})
-    if "eval" in done or done.get("quant", {}).get("ok") is False:
+    if ("eval" in done and not wants_tasks(done, a)) or done.get("quant", {}).get("ok") is False:
         return
     if ROWS[row] == "peer" and not BENCH_PYTHON.exists():
         print(f"  {key}: skipped (no {BENCH_PYTHON}: `make bench-venv` builds it)", flush=True)
@@ -195,18 +213,26 @@ def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple
     out = work / (f"{row}-g{gs}-seed{seed}" if parent else key.replace("/", "-"))
     widths = {int(k.split("/")[2]): r for k, r in state["runs"].items()  # this parent's widths so far
               if parent and k.startswith(f"{row}/g{gs}/") and k.endswith(f"/seed{seed}")}  # fmt: skip
-    made = next((r["quant"] for r in widths.values() if r.get("quant", {}).get("ok")), None)
-    if not (done.get("quant", {}).get("ok") and out.is_dir()):
-        q = made if made and out.is_dir() else quantize(row, key, a, gs, bits, seed, ids_file, out)
-        done = state["runs"][key] = {"quant": q}
-    q = done["quant"]
+    if not out.is_dir():
+        q = quantize(row, key, a, gs, bits, seed, ids_file, out)
+        if "eval" in done:  # quantized again for the zero-shot: the first run's measurements stand
+            done["requant"] = q
+        else:
+            done = state["runs"][key] = {"quant": q}
+    elif "quant" not in done:  # a parent made for another width
+        done = state["runs"][key] = {"quant": next(r["quant"] for r in widths.values() if "quant" in r)}
+    q = done.get("requant", done["quant"])
     print(f"  {key}: {'ok' if q['ok'] else 'FAILED: ' + q['error']} CPU {q['cpu']:.0f} s, peak RSS {q['rss_gb']:.2f} GB",
           flush=True)  # fmt: skip
     if q["ok"]:
-        done["eval"] = evaluate(out, *scoring[:3], a, scoring[3], bits if parent else None)
-        scored = {b for b, r in {**widths, bits: done}.items() if "eval" in r}
-        if not a.keep and not (parent and set(a.widths) - scored):  # a parent: once its last width is scored
+        scored = evaluate(out, *scoring[:3], a, scoring[3], bits if parent else None)
+        if "eval" in done:  # the re-quantized model should be the scored one: its perplexity beside the first
+            scored["rerun_ppl"], scored["ppl"], scored["kl"] = scored["ppl"], done["eval"]["ppl"], done["eval"]["kl"]
+        done["eval"] = scored
+        finished = {b for b, r in {**widths, bits: done}.items() if "eval" in r and not wants_tasks(r, a)}
+        if not a.keep and not (parent and set(a.widths) - finished):  # a parent: once its last width is scored
             shutil.rmtree(out, ignore_errors=True)
+
 
 if __name__ == "__main__":
     main()

@@ -11,6 +11,7 @@ from benchmarks._harness import header
 from benchmarks.gptq_defaults_rows import ALL, PARENT_WIDTHS, PEER_GROUP, PEER_LABELS, ROWS, is_parent, options
 
 
+TASKS = ("arc_easy", "piqa")  # zero-shot accuracy (lm-eval's acc), when a run was scored with --limit
 QUIET_LOAD = 2.5  # 1-minute load average on the 2-core machine at a run's end: above it, other work shared the cores
 
 
@@ -25,12 +26,13 @@ def summary(runs: dict) -> list[dict]:
     for (row, gs, bits), rs in groups.items():
         s = {"row": row, "group_size": gs, "bits": bits, "seeds": len(rs)}
         for name, get in (("ppl", lambda r: r["eval"]["ppl"]), ("kl", lambda r: r["eval"]["kl"]),
-                          ("acc", lambda r: r["eval"]["tasks"].get("average", {}).get("acc")),
+                          *((task, lambda r, t=task: r["eval"]["tasks"].get(t, {}).get("acc")) for task in TASKS),
                           ("cpu", lambda r: r["quant"]["cpu"]), ("rss", lambda r: r["quant"]["rss_gb"]),
                           ("load", lambda r: r["quant"].get("load_average"))):  # fmt: skip
             values = [v for v in map(get, rs) if v is not None]
             if values:
                 s[name], s[name + "_spread"] = statistics.fmean(values), max(values) - min(values)
+                s[name + "_n"] = len(values)
         quiet = [r["quant"] for r in rs if r["quant"].get("load_average", QUIET_LOAD + 1) <= QUIET_LOAD]
         if quiet:  # what the ratios of CPU time and memory use: only runs that had the cores to themselves
             s["cpu_quiet"], s["rss_quiet"] = (statistics.fmean(q[k] for q in quiet) for k in ("cpu", "rss_gb"))
@@ -53,19 +55,19 @@ def page(data: dict) -> str:
                      "seeds, ± the spread (max − min). CPU s and peak RSS: the quantizing process's own (os.wait4); "
                      "load is the machine's 1-minute load average when it ended (2 cores: above 2, other work shared "
                      "them and inflated CPU s).")  # fmt: skip
-        cell = lambda r, k, f: "-" if k not in r else f"{r[k]:{f}} ± {r[k + '_spread']:{f}}"  # noqa: E731
-        tasks = any("acc" in r for r in rows)
-        body = [[PEER_LABELS.get(r["row"], r["row"]), r["group_size"], r["bits"], r["seeds"], cell(r, "ppl", ".3f"),
-                 cell(r, "kl", ".4f")] + ([cell(r, "acc", ".4f")] if tasks else []) +
-                [cell(r, "cpu", ".0f"), cell(r, "rss", ".2f"), f"{r['load']:.1f}", ratio(r, rows, "ppl"),
-                 ratio(r, rows, "kl")] for r in rows]  # fmt: skip
+        tasks = [t for t in TASKS if any(t in r for r in rows)]
+        body = [[PEER_LABELS.get(r["row"], r["row"]), r["group_size"], r["bits"], r["seeds"], _cell(r, "ppl", ".3f"),
+                 _cell(r, "kl", ".4f"), *(_cell(r, t, ".3f") for t in tasks), _cell(r, "cpu", ".0f"),
+                 _cell(r, "rss", ".2f"), f"{r['load']:.1f}", ratio(r, rows, "ppl"), ratio(r, rows, "kl")]
+                for r in rows]  # fmt: skip
         fp = m["runs"].get("fp32", {}).get("eval")
         if fp:
-            acc = [f"{fp['tasks']['average']['acc']:.4f}" if fp.get("tasks") else "-"] if tasks else []
-            body.insert(0, ["fp32", "-", 32, "-", f"{fp['ppl']:.3f}", "0"] + acc + ["-"] * 5)
-        parts.append(format_table(["row", "group", "bits", "seeds", "ppl", "KL to fp32"] + (["zero-shot acc"] if tasks
-                                  else []) + ["CPU s", "peak RSS GB", "load", "ppl / best peer's",
-                                              "KL / best peer's"], body))  # fmt: skip
+            acc = [f"{fp['tasks'][t]['acc']:.3f}" if t in fp.get("tasks", {}) else "-" for t in tasks]
+            body.insert(0, ["fp32", "-", 32, "-", f"{fp['ppl']:.3f}", "0", *acc] + ["-"] * 5)
+        parts.append(format_table(["row", "group", "bits", "seeds", "ppl", "KL to fp32", *(f"{t} acc" for t in tasks),
+                                  "CPU s", "peak RSS GB", "load", "ppl / best peer's", "KL / best peer's"], body))
+        if tasks:
+            parts.append(_tasks_note(m["runs"]))
         when = sorted({f"- `{k.split('/')[0]}`: measured {r['quant']['measured']}" for k, r in m["runs"].items()
                        if r.get("quant", {}).get("measured")})  # fmt: skip
         if when:
@@ -80,6 +82,28 @@ def page(data: dict) -> str:
                         f"--method matgptq --bits {PARENT_WIDTHS} " * is_parent(k) + " ".join(options(v))) + (f" (group size {PEER_GROUP[k]})" if k in PEER_GROUP else "")
         for k, v in ROWS.items() if k in ran))  # fmt: skip
     return "\n\n".join(parts) + "\n"
+
+
+def _cell(r: dict, k: str, f: str) -> str:
+    """Mean ± spread of summary field k, with the seed count where fewer seeds than the row's have it."""
+    if k not in r:
+        return "-"
+    fewer = f" ({r[k + '_n']} seed{'s' * (r[k + '_n'] > 1)})" if r[k + "_n"] < r["seeds"] else ""
+    return f"{r[k]:{f}} ± {r[k + '_spread']:{f}}{fewer}"
+
+
+def _tasks_note(runs: dict) -> str:
+    """How the zero-shot columns were scored: questions per task, and how close a re-quantized model's perplexity
+    came to the recorded one (the runs quantized again to add the zero-shot)."""
+    limits = sorted({r["eval"]["limit"] for r in runs.values() if r.get("eval", {}).get("limit")})
+    again = [abs(r["eval"]["rerun_ppl"] / r["eval"]["ppl"] - 1) for r in runs.values() if "rerun_ppl" in r.get("eval", {})]
+    n = limits[-1] if limits else 0
+    se = 100 * (0.25 / n) ** 0.5 if n else 0
+    return (f"Zero-shot: lm-eval's accuracy on the first {' or '.join(map(str, limits))} questions of each task (a "
+            f"task's standard error is at most {se:.1f} points at {n}; two rows' difference is less noisy, since "
+            "they answer the same questions)." + (f" {len(again)} runs scored before the zero-shot existed were "
+            "quantized again to add it; their perplexity came back within a relative "
+            f"{max(again):.1e} of the recorded one, so the accuracies are of the same models." if again else ""))  # fmt: skip
 
 
 def _cells(data: dict, model: str = "SmolLM2-135M-Instruct", group: int = 128) -> dict[tuple[str, int], dict]:
