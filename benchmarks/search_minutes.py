@@ -18,11 +18,18 @@ Protocol:
                          pass per floor width, block by block; allocation/gradient.py; a default baseline)
               evolved    where the generations the time allowed ended
               written    what the mix file says to use: the lowest calibration KL among the above
-            The other one-shot allocators (additive KL, noise injection, random search) are compared on stories260K in
-            search_baselines.md; they are not in this run's 10 minutes.
+  slow      --slow-baselines adds, per seed and apart from the timed search (they do not fit its 10 minutes), on
+            the same parent, calibration pool and sensitivity windows:
+              additive   every layer scored alone at every width, knapsack (the measured additive model): a
+                         `matgptq search --baselines additive,noise --generations 0` child with the recipe above
+              noise      ExLlamaV3's noise injection (two probes per layer, power law, knapsack), in that child
+              random     random budget-filling mixes through the search's selection stages, as many scorings as
+                         the search made at that budget (search_results.random_search)
+            scored on the same held-out text; the written mix is then held against these too
 
     python -m benchmarks.search_minutes [--seeds 0,1,2] [--minutes 10] [--work runs/search-minutes]
         [--out docs/results/search_minutes.json] [--from-json]      # ~15 minutes a seed on 2 cores
+    python -m benchmarks.search_minutes --slow-baselines [--seeds 0,1,2]   # after it; ~25 minutes a seed
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -53,9 +61,11 @@ TEXT = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.joined.tx
 BUDGETS = ("2.5", "2.75", "3.0", "3.25", "3.5", "4.0", "5.0", "6.0")
 RECIPE = ("--sensitivity-tokens", "510", "--calib-tokens", "2040", "--stages", "255:2,510:1", "--offspring", "8",
           "--generations", "100")  # fmt: skip
-KINDS = ("uniform", "knapsack", "error", "gradient", "evolved", "written")
-ONE_SHOT = ("uniform", "knapsack", "error", "gradient")  # the allocations the written mix is held against
+SLOW = ("additive", "noise", "random")  # --slow-baselines
+KINDS = ("uniform", "knapsack", "error", "gradient", *SLOW, "evolved", "written")
+ONE_SHOT = ("uniform", "knapsack", "error", "gradient", *SLOW)  # the allocations the written mix is held against
 HELD_OUT = (4, 1024)  # windows × tokens from the start of the first half
+LEVELS = tuple(range(2, 9))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"), help="the parent and the mix files")
     ap.add_argument("--out", default=str(RESULTS / "search_minutes.json"), help="the JSON; its page goes beside it")
     ap.add_argument("--from-json", action="store_true", help="only re-render the page from --out")
+    ap.add_argument("--slow-baselines", action="store_true",
+                    help="add additive, noise and random search to the seeds --out already holds (not timed with them)")
     return ap
 
 
@@ -80,7 +92,12 @@ def main() -> None:
         if data.get("recipe") != list(RECIPE):  # seeds of another recipe are not averaged with these
             data = {"protocol": __doc__, "recipe": list(RECIPE), "seeds": {}}
         for seed in (int(s) for s in a.seeds.split(",")):
-            data["seeds"][str(seed)] = measure_seed(parent, work, seed, a.minutes)
+            if a.slow_baselines:
+                if str(seed) not in data["seeds"]:
+                    raise SystemExit(f"seed {seed} has no timed search in {out}: run without --slow-baselines first")
+                add_slow(parent, work, seed, data["seeds"][str(seed)])
+            else:
+                data["seeds"][str(seed)] = measure_seed(parent, work, seed, a.minutes)
             write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
     text = page(load_json(out))
     write_page(out.with_suffix(".md"), text)
@@ -99,40 +116,102 @@ def measure_seed(parent: Path, work: Path, seed: int, minutes: float) -> dict:
     """One timed search of all budgets, then every budget's mixes scored on the held-out text."""
     mixes = work / f"seed-{seed}"
     cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(BUDGETS), "--calib", str(TEXT),
-           "--calib-range", f"{0.5 + 0.15 * seed:g}:1", "--time-limit", f"{minutes:g}", "--seed", str(seed),
+           "--calib-range", calib_range(seed), "--time-limit", f"{minutes:g}", "--seed", str(seed),
            "--out", str(mixes), "--quiet", "--overwrite", *RECIPE]  # fmt: skip
     usage = measured_child(cmd, torch.get_num_threads(), work / f"seed-{seed}.log")
     if not usage["ok"]:
         raise SystemExit(f"the search of seed {seed} failed: {usage['error']}")
-    return {"usage": usage, "budgets": score_mixes(parent, mixes)}
+    cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
+    bodies = {b: json.loads((mixes / f"mix-{b}.json").read_text()) for b in BUDGETS}
+    named = {b: {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
+                 "knapsack": body["dp_bits"], **{k: body["baseline_bits"][k] for k in ("error", "gradient")},
+                 "evolved": body["search_bits"], "written": body["bits"]} for b, body in bodies.items()}  # fmt: skip
+    scores = score_named(parent, named)
+    return {"usage": usage, "budgets": {b: {"scores": scores[b], "chosen": body["summary"]["chosen"],
+                                            **{k: body["summary"][k] for k in ("generations", "evaluations", "seconds",
+                                               "teacher_seconds", "tables_seconds", "search_seconds")}}
+                                        for b, body in bodies.items()}}  # fmt: skip
+
+
+def add_slow(parent: Path, work: Path, seed: int, run: dict) -> None:
+    """The slow one-shot allocations of one seed (the docstring's `slow`), scored into `run` beside the timed search's."""
+    mixes = work / f"seed-{seed}-slow"
+    recipe = list(RECIPE)
+    recipe[recipe.index("--generations") + 1] = "0"  # the tables and their knapsack mixes, no evolution
+    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(BUDGETS), "--calib", str(TEXT),
+           "--calib-range", calib_range(seed), "--seed", str(seed), "--baselines", "additive,noise", "--out",
+           str(mixes), "--quiet", "--overwrite", *recipe]  # fmt: skip
+    usage = measured_child(cmd, torch.get_num_threads(), work / f"seed-{seed}-slow.log")
+    if not usage["ok"]:
+        raise SystemExit(f"the slow baselines of seed {seed} failed: {usage['error']}")
+    bodies = {b: json.loads((mixes / f"mix-{b}.json").read_text()) for b in BUDGETS}
+    named = {b: {k: bodies[b]["baseline_bits"][k] for k in ("additive", "noise")} for b in BUDGETS}
+    searched = {b: json.loads((work / f"seed-{seed}" / f"mix-{b}.json").read_text())["summary"] for b in BUDGETS}
+    if any(searched[b]["generations"] != run["budgets"][b]["generations"] for b in BUDGETS):
+        raise SystemExit(f"{work / f'seed-{seed}'} holds another search than {seed}'s recorded one: run it again")
+    seconds = {}
+    for b, mix in random_mixes(parent, seed, {b: searched[b]["evaluations"] for b in BUDGETS}, seconds).items():
+        named[b]["random"] = mix
+    for b, scores in score_named(parent, named).items():
+        run["budgets"][b]["scores"].update(scores)
+    run["slow"] = {"usage": usage, "tables_seconds": bodies[BUDGETS[0]]["summary"]["tables_seconds"],
+                   "random_seconds": seconds}  # fmt: skip
+
+
+def calib_range(seed: int) -> str:
+    return f"{0.5 + 0.15 * seed:g}:1"
 
 
 @torch.no_grad()
-def score_mixes(parent: Path, mixes: Path) -> dict:
+def random_mixes(parent: Path, seed: int, evaluations: dict[str, int], seconds: dict) -> dict[str, dict[str, int]]:
+    """Per budget, random search with as many scorings as the search made there, on the search's own calibration
+    pool and stages (the runner's: --calib-tokens 2040 as 8 windows of 256, the recipe's stages); its seconds into
+    `seconds`."""
+    from benchmarks.search_results import random_search
+    from matgptq.allocation import EvoConfig
+    from matgptq.allocation.evopress import parse_stages
+    from matgptq.allocation.fitness import Fitness
+    from matgptq.allocation.runner import ScoreDtype
+
+    start, _ = (float(x) for x in calib_range(seed).split(":"))
+    pool = eval_windows(tokenize(load_tokenizer(MODEL), read_text(TEXT, (start, 1.0))), 256, 8 * 256)
+    cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
+    teacher = Teacher(matgptq.load(MODEL), pool)
+    fit = Fitness(matgptq.load(parent, bits=8, packed=False), teacher, pool, cost.names,
+                  compute_dtype=ScoreDtype.AUTO.resolve(torch.device("cpu")))  # fmt: skip
+    config = EvoConfig(offspring=8, stages=parse_stages(RECIPE[RECIPE.index("--stages") + 1]), seed=seed)
+    out = {}
+    try:
+        for b in BUDGETS:
+            t0 = time.perf_counter()
+            mix = random_search(fit, LEVELS, cost.table(BudgetKind.CODE), cost.limit(Fraction(b), BudgetKind.CODE),
+                                evaluations[b], config, seed)  # fmt: skip
+            seconds[b] = round(time.perf_counter() - t0, 1)
+            out[b] = dict(zip(cost.names, mix))
+    finally:
+        teacher.close()
+    return out
+
+
+@torch.no_grad()
+def score_named(parent: Path, named: dict[str, dict[str, dict[str, int]]]) -> dict[str, dict]:
+    """{budget: {kind: widths by layer}} → {budget: {kind: held-out KL, perplexity, code bits}}."""
     tok = load_tokenizer(MODEL)
     n, seqlen = HELD_OUT
     windows = eval_windows(tokenize(tok, read_text(TEXT, (0.0, 0.5))), seqlen, n * seqlen)
     teacher = Teacher(matgptq.load(MODEL), windows)
-    cost = CostModel.from_checkpoint(read_checkpoint(parent), tuple(range(2, 9)))
+    cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
     model = matgptq.load(parent, bits=8, packed=False)
     result = {}
     try:
-        for budget in BUDGETS:
-            body = json.loads((mixes / f"mix-{budget}.json").read_text())
-            named = {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(budget), BudgetKind.CODE))),
-                     "knapsack": body["dp_bits"], **{k: body["baseline_bits"][k] for k in ("error", "gradient")},
-                     "evolved": body["search_bits"], "written": body["bits"]}  # fmt: skip
-            scores = {}
-            for kind, widths in named.items():
+        for budget, kinds in named.items():
+            scores = result[budget] = {}
+            for kind, widths in kinds.items():
                 matgptq.set_bits(model, widths)
                 s = score(model, windows, teacher)
                 scores[kind] = {"kl": s.kl, "ppl": s.ppl, "bits": cost.average(tuple(widths[k] for k in cost.names),
                                                                               BudgetKind.CODE)}  # fmt: skip
-            summary = body["summary"]
-            result[budget] = {"scores": scores, "chosen": summary["chosen"], "generations": summary["generations"],
-                              **{k: summary[k] for k in ("seconds", "teacher_seconds", "tables_seconds",
-                                                         "search_seconds")}}  # fmt: skip
-            print(f"{mixes.name} {budget}: " + ", ".join(f"{k} {v['kl']:.4f}" for k, v in scores.items()), flush=True)
+            print(f"{budget}: " + ", ".join(f"{k} {v['kl']:.4f}" for k, v in scores.items()), flush=True)
     finally:
         teacher.close()
     return result
@@ -169,7 +248,38 @@ def page(data: dict) -> str:
         format_table(["budget", *kinds, "best baseline", "written vs best", "chosen per seed"], quality), "",
         "Where each budget's seconds went (means; the first budget carries the shared teacher and tables):", "",
         format_table(["budget", "teacher s", "tables s", "search s", "budget s", "generations per seed"], timing),
+        *_slow_quality(seeds, runs), *_slow_usage(seeds, runs),
     ])  # fmt: skip
+
+
+def _slow_quality(seeds: list[str], runs: list[dict]) -> list[str]:
+    """Where only some seeds have the slow baselines: the written mix against every one-shot allocation on those."""
+    have = [(s, r) for s, r in zip(seeds, runs) if "slow" in r]
+    if not have or len(have) == len(runs):  # none, or all: the table above holds them
+        return []
+    rows = []
+    for b in BUDGETS:
+        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for _, r in have] for k in (*ONE_SHOT, "written")}
+        best = min(ONE_SHOT, key=lambda k: statistics.mean(kl[k]))
+        rows.append([b, *(_stats(kl[k]) for k in (*SLOW, "written")), f"{best} {_stats(kl[best])}",
+                     verdict(kl["written"], kl[best]) + " (1 seed, no spread)" * (len(have) == 1)])  # fmt: skip
+    return ["", f"The slow baselines, measured for seed{'s' * (len(have) > 1)} {', '.join(s for s, _ in have)} so "
+            "far; the written mix of the same seeds against them and the baselines above:", "",
+            format_table(["budget", *SLOW, "written", "best one-shot", "written vs best"], rows)]  # fmt: skip
+
+
+def _slow_usage(seeds: list[str], runs: list[dict]) -> list[str]:
+    """The --slow-baselines' cost per seed, where measured."""
+    rows = [[s, f"{u['wall']:.0f}", f"{u['cpu']:.0f}", f"{u['rss_gb']:.2f}", f"{r['slow']['tables_seconds']:.0f}",
+             f"{sum(r['slow']['random_seconds'].values()):.0f}", f"{u['load_average']:.1f}"]
+            for s, r in zip(seeds, runs) if "slow" in r and (u := r["slow"]["usage"])]  # fmt: skip
+    if not rows:
+        return []
+    return ["", "What the slow baselines cost, per seed (not part of the search above: the tables child of "
+            "`--generations 0 --baselines additive,noise`, which also fills the probe table, and random search "
+            "over all eight budgets in this process):", "",
+            format_table(["seed", "tables child wall s", "CPU s", "peak RSS GB", "tables s", "random s", "load"],
+                         rows)]  # fmt: skip
 
 
 if __name__ == "__main__":
