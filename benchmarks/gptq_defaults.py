@@ -46,6 +46,11 @@ from benchmarks.real_model_table import BENCH_PYTHON, DEFAULT_MODEL, WIKI
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 OUT = RESULTS / "gptq_defaults.json"
+# A re-quantized run is the recorded model when its perplexity is within this relative distance of the recorded one.
+# Measured: stories260K's default row quantized again on the same machine came back within 6e-9 of its record (the
+# same codes; only summation order moves); GPTQModel's SmolLM2 3-bit seed 0, quantized again on another machine than
+# its record's, came back 2.8% away (another model). 1e-5 lies far from both.
+SAME_MODEL = 1e-5
 
 
 def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Path, out: Path) -> dict:
@@ -226,8 +231,11 @@ def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple
           flush=True)  # fmt: skip
     if q["ok"]:
         scored = evaluate(out, *scoring[:3], a, scoring[3], bits if parent else None)
-        if "eval" in done:  # the re-quantized model should be the scored one: its perplexity beside the first
+        if "eval" in done and abs(scored["ppl"] / done["eval"]["ppl"] - 1) <= SAME_MODEL:  # the recorded model again
             scored["rerun_ppl"], scored["ppl"], scored["kl"] = scored["ppl"], done["eval"]["ppl"], done["eval"]["kl"]
+        elif "eval" in done:  # another model (a peer on another machine): the re-run is the record now
+            done["replaced"] = {"quant": done["quant"], "ppl": done["eval"]["ppl"], "kl": done["eval"]["kl"]}
+            done["quant"] = done.pop("requant")
         done["eval"] = scored
         finished = {b for b, r in {**widths, bits: done}.items() if "eval" in r and not wants_tasks(r, a)}
         if not a.keep and not (parent and set(a.widths) - finished):  # a parent: once its last width is scored

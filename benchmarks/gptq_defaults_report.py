@@ -97,13 +97,16 @@ def _tasks_note(runs: dict) -> str:
     came to the recorded one (the runs quantized again to add the zero-shot)."""
     limits = sorted({r["eval"]["limit"] for r in runs.values() if r.get("eval", {}).get("limit")})
     again = [abs(r["eval"]["rerun_ppl"] / r["eval"]["ppl"] - 1) for r in runs.values() if "rerun_ppl" in r.get("eval", {})]
+    replaced = sorted(k for k, r in runs.items() if "replaced" in r)
     n = limits[-1] if limits else 0
     se = 100 * (0.25 / n) ** 0.5 if n else 0
     return (f"Zero-shot: lm-eval's accuracy on the first {' or '.join(map(str, limits))} questions of each task (a "
             f"task's standard error is at most {se:.1f} points at {n}; two rows' difference is less noisy, since "
             "they answer the same questions)." + (f" {len(again)} runs scored before the zero-shot existed were "
             "quantized again to add it; their perplexity came back within a relative "
-            f"{max(again):.1e} of the recorded one, so the accuracies are of the same models." if again else ""))  # fmt: skip
+            f"{max(again):.1e} of the recorded one, so the accuracies are of the same models." if again else "")
+            + (f" Quantized again, {', '.join(replaced)} came back another model; the re-run replaced the record "
+               "(its first perplexity is kept in the JSON as `replaced`)." if replaced else ""))  # fmt: skip
 
 
 def _cells(data: dict, model: str = "SmolLM2-135M-Instruct", group: int = 128) -> dict[tuple[str, int], dict]:
@@ -215,7 +218,28 @@ def readme_block(data: dict, pipeline: dict) -> str:
                                "([gptq_defaults](docs/results/gptq_defaults.md): the ablation, CPU time, memory)."
                                + (" The parent is one quantization serving every width; what GPTQ's scale options do "
                                   "for it: [defaults](docs/guide/quantize.md#defaults)." if parent else "")
-                               + _cost_sentence(pipeline))  # fmt: skip
+                               + _tasks_sentence(data, cells, peers) + _cost_sentence(pipeline))  # fmt: skip
+
+
+def _tasks_sentence(data: dict, cells: dict, peers: list[str]) -> str:
+    """Zero-shot accuracy of `default` and the peers, per width, where every seed of both was scored, or nothing."""
+    runs = data["models"].get("SmolLM2-135M-Instruct", {}).get("runs", {})
+    fp = runs.get("fp32", {}).get("eval", {}).get("tasks", {})
+    acc = lambda c: " / ".join(f"{c[t]:.3f}" for t in TASKS)  # noqa: E731
+    full = lambda c: c and all(c.get(t + "_n") == c["seeds"] for t in TASKS)  # noqa: E731
+    parts = []
+    for bits in (3, 4):
+        shown = [("matgptq" if r == "default" else PEER_LABELS[r].replace(" (its defaults)", ""), cells.get((r, bits)))
+                 for r in ("default", *peers)]  # fmt: skip
+        shown = [(name, c) for name, c in shown if full(c)]
+        if len(shown) > 1:
+            parts.append(f"{bits} bits " + ", ".join(f"{name} {acc(c)}" for name, c in shown))
+    if not parts or not all(t in fp for t in TASKS):
+        return ""
+    limit = runs["fp32"]["eval"]["limit"]
+    return (f" Zero-shot accuracy, ARC-Easy / PIQA (the first {limit} questions of each; a task's standard error is "
+            f"up to {100 * (0.25 / limit) ** 0.5:.1f} points), seed means: " + "; ".join(parts)
+            + "; the float model " + " / ".join(f"{fp[t]['acc']:.3f}" for t in TASKS) + ".")  # fmt: skip
 
 
 def _cost_sentence(pipeline: dict) -> str:
