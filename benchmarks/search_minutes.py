@@ -275,11 +275,12 @@ def _slow_usage(seeds: list[str], runs: list[dict]) -> list[str]:
             for s, r in zip(seeds, runs) if "slow" in r and (u := r["slow"]["usage"])]  # fmt: skip
     if not rows:
         return []
+    notes = [f"- seed {s}: {r['slow']['note']}" for s, r in zip(seeds, runs) if r.get("slow", {}).get("note")]
     return ["", "What the slow baselines cost, per seed (not part of the search above: the tables child of "
             "`--generations 0 --baselines additive,noise`, which also fills the probe table, and random search "
-            "over all eight budgets in this process):", "",
+            "over all eight budgets in this process; load: the 1-minute load average when the child ended):", "",
             format_table(["seed", "tables child wall s", "CPU s", "peak RSS GB", "tables s", "random s", "load"],
-                         rows)]  # fmt: skip
+                         rows), *([""] + notes if notes else [])]  # fmt: skip
 
 
 if __name__ == "__main__":
