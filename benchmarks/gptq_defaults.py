@@ -9,7 +9,7 @@ Protocol (benchmarks/real_model_table.py's; every row sees the same data):
                of the calibration text; the same token ids for every tool (the peers get them from a file)
   scoring      perplexity on the first --eval-windows windows of --eval-seqlen tokens of the text's *first* half,
                KL(fp32 ‖ model) on the same positions, ARC-Easy and PIQA through lm-eval (first --limit questions
-               of each; 0 = none, the default: 500 questions cost about twice the perplexity's time, and their
+               of each; 0 = none, the default: 500 questions cost about three times the perplexity's time, and their
                accuracy's standard error, ~2.2 points a task, is larger than most differences between these rows);
                every model in float32. --limit N on runs already scored without it quantizes them again (same
                seed, same windows) and adds the accuracies: the recorded time and memory stay, and the re-run's
