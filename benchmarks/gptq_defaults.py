@@ -218,14 +218,17 @@ def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple
     out = work / (f"{row}-g{gs}-seed{seed}" if parent else key.replace("/", "-"))
     widths = {int(k.split("/")[2]): r for k, r in state["runs"].items()  # this parent's widths so far
               if parent and k.startswith(f"{row}/g{gs}/") and k.endswith(f"/seed{seed}")}  # fmt: skip
-    if not out.is_dir():
-        q = quantize(row, key, a, gs, bits, seed, ids_file, out)
-        if "eval" in done:  # quantized again for the zero-shot: the first run's measurements stand
-            done["requant"] = q
-        else:
-            done = state["runs"][key] = {"quant": q}
-    elif "quant" not in done:  # a parent made for another width
-        done = state["runs"][key] = {"quant": next(r["quant"] for r in widths.values() if "quant" in r)}
+    # a checkpoint on disk counts only where a record says it was finished (a killed run leaves a partial one); a
+    # parent's record may sit in another width's entry
+    field = "requant" if "eval" in done else "quant"
+    made = next((r[field] for r in {**widths, bits: done}.values() if r.get(field, {}).get("ok")), None)
+    if not (out.is_dir() and made):
+        shutil.rmtree(out, ignore_errors=True)
+        made = quantize(row, key, a, gs, bits, seed, ids_file, out)
+    if "eval" in done:  # quantized again for the zero-shot: the first run's measurements stand
+        done["requant"] = made
+    else:
+        done = state["runs"][key] = {"quant": made}
     q = done.get("requant", done["quant"])
     print(f"  {key}: {'ok' if q['ok'] else 'FAILED: ' + q['error']} CPU {q['cpu']:.0f} s, peak RSS {q['rss_gb']:.2f} GB",
           flush=True)  # fmt: skip
@@ -237,8 +240,8 @@ def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple
             done["replaced"] = {"quant": done["quant"], "ppl": done["eval"]["ppl"], "kl": done["eval"]["kl"]}
             done["quant"] = done.pop("requant")
         done["eval"] = scored
-        finished = {b for b, r in {**widths, bits: done}.items() if "eval" in r and not wants_tasks(r, a)}
-        if not a.keep and not (parent and set(a.widths) - finished):  # a parent: once its last width is scored
+        scored_all = {b for b, r in {**widths, bits: done}.items() if "eval" in r and not wants_tasks(r, a)}
+        if not a.keep and not (parent and set(a.widths) - scored_all):  # a parent: once its last width is scored
             shutil.rmtree(out, ignore_errors=True)
 
 
