@@ -100,6 +100,34 @@ def test_gemv_without_masks_and_with_lanes_decoded_in_place(bits, k, act_order, 
         check(nested_matmul(x.to(DEVICE), layout, bits, NestedKernel.GEMV, tiles), x, q, bits)
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4, 7, 8])
+@pytest.mark.parametrize("kernel,rows,k", [(NestedKernel.GEMV, 2, 256), (NestedKernel.GEMV, 2, 250),
+                                           (NestedKernel.GEMM, 19, 600)])  # fmt: skip
+def test_plane_words_loaded_once(bits, kernel, rows, k):
+    """`hoist`: every plane word loaded once and the LB lane offsets composed together (4-bit lanes up to 4 bits, 8-bit
+    lanes above; 7 < c reads a carry plane, 8 = c none), masked and unmasked (K = 256 fills GEMV's blocks, 250 and
+    GEMM's 600 do not): the same S for every weight, so the module's bound holds."""
+    q = parent(64, k, 32, True, width_scales=True, seed=bits)
+    layout = NestedLayout.build(q).to(DEVICE)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(k))
+    tiles = Tiles(block_n=32, block_k=64, split_k=2, hoist=True) if kernel == NestedKernel.GEMV else \
+        Tiles(32, 512, 16, hoist=True)  # fmt: skip
+    check(nested_matmul(x.to(DEVICE), layout, bits, kernel, tiles), x, q, bits)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("hoist", [False, True])
+def test_gemm_of_joined_lane_tiles(bits, hoist):
+    """`joined`: the 32 lanes' weight tiles of a K block joined into one and x's columns gathered in the same order,
+    one product per block (4-bit lanes; 8 bits keeps the per-lane products): each weight meets its own x column, so
+    the module's bound holds; K = 600 leaves the second block partly masked."""
+    q = parent(64, 600, 32, True, width_scales=True, seed=bits)
+    layout = NestedLayout.build(q).to(DEVICE)
+    x = torch.randn(19, 600, generator=torch.Generator().manual_seed(3))
+    y = nested_matmul(x.to(DEVICE), layout, bits, NestedKernel.GEMM, Tiles(32, 512, 16, hoist=hoist, joined=True))
+    check(y, x, q, bits)
+
+
 @pytest.mark.parametrize("split_k,block_k", [(2, 32), (3, 64)])
 def test_split_k_gemv(split_k, block_k):
     q = parent(72, 300, 32, False, seed=5)

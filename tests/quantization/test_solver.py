@@ -171,6 +171,35 @@ def test_per_width_matgptq_matches_reference():
     assert torch.equal(res.codes.double(), codes_ref)
 
 
+@pytest.mark.parametrize("group_size,group_order", [(16, False), (16, True), (-1, False)])
+def test_per_width_block_buffers_run_the_same_loop(monkeypatch, group_size, group_order):
+    """MatGPTQ's per-width rounding on the fixed buffers of lazy_blocks.BlockGraph (a CUDA graph on a GPU; here run
+    without one): the slow reference's codes, and the plain loop's codes, scales and zeros bit for bit; with --mse
+    (codes from the host) the layer keeps the plain loop."""
+    import functools
+
+    from matgptq.quantization import lazy_blocks, solver
+
+    w, h, _ = random_problem(16, 80, seed=5)
+    rounding = PerWidthRounding(8, (3, 4, 8), (1.0, 1.0, 2.0))
+    kw = dict(group_size=group_size, sym=True, block_size=16, group_order=group_order)
+    plain = gptq_quantize(w, h, rounding, **kw)
+    runs, run = [], lazy_blocks.BlockGraph.run
+    monkeypatch.setattr(lazy_blocks.BlockGraph, "run", lambda self, *a: runs.append(a[-3]) or run(self, *a))
+    monkeypatch.setattr(solver, "_solve", functools.partial(solver._solve, graphs=True))
+    buffered = gptq_quantize(w, h, rounding, **kw)
+    assert runs == [0, 16, 32, 48, 64]
+    if not group_order:
+        assert torch.equal(buffered.codes.double(), reference_per_width_gptq(w, h, 8, (3, 4, 8), (1.0, 1.0, 2.0),
+                                                                             80 if group_size == -1 else group_size))
+    for x, y in zip((plain.codes, plain.scales, plain.zeros, plain.g_idx), (buffered.codes, buffered.scales,
+                                                                             buffered.zeros, buffered.g_idx)):
+        assert torch.equal(x, y)
+    runs.clear()
+    gptq_quantize(w, h, rounding, mse=True, **kw)
+    assert runs == []
+
+
 def output_error(w, deq, x):
     return torch.linalg.norm((w - deq) @ x.T) / torch.linalg.norm(w @ x.T)
 

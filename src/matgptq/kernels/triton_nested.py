@@ -92,6 +92,8 @@ class Tiles:
     num_warps: int = 4
     words: bool = True  # decode whole plane words where the groups allow (module doc); False: the generic path
     inplace: bool = True  # GEMV: decode each lane where it lies in the word, x pre-scaled (module doc)
+    hoist: bool = False  # word path: load each plane word once for all LB lane offsets, not once per offset
+    joined: bool = False  # GEMM, 4-bit lanes (r ≤ 4): one product per K block of the joined lane tiles (_triton_src)
 
 
 # The fastest correct candidates of make gpu-check's sweeps (docs/results/gpu.json, 8192², 4 bits): GEMV on an H200
@@ -130,7 +132,7 @@ def nested_matmul(x: torch.Tensor, layout: NestedLayout, bits: int, kernel: Nest
     # the generic path holds a float tile [BLOCK_K, BLOCK_N]: a word path's long K block would overflow shared memory
     block_k = t.block_k if words else min(t.block_k, GENERIC_BLOCK_K)
     common = dict(BITS=bits, C=layout.master_bits, GS=layout.group_size, CARRY=layout.carry, WORDS=words, LB=lb,
-                  LANES=0x11111111 if lb == 4 else 0x01010101, BLOCK_N=t.block_n, BLOCK_K=block_k,
+                  LANES=0x11111111 if lb == 4 else 0x01010101, BLOCK_N=t.block_n, BLOCK_K=block_k, HOIST=t.hoist,
                   num_warps=t.num_warps)  # fmt: skip
     args = (x2, planes, scales, zeros)
     if kernel == NestedKernel.GEMV:
@@ -147,5 +149,5 @@ def nested_matmul(x: torch.Tensor, layout: NestedLayout, bits: int, kernel: Nest
         y = torch.empty(m, n, dtype=x.dtype, device=dev)
         grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n))
         gemm[grid](*args, y, m, layout.in_features, n, planes.shape[1], BLOCK_M=t.block_m,
-                   IEEE=x2.dtype == torch.float32, **common)  # fmt: skip
+                   IEEE=x2.dtype == torch.float32, JOIN=t.joined and words and lb == 4, **common)  # fmt: skip
     return y.view(*shape[:-1], n)

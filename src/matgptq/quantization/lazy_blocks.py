@@ -11,6 +11,7 @@ import torch
 from ..kernels import gptq_column
 from .grid import NearestRounding, Rounding, find_params
 from .kquant_scales import ScaleLattice
+from .multibit import PerWidthRounding
 
 SUB_BLOCK = 32  # columns whose per-column updates stay in cache (benchmarks/bench_gptq.py profiles the choice)
 
@@ -92,20 +93,24 @@ class BlockGraph:
     full block of the layer: on a GPU the loop is some ten small kernels per column, whose launches cost more than
     their work (gpu-anchors.md: 0.98 s eager, 0.09 s as one graph per block, for a 4096² layer). The replay runs the
     same operations on the same values as the eager loop, so the codes are the eager ones. Only where every
-    operation is a device operation with no host round trip: nearest rounding (MatGPTQ's code search runs on the
-    host), no static groups or K-quant lattice, and groups that never cross a block (g divides the block, or one
-    group per row, whose parameters the caller finds first). `capture=False` runs the loop on the buffers without a
-    graph (how the CPU tests check the buffers' plumbing)."""
+    operation is a device operation with no host round trip (`capturable`): nearest rounding, or MatGPTQ's per-width
+    rounding without the --mse search (the paper variant's code search and the search's codes run on the host), no
+    static groups or K-quant lattice, and groups that never cross a block (g divides the block, or one group per row,
+    whose parameters the caller finds first). `capture=False` runs the loop on the buffers without a graph (how the
+    CPU tests check the buffers' plumbing). With T tracks the weight buffers are [size, T·N], codes and parameters
+    per output row [.., N]."""
 
     def __init__(self, wt, grid: GroupGrid, g: int, size: int, capture: bool = True):
         n, dev, dtype = wt.shape[1], wt.device, wt.dtype
+        rows = n // getattr(grid.rounding, "tracks", 1)
         self.g, self.size, self.whole = g, size, g >= wt.shape[0]
-        self.w, self.err, self.codes = (torch.zeros(size, n, dtype=dtype, device=dev) for _ in range(3))
+        self.w, self.err = (torch.zeros(size, n, dtype=dtype, device=dev) for _ in range(2))
+        self.codes = torch.zeros(size, rows, dtype=dtype, device=dev)
         self.u = torch.eye(size, dtype=dtype, device=dev)
         self.diag = torch.ones(size, dtype=dtype, device=dev)
         groups = 1 if self.whole else size // g
-        self.scales, self.zeros = torch.ones(n, groups, dtype=dtype, device=dev), torch.zeros(n, groups, dtype=dtype,
-                                                                                            device=dev)  # fmt: skip
+        self.scales = torch.ones(rows, groups, dtype=dtype, device=dev)
+        self.zeros = torch.zeros(rows, groups, dtype=dtype, device=dev)
         self.cw = None if grid.col_weights is None else torch.ones(size, dtype=dtype, device=dev)
         self.grid = replace(grid, col_weights=self.cw)
         self.graph, self.col_weights = None, grid.col_weights
@@ -124,13 +129,19 @@ class BlockGraph:
         """The graph for this layer's loop (`use`: None on a GPU only; True also without a graph on the CPU), or None
         where the class docstring says it does not apply."""
         k = wt.shape[0]
-        if not (wt.is_cuda if use is None else use) or not isinstance(grid.rounding, NearestRounding):
+        if not (wt.is_cuda if use is None else use) or not cls.capturable(grid):
             return None
         if static or grid.lattice is not None or k < 2 * size:
             return None
         if g < k and size % g:
             return None
         return cls(wt, grid, g, size, capture=wt.is_cuda)
+
+    @staticmethod
+    def capturable(grid: GroupGrid) -> bool:
+        """Whether every operation of the column loop under `grid` runs on the device (class docstring)."""
+        return isinstance(grid.rounding, NearestRounding) or (isinstance(grid.rounding, PerWidthRounding)
+                                                              and not grid.mse)  # fmt: skip
 
     def _body(self):
         def group_params(j, current):

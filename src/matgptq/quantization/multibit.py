@@ -28,7 +28,8 @@ code like the enumeration.
 
 Devices: the code searches run in numpy on the host. On a GPU, PerWidthRounding scores every cell of every weight at
 once in torch (`_search_all`; the window only saves the host work, a cell outside it scoring strictly worse), so the
-column stays on the device; the paper variant's (MatryoshkaRounding) search copies the column (N weights, its scales
+column stays on the device and the solver replays its blocks as CUDA graphs (lazy_blocks.BlockGraph; not with the
+--mse search, whose codes come from the host); the paper variant's (MatryoshkaRounding) search copies the column (N weights, its scales
 and zeros) to the host and the codes and error back, one synchronising round trip per column. On the CPU nothing is
 copied.
 """
@@ -203,8 +204,15 @@ class PerWidthRounding(MatryoshkaRounding):
 
     def mean_track(self, w: torch.Tensor) -> torch.Tensor:
         """λ-weighted mean over the leading track axis: what parameter searches see."""
-        lam = self.lambda_t.to(w.device, w.dtype).view(-1, *([1] * (w.dim() - 1)))
+        lam = self._lambda_on(w.device, w.dtype).view(-1, *([1] * (w.dim() - 1)))
         return (w * lam).sum(0) / lam.sum()
+
+    def _lambda_on(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """λ on `device` in `dtype`, copied once (a host copy per group could not be replayed in a CUDA graph)."""
+        key = (device, dtype)
+        if getattr(self, "_lambda_key", None) != key:
+            self._lambda_dev, self._lambda_key = self.lambda_t.to(device, dtype), key
+        return self._lambda_dev
 
     def codes_tracks(self, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
         """Codes [N] for track weights w [tracks, N] with scale, zero [N]: numpy on the host (the window loop), torch on

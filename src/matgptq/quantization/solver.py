@@ -207,7 +207,8 @@ def _solve(w, u, grid: GroupGrid, group_size: int, block_size: int, perm, static
     graph = BlockGraph.for_layer(wt, grid, g, block_size, static, graphs)
     state = None
     if graph is not None and graph.whole:  # one group: its parameters before any update (what the loop finds at j = 0)
-        state = grid.params(wt[:k], 0, k, 0)
+        first = wt[:k] if tracks == 1 else grid.rounding.mean_track(wt[:k].view(k, tracks, n_rows).transpose(0, 1))
+        state = grid.params(first, 0, k, 0)
         scales[:, 0], zeros[:, 0] = state
     for b0 in range(0, k, block_size):
         b1 = min(b0 + block_size, k)
