@@ -152,6 +152,8 @@ print("@@result " + json.dumps({"runs": found, "device_name": _device_name()}), 
 
 SCORE_CHILD = _PREFIX + """
 parent, calib, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+import faulthandler
+faulthandler.dump_traceback_later(opts["stack_dump_s"], exit=False)  # where it was, in the tail of a timeout
 device = torch.device(opts["device"])
 CUDA = device.type == "cuda"
 import random

@@ -32,20 +32,15 @@ GROUP = 128
 # kernels: at 8192², batch 1, 4 bits GEMV (32, 256, split 4) took 39 µs, (64, 128, split 4) 42, (128, 128, split 2)
 # 87, the generic path 187; GEMM (64, 512) 92 µs at batch 16, the generic path 455. The third (H200, 2026-11-26 22:37)
 # timed lanes decoded in place (inplace=True) and shifted down first: (32, 512, split 2) 28.9 µs, (32, 256, split 8)
-# 30.5, (16, 512, split 4) 31.1, (32, 256, split 4) 33.9 in place and 31.5 shifted. The fourth (2026-11-28) adds
-# plane words loaded once (hoist) and split_k = 1 with more, narrower programs (no zeroed buffer, no cast kernel).
-GEMV_TILES = [Tiles(32, 512, split_k=2), Tiles(32, 512, split_k=2, hoist=True), Tiles(32, 256, split_k=8),
-              Tiles(32, 256, split_k=8, hoist=True), Tiles(32, 512, split_k=4, hoist=True),
-              Tiles(16, 1024, split_k=1, hoist=True), Tiles(16, 512, split_k=1, hoist=True),
-              Tiles(32, 1024, split_k=1, hoist=True), Tiles(32, 1024, split_k=1), Tiles(32, 512, split_k=4),
-              Tiles(16, 1024, split_k=2), Tiles(64, 512, split_k=2, hoist=True), Tiles(32, 256, split_k=8, inplace=False),
-              Tiles(64, 64, split_k=4, words=False)]  # fmt: skip
-# GEMM: the same, and the lanes' tiles joined into one product per K block (joined; 4-bit lanes only, so 8 bits and
-# the 8-bit rows fall back to a product per lane)
-GEMM_TILES = [Tiles(64, 512, 16), Tiles(64, 512, 16, hoist=True), Tiles(64, 512, 16, joined=True),
-              Tiles(64, 512, 16, hoist=True, joined=True), Tiles(32, 512, 16, hoist=True, joined=True),
-              Tiles(128, 512, 16, num_warps=8, hoist=True, joined=True), Tiles(128, 512, 16, num_warps=8),
-              Tiles(32, 512, 16), Tiles(64, 64, 16, words=False)]  # fmt: skip
+# 30.5, (16, 512, split 4) 31.1, (32, 256, split 4) 33.9 in place and 31.5 shifted. The fourth (H200, 2026-11-28
+# 01:50) loaded each plane word once (hoist): (32, 1024, split 1) 26.3 µs against 29.4 without, (16, 1024, split 1)
+# 26.9, (32, 512, split 4) 28.0 (27.9 without); GEMM (64, 512) 94.4 against 93.3 without, and one product per K block
+# of the 32 lanes' joined tiles 140 (removed). split_k = 0: chosen from the shape (triton_nested.auto_split).
+GEMV_TILES = [Tiles(32, 1024, split_k=0, hoist=True), Tiles(32, 1024, split_k=1, hoist=True),
+              Tiles(16, 1024, split_k=1, hoist=True), Tiles(32, 2048, split_k=1, hoist=True),
+              Tiles(32, 1024, split_k=1, hoist=True, num_warps=8), Tiles(32, 512, split_k=4, hoist=True),
+              Tiles(32, 512, split_k=2)]  # fmt: skip
+GEMM_TILES = [Tiles(64, 512, 16), Tiles(128, 512, 16, num_warps=8), Tiles(32, 512, 16)]  # fmt: skip
 
 
 def random_parent(n: int, k: int, device: str, seed: int = 0) -> QuantizedWeight:

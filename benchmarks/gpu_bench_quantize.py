@@ -16,8 +16,8 @@ minute; its ratios to the anchors mean nothing. The model is benchmarks/random_l
 carried SmolLM2 tokenizer. Every run is a child process with a timeout out of a time budget; a failing, timed-out or
 skipped run records why (the last lines of its stderr) and the others go on. A child reports what it finished as it
 goes (per block and per layer), so a run killed at its timeout still tells how far it got and how fast. On an H100:
-measure_quantize at most 140 s (the model's build, the agreement and the runs; a MatGPTQ run at most 45 s), the
-scoring (benchmarks/gpu_bench_search.py) at most 45 s: FULL's budgets; the runs' order (RUNS) is their priority.
+measure_quantize at most 140 s (the model's build, the agreement and the runs; a MatGPTQ run at most 60 s), the
+scoring (benchmarks/gpu_bench_search.py) at most 90 s: FULL's budgets; the runs' order (RUNS) is their priority.
 
 Per run: wall seconds of the `quantize` call, its seconds per block (wall / blocks, and the second block alone: its
 groups' passes and solves, without reading and writing), the stages (tokenizing, opening, capturing the first block's
@@ -62,8 +62,8 @@ RUNS = (("gptq", (4,), 512), ("gptq", (4,), 2048), ("matgptq", (3, 4, 8), 512), 
 # cap_s: a MatGPTQ run's own limit (its per-column host round trips make it the slowest; killed, it still reports the
 # layers it finished), so that it cannot starve the runs after it
 FULL = dict(shape="llama-3.1-8b", nsamples=128, budget_s=140.0, min_start_s=20.0, seqlen={512: 512, 2048: 2048},
-            calib={512: 0.3, 2048: 1.0}, cap_s={"gptq": 120.0, "matgptq": 45.0}, agree_cap_s=30.0,
-            score_timeout_s=45.0)  # fmt: skip
+            calib={512: 0.3, 2048: 1.0}, cap_s={"gptq": 120.0, "matgptq": 60.0}, agree_cap_s=30.0,
+            score_timeout_s=90.0)  # fmt: skip
 TINY = dict(shape="llama-tiny", nsamples=4, budget_s=45.0, min_start_s=6.0, seqlen={512: 32, 2048: 64},
             calib={512: 0.02, 2048: 0.02}, cap_s={"gptq": 30.0, "matgptq": 30.0}, agree_cap_s=20.0,
             score_timeout_s=40.0)  # fmt: skip
@@ -234,11 +234,12 @@ def _build(cfg: dict, work: Path, tok: Path, device: str) -> tuple[Path, float, 
     return model, build_s, model_gib
 
 
-def measure_quantize(work: Path, tiny: bool, budget_s: float | None = None) -> list[dict]:
+def measure_quantize(work: Path, tiny: bool, budget_s: float | None = None,
+                     methods: tuple[str, ...] | None = None) -> list[dict]:  # fmt: skip
     """One dict per run of RUNS (module docstring): with `tiny` a small random Llama on the CPU, else the
     Llama-3.1-8B-shaped one on CUDA. Runs start while the `budget_s` seconds (default: 140 full, 45 tiny; the model's
     build and the code agreement included) leave at least a minimum; each gets the rest (at most its method's cap)
-    as its timeout."""
+    as its timeout. `methods`: only the runs of these (the others are recorded as skipped)."""
     t_start = time.perf_counter()
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
@@ -269,6 +270,9 @@ def measure_quantize(work: Path, tiny: bool, budget_s: float | None = None) -> l
     kept: set[str] = set()
     for run in runs:
         run.update(build_s=round(build_s, 2), model_gib=round(model_gib, 3), codes_vs_cpu=agree.get(run["method"]))
+        if methods is not None and run["method"] not in methods:
+            run["skipped"] = f"not asked for (methods {', '.join(methods)})"
+            continue
         if left() < cfg["min_start_s"]:
             run["skipped"] = f"time budget of {budget:.0f} s spent ({budget - left():.0f} s used)"
             continue

@@ -4,7 +4,7 @@ benchmarks/gpu_bench_quantize.py's measure_quantize wrote. The function for benc
     measure_search_scoring(work, parent, tiny) -> dict
 
 The scoring (allocation/fitness.py `Fitness.kl`) runs in a `python3 -c` child (benchmarks/gpu_bench_children.py's
-SCORE_CHILD) with a timeout: on an H100 at most 45 s (FULL's score_timeout_s); a failing or timed-out child records why
+SCORE_CHILD) with a timeout: on an H100 at most 90 s (FULL's score_timeout_s); a failing or timed-out child records why
 (the last lines of its stderr). `tiny=True` runs the same code (child, dict keys) on a small random Llama on the CPU,
 quantizing a tiny parent of its own when `work` holds none. The carried inputs, the child runner and the budgets are
 benchmarks/gpu_bench_quantize.py's; its command line runs this after the quantize runs.
@@ -61,6 +61,7 @@ def measure_search_scoring(work: Path, parent: Path | None, tiny: bool, timeout_
     opts = {"device": device, "seqlen": 32 if tiny else 256, "windows": 8 if tiny else 32, "batch": 8,
             "candidates": 3 if tiny else 5, "calib_range": [0.0, 0.05]}  # fmt: skip
     timeout = timeout_s or (TINY if tiny else FULL)["score_timeout_s"]
+    opts["stack_dump_s"] = max(1.0, timeout - 3)  # the child's stacks into its stderr tail, should it time out
     child = _child(SCORE_CHILD, [str(parent), str(calib), json.dumps(opts)], timeout)
     res.update(error=child["error"], timed_out=child["timed_out"], process_s=round(child["seconds"], 2),
                candidates=opts["candidates"], stages=[p for p in child["progress"] if p["kind"] == "stage"])  # fmt: skip

@@ -95,7 +95,7 @@ def test_gemv_without_masks_and_with_lanes_decoded_in_place(bits, k, act_order, 
     q = parent(64, k, 32, act_order, width_scales=True, seed=bits)
     layout = NestedLayout.build(q).to(DEVICE)
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(k))
-    for split_k in (1, 2):
+    for split_k in (0, 1, 2):  # 0: auto_split's choice
         tiles = Tiles(block_n=32, block_k=64, split_k=split_k, inplace=inplace)
         check(nested_matmul(x.to(DEVICE), layout, bits, NestedKernel.GEMV, tiles), x, q, bits)
 
@@ -115,17 +115,14 @@ def test_plane_words_loaded_once(bits, kernel, rows, k):
     check(nested_matmul(x.to(DEVICE), layout, bits, kernel, tiles), x, q, bits)
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4, 8])
-@pytest.mark.parametrize("hoist", [False, True])
-def test_gemm_of_joined_lane_tiles(bits, hoist):
-    """`joined`: the 32 lanes' weight tiles of a K block joined into one and x's columns gathered in the same order,
-    one product per block (4-bit lanes; 8 bits keeps the per-lane products): each weight meets its own x column, so
-    the module's bound holds; K = 600 leaves the second block partly masked."""
-    q = parent(64, 600, 32, True, width_scales=True, seed=bits)
-    layout = NestedLayout.build(q).to(DEVICE)
-    x = torch.randn(19, 600, generator=torch.Generator().manual_seed(3))
-    y = nested_matmul(x.to(DEVICE), layout, bits, NestedKernel.GEMM, Tiles(32, 512, 16, hoist=hoist, joined=True))
-    check(y, x, q, bits)
+def test_auto_split_fills_the_gpu_only_where_the_outputs_do_not():
+    from matgptq.kernels.triton_nested import auto_split
+
+    assert auto_split(256, 8, 132) == 1  # 8192² at BLOCK_N 32: two waves of output blocks
+    assert auto_split(66, 4, 132) == 1  # half the multiprocessors: still no zeroed buffer
+    assert auto_split(32, 4, 132) == 4  # k_proj 1024 × 4096, BLOCK_K 1024: one share per K block
+    assert auto_split(32, 14, 132) == 5  # ⌈132 / 32⌉ shares
+    assert auto_split(1, 1, 132) == 1
 
 
 @pytest.mark.parametrize("split_k,block_k", [(2, 32), (3, 64)])

@@ -190,12 +190,11 @@ def gemv(x, planes, scales, zeros, y, M, K, N, K32, BITS: tl.constexpr, C: tl.co
 @triton.jit
 def gemm(x, planes, scales, zeros, y, M, K, N, K32, BITS: tl.constexpr, C: tl.constexpr, GS: tl.constexpr,
          CARRY: tl.constexpr, WORDS: tl.constexpr, LB: tl.constexpr, LANES: tl.constexpr, BLOCK_M: tl.constexpr,
-         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, HOIST: tl.constexpr,
-         JOIN: tl.constexpr):  # fmt: skip
+         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, HOIST: tl.constexpr):  # fmt: skip
     """BLOCK_M rows against BLOCK_N outputs; the word path makes one product per lane (j, b): x's columns
-    32w + LB·j + b [BLOCK_M, BLOCK_K / 32] times that lane's weights [BLOCK_K / 32, BLOCK_N] (BLOCK_K ≥ 512); JOIN
-    (LB = 4): the 32 lanes' weight tiles joined into one [BLOCK_K, BLOCK_N] tile in the order (word, lane), x's
-    columns gathered in that same order (the same joins on the column numbers), one product per block."""
+    32w + LB·j + b [BLOCK_M, BLOCK_K / 32] times that lane's weights [BLOCK_K / 32, BLOCK_N] (BLOCK_K ≥ 512). (Joining
+    the 32 lanes' tiles into one [BLOCK_K, BLOCK_N] product per block, x gathered to match, took 140 µs against 93 at
+    8192², batch 16, on an H200: docs/results/gpu.json's sweep of 2026-11-28.)"""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -212,23 +211,7 @@ def gemm(x, planes, scales, zeros, y, M, K, N, K32, BITS: tl.constexpr, C: tl.co
             g = (offs_w * 32 // GS)[:, None] * N + offs_n[None, :]
             sc = tl.load(scales + g, mask=mask, other=0.0).to(tl.float32)
             z = tl.load(zeros + g, mask=mask, other=0).to(tl.float32)
-            if JOIN:  # one product per block: the 32 lanes' tiles joined into [BLOCK_K, BLOCK_N], x gathered to match
-                if not HOIST:
-                    s0 = _lanes(planes, word, mask, carry, 0, K32, N, BITS, LANES)
-                    s1 = _lanes(planes, word, mask, carry, 1, K32, N, BITS, LANES)
-                    s2 = _lanes(planes, word, mask, carry, 2, K32, N, BITS, LANES)
-                    s3 = _lanes(planes, word, mask, carry, 3, K32, N, BITS, LANES)
-                ty = x.dtype.element_ty
-                w = _tree4(_wtree(s0, sc, z, ty, C, BITS), _wtree(s1, sc, z, ty, C, BITS),
-                           _wtree(s2, sc, z, ty, C, BITS), _wtree(s3, sc, z, ty, C, BITS))  # fmt: skip
-                w = tl.reshape(tl.permute(w, (0, 2, 1)), (BLOCK_K, BLOCK_N))
-                base = (offs_w * 32)[:, None]
-                cols = _tree4(_ctree(base), _ctree(base + 1), _ctree(base + 2), _ctree(base + 3))
-                cols = tl.reshape(tl.permute(cols, (0, 2, 1)), (BLOCK_K,))
-                xt = tl.load(x + offs_m[:, None] * K + cols[None, :],
-                             mask=(offs_m[:, None] < M) & (cols[None, :] < K), other=0.0)  # fmt: skip
-                acc = _dot(acc, xt, w, IEEE)
-            for b in tl.static_range(0 if JOIN else LB):
+            for b in tl.static_range(LB):
                 if HOIST:
                     s = _pick(b, s0, s1, s2, s3, s4, s5, s6, s7)
                 else:
@@ -246,44 +229,6 @@ def gemm(x, planes, scales, zeros, y, M, K, N, K32, BITS: tl.constexpr, C: tl.co
             acc = _dot(acc, xt, _weight_tile(planes, scales, zeros, cols, offs_n, K, N, K32, BITS, C, GS, CARRY), IEEE)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(y + offs_m[:, None] * N + offs_n[None, :], acc.to(y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _tree8(a0, a1, a2, a3, a4, a5, a6, a7):
-    """Eight [W, N] tensors joined into [W, N, 8] (a fixed order of joins; `_ctree` and `_wtree` share it)."""
-    q = tl.join(tl.join(a0, a1), tl.join(a2, a3))
-    r = tl.join(tl.join(a4, a5), tl.join(a6, a7))
-    q = tl.reshape(q, (q.shape[0], q.shape[1], 4))
-    r = tl.reshape(r, (r.shape[0], r.shape[1], 4))
-    t = tl.join(q, r)
-    return tl.reshape(t, (t.shape[0], t.shape[1], 8))
-
-
-@triton.jit
-def _tree4(t0, t1, t2, t3):
-    """Four [W, N, 8] tensors joined into [W, N, 32]."""
-    q = tl.join(t0, t1)
-    r = tl.join(t2, t3)
-    q = tl.reshape(q, (q.shape[0], q.shape[1], 16))
-    r = tl.reshape(r, (r.shape[0], r.shape[1], 16))
-    t = tl.join(q, r)
-    return tl.reshape(t, (t.shape[0], t.shape[1], 32))
-
-
-@triton.jit
-def _wtree(s, sc, z, ty: tl.constexpr, C: tl.constexpr, BITS: tl.constexpr):
-    """The weights of lanes j = 0..7 of s (4-bit lanes) in x's dtype, joined by `_tree8`."""
-    h: tl.constexpr = 1 << (C - BITS)
-    return _tree8((sc * (_lane_float(s, 0, 4) * h - z)).to(ty), (sc * (_lane_float(s, 1, 4) * h - z)).to(ty),
-                  (sc * (_lane_float(s, 2, 4) * h - z)).to(ty), (sc * (_lane_float(s, 3, 4) * h - z)).to(ty),
-                  (sc * (_lane_float(s, 4, 4) * h - z)).to(ty), (sc * (_lane_float(s, 5, 4) * h - z)).to(ty),
-                  (sc * (_lane_float(s, 6, 4) * h - z)).to(ty), (sc * (_lane_float(s, 7, 4) * h - z)).to(ty))
-
-
-@triton.jit
-def _ctree(base):
-    """The columns base + 4j of lanes j = 0..7 ([W, 1]), joined as `_wtree` joins their weights."""
-    return _tree8(base, base + 4, base + 8, base + 12, base + 16, base + 20, base + 24, base + 28)
 
 
 @triton.jit

@@ -1,4 +1,5 @@
-"""One GPTQ column step in one kernel launch (the solver's inner loop on a GPU, quantization/lazy_blocks.py).
+"""One GPTQ column step in one kernel launch (the solver's inner loop on a GPU, quantization/lazy_blocks.py): nearest
+rounding (`column_step`) and MatGPTQ's per-width rounding (`per_width_step`).
 
 For column j of the ordered weights with nearest rounding, GPTQ computes its codes and the error it feeds forward,
 
@@ -10,6 +11,10 @@ Triton kernel does the column. Every operation is IEEE-rounded on its own as tor
 divisions, a round half to even built from exact floor steps like torch.round, and no multiply-add contraction:
 enable_fp_fusion=False), so the codes and errors are torch's bit for bit (tests/kernels/test_gptq_column.py, in Triton's interpreter). Used only on CUDA float32 tensors with contiguous
 columns; everything else takes the torch operations. Triton is imported on first use.
+
+MatGPTQ's per-width column (multibit.PerWidthRounding: the cell search over the positions u_t = w_t / s + z of its T
+tracks, then each track's error) is some forty small torch kernels, in float64; `per_width_step` runs the same float64
+operations in the same order, each rounded on its own, so its codes and errors are torch's bit for bit too.
 """
 
 from __future__ import annotations
@@ -41,3 +46,16 @@ def column_step(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, diag: 
     n = w.numel()
     kernel[(-(-n // BLOCK),)](w, scale, zero, diag, codes, err, n, MAXQ=float(maxq), BLOCK=BLOCK,
                               enable_fp_fusion=False)  # fmt: skip
+
+
+def per_width_step(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, diag: torch.Tensor, cells: torch.Tensor,
+                   n_cells: int, lam: torch.Tensor, table: torch.Tensor, codes: torch.Tensor,
+                   err: torch.Tensor) -> None:  # fmt: skip
+    """codes[:] = the column's shared codes [N], err[:] = its T tracks' errors divided by `diag` [T·N], for the track
+    weights w [T·N] (track t at t·N), in one launch; `cells` float64 [3 + T − 1, ≥ n_cells] (PerWidthRounding's cell
+    table), `lam` float64 [T], `table` int32 [2^c, T] (the positions D_t(q))."""
+    from ._column_src import per_width_step as kernel
+
+    n, tracks = codes.numel(), lam.numel()
+    kernel[(-(-n // BLOCK),)](w, scale, zero, diag, cells, lam, table, codes, err, n, n_cells, cells.stride(0),
+                              T=tracks, BLOCK=BLOCK, enable_fp_fusion=False)  # fmt: skip

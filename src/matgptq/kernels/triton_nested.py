@@ -40,6 +40,7 @@ import importlib
 import os
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 
 import torch
 
@@ -88,17 +89,30 @@ class Tiles:
     block_n: int = 64
     block_k: int = 64
     block_m: int = 16
-    split_k: int = 1
+    split_k: int = 1  # GEMV: programs sharing K; 0 = from the shape (auto_split)
     num_warps: int = 4
     words: bool = True  # decode whole plane words where the groups allow (module doc); False: the generic path
     inplace: bool = True  # GEMV: decode each lane where it lies in the word, x pre-scaled (module doc)
     hoist: bool = False  # word path: load each plane word once for all LB lane offsets, not once per offset
-    joined: bool = False  # GEMM, 4-bit lanes (r ≤ 4): one product per K block of the joined lane tiles (_triton_src)
 
 
 # The fastest correct candidates of make gpu-check's sweeps (docs/results/gpu.json, 8192², 4 bits): GEMV on an H200
-# (28.9 µs; the H100's (32, 256, split 4) took 33.9 there), GEMM on an H100 and on an H200
-DEFAULT_TILES = {NestedKernel.GEMV: Tiles(32, 512, split_k=2), NestedKernel.GEMM: Tiles(64, 512, 16)}
+# (split 1 at 8192²: 26.3 µs; the H100's (32, 256, split 4) took 33.9 there), GEMM on an H100 and on an H200
+DEFAULT_TILES = {NestedKernel.GEMV: Tiles(32, 1024, split_k=0, hoist=True), NestedKernel.GEMM: Tiles(64, 512, 16)}
+
+
+def auto_split(n_blocks: int, k_blocks: int, sms: int) -> int:
+    """GEMV's split_k for `n_blocks` output blocks, `k_blocks` K blocks, `sms` multiprocessors: 1 (no zeroed float32
+    buffer, no cast) while the output blocks fill at least half the GPU (8192² at BLOCK_N 32: 256 on 132), else
+    enough K shares for about one program per multiprocessor, at most one per K block (a 1024 × 4096 k_proj: 4)."""
+    if 2 * n_blocks >= sms:
+        return 1
+    return max(1, min(k_blocks, -(-sms // n_blocks)))
+
+
+@lru_cache(maxsize=8)
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 def nested_matmul(x: torch.Tensor, layout: NestedLayout, bits: int, kernel: NestedKernel = NestedKernel.AUTO,
@@ -140,14 +154,14 @@ def nested_matmul(x: torch.Tensor, layout: NestedLayout, bits: int, kernel: Nest
         even = words and k32 % (block_k // 32) == 0 and n % t.block_n == 0  # no load needs a mask (_triton_src)
         if even and x2.shape[1] != 32 * k32:
             x2 = torch.nn.functional.pad(x2, (0, 32 * k32 - x2.shape[1]))
-        y = torch.empty(m, n, dtype=x.dtype, device=dev) if t.split_k == 1 else torch.zeros(m, n, device=dev)
-        gemv[(triton.cdiv(n, t.block_n), m, t.split_k)](x2, *args[1:], y, m, layout.in_features, n, k32,
-                                                          SPLIT_K=t.split_k, INPLACE=t.inplace, EVEN=even,
-                                                          **common)  # fmt: skip
+        split = t.split_k or auto_split(triton.cdiv(n, t.block_n), triton.cdiv(32 * k32, block_k), _sms(dev))
+        y = torch.empty(m, n, dtype=x.dtype, device=dev) if split == 1 else torch.zeros(m, n, device=dev)
+        gemv[(triton.cdiv(n, t.block_n), m, split)](x2, *args[1:], y, m, layout.in_features, n, k32, SPLIT_K=split,
+                                                     INPLACE=t.inplace, EVEN=even, **common)  # fmt: skip
         y = y.to(x.dtype)
     else:
         y = torch.empty(m, n, dtype=x.dtype, device=dev)
         grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n))
         gemm[grid](*args, y, m, layout.in_features, n, planes.shape[1], BLOCK_M=t.block_m,
-                   IEEE=x2.dtype == torch.float32, JOIN=t.joined and words and lb == 4, **common)  # fmt: skip
+                   IEEE=x2.dtype == torch.float32, **common)  # fmt: skip
     return y.view(*shape[:-1], n)

@@ -40,8 +40,11 @@ class GroupGrid:
 
 def quantize_column(rounding: Rounding, col: torch.Tensor, scale, zero, d, codes_j, err_j, tracks: int) -> None:
     """One column: its codes into codes_j, the error it propagates divided by d = U_jj into err_j (per track, stacked,
-    for T > 1). On a GPU, nearest rounding runs as one fused kernel (kernels/gptq_column.py: the same roundings)."""
-    if tracks > 1:
+    for T > 1). On a GPU, nearest and per-width rounding run as one fused kernel each (kernels/gptq_column.py: the same
+    roundings)."""
+    if tracks > 1 and gptq_column.available(col, scale, zero, codes_j, err_j):
+        gptq_column.per_width_step(col, scale, zero, d, *rounding.column_tables(col.device), codes_j, err_j)
+    elif tracks > 1:
         cols = col.view(tracks, -1)
         codes_j[:] = q = rounding.codes_tracks(cols, scale, zero)
         torch.div(rounding.residual_tracks(cols, q, scale, zero).view(-1), d, out=err_j)

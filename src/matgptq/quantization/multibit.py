@@ -226,6 +226,12 @@ class PerWidthRounding(MatryoshkaRounding):
         best = self._search(u)
         return torch.from_numpy(best.astype(np.float32)).to(w.device, w.dtype)
 
+    def column_tables(self, device: torch.device):
+        """What the fused column kernel reads (kernels/gptq_column.per_width_step): the cell table, its number of
+        cells, λ and the position table, on `device`."""
+        cells, lam, table = self._device_tables(device)
+        return cells, len(self.cell_lo), lam, table
+
     def _device_tables(self, device: torch.device):
         """(cell table, λ, position table) on `device`, copied once (a copy per column would sync the host)."""
         if getattr(self, "_tables_on", None) != device:

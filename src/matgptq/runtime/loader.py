@@ -18,6 +18,11 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+try:  # transformers 5; 4.x has it in modeling_utils
+    from transformers.initialization import no_init_weights
+except ImportError:
+    from transformers.modeling_utils import no_init_weights
+
 from ..errors import UserError
 from ..execution import resolve_device
 from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_checkpoint
@@ -214,7 +219,7 @@ def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dt
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     try:
-        with loader_quiet():
+        with loader_quiet(), no_init_weights():  # every weight is overwritten below: skip the random init
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     except LOAD_ERRORS as e:  # sizes a damaged config.json implies
         raise UserError(f"{ckpt.path}/config.json describes no buildable model ({str(e)[:200]}); re-create the "
