@@ -18,10 +18,13 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-try:  # transformers 5; 4.x has it in modeling_utils
+try:  # transformers 5; 4.x has it in modeling_utils; without either the weights are initialised (slower, the same)
     from transformers.initialization import no_init_weights
 except ImportError:
-    from transformers.modeling_utils import no_init_weights
+    try:
+        from transformers.modeling_utils import no_init_weights
+    except ImportError:
+        from contextlib import nullcontext as no_init_weights
 
 from ..errors import UserError
 from ..execution import resolve_device
