@@ -27,11 +27,12 @@ it from above changes no lower term for the worse and strictly improves the mast
 code like the enumeration.
 
 Devices: the code searches run in numpy on the host. On a GPU, PerWidthRounding scores every cell of every weight at
-once in torch (`_search_all`; the window only saves the host work, a cell outside it scoring strictly worse), so the
-column stays on the device and the solver replays its blocks as CUDA graphs (lazy_blocks.BlockGraph; not with the
---mse search, whose codes come from the host); the paper variant's (MatryoshkaRounding) search copies the column (N weights, its scales
-and zeros) to the host and the codes and error back, one synchronising round trip per column. On the CPU nothing is
-copied.
+once in torch (`_search_all`; the window only saves the host work, a cell outside it scoring strictly worse), and the
+solver runs that search and the tracks' errors as one fused kernel per column (kernels/gptq_column.per_width_step, the
+same float64 operations) and replays its blocks as CUDA graphs (lazy_blocks.BlockGraph; not with the --mse search,
+whose codes come from the host); the paper variant's (MatryoshkaRounding) search copies the column (N weights, its
+scales and zeros) to the host and the codes and error back, one synchronising round trip per column. On the CPU
+nothing is copied.
 """
 
 from __future__ import annotations
