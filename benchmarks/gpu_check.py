@@ -170,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"gpu_check: unknown part {bad[0]}; use some of {', '.join(PARTS)}", file=sys.stderr)
         return 2
+    methods = tuple(a.methods.split(",")) if a.methods else None
+    if methods and not set(methods) <= {"gptq", "matgptq"}:
+        print(f"gpu_check: unknown method in --methods {a.methods}; use gptq, matgptq or both", file=sys.stderr)
+        return 2
     if triton_version() is None:
         print("unmeasured: no Triton, so neither the GPU nor its interpreter can run the kernels; "
               "pip install 'matgptq[kernels]'" + ("" if CUDA else " (and no CUDA device)"))  # fmt: skip
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         print(f"gpu_check: {name} ...", flush=True)
         try:
-            results[name] = run_part(name, a.work, a.out, results, tuple(a.methods.split(",")) if a.methods else None)
+            results[name] = run_part(name, a.work, a.out, results, methods)
         except Exception as e:  # noqa: BLE001 - one part failing is recorded; the others still measure
             results[name] = {"error": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-4000:]}
             print(results[name]["traceback"], file=sys.stderr, flush=True)

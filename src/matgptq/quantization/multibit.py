@@ -205,15 +205,9 @@ class PerWidthRounding(MatryoshkaRounding):
 
     def mean_track(self, w: torch.Tensor) -> torch.Tensor:
         """λ-weighted mean over the leading track axis: what parameter searches see."""
-        lam = self._lambda_on(w.device, w.dtype).view(-1, *([1] * (w.dim() - 1)))
+        # λ from the tables copied once per device (a host copy per group could not be replayed in a CUDA graph)
+        lam = self._device_tables(w.device)[1].to(w.dtype).view(-1, *([1] * (w.dim() - 1)))
         return (w * lam).sum(0) / lam.sum()
-
-    def _lambda_on(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """λ on `device` in `dtype`, copied once (a host copy per group could not be replayed in a CUDA graph)."""
-        key = (device, dtype)
-        if getattr(self, "_lambda_key", None) != key:
-            self._lambda_dev, self._lambda_key = self.lambda_t.to(device, dtype), key
-        return self._lambda_dev
 
     def codes_tracks(self, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
         """Codes [N] for track weights w [tracks, N] with scale, zero [N]: numpy on the host (the window loop), torch on
