@@ -26,10 +26,16 @@ Protocol:
               random     random budget-filling mixes through the search's selection stages, as many scorings as
                          the search made at that budget (search_results.random_search)
             scored on the same held-out text; the written mix is then held against these too
+  full      --full-start adds, per seed, a second timed search of all budgets, the same command with
+              {FULL}
+            (its knapsack start from every layer scored at every width on one window, the measured additive model at
+            a sixth of the additive baseline's tokens per scoring); its knapsack mix (`full knapsack`, a one-shot
+            allocation) and written mix (`full written`) scored on the same held-out text
 
     python -m benchmarks.search_minutes [--seeds 0,1,2] [--minutes 10] [--work runs/search-minutes]
         [--out docs/results/search_minutes.json] [--from-json]      # ~15 minutes a seed on 2 cores
     python -m benchmarks.search_minutes --slow-baselines [--seeds 0,1,2]   # after it; ~25 minutes a seed
+    python -m benchmarks.search_minutes --full-start [--seeds 0,1,2]       # after it; ~12 minutes a seed
 """
 
 from __future__ import annotations
@@ -61,9 +67,11 @@ TEXT = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.joined.tx
 BUDGETS = ("2.5", "2.75", "3.0", "3.25", "3.5", "4.0", "5.0", "6.0")
 RECIPE = ("--sensitivity-tokens", "510", "--calib-tokens", "2040", "--stages", "255:2,510:1", "--offspring", "8",
           "--generations", "100")  # fmt: skip
+FULL = ("--sensitivity", "full", "--sensitivity-tokens", "255")  # --full-start: these replace RECIPE's
 SLOW = ("additive", "noise", "random")  # --slow-baselines
-KINDS = ("uniform", "knapsack", "error", "gradient", *SLOW, "evolved", "written")
-ONE_SHOT = ("uniform", "knapsack", "error", "gradient", *SLOW)  # the allocations the written mix is held against
+KINDS = ("uniform", "knapsack", "error", "gradient", *SLOW, "full knapsack", "evolved", "written", "full written")
+ONE_SHOT = ("uniform", "knapsack", "error", "gradient", *SLOW, "full knapsack")  # what a written mix is held against
+WRITTEN = ("written", "full written")
 HELD_OUT = (4, 1024)  # windows × tokens from the start of the first half
 LEVELS = tuple(range(2, 9))
 
@@ -77,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--from-json", action="store_true", help="only re-render the page from --out")
     ap.add_argument("--slow-baselines", action="store_true",
                     help="add additive, noise and random search to the seeds --out already holds (not timed with them)")
+    ap.add_argument("--full-start", action="store_true",
+                    help="add the timed search with the FULL settings to the seeds --out already holds")
     return ap
 
 
@@ -91,11 +101,12 @@ def main() -> None:
         data = load_json(out) if out.is_file() else {}
         if data.get("recipe") != list(RECIPE):  # seeds of another recipe are not averaged with these
             data = {"protocol": __doc__, "recipe": list(RECIPE), "seeds": {}}
+        data["protocol"] = __doc__  # the recipe is the same; the docstring also describes the parts added since
         for seed in (int(s) for s in a.seeds.split(",")):
-            if a.slow_baselines:
+            if a.slow_baselines or a.full_start:
                 if str(seed) not in data["seeds"]:
-                    raise SystemExit(f"seed {seed} has no timed search in {out}: run without --slow-baselines first")
-                add_slow(parent, work, seed, data["seeds"][str(seed)])
+                    raise SystemExit(f"seed {seed} has no timed search in {out}: run it without options first")
+                (add_slow if a.slow_baselines else add_full)(parent, work, seed, data["seeds"][str(seed)], a.minutes)
             else:
                 data["seeds"][str(seed)] = measure_seed(parent, work, seed, a.minutes)
             write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
@@ -114,26 +125,53 @@ def make_parent(work: Path) -> Path:
 
 def measure_seed(parent: Path, work: Path, seed: int, minutes: float) -> dict:
     """One timed search of all budgets, then every budget's mixes scored on the held-out text."""
-    mixes = work / f"seed-{seed}"
-    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(BUDGETS), "--calib", str(TEXT),
-           "--calib-range", calib_range(seed), "--time-limit", f"{minutes:g}", "--seed", str(seed),
-           "--out", str(mixes), "--quiet", "--overwrite", *RECIPE]  # fmt: skip
-    usage = measured_child(cmd, torch.get_num_threads(), work / f"seed-{seed}.log")
-    if not usage["ok"]:
-        raise SystemExit(f"the search of seed {seed} failed: {usage['error']}")
+    done = timed_search(parent, work, seed, minutes, list(RECIPE), f"seed-{seed}")
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
-    bodies = {b: json.loads((mixes / f"mix-{b}.json").read_text()) for b in BUDGETS}
+    bodies = done["bodies"]
     named = {b: {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
                  "knapsack": body["dp_bits"], **{k: body["baseline_bits"][k] for k in ("error", "gradient")},
                  "evolved": body["search_bits"], "written": body["bits"]} for b, body in bodies.items()}  # fmt: skip
     scores = score_named(parent, named)
-    return {"usage": usage, "budgets": {b: {"scores": scores[b], "chosen": body["summary"]["chosen"],
-                                            **{k: body["summary"][k] for k in ("generations", "evaluations", "seconds",
-                                               "teacher_seconds", "tables_seconds", "search_seconds")}}
-                                        for b, body in bodies.items()}}  # fmt: skip
+    return {"usage": done["usage"], "budgets": {b: {"scores": scores[b], **timing(body)}
+                                                for b, body in bodies.items()}}  # fmt: skip
 
 
-def add_slow(parent: Path, work: Path, seed: int, run: dict) -> None:
+def timed_search(parent: Path, work: Path, seed: int, minutes: float, recipe: list[str], name: str) -> dict:
+    """One measured `matgptq search` child of all budgets under --time-limit `minutes` into work/name; its usage and
+    mix files."""
+    mixes = work / name
+    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(BUDGETS), "--calib", str(TEXT),
+           "--calib-range", calib_range(seed), "--time-limit", f"{minutes:g}", "--seed", str(seed),
+           "--out", str(mixes), "--quiet", "--overwrite", *recipe]  # fmt: skip
+    usage = measured_child(cmd, torch.get_num_threads(), work / f"{name}.log")
+    if not usage["ok"]:
+        raise SystemExit(f"the search {name} failed: {usage['error']}")
+    return {"usage": usage, "bodies": {b: json.loads((mixes / f"mix-{b}.json").read_text()) for b in BUDGETS}}
+
+
+def timing(body: dict) -> dict:
+    """A mix file's choice and where its seconds went."""
+    return {"chosen": body["summary"]["chosen"], **{k: body["summary"][k] for k in (
+        "generations", "evaluations", "seconds", "teacher_seconds", "tables_seconds", "search_seconds")}}  # fmt: skip
+
+
+def full_recipe() -> list[str]:
+    recipe = list(RECIPE)
+    recipe[recipe.index("--sensitivity-tokens") + 1] = FULL[FULL.index("--sensitivity-tokens") + 1]
+    return [*recipe, *FULL[:2]]
+
+
+def add_full(parent: Path, work: Path, seed: int, run: dict, minutes: float) -> None:
+    """The docstring's `full`: a second timed search of one seed, its knapsack and written mixes scored into `run`."""
+    done = timed_search(parent, work, seed, minutes, full_recipe(), f"seed-{seed}-full")
+    named = {b: {"full knapsack": body["dp_bits"], "full written": body["bits"]} for b, body in done["bodies"].items()}
+    for b, scores in score_named(parent, named).items():
+        run["budgets"][b]["scores"].update(scores)
+    run["full"] = {"usage": done["usage"], "recipe": full_recipe(),
+                   "budgets": {b: timing(body) for b, body in done["bodies"].items()}}  # fmt: skip
+
+
+def add_slow(parent: Path, work: Path, seed: int, run: dict, minutes: float) -> None:
     """The slow one-shot allocations of one seed (the docstring's `slow`), scored into `run` beside the timed search's."""
     mixes = work / f"seed-{seed}-slow"
     recipe = list(RECIPE)
@@ -217,39 +255,64 @@ def score_named(parent: Path, named: dict[str, dict[str, dict[str, int]]]) -> di
     return result
 
 
-def _stats(xs: list[float]) -> str:
-    return f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.4f}"
+def _stats(xs: list[float], digits: int = 4) -> str:
+    return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.{digits}f}"
 
 
 def page(data: dict) -> str:
     """docs/results/search_minutes.md from its JSON."""
     seeds = sorted(data["seeds"], key=int)
     runs = [data["seeds"][s] for s in seeds]
-    quality, timing = [], []
+    quality, perplexity = [], []
     kinds = [k for k in KINDS if all(k in r["budgets"][b]["scores"] for r in runs for b in BUDGETS)]
+    written = [k for k in WRITTEN if k in kinds]
     for b in BUDGETS:
         kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in kinds}
         best = min((k for k in ONE_SHOT if k in kl), key=lambda k: statistics.mean(kl[k]))
-        quality.append([b, *(_stats(kl[k]) for k in kinds), best, verdict(kl["written"], kl[best]),
-                        ", ".join(r["budgets"][b]["chosen"] for r in runs)])  # fmt: skip
-        timing.append([b, *(f"{statistics.mean(r['budgets'][b][k] for r in runs):.1f}"
-                            for k in ("teacher_seconds", "tables_seconds", "search_seconds", "seconds")),
-                       "/".join(str(r["budgets"][b]["generations"]) for r in runs)])  # fmt: skip
-    usage = [[s, f"{r['usage']['wall']:.0f}", f"{r['usage']['cpu']:.0f}", f"{r['usage']['rss_gb']:.2f}",
-              f"{r['usage']['load_average']:.1f}"] for s, r in zip(seeds, runs)]  # fmt: skip
+        quality.append([b, *(_stats(kl[k]) for k in kinds), best, *(verdict(kl[w], kl[best]) for w in written)])
+        perplexity.append([b, *(_stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in kinds)])
+    protocol = data["protocol"].strip().replace("{RECIPE}", " ".join(data["recipe"])).replace("{FULL}", " ".join(FULL))
     return "\n".join([
         header("benchmarks/search_minutes.py", "search_minutes.json"), "# All eight budgets in minutes",
-        "", "```", data["protocol"].strip().replace("{RECIPE}", " ".join(data["recipe"])), "```", "",
+        "", "```", protocol, "```", "",
         f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds.", "",
-        "The whole search, per seed (a measured child process; load: the 1-minute load average when it ended):", "",
-        format_table(["seed", "wall s", "CPU s", "peak RSS GB", "load"], usage), "",
-        "Held-out KL to the float32 model per budget; `written vs best`: against the best one-shot allocation "
+        "Each timed search, per seed (a measured child process; load: the 1-minute load average when it ended):", "",
+        format_table(["seed", "search", "wall s", "CPU s", "peak RSS GB", "load"], _usage(seeds, runs)), "",
+        "Held-out KL to the float32 model per budget; `vs best`: a written mix against the best one-shot allocation "
         f"({', '.join(k for k in ONE_SHOT if k in kinds)}), a tie within the larger spread:", "",
-        format_table(["budget", *kinds, "best baseline", "written vs best", "chosen per seed"], quality), "",
-        "Where each budget's seconds went (means; the first budget carries the shared teacher and tables):", "",
-        format_table(["budget", "teacher s", "tables s", "search s", "budget s", "generations per seed"], timing),
-        *_slow_quality(seeds, runs), *_slow_usage(seeds, runs),
+        format_table(["budget", *kinds, "best baseline", *(f"{w} vs best" for w in written)], quality), "",
+        "Held-out perplexity of the same mixes:", "",
+        format_table(["budget", *kinds], perplexity),
+        *_timing(seeds, runs), *_slow_quality(seeds, runs), *_slow_usage(seeds, runs),
     ])  # fmt: skip
+
+
+def _usage(seeds: list[str], runs: list[dict]) -> list[list]:
+    rows = []
+    for s, r in zip(seeds, runs):
+        for name, u in (("search", r["usage"]), ("full", r.get("full", {}).get("usage"))):
+            if u:
+                rows.append([s, name, f"{u['wall']:.0f}", f"{u['cpu']:.0f}", f"{u['rss_gb']:.2f}",
+                             f"{u['load_average']:.1f}"])  # fmt: skip
+    return rows
+
+
+def _timing(seeds: list[str], runs: list[dict]) -> list[str]:
+    """Where each timed search's seconds went, per budget (means over the seeds that ran it)."""
+    out = []
+    for name, of in (("search", lambda r: r), ("full", lambda r: r.get("full"))):
+        have = [of(r) for r in runs if of(r)]
+        if not have:
+            continue
+        rows = [[b, *(f"{statistics.mean(h['budgets'][b][k] for h in have):.1f}"
+                      for k in ("teacher_seconds", "tables_seconds", "search_seconds", "seconds")),
+                 "/".join(str(h["budgets"][b]["generations"]) for h in have),
+                 ", ".join(h["budgets"][b]["chosen"] for h in have)] for b in BUDGETS]  # fmt: skip
+        out += ["", f"Where the `{name}` run's seconds went (means over {len(have)} seeds; the first budget carries the "
+                "shared teacher and tables):", "",
+                format_table(["budget", "teacher s", "tables s", "search s", "budget s", "generations per seed",
+                              "chosen per seed"], rows)]  # fmt: skip
+    return out
 
 
 def _slow_quality(seeds: list[str], runs: list[dict]) -> list[str]:

@@ -254,17 +254,19 @@ def test_the_plot_shows_each_width_against_its_sensitivity(searched):
 
 
 def test_a_time_limit_stops_the_generations_and_every_mix_file_records_the_split(stories_parent, tmp_path):
-    """A limit far below what the teacher alone takes leaves every budget its start, chosen among the one-shot
-    allocations, with no generation run (a generation never starts past its budget's share); the rows and the files
-    say so. Without a limit the same settings run every generation."""
+    """A limit already spent when the run begins (one minute, all of it `time_spent` before, as the command counts
+    its process's start-up) leaves every budget its start, chosen among the one-shot allocations, with no generation
+    run (a generation never starts past its budget's share); the rows and the files say so. Without a limit the same
+    settings run every generation."""
     args = ["--budget", "3.0,2.5", "--generations", "3"]
     rows = matgptq.search(stories_parent, "3.0,2.5", TINYSTORIES, tmp_path / "limited", calib_range=(0.6, 0.7),
-                          levels=(2, 4, 8), seqlen=64, sensitivity_tokens=126, progress=False, time_limit=1e-6,
+                          levels=(2, 4, 8), seqlen=64, sensitivity_tokens=126, progress=False, time_limit=1.0,
+                          time_spent=60.0,
                           evo=EvoConfig(generations=3, offspring=4, stages=parse_stages("126:2,504:1")))  # fmt: skip
     assert [r["generations"] for r in rows] == [0, 0]
     for r in rows:
         mix = json.loads((tmp_path / "limited" / f"mix-{r['budget']}.json").read_text())
-        assert mix["summary"]["generations"] == 0 and mix["summary"]["time_limit"] == 1e-6
+        assert mix["summary"]["generations"] == 0 and mix["summary"]["time_limit"] == 1.0
         assert mix["search_bits"] == mix["start_bits"]
         assert {"teacher_seconds", "tables_seconds", "search_seconds"} <= set(mix["summary"])
     assert rows[0]["tables_seconds"] > 0 and rows[1]["tables_seconds"] == rows[1]["teacher_seconds"] == 0

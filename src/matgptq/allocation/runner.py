@@ -95,6 +95,8 @@ class SearchRequest:
     plot: bool = False  # also draw each mix file's widths against their sensitivities (plot.py) as mix-<budget>.png
     # wall-clock minutes for the whole run (run_search's docstring); None: every budget runs all its generations
     time_limit: float | None = None
+    # seconds already spent before run_search when the time limit began (the command counts its process's start)
+    time_spent: float = 0.0
 
 
 def mix_path(out: Path, budget: str) -> Path:
@@ -233,7 +235,7 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
 def run_search(req: SearchRequest) -> list[dict]:
     """Search every budget of `req`; returns one summary row per budget (also written into its mix file).
 
-    With `req.time_limit` (minutes, counted from here): the teacher and the tables run first, then each budget gets an
+    With `req.time_limit` (minutes, counted from here less `req.time_spent`): the teacher and the tables run first, then each budget gets an
     equal share of the time left (what one budget leaves unused goes to the next), and its generations stop so that
     its report (the choice on the whole pool, priced at the latest measured time per scored window) ends within the
     share; `--generations` stays the cap. Which generations run then depends on the machine's speed: the row records
@@ -263,12 +265,13 @@ def run_search(req: SearchRequest) -> list[dict]:
     settings = {label: _settings(req, ckpt, levels, b, calib, score_dtype) for label, b in budgets}
     if req.resume:
         _check_states(req, budgets, settings, len(cost_model.layers))
-    clock = Clock(time.perf_counter())
+    clock = Clock(time.perf_counter() - req.time_spent)
+    t_teacher = time.perf_counter()
     ref_model = load(reference, packed=False).to(device)
     teacher = Teacher(ref_model, calib, req.batch_size, progress=req.progress)
     text_teacher = Teacher(ref_model, text, req.batch_size, progress=req.progress) if text is not None else None
     del ref_model
-    clock.teacher = time.perf_counter() - clock.began
+    clock.teacher = time.perf_counter() - t_teacher
     model = load(req.parent, bits=levels[-1], packed=False).to(device)
     fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size, compute_dtype=score_dtype)
     sens_windows = tuple(range(min(calib.shape[0], math.ceil(req.sensitivity_tokens / (req.seqlen - 1)))))

@@ -3,8 +3,10 @@ budgets, and what a budget's report will cost, from the latest measured time per
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -23,6 +25,18 @@ class Clock:
             return None
         now = time.perf_counter()
         return now + max(0.0, self.began + 60 * minutes - now) / budgets_left
+
+
+def process_seconds() -> float:
+    """Wall seconds since this process started (Linux: /proc/self/stat's start time against /proc/uptime, to the
+    clock tick; 0.0 where that is not readable), so that `matgptq search --time-limit` counts the interpreter, the
+    imports and the reading of the inputs too."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def text_windows(held_out) -> int:

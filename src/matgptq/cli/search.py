@@ -10,6 +10,7 @@ from ..allocation.allocators import Allocator
 from ..allocation.evopress import format_stages
 from ..allocation.sensitivity import Sensitivity
 from ..allocation.spread import is_writer
+from ..allocation.timing import process_seconds
 from ..api import search
 from ..execution import format_table
 from .argtypes import DefaultsHelpFormatter, add_device_option, fraction_range, ints
@@ -64,7 +65,7 @@ def add_parser(sub) -> None:
                    help="also draw mix-<budget>.png: each layer's width against the measured cost of lowering it "
                         "(needs matplotlib: pip install 'matgptq[plot]')")  # fmt: skip
     s.add_argument("--time-limit", type=float, metavar="MINUTES",
-                   help="wall-clock minutes for the whole run: the teacher and sensitivities first, then the time left "
+                   help="wall-clock minutes for the whole run, counted from the command's start: the teacher and sensitivities first, then the time left "
                         "split evenly over the budgets, each search stopping at the last generation that fits its "
                         "share (--generations stays the cap; each mix file records the generations run)")  # fmt: skip
     s.add_argument("--resume", action="store_true", help="continue the searches whose states are in --out")
@@ -89,7 +90,7 @@ def run(a: argparse.Namespace) -> None:
         sensitivity=Sensitivity(a.sensitivity), baselines=a.baselines, calib_tokens=a.calib_tokens, reference=a.kl_to,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
         resume=a.resume, overwrite=a.overwrite, plot=a.plot, progress=not a.quiet, device=a.device,
-        score_dtype=ScoreDtype(a.score_dtype), time_limit=a.time_limit,
+        score_dtype=ScoreDtype(a.score_dtype), time_limit=a.time_limit, time_spent=process_seconds(),
     )  # fmt: skip
     if not is_writer():  # torchrun: every rank holds the same mixes; rank 0 reports them
         return
