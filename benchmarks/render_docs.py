@@ -80,6 +80,8 @@ PAGES = (
     Page("search_minutes", ("search_minutes.json",), md="search_minutes.md",
          about="SmolLM2-135M-Instruct: all eight budgets under `search --time-limit 10`, timed, the written mix against "
                "the uniform slices and the knapsack start on held-out text, 3 seeds"),
+    Page("search_minutes", ("search_minutes.json",), block="README.md#search-minutes", render="readme_block",
+         about="the README's search result: all eight budgets in 10 minutes against the one-shot allocations"),
     Page("research.matgptq_ablation", ("ablation.json",), md="ablation.md", render="stories_page",
          about="stories260K: the MatGPTQ variants against per-width GPTQ, over calibration seeds"),
     Page("research.matgptq_ablation", ("ablation_real_model.json",), md="ablation_real_model.md", render="real_model_page",

@@ -106,7 +106,7 @@ def budget_mixes(fit, cost, filled: dict, row: dict, req: SearchRequest, seed: i
     budget = Fraction(row["budget"])
     mixes = {"uniform": allocate(cost, None, budget, BudgetKind.CODE)}
     seconds = {"uniform": 0.0}
-    for a, (table, s) in filled.items():
+    for a, (table, s, _) in filled.items():
         mixes[a.value], seconds[a.value] = allocate(cost, table, budget, BudgetKind.CODE), s
     t0 = time.perf_counter()
     mixes["random"] = random_search(fit, cost.levels, cost.table(BudgetKind.CODE), cost.limit(budget, BudgetKind.CODE),

@@ -99,7 +99,7 @@ def test_every_allocation_fits_its_budget(setup):
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
     filled = tables(fitness, LEVELS, (0, 1), list(Allocator), seed=0, floors=(2, 3))
     assert set(filled) == set(Allocator) - {Allocator.UNIFORM}
-    assert all(seconds >= 0 for _, seconds in filled.values())
+    assert all(f.seconds >= 0 for f in filled.values())
     for budget in (Fraction(5, 2), Fraction(3), Fraction(7, 2)):
         for a in Allocator:
             mix = allocate(cost, filled[a][0] if a in filled else None, budget, BudgetKind.CODE)

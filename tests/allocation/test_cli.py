@@ -15,6 +15,7 @@ import torch
 
 import matgptq
 from matgptq.allocation import EvoConfig, parse_stages
+from matgptq.allocation.sensitivity import Sensitivity
 from matgptq.cli import main
 from matgptq.execution import native_bfloat16
 from tests.conftest import STORIES, TINYSTORIES
@@ -256,14 +257,16 @@ def test_the_plot_shows_each_width_against_its_sensitivity(searched):
 def test_a_time_limit_stops_the_generations_and_every_mix_file_records_the_split(stories_parent, tmp_path):
     """A limit already spent when the run begins (one minute, all of it `time_spent` before, as the command counts
     its process's start-up) leaves every budget its start, chosen among the one-shot allocations, with no generation
-    run (a generation never starts past its budget's share); the rows and the files say so. Without a limit the same
-    settings run every generation."""
-    args = ["--budget", "3.0,2.5", "--generations", "3"]
+    run (a generation never starts past its budget's share), and the measured additive table only its lowest level
+    (the one level it always scores); the rows and the files say so. Without a limit the same settings run every
+    generation and score every level."""
+    args = ["--budget", "3.0,2.5", "--generations", "3", "--sensitivity", "full"]
     rows = matgptq.search(stories_parent, "3.0,2.5", TINYSTORIES, tmp_path / "limited", calib_range=(0.6, 0.7),
                           levels=(2, 4, 8), seqlen=64, sensitivity_tokens=126, progress=False, time_limit=1.0,
-                          time_spent=60.0,
+                          time_spent=60.0, sensitivity=Sensitivity.FULL,
                           evo=EvoConfig(generations=3, offspring=4, stages=parse_stages("126:2,504:1")))  # fmt: skip
     assert [r["generations"] for r in rows] == [0, 0]
+    assert [r["sensitivity_levels"] for r in rows] == [[2], [2]]
     for r in rows:
         mix = json.loads((tmp_path / "limited" / f"mix-{r['budget']}.json").read_text())
         assert mix["summary"]["generations"] == 0 and mix["summary"]["time_limit"] == 1.0
@@ -272,4 +275,5 @@ def test_a_time_limit_stops_the_generations_and_every_mix_file_records_the_split
     assert rows[0]["tables_seconds"] > 0 and rows[1]["tables_seconds"] == rows[1]["teacher_seconds"] == 0
     assert main(search(stories_parent, tmp_path / "free", *args)) == 0
     for budget in ("3.0", "2.5"):
-        assert json.loads((tmp_path / "free" / f"mix-{budget}.json").read_text())["summary"]["generations"] == 3
+        summary = json.loads((tmp_path / "free" / f"mix-{budget}.json").read_text())["summary"]
+        assert summary["generations"] == 3 and summary["sensitivity_levels"] == [2, 4]

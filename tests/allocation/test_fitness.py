@@ -12,7 +12,8 @@ from matgptq.formats import read_checkpoint
 from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
 from matgptq.allocation.budget import BudgetKind, CostModel
 from matgptq.allocation.fitness import Fitness
-from matgptq.allocation.sensitivity import Sensitivity, knapsack_mix, measure, probe_level
+from matgptq.allocation import sensitivity
+from matgptq.allocation.sensitivity import Sensitivity, knapsack_mix, measure, measure_table, probe_level
 from tests.conftest import STORIES, TINYSTORIES
 
 
@@ -138,9 +139,19 @@ def test_a_head_bias_enters_the_kl(setup):
     assert biased.kl(mix, chosen) == pytest.approx(want, rel=1e-5)
 
 
+def _relative_errors(fitness, parent, layer: int, levels) -> dict[int, float]:
+    """t(r) = ‖W(r) − W(top)‖² / ‖W(top)‖² of one layer, its slices loaded from the file (an independent path to the
+    weights the fitness slices in memory)."""
+    name, top = fitness.names[layer], levels[-1]
+    weights = {}
+    for r in levels:
+        model = matgptq.load(parent, bits={name: r} | {x: top for x in fitness.names if x != name})
+        weights[r] = model.get_submodule(name).weight.detach().double()
+    return {r: float((weights[r] - weights[top]).square().sum() / weights[top].square().sum()) for r in levels}
+
+
 def test_probe_sensitivity_follows_the_linearity_model(setup):
-    """PROBE: measured at the probe level, the other levels scaled by the layer's relative squared weight error,
-    the errors taken here from slices loaded from the file (an independent path to the same weights)."""
+    """PROBE: measured at the probe level, the other levels scaled by the layer's relative squared weight error."""
     fitness, _, _, parent = setup
     levels = (2, 3, 4, 8)
     windows = (0, 1)
@@ -150,17 +161,37 @@ def test_probe_sensitivity_follows_the_linearity_model(setup):
     base = fitness.kl(top, windows)
     assert probe_level(levels) == 2
     for layer in (0, 9, n - 1):
-        name = fitness.names[layer]
-        weights = {}
-        for r in levels:
-            model = matgptq.load(parent, bits={name: r} | {x: 8 for x in fitness.names if x != name})
-            weights[r] = model.get_submodule(name).weight.detach().double()
-        t = {r: float((weights[r] - weights[8]).square().sum() / weights[8].square().sum()) for r in levels}
+        t = _relative_errors(fitness, parent, layer, levels)
         probed = fitness.kl(tuple(2 if i == layer else 8 for i in range(n)), windows)
         slope = max(0.0, probed - base) / t[2]
         # the model's float32 weights vs the float64 dequantization of the probe: t agrees to ~1e-7 relative
-        assert table[layer] == pytest.approx([base + slope * t[r] for r in levels], rel=1e-6, abs=1e-9)
+        assert table[layer] == pytest.approx([probed] + [base + slope * t[r] for r in levels[1:]], rel=1e-6, abs=1e-9)
     assert all(row[-1] == base for row in table)
+
+
+def test_a_full_table_stopped_by_its_deadline_extrapolates_from_its_highest_scored_level(setup, monkeypatch):
+    """FULL scores level by level from the lowest; a deadline stops it before a level its pace says would end past
+    it. The clock here counts scorings (each level costs one per layer), so the deadline admits exactly two levels:
+    2 and 3 are scored, 4 comes from 3 by the linearity model; a deadline already past leaves the PROBE table; none
+    leaves every level scored."""
+    fitness, _, _, parent = setup
+    levels, windows, n = (2, 3, 4, 8), (0, 1), len(fitness.names)
+    monkeypatch.setattr(sensitivity, "time", type("Clock", (), {"perf_counter": staticmethod(
+        lambda: float(fitness.evaluations))}))  # fmt: skip
+    start = fitness.evaluations  # the base scoring comes first, then a level costs n
+    stopped = measure_table(fitness, levels, windows, Sensitivity.FULL, deadline=start + 1 + 2 * n)
+    assert stopped.measured == (2, 3)
+    assert measure_table(fitness, levels, windows, Sensitivity.FULL, deadline=0.0).values == \
+        measure(fitness, levels, windows, Sensitivity.PROBE)  # fmt: skip
+    full = measure_table(fitness, levels, windows, Sensitivity.FULL)
+    assert full.measured == (2, 3, 4)
+    base = fitness.kl(tuple(8 for _ in range(n)), windows)
+    for layer in (0, 9, n - 1):
+        t = _relative_errors(fitness, parent, layer, levels)
+        assert stopped.values[layer][:2] == full.values[layer][:2]  # the scored levels are the same scorings
+        slope = max(0.0, full.values[layer][1] - base) / t[3]
+        assert stopped.values[layer][2] == pytest.approx(base + slope * t[4], rel=1e-6, abs=1e-9)
+        assert stopped.values[layer][3] == full.values[layer][3] == base
 
 
 @pytest.mark.parametrize("attr,value,post", [

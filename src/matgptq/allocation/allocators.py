@@ -30,6 +30,7 @@ import math
 import time
 from enum import Enum
 from fractions import Fraction
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -39,7 +40,7 @@ from ..models.experts import experts_as_layers
 from .budget import BudgetKind, CostModel
 from .fitness import Fitness, Mix
 from .gradient import FloorTables, first_order_table, floor_mix
-from .sensitivity import Sensitivity, knapsack_mix, measure, relative_errors
+from .sensitivity import Sensitivity, Table, knapsack_mix, measure_table, relative_errors
 
 ALPHA_MIN, ALPHA_MAX, ALPHA_DEFAULT = 0.5, 4.0, 2.0
 
@@ -148,21 +149,30 @@ def error_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, .
     return table
 
 
+class Filled(NamedTuple):
+    """One allocator's loss table, the seconds it took and, for PROBE and ADDITIVE, the widths actually scored."""
+
+    table: list | FloorTables
+    seconds: float
+    measured: tuple[int, ...] | None = None
+
+
 def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], allocators, seed: int = 0,
-           progress: bool = False, floors: tuple[int, ...] = ()) -> dict[Allocator, tuple[list | FloorTables, float]]:  # fmt: skip
-    """{allocator: (its loss table, seconds to fill it)} for the table-based allocators among `allocators`; GRADIENT's
-    is one table per width of `floors` (raise_floors of the budgets)."""
-    fill = {Allocator.PROBE: lambda: measure(fitness, levels, windows, Sensitivity.PROBE, progress),
-            Allocator.ADDITIVE: lambda: measure(fitness, levels, windows, Sensitivity.FULL, progress),
+           progress: bool = False, floors: tuple[int, ...] = (), deadline: float | None = None) -> dict[Allocator, Filled]:  # fmt: skip
+    """{allocator: Filled} for the table-based allocators among `allocators`; GRADIENT's table is one table per width
+    of `floors` (raise_floors of the budgets). ADDITIVE is filled last, and stops at `deadline` (time.perf_counter();
+    sensitivity.measure_table): the other tables are cheap and fixed, its widths can be traded for time."""
+    fill = {Allocator.PROBE: lambda: measure_table(fitness, levels, windows, Sensitivity.PROBE, progress),
+            Allocator.ADDITIVE: lambda: measure_table(fitness, levels, windows, Sensitivity.FULL, progress, deadline),
             Allocator.NOISE: lambda: noise_table(fitness, levels, windows, seed, progress),
             Allocator.ERROR: lambda: error_table(fitness, levels, windows),
             Allocator.GRADIENT: lambda: {u: first_order_table(fitness, levels, windows, u) for u in floors}}  # fmt: skip
     out = {}
-    for a in allocators:
-        if a in fill:
-            t0 = time.perf_counter()
-            table = fill[a]()
-            out[a] = (table, time.perf_counter() - t0)
+    for a in sorted((a for a in allocators if a in fill), key=lambda a: a is Allocator.ADDITIVE):
+        t0 = time.perf_counter()
+        table = fill[a]()
+        seconds = time.perf_counter() - t0
+        out[a] = Filled(table.values, seconds, table.measured) if isinstance(table, Table) else Filled(table, seconds)
     return out
 
 

@@ -42,7 +42,7 @@ from .fitness import Fitness, Mix
 from .plot import plot_mix, require_matplotlib
 from .sensitivity import Sensitivity
 from .spread import is_writer, score_all
-from .timing import Clock, report_guess, text_windows
+from .timing import Clock, report_guess, tables_deadline, text_windows
 
 MIX_FORMAT = "matgptq-mix"
 
@@ -223,7 +223,8 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     seconds = time.perf_counter() - t0
     row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(seconds, 1),
                time_limit=req.time_limit, teacher_seconds=round(clock.teacher, 1), tables_seconds=round(clock.tables, 1),
-               search_seconds=round(seconds - clock.tables, 1))  # fmt: skip
+               search_seconds=round(seconds - clock.tables, 1),
+               sensitivity_levels=list(filled[_own(req)].measured))  # fmt: skip
     sensitivity = {name: dict(zip(map(str, levels), values))
                    for name, values in zip(cost_model.names, filled[_own(req)][0])}  # fmt: skip
     _write_mix(req, label, row, cost_model, state, mixes, mix, settings, sensitivity)
@@ -282,9 +283,13 @@ def run_search(req: SearchRequest) -> list[dict]:
             t0 = time.perf_counter()
             if filled is None:  # the teacher and the tables are shared: the first budget carries their seconds
                 floors = raise_floors(cost_model, [b for _, b in budgets], req.kind)
+                t_tables = time.perf_counter()
+                deadline = None if req.sensitivity is not Sensitivity.FULL else tables_deadline(
+                    clock, req.time_limit, fitness, levels[-1], len(req.baselines) + 2, len(budgets),
+                    (text, text_teacher))  # each report: the knapsack start, the evolved mix, every baseline
                 filled = tables(fitness, levels, sens_windows, (_own(req), *req.baselines), req.evo.seed, req.progress,
-                                floors)  # fmt: skip
-                clock.tables = sum(s for _, s in filled.values())
+                                floors, deadline)  # fmt: skip
+                clock.tables = time.perf_counter() - t_tables
             elif k == 1:
                 clock.teacher = clock.tables = 0.0
             rows.append(_search_budget(req, (label, budget), levels, cost_model, fitness, filled, sens_windows,

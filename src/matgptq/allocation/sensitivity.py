@@ -14,11 +14,16 @@ Two ways to fill the table (`Sensitivity`):
   Layers × 1 scorings. Why the lowest: the loss grows faster than linearly at large errors, so extrapolating
   *down* from a higher probe underrates the lowest level and pushes the knapsack towards it; extrapolating *up*
   from the lowest level errs on the safe side (it overrates the higher levels' loss, which is small).
+Both are one procedure (`measure_table`): the levels are scored one at a time from the lowest, every layer at each,
+and a level not scored is extrapolated as above from the highest scored level below it. PROBE stops after the first
+level, FULL never, or, given a deadline (`search --time-limit`), before the first level that would end past it.
 Each scoring runs only from the layer's block on (prefix cache of the top mix).
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
 
@@ -29,7 +34,7 @@ from ..execution import world
 from .budget import BudgetKind, CostModel
 from .fitness import Fitness, Mix
 from .knapsack import solve
-from .spread import score_all
+from .spread import from_rank0, score_all
 
 
 class Sensitivity(str, Enum):
@@ -53,28 +58,65 @@ def relative_errors(fitness: Fitness, levels: tuple[int, ...]) -> list[list[floa
     return table
 
 
+@dataclass(frozen=True)
+class Table:
+    """s[l][i] = s_l(levels[i]) for every layer l, and the levels that were scored (the others extrapolated)."""
+
+    values: list[list[float]]
+    measured: tuple[int, ...]
+
+
 def measure(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], kind: Sensitivity = Sensitivity.FULL,
-            progress: bool = False) -> list[list[float]]:  # fmt: skip
-    """s[l][i] = s_l(levels[i]) for every layer l of `fitness.names`."""
+            progress: bool = False, deadline: float | None = None) -> list[list[float]]:  # fmt: skip
+    """s[l][i] = s_l(levels[i]) for every layer l of `fitness.names` (`measure_table`'s values)."""
+    return measure_table(fitness, levels, windows, kind, progress, deadline).values
+
+
+def measure_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
+                  kind: Sensitivity = Sensitivity.FULL, progress: bool = False,
+                  deadline: float | None = None) -> Table:  # fmt: skip
+    """The table, scored one level at a time from the lowest (every layer at that level, then the next level up).
+    With a `deadline` (time.perf_counter()), FULL stops before a level whose scoring would end past it, at the pace
+    of the level before; the lowest level is always scored. A level not scored comes from the highest scored one
+    below it by the linearity theorem (the module docstring's probe formula, p that level): PROBE is the table
+    stopped after its first level, FULL the table never stopped."""
     top = tuple(levels[-1] for _ in fitness.names)
-    scored = levels[:-1] if kind is Sensitivity.FULL else (probe_level(levels),)
+    wanted = levels[:-1] if kind is Sensitivity.FULL else (probe_level(levels),)
     cache = fitness.prefix_cache(top, windows)
     base = fitness.kl(top, windows, cache)
-    mixes = [top[:layer] + (r,) + top[layer + 1 :] for layer in range(len(top)) for r in scored]
     rank, size = world()
-    bar = tqdm(total=len(range(rank, len(mixes), size)), desc="sensitivity", unit="eval", disable=not progress,
-               leave=False)  # fmt: skip
-    flat = iter(score_all(fitness, mixes, windows, cache, lambda: bar.update(1)))  # dealt across ranks (spread.py)
+    per_level = len(range(rank, len(top), size))
+    bar = tqdm(total=per_level * len(wanted), desc="sensitivity", unit="eval", disable=not progress, leave=False)
+    measured: dict[int, list[float]] = {}
+    for r in wanted:
+        t0 = time.perf_counter()
+        mixes = [top[:layer] + (r,) + top[layer + 1 :] for layer in range(len(top))]
+        measured[r] = score_all(fitness, mixes, windows, cache, lambda: bar.update(1))  # dealt across ranks
+        pace = time.perf_counter() - t0
+        if deadline is not None and r != wanted[-1] and from_rank0(time.perf_counter() + pace > deadline):
+            break
     bar.close()
-    measured = [{r: next(flat) for r in scored} for _ in range(len(top))]
-    if kind is Sensitivity.FULL:
-        return [[row.get(r, base) for r in levels] for row in measured]
-    p = probe_level(levels)
+    return Table(_fill(fitness, levels, base, measured), tuple(measured))
+
+
+def _fill(fitness: Fitness, levels: tuple[int, ...], base: float, measured: dict[int, list[float]]) -> list[list[float]]:
+    """Every layer's row: the scored levels as scored, the top as `base`, each other level extrapolated from the
+    highest scored level p below it: s(r) = s(top) + max(0, s(p) − s(top)) · t(r) / t(p)."""
+    if len(measured) == len(levels) - 1:  # every level scored: nothing to extrapolate
+        return [[measured[r][layer] if r in measured else base for r in levels] for layer in range(len(fitness.names))]
     errors = relative_errors(fitness, levels)
     table = []
-    for row, t in zip(measured, errors):
-        slope = max(0.0, row[p] - base) / t[levels.index(p)] if t[levels.index(p)] > 0 else 0.0
-        table.append([base + slope * t_r for t_r in t])
+    for layer, t in enumerate(errors):
+        row = []
+        for i, r in enumerate(levels):
+            if r in measured or r == levels[-1]:
+                row.append(measured[r][layer] if r in measured else base)
+                continue
+            p = max(q for q in measured if q < r)
+            t_p = t[levels.index(p)]
+            slope = max(0.0, measured[p][layer] - base) / t_p if t_p > 0 else 0.0
+            row.append(base + slope * t[i])
+        table.append(row)
     return table
 
 

@@ -40,7 +40,9 @@ def add_parser(sub) -> None:
     s.add_argument("--seqlen", type=int, default=req.seqlen, help="tokens per calibration window (default %(default)s)")
     s.add_argument("--sensitivity", choices=[k.value for k in Sensitivity], default=req.sensitivity.value,
                    help="starting mix: score each layer at one probe level and extrapolate by its weight error "
-                        "(probe), or at every level (full; levels − 1 times the cost)")  # fmt: skip
+                        "(probe), or at every level (full; levels − 1 times the cost; under --time-limit it scores "
+                        "the levels that leave every budget's report its time, lowest first, and extrapolates the "
+                        "rest as probe does)")  # fmt: skip
     s.add_argument("--baselines", type=allocators, default=",".join(a.value for a in req.baselines),
                    help="one-shot allocations that compete with the knapsack start for the first parent and with the "
                         "evolved mix for the written one, from " + ", ".join(a.value for a in Allocator) + " ('' for "
