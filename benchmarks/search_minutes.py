@@ -152,8 +152,9 @@ def timed_search(parent: Path, work: Path, seed: int, minutes: float, recipe: li
 
 def timing(body: dict) -> dict:
     """A mix file's choice and where its seconds went."""
-    return {"chosen": body["summary"]["chosen"], **{k: body["summary"][k] for k in (
-        "generations", "evaluations", "seconds", "teacher_seconds", "tables_seconds", "search_seconds")}}  # fmt: skip
+    return {"chosen": body["summary"]["chosen"], "sensitivity_levels": body["summary"].get("sensitivity_levels"),
+            **{k: body["summary"][k] for k in ("generations", "evaluations", "seconds", "teacher_seconds",
+                                               "tables_seconds", "search_seconds")}}  # fmt: skip
 
 
 def full_recipe() -> list[str]:
@@ -278,7 +279,8 @@ def page(data: dict) -> str:
         "", "```", protocol, "```", "",
         f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds.", "",
         "Each timed search, per seed (a measured child process; load: the 1-minute load average when it ended):", "",
-        format_table(["seed", "search", "wall s", "CPU s", "peak RSS GB", "load"], _usage(seeds, runs)), "",
+        format_table(["seed", "search", "wall s", "CPU s", "peak RSS GB", "load", "widths scored in its table"],
+                     _usage(seeds, runs)), "",
         "Held-out KL to the float32 model per budget; `vs best`: a written mix against the best one-shot allocation "
         f"({', '.join(k for k in ONE_SHOT if k in kinds)}), a tie within the larger spread:", "",
         format_table(["budget", *kinds, "best baseline", *(f"{w} vs best" for w in written)], quality), "",
@@ -291,10 +293,12 @@ def page(data: dict) -> str:
 def _usage(seeds: list[str], runs: list[dict]) -> list[list]:
     rows = []
     for s, r in zip(seeds, runs):
-        for name, u in (("search", r["usage"]), ("full", r.get("full", {}).get("usage"))):
-            if u:
+        for name, run in (("search", r), ("full", r.get("full"))):
+            if run:
+                u, scored = run["usage"], run["budgets"][BUDGETS[0]].get("sensitivity_levels")
                 rows.append([s, name, f"{u['wall']:.0f}", f"{u['cpu']:.0f}", f"{u['rss_gb']:.2f}",
-                             f"{u['load_average']:.1f}"])  # fmt: skip
+                             f"{u['load_average']:.1f}",
+                             ", ".join(map(str, scored)) if scored else "2 (probe)" if name == "search" else "-"])  # fmt: skip
     return rows
 
 

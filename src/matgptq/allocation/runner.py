@@ -286,7 +286,7 @@ def run_search(req: SearchRequest) -> list[dict]:
                 t_tables = time.perf_counter()
                 deadline = None if req.sensitivity is not Sensitivity.FULL else tables_deadline(
                     clock, req.time_limit, fitness, levels[-1], len(req.baselines) + 2, len(budgets),
-                    (text, text_teacher))  # each report: the knapsack start, the evolved mix, every baseline
+                    len(sens_windows), (text, text_teacher))  # the knapsack start, the evolved mix, every baseline
                 filled = tables(fitness, levels, sens_windows, (_own(req), *req.baselines), req.evo.seed, req.progress,
                                 floors, deadline)  # fmt: skip
                 clock.tables = time.perf_counter() - t_tables

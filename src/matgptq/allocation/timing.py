@@ -51,11 +51,11 @@ def report_guess(clock: Clock, mixes: int, windows: tuple[int, ...], held_out) -
 
 
 def tables_deadline(clock: Clock, minutes: float | None, fitness, top: int, mixes: int, budgets: int,
-                    held_out) -> float | None:  # fmt: skip
-    """When the measured additive table (`--sensitivity full`) must stop adding widths so that each budget's report
-    of `mixes` mixes still fits in the limit (None without one). The price of a report comes from one float32
-    scoring of the top mix on the whole pool, timed here after the pool's teacher terms are made (the reports reuse
-    them); it sets `clock.per_window`."""
+                    start_windows: int, held_out) -> float | None:  # fmt: skip
+    """When the measured additive table (`--sensitivity full`) must stop adding widths so that each budget's choice
+    of its start (`mixes` mixes on `start_windows` windows) and its report (the same mixes on the whole pool) still
+    fit in the limit (None without one). Their price comes from one float32 scoring of the top mix on the whole pool,
+    timed here after the pool's teacher terms are made (the reports reuse them); it sets `clock.per_window`."""
     if minutes is None:
         return None
     windows = tuple(range(fitness.windows.shape[0]))
@@ -66,4 +66,5 @@ def tables_deadline(clock: Clock, minutes: float | None, fitness, top: int, mixe
     with fitness.exact():
         fitness.kl(tuple(top for _ in fitness.names), windows)  # on every rank: each times its own pace
     clock.per_window = (time.perf_counter() - t0) / len(windows)
-    return clock.began + 60 * minutes - budgets * report_guess(clock, mixes, windows, held_out)
+    start = (clock.per_window or 0.0) * mixes * start_windows
+    return clock.began + 60 * minutes - budgets * (start + report_guess(clock, mixes, windows, held_out))
