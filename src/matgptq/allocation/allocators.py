@@ -21,7 +21,7 @@ the table is filled, and in what it costs:
             terms dropped, summed across layers without weighting them. One forward pass of the top mix.
 
 Costs are scorings of the windows given (fitness.py); `tables` returns each table with its seconds (GRADIENT's:
-one table per floor width, `FloorTables`).
+one table per floor width, `FloorTables`) and, for PROBE and ADDITIVE, the widths it scored.
 """
 
 from __future__ import annotations
@@ -158,7 +158,8 @@ class Filled(NamedTuple):
 
 
 def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], allocators, seed: int = 0,
-           progress: bool = False, floors: tuple[int, ...] = (), deadline: float | None = None) -> dict[Allocator, Filled]:  # fmt: skip
+           progress: bool = False, floors: tuple[int, ...] = (),
+           deadline: float | None = None) -> dict[Allocator, Filled]:  # fmt: skip
     """{allocator: Filled} for the table-based allocators among `allocators`; GRADIENT's table is one table per width
     of `floors` (raise_floors of the budgets). ADDITIVE is filled last, and stops at `deadline` (time.perf_counter();
     sensitivity.measure_table): the other tables are cheap and fixed, its widths can be traded for time."""

@@ -236,7 +236,8 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
 def run_search(req: SearchRequest) -> list[dict]:
     """Search every budget of `req`; returns one summary row per budget (also written into its mix file).
 
-    With `req.time_limit` (minutes, counted from here less `req.time_spent`): the teacher and the tables run first, then each budget gets an
+    With `req.time_limit` (minutes, counted from `req.time_spent` seconds before here): the teacher and the tables run
+    first (a FULL table stops adding widths in time for the reports, timing.tables_deadline), then each budget gets an
     equal share of the time left (what one budget leaves unused goes to the next), and its generations stop so that
     its report (the choice on the whole pool, priced at the latest measured time per scored window) ends within the
     share; `--generations` stays the cap. Which generations run then depends on the machine's speed: the row records
