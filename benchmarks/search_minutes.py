@@ -126,7 +126,7 @@ def make_parent(work: Path) -> Path:
 
 def measure_seed(parent: Path, work: Path, seed: int, minutes: float) -> dict:
     """One timed search of all budgets, then every budget's mixes scored on the held-out text."""
-    done = timed_search(parent, work, seed, minutes, list(RECIPE), f"seed-{seed}")
+    done = search_child(parent, work, seed, list(RECIPE), f"seed-{seed}", minutes)
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
     bodies = done["bodies"]
     named = {b: {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
@@ -137,13 +137,15 @@ def measure_seed(parent: Path, work: Path, seed: int, minutes: float) -> dict:
                                                 for b, body in bodies.items()}}  # fmt: skip
 
 
-def timed_search(parent: Path, work: Path, seed: int, minutes: float, recipe: list[str], name: str) -> dict:
-    """One measured `matgptq search` child of all budgets under --time-limit `minutes` into work/name; its usage and
-    mix files."""
+def search_child(parent: Path, work: Path, seed: int, recipe: list[str], name: str,
+                 minutes: float | None = None) -> dict:  # fmt: skip
+    """One measured `matgptq search` child of all budgets of seed `seed` (under --time-limit `minutes`, when given)
+    into work/name; its usage and mix files."""
     mixes = work / name
+    limit = [] if minutes is None else ["--time-limit", f"{minutes:g}"]
     cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(BUDGETS), "--calib", str(TEXT),
-           "--calib-range", calib_range(seed), "--time-limit", f"{minutes:g}", "--seed", str(seed),
-           "--out", str(mixes), "--quiet", "--overwrite", *recipe]  # fmt: skip
+           "--calib-range", calib_range(seed), *limit, "--seed", str(seed), "--out", str(mixes), "--quiet",
+           "--overwrite", *recipe]  # fmt: skip
     usage = measured_child(cmd, torch.get_num_threads(), work / f"{name}.log")
     if not usage["ok"]:
         raise SystemExit(f"the search {name} failed: {usage['error']}")
@@ -165,26 +167,21 @@ def full_recipe() -> list[str]:
 
 def add_full(parent: Path, work: Path, seed: int, run: dict, minutes: float) -> None:
     """The docstring's `full`: a second timed search of one seed, its knapsack and written mixes scored into `run`."""
-    done = timed_search(parent, work, seed, minutes, full_recipe(), f"seed-{seed}-full")
+    recipe = full_recipe()
+    done = search_child(parent, work, seed, recipe, f"seed-{seed}-full", minutes)
     named = {b: {"full knapsack": body["dp_bits"], "full written": body["bits"]} for b, body in done["bodies"].items()}
     for b, scores in score_named(parent, named).items():
         run["budgets"][b]["scores"].update(scores)
-    run["full"] = {"usage": done["usage"], "recipe": full_recipe(),
+    run["full"] = {"usage": done["usage"], "recipe": recipe,
                    "budgets": {b: timing(body) for b, body in done["bodies"].items()}}  # fmt: skip
 
 
 def add_slow(parent: Path, work: Path, seed: int, run: dict, minutes: float) -> None:
     """The slow one-shot allocations of one seed (the docstring's `slow`), scored into `run` beside the timed search's."""
-    mixes = work / f"seed-{seed}-slow"
     recipe = list(RECIPE)
     recipe[recipe.index("--generations") + 1] = "0"  # the tables and their knapsack mixes, no evolution
-    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(BUDGETS), "--calib", str(TEXT),
-           "--calib-range", calib_range(seed), "--seed", str(seed), "--baselines", "additive,noise", "--out",
-           str(mixes), "--quiet", "--overwrite", *recipe]  # fmt: skip
-    usage = measured_child(cmd, torch.get_num_threads(), work / f"seed-{seed}-slow.log")
-    if not usage["ok"]:
-        raise SystemExit(f"the slow baselines of seed {seed} failed: {usage['error']}")
-    bodies = {b: json.loads((mixes / f"mix-{b}.json").read_text()) for b in BUDGETS}
+    done = search_child(parent, work, seed, [*recipe, "--baselines", "additive,noise"], f"seed-{seed}-slow")
+    usage, bodies = done["usage"], done["bodies"]
     named = {b: {k: bodies[b]["baseline_bits"][k] for k in ("additive", "noise")} for b in BUDGETS}
     searched = {b: json.loads((work / f"seed-{seed}" / f"mix-{b}.json").read_text())["summary"] for b in BUDGETS}
     if any(searched[b]["generations"] != run["budgets"][b]["generations"] for b in BUDGETS):

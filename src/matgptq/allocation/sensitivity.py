@@ -67,9 +67,9 @@ class Table:
 
 
 def measure(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], kind: Sensitivity = Sensitivity.FULL,
-            progress: bool = False, deadline: float | None = None) -> list[list[float]]:  # fmt: skip
-    """s[l][i] = s_l(levels[i]) for every layer l of `fitness.names` (`measure_table`'s values)."""
-    return measure_table(fitness, levels, windows, kind, progress, deadline).values
+            progress: bool = False) -> list[list[float]]:  # fmt: skip
+    """s[l][i] = s_l(levels[i]) for every layer l of `fitness.names` (`measure_table`'s values, never stopped)."""
+    return measure_table(fitness, levels, windows, kind, progress).values
 
 
 def measure_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
