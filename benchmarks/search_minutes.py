@@ -17,7 +17,9 @@ Protocol:
               gradient   first order at the uniform slice under the budget, the knapsack above it (one backward
                          pass per floor width, block by block; allocation/gradient.py; a default baseline)
               evolved    where the generations the time allowed ended
-              written    what the mix file says to use: the lowest calibration KL among the above
+              written    what the mix file says to use: the lowest calibration KL among the above, or the uniform
+                         slice where that lowest is not shown better window by window (allocation/choice.py; the
+                         `search` runs on this page were measured before that rule, the `full` runs with it)
   slow      --slow-baselines adds, per seed and apart from the timed search (they do not fit its 10 minutes), on
             the same parent, calibration pool and sensitivity windows:
               additive   every layer scored alone at every width, knapsack (the measured additive model): a
@@ -30,7 +32,8 @@ Protocol:
               {FULL}
             (its knapsack start from every layer scored at every width on one window, the measured additive model at
             a sixth of the additive baseline's tokens per scoring); its knapsack mix (`full knapsack`, a one-shot
-            allocation) and written mix (`full written`) scored on the same held-out text
+            allocation), the probe table's knapsack read off that table's lowest width (`full probe`, another) and
+            written mix (`full written`) scored on the same held-out text
 
     python -m benchmarks.search_minutes [--seeds 0,1,2] [--minutes 10] [--work runs/search-minutes]
         [--out docs/results/search_minutes.json] [--from-json]      # ~15 minutes a seed on 2 cores
@@ -69,8 +72,9 @@ RECIPE = ("--sensitivity-tokens", "510", "--calib-tokens", "2040", "--stages", "
           "--generations", "100")  # fmt: skip
 FULL = ("--sensitivity", "full", "--sensitivity-tokens", "255")  # --full-start: these replace RECIPE's
 SLOW = ("additive", "noise", "random")  # --slow-baselines
-KINDS = ("uniform", "knapsack", "error", "gradient", *SLOW, "full knapsack", "evolved", "written", "full written")
-ONE_SHOT = ("uniform", "knapsack", "error", "gradient", *SLOW, "full knapsack")  # what a written mix is held against
+KINDS = ("uniform", "knapsack", "error", "gradient", *SLOW, "full knapsack", "full probe", "evolved", "written",
+         "full written")  # fmt: skip
+ONE_SHOT = ("uniform", "knapsack", "error", "gradient", *SLOW, "full knapsack", "full probe")  # what a written mix is held against
 WRITTEN = ("written", "full written")
 LABELS = {"written": "`search` run's mix", "full written": "`full` run's mix"}
 HELD_OUT = (4, 1024)  # windows × tokens from the start of the first half
@@ -155,6 +159,7 @@ def search_child(parent: Path, work: Path, seed: int, recipe: list[str], name: s
 def timing(body: dict) -> dict:
     """A mix file's choice and where its seconds went."""
     return {"chosen": body["summary"]["chosen"], "sensitivity_levels": body["summary"].get("sensitivity_levels"),
+            "uniform_gap": body["summary"].get("uniform_gap"),
             **{k: body["summary"][k] for k in ("generations", "evaluations", "seconds", "teacher_seconds",
                                                "tables_seconds", "search_seconds")}}  # fmt: skip
 
@@ -169,7 +174,8 @@ def add_full(parent: Path, work: Path, seed: int, run: dict, minutes: float) -> 
     """The docstring's `full`: a second timed search of one seed, its knapsack and written mixes scored into `run`."""
     recipe = full_recipe()
     done = search_child(parent, work, seed, recipe, f"seed-{seed}-full", minutes)
-    named = {b: {"full knapsack": body["dp_bits"], "full written": body["bits"]} for b, body in done["bodies"].items()}
+    named = {b: {"full knapsack": body["dp_bits"], "full probe": body["baseline_bits"]["probe"],
+                 "full written": body["bits"]} for b, body in done["bodies"].items()}  # fmt: skip
     for b, scores in score_named(parent, named).items():
         run["budgets"][b]["scores"].update(scores)
     run["full"] = {"usage": done["usage"], "recipe": recipe,

@@ -106,3 +106,16 @@ def test_every_allocation_fits_its_budget(setup):
             assert cost.fits(mix, budget, BudgetKind.CODE) and set(mix) <= set(LEVELS)
     assert uniform_mix(cost, Fraction(3), BudgetKind.CODE) == tuple(3 for _ in fitness.names)
     assert uniform_mix(cost, Fraction(7, 2), BudgetKind.CODE) == tuple(3 for _ in fitness.names)
+
+
+def test_probe_beside_additive_is_read_off_its_lowest_width(setup):
+    """Asked for together, PROBE costs no scoring of its own (the fitness counts every one) and is the table PROBE
+    scores alone."""
+    fitness, _ = setup
+    before = fitness.evaluations
+    both = tables(fitness, LEVELS, (0, 1), (Allocator.PROBE, Allocator.ADDITIVE))
+    scorings = fitness.evaluations - before
+    alone = tables(fitness, LEVELS, (0, 1), (Allocator.ADDITIVE,))
+    assert fitness.evaluations - before - scorings == scorings  # ADDITIVE alone scores as many
+    assert both[Allocator.PROBE].table == tables(fitness, LEVELS, (0, 1), (Allocator.PROBE,))[Allocator.PROBE].table
+    assert both[Allocator.PROBE].measured == (2,) and both[Allocator.ADDITIVE].table == alone[Allocator.ADDITIVE].table

@@ -13,7 +13,9 @@ from matgptq.models import calibration_windows, load_tokenizer, read_text, token
 from matgptq.allocation.budget import BudgetKind, CostModel
 from matgptq.allocation.fitness import Fitness
 from matgptq.allocation import sensitivity
-from matgptq.allocation.sensitivity import Sensitivity, knapsack_mix, measure, measure_table, probe_level
+from matgptq.allocation.sensitivity import (
+    Sensitivity, knapsack_mix, measure, measure_table, probe_level, probe_of,
+)  # fmt: skip
 from tests.conftest import STORIES, TINYSTORIES
 
 
@@ -173,7 +175,7 @@ def test_a_full_table_stopped_by_its_deadline_extrapolates_from_its_highest_scor
     """FULL scores level by level from the lowest; a deadline stops it before a level its pace says would end past
     it. The clock here counts scorings (each level costs one per layer), so the deadline admits exactly two levels:
     2 and 3 are scored, 4 comes from 3 by the linearity model; a deadline already past leaves the PROBE table; none
-    leaves every level scored."""
+    leaves every level scored. Any of them holds the PROBE table (probe_of)."""
     fitness, _, _, parent = setup
     levels, windows, n = (2, 3, 4, 8), (0, 1), len(fitness.names)
     monkeypatch.setattr(sensitivity, "time", type("Clock", (), {"perf_counter": staticmethod(
@@ -185,6 +187,8 @@ def test_a_full_table_stopped_by_its_deadline_extrapolates_from_its_highest_scor
         measure(fitness, levels, windows, Sensitivity.PROBE)  # fmt: skip
     full = measure_table(fitness, levels, windows, Sensitivity.FULL)
     assert full.measured == (2, 3, 4)
+    probe = measure_table(fitness, levels, windows, Sensitivity.PROBE)
+    assert probe_of(fitness, levels, full) == probe == probe_of(fitness, levels, stopped)  # the same scorings
     base = fitness.kl(tuple(8 for _ in range(n)), windows)
     for layer in (0, 9, n - 1):
         t = _relative_errors(fitness, parent, layer, levels)

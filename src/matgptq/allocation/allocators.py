@@ -40,7 +40,7 @@ from ..models.experts import experts_as_layers
 from .budget import BudgetKind, CostModel
 from .fitness import Fitness, Mix
 from .gradient import FloorTables, first_order_table, floor_mix
-from .sensitivity import Sensitivity, Table, knapsack_mix, measure_table, relative_errors
+from .sensitivity import Sensitivity, Table, knapsack_mix, measure_table, probe_of, relative_errors
 
 ALPHA_MIN, ALPHA_MAX, ALPHA_DEFAULT = 0.5, 4.0, 2.0
 
@@ -162,14 +162,19 @@ def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], 
            deadline: float | None = None) -> dict[Allocator, Filled]:  # fmt: skip
     """{allocator: Filled} for the table-based allocators among `allocators`; GRADIENT's table is one table per width
     of `floors` (raise_floors of the budgets). ADDITIVE is filled last, and stops at `deadline` (time.perf_counter();
-    sensitivity.measure_table): the other tables are cheap and fixed, its widths can be traded for time."""
+    sensitivity.measure_table): the other tables are cheap and fixed, its widths can be traded for time. PROBE, asked
+    for beside ADDITIVE, is read off ADDITIVE's lowest width (sensitivity.probe_of: no scoring of its own)."""
     fill = {Allocator.PROBE: lambda: measure_table(fitness, levels, windows, Sensitivity.PROBE, progress),
             Allocator.ADDITIVE: lambda: measure_table(fitness, levels, windows, Sensitivity.FULL, progress, deadline),
             Allocator.NOISE: lambda: noise_table(fitness, levels, windows, seed, progress),
             Allocator.ERROR: lambda: error_table(fitness, levels, windows),
             Allocator.GRADIENT: lambda: {u: first_order_table(fitness, levels, windows, u) for u in floors}}  # fmt: skip
+    if Allocator.ADDITIVE in allocators:
+        fill[Allocator.PROBE] = lambda: probe_of(fitness, levels, Table(out[Allocator.ADDITIVE].table,
+                                                                        out[Allocator.ADDITIVE].measured))  # fmt: skip
     out = {}
-    for a in sorted((a for a in allocators if a in fill), key=lambda a: a is Allocator.ADDITIVE):
+    last = (Allocator.ADDITIVE, Allocator.PROBE)  # PROBE may be read off ADDITIVE
+    for a in sorted((a for a in allocators if a in fill), key=lambda a: last.index(a) + 1 if a in last else 0):
         t0 = time.perf_counter()
         table = fill[a]()
         seconds = time.perf_counter() - t0

@@ -9,8 +9,9 @@ written atomically after every generation (evopress.py).
 The mix file is what `matgptq.load(parent, bits=FILE)`, `matgptq eval --bits FILE` and `matgptq export
 --bits-config FILE` read (runtime.loader.resolve_bits takes the `bits` object of a JSON file): {"bits": {layer:
 width}, ...} with the budget, the bit counts, the scores and the search settings alongside. `bits` is the lowest-KL
-of the knapsack mix, the start and the evolved mix on the whole calibration pool (`_report`); all three stay in the
-file (`dp_bits`, `start_bits`, `search_bits`, and every one-shot allocation in `baseline_bits`) with their scores in
+of the evolved mix and the one-shot allocations on the whole calibration pool, or the uniform slice where that
+lowest is not shown better window by window (choice.py; `summary.uniform_gap`); all of them stay in the file
+(`dp_bits`, `start_bits`, `search_bits`, and every one-shot allocation in `baseline_bits`) with their scores in
 `summary`.
 """
 
@@ -37,6 +38,7 @@ from ..models import eval_windows, file_sha256, load_tokenizer, read_text, requi
 from ..runtime import load
 from .allocators import Allocator, baseline_mixes, raise_floors, tables
 from .budget import BudgetKind, CostModel, parse_budget
+from .choice import choose
 from .evopress import EvoConfig, evolve, format_stages
 from .fitness import Fitness, Mix
 from .plot import plot_mix, require_matplotlib
@@ -199,6 +201,14 @@ def _own(req: SearchRequest) -> Allocator:
     return Allocator.ADDITIVE if req.sensitivity is Sensitivity.FULL else Allocator.PROBE
 
 
+def _others(req: SearchRequest) -> tuple[Allocator, ...]:
+    """The one-shot allocations weighed beside the knapsack start: the --baselines and, with --sensitivity full,
+    PROBE's, which the full table holds for free (its lowest width, the rest extrapolated: at high budgets the
+    one-window table's upper widths can be noisier than that extrapolation)."""
+    free = req.sensitivity is Sensitivity.FULL and Allocator.PROBE not in req.baselines
+    return (*req.baselines, Allocator.PROBE) if free else req.baselines
+
+
 def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cost_model: CostModel, fitness: Fitness,
                    filled: dict, sens_windows, settings: dict, held_out, t0: float, clock: Clock,
                    end: float | None) -> dict:  # fmt: skip
@@ -206,7 +216,7 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     sensitivity windows), EvoPress (stopped in time for the report to end by `end`, when given), the choice among
     all of them on the whole calibration pool; its mix file written; the summary row (seconds counted from `t0`)."""
     label, limit = budget
-    mixes = baseline_mixes(cost_model, filled, _own(req), req.baselines, limit, req.kind)
+    mixes = baseline_mixes(cost_model, filled, _own(req), _others(req), limit, req.kind)
     t_start = time.perf_counter()
     start, start_kind, scored = _start(fitness, mixes, sens_windows)
     if scored:
@@ -218,7 +228,7 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
                    weights=cost_model.total_weights, deadline=deadline)  # fmt: skip
     t_report = time.perf_counter()
     row, mix = _report(req, label, cost_model, fitness, mixes, state, start_kind, all_windows, *held_out)
-    scorings = len(set(mixes.values()) | {state.parent})
+    scorings = len(set(mixes.values()) | {state.parent}) + (0 if row["uniform_gap"] is None else 2)
     clock.per_window = (time.perf_counter() - t_report) / (scorings * len(all_windows) + text_windows(held_out))
     seconds = time.perf_counter() - t0
     row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(seconds, 1),
@@ -286,9 +296,9 @@ def run_search(req: SearchRequest) -> list[dict]:
                 floors = raise_floors(cost_model, [b for _, b in budgets], req.kind)
                 t_tables = time.perf_counter()
                 deadline = None if req.sensitivity is not Sensitivity.FULL else tables_deadline(
-                    clock, req.time_limit, fitness, levels[-1], len(req.baselines) + 2, len(budgets),
+                    clock, req.time_limit, fitness, levels[-1], len(_others(req)) + 2, len(budgets),
                     len(sens_windows), (text, text_teacher))  # the knapsack start, the evolved mix, every baseline
-                filled = tables(fitness, levels, sens_windows, (_own(req), *req.baselines), req.evo.seed, req.progress,
+                filled = tables(fitness, levels, sens_windows, (_own(req), *_others(req)), req.evo.seed, req.progress,
                                 floors, deadline)  # fmt: skip
                 clock.tables = time.perf_counter() - t_tables
             elif k == 1:
@@ -306,24 +316,26 @@ def run_search(req: SearchRequest) -> list[dict]:
 def _report(req, label, cost_model, fitness, mixes: dict[str, Mix], state, start_kind: str, all_windows, text,
             text_teacher) -> tuple[dict, Mix]:  # fmt: skip
     """Score the evolved parent and every one-shot allocation (the start among them) on the whole calibration pool,
-    and choose the lowest as the budget's output: the written mix is never worse there than a baseline the search
-    could have returned. The stages score each generation on a few thousand fresh tokens; at budgets where
-    candidates differ by less than that sample's noise, the generations can drift to a mix that is worse on the
-    whole pool than where they began. The choice is made on calibration tokens only; the held-out `--text` scores
-    are reported for the knapsack, the evolved and the written mix."""
+    and choose the budget's output (choice.py: the lowest, unless the uniform slice is not shown worse): the written
+    mix is never worse there than a baseline the search could have returned, and not replaced by a mix that only
+    fits the pool. The stages score each generation on a few thousand fresh tokens; at budgets where candidates
+    differ by less than that sample's noise, the generations can drift to a mix that is worse on the whole pool than
+    where they began. The choice is made on calibration tokens only; the held-out `--text` scores are reported for
+    the knapsack, the evolved and the written mix."""
     dp_mix = mixes["knapsack"]
     candidates = {"search": state.parent, **mixes}  # ties go to the first
     unique = list(dict.fromkeys(candidates.values()))
     with fitness.exact():
         kl_of = dict(zip(unique, score_all(fitness, unique, all_windows)))
-    chosen = min(candidates, key=lambda k: kl_of[candidates[k]])
+    chosen, gap = choose(fitness, candidates, kl_of, all_windows)
     mix = candidates[chosen]
     row = {"budget": label, "kind": req.kind.value, "code_bits": cost_model.average(mix, BudgetKind.CODE),
            "storage_bits": cost_model.average(mix, BudgetKind.STORAGE), "start": start_kind,
            "dp_kl": kl_of[dp_mix], "start_kl": kl_of[state.start], "search_kl": kl_of[state.parent],
            "search_code_bits": cost_model.average(state.parent, BudgetKind.CODE),
            "search_storage_bits": cost_model.average(state.parent, BudgetKind.STORAGE),
-           "baseline_kl": {k: kl_of[m] for k, m in mixes.items()}, "chosen": chosen, "kl": kl_of[mix]}  # fmt: skip
+           "baseline_kl": {k: kl_of[m] for k, m in mixes.items()}, "chosen": chosen, "kl": kl_of[mix],
+           "uniform_gap": None if gap is None else gap._asdict() | {"shown": gap.shown}}  # fmt: skip
     if req.kind is BudgetKind.GGUF:
         row["gguf_bits"] = cost_model.average(mix, BudgetKind.GGUF)
     if text is not None:

@@ -99,6 +99,16 @@ def measure_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int,
     return Table(_fill(fitness, levels, base, measured), tuple(measured))
 
 
+def probe_of(fitness: Fitness, levels: tuple[int, ...], table: Table) -> Table:
+    """The PROBE table that a table scored at the lowest level already holds: that level as scored, every other level
+    extrapolated from it (no scoring; the same values `measure_table(..., PROBE)` gives on the same windows)."""
+    p = probe_level(levels)
+    if p not in table.measured:
+        raise ValueError(f"the table did not score width {p}")
+    base = table.values[0][-1]
+    return Table(_fill(fitness, levels, base, {p: [row[0] for row in table.values]}), (p,))
+
+
 def _fill(fitness: Fitness, levels: tuple[int, ...], base: float, measured: dict[int, list[float]]) -> list[list[float]]:
     """Every layer's row: the scored levels as scored, the top as `base`, each other level extrapolated from the
     highest scored level p below it: s(r) = s(top) + max(0, s(p) − s(top)) · t(r) / t(p)."""
