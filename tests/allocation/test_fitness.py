@@ -46,6 +46,22 @@ def test_kl_is_the_all_at_once_formula(setup):
     assert fitness.tokens >= 4 * 63
 
 
+def test_window_kls_are_each_windows_kl(setup):
+    """window_kls: one KL per window from one pass (its chunks never straddle two windows), each the window's mean
+    of the brute-force per-token KL; kl is their mean. Same tolerance as above."""
+    fitness, reference, windows, parent = setup
+    mix = tuple(4 if i % 2 else 3 for i in range(len(fitness.names)))
+    chosen = (5, 1, 2, 0, 4)  # more than one batch of 4, out of order
+    got = fitness.window_kls(mix, chosen)
+    candidate = matgptq.load(parent, bits=dict(zip(fitness.names, mix)))
+    with torch.no_grad():
+        logp = F.log_softmax(reference(windows[list(chosen)]).logits[:, :-1].double(), -1)
+        logq = F.log_softmax(candidate(windows[list(chosen)]).logits[:, :-1].double(), -1)
+    want = (logp.exp() * (logp - logq)).sum(-1).mean(-1).tolist()
+    assert got == pytest.approx(want, rel=1e-5)
+    assert fitness.kl(mix, chosen) == pytest.approx(sum(got) / len(got), rel=1e-12)
+
+
 def test_bfloat16_scoring_is_the_formula_on_an_autocast_body(setup):
     """compute_dtype=bfloat16 runs the body under autocast and the head and KL in float32: the all-at-once formula on
     that body's hidden states (the model's own forward, head applied in float64 here), the same tolerance as above.

@@ -1,11 +1,12 @@
-"""Which mix a budget writes: the lowest calibration KL among its candidates, unless that is only noise.
+"""Which mix a budget starts its search from and which it writes: the lowest calibration KL among its candidates,
+unless that is only noise.
 
 The candidates (the evolved mix and every one-shot allocation) are scored on the whole calibration pool, and the
 lowest wins, with one exception. The budget's uniform slice (the widest uniform mix among the candidates) is what a
 user gets without a search; a mix that scores lower on a few thousand calibration tokens may only fit them (the
 sensitivity windows are part of the pool, so an allocation made from them is favoured there). So the lowest
 candidate replaces the uniform slice only when it is shown better window by window: with d_w = F(lowest; w) −
-F(uniform; w) on each of the pool's n windows, scored alone,
+F(uniform; w) on each of the pool's n windows (the pool's scoring gives them: no extra pass),
 
     mean(d) + MARGIN · sd(d) / √n < 0,
 
@@ -21,8 +22,10 @@ import math
 import statistics
 from typing import NamedTuple
 
+from ..evaluation.perplexity import score
+from .budget import BudgetKind, CostModel
 from .fitness import Fitness, Mix
-from .spread import score_all
+from .spread import score_all, score_windows
 
 MARGIN = 2.0
 
@@ -40,27 +43,73 @@ class Gap(NamedTuple):
         return self.windows > 1 and self.mean + MARGIN * self.se < 0
 
 
-def paired_gap(fitness: Fitness, lowest: Mix, uniform: Mix, windows: tuple[int, ...], against: str) -> Gap:
-    """`Gap` of `lowest` against `uniform` on `windows`, each window scored alone in float32 for both mixes."""
-    d = []
-    with fitness.exact():
-        for w in windows:
-            a, b = score_all(fitness, (lowest, uniform), (w,))
-            d.append(a - b)
+def paired_gap(lowest: list[float], uniform: list[float], against: str) -> Gap:
+    """`Gap` of the per-window scores `lowest` against `uniform` (the same windows, in the same order)."""
+    d = [a - b for a, b in zip(lowest, uniform, strict=True)]
     se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.inf
     return Gap(against, statistics.fmean(d), se, len(d))
 
 
-def choose(fitness: Fitness, candidates: dict[str, Mix], kl_of: dict[Mix, float],
-           windows: tuple[int, ...]) -> tuple[str, Gap | None]:  # fmt: skip
-    """The label of the written mix among `candidates` (scored in `kl_of`; ties go to the first), and the paired test
-    that decided against the uniform slice (None where the lowest is the uniform slice or there is none)."""
-    lowest = min(candidates, key=lambda k: kl_of[candidates[k]])
+def choose(candidates: dict[str, Mix], per_window: dict[Mix, list[float]]) -> tuple[str, Gap | None]:
+    """The label of the written mix among `candidates` (each scored per window in `per_window`; ties go to the
+    first), and the paired test that decided against the uniform slice (None where the lowest is the uniform slice
+    or there is none)."""
+    kl = {m: statistics.fmean(v) for m, v in per_window.items()}  # as Fitness.kl averages them
+    lowest = min(candidates, key=lambda k: kl[candidates[k]])
     uniform = [k for k, m in candidates.items() if len(set(m)) == 1]
     if not uniform:
         return lowest, None
     slice_ = max(uniform, key=lambda k: candidates[k][0])  # every candidate fits: the widest is the budget's slice
     if candidates[lowest] == candidates[slice_]:
         return lowest, None
-    gap = paired_gap(fitness, candidates[lowest], candidates[slice_], windows, slice_)
+    gap = paired_gap(per_window[candidates[lowest]], per_window[candidates[slice_]], slice_)
     return (lowest if gap.shown else slice_), gap
+
+
+def report(fitness: Fitness, cost_model: CostModel, kind: BudgetKind, label: str, mixes: dict[str, Mix], state,
+           start_kind: str, all_windows: tuple[int, ...], held_out, batch_size: int) -> tuple[dict, Mix]:  # fmt: skip
+    """A budget's summary row and written mix. Score the evolved parent (`state.parent`) and every one-shot allocation
+    (the start among them) on the whole calibration pool, and choose the budget's output (`choose`: the lowest,
+    unless the uniform slice is not shown worse): the written mix is never worse there than a baseline the search
+    could have returned, and not replaced by a mix that only fits the pool. The stages score each generation on a few thousand fresh tokens; at budgets where candidates
+    differ by less than that sample's noise, the generations can drift to a mix that is worse on the whole pool than
+    where they began. The choice is made on calibration tokens only; the held-out `--text` scores are reported for
+    the knapsack, the evolved and the written mix."""
+    text, text_teacher = held_out
+    dp_mix = mixes["knapsack"]
+    candidates = {"search": state.parent, **mixes}  # ties go to the first
+    unique = list(dict.fromkeys(candidates.values()))
+    with fitness.exact():
+        per_window = dict(zip(unique, score_windows(fitness, unique, all_windows)))
+    kl_of = {m: statistics.fmean(v) for m, v in per_window.items()}  # = Fitness.kl
+    chosen, gap = choose(candidates, per_window)
+    mix = candidates[chosen]
+    row = {"budget": label, "kind": kind.value, "code_bits": cost_model.average(mix, BudgetKind.CODE),
+           "storage_bits": cost_model.average(mix, BudgetKind.STORAGE), "start": start_kind,
+           "dp_kl": kl_of[dp_mix], "start_kl": kl_of[state.start], "search_kl": kl_of[state.parent],
+           "search_code_bits": cost_model.average(state.parent, BudgetKind.CODE),
+           "search_storage_bits": cost_model.average(state.parent, BudgetKind.STORAGE),
+           "baseline_kl": {k: kl_of[m] for k, m in mixes.items()}, "chosen": chosen, "kl": kl_of[mix],
+           "uniform_gap": None if gap is None else gap._asdict() | {"shown": gap.shown}}  # fmt: skip
+    if kind is BudgetKind.GGUF:
+        row["gguf_bits"] = cost_model.average(mix, BudgetKind.GGUF)
+    if text is not None:
+        text_of = {}
+        for m in dict.fromkeys((dp_mix, state.parent, mix)):
+            fitness.apply(m)
+            text_of[m] = score(fitness.model, text, text_teacher, batch_size)
+        for key, m in (("dp_text", dp_mix), ("search_text", state.parent), ("text", mix)):
+            row[f"{key}_ppl"], row[f"{key}_kl"] = text_of[m].ppl, text_of[m].kl
+    return row, mix
+
+
+def first_parent(fitness: Fitness, mixes: dict[str, Mix], windows: tuple[int, ...]) -> tuple[Mix, str, int]:
+    """The search's first parent: the one-shot allocation that scores lowest on the sensitivity windows, the
+    knapsack mix on a tie (an additive model can misjudge a network far from linear; the search then never starts
+    behind a plain slice or another allocator); and how many mixes were scored to choose it."""
+    unique = list(dict.fromkeys(mixes.values()))
+    if len(unique) == 1:
+        return unique[0], "knapsack", 0
+    kl_of = dict(zip(unique, score_all(fitness, unique, windows)))
+    label = min(mixes, key=lambda k: kl_of[mixes[k]])
+    return mixes[label], label, len(unique)

@@ -23,6 +23,7 @@ computes; their outputs, filled lazily by the scorings themselves, are replayed 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -133,12 +134,18 @@ class Fitness:
         outputs = [[] for _ in self.batches(windows)] if fits else None
         return PrefixCache(tuple(mix), tuple(windows), outputs, self.compute_dtype)
 
-    @torch.no_grad()
     def kl(self, mix: Mix, windows: tuple[int, ...], cache: PrefixCache | None = None,
            replaced: tuple[int, torch.Tensor] | None = None) -> float:  # fmt: skip
-        """F(mix; windows): mean KL per predicted token. `replaced` = (layer index, weight as [out, in]):
-        that layer computes with this weight instead of its slice, for this scoring only (noise probes,
-        allocators.py); the prefix cache then replays only the blocks before the layer's block."""
+        """F(mix; windows): mean KL per predicted token, the mean of `window_kls` (every window has L − 1 predicted
+        positions)."""
+        return statistics.fmean(self.window_kls(mix, windows, cache, replaced))
+
+    @torch.no_grad()
+    def window_kls(self, mix: Mix, windows: tuple[int, ...], cache: PrefixCache | None = None,
+                   replaced: tuple[int, torch.Tensor] | None = None) -> list[float]:  # fmt: skip
+        """F(mix; {w}) for each window w of `windows`, from one pass over them all. `replaced` = (layer index, weight
+        as [out, in]): that layer computes with this weight instead of its slice, for this scoring only (noise
+        probes, allocators.py); the prefix cache then replays only the blocks before the layer's block."""
         self.apply(mix)
         skip = until = 0  # replay blocks < skip from the cache; record blocks skip..until−1 into it
         if cache is not None:
@@ -154,17 +161,20 @@ class Fitness:
         with weight_swapped(self.model, self.names[replaced[0]], self.spec, replaced[1]):  # (fused experts too)
             return self._scored(windows, cache, skip, until)
 
-    def _scored(self, windows: tuple[int, ...], cache: PrefixCache | None, skip: int, until: int) -> float:
-        """The mean KL per predicted token of the model as it stands, replaying and recording as `kl` decided."""
-        total, count = 0.0, 0
+    def _scored(self, windows: tuple[int, ...], cache: PrefixCache | None, skip: int, until: int) -> list[float]:
+        """Each window's mean KL per predicted token, the model as it stands, replaying and recording as
+        `window_kls` decided."""
+        sums, first = [0.0] * len(windows), 0
         for b, batch in enumerate(self.batches(windows)):
             sink = cache.outputs[b] if until > skip else None
             hidden = self._hidden(batch, cache.outputs[b][skip - 1] if skip else None, skip, sink, until)
-            total += sum(float(kl) for kl in self.chunk_kls(batch, hidden))
-            count += hidden.shape[0]
+            for position, kl in self.chunk_kls(batch, hidden):
+                sums[first + position] += float(kl)
+            first += len(batch)
+        rows = self.windows.shape[1] - 1
         self.evaluations += 1
-        self.tokens += count
-        return total / count
+        self.tokens += rows * len(windows)
+        return [s / rows for s in sums]
 
     @torch.no_grad()
     def run(self, windows: tuple[int, ...]) -> None:
@@ -231,22 +241,25 @@ class Fitness:
             self._terms_bytes += terms.nbytes
         return terms
 
-    def chunk_kls(self, batch: list[int], hidden: torch.Tensor) -> Iterator[torch.Tensor]:
-        """Σ over the rows of each chunk of `hidden` (the final hidden states of `batch`, rows in window order) of
-        KL(p ‖ q), as float64 scalars differentiable in `hidden`: the formula of the module docstring, or, for
-        soft-capped logits (Gemma 2/3, not affine in h), Σ_v p_v (log p_v − log q_v) from both distributions."""
-        step = self.chunk_rows
+    def chunk_kls(self, batch: list[int], hidden: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+        """(i, Σ over the rows of one chunk of KL(p ‖ q)) for chunks of `hidden` (the final hidden states of `batch`,
+        rows in window order) that never straddle two windows, i the window's position in `batch`; float64 scalars
+        differentiable in `hidden`: the formula of the module docstring, or, for soft-capped logits (Gemma 2/3, not
+        affine in h), Σ_v p_v (log p_v − log q_v) from both distributions."""
+        step, per = self.chunk_rows, hidden.shape[0] // len(batch)
         if self.head.softcap is None:
             terms = WindowTerms.cat([self.window_terms(w) for w in batch])
         else:
             ref = torch.cat([self.teacher.hidden(w, w + 1) for w in batch])
-        for c0 in range(0, hidden.shape[0], step):
-            h = hidden[c0 : c0 + step]
-            if self.head.softcap is None:
-                rows = slice(c0, c0 + h.shape[0])
-                lse = torch.logsumexp(self.head(h).float(), -1).double()
-                yield (terms.const[rows] - (h.double() * terms.g[rows]).sum(-1) + lse * terms.mass[rows]).sum()
-            else:
-                logp = self.teacher.logprobs(ref[c0 : c0 + step]).to(self.device)
-                logq = torch.log_softmax(self.head(h).float(), -1)
-                yield (logp.exp() * (logp - logq)).sum(dtype=torch.float64)
+        for i in range(len(batch)):
+            for c0 in range(i * per, (i + 1) * per, step):
+                c1 = min(c0 + step, (i + 1) * per)
+                h = hidden[c0:c1]
+                if self.head.softcap is None:
+                    lse = torch.logsumexp(self.head(h).float(), -1).double()
+                    rows = slice(c0, c1)
+                    yield i, (terms.const[rows] - (h.double() * terms.g[rows]).sum(-1) + lse * terms.mass[rows]).sum()
+                else:
+                    logp = self.teacher.logprobs(ref[c0:c1]).to(self.device)
+                    logq = torch.log_softmax(self.head(h).float(), -1)
+                    yield i, (logp.exp() * (logp - logq)).sum(dtype=torch.float64)

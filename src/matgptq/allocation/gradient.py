@@ -105,7 +105,7 @@ class _BlockPass:
                 final = fitness.body(ids)[:, :-1].reshape(-1, fitness.body.hidden_size).to(fitness.head.weight.dtype)
                 leaf = final.detach().requires_grad_()
                 total = 0.0
-                for kl in fitness.chunk_kls(batch, leaf):  # chunk by chunk, the gradient accumulating in leaf.grad
+                for _, kl in fitness.chunk_kls(batch, leaf):  # chunk by chunk, the gradient accumulating in leaf.grad
                     kl.backward()
                     total += float(kl.detach())
                 final.backward(leaf.grad)

@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..evaluation.perplexity import score
 from ..evaluation.teacher import Teacher
 from ..execution import init_from_env, native_bfloat16, resolve_device
 from ..formats import is_checkpoint, read_checkpoint
@@ -38,12 +37,12 @@ from ..models import eval_windows, file_sha256, load_tokenizer, read_text, requi
 from ..runtime import load
 from .allocators import Allocator, baseline_mixes, raise_floors, tables
 from .budget import BudgetKind, CostModel, parse_budget
-from .choice import choose
+from .choice import first_parent, report
 from .evopress import EvoConfig, evolve, format_stages
 from .fitness import Fitness, Mix
 from .plot import plot_mix, require_matplotlib
 from .sensitivity import Sensitivity
-from .spread import is_writer, score_all
+from .spread import is_writer
 from .timing import Clock, report_guess, tables_deadline, text_windows
 
 MIX_FORMAT = "matgptq-mix"
@@ -218,7 +217,7 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     label, limit = budget
     mixes = baseline_mixes(cost_model, filled, _own(req), _others(req), limit, req.kind)
     t_start = time.perf_counter()
-    start, start_kind, scored = _start(fitness, mixes, sens_windows)
+    start, start_kind, scored = first_parent(fitness, mixes, sens_windows)
     if scored:
         clock.per_window = (time.perf_counter() - t_start) / (scored * len(sens_windows))
     all_windows = tuple(range(fitness.windows.shape[0]))
@@ -227,8 +226,9 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
                    state_path(req.out, label), settings, req.resume, req.progress,
                    weights=cost_model.total_weights, deadline=deadline)  # fmt: skip
     t_report = time.perf_counter()
-    row, mix = _report(req, label, cost_model, fitness, mixes, state, start_kind, all_windows, *held_out)
-    scorings = len(set(mixes.values()) | {state.parent}) + (0 if row["uniform_gap"] is None else 2)
+    row, mix = report(fitness, cost_model, req.kind, label, mixes, state, start_kind, all_windows, held_out,
+                      req.batch_size)
+    scorings = len(set(mixes.values()) | {state.parent})
     clock.per_window = (time.perf_counter() - t_report) / (scorings * len(all_windows) + text_windows(held_out))
     seconds = time.perf_counter() - t0
     row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(seconds, 1),
@@ -311,53 +311,6 @@ def run_search(req: SearchRequest) -> list[dict]:
         if text_teacher is not None:
             text_teacher.close()
     return rows
-
-
-def _report(req, label, cost_model, fitness, mixes: dict[str, Mix], state, start_kind: str, all_windows, text,
-            text_teacher) -> tuple[dict, Mix]:  # fmt: skip
-    """Score the evolved parent and every one-shot allocation (the start among them) on the whole calibration pool,
-    and choose the budget's output (choice.py: the lowest, unless the uniform slice is not shown worse): the written
-    mix is never worse there than a baseline the search could have returned, and not replaced by a mix that only
-    fits the pool. The stages score each generation on a few thousand fresh tokens; at budgets where candidates
-    differ by less than that sample's noise, the generations can drift to a mix that is worse on the whole pool than
-    where they began. The choice is made on calibration tokens only; the held-out `--text` scores are reported for
-    the knapsack, the evolved and the written mix."""
-    dp_mix = mixes["knapsack"]
-    candidates = {"search": state.parent, **mixes}  # ties go to the first
-    unique = list(dict.fromkeys(candidates.values()))
-    with fitness.exact():
-        kl_of = dict(zip(unique, score_all(fitness, unique, all_windows)))
-    chosen, gap = choose(fitness, candidates, kl_of, all_windows)
-    mix = candidates[chosen]
-    row = {"budget": label, "kind": req.kind.value, "code_bits": cost_model.average(mix, BudgetKind.CODE),
-           "storage_bits": cost_model.average(mix, BudgetKind.STORAGE), "start": start_kind,
-           "dp_kl": kl_of[dp_mix], "start_kl": kl_of[state.start], "search_kl": kl_of[state.parent],
-           "search_code_bits": cost_model.average(state.parent, BudgetKind.CODE),
-           "search_storage_bits": cost_model.average(state.parent, BudgetKind.STORAGE),
-           "baseline_kl": {k: kl_of[m] for k, m in mixes.items()}, "chosen": chosen, "kl": kl_of[mix],
-           "uniform_gap": None if gap is None else gap._asdict() | {"shown": gap.shown}}  # fmt: skip
-    if req.kind is BudgetKind.GGUF:
-        row["gguf_bits"] = cost_model.average(mix, BudgetKind.GGUF)
-    if text is not None:
-        text_of = {}
-        for m in dict.fromkeys((dp_mix, state.parent, mix)):
-            fitness.apply(m)
-            text_of[m] = score(fitness.model, text, text_teacher, req.batch_size)
-        for key, m in (("dp_text", dp_mix), ("search_text", state.parent), ("text", mix)):
-            row[f"{key}_ppl"], row[f"{key}_kl"] = text_of[m].ppl, text_of[m].kl
-    return row, mix
-
-
-def _start(fitness: Fitness, mixes: dict[str, Mix], windows: tuple[int, ...]) -> tuple[Mix, str, int]:
-    """The search's first parent: the one-shot allocation that scores lowest on the sensitivity windows, the
-    knapsack mix on a tie (an additive model can misjudge a network far from linear; the search then never starts
-    behind a plain slice or another allocator); and how many mixes were scored to choose it."""
-    unique = list(dict.fromkeys(mixes.values()))
-    if len(unique) == 1:
-        return unique[0], "knapsack", 0
-    kl_of = dict(zip(unique, score_all(fitness, unique, windows)))
-    label = min(mixes, key=lambda k: kl_of[mixes[k]])
-    return mixes[label], label, len(unique)
 
 
 def _write_mix(req, label, row, cost_model, state, mixes: dict[str, Mix], mix: Mix, settings,

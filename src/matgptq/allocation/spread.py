@@ -3,8 +3,8 @@
 
 Every rank runs the same search: the same seed gives every rank the same random draws, so the same children and
 windows. Only the scorings are split: candidate i of a batch (a stage's pool, the sensitivity table's layers) is
-scored on rank i mod N, and one all-reduce of a float64 vector — zero except at a rank's own entries — gives every
-rank every score. Adding exact zeros changes no value, and each candidate is scored by the same arithmetic as in a
+scored on rank i mod N, and one all-reduce of a float64 array (a row of per-window scores per candidate) — zero
+except at a rank's own rows — gives every rank every score. Adding exact zeros changes no value, and each candidate is scored by the same arithmetic as in a
 single process, so with the same threads per process the search takes the same path and ends with the same mix
 (tests/allocation/test_spread.py). What every rank still does in full: the teacher pass, the teacher terms of the windows
 it scores and the held-out report, so the speed-up is below N where those dominate; each rank fills its own prefix
@@ -14,6 +14,7 @@ the search state and the mix files; a resumed run reads the state on rank 0 and 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 
 import torch
@@ -26,18 +27,24 @@ from .fitness import Fitness, Mix, PrefixCache
 def score_all(fitness: Fitness, mixes: Sequence[Mix], windows: tuple[int, ...], cache: PrefixCache | None = None,
               on_scored: Callable[[], None] | None = None) -> list[float]:  # fmt: skip
     """F(mix; windows) for every mix, each computed on one rank and known to all; `on_scored` after each local one."""
+    return [statistics.fmean(row) for row in score_windows(fitness, mixes, windows, cache, on_scored)]
+
+
+def score_windows(fitness: Fitness, mixes: Sequence[Mix], windows: tuple[int, ...], cache: PrefixCache | None = None,
+                  on_scored: Callable[[], None] | None = None) -> list[list[float]]:  # fmt: skip
+    """F(mix; {w}) for every mix and each window w (Fitness.window_kls), dealt across ranks as `score_all`."""
     rank, size = world()
     if size == 1:
         scores = []
         for m in mixes:
-            scores.append(fitness.kl(m, windows, cache))
+            scores.append(fitness.window_kls(m, windows, cache))
             if on_scored:
                 on_scored()
         return scores
-    box = torch.zeros(len(mixes), dtype=torch.float64, device=fitness.device)
+    box = torch.zeros(len(mixes), len(windows), dtype=torch.float64, device=fitness.device)
     mine = range(rank, len(mixes), size)
     for i in mine:
-        box[i] = fitness.kl(mixes[i], windows, cache)
+        box[i] = torch.tensor(fitness.window_kls(mixes[i], windows, cache), dtype=torch.float64)
         if on_scored:
             on_scored()
     dist.all_reduce(box)

@@ -46,9 +46,8 @@ def text_windows(held_out) -> int:
 
 
 def report_guess(clock: Clock, mixes: int, windows: tuple[int, ...], held_out) -> float:
-    """Seconds the report of `mixes` mixes will take, from the latest measured time per window (0 before any): their
-    scorings, two more for the written mix's test against the uniform slice (choice.py), the held-out text."""
-    return (clock.per_window or 0.0) * ((mixes + 2) * len(windows) + text_windows(held_out))
+    """Seconds the report of `mixes` mixes will take, from the latest measured time per window (0 before any)."""
+    return (clock.per_window or 0.0) * (mixes * len(windows) + text_windows(held_out))
 
 
 def tables_deadline(clock: Clock, minutes: float | None, fitness, top: int, mixes: int, budgets: int,
