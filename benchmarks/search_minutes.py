@@ -379,7 +379,9 @@ def readme_block(data: dict) -> str:
         format_table(["budget", *(LABELS[w] for w in written), "best one-shot allocation"], rows), "",
         "`search`: the probe table (each layer scored at its lowest width, the rest extrapolated) as the start; "
         "`full`: every layer scored at every width on one 256-token window (`--sensitivity full "
-        "--sensitivity-tokens 255`). `additive` is the same table on two windows, about 20 minutes a seed.",
+        "--sensitivity-tokens 255`). `additive` is the same table on two windows, about 20 minutes a seed. The "
+        "`search` runs were measured before the written mix's test against the uniform slice "
+        "(`allocation/choice.py`), the `full` runs with it.",
     ])  # fmt: skip
 
 
