@@ -143,7 +143,7 @@ def _cpu(cells: dict, before: str, after: str) -> str:
 def defaults_block(data: dict) -> str:
     """docs/guide/quantize.md's table of defaults: each method's value (METHOD_DEFAULTS, the code) and, for GPTQ, what
     the ablation measured for it on SmolLM2-135M-Instruct at g128 (docs/results/gptq_defaults.json)."""
-    from matgptq.quantization.config import METHOD_DEFAULTS, Method
+    from matgptq.quantization.config import METHOD_DEFAULTS, CalibConfig, Method
 
     cells = _cells(data)
     show = lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v)  # noqa: E731
@@ -161,28 +161,36 @@ def defaults_block(data: dict) -> str:
          "`matgptq-parent` → `matgptq-parent-gar-refit` (with group act-order): " + parent("matgptq-parent-gar-refit")),
         ("`--mse`, `--mse-weighted`", " / ".join(show(METHOD_DEFAULTS[m]["mse"] and METHOD_DEFAULTS[m]["mse_weighted"])
                                                for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN)),
-         "the scale searched, its error weighted by H_kk; GPTQ, `gar` → `gar-mse-w-refit` (with the refit): "
-         + _step(cells, "gar", "gar-mse-w-refit") + "; a parent, `matgptq-parent` → `matgptq-parent-gar-mse-w-refit` "
+         "the scale searched, its error weighted by H_kk; GPTQ, `gar` → `gar-mse-w-refit` (with the refit"
+         + (", the defaults: the `default` row's seeds" if _default_row(parent=False) == "gar-mse-w-refit" else "")
+         + "): " + _step(cells, "gar", "default" if _default_row(parent=False) == "gar-mse-w-refit"
+                         else "gar-mse-w-refit") + "; a parent, `matgptq-parent` → `matgptq-parent-gar-mse-w-refit` "
          "(off for a parent, for its CPU time): " + parent("matgptq-parent-gar-mse-w-refit")),
         ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; GPTQModel's 0.05 instead, the other defaults "
          "kept (`default` → `gar-mse-w-refit-damp0.05`): " + _step(cells, "default", "gar-mse-w-refit-damp0.05")),
         ("`--dtype`", "auto / auto / auto", "the model's own dtype; calibrating a float32 model in bfloat16 instead "
          "(`default` → `gar-mse-w-refit-bf16`, the same options; GPTQModel's CPU dtype): "
          + _step(cells, "default", "gar-mse-w-refit-bf16") + _cpu(cells, "default", "gar-mse-w-refit-bf16")),
+        ("`--nsamples` × `--seqlen`", f"{CalibConfig.nsamples} × {CalibConfig.seqlen}", "the calibration size; the "
+         "ablation's rows calibrate on 64 × 512, the same 32,768 tokens: → 128 × 256 (`gar-mse-w-refit-128x256`): "
+         + _step(cells, "default", "gar-mse-w-refit-128x256") + _cpu(cells, "default", "gar-mse-w-refit-128x256")
+         + "; → 128 × 512, twice the tokens (`gar-mse-w-refit-128x512`): "
+         + _step(cells, "default", "gar-mse-w-refit-128x512") + _cpu(cells, "default", "gar-mse-w-refit-128x512")),
     ]  # fmt: skip
     lines = ["| option | gptq / matgptq / rtn | why (SmolLM2-135M-Instruct, g128; [gptq_defaults](../results/gptq_defaults.md)) |",
              "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]  # fmt: skip
-    lines += ["", "`--nsamples` and `--seqlen` were not ablated."]
     return "\n".join(lines)
 
 
-def _default_parent() -> str | None:
-    """The parent row whose spelled-out options are `--method matgptq`'s defaults today (METHOD_DEFAULTS), if any."""
+def _default_row(parent: bool) -> str | None:
+    """The row (a parent row, or a GPTQ row without a calibration size of its own) whose spelled-out options are
+    `--method matgptq`'s or `--method gptq`'s defaults today (METHOD_DEFAULTS), if any."""
     from matgptq.quantization.config import METHOD_DEFAULTS, Method
 
-    want = {**ALL, **{k: v for k, v in METHOD_DEFAULTS[Method.MATGPTQ].items() if k in ALL}}
+    want = {**ALL, **{k: v for k, v in METHOD_DEFAULTS[Method.MATGPTQ if parent else Method.GPTQ].items() if k in ALL}}
     spelled = lambda r: {**ALL, **{k: v for k, v in ROWS[r].items() if k != "method"}}  # noqa: E731
-    return next((r for r in ROWS if is_parent(r) and spelled(r) == want), None)
+    return next((r for r in ROWS if isinstance(ROWS[r], dict) and is_parent(r) == parent and spelled(r) == want),
+                None)  # fmt: skip
 
 
 def readme_block(data: dict, pipeline: dict) -> str:
@@ -190,7 +198,7 @@ def readme_block(data: dict, pipeline: dict) -> str:
     its cost from `pipeline` (bench_pipeline.json)."""
     cells = _cells(data)
     peers = [p for p in ("gptqmodel", "llmcompressor", "llmcompressor-g64") if any(k[0] == p for k in cells)]
-    default_parent = _default_parent()
+    default_parent = _default_row(parent=True)
     parent = any(k[0] == default_parent for k in cells)  # its slices, the parent made with no options either
     head = ("| bits | matgptq, no options | " + f"MatGPTQ parent ({PARENT_WIDTHS}), its slice, no options | " * parent
             + " | ".join(PEER_LABELS[p] for p in peers) + " | ours / best peer |")  # fmt: skip

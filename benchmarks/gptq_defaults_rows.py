@@ -23,6 +23,12 @@ ROWS = {
     "gar-mse-w-refit-damp0.05": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "damp": 0.05},
     "gar-mse-w-refit-not-seq": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True,
                                 "true_sequential": False},
+    # the defaults' options with another calibration size than the script's --nsamples x --seqlen: the CLI's own
+    # default (the same tokens in shorter windows), and twice the tokens
+    "gar-mse-w-refit-128x256": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "nsamples": 128,
+                                "seqlen": 256},
+    "gar-mse-w-refit-128x512": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "nsamples": 128,
+                                "seqlen": 512},
     "gar-bf16": {**GAR, "dtype": "bfloat16"},
     "ao-static": {"act_order": True, "static_groups": True},
     "ao-static-damp0.05": {"act_order": True, "static_groups": True, "damp": 0.05},
@@ -42,14 +48,19 @@ PEER_LABELS = {"gptqmodel": "GPTQModel 7.6.0 (its defaults)", "llmcompressor": "
                "llmcompressor-g64": "llm-compressor 0.14 (its defaults) at g64"}
 
 
+CALIBRATION = ("nsamples", "seqlen")  # a row that sets these replaces the script's own
+
+
 def options(row: dict) -> list[str]:
-    """The command-line options of a row, every option of ALL spelled out."""
-    s = {**ALL, **{k: v for k, v in row.items() if k != "method"}}
+    """The command-line options of a row, every option of ALL spelled out (and the row's calibration size, if any:
+    the last occurrence of an option is the one the command takes)."""
+    s = {**ALL, **{k: v for k, v in row.items() if k != "method" and k not in CALIBRATION}}
+    calibration = [x for k in CALIBRATION if k in row for x in (f"--{k}", str(row[k]))]
     out = [f"--{'' if s[k] else 'no-'}{k.replace('_', '-')}" for k in ("group_act_order", "mse", "mse_weighted",
                                                                         "refit_scales")]  # fmt: skip
     out += ["--act-order"] * s["act_order"] + ["--static-groups"] * s["static_groups"]
     out += [] if s["true_sequential"] else ["--no-true-sequential"]
-    return out + ["--damp", str(s["damp"]), "--dtype", s["dtype"]]
+    return out + ["--damp", str(s["damp"]), "--dtype", s["dtype"], *calibration]
 
 
 def is_parent(row: str) -> bool:
