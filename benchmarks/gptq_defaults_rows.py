@@ -24,11 +24,13 @@ ROWS = {
     "gar-mse-w-refit-not-seq": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True,
                                 "true_sequential": False},
     # the defaults' options with another calibration size than the script's --nsamples x --seqlen: the CLI's own
-    # default (the same tokens in shorter windows), and twice the tokens
+    # default (the same tokens in shorter windows), and twice the tokens in longer windows or in more of them
     "gar-mse-w-refit-128x256": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "nsamples": 128,
                                 "seqlen": 256},
     "gar-mse-w-refit-128x512": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "nsamples": 128,
                                 "seqlen": 512},
+    "gar-mse-w-refit-256x256": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "nsamples": 256,
+                                "seqlen": 256},
     "gar-bf16": {**GAR, "dtype": "bfloat16"},
     "ao-static": {"act_order": True, "static_groups": True},
     "ao-static-damp0.05": {"act_order": True, "static_groups": True, "damp": 0.05},

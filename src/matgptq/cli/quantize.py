@@ -76,7 +76,9 @@ def add_parser(sub) -> None:
                    help="quantize all Linears of a block from the same inputs")  # fmt: skip
     q.add_argument("--calib", help="calibration text file (UTF-8); required except for --method rtn")
     q.add_argument("--calib-range", type=fraction_range, default="0:1", help="character range START:END of --calib")
-    q.add_argument("--nsamples", type=int, default=CalibConfig.nsamples, help="number of calibration windows")
+    q.add_argument("--nsamples", type=int, default=CalibConfig.nsamples,
+                   help="number of calibration windows (for the same tokens, more and shorter windows measured "
+                        "better: docs/guide/quantize.md#defaults)")  # fmt: skip
     q.add_argument("--seqlen", type=int, default=CalibConfig.seqlen, help="tokens per calibration window")
     q.add_argument("--seed", type=int, default=0, help="seed for drawing the windows")
     q.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
