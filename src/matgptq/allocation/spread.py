@@ -4,12 +4,13 @@
 Every rank runs the same search: the same seed gives every rank the same random draws, so the same children and
 windows. Only the scorings are split: candidate i of a batch (a stage's pool, the sensitivity table's layers) is
 scored on rank i mod N, and one all-reduce of a float64 array (a row of per-window scores per candidate) — zero
-except at a rank's own rows — gives every rank every score. Adding exact zeros changes no value, and each candidate is scored by the same arithmetic as in a
-single process, so with the same threads per process the search takes the same path and ends with the same mix
-(tests/allocation/test_spread.py). What every rank still does in full: the teacher pass, the teacher terms of the windows
-it scores and the held-out report, so the speed-up is below N where those dominate; each rank fills its own prefix
-cache from its own scorings (fitness.py), which changes no score. Rank 0 alone writes
-the search state and the mix files; a resumed run reads the state on rank 0 and hands it to the others.
+except at a rank's own rows — gives every rank every score. Adding exact zeros changes no value, and each candidate
+is scored by the same arithmetic as in a single process, so with the same threads per process the search takes the
+same path and ends with the same mix (tests/allocation/test_spread.py). What every rank still does in full: the
+teacher pass, the teacher terms of the windows it scores and the held-out report, so the speed-up is below N where
+those dominate; each rank fills its own prefix cache from its own scorings (fitness.py), which changes no score.
+Rank 0 alone writes the search state and the mix files; a resumed run reads the state on rank 0 and hands it to the
+others.
 """
 
 from __future__ import annotations
