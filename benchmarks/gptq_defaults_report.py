@@ -146,6 +146,7 @@ def defaults_block(data: dict) -> str:
     from matgptq.quantization.config import METHOD_DEFAULTS, CalibConfig, Method
 
     cells = _cells(data)
+    defaults_row = _default_row(parent=False) == "gar-mse-w-refit"  # its seeds are the `default` row's
     show = lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v)  # noqa: E731
     # an option a method does not have (RTN's damping) shows as "-"
     value = lambda k: " / ".join(show(METHOD_DEFAULTS[m][k]) if k in METHOD_DEFAULTS[m] else "-"  # noqa: E731
@@ -162,9 +163,8 @@ def defaults_block(data: dict) -> str:
         ("`--mse`, `--mse-weighted`", " / ".join(show(METHOD_DEFAULTS[m]["mse"] and METHOD_DEFAULTS[m]["mse_weighted"])
                                                for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN)),
          "the scale searched, its error weighted by H_kk; GPTQ, `gar` → `gar-mse-w-refit` (with the refit"
-         + (", the defaults: the `default` row's seeds" if _default_row(parent=False) == "gar-mse-w-refit" else "")
-         + "): " + _step(cells, "gar", "default" if _default_row(parent=False) == "gar-mse-w-refit"
-                         else "gar-mse-w-refit") + "; a parent, `matgptq-parent` → `matgptq-parent-gar-mse-w-refit` "
+         + (", the defaults: the `default` row's seeds" if defaults_row else "") + "): "
+         + _step(cells, "gar", "default" if defaults_row else "gar-mse-w-refit") + "; a parent, `matgptq-parent` → `matgptq-parent-gar-mse-w-refit` "
          "(off for a parent, for its CPU time): " + parent("matgptq-parent-gar-mse-w-refit")),
         ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; GPTQModel's 0.05 instead, the other defaults "
          "kept (`default` → `gar-mse-w-refit-damp0.05`): " + _step(cells, "default", "gar-mse-w-refit-damp0.05")),

@@ -169,16 +169,19 @@ def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], 
             Allocator.NOISE: lambda: noise_table(fitness, levels, windows, seed, progress),
             Allocator.ERROR: lambda: error_table(fitness, levels, windows),
             Allocator.GRADIENT: lambda: {u: first_order_table(fitness, levels, windows, u) for u in floors}}  # fmt: skip
-    if Allocator.ADDITIVE in allocators:
-        fill[Allocator.PROBE] = lambda: probe_of(fitness, levels, Table(out[Allocator.ADDITIVE].table,
-                                                                        out[Allocator.ADDITIVE].measured))  # fmt: skip
+    derived = Allocator.PROBE in allocators and Allocator.ADDITIVE in allocators
     out = {}
-    last = (Allocator.ADDITIVE, Allocator.PROBE)  # PROBE may be read off ADDITIVE
-    for a in sorted((a for a in allocators if a in fill), key=lambda a: last.index(a) + 1 if a in last else 0):
+    for a in sorted((a for a in allocators if a in fill), key=lambda a: a is Allocator.ADDITIVE):
+        if derived and a is Allocator.PROBE:
+            continue
         t0 = time.perf_counter()
         table = fill[a]()
         seconds = time.perf_counter() - t0
         out[a] = Filled(table.values, seconds, table.measured) if isinstance(table, Table) else Filled(table, seconds)
+    if derived:
+        full = out[Allocator.ADDITIVE]
+        probe = probe_of(fitness, levels, Table(full.table, full.measured))
+        out[Allocator.PROBE] = Filled(probe.values, 0.0, probe.measured)
     return out
 
 
