@@ -77,6 +77,27 @@ def test_free_block_releases_the_weights(tmp_path):
     assert all(p.device.type == "meta" for p in lazy.blocks[0].parameters())
 
 
+def test_outside_tensors_released_and_read_again(tmp_path):
+    """free_outside puts the embeddings, final norm and (tied) lm_head on meta and lets go of their memory;
+    load_outside reads them again as `open` did (the oracle: from_pretrained) and ties lm_head again."""
+    path = make_tiny_llama(tmp_path / "m")
+    cfg = (path / "config.json").read_text().replace('"tie_word_embeddings": false', '"tie_word_embeddings": true')
+    (path / "config.json").write_text(cfg)
+    lazy = LazyModel.open(path)
+    lazy.load_block(0, torch.device("cpu"))
+    lazy.free_outside()
+    outside = [(n, p) for n, p in lazy.model.named_parameters(remove_duplicate=False) if ".layers." not in n]
+    assert {n for n, _ in outside} >= {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+    assert all(p.device.type == "meta" for _, p in outside)
+    assert all(p.device.type == "cpu" for p in lazy.blocks[0].parameters())  # the blocks are left alone
+    lazy.load_outside()
+    assert lazy.model.lm_head.weight is lazy.model.model.embed_tokens.weight
+    want = load_fp_model(path).state_dict()
+    for n, p in lazy.model.named_parameters():
+        if ".layers." not in n:
+            assert torch.equal(p, want[n]), n
+
+
 def test_files_not_covering_the_parameters_are_not_streamable(tmp_path):
     """A weight stored under another name: transformers would warn and initialise it; streaming declines (None)."""
     path = make_tiny_llama(tmp_path / "m")

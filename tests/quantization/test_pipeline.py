@@ -184,3 +184,22 @@ def test_skip_leaves_matching_linears_unquantized():
     layers, _, _ = quantize_model(model, windows(), make_config("gptq", 4, skip=(r"mlp\.down_proj$",)), progress=False)
     assert not any("down_proj" in n for n in layers) and len(layers) == 2 * 6
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if "down_proj" in n)
+
+
+def test_a_streamed_run_holds_no_tensor_outside_the_blocks_while_they_are_quantized(tmp_path):
+    """With a source (models/lazy.py) the embeddings, final norm and lm_head are on meta from the first block read to
+    the last freed, and are back (as from_pretrained loads them) when quantize_model returns."""
+    from matgptq.models import load_fp_model
+    from matgptq.models.lazy import LazyModel
+    from tests.conftest import make_tiny_llama
+
+    path = make_tiny_llama(tmp_path / "m", layers=3)
+    lazy = LazyModel.open(path)
+    outside = lambda: {p.device.type for n, p in lazy.model.named_parameters() if ".layers." not in n}  # noqa: E731
+    seen, load = [], lazy.load_block
+    lazy.load_block = lambda i, device: seen.append(outside()) or load(i, device)
+    windows = torch.randint(0, 512, (4, 32), generator=torch.Generator().manual_seed(0))
+    quantize_model(lazy.model, windows, make_config("gptq", 4, group_size=32), progress=False, source=lazy)
+    assert seen == [{"meta"}] * 3
+    want = load_fp_model(path).state_dict()
+    assert all(torch.equal(p, want[n]) for n, p in lazy.model.named_parameters() if ".layers." not in n)

@@ -5,7 +5,9 @@ are created where transformers creates them and moved to meta at once, as accele
 `init_empty_weights(include_buffers=False)` does; buffers such as rotary frequencies are computed as usual), then
 reads the tensors outside the decoder blocks (embeddings, final norm, lm_head) from the files. `load_block(i, device)`
 reads block i's tensors straight from the shards onto `device` and `free_block(i)` puts them back on meta, so at
-most one block's weights are resident: memory ≈ embeddings + lm_head + one block, whatever the depth.
+most one block's weights are resident: memory ≈ embeddings + lm_head + one block, whatever the depth. The
+quantization pipeline needs the tensors outside the blocks only for the first block's inputs: `free_outside()` puts
+them on meta meanwhile and `load_outside()` reads them again, so while blocks are quantized memory ≈ one block.
 
 The values are those `from_pretrained` loads: the same file tensors cast to each parameter's dtype (the requested
 dtype, else config.json's, else that of the first floating tensor, transformers' "auto" rule), tied weights tied
@@ -168,8 +170,23 @@ class LazyModel:
 
     def free_block(self, i: int) -> None:
         """Block i's parameters back on meta: their memory is released."""
-        block = self.blocks[i]
-        for module in block.modules():
-            for name, param in list(module._parameters.items()):
-                if param is not None:
-                    module._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
+        _to_meta(self.blocks[i].modules())
+
+    def free_outside(self) -> None:
+        """The parameters outside the blocks (embeddings, final norm, lm_head) back on meta, while only the blocks are
+        needed; every module's own, so a tied lm_head lets go of the embeddings too."""
+        inside = {id(m) for block in self.blocks for m in block.modules()}
+        _to_meta(m for m in self.model.modules() if id(m) not in inside)
+
+    def load_outside(self) -> None:
+        """The parameters outside the blocks read again from the files (on the CPU, as `open` reads them), tied again."""
+        self._load(lambda n: not n.startswith(f"{self.spec.blocks}."), torch.device("cpu"))
+        self.model.tie_weights()
+
+
+def _to_meta(modules) -> None:
+    """Each module's own parameters replaced by meta ones: their memory is released once nothing else holds it."""
+    for module in modules:
+        for name, param in list(module._parameters.items()):
+            if param is not None:
+                module._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)

@@ -84,7 +84,7 @@ def damped_hessian(hessian: torch.Tensor, damp: float, dtype=torch.float64) -> t
     h = hessian.to(dtype).clone()
     dead = torch.diag(h) == 0
     h[dead, dead] = 1
-    h += damp * torch.diag(h).mean() * torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    h.diagonal().add_(damp * torch.diag(h).mean())
     return h, dead
 
 

@@ -112,11 +112,14 @@ def group_aware_order(diag: torch.Tensor, group_size: int) -> torch.Tensor:
 def inverse_hessian_factor(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
     """Upper Cholesky factor of (H + δ·mean(diag H)·I)⁻¹, increasing δ ×10 (up to 1) until H is positive definite."""
     mean_diag = torch.diag(h).mean()
-    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
-    while True:
-        chol, info = torch.linalg.cholesky_ex(h + damp * mean_diag * eye)
+    while True:  # the damping added on the diagonal of one copy: no [K, K] identity or sum besides it
+        damped = h.clone()
+        damped.diagonal().add_(damp * mean_diag)
+        chol, info = torch.linalg.cholesky_ex(damped)
+        del damped
         if info.item() == 0:
             hinv = torch.cholesky_inverse(chol)
+            del chol
             upper, info = torch.linalg.cholesky_ex(hinv, upper=True)
             if info.item() == 0 and torch.isfinite(upper).all():
                 return upper, damp
@@ -178,7 +181,7 @@ def gptq_quantize(
     group_order = group_order and not act_order
     perm = processing_order(torch.diag(h), group_size, act_order, group_order)
     if perm is not None:
-        w, h = w[:, perm], h[perm][:, perm]
+        w, h = w[:, perm], h[perm[:, None], perm]
         col_weights = None if col_weights is None else col_weights[perm]
     u, damp = inverse_hessian_factor(h, damp)
     grid = GroupGrid(rounding, sym, mse, signed, col_weights, lattice, lattice_d)
