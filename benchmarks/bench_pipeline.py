@@ -45,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._harness import child_env, header, load_json, run_measured, write_page
+from benchmarks._harness import child_env, header, load_json, machine, run_measured, write_page
 
 TOOLS = ("matgptq-cli", "matgptq-cli-bf16", "matgptq", "matgptq-bf16", "matgptq-348", "matgptq-348-bf16", "gptqmodel",
          "llmcompressor")  # fmt: skip
@@ -180,7 +180,8 @@ def main() -> None:
         r = results[-1]
         print(f"  {tool}: {'ok' if r['ok'] else 'FAILED (see ' + str(work / (tool + '.log')) + ')'} "
               f"wall {r['wall']:.0f} s, CPU {r['cpu']:.0f} s, peak RSS {r['rss_gb']:.2f} GB", flush=True)
-    data = {"args": vars(args), "load_average_start": load_start, "load_average": os.getloadavg(), "results": results}
+    data = {"args": vars(args), "machine": machine(), "load_average_start": load_start, "load_average": os.getloadavg(),
+            "results": results}  # fmt: skip
     print("\n" + tables(data))
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=2))
@@ -194,11 +195,14 @@ def page(data: dict) -> str:
     a = data["args"]
     load = [f"{data['load_average_start']:.2f} at the start"] if "load_average_start" in data else []
     load += [f"{data['load_average'][0]:.2f} at the end"] if data.get("load_average") else []
+    m = data.get("machine")
+    where = f" Measured on {m['cpu']} ({m['cores']} cores) at commit {m['commit']}." if m else ""
     return "\n".join([header("benchmarks/bench_pipeline.py", "bench_pipeline.json"),
                       "# End-to-end quantization: matgptq against GPTQModel and llm-compressor", "",
                       f"{a['model']}: {a['nsamples']} x {a['seqlen']} tokens (seed {a['seed']}, {a['calib']} "
                       f"[{a['calib_range']}]), GPTQ {a['bits']}-bit g{a['group_size']} sym, {a['threads']} threads per "
-                      f"tool{', load average ' if load else ''}{' and '.join(load)}.", "", tables(data)])  # fmt: skip
+                      f"tool{', load average ' if load else ''}{' and '.join(load)}.{where}", "",
+                      tables(data)])  # fmt: skip
 
 
 def tables(data: dict) -> str:
