@@ -280,7 +280,9 @@ def _cost_sentence(pipeline: dict) -> str:
     got = [(by_tool[t], what) for t, what in rows if t in by_tool]
     if not peer or not got:
         return ""
-    return (f" At {a['bits']} bits g{a['group_size']}, end to end in one run ([bench_pipeline]"
+    m = data.get("machine")
+    where = f" on {m['cpu']} ({m['cores']} cores)" if m else ""
+    return (f" At {a['bits']} bits g{a['group_size']}, end to end in one run{where} ([bench_pipeline]"
             "(docs/results/bench_pipeline.md)): " + "; ".join(
         f"{what}, {c['cpu'] / peer['cpu']:.2f}× GPTQModel's CPU time and {c['rss_gb'] / peer['rss_gb']:.2f}× its "
         "peak memory" for c, what in got) + ".")  # fmt: skip
