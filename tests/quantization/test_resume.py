@@ -156,3 +156,19 @@ def test_a_width_mix_resumes_in_memory_reading_each_layer_at_its_width(deep, tmp
         matgptq.quantize(deep, out, **{**args, "bits_config": {**mix, "*": 5}}, resume=True)
     matgptq.quantize(deep, out, resume=True, **args)
     _same_checkpoint(whole, out)
+
+
+def test_a_state_saved_at_another_batch_size_is_refused(deep, tmp_path, monkeypatch):
+    """The saved hidden states are per forward batch: a state from a run with another default batch size (an older
+    version's 4,096 tokens) is refused in one line naming the setting, not read as damaged or mixed in."""
+    from matgptq.quantization import pipeline
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(pipeline, "BATCH_TOKENS", 4 * ARGS["seqlen"])
+    _stop_after(monkeypatch, 2)
+    with pytest.raises(_Stop):
+        matgptq.quantize(deep, out, **ARGS)
+    monkeypatch.undo()
+    with pytest.raises(UserError, match=r"other settings \(batch_tokens\)"):
+        matgptq.quantize(deep, out, resume=True, **ARGS)
+    assert not out.exists()

@@ -61,6 +61,11 @@ BATCH_TOKENS = 1024
 BATCH_TOKENS_GPU = 4096
 
 
+def batch_tokens_on(device: torch.device) -> int:
+    """The default calibration tokens per forward batch on `device` (BATCH_TOKENS above)."""
+    return BATCH_TOKENS if device.type == "cpu" else BATCH_TOKENS_GPU
+
+
 @dataclass
 class StageTimes(PassTimes):
     """Where a run's seconds went (benchmarks): forward passes, Hessian accumulation, solver, error report."""
@@ -259,7 +264,7 @@ def quantize_model(
         windows = shard(windows, rank, size)
     home = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
     device = torch.device(device) if device is not None else home
-    batch_tokens = batch_tokens or (BATCH_TOKENS if device.type == "cpu" else BATCH_TOKENS_GPU)
+    batch_tokens = batch_tokens or batch_tokens_on(device)
     batch = max(1, batch_tokens // windows.shape[1])
     inputs: Inputs = _block_inputs(model, spec, windows, batch, device, home) if needs_data else []
     if source is not None:

@@ -26,7 +26,7 @@ from ..models import (
 from ..models.lazy import LazyModel
 from .config import CalibConfig, Method, MethodConfig
 from .layer import LayerReport
-from .pipeline import quantize_model
+from .pipeline import batch_tokens_on, quantize_model
 from .resume import BlockState
 
 EXPERT_POLICY = "an expert with n < K routed tokens (K: input width) gets H = (n·H_own + (K − n)·H_mean) / K"
@@ -153,10 +153,12 @@ def _run_settings(model, cfg: MethodConfig, calib_cfg: CalibConfig, calib, windo
     """What a quantization's result depends on, for refusing to resume another run's state: the model (its path,
     config and weight files' sizes and times — hashing a large model's shards would take long), the options, the
     calibration text (its hash, or the windows' when given as strings), the dtype and the kind of device (float
-    summation order). Streaming or not changes nothing (tested), so it is not recorded."""
+    summation order, as does the forward batch: a state saved at another batch size also holds other batches).
+    Streaming or not changes nothing (tested), so it is not recorded."""
     files = sorted(Path(model).glob("*.safetensors"))
     return {"model": str(Path(model).resolve()), "config": (Path(model) / "config.json").read_text(),
             "weights": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files],
             "quantization": cfg.to_json(), "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range)},
             "calib_sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None,
-            "windows": [list(windows.shape), int(windows.sum())], "dtype": dtype, "device": device.type}  # fmt: skip
+            "windows": [list(windows.shape), int(windows.sum())], "dtype": dtype, "device": device.type,
+            "batch_tokens": batch_tokens_on(device)}  # fmt: skip
