@@ -41,7 +41,7 @@ CUDA = device.startswith("cuda")
 import matgptq
 from matgptq.formats.staged import StagedCheckpoint
 from matgptq.models.lazy import LazyModel
-from matgptq.quantization import layer, passes, pipeline, resume
+from matgptq.quantization import hessian, layer, passes, pipeline, resume
 from matgptq.quantization import run as qrun
 
 stages, blocks, active, times = {}, [], [], {}
@@ -85,7 +85,7 @@ wrap(pipeline, "_solve", "solve_wall", sync_before=True, done=layer_done)
 wrap(layer, "gptq_quantize", "gptq")  # synchronised inside _solve's timing: StageTimes.solver is the device's
 wrap(layer, "refit_master", "refit")
 wrap(layer, "with_width_scales", "width_scales")
-wrap(passes._Accumulator, "add", "hessian_add")  # synchronised inside the hook's timing: StageTimes.hessian
+wrap(hessian.Accumulator, "add", "hessian_add")  # synchronised inside the hook's timing: StageTimes.hessian
 wrap(StagedCheckpoint, "write_block", "sink_write")
 wrap(StagedCheckpoint, "assemble", "assemble")
 wrap(resume.BlockState, "save", "state_save")

@@ -33,14 +33,11 @@ Four ways to cut the cost of those passes without changing a single result bit:
 
 tests/quantization/test_passes.py pins the equality of all four against the plain pipeline for every architecture.
 
-Hessian accumulation (the running mean of IST-DASLab/gptq `add_batch`): for each batch of n_new rows,
-H ← H·n_old/(n_old+n_new) + (√(2/n)·X)ᵀ(√(2/n)·X) with n = n_old + n_new, in float32. XᵀX is symmetric, so only
-its column blocks on and above the diagonal are multiplied and the rest mirrored (`add_gram`).
+The Hessians are accumulated batch by batch (hessian.py).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -52,6 +49,7 @@ from torch import nn
 from ..errors import UserError
 from ..models import ArchSpec, get_blocks
 from ..models.experts import FusedExperts, parse
+from .hessian import Accumulator
 
 Inputs = list[tuple[torch.Tensor, dict]]  # per batch of windows: (hidden states, keyword arguments of the block)
 
@@ -67,39 +65,6 @@ class PassTimes:
     forward: float = 0.0
     hessian: float = 0.0
     forward_passes: int = 0  # block runs (a stopped run counts as one)
-
-
-@dataclass
-class _Accumulator:
-    hessian: torch.Tensor | None = None
-    rows: int = 0
-
-    def add(self, x: torch.Tensor) -> None:
-        x = x.detach().reshape(-1, x.shape[-1]).float()
-        if self.hessian is None:
-            self.hessian = torch.zeros(x.shape[1], x.shape[1], device=x.device)
-        n_old, n_new = self.rows, x.shape[0]
-        self.hessian.mul_(n_old / (n_old + n_new))
-        self.rows = n_old + n_new
-        add_gram(self.hessian, x * math.sqrt(2 / self.rows))
-
-
-# Columns per block of `add_gram`. A [1024, K] batch on 2 cores (ms per product, full XᵀX vs blocks of K/2, K/4,
-# K/8, K/16): K = 576: 4.0, 3.3, 2.7, 2.6, 3.3; K = 1536: 34.5, 32.8, 22.2, 21.6, 20.5; K = 4096: 205, 188, 187,
-# 158, 138 (the whole product is K²·rows multiply-adds; the blocks, ≈ K²·rows·(1 + 1/parts)/2).
-GRAM_BLOCK = 256
-
-
-def add_gram(h: torch.Tensor, x: torch.Tensor) -> None:
-    """h += xᵀx for x [rows, K] and a symmetric h (a running Hessian), in place: for each block of GRAM_BLOCK
-    columns a:b, the products with the columns from a on are added into h's rows a:b (the blocks on and above the
-    diagonal), and the part right of the diagonal block is copied below it. About half the multiply-adds of one xᵀx,
-    no temporary; the same sums up to float32 summation order."""
-    k = x.shape[1]
-    for a in range(0, k, GRAM_BLOCK):
-        b = min(a + GRAM_BLOCK, k)
-        h[a:b, a:].addmm_(x[:, a:b].T, x[:, a:])
-        h[b:, a:b] = h[a:b, b:].T
 
 
 class Collected(NamedTuple):
@@ -137,7 +102,7 @@ class _Collector:
     zeroed: str | None = None  # the layer whose output is replaced by zeros (not computed) and whose input is kept
     kept: list[torch.Tensor] = field(default_factory=list)
     owner: dict[str, int] = field(default_factory=dict)  # layer name -> index of its accumulator
-    accumulators: list[_Accumulator] = field(default_factory=list)
+    accumulators: list[Accumulator] = field(default_factory=list)
     arity: int = 0  # length of the output tuple of the module the pass ends at (`until`)
     _zeros: torch.Tensor | None = None  # this batch's substituted output of the zeroed layer
     _seen: list[tuple[torch.Tensor, int]] = field(default_factory=list)  # this batch's distinct inputs
@@ -157,7 +122,7 @@ class _Collector:
             if index is None:  # a new input in this batch: the layer's own accumulator (a new one on first sight)
                 index = self.owner.get(name, len(self.accumulators))
                 if index == len(self.accumulators):
-                    self.accumulators.append(_Accumulator())
+                    self.accumulators.append(Accumulator())
                 if any(i == index for _, i in self._seen):
                     raise RuntimeError(f"{name} shared its input inconsistently across calibration batches")
                 self._seen.append((x, index))
