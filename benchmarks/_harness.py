@@ -83,15 +83,31 @@ def measured_child(cmd: list[str], threads: int, log: Path) -> dict:
     return row
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's processor string."""
+    import platform
+
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str | None:
+    """The short commit of this tree, or None outside a git checkout."""
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                          text=True)  # fmt: skip
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
 def machine() -> dict:
     """What a timing depends on beyond the code: the CPU model (a BLAS may take slower paths on another vendor's
-    CPUs), the cores, and the commit measured."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), None) if Path("/proc/cpuinfo").is_file() else None  # fmt: skip
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    commit = done.stdout.strip() + ("+changes" if dirty.stdout.strip() else "") if done.returncode == 0 else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "commit": commit}
+    CPUs), the cores, and the commit measured (+changes: with uncommitted changes to tracked files)."""
+    commit = git_commit()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=Path(__file__).parent,
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "commit": commit and commit + ("+changes" if dirty else "")}
 
 
 def header(script: str, *sources: str) -> str:

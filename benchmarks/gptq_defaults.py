@@ -75,11 +75,11 @@ def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Pa
 
 def measured_at() -> str:
     """When and on which commit of this tree a quantization ran (the page names the rows measured on another)."""
-    import subprocess
     import time
 
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    return f"{time.strftime('%Y-%m-%d', time.gmtime())} at {rev.strip() or 'an unknown commit'}"
+    from benchmarks._harness import git_commit
+
+    return f"{time.strftime('%Y-%m-%d', time.gmtime())} at {git_commit() or 'an unknown commit'}"
 
 def dense_model(path: Path, bits: int | None = None):
     """The model a checkpoint holds (a parent's `bits`-bit slice), every weight dense float32: `matgptq.load` for

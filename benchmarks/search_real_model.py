@@ -41,7 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks._harness import ROOT, child_env, run_measured
+from benchmarks._harness import ROOT, child_env, cpu_name, run_measured
 from benchmarks.real_model_table import DEFAULT_MODEL, SHARED, WIKI, evaluate, quantize
 from benchmarks.search_real_model_report import PARENTS, RUNS, TABLE_JSON, publish
 from benchmarks.search_results import random_search, search_fitness
@@ -62,17 +62,6 @@ def parent_digest(parent: Path) -> str:
                 h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
                 h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), or the platform's processor string."""
-    import platform
-
-    cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def build_parser() -> argparse.ArgumentParser:
