@@ -82,6 +82,9 @@ PAGES = (
                "the uniform slices and the knapsack start on held-out text, 3 seeds"),
     Page("search_minutes", ("search_minutes.json",), block="README.md#search-minutes", render="readme_block",
          about="the README's search result: all eight budgets in 10 minutes against the one-shot allocations"),
+    Page("search_long", ("search_long.json",), md="search_long.md",
+         about="SmolLM2-135M-Instruct: the search given its default 25 generations from the measured additive start, "
+               "against every one-shot allocation of the same run, at the fractional budgets"),
     Page("research.matgptq_ablation", ("ablation.json",), md="ablation.md", render="stories_page",
          about="stories260K: the MatGPTQ variants against per-width GPTQ, over calibration seeds"),
     Page("research.matgptq_ablation", ("ablation_real_model.json",), md="ablation_real_model.md", render="real_model_page",

@@ -142,18 +142,18 @@ def measure_seed(parent: Path, work: Path, seed: int, minutes: float) -> dict:
 
 
 def search_child(parent: Path, work: Path, seed: int, recipe: list[str], name: str,
-                 minutes: float | None = None) -> dict:  # fmt: skip
-    """One measured `matgptq search` child of all budgets of seed `seed` (under --time-limit `minutes`, when given)
+                 minutes: float | None = None, budgets: tuple[str, ...] = BUDGETS) -> dict:  # fmt: skip
+    """One measured `matgptq search` child of `budgets` of seed `seed` (under --time-limit `minutes`, when given)
     into work/name; its usage and mix files."""
     mixes = work / name
     limit = [] if minutes is None else ["--time-limit", f"{minutes:g}"]
-    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(BUDGETS), "--calib", str(TEXT),
+    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(budgets), "--calib", str(TEXT),
            "--calib-range", calib_range(seed), *limit, "--seed", str(seed), "--out", str(mixes), "--quiet",
            "--overwrite", *recipe]  # fmt: skip
     usage = measured_child(cmd, torch.get_num_threads(), work / f"{name}.log")
     if not usage["ok"]:
         raise SystemExit(f"the search {name} failed: {usage['error']}")
-    return {"usage": usage, "bodies": {b: json.loads((mixes / f"mix-{b}.json").read_text()) for b in BUDGETS}}
+    return {"usage": usage, "bodies": {b: json.loads((mixes / f"mix-{b}.json").read_text()) for b in budgets}}
 
 
 def timing(body: dict) -> dict:

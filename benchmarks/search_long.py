@@ -1,0 +1,148 @@
+"""The search given time (issue #44 item 2): on SmolLM2-135M-Instruct, does the evolution, run at its default size from
+the measured additive start, go below the best one-shot allocation at the fractional budgets?
+
+search_minutes.py shows the 10-minute runs tying the best one-shot allocation: they have time for the tables and
+almost no generation. This script gives the evolution its default size instead and no time limit.
+
+Protocol (search_minutes.py's parent, calibration ranges, held-out text and scoring; every baseline made in the same
+child, on the same parent and calibration):
+  search    per seed s, one measured child process (wall, CPU, peak RSS):
+              matgptq search PARENT --budget {BUDGETS} --calib wiki.test --calib-range (0.5 + 0.15·s):1
+                --seed s {RECIPE}
+            i.e. every layer scored at every width on one 256-token window (the measured additive model: the
+            knapsack start), the one-shot baselines below, then EvoPress with its defaults (25 generations,
+            16 offspring, stages 512:4,2048:2,4096:1) on the default 16,384-token calibration pool, and the written
+            mix chosen on that pool (allocation/choice.py)
+  scoring   on the first 4 × 1024 tokens of the first half of WikiText-2 test (never calibrated on), float32, KL to
+            the float32 model and perplexity:
+              uniform    the widest uniform slice within the budget
+              additive   the knapsack start: every layer scored alone at every width, knapsack
+              probe      the probe table read off the additive table's lowest width, knapsack
+              noise      ExLlamaV3's noise injection (two probes per layer, power law, knapsack)
+              error      llama.cpp's --target-bpw idea: imatrix-weighted weight error, knapsack
+              gradient   first order at the uniform slice under the budget, the knapsack above it
+              evolved    where the 25 generations ended
+              written    what the mix file says to use
+            the written mix against the best one-shot allocation (the lowest mean held-out KL of the first six), a tie
+            within the larger of the two seed spreads (search_baselines.verdict)
+Resumable: each budget's search state stays in --work/long-seed-S (the child runs with --resume), the JSON is written
+after each seed.
+
+    python -m benchmarks.search_long [--seeds 0,1,2] [--budgets 2.5,2.75,3.25,3.5]   # ~25 minutes a budget + ~9 of tables a seed, 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from fractions import Fraction
+from pathlib import Path
+
+import torch
+
+from benchmarks._harness import RESULTS, ROOT, header, load_json, write_page, write_results
+from benchmarks.search_baselines import verdict
+from benchmarks.search_minutes import LEVELS, MODEL, make_parent, score_named, search_child
+from matgptq.allocation import BudgetKind, CostModel
+from matgptq.allocation.allocators import uniform_mix
+from matgptq.execution import format_table
+from matgptq.formats import read_checkpoint
+
+BUDGETS = ("2.5", "2.75", "3.25", "3.5")
+RECIPE = ("--sensitivity", "full", "--sensitivity-tokens", "255", "--baselines", "uniform,probe,noise,error,gradient")
+ONE_SHOT = ("uniform", "additive", "probe", "noise", "error", "gradient")
+KINDS = (*ONE_SHOT, "evolved", "written")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0,1,2", help="search seeds (each also moves the calibration text)")
+    ap.add_argument("--budgets", default=",".join(BUDGETS), help="budgets searched, in one child per seed")
+    ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"), help="search_minutes.py's parent is reused")
+    ap.add_argument("--out", default=str(RESULTS / "search_long.json"), help="the JSON; its page goes beside it")
+    return ap
+
+
+def main() -> None:
+    a = build_parser().parse_args()
+    out, budgets = Path(a.out), a.budgets.split(",")
+    if not MODEL.is_dir():
+        raise SystemExit(f"{MODEL} is missing: run `make real-model` first")
+    work = Path(a.work)
+    parent = make_parent(work)
+    data = load_json(out) if out.is_file() else {}
+    if data.get("recipe") != list(RECIPE):  # seeds of another recipe are not averaged with these
+        data = {"protocol": __doc__, "recipe": list(RECIPE), "seeds": {}}
+    data["protocol"] = __doc__
+    for seed in (int(s) for s in a.seeds.split(",")):
+        data["seeds"][str(seed)] = measure_seed(parent, work, seed, budgets)
+        write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
+    write_page(out.with_suffix(".md"), page(load_json(out)))
+
+
+def measure_seed(parent: Path, work: Path, seed: int, budgets: list[str]) -> dict:
+    """One child searching `budgets` without a time limit, every mix it made scored on the held-out text."""
+    done = search_child(parent, work, seed, [*RECIPE, "--resume"], f"long-seed-{seed}", budgets=tuple(budgets))
+    cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
+    named = {}
+    for b, body in done["bodies"].items():
+        base = body["baseline_bits"]
+        named[b] = {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
+                    "additive": body["dp_bits"], **{k: base[k] for k in ONE_SHOT[2:]},
+                    "evolved": body["search_bits"], "written": body["bits"]}  # fmt: skip
+    scores = score_named(parent, named)
+    return {"usage": done["usage"],
+            "budgets": {b: {"scores": scores[b], "chosen": body["summary"]["chosen"],
+                            "evolution_seconds": body["history"][-1]["seconds"] if body["history"] else 0.0,
+                            **{k: body["summary"][k] for k in ("generations", "evaluations", "tables_seconds")}}
+                        for b, body in done["bodies"].items()}}  # fmt: skip
+
+
+def _stats(xs: list[float], digits: int = 4) -> str:
+    """mean ± sample standard deviation; one seed: its value alone (no spread to show)."""
+    if len(xs) == 1:
+        return f"{xs[0]:.{digits}f}"
+    return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs):.{digits}f}"
+
+
+def page(data: dict) -> str:
+    """docs/results/search_long.md from its JSON."""
+    seeds = sorted(data["seeds"], key=int)
+    runs = [data["seeds"][s] for s in seeds]
+    budgets = [b for b in runs[0]["budgets"] if all(b in r["budgets"] for r in runs)]
+    quality, perplexity, cost = [], [], []
+    one = " (1 seed, no spread)" * (len(seeds) == 1)
+    for b in budgets:
+        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in KINDS}
+        best = min(ONE_SHOT, key=lambda k: statistics.mean(kl[k]))
+        quality.append([b, *(_stats(kl[k]) for k in KINDS), best, verdict(kl["written"], kl[best]) + one,
+                        f"{statistics.mean(kl['written']) / statistics.mean(kl[best]):.2f}×"])  # fmt: skip
+        perplexity.append([b, *(_stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in KINDS)])
+        cost.append([b, "/".join(str(r["budgets"][b]["generations"]) for r in runs),
+                     f"{statistics.mean(r['budgets'][b]['evolution_seconds'] for r in runs):.0f}",
+                     ", ".join(r["budgets"][b]["chosen"] for r in runs)])  # fmt: skip
+    usage = [[s, f"{r['usage']['wall']:.0f}", f"{r['usage']['cpu']:.0f}", f"{r['usage']['rss_gb']:.2f}",
+              f"{r['budgets'][budgets[0]]['tables_seconds']:.0f}", f"{r['usage']['load_average']:.1f}"]
+             for s, r in zip(seeds, runs)]  # fmt: skip
+    protocol = data["protocol"].strip().replace("{BUDGETS}", ",".join(budgets)).replace("{RECIPE}", " ".join(data["recipe"]))
+    return "\n".join([
+        header("benchmarks/search_long.py", "search_long.json"), "# The search given time", "",
+        "```", protocol, "```", "",
+        f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds (one seed: its value)."
+        " More seeds: `--seeds 1,2` adds them to the JSON.", "",
+        "Held-out KL to the float32 model; `written vs best`: the written mix against the best one-shot allocation:", "",
+        format_table(["budget", *KINDS, "best one-shot", "written vs best", "written / best"], quality), "",
+        "Held-out perplexity of the same mixes:", "",
+        format_table(["budget", *KINDS], perplexity), "",
+        "What each budget's evolution cost (its generations' seconds, kept across a resume):", "",
+        format_table(["budget", "generations per seed", "evolution s (mean)", "chosen per seed"], cost), "",
+        "Each child (one per seed, all budgets; tables: the shared tables' seconds, in the first budget):", "",
+        format_table(["seed", "wall s", "CPU s", "peak RSS GB", "tables s", "load"], usage),
+    ])  # fmt: skip
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(2)
+    main()
