@@ -43,7 +43,7 @@ import torch
 
 from benchmarks._harness import RESULTS, ROOT, header, load_json, write_page, write_results
 from benchmarks.search_baselines import verdict
-from benchmarks.search_minutes import LEVELS, MODEL, make_parent, score_named, search_child
+from benchmarks.search_minutes import LEVELS, score_named, search_child, start
 from matgptq.allocation import BudgetKind, CostModel
 from matgptq.allocation.allocators import uniform_mix
 from matgptq.execution import format_table
@@ -67,14 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     a = build_parser().parse_args()
     out, budgets = Path(a.out), a.budgets.split(",")
-    if not MODEL.is_dir():
-        raise SystemExit(f"{MODEL} is missing: run `make real-model` first")
     work = Path(a.work)
-    parent = make_parent(work)
-    data = load_json(out) if out.is_file() else {}
-    if data.get("recipe") != list(RECIPE):  # seeds of another recipe are not averaged with these
-        data = {"protocol": __doc__, "recipe": list(RECIPE), "seeds": {}}
-    data["protocol"] = __doc__
+    parent, data = start(work, out, RECIPE, __doc__)
     for seed in (int(s) for s in a.seeds.split(",")):
         data["seeds"][str(seed)] = measure_seed(parent, work, seed, budgets)
         write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest

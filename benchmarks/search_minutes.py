@@ -99,14 +99,8 @@ def main() -> None:
     a = build_parser().parse_args()
     out = Path(a.out)
     if not a.from_json:
-        if not MODEL.is_dir():
-            raise SystemExit(f"{MODEL} is missing: run `make real-model` first")
         work = Path(a.work)
-        parent = make_parent(work)
-        data = load_json(out) if out.is_file() else {}
-        if data.get("recipe") != list(RECIPE):  # seeds of another recipe are not averaged with these
-            data = {"protocol": __doc__, "recipe": list(RECIPE), "seeds": {}}
-        data["protocol"] = __doc__  # the recipe is the same; the docstring also describes the parts added since
+        parent, data = start(work, out, RECIPE, __doc__)
         for seed in (int(s) for s in a.seeds.split(",")):
             if a.slow_baselines or a.full_start:
                 if str(seed) not in data["seeds"]:
@@ -118,6 +112,20 @@ def main() -> None:
     text = page(load_json(out))
     write_page(out.with_suffix(".md"), text)
     print(text)
+
+
+def start(work: Path, out: Path, recipe: tuple[str, ...], protocol: str) -> tuple[Path, dict]:
+    """The parent (made once in `work`) and the results at `out` of `recipe`: a fresh record where they were made
+    with another (seeds of another recipe are not averaged with these); the protocol is the script's docstring now
+    (the recipe is the same; the docstring may describe parts added since)."""
+    if not MODEL.is_dir():
+        raise SystemExit(f"{MODEL} is missing: run `make real-model` first")
+    parent = make_parent(work)
+    data = load_json(out) if out.is_file() else {}
+    if data.get("recipe") != list(recipe):
+        data = {"recipe": list(recipe), "seeds": {}}
+    data["protocol"] = protocol
+    return parent, data
 
 
 def make_parent(work: Path) -> Path:
