@@ -28,7 +28,8 @@ child, on the same parent and calibration):
 Resumable: each budget's search state stays in --work/long-seed-S (the child runs with --resume), the JSON is written
 after each seed.
 
-    python -m benchmarks.search_long [--seeds 0,1,2] [--budgets 2.5,2.75,3.25,3.5]   # ~25 minutes a budget + ~9 of tables a seed, 2 cores
+    python -m benchmarks.search_long [--seeds 0,1,2] [--budgets 2.5,2.75,3.25,3.5]
+        # on 2 cores: ~9 minutes of tables a seed, then ~25 minutes a budget
 """
 
 from __future__ import annotations
