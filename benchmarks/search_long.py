@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1,2", help="search seeds (each also moves the calibration text)")
     ap.add_argument("--budgets", default=",".join(BUDGETS), help="budgets searched, in one child per seed")
-    ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"), help="search_minutes.py's parent is reused")
+    ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"),
+                    help="where the parent and the searches go (search_minutes.py's parent is reused)")
     ap.add_argument("--out", default=str(RESULTS / "search_long.json"), help="the JSON; its page goes beside it")
     return ap
 
@@ -120,13 +121,15 @@ def page(data: dict) -> str:
     usage = [[s, f"{r['usage']['wall']:.0f}", f"{r['usage']['cpu']:.0f}", f"{r['usage']['rss_gb']:.2f}",
               f"{r['budgets'][budgets[0]]['tables_seconds']:.0f}", f"{r['usage']['load_average']:.1f}"]
              for s, r in zip(seeds, runs)]  # fmt: skip
-    protocol = data["protocol"].strip().replace("{BUDGETS}", ",".join(budgets)).replace("{RECIPE}", " ".join(data["recipe"]))
+    protocol = data["protocol"].strip().replace("{BUDGETS}", ",".join(budgets))
+    protocol = protocol.replace("{RECIPE}", " ".join(data["recipe"]))
     return "\n".join([
         header("benchmarks/search_long.py", "search_long.json"), "# The search given time", "",
         "```", protocol, "```", "",
         f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds (one seed: its value)."
         " More seeds: `--seeds 1,2` adds them to the JSON.", "",
-        "Held-out KL to the float32 model; `written vs best`: the written mix against the best one-shot allocation:", "",
+        "Held-out KL to the float32 model; `written vs best`: the written mix against the best one-shot "
+        "allocation:", "",
         format_table(["budget", *KINDS, "best one-shot", "written vs best", "written / best"], quality), "",
         "Held-out perplexity of the same mixes:", "",
         format_table(["budget", *KINDS], perplexity), "",
