@@ -33,6 +33,7 @@ re-renders the page from the JSON alone).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import sys
@@ -145,6 +146,9 @@ def main() -> None:
         p.error(f"unknown rows {sorted(set(rows) - set(ROWS))}")
     if not (Path(a.model) / "config.json").is_file():
         sys.exit(f"gptq_defaults: error: no model at {a.model}; run `make real-model` first")
+    if any(r.startswith("llmcompressor") for r in rows) and importlib.util.find_spec("compressed_tensors") is None:
+        sys.exit("gptq_defaults: error: scoring llm-compressor's checkpoints needs compressed-tensors in this venv: "
+                 "pip install -c .ci/constraints.txt compressed-tensors")  # fmt: skip
     a.widths = [int(b) for b in a.bits.split(",")]
     run(a, rows, a.widths, [int(g) for g in a.group_sizes.split(",")],
         [int(s) for s in a.seeds.split(",")])  # fmt: skip
