@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._harness import RESULTS, ROOT, header, load_json, write_page, write_results
+from benchmarks._harness import RESULTS, ROOT, header, write_results
 from benchmarks.search_baselines import verdict
 from benchmarks.search_minutes import LEVELS, score_named, search_child, start
 from matgptq.allocation import BudgetKind, CostModel
@@ -74,7 +74,6 @@ def main() -> None:
     for seed in (int(s) for s in a.seeds.split(",")):
         data["seeds"][str(seed)] = measure_seed(parent, work, seed, budgets)
         write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
-    write_page(out.with_suffix(".md"), page(load_json(out)))
 
 
 def measure_seed(parent: Path, work: Path, seed: int, budgets: list[str]) -> dict:
