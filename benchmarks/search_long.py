@@ -56,10 +56,18 @@ ONE_SHOT = ("uniform", "additive", "probe", "noise", "error", "gradient")
 KINDS = (*ONE_SHOT, "evolved", "written")
 
 
+def _list(kind):
+    """An argparse type: comma-separated values of `kind` (argparse names the option and exits 2 otherwise)."""
+    def parse(text: str) -> list:
+        return [kind(x) for x in text.split(",") if x]
+    parse.__name__ = f"comma-separated {kind.__name__} list"
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", default="0,1,2", help="search seeds (each also moves the calibration text)")
-    ap.add_argument("--budgets", default=",".join(BUDGETS), help="budgets searched, in one child per seed")
+    ap.add_argument("--seeds", type=_list(int), default="0,1,2", help="search seeds (each also moves the calibration text)")
+    ap.add_argument("--budgets", type=_list(float), default=",".join(BUDGETS), help="budgets searched, in one child per seed")
     ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"),
                     help="where the parent and the searches go (search_minutes.py's parent is reused)")
     ap.add_argument("--out", default=str(RESULTS / "search_long.json"), help="the JSON; its page goes beside it")
@@ -68,10 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     a = build_parser().parse_args()
-    out, budgets = Path(a.out), a.budgets.split(",")
+    out, budgets = Path(a.out), [f"{b:g}" for b in a.budgets]
     work = Path(a.work)
     parent, data = start(work, out, RECIPE, __doc__)
-    for seed in (int(s) for s in a.seeds.split(",")):
+    for seed in a.seeds:
         data["seeds"][str(seed)] = measure_seed(parent, work, seed, budgets)
         write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
 
