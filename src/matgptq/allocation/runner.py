@@ -243,6 +243,19 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     return row
 
 
+def _check_request(req: SearchRequest) -> None:
+    """Refuse a request that cannot run, before anything is loaded: one UserError naming the option."""
+    if req.seqlen < 2 or req.sensitivity_tokens < 1 or req.batch_size < 1 or req.calib_tokens < 1:
+        raise UserError("--seqlen must be ≥ 2, --calib-tokens, --sensitivity-tokens and --batch-size ≥ 1")
+    if req.time_limit is not None and not req.time_limit > 0:
+        raise UserError(f"--time-limit takes a positive number of minutes, got {req.time_limit:g}")
+    if req.plot:
+        require_matplotlib()
+    if not is_checkpoint(req.parent):
+        raise UserError(f"{req.parent} is not a matgptq parent (no matgptq.json); give the output of "
+                        "`matgptq quantize --method matgptq`")  # fmt: skip
+
+
 def run_search(req: SearchRequest) -> list[dict]:
     """Search every budget of `req`; returns one summary row per budget (also written into its mix file).
 
@@ -252,19 +265,11 @@ def run_search(req: SearchRequest) -> list[dict]:
     its report (the choice on the whole pool, priced at the latest measured time per scored window) ends within the
     share; `--generations` stays the cap. Which generations run then depends on the machine's speed: the row records
     how many did, and `--generations` that number on the same settings gives the same mix."""
-    if req.seqlen < 2 or req.sensitivity_tokens < 1 or req.batch_size < 1 or req.calib_tokens < 1:
-        raise UserError("--seqlen must be ≥ 2, --calib-tokens, --sensitivity-tokens and --batch-size ≥ 1")
-    if req.time_limit is not None and not req.time_limit > 0:
-        raise UserError(f"--time-limit takes a positive number of minutes, got {req.time_limit:g}")
-    if req.plot:
-        require_matplotlib()
+    _check_request(req)
     device = resolve_device(req.device)
     init_from_env(device)  # under torchrun: the scorings are dealt across the processes (spread.py)
     if not is_writer():
         req = replace(req, progress=False)
-    if not is_checkpoint(req.parent):
-        raise UserError(f"{req.parent} is not a matgptq parent (no matgptq.json); give the output of "
-                        "`matgptq quantize --method matgptq`")  # fmt: skip
     ckpt = read_checkpoint(req.parent)
     levels, cost_model, budgets = _budgets(req, ckpt)
     reference = _reference(ckpt, req.reference)
