@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 
 from benchmarks._harness import RESULTS, ROOT, header, write_results
+from benchmarks._search_setup import LEVELS, score_named, search_child, start, stats
 from benchmarks.search_baselines import verdict
-from benchmarks.search_minutes import LEVELS, score_named, search_child, start
 from matgptq.allocation import BudgetKind, CostModel
 from matgptq.allocation.allocators import uniform_mix
 from matgptq.execution import format_table
@@ -102,13 +102,6 @@ def measure_seed(parent: Path, work: Path, seed: int, budgets: list[str]) -> dic
                         for b, body in done["bodies"].items()}}  # fmt: skip
 
 
-def _stats(xs: list[float], digits: int = 4) -> str:
-    """mean ± sample standard deviation; one seed: its value alone (no spread to show)."""
-    if len(xs) == 1:
-        return f"{xs[0]:.{digits}f}"
-    return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs):.{digits}f}"
-
-
 def page(data: dict) -> str:
     """docs/results/search_long.md from its JSON."""
     seeds = sorted(data["seeds"], key=int)
@@ -119,9 +112,9 @@ def page(data: dict) -> str:
     for b in budgets:
         kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in KINDS}
         best = min(ONE_SHOT, key=lambda k: statistics.mean(kl[k]))
-        quality.append([b, *(_stats(kl[k]) for k in KINDS), best, verdict(kl["written"], kl[best]) + one,
+        quality.append([b, *(stats(kl[k]) for k in KINDS), best, verdict(kl["written"], kl[best]) + one,
                         f"{statistics.mean(kl['written']) / statistics.mean(kl[best]):.2f}×"])  # fmt: skip
-        perplexity.append([b, *(_stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in KINDS)])
+        perplexity.append([b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in KINDS)])
         cost.append([b, "/".join(str(r["budgets"][b]["generations"]) for r in runs),
                      f"{statistics.mean(r['budgets'][b]['evolution_seconds'] for r in runs):.0f}",
                      ", ".join(r["budgets"][b]["chosen"] for r in runs)])  # fmt: skip

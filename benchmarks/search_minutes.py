@@ -47,7 +47,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -55,19 +54,17 @@ from pathlib import Path
 import torch
 
 import matgptq
-from benchmarks._harness import RESULTS, ROOT, header, load_json, measured_child, write_page, write_results
+from benchmarks._harness import RESULTS, ROOT, header, load_json, write_page, write_results
+from benchmarks._search_setup import (BUDGETS, LEVELS, MODEL, TEXT, calib_range, score_named, search_child, start,
+                                      stats)
 from benchmarks.search_baselines import verdict
 from matgptq.allocation import BudgetKind, CostModel
 from matgptq.allocation.allocators import uniform_mix
-from matgptq.evaluation.perplexity import score
 from matgptq.evaluation.teacher import Teacher
 from matgptq.execution import format_table
 from matgptq.formats import read_checkpoint
 from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
 
-MODEL = Path.home() / ".cache" / "matgptq" / "SmolLM2-135M-Instruct"  # `make real-model`
-TEXT = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.joined.txt"
-BUDGETS = ("2.5", "2.75", "3.0", "3.25", "3.5", "4.0", "5.0", "6.0")
 RECIPE = ("--sensitivity-tokens", "510", "--calib-tokens", "2040", "--stages", "255:2,510:1", "--offspring", "8",
           "--generations", "100")  # fmt: skip
 FULL = ("--sensitivity", "full", "--sensitivity-tokens", "255")  # --full-start: these replace RECIPE's
@@ -77,8 +74,6 @@ KINDS = ("uniform", "knapsack", "error", "gradient", *SLOW, "full knapsack", "fu
 ONE_SHOT = ("uniform", "knapsack", "error", "gradient", *SLOW, "full knapsack", "full probe")  # what a written mix is held against
 WRITTEN = ("written", "full written")
 LABELS = {"written": "`search` run's mix", "full written": "`full` run's mix"}
-HELD_OUT = (4, 1024)  # windows × tokens from the start of the first half
-LEVELS = tuple(range(2, 9))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,28 +109,6 @@ def main() -> None:
     print(text)
 
 
-def start(work: Path, out: Path, recipe: tuple[str, ...], protocol: str) -> tuple[Path, dict]:
-    """The parent (made once in `work`) and the results at `out` of `recipe`: a fresh record where they were made
-    with another (seeds of another recipe are not averaged with these); the protocol is the script's docstring now
-    (the recipe is the same; the docstring may describe parts added since)."""
-    if not MODEL.is_dir():
-        raise SystemExit(f"{MODEL} is missing: run `make real-model` first")
-    parent = make_parent(work)
-    data = load_json(out) if out.is_file() else {}
-    if data.get("recipe") != list(recipe):
-        data = {"recipe": list(recipe), "seeds": {}}
-    data["protocol"] = protocol
-    return parent, data
-
-
-def make_parent(work: Path) -> Path:
-    parent = work / "parent"
-    if not (parent / "matgptq.json").is_file():
-        matgptq.quantize(MODEL, parent, calib=TEXT, calib_range=(0.5, 1.0), method="matgptq", bits=(3, 4, 8),
-                         group_size=128, nsamples=64, seqlen=512, seed=0, overwrite=True)  # fmt: skip
-    return parent
-
-
 def measure_seed(parent: Path, work: Path, seed: int, minutes: float) -> dict:
     """One timed search of all budgets, then every budget's mixes scored on the held-out text."""
     done = search_child(parent, work, seed, list(RECIPE), f"seed-{seed}", minutes)
@@ -147,21 +120,6 @@ def measure_seed(parent: Path, work: Path, seed: int, minutes: float) -> dict:
     scores = score_named(parent, named)
     return {"usage": done["usage"], "budgets": {b: {"scores": scores[b], **timing(body)}
                                                 for b, body in bodies.items()}}  # fmt: skip
-
-
-def search_child(parent: Path, work: Path, seed: int, recipe: list[str], name: str,
-                 minutes: float | None = None, budgets: tuple[str, ...] = BUDGETS) -> dict:  # fmt: skip
-    """One measured `matgptq search` child of `budgets` of seed `seed` (under --time-limit `minutes`, when given)
-    into work/name; its usage and mix files."""
-    mixes = work / name
-    limit = [] if minutes is None else ["--time-limit", f"{minutes:g}"]
-    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(budgets), "--calib", str(TEXT),
-           "--calib-range", calib_range(seed), *limit, "--seed", str(seed), "--out", str(mixes), "--quiet",
-           "--overwrite", *recipe]  # fmt: skip
-    usage = measured_child(cmd, torch.get_num_threads(), work / f"{name}.log")
-    if not usage["ok"]:
-        raise SystemExit(f"the search {name} failed: {usage['error']}")
-    return {"usage": usage, "bodies": {b: json.loads((mixes / f"mix-{b}.json").read_text()) for b in budgets}}
 
 
 def timing(body: dict) -> dict:
@@ -209,10 +167,6 @@ def add_slow(parent: Path, work: Path, seed: int, run: dict, minutes: float) -> 
                    "random_seconds": seconds}  # fmt: skip
 
 
-def calib_range(seed: int) -> str:
-    return f"{0.5 + 0.15 * seed:g}:1"
-
-
 @torch.no_grad()
 def random_mixes(parent: Path, seed: int, evaluations: dict[str, int], seconds: dict) -> dict[str, dict[str, int]]:
     """Per budget, random search with as many scorings as the search made there, on the search's own calibration
@@ -244,34 +198,6 @@ def random_mixes(parent: Path, seed: int, evaluations: dict[str, int], seconds: 
     return out
 
 
-@torch.no_grad()
-def score_named(parent: Path, named: dict[str, dict[str, dict[str, int]]]) -> dict[str, dict]:
-    """{budget: {kind: widths by layer}} → {budget: {kind: held-out KL, perplexity, code bits}}."""
-    tok = load_tokenizer(MODEL)
-    n, seqlen = HELD_OUT
-    windows = eval_windows(tokenize(tok, read_text(TEXT, (0.0, 0.5))), seqlen, n * seqlen)
-    teacher = Teacher(matgptq.load(MODEL), windows)
-    cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
-    model = matgptq.load(parent, bits=8, packed=False)
-    result = {}
-    try:
-        for budget, kinds in named.items():
-            scores = result[budget] = {}
-            for kind, widths in kinds.items():
-                matgptq.set_bits(model, widths)
-                s = score(model, windows, teacher)
-                scores[kind] = {"kl": s.kl, "ppl": s.ppl, "bits": cost.average(tuple(widths[k] for k in cost.names),
-                                                                              BudgetKind.CODE)}  # fmt: skip
-            print(f"{budget}: " + ", ".join(f"{k} {v['kl']:.4f}" for k, v in scores.items()), flush=True)
-    finally:
-        teacher.close()
-    return result
-
-
-def _stats(xs: list[float], digits: int = 4) -> str:
-    return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.{digits}f}"
-
-
 def page(data: dict) -> str:
     """docs/results/search_minutes.md from its JSON."""
     seeds = sorted(data["seeds"], key=int)
@@ -282,8 +208,8 @@ def page(data: dict) -> str:
     for b in BUDGETS:
         kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in kinds}
         best = min((k for k in ONE_SHOT if k in kl), key=lambda k: statistics.mean(kl[k]))
-        quality.append([b, *(_stats(kl[k]) for k in kinds), best, *(verdict(kl[w], kl[best]) for w in written)])
-        perplexity.append([b, *(_stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in kinds)])
+        quality.append([b, *(stats(kl[k]) for k in kinds), best, *(verdict(kl[w], kl[best]) for w in written)])
+        perplexity.append([b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in kinds)])
     protocol = data["protocol"].strip().replace("{RECIPE}", " ".join(data["recipe"])).replace("{FULL}", " ".join(FULL))
     return "\n".join([
         header("benchmarks/search_minutes.py", "search_minutes.json"), "# All eight budgets in minutes",
@@ -340,7 +266,7 @@ def _slow_quality(seeds: list[str], runs: list[dict]) -> list[str]:
     for b in BUDGETS:
         kl = {k: [r["budgets"][b]["scores"][k]["kl"] for _, r in have] for k in (*ONE_SHOT, "written")}
         best = min(ONE_SHOT, key=lambda k: statistics.mean(kl[k]))
-        rows.append([b, *(_stats(kl[k]) for k in (*SLOW, "written")), f"{best} {_stats(kl[best])}",
+        rows.append([b, *(stats(kl[k]) for k in (*SLOW, "written")), f"{best} {stats(kl[best])}",
                      verdict(kl["written"], kl[best]) + " (1 seed, no spread)" * (len(have) == 1)])  # fmt: skip
     return ["", f"The slow baselines, measured for seed{'s' * (len(have) > 1)} {', '.join(s for s, _ in have)} so "
             "far; the written mix of the same seeds against them and the baselines above:", "",
@@ -374,9 +300,9 @@ def readme_block(data: dict) -> str:
     for b in BUDGETS:
         kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in kinds}
         best = min((k for k in ONE_SHOT if k in kl), key=lambda k: statistics.mean(kl[k]))
-        rows.append([b, *(f"{_stats(kl[w], 3)} ({verdict(kl[w], kl[best])}, "
+        rows.append([b, *(f"{stats(kl[w], 3)} ({verdict(kl[w], kl[best])}, "
                           f"{statistics.mean(kl[w]) / statistics.mean(kl[best]):.2f}×)" for w in written),
-                     f"{best}: {_stats(kl[best], 3)}"])  # fmt: skip
+                     f"{best}: {stats(kl[best], 3)}"])  # fmt: skip
     runs_line = "; ".join(f"`{n}` {min(w):.0f}-{max(w):.0f} s" for n, w in walls.items() if len(w) == len(runs))
     return "\n".join([
         f"`python -m benchmarks.search_minutes` on SmolLM2-135M-Instruct, 2 cores, seeds {', '.join(seeds)}: all eight "

@@ -1,0 +1,99 @@
+"""The set-up the SmolLM2 search benchmarks share (search_minutes.py, search_long.py): one MatGPTQ parent of
+SmolLM2-135M-Instruct, each seed's calibration range of WikiText-2 test, one measured `matgptq search` child per run,
+and the scoring of named mixes on held-out text (the first 4 × 1024 tokens of the first half, never calibrated on).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+import matgptq
+from benchmarks._harness import ROOT, load_json, measured_child
+from matgptq.allocation import BudgetKind, CostModel
+from matgptq.evaluation.perplexity import score
+from matgptq.evaluation.teacher import Teacher
+from matgptq.formats import read_checkpoint
+from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
+
+MODEL = Path.home() / ".cache" / "matgptq" / "SmolLM2-135M-Instruct"  # `make real-model`
+TEXT = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.joined.txt"
+BUDGETS = ("2.5", "2.75", "3.0", "3.25", "3.5", "4.0", "5.0", "6.0")
+HELD_OUT = (4, 1024)  # windows × tokens from the start of the first half
+LEVELS = tuple(range(2, 9))
+
+
+def start(work: Path, out: Path, recipe: tuple[str, ...], protocol: str) -> tuple[Path, dict]:
+    """The parent (made once in `work`) and the results at `out` of `recipe`: a fresh record where they were made
+    with another (seeds of another recipe are not averaged with these); the protocol is the script's docstring now
+    (the recipe is the same; the docstring may describe parts added since)."""
+    if not MODEL.is_dir():
+        raise SystemExit(f"{MODEL} is missing: run `make real-model` first")
+    parent = make_parent(work)
+    data = load_json(out) if out.is_file() else {}
+    if data.get("recipe") != list(recipe):
+        data = {"recipe": list(recipe), "seeds": {}}
+    data["protocol"] = protocol
+    return parent, data
+
+
+def make_parent(work: Path) -> Path:
+    parent = work / "parent"
+    if not (parent / "matgptq.json").is_file():
+        matgptq.quantize(MODEL, parent, calib=TEXT, calib_range=(0.5, 1.0), method="matgptq", bits=(3, 4, 8),
+                         group_size=128, nsamples=64, seqlen=512, seed=0, overwrite=True)  # fmt: skip
+    return parent
+
+
+def search_child(parent: Path, work: Path, seed: int, recipe: list[str], name: str,
+                 minutes: float | None = None, budgets: tuple[str, ...] = BUDGETS) -> dict:  # fmt: skip
+    """One measured `matgptq search` child of `budgets` of seed `seed` (under --time-limit `minutes`, when given)
+    into work/name; its usage and mix files."""
+    mixes = work / name
+    limit = [] if minutes is None else ["--time-limit", f"{minutes:g}"]
+    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(budgets), "--calib", str(TEXT),
+           "--calib-range", calib_range(seed), *limit, "--seed", str(seed), "--out", str(mixes), "--quiet",
+           "--overwrite", *recipe]  # fmt: skip
+    usage = measured_child(cmd, torch.get_num_threads(), work / f"{name}.log")
+    if not usage["ok"]:
+        raise SystemExit(f"the search {name} failed: {usage['error']}")
+    return {"usage": usage, "bodies": {b: json.loads((mixes / f"mix-{b}.json").read_text()) for b in budgets}}
+
+
+def calib_range(seed: int) -> str:
+    return f"{0.5 + 0.15 * seed:g}:1"
+
+
+@torch.no_grad()
+def score_named(parent: Path, named: dict[str, dict[str, dict[str, int]]]) -> dict[str, dict]:
+    """{budget: {kind: widths by layer}} → {budget: {kind: held-out KL, perplexity, code bits}}."""
+    tok = load_tokenizer(MODEL)
+    n, seqlen = HELD_OUT
+    windows = eval_windows(tokenize(tok, read_text(TEXT, (0.0, 0.5))), seqlen, n * seqlen)
+    teacher = Teacher(matgptq.load(MODEL), windows)
+    cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
+    model = matgptq.load(parent, bits=8, packed=False)
+    result = {}
+    try:
+        for budget, kinds in named.items():
+            scores = result[budget] = {}
+            for kind, widths in kinds.items():
+                matgptq.set_bits(model, widths)
+                s = score(model, windows, teacher)
+                scores[kind] = {"kl": s.kl, "ppl": s.ppl, "bits": cost.average(tuple(widths[k] for k in cost.names),
+                                                                              BudgetKind.CODE)}  # fmt: skip
+            print(f"{budget}: " + ", ".join(f"{k} {v['kl']:.4f}" for k, v in scores.items()), flush=True)
+    finally:
+        teacher.close()
+    return result
+
+
+def stats(xs: list[float], digits: int = 4) -> str:
+    """mean ± sample standard deviation; one seed: its value alone (no spread to show)."""
+    if len(xs) == 1:
+        return f"{xs[0]:.{digits}f}"
+    return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs):.{digits}f}"
