@@ -85,6 +85,8 @@ PAGES = (
     Page("search_long", ("search_long.json",), md="search_long.md",
          about="SmolLM2-135M-Instruct: the search given its default 25 generations from the measured additive start, "
                "against every one-shot allocation of the same run, at the fractional budgets"),
+    Page("search_long", ("search_long.json",), block="README.md#search-long", render="readme_block",
+         about="the README's long-search result: the written mix against the best one-shot allocation"),
     Page("research.matgptq_ablation", ("ablation.json",), md="ablation.md", render="stories_page",
          about="stories260K: the MatGPTQ variants against per-width GPTQ, over calibration seeds"),
     Page("research.matgptq_ablation", ("ablation_real_model.json",), md="ablation_real_model.md", render="real_model_page",

@@ -140,6 +140,30 @@ def page(data: dict) -> str:
     ])  # fmt: skip
 
 
+def readme_block(data: dict) -> str:
+    """The README's long-search result: per budget, the written mix against the best one-shot allocation."""
+    seeds = sorted(data["seeds"], key=int)
+    runs = [data["seeds"][s] for s in seeds]
+    budgets = [b for b in runs[0]["budgets"] if all(b in r["budgets"] for r in runs)]
+    rows = []
+    for b in budgets:
+        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in KINDS}
+        best = min(ONE_SHOT, key=lambda k: statistics.mean(kl[k]))
+        rows.append([b, f"{stats(kl['written'], 3)} ({verdict(kl['written'], kl[best])}, "
+                        f"{statistics.mean(kl['written']) / statistics.mean(kl[best]):.2f}×)",
+                     f"{best}: {stats(kl[best], 3)}",
+                     f"{statistics.mean(r['budgets'][b]['evolution_seconds'] for r in runs) / 60:.0f}"])  # fmt: skip
+    spread = ("mean ± standard deviation over the seeds; a tie: within the larger deviation" if len(seeds) > 1 else
+              "one seed: no spread yet, so `below` only says lower")  # fmt: skip
+    return "\n".join([
+        f"`python -m benchmarks.search_long` on SmolLM2-135M-Instruct, 2 cores, seeds {', '.join(seeds)}: the default "
+        "evolution (25 generations) from the `full` start, every one-shot allocation made in the same run. Held-out KL "
+        f"to the float model ({spread}) of the written mix against the best "
+        "one-shot allocation ([search_long](docs/results/search_long.md)):", "",
+        format_table(["budget", "written mix", "best one-shot allocation", "evolution minutes"], rows),
+    ])  # fmt: skip
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(2)
