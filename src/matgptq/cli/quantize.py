@@ -35,69 +35,85 @@ def add_parser(sub) -> None:
                    help="matgptq: paper = the published MatGPTQ algorithm (mean error fed back, master scale); "
                         "per-width = one error-feedback track per width; per-width-scales = that plus each width's "
                         "own least-squares scales (docs/guide/quantize.md)")
-    q.add_argument("--group-size", type=int, help="columns per scale group; -1 = one group per output row "
+    _grid_options(q.add_argument_group("grid: how each group of weights is mapped to codes"))
+    _solver_options(q.add_argument_group("solver: GPTQ's column-by-column error feedback"))
+    _calibration_options(q.add_argument_group("calibration"))
+    _run_options(q.add_argument_group("run"))
+
+
+def _grid_options(g) -> None:
+    g.add_argument("--group-size", type=int, help="columns per scale group; -1 = one group per output row "
                                                   f"({method_default('group_size')}; {GGUF_BLOCK} with --target gguf)")
-    sym = q.add_mutually_exclusive_group()
+    sym = g.add_mutually_exclusive_group()
     sym.add_argument("--sym", dest="sym", action="store_true", default=True, help="symmetric grid (default)")
     sym.add_argument("--asym", dest="sym", action="store_false", help="asymmetric grid with an integer zero point")
-    q.add_argument("--act-order", action="store_true", help="quantize columns by decreasing Hessian diagonal")
-    q.add_argument("--group-act-order", action=argparse.BooleanOptionalAction,
-                   help="process whole groups by decreasing Hessian diagonal, and the columns inside each group too "
-                        "(GAR, GPTQModel's act_group_aware): the plain layout, no g_idx; --act-order overrides it "
-                        f"({method_default('group_act_order')})")
-    q.add_argument("--static-groups", action="store_true", help="group scales/zeros from the original weights (before GPTQ updates and act-order)")
-    q.add_argument("--mse", action=argparse.BooleanOptionalAction,
+    g.add_argument("--mse", action=argparse.BooleanOptionalAction,
                    help=f"search the scale on a shrink grid (min L2.4 error) ({method_default('mse')})")
-    q.add_argument("--mse-weighted", action=argparse.BooleanOptionalAction,
+    g.add_argument("--mse-weighted", action=argparse.BooleanOptionalAction,
                    help="weight each column's error in the --mse search by the Hessian diagonal (the inputs' mean "
                         "square: llama.cpp's importance matrix); needs --mse, not with --method rtn "
                         f"({method_default('mse_weighted')})")
-    q.add_argument("--refit-scales", action=argparse.BooleanOptionalAction,
+    g.add_argument("--refit-scales", action=argparse.BooleanOptionalAction,
                    help="after the solver, refit every group scale of the stored codes by Hessian-weighted least "
                         "squares, per row kept only where the layer's calibration error shrinks (codes unchanged; "
                         f"not with --method rtn) ({method_default('refit_scales')})")
-    q.add_argument("--target", choices=[t.value for t in Target], default=Target.ANY.value,
+    g.add_argument("--target", choices=[t.value for t in Target], default=Target.ANY.value,
                    help="the runtime the codes are shaped for: any = the plain grid every export takes (GPTQ v1/v2, "
                         "compressed-tensors, GGUF); gguf = llama.cpp's grid, for `export --format gguf`: the "
                         f"signed scale of Q4_0/Q5_0/Q8_0 and their {GGUF_BLOCK}-column groups (or --kquant's)")
-    q.add_argument("--signed-scale", action=argparse.BooleanOptionalAction,
+    g.add_argument("--signed-scale", action=argparse.BooleanOptionalAction,
                    help="symmetric grid whose scale takes the sign of the largest-|w| weight (llama.cpp Q4_0's grid) "
                         "(default: on with --target gguf, else off)")
-    q.add_argument("--kquant", choices=[t.value for t in KQuantType],
+    g.add_argument("--kquant", choices=[t.value for t in KQuantType],
                    help="put group scales on this GGUF K-quant's super-block lattice (one fp16 d per 256 columns, "
                         "small integer sub-scales), so `export --format gguf` writes it, and every K-quant with wider "
                         "sub-scales, exactly; symmetric grids, group size 16-128 (32-128 for q4_k/q5_k)")
-    q.add_argument("--skip", action="append", default=[], metavar="REGEX",
+
+
+def _solver_options(g) -> None:
+    g.add_argument("--act-order", action="store_true", help="quantize columns by decreasing Hessian diagonal")
+    g.add_argument("--group-act-order", action=argparse.BooleanOptionalAction,
+                   help="process whole groups by decreasing Hessian diagonal, and the columns inside each group too "
+                        "(GAR, GPTQModel's act_group_aware): the plain layout, no g_idx; --act-order overrides it "
+                        f"({method_default('group_act_order')})")
+    g.add_argument("--static-groups", action="store_true", help="group scales/zeros from the original weights (before GPTQ updates and act-order)")
+    g.add_argument("--skip", action="append", default=[], metavar="REGEX",
                    help="leave block Linears whose module name matches unquantized (repeatable)")
-    q.add_argument("--damp", type=float, help="relative Hessian damping (retried x10 if needed) "
+    g.add_argument("--damp", type=float, help="relative Hessian damping (retried x10 if needed) "
                                               f"({method_default('damp')})")
-    q.add_argument("--block-size", type=int, default=GPTQConfig.block_size, help="GPTQ lazy-update block size")
-    q.add_argument("--no-true-sequential", dest="true_sequential", action="store_false",
+    g.add_argument("--block-size", type=int, default=GPTQConfig.block_size, help="GPTQ lazy-update block size")
+    g.add_argument("--no-true-sequential", dest="true_sequential", action="store_false",
                    help="quantize all Linears of a block from the same inputs")  # fmt: skip
-    q.add_argument("--calib", help="calibration text file (UTF-8); required except for --method rtn")
-    q.add_argument("--calib-range", type=fraction_range, default="0:1", help="character range START:END of --calib")
-    q.add_argument("--nsamples", type=int, default=CalibConfig.nsamples,
+
+
+def _calibration_options(g) -> None:
+    g.add_argument("--calib", help="calibration text file (UTF-8); required except for --method rtn")
+    g.add_argument("--calib-range", type=fraction_range, default="0:1", help="character range START:END of --calib")
+    g.add_argument("--nsamples", type=int, default=CalibConfig.nsamples,
                    help="number of calibration windows (for the same tokens, more and shorter windows measured "
                         "better: docs/guide/quantize.md#defaults)")  # fmt: skip
-    q.add_argument("--seqlen", type=int, default=CalibConfig.seqlen, help="tokens per calibration window")
-    q.add_argument("--seed", type=int, default=0, help="seed for drawing the windows")
-    q.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+    g.add_argument("--seqlen", type=int, default=CalibConfig.seqlen, help="tokens per calibration window")
+    g.add_argument("--seed", type=int, default=0, help="seed for drawing the windows")
+    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="model dtype while calibrating, and of the unquantized tensors written (auto: the model's "
                         "own). bfloat16 halves memory and is faster on CPUs with AVX512-BF16 or AMX, as "
                         "GPTQModel does on CPU; results then differ slightly. Hessians and the solver stay float32")
-    q.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    q.add_argument("--resume", action="store_true",
+
+
+def _run_options(g) -> None:
+    g.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    g.add_argument("--resume", action="store_true",
                    help="continue a killed run from its last finished block (progress is kept in .OUT.resume beside "
                         "--out until the checkpoint is written)")  # fmt: skip
-    add_device_option(q, "the model runs and the solver computes (the model in its own dtype, Hessians and solver in "
+    add_device_option(g, "the model runs and the solver computes (the model in its own dtype, Hessians and solver in "
                    "float32); under torchrun, auto and cuda mean each process's own GPU")  # fmt: skip
-    q.add_argument("--no-stream", dest="stream", action="store_false", default=None,
+    g.add_argument("--no-stream", dest="stream", action="store_false", default=None,
                    help="load the whole model into memory first instead of reading each block from its safetensors "
                         "files when it is quantized (the checkpoint is the same; streaming keeps one block in memory)")
-    q.add_argument("--shard-size", type=float, default=SHARD_BYTES / 2**20, metavar="MB",
+    g.add_argument("--shard-size", type=float, default=SHARD_BYTES / 2**20, metavar="MB",
                    help="largest file of the written checkpoint in MiB (default %(default)g): a larger checkpoint is "
                         "written as model-0000k-of-0000N.safetensors shards with model.safetensors.index.json")
-    q.add_argument("--quiet", action="store_true", help="no progress bars")
+    g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def method_default(option: str) -> str:
