@@ -42,7 +42,8 @@ from .evopress import EvoConfig, evolve, format_stages
 from .fitness import Fitness, Mix
 from .plot import plot_mix, require_matplotlib
 from .sensitivity import Sensitivity
-from .spread import is_writer
+from .saved_tables import read_tables, tables_path, tables_settings, write_tables
+from .spread import from_rank0, is_writer
 from .timing import Clock, report_guess, tables_deadline, text_windows
 
 MIX_FORMAT = "matgptq-mix"
@@ -233,6 +234,7 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     seconds = time.perf_counter() - t0
     row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(seconds, 1),
                time_limit=req.time_limit, teacher_seconds=round(clock.teacher, 1), tables_seconds=round(clock.tables, 1),
+               tables_reused=clock.tables_reused,
                search_seconds=round(seconds - clock.tables, 1),
                sensitivity_levels=list(filled[_own(req)].measured))  # fmt: skip
     sensitivity = {name: dict(zip(map(str, levels), values))
@@ -298,13 +300,9 @@ def run_search(req: SearchRequest) -> list[dict]:
         for k, (label, budget) in enumerate(budgets):
             t0 = time.perf_counter()
             if filled is None:  # the teacher and the tables are shared: the first budget carries their seconds
-                floors = raise_floors(cost_model, [b for _, b in budgets], req.kind)
                 t_tables = time.perf_counter()
-                deadline = None if req.sensitivity is not Sensitivity.FULL else tables_deadline(
-                    clock, req.time_limit, fitness, levels[-1], len(_others(req)) + 2, len(budgets),
-                    len(sens_windows), (text, text_teacher))  # the knapsack start, the evolved mix, every baseline
-                filled = tables(fitness, levels, sens_windows, (_own(req), *_others(req)), req.evo.seed, req.progress,
-                                floors, deadline)  # fmt: skip
+                filled = _tables(req, fitness, levels, cost_model, budgets, sens_windows, settings[label], clock,
+                                 (text, text_teacher))  # fmt: skip
                 clock.tables = time.perf_counter() - t_tables
             elif k == 1:
                 clock.teacher = clock.tables = 0.0
@@ -316,6 +314,27 @@ def run_search(req: SearchRequest) -> list[dict]:
         if text_teacher is not None:
             text_teacher.close()
     return rows
+
+
+def _tables(req: SearchRequest, fitness: Fitness, levels, cost_model: CostModel, budgets, sens_windows,
+            settings: dict, clock: Clock, held_out) -> dict:  # fmt: skip
+    """Every allocator's table, shared by the budgets: with --resume, read back from the run before when it made them
+    with the same settings (saved_tables.py), else scored and saved. A FULL table under --time-limit stops in time
+    for every budget's scorings (timing.tables_deadline: the knapsack start, the evolved mix, each baseline)."""
+    floors = raise_floors(cost_model, [b for _, b in budgets], req.kind)
+    allocators = (_own(req), *_others(req))
+    saved = tables_settings(settings, allocators, floors)
+    path = tables_path(req.out)
+    filled = from_rank0(read_tables(path, saved, len(cost_model.names)) if req.resume and is_writer() else None)
+    clock.tables_reused = filled is not None
+    if filled is not None:
+        return filled
+    deadline = None if req.sensitivity is not Sensitivity.FULL else tables_deadline(
+        clock, req.time_limit, fitness, levels[-1], len(_others(req)) + 2, len(budgets), len(sens_windows), held_out)
+    filled = tables(fitness, levels, sens_windows, allocators, req.evo.seed, req.progress, floors, deadline)
+    if is_writer():
+        write_tables(path, saved, filled)
+    return filled
 
 
 def _write_mix(req, label, row, cost_model, state, mixes: dict[str, Mix], mix: Mix, settings,

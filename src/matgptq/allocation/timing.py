@@ -17,6 +17,7 @@ class Clock:
     began: float
     teacher: float = 0.0
     tables: float = 0.0
+    tables_reused: bool = False  # the tables were read back from the run before (--resume), not scored
     per_window: float | None = None
 
     def budget_end(self, minutes: float | None, budgets_left: int) -> float | None:

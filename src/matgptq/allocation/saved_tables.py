@@ -1,0 +1,82 @@
+"""The one-shot allocators' tables of a search, kept beside its mix files so that `--resume` does not score them again.
+
+After the teacher, the tables (allocators.tables) are the costliest shared part of a search: a full table is
+layers × (levels − 1) scorings (~9 minutes of SmolLM2-135M's on 2 cores; hours for a large model). They are written
+atomically (fsutil.atomic_output) as `.tables.json` in --out once filled, with what they depend on: the search
+settings but the budget (runner._settings: parent, calibration, sensitivity windows, score dtype, seed, ...), the
+allocators and the floor widths of the budgets (the gradient tables are one per floor). A resumed search reads them
+back when all of that is the same, instead of scoring them: the same numbers (JSON writes a float64 so that it reads
+back exactly), hence the same mixes. Tables made with anything else, or a file that does not read as such, are
+scored afresh and rewritten: this file is a cache, and losing it loses only time.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import UserError
+from ..fsutil import atomic_output
+from ..untrusted import read_json
+from .allocators import Allocator, Filled
+
+TABLES_FORMAT = "matgptq-search-tables"
+TABLES_VERSION = 1
+
+
+def tables_path(out: Path) -> Path:
+    return out / ".tables.json"
+
+
+def tables_settings(settings: dict, allocators: tuple[Allocator, ...], floors: tuple[int, ...]) -> dict:
+    """What the tables depend on: one budget's search settings without the budget, the allocators, the floors."""
+    keep = {k: v for k, v in settings.items() if k != "budget"}
+    return json.loads(json.dumps({**keep, "allocators": sorted(a.value for a in allocators), "floors": list(floors)}))
+
+
+def write_tables(path: Path, settings: dict, filled: dict[Allocator, Filled]) -> None:
+    body = {"format": TABLES_FORMAT, "version": TABLES_VERSION, "settings": settings,
+            "tables": {a.value: {"table": _json_table(f.table), "seconds": f.seconds,
+                                 "measured": None if f.measured is None else list(f.measured)}
+                       for a, f in filled.items()}}  # fmt: skip
+    with atomic_output(path, overwrite=True, directory=False) as f:
+        f.write_text(json.dumps(body))
+
+
+def read_tables(path: Path, settings: dict, layers: int) -> dict[Allocator, Filled] | None:
+    """The tables at `path` if they were made with exactly `settings` (tables_settings), for `layers` layers, else
+    None."""
+    if not path.is_file():
+        return None
+    try:
+        body = read_json(path)
+        if body.get("format") != TABLES_FORMAT or body.get("version") != TABLES_VERSION:
+            return None
+        if body.get("settings") != settings:
+            return None
+        out = {}
+        for name, entry in body["tables"].items():
+            table = entry["table"]
+            shape = (layers, len(settings["levels"]))
+            if isinstance(table, dict):
+                table = {int(u): _rows(rows, shape) for u, rows in table.items()}
+            else:
+                table = _rows(table, shape)
+            measured = None if entry["measured"] is None else tuple(int(r) for r in entry["measured"])
+            out[Allocator(name)] = Filled(table, float(entry["seconds"]), measured)
+    except (UserError, KeyError, TypeError, ValueError, AttributeError):
+        return None  # not a tables file as this version writes it: score afresh
+    return out
+
+
+def _rows(rows, shape: tuple[int, int] | None = None) -> list[list[float | None]]:
+    """Rows of floats, None kept (the gradient tables' widths below their floor); ValueError if not of `shape`."""
+    out = [[None if v is None else float(v) for v in row] for row in rows]
+    if shape is not None and (len(out), *{len(row) for row in out}) != shape:
+        raise ValueError("a table of another shape")
+    return out
+
+
+def _json_table(table) -> list | dict:
+    """A table as JSON types: its rows, or {floor: rows} for the gradient's."""
+    return {str(u): _rows(rows) for u, rows in table.items()} if isinstance(table, dict) else _rows(table)
