@@ -176,7 +176,7 @@ def random_mixes(parent: Path, seed: int, evaluations: dict[str, int], seconds: 
     from matgptq.allocation import EvoConfig
     from matgptq.allocation.evopress import parse_stages
     from matgptq.allocation.fitness import Fitness
-    from matgptq.allocation.runner import ScoreDtype
+    from matgptq.allocation import ScoreDtype
 
     start, _ = (float(x) for x in calib_range(seed).split(":"))
     pool = eval_windows(tokenize(load_tokenizer(MODEL), read_text(TEXT, (start, 1.0))), 256, 8 * 256)

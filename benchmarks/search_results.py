@@ -35,7 +35,7 @@ from matgptq.allocation import BudgetKind, CostModel, EvoConfig, SearchRequest, 
 from matgptq.allocation.evopress import MAX_DRAWS_PER_CHILD, draw_windows, evolve
 from matgptq.allocation.fitness import Fitness
 from matgptq.allocation.mutation import random_mix
-from matgptq.allocation.runner import ScoreDtype
+from matgptq.allocation import ScoreDtype
 from matgptq.allocation.spread import score_all
 from matgptq.allocation.sensitivity import knapsack_mix, measure
 from benchmarks._harness import RESULTS, header, load_json, pyplot, save_figure, write_page

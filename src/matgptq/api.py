@@ -97,7 +97,7 @@ def search(parent: str | Path, budgets: str | float | list, calib: str | Path, o
     """Search the best per-layer widths of the MatGPTQ `parent` under each bit budget (e.g. "3.0,2.5" or [3.0, 2.5])
     on the calibration text `calib`, writing `out`/mix-<budget>.json, as `matgptq search`; returns one summary row
     per budget. `evo`: the EvoPress settings (generations, offspring, stages, seed); `options`: the fields of
-    allocation.runner.SearchRequest (levels, kind, seqlen, sensitivity_tokens, calib_tokens, reference, text, ...)."""
+    allocation.request.SearchRequest (levels, kind, seqlen, sensitivity_tokens, calib_tokens, reference, text, ...)."""
     spelled = budgets.split(",") if isinstance(budgets, str) else budgets if isinstance(budgets, (list, tuple)) \
         else [budgets]  # fmt: skip
     request = SearchRequest(parent=Path(parent), budgets=tuple(str(b).strip() for b in spelled), calib=Path(calib),

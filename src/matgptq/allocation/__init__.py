@@ -1,11 +1,12 @@
 """Mix'n'Match: the best per-layer widths of a parent under a bit budget. Exact code and storage bit counts (budget),
 KL to the unquantized model of a candidate built in memory (fitness), per-layer sensitivities and the exact knapsack
 start (sensitivity, knapsack), the level-switch mutation (mutation), resumable (1+λ) EvoPress (evopress), and
-`matgptq search` from parent to mix files (runner)."""
+`matgptq search` from parent to mix files (request, runner; what --resume keeps: resume)."""
 
 from .budget import BudgetKind, CostModel, parse_budget
 from .evopress import EvoConfig, Stage, parse_stages
-from .runner import ScoreDtype, SearchRequest, mix_path, run_search
+from .request import ScoreDtype, SearchRequest, mix_path
+from .runner import run_search
 
 __all__ = ["BudgetKind", "CostModel", "parse_budget", "EvoConfig", "Stage", "parse_stages", "ScoreDtype",
            "SearchRequest", "mix_path", "run_search"]  # fmt: skip

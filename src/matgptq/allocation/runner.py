@@ -4,7 +4,7 @@ Order of work, so that bad input fails before anything is computed or written: s
 the parent and its reference model are opened, the calibration text is cut into windows (too little text is an
 error), existing mix files and resume states are checked — only then are the teacher, the sensitivities, the knapsack
 start and the search run. Each budget's mix file is written atomically when its search ends; its search state is
-written atomically after every generation (evopress.py).
+written atomically after every generation (evopress.py); --resume keeps what a run before finished (resume.py).
 
 The mix file is what `matgptq.load(parent, bits=FILE)`, `matgptq eval --bits FILE` and `matgptq export
 --bits-config FILE` read (runtime.loader.resolve_bits takes the `bits` object of a JSON file): {"bits": {layer:
@@ -21,8 +21,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass, field, replace
-from enum import Enum
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -30,83 +29,24 @@ import torch
 
 from ..errors import UserError
 from ..evaluation.teacher import Teacher
-from ..execution import init_from_env, native_bfloat16, resolve_device
-from ..formats import is_checkpoint, read_checkpoint
+from ..execution import init_from_env, resolve_device
+from ..formats import read_checkpoint
 from ..fsutil import atomic_output, check_output
 from ..models import eval_windows, file_sha256, load_tokenizer, read_text, require_model_dir, resolve_model, tokenize
 from ..runtime import load
 from .allocators import Allocator, baseline_mixes, raise_floors, tables
 from .budget import BudgetKind, CostModel, parse_budget
 from .choice import first_parent, report
-from .evopress import EvoConfig, evolve, format_stages
+from .evopress import evolve, format_stages
 from .fitness import Fitness, Mix
-from .plot import plot_mix, require_matplotlib
+from .plot import plot_mix
+from .request import SearchRequest, check_request, mix_path, state_path
+from .resume import finished_row, read_tables, tables_path, tables_settings, write_tables
 from .sensitivity import Sensitivity
-from .saved_tables import read_tables, tables_path, tables_settings, write_tables
 from .spread import from_rank0, is_writer
 from .timing import Clock, report_guess, tables_deadline, text_windows
 
 MIX_FORMAT = "matgptq-mix"
-
-
-class ScoreDtype(str, Enum):
-    """Precision of the candidates' forward passes during the search (fitness.py); reported scores are float32."""
-
-    AUTO = "auto"  # bfloat16 where the device has it natively (devices.native_bfloat16), float32 elsewhere
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-
-    def resolve(self, device: torch.device) -> torch.dtype:
-        if self is ScoreDtype.AUTO:
-            return torch.bfloat16 if native_bfloat16(device) else torch.float32
-        if self is ScoreDtype.BFLOAT16 and device.type == "cuda" and not native_bfloat16(device):
-            raise UserError(f"--score-dtype bfloat16: {device} has no bfloat16; use --score-dtype float32 or auto")
-        return torch.bfloat16 if self is ScoreDtype.BFLOAT16 else torch.float32
-
-
-@dataclass(frozen=True)
-class SearchRequest:
-    parent: Path
-    budgets: tuple[str, ...]  # as typed: they name the output files
-    calib: Path
-    out: Path
-    calib_range: tuple[float, float] = (0.0, 1.0)
-    levels: tuple[int, ...] | None = None  # default: every width 2..c
-    kind: BudgetKind = BudgetKind.CODE
-    evo: EvoConfig = field(default_factory=EvoConfig)
-    seqlen: int = 256
-    sensitivity_tokens: int = 2048
-    # the pool the stages draw their windows from; a pool no larger than the last stage lets every generation score
-    # the same tokens, and the search then fits them (its held-out scores get worse)
-    calib_tokens: int = 16384
-    sensitivity: Sensitivity = Sensitivity.PROBE
-    # one-shot allocations (allocators.py) that compete with the knapsack start as the search's first parent and with
-    # the evolved mix for the written one; the default ones cost one forward pass (error) and one block-by-block
-    # backward pass per fractional budget's floor width (gradient.py), plus dequantizing every slice once for each
-    baselines: tuple[Allocator, ...] = (Allocator.UNIFORM, Allocator.ERROR, Allocator.GRADIENT)
-    reference: str | Path | None = None  # a directory or Hugging Face id; default: the parent's recorded model
-    text: Path | None = None
-    text_range: tuple[float, float] = (0.0, 1.0)
-    text_tokens: int | None = None
-    batch_size: int = 8
-    resume: bool = False
-    overwrite: bool = False
-    progress: bool = True
-    device: str = "auto"  # where the candidates are scored (execution/devices.py)
-    score_dtype: ScoreDtype = ScoreDtype.AUTO
-    plot: bool = False  # also draw each mix file's widths against their sensitivities (plot.py) as mix-<budget>.png
-    # wall-clock minutes for the whole run (run_search's docstring); None: every budget runs all its generations
-    time_limit: float | None = None
-    # seconds already spent before run_search when the time limit began (the command counts its process's start)
-    time_spent: float = 0.0
-
-
-def mix_path(out: Path, budget: str) -> Path:
-    return out / f"mix-{budget}.json"
-
-
-def state_path(out: Path, budget: str) -> Path:
-    return out / f".state-{budget}.json"
 
 
 def _levels(ckpt, requested: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -245,19 +185,6 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     return row
 
 
-def _check_request(req: SearchRequest) -> None:
-    """Refuse a request that cannot run, before anything is loaded: one UserError naming the option."""
-    if req.seqlen < 2 or req.sensitivity_tokens < 1 or req.batch_size < 1 or req.calib_tokens < 1:
-        raise UserError("--seqlen must be ≥ 2, --calib-tokens, --sensitivity-tokens and --batch-size ≥ 1")
-    if req.time_limit is not None and not req.time_limit > 0:
-        raise UserError(f"--time-limit takes a positive number of minutes, got {req.time_limit:g}")
-    if req.plot:
-        require_matplotlib()
-    if not is_checkpoint(req.parent):
-        raise UserError(f"{req.parent} is not a matgptq parent (no matgptq.json); give the output of "
-                        "`matgptq quantize --method matgptq`")  # fmt: skip
-
-
 def run_search(req: SearchRequest) -> list[dict]:
     """Search every budget of `req`; returns one summary row per budget (also written into its mix file).
 
@@ -267,7 +194,7 @@ def run_search(req: SearchRequest) -> list[dict]:
     its report (the choice on the whole pool, priced at the latest measured time per scored window) ends within the
     share; `--generations` stays the cap. Which generations run then depends on the machine's speed: the row records
     how many did, and `--generations` that number on the same settings gives the same mix."""
-    _check_request(req)
+    check_request(req)
     device = resolve_device(req.device)
     init_from_env(device)  # under torchrun: the scorings are dealt across the processes (spread.py)
     if not is_writer():
@@ -284,6 +211,10 @@ def run_search(req: SearchRequest) -> list[dict]:
     settings = {label: _settings(req, ckpt, levels, b, calib, score_dtype) for label, b in budgets}
     if req.resume:
         _check_states(req, budgets, settings, len(cost_model.layers))
+    finished = _finished(req, budgets, settings)
+    todo = [(label, b) for label, b in budgets if label not in finished]
+    if not todo:
+        return [finished[label] for label, _ in budgets]
     clock = Clock(time.perf_counter() - req.time_spent)
     t_teacher = time.perf_counter()
     ref_model = load(reference, packed=False).to(device)
@@ -295,32 +226,49 @@ def run_search(req: SearchRequest) -> list[dict]:
     fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size, compute_dtype=score_dtype)
     sens_windows = tuple(range(min(calib.shape[0], math.ceil(req.sensitivity_tokens / (req.seqlen - 1)))))
     filled = None  # the allocators' loss tables, measured once for every budget
-    rows = []
+    rows = dict(finished)
     try:
-        for k, (label, budget) in enumerate(budgets):
+        for k, (label, budget) in enumerate(todo):
             t0 = time.perf_counter()
             if filled is None:  # the teacher and the tables are shared: the first budget carries their seconds
                 t_tables = time.perf_counter()
-                filled = _tables(req, fitness, levels, cost_model, budgets, sens_windows, settings[label], clock,
-                                 (text, text_teacher))  # fmt: skip
+                filled = _tables(req, fitness, levels, cost_model, budgets, len(todo), sens_windows, settings[label],
+                                 clock, (text, text_teacher))  # fmt: skip
                 clock.tables = time.perf_counter() - t_tables
-            elif k == 1:
+            else:
                 clock.teacher = clock.tables = 0.0
-            rows.append(_search_budget(req, (label, budget), levels, cost_model, fitness, filled, sens_windows,
-                                       settings[label], (text, text_teacher), t0, clock,
-                                       clock.budget_end(req.time_limit, len(budgets) - k)))  # fmt: skip
+            rows[label] = _search_budget(req, (label, budget), levels, cost_model, fitness, filled, sens_windows,
+                                         settings[label], (text, text_teacher), t0, clock,
+                                         clock.budget_end(req.time_limit, len(todo) - k))  # fmt: skip
     finally:
         teacher.close()
         if text_teacher is not None:
             text_teacher.close()
-    return rows
+    return [rows[label] for label, _ in budgets]
 
 
-def _tables(req: SearchRequest, fitness: Fitness, levels, cost_model: CostModel, budgets, sens_windows,
-            settings: dict, clock: Clock, held_out) -> dict:  # fmt: skip
-    """Every allocator's table, shared by the budgets: with --resume, read back from the run before when it made them
-    with the same settings (saved_tables.py), else scored and saved. A FULL table under --time-limit stops in time
-    for every budget's scorings (timing.tables_deadline: the knapsack start, the evolved mix, each baseline)."""
+def _finished(req: SearchRequest, budgets, settings: dict) -> dict[str, dict]:
+    """With --resume, the budgets a run before finished with these settings and --generations (resume.py): their
+    summary rows as rank 0 reads them, marked `kept`, their plots redrawn with --plot. Not with --text: the held-out
+    scores are not among the settings, so every budget is scored on the text given now."""
+    if not req.resume or req.text is not None:
+        return {}
+    rows = {}
+    for label, _ in budgets:
+        row = finished_row(mix_path(req.out, label), settings[label], req.evo.generations) if is_writer() else None
+        if row is not None:
+            rows[label] = {**row, "kept": True}
+            if req.plot:
+                plot_mix(mix_path(req.out, label), mix_path(req.out, label).with_suffix(".png"))
+    return from_rank0(rows)
+
+
+def _tables(req: SearchRequest, fitness: Fitness, levels, cost_model: CostModel, budgets, to_search: int,
+            sens_windows, settings: dict, clock: Clock, held_out) -> dict:  # fmt: skip
+    """Every allocator's table, shared by the budgets (the floors of all of them, searched again or not): with
+    --resume, read back from the run before when it made them with the same settings (resume.py), else scored and
+    saved. A FULL table under --time-limit stops in time for the scorings of the `to_search` budgets
+    (timing.tables_deadline: the knapsack start, the evolved mix, each baseline)."""
     floors = raise_floors(cost_model, [b for _, b in budgets], req.kind)
     allocators = (_own(req), *_others(req))
     saved = tables_settings(settings, allocators, floors)
@@ -330,7 +278,7 @@ def _tables(req: SearchRequest, fitness: Fitness, levels, cost_model: CostModel,
     if filled is not None:
         return filled
     deadline = None if req.sensitivity is not Sensitivity.FULL else tables_deadline(
-        clock, req.time_limit, fitness, levels[-1], len(_others(req)) + 2, len(budgets), len(sens_windows), held_out)
+        clock, req.time_limit, fitness, levels[-1], len(_others(req)) + 2, to_search, len(sens_windows), held_out)
     filled = tables(fitness, levels, sens_windows, allocators, req.evo.seed, req.progress, floors, deadline)
     if is_writer():
         write_tables(path, saved, filled)

@@ -102,5 +102,8 @@ def run(a: argparse.Namespace) -> None:
         headers += ["text_ppl", "text_kl"]
     headers += ["generations", "evaluations", "teacher_seconds", "tables_seconds", "search_seconds"]
     print(format_table(headers, [[r[h] for h in headers] for r in rows]))
-    paths = [mix_path(Path(a.out), r["budget"]) for r in rows]
-    print("wrote " + ", ".join(str(p) for p in paths + ([p.with_suffix(".png") for p in paths] if a.plot else [])))
+    for verb, kept in (("wrote", False), ("kept (finished by the run before)", True)):
+        paths = [mix_path(Path(a.out), r["budget"]) for r in rows if r.get("kept", False) is kept]
+        if paths:
+            plots = [p.with_suffix(".png") for p in paths] if a.plot else []
+            print(f"{verb} " + ", ".join(str(p) for p in paths + plots))

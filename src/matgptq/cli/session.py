@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..allocation.runner import state_path
+from ..allocation.request import state_path
 from ..integrations.transformers import IMPORT_LOGGERS
 from ..models import quiet_loggers
 from ..quantization.resume import resume_dir

@@ -1,5 +1,5 @@
-"""The search's saved tables: read back exactly, refused (None: scored afresh) when made otherwise or damaged, and what
-`--resume` uses instead of scoring them again."""
+"""What `search --resume` keeps from the run before: the budgets it finished (not searched again) and the one-shot
+tables (read back exactly; made otherwise or damaged: scored afresh)."""
 
 import json
 
@@ -7,7 +7,7 @@ import pytest
 
 from matgptq.allocation import runner
 from matgptq.allocation.allocators import Allocator, Filled
-from matgptq.allocation.saved_tables import read_tables, tables_path, tables_settings, write_tables
+from matgptq.allocation.resume import finished_row, read_tables, tables_path, tables_settings, write_tables
 from matgptq.cli import main
 from tests.allocation.test_cli import search
 
@@ -67,3 +67,35 @@ def test_resume_reads_the_tables_back_instead_of_scoring_them(stories_parent, tm
     more = ["--budget", "3.0,6.0", *args[2:], "--generations", "3", "--resume"]  # 6.0's floor is 4, 3.0's 2
     assert main(search(stories_parent, out, *more)) == 0
     assert len(calls) == 1 and mix(out, "6.0")["summary"]["tables_reused"] is False
+
+
+def test_a_finished_budget_is_kept_only_with_the_same_settings_and_generations(tmp_path):
+    path = tmp_path / "mix-3.0.json"
+    settings = {"budget": "3.0", "seed": 0}
+    path.write_text(json.dumps({"summary": {"budget": "3.0", "generations": 4}, "settings": settings}))
+    assert finished_row(path, settings, 4) == {"budget": "3.0", "generations": 4}
+    assert finished_row(path, settings, 3) is not None  # asked for fewer: the state would not move either
+    assert finished_row(path, settings, 5) is None  # extended: searched on from its state
+    assert finished_row(path, {**settings, "seed": 1}, 4) is None
+    assert finished_row(tmp_path / "absent.json", settings, 4) is None
+    for damaged in ("{", "[]", '{"summary": 3, "settings": {}}', '{"settings": {"budget": "3.0", "seed": 0}}'):
+        path.write_text(damaged)
+        assert finished_row(path, settings, 4) is None, damaged
+
+
+def test_resume_keeps_finished_budgets_and_searches_the_rest(stories_parent, tmp_path, monkeypatch, capsys):
+    """A budget added on --resume is searched; the finished one is neither searched nor rewritten; when every budget
+    is finished, nothing is loaded at all."""
+    out = tmp_path / "mixes"
+    assert main(search(stories_parent, out, "--budget", "3.0")) == 0
+    before = (out / "mix-3.0.json").read_bytes(), (out / "mix-3.0.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(search(stories_parent, out, "--budget", "3.0,2.5", "--resume")) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out / 'mix-2.5.json'}" in printed
+    assert f"kept (finished by the run before) {out / 'mix-3.0.json'}" in printed
+    assert ((out / "mix-3.0.json").read_bytes(), (out / "mix-3.0.json").stat().st_mtime_ns) == before
+    assert (out / "mix-2.5.json").is_file()
+    monkeypatch.setattr(runner, "load", lambda *a, **k: pytest.fail("a finished search loaded a model"))
+    assert main(search(stories_parent, out, "--budget", "2.5,3.0", "--resume")) == 0
+    assert "wrote" not in capsys.readouterr().out

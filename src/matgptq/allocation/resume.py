@@ -1,13 +1,17 @@
-"""The one-shot allocators' tables of a search, kept beside its mix files so that `--resume` does not score them again.
+"""What `search --resume` takes from the run before, besides each budget's search state (evopress.py): the budgets
+it finished, and the one-shot allocators' tables.
 
-After the teacher, the tables (allocators.tables) are the costliest shared part of a search: a full table is
-layers × (levels − 1) scorings (~9 minutes of SmolLM2-135M's on 2 cores; hours for a large model). They are written
-atomically (fsutil.atomic_output) as `.tables.json` in --out once filled, with what they depend on: the search
-settings but the budget (runner._settings: parent, calibration, sensitivity windows, score dtype, seed, ...), the
-allocators and the floor widths of the budgets (the gradient tables are one per floor). A resumed search reads them
-back when all of that is the same, instead of scoring them: the same numbers (JSON writes a float64 so that it reads
-back exactly), hence the same mixes. Tables made with anything else, or a file that does not read as such, are
-scored afresh and rewritten: this file is a cache, and losing it loses only time.
+Finished budgets. A budget whose mix file was written with exactly this run's settings (runner._settings) after at
+least this run's --generations is not searched again: its summary row is read back (`finished_row`). Anything else
+(no mix file, a damaged one, other settings, fewer generations) is searched on from its state and the mix rewritten.
+
+Tables. After the teacher, the tables (allocators.tables) are the costliest shared part of a search: a full table is
+layers × (levels − 1) scorings (hours for a large model). They are written atomically (fsutil.atomic_output) as
+`.tables.json` in --out once filled, with what they depend on: the search settings but the budget, the allocators
+and the floor widths of the budgets (the gradient tables are one per floor). A resumed search reads them back when all
+of that is the same, instead of scoring them: the same numbers (JSON writes a float64 so that it reads back exactly),
+hence the same mixes. Tables made with anything else, or a file that does not read as such, are scored afresh and
+rewritten: this file is a cache, and losing it loses only time.
 """
 
 from __future__ import annotations
@@ -22,6 +26,20 @@ from .allocators import Allocator, Filled
 
 TABLES_FORMAT = "matgptq-search-tables"
 TABLES_VERSION = 1
+
+
+def finished_row(mix_file: Path, settings: dict, generations: int) -> dict | None:
+    """The summary row of `mix_file` if it was written with exactly `settings` after at least `generations`
+    generations, else None (searched again)."""
+    if not mix_file.is_file():
+        return None
+    try:
+        body = read_json(mix_file)
+        row = body["summary"]
+        done = body.get("settings") == settings and int(row["generations"]) >= generations
+    except (UserError, KeyError, TypeError, ValueError):
+        return None
+    return dict(row) if done and isinstance(row, dict) else None
 
 
 def tables_path(out: Path) -> Path:

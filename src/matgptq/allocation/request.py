@@ -1,0 +1,92 @@
+"""What `matgptq search` is asked to do (`SearchRequest`, one field per option) and where its files go; the checks
+that need nothing loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from ..execution import native_bfloat16
+from ..formats import is_checkpoint
+from .allocators import Allocator
+from .budget import BudgetKind
+from .evopress import EvoConfig
+from .plot import require_matplotlib
+from .sensitivity import Sensitivity
+
+
+class ScoreDtype(str, Enum):
+    """Precision of the candidates' forward passes during the search (fitness.py); reported scores are float32."""
+
+    AUTO = "auto"  # bfloat16 where the device has it natively (devices.native_bfloat16), float32 elsewhere
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+    def resolve(self, device: torch.device) -> torch.dtype:
+        if self is ScoreDtype.AUTO:
+            return torch.bfloat16 if native_bfloat16(device) else torch.float32
+        if self is ScoreDtype.BFLOAT16 and device.type == "cuda" and not native_bfloat16(device):
+            raise UserError(f"--score-dtype bfloat16: {device} has no bfloat16; use --score-dtype float32 or auto")
+        return torch.bfloat16 if self is ScoreDtype.BFLOAT16 else torch.float32
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    parent: Path
+    budgets: tuple[str, ...]  # as typed: they name the output files
+    calib: Path
+    out: Path
+    calib_range: tuple[float, float] = (0.0, 1.0)
+    levels: tuple[int, ...] | None = None  # default: every width 2..c
+    kind: BudgetKind = BudgetKind.CODE
+    evo: EvoConfig = field(default_factory=EvoConfig)
+    seqlen: int = 256
+    sensitivity_tokens: int = 2048
+    # the pool the stages draw their windows from; a pool no larger than the last stage lets every generation score
+    # the same tokens, and the search then fits them (its held-out scores get worse)
+    calib_tokens: int = 16384
+    sensitivity: Sensitivity = Sensitivity.PROBE
+    # one-shot allocations (allocators.py) that compete with the knapsack start as the search's first parent and with
+    # the evolved mix for the written one; the default ones cost one forward pass (error) and one block-by-block
+    # backward pass per fractional budget's floor width (gradient.py), plus dequantizing every slice once for each
+    baselines: tuple[Allocator, ...] = (Allocator.UNIFORM, Allocator.ERROR, Allocator.GRADIENT)
+    reference: str | Path | None = None  # a directory or Hugging Face id; default: the parent's recorded model
+    text: Path | None = None
+    text_range: tuple[float, float] = (0.0, 1.0)
+    text_tokens: int | None = None
+    batch_size: int = 8
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+    device: str = "auto"  # where the candidates are scored (execution/devices.py)
+    score_dtype: ScoreDtype = ScoreDtype.AUTO
+    plot: bool = False  # also draw each mix file's widths against their sensitivities (plot.py) as mix-<budget>.png
+    # wall-clock minutes for the whole run (run_search's docstring); None: every budget runs all its generations
+    time_limit: float | None = None
+    # seconds already spent before run_search when the time limit began (the command counts its process's start)
+    time_spent: float = 0.0
+
+
+def mix_path(out: Path, budget: str) -> Path:
+    return out / f"mix-{budget}.json"
+
+
+def state_path(out: Path, budget: str) -> Path:
+    return out / f".state-{budget}.json"
+
+
+def check_request(req: SearchRequest) -> None:
+    """Refuse a request that cannot run, before anything is loaded: one UserError naming the option."""
+    if req.seqlen < 2 or req.sensitivity_tokens < 1 or req.batch_size < 1 or req.calib_tokens < 1:
+        raise UserError("--seqlen must be ≥ 2, --calib-tokens, --sensitivity-tokens and --batch-size ≥ 1")
+    if req.time_limit is not None and not req.time_limit > 0:
+        raise UserError(f"--time-limit takes a positive number of minutes, got {req.time_limit:g}")
+    if req.plot:
+        require_matplotlib()
+    if not is_checkpoint(req.parent):
+        raise UserError(f"{req.parent} is not a matgptq parent (no matgptq.json); give the output of "
+                        "`matgptq quantize --method matgptq`")  # fmt: skip
