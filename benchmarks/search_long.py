@@ -35,6 +35,7 @@ after each seed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 from fractions import Fraction
@@ -86,6 +87,8 @@ def main() -> None:
 
 def measure_seed(parent: Path, work: Path, seed: int, budgets: list[str]) -> dict:
     """One child searching `budgets` without a time limit, every mix it made scored on the held-out text."""
+    # a child that finds search states continues a run before: its wall and CPU then cover its own part only
+    resumed = any((work / f"long-seed-{seed}").glob(".state-*.json"))
     done = search_child(parent, work, seed, [*RECIPE, "--resume"], f"long-seed-{seed}", budgets=tuple(budgets))
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
     named = {}
@@ -95,11 +98,20 @@ def measure_seed(parent: Path, work: Path, seed: int, budgets: list[str]) -> dic
                     "additive": body["dp_bits"], **{k: base[k] for k in ONE_SHOT[2:]},
                     "evolved": body["search_bits"], "written": body["bits"]}  # fmt: skip
     scores = score_named(parent, named)
-    return {"usage": done["usage"],
+    return {"usage": done["usage"], "resumed": resumed,
             "budgets": {b: {"scores": scores[b], "chosen": body["summary"]["chosen"],
                             "evolution_seconds": body["history"][-1]["seconds"] if body["history"] else 0.0,
-                            **{k: body["summary"][k] for k in ("generations", "evaluations", "tables_seconds")}}
+                            "tables_seconds": tables_seconds(body, work / f"long-seed-{seed}"),
+                            **{k: body["summary"][k] for k in ("generations", "evaluations")}}
                         for b, body in done["bodies"].items()}}  # fmt: skip
+
+
+def tables_seconds(body: dict, mixes: Path) -> float:
+    """The seconds the shared tables took when they were measured: the mix file's, or, where the child read them
+    back (--resume), what the run that measured them recorded in its .tables.json."""
+    if not body["summary"].get("tables_reused"):
+        return body["summary"]["tables_seconds"]
+    return round(sum(t["seconds"] for t in json.loads((mixes / ".tables.json").read_text())["tables"].values()), 1)
 
 
 def page(data: dict) -> str:
@@ -119,7 +131,8 @@ def page(data: dict) -> str:
                      f"{statistics.mean(r['budgets'][b]['evolution_seconds'] for r in runs):.0f}",
                      ", ".join(r["budgets"][b]["chosen"] for r in runs)])  # fmt: skip
     usage = [[s, f"{r['usage']['wall']:.0f}", f"{r['usage']['cpu']:.0f}", f"{r['usage']['rss_gb']:.2f}",
-              f"{r['budgets'][budgets[0]]['tables_seconds']:.0f}", f"{r['usage']['load_average']:.1f}"]
+              f"{r['budgets'][budgets[0]]['tables_seconds']:.0f}", f"{r['usage']['load_average']:.1f}",
+              "yes" if r.get("resumed") else "no"]
              for s, r in zip(seeds, runs)]  # fmt: skip
     protocol = data["protocol"].strip().replace("{BUDGETS}", ",".join(budgets))
     protocol = protocol.replace("{RECIPE}", " ".join(data["recipe"]))
@@ -136,7 +149,10 @@ def page(data: dict) -> str:
         "What each budget's evolution cost (its generations' seconds, kept across a resume):", "",
         format_table(["budget", "generations per seed", "evolution s (mean)", "chosen per seed"], cost), "",
         "Each child (one per seed, all budgets; tables: the shared tables' seconds, in the first budget):", "",
-        format_table(["seed", "wall s", "CPU s", "peak RSS GB", "tables s", "load"], usage),
+        format_table(["seed", "wall s", "CPU s", "peak RSS GB", "tables s", "load", "resumed"], usage), "",
+        "A resumed child (`search --resume` after a kill: finished budgets kept, tables read back) reports the wall "
+        "and CPU of its own part only; the evolution seconds come from the search states, kept across resumes, and "
+        "the tables' from the run that measured them.",
     ])  # fmt: skip
 
 
