@@ -134,6 +134,7 @@ def page(data: dict) -> str:
               f"{r['budgets'][budgets[0]]['tables_seconds']:.0f}", f"{r['usage']['load_average']:.1f}",
               "yes" if r.get("resumed") else "no"]
              for s, r in zip(seeds, runs)]  # fmt: skip
+    notes = [f"- seed {s}: {r['note']}" for s, r in zip(seeds, runs) if r.get("note")]  # what the numbers do not say
     protocol = data["protocol"].strip().replace("{BUDGETS}", ",".join(budgets))
     protocol = protocol.replace("{RECIPE}", " ".join(data["recipe"]))
     return "\n".join([
@@ -153,6 +154,7 @@ def page(data: dict) -> str:
         "A resumed child (`search --resume` after a kill: finished budgets kept, tables read back) reports the wall "
         "and CPU of its own part only; the evolution seconds come from the search states, kept across resumes, and "
         "the tables' from the run that measured them.",
+        *([""] + notes if notes else []),
     ])  # fmt: skip
 
 
