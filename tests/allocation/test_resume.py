@@ -2,6 +2,7 @@
 tables (read back exactly; made otherwise or damaged: scored afresh)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +100,23 @@ def test_resume_keeps_finished_budgets_and_searches_the_rest(stories_parent, tmp
     monkeypatch.setattr(runner, "load", lambda *a, **k: pytest.fail("a finished search loaded a model"))
     assert main(search(stories_parent, out, "--budget", "2.5,3.0", "--resume")) == 0
     assert "wrote" not in capsys.readouterr().out
+
+
+def test_a_resume_with_another_teacher_is_refused(stories_parent, tmp_path, capsys):
+    """--kl-to names the teacher every score is taken against: a state made against another model directory is not
+    continued; the same one, under a symlink too, is (the default teacher, the parent's own model, is named by the
+    parent's metadata)."""
+    import shutil
+
+    from tests.conftest import STORIES
+    from tests.test_cli import run_error
+
+    out = tmp_path / "mixes"
+    assert main(search(stories_parent, out, "--budget", "3.0", "--generations", "1", "--kl-to", str(STORIES))) == 0
+    other = shutil.copytree(STORIES, tmp_path / "other-teacher")
+    assert "reference" in run_error(search(stories_parent, out, "--budget", "3.0", "--resume", "--kl-to", str(other)),
+                                    capsys)  # fmt: skip
+    link = tmp_path / "link"
+    link.symlink_to(Path(STORIES).resolve(), target_is_directory=True)
+    assert main(search(stories_parent, out, "--budget", "3.0", "--generations", "2", "--resume", "--kl-to",
+                       str(link))) == 0  # fmt: skip

@@ -99,15 +99,17 @@ def _calib_pool(req: SearchRequest, tokenizer) -> torch.Tensor:
 
 
 def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows: torch.Tensor,
-              score_dtype: torch.dtype) -> dict:  # fmt: skip
-    """Everything a search result depends on (JSON types); a resume state must carry the same."""
+              score_dtype: torch.dtype, reference: Path) -> dict:  # fmt: skip
+    """Everything a search result depends on (JSON types); a resume state must carry the same. The teacher: the
+    parent's own unquantized model (named by its metadata), or with --kl-to the directory it resolved to."""
     meta_hash = hashlib.sha256(json.dumps(ckpt.meta, sort_keys=True, default=str).encode()).hexdigest()
     settings = {"parent": str(Path(req.parent).resolve()), "parent_meta_sha256": meta_hash,
                 "calib_sha256": file_sha256(req.calib), "calib_range": list(req.calib_range), "seqlen": req.seqlen,
                 "calib_windows": int(calib_windows.shape[0]), "sensitivity_tokens": req.sensitivity_tokens,
                 "sensitivity": req.sensitivity.value, "baselines": [a.value for a in req.baselines],
                 "score_dtype": str(score_dtype).removeprefix("torch."),
-                "budget": str(budget), "budget_kind": req.kind.value, "levels": list(levels), **req.evo.settings()}  # fmt: skip
+                "budget": str(budget), "budget_kind": req.kind.value, "levels": list(levels), **req.evo.settings(),
+                **({"reference": str(reference.resolve())} if req.reference is not None else {})}  # fmt: skip
     return json.loads(json.dumps(settings))
 
 
@@ -208,7 +210,7 @@ def run_search(req: SearchRequest) -> list[dict]:
     if req.text is not None:
         text = eval_windows(tokenize(tokenizer, read_text(req.text, req.text_range)), req.seqlen, req.text_tokens)
     score_dtype = req.score_dtype.resolve(device)
-    settings = {label: _settings(req, ckpt, levels, b, calib, score_dtype) for label, b in budgets}
+    settings = {label: _settings(req, ckpt, levels, b, calib, score_dtype, reference) for label, b in budgets}
     if req.resume:
         _check_states(req, budgets, settings, len(cost_model.layers))
     finished = _finished(req, budgets, settings)
