@@ -75,12 +75,14 @@ def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Pa
 
 
 def measured_at() -> str:
-    """When and on which commit of this tree a quantization ran (the page names the rows measured on another)."""
+    """When, on which commit of this tree and on which CPU a quantization ran (the page names the rows measured on
+    another: their CPU seconds are not comparable with the others')."""
     import time
 
-    from benchmarks._harness import git_commit
+    from benchmarks._harness import cpu_name, git_commit
 
-    return f"{time.strftime('%Y-%m-%d', time.gmtime())} at {git_commit() or 'an unknown commit'}"
+    return f"{time.strftime('%Y-%m-%d', time.gmtime())} at {git_commit() or 'an unknown commit'} on {cpu_name()}"
+
 
 def dense_model(path: Path, bits: int | None = None):
     """The model a checkpoint holds (a parent's `bits`-bit slice), every weight dense float32: `matgptq.load` for
