@@ -114,16 +114,25 @@ def tables_seconds(body: dict, mixes: Path) -> float:
     return round(sum(t["seconds"] for t in json.loads((mixes / ".tables.json").read_text())["tables"].values()), 1)
 
 
-def page(data: dict) -> str:
-    """docs/results/search_long.md from its JSON."""
+def per_budget(data: dict) -> tuple[list[str], list[dict], list[tuple[str, dict[str, list[float]], str]]]:
+    """(seeds, their runs, [(budget, held-out KL per kind over the seeds, best one-shot kind)]) for the budgets every
+    seed has."""
     seeds = sorted(data["seeds"], key=int)
     runs = [data["seeds"][s] for s in seeds]
-    budgets = [b for b in runs[0]["budgets"] if all(b in r["budgets"] for r in runs)]
+    out = []
+    for b in (b for b in runs[0]["budgets"] if all(b in r["budgets"] for r in runs)):
+        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in KINDS}
+        out.append((b, kl, min(ONE_SHOT, key=lambda k: statistics.mean(kl[k]))))
+    return seeds, runs, out
+
+
+def page(data: dict) -> str:
+    """docs/results/search_long.md from its JSON."""
+    seeds, runs, rows = per_budget(data)
+    budgets = [b for b, _, _ in rows]
     quality, perplexity, cost = [], [], []
     one = " (1 seed, no spread)" * (len(seeds) == 1)
-    for b in budgets:
-        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in KINDS}
-        best = min(ONE_SHOT, key=lambda k: statistics.mean(kl[k]))
+    for b, kl, best in rows:
         quality.append([b, *(stats(kl[k]) for k in KINDS), best, verdict(kl["written"], kl[best]) + one,
                         f"{statistics.mean(kl['written']) / statistics.mean(kl[best]):.2f}×"])  # fmt: skip
         perplexity.append([b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in KINDS)])
@@ -160,13 +169,9 @@ def page(data: dict) -> str:
 
 def readme_block(data: dict) -> str:
     """The README's long-search result: per budget, the written mix against the best one-shot allocation."""
-    seeds = sorted(data["seeds"], key=int)
-    runs = [data["seeds"][s] for s in seeds]
-    budgets = [b for b in runs[0]["budgets"] if all(b in r["budgets"] for r in runs)]
+    seeds, runs, per = per_budget(data)
     rows = []
-    for b in budgets:
-        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in KINDS}
-        best = min(ONE_SHOT, key=lambda k: statistics.mean(kl[k]))
+    for b, kl, best in per:
         rows.append([b, f"{stats(kl['written'], 3)} ({verdict(kl['written'], kl[best])}, "
                         f"{statistics.mean(kl['written']) / statistics.mean(kl[best]):.2f}×)",
                      f"{best}: {stats(kl[best], 3)}",
