@@ -196,8 +196,8 @@ def run_search(req: SearchRequest) -> list[dict]:
     its report (the choice on the whole pool, priced at the latest measured time per scored window) ends within the
     share; `--generations` stays the cap. Which generations run then depends on the machine's speed: the row records
     how many did, and `--generations` that number on the same settings gives the same mix."""
+    device = resolve_device(req.device)  # first: a missing device is the cheapest thing to name
     check_request(req)
-    device = resolve_device(req.device)
     init_from_env(device)  # under torchrun: the scorings are dealt across the processes (spread.py)
     if not is_writer():
         req = replace(req, progress=False)
