@@ -27,14 +27,18 @@ HELD_OUT = (4, 1024)  # windows × tokens from the start of the first half
 LEVELS = tuple(range(2, 9))
 
 
-def start(work: Path, out: Path, recipe: tuple[str, ...], protocol: str) -> tuple[Path, dict]:
+def start(work: Path, out: Path, recipe: tuple[str, ...], protocol: str,
+          same: tuple[tuple[str, ...], ...] = ()) -> tuple[Path, dict]:  # fmt: skip
     """The parent (made once in `work`) and the results at `out` of `recipe`: a fresh record where they were made
     with another (seeds of another recipe are not averaged with these); the protocol is the script's docstring now
-    (the recipe is the same; the docstring may describe parts added since)."""
+    (the recipe is the same; the docstring may describe parts added since). `same`: older spellings of the same
+    command (a default since spelled out), recorded as `recipe` from now on."""
     if not MODEL.is_dir():
         raise SystemExit(f"{MODEL} is missing: run `make real-model` first")
     parent = make_parent(work)
     data = load_json(out) if out.is_file() else {}
+    if data.get("recipe") in [list(r) for r in same]:
+        data["recipe"] = list(recipe)
     if data.get("recipe") != list(recipe):
         data = {"recipe": list(recipe), "seeds": {}}
     data["protocol"] = protocol

@@ -52,7 +52,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="threads of the one-process comparison run")
     ap.add_argument("--skip-threads", action="store_true", help="leave out the 1 process x --threads run")
     ap.add_argument("--search", type=Path, help="time `matgptq search` on this parent instead of quantization")
-    ap.add_argument("--search-args", default="--budget 3.0 --generations 4 --sensitivity-tokens 2048",
+    ap.add_argument("--search-args",
+                    default="--budget 3.0 --generations 4 --sensitivity probe --sensitivity-tokens 2048",
                     help="search options besides parent, --calib and --out")  # fmt: skip
     a = ap.parse_args()
     if a.search:

@@ -3,16 +3,17 @@ calibration, the mix `matgptq search` writes against every allocation it could h
 
 Protocol (stories260K, as benchmarks/search_results.py): for each seed s, a MatGPTQ parent (c = 8, R = {2,3,4,6,8},
 symmetric, per-channel) calibrated on 128 × 256 tokens drawn with seed s from the last 40% of tinystories_val_head.txt;
-the search's own fitness on the first 16,384 tokens of that 40% (search_results.search_fitness), its sensitivity
-windows the first 2,048 scored tokens of them (the runner's default). Rows per budget:
+the search's own fitness on the first 16,384 tokens of that 40% (search_results.search_fitness); the one-shot tables
+below on its first 2,048 scored tokens (nine windows: probe's default --sensitivity-tokens). Rows per budget:
   uniform     the widest uniform slice within the budget
-  probe       the search's default knapsack start (one probe per layer)
+  probe       the knapsack start of `search --sensitivity probe` (one probe per layer)
   additive    every layer scored alone at every width, knapsack (the measured additive model)
   noise       ExLlamaV3's noise injection: two probes per layer, power law, knapsack
   error       llama.cpp's --target-bpw idea: imatrix-weighted weight error, no forward pass per candidate, knapsack
   gradient    first order at the uniform slice under the budget, knapsack above it (one backward pass per floor)
   random      random budget-filling mixes through the search's selection stages, as many scorings as the search
-  written     the mix `matgptq search` writes with its default settings (--seed s)
+  written     the mix `matgptq search` writes with its default settings (--seed s): since 2026-11-28 its start is
+              the additive table on one window (--sensitivity full), before it was the probe table
 Each mix is scored on held-out text (the first 40,000 tokens of the first 60%: KL to the fp32 model and perplexity)
 and on the whole calibration pool (`calib KL`). `seconds`: what the allocation cost on this machine — a table's fill
 (shared by every budget of a seed) or the search's own time for the budget (its first budget includes its tables).
@@ -45,7 +46,7 @@ from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
 
 TABLES = (Allocator.PROBE, Allocator.ADDITIVE, Allocator.NOISE, Allocator.ERROR, Allocator.GRADIENT)
 KINDS = ("uniform", *(a.value for a in TABLES), "random", "written")
-SENSITIVITY_WINDOWS = 9  # ceil(2048 / 255): the runner's default --sensitivity-tokens on 256-token windows
+SENSITIVITY_WINDOWS = 9  # ceil(2048 / 255): --sensitivity probe's default --sensitivity-tokens, 256-token windows
 
 
 def build_parser() -> argparse.ArgumentParser:

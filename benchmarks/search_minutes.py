@@ -12,7 +12,7 @@ Protocol:
   scoring   each budget's mixes on the first 4 × 1024 tokens of the first half of WikiText-2 test (never calibrated
             on): KL to the float32 model and perplexity, float32:
               uniform    the widest uniform slice within the budget
-              knapsack   the probe table's knapsack mix (one probe per layer, the search's default start)
+              knapsack   the probe table's knapsack mix (one probe per layer; the default start until 2026-11-28)
               error      llama.cpp's --target-bpw idea: imatrix-weighted weight error, knapsack (a default baseline)
               gradient   first order at the uniform slice under the budget, the knapsack above it (one backward
                          pass per floor width, block by block; allocation/gradient.py; a default baseline)
@@ -65,8 +65,11 @@ from matgptq.execution import format_table
 from matgptq.formats import read_checkpoint
 from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
 
-RECIPE = ("--sensitivity-tokens", "510", "--calib-tokens", "2040", "--stages", "255:2,510:1", "--offspring", "8",
-          "--generations", "100")  # fmt: skip
+RECIPE = ("--sensitivity", "probe", "--sensitivity-tokens", "510", "--calib-tokens", "2040", "--stages", "255:2,510:1",
+          "--offspring", "8", "--generations", "100")  # fmt: skip
+# The seeds recorded before `full` became the default table ran RECIPE without its first two words (probe was the
+# default then): the same command.
+RECIPE_BEFORE = RECIPE[2:]
 FULL = ("--sensitivity", "full", "--sensitivity-tokens", "255")  # --full-start: these replace RECIPE's
 SLOW = ("additive", "noise", "random")  # --slow-baselines
 KINDS = ("uniform", "knapsack", "error", "gradient", *SLOW, "full knapsack", "full probe", "evolved", "written",
@@ -95,7 +98,7 @@ def main() -> None:
     out = Path(a.out)
     if not a.from_json:
         work = Path(a.work)
-        parent, data = start(work, out, RECIPE, __doc__)
+        parent, data = start(work, out, RECIPE, __doc__, same=(RECIPE_BEFORE,))
         for seed in (int(s) for s in a.seeds.split(",")):
             if a.slow_baselines or a.full_start:
                 if str(seed) not in data["seeds"]:
@@ -132,8 +135,9 @@ def timing(body: dict) -> dict:
 
 def full_recipe() -> list[str]:
     recipe = list(RECIPE)
-    recipe[recipe.index("--sensitivity-tokens") + 1] = FULL[FULL.index("--sensitivity-tokens") + 1]
-    return [*recipe, *FULL[:2]]
+    for option in ("--sensitivity", "--sensitivity-tokens"):
+        recipe[recipe.index(option) + 1] = FULL[FULL.index(option) + 1]
+    return recipe
 
 
 def add_full(parent: Path, work: Path, seed: int, run: dict, minutes: float) -> None:
@@ -210,7 +214,8 @@ def page(data: dict) -> str:
         best = min((k for k in ONE_SHOT if k in kl), key=lambda k: statistics.mean(kl[k]))
         quality.append([b, *(stats(kl[k]) for k in kinds), best, *(verdict(kl[w], kl[best]) for w in written)])
         perplexity.append([b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in kinds)])
-    protocol = data["protocol"].strip().replace("{RECIPE}", " ".join(data["recipe"])).replace("{FULL}", " ".join(FULL))
+    recipe = RECIPE if data["recipe"] == list(RECIPE_BEFORE) else data["recipe"]  # the command that repeats it now
+    protocol = data["protocol"].strip().replace("{RECIPE}", " ".join(recipe)).replace("{FULL}", " ".join(FULL))
     return "\n".join([
         header("benchmarks/search_minutes.py", "search_minutes.json"), "# All eight budgets in minutes",
         "", "```", protocol, "```", "",

@@ -227,7 +227,9 @@ def test_the_written_mix_is_the_best_candidate(searched):
         assert gap["shown"] == (gap["mean"] + 2 * gap["se"] < 0)
         assert s["kl"] == (lowest if gap["shown"] else s["baseline_kl"][gap["against"]])
         assert s["kl"] == (s["search_kl"] if s["chosen"] == "search" else s["baseline_kl"][s["chosen"]])
-        # the start's table beside the widths: every layer, every level, the top level the unchanged parent's KL
+        # the start's table beside the widths: every layer, every level, the top level the unchanged parent's KL;
+        # by default every level below the top measured (--sensitivity full), none extrapolated
+        assert mix["settings"]["sensitivity"] == "full" and s["sensitivity_levels"] == [2, 4]
         assert set(mix["sensitivity"]) == set(mix["bits"])
         assert all(set(v) == {"2", "4", "8"} for v in mix["sensitivity"].values())
         assert len({v["8"] for v in mix["sensitivity"].values()}) == 1

@@ -5,7 +5,7 @@ Each allocator predicts v_l(r), the loss of the parent with layer l at width r, 
 the table is filled, and in what it costs:
 
 - UNIFORM   the widest uniform slice under the budget. Free.
-- PROBE     the search's default start (sensitivity.py): each layer scored at the lowest width, the other widths
+- PROBE     the start of `search --sensitivity probe` (sensitivity.py): each layer scored at the lowest width, the others
             linear in the layer's relative squared weight error. Layers × 1 scorings.
 - ADDITIVE  each layer scored alone at every width (sensitivity.py, FULL): the measured additive model.
             Layers × (widths − 1) scorings.

@@ -16,7 +16,7 @@ from .allocators import Allocator
 from .budget import BudgetKind
 from .evopress import EvoConfig
 from .plot import require_matplotlib
-from .sensitivity import Sensitivity
+from .sensitivity import DEFAULT_TOKENS, Sensitivity
 
 
 class ScoreDtype(str, Enum):
@@ -45,11 +45,11 @@ class SearchRequest:
     kind: BudgetKind = BudgetKind.CODE
     evo: EvoConfig = field(default_factory=EvoConfig)
     seqlen: int = 256
-    sensitivity_tokens: int = 2048
+    sensitivity_tokens: int | None = None  # None: the mode's default (sensitivity.DEFAULT_TOKENS), set on creation
     # the pool the stages draw their windows from; a pool no larger than the last stage lets every generation score
     # the same tokens, and the search then fits them (its held-out scores get worse)
     calib_tokens: int = 16384
-    sensitivity: Sensitivity = Sensitivity.PROBE
+    sensitivity: Sensitivity = Sensitivity.FULL
     # one-shot allocations (allocators.py) that compete with the knapsack start as the search's first parent and with
     # the evolved mix for the written one; the default ones cost one forward pass (error) and one block-by-block
     # backward pass per fractional budget's floor width (gradient.py), plus dequantizing every slice once for each
@@ -69,6 +69,10 @@ class SearchRequest:
     time_limit: float | None = None
     # seconds already spent before run_search when the time limit began (the command counts its process's start)
     time_spent: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.sensitivity_tokens is None:
+            object.__setattr__(self, "sensitivity_tokens", DEFAULT_TOKENS[self.sensitivity])
 
 
 def mix_path(out: Path, budget: str) -> Path:

@@ -6,8 +6,8 @@ loss of a mix is ≈ const + Σ_l (s_l(r_l) − s_l(top)), so the best mix under
 min Σ_l s_l(r_l) s.t. Σ_l cost_l(r_l) ≤ limit (knapsack.py) — exact for the model, an approximation for the network.
 
 Two ways to fill the table (`Sensitivity`):
-- FULL scores every layer at every level: layers × (levels − 1) scorings.
-- PROBE (default) scores every layer at one probe level p, the lowest, and takes the other levels from the same
+- FULL (default) scores every layer at every level: layers × (levels − 1) scorings.
+- PROBE scores every layer at one probe level p, the lowest, and takes the other levels from the same
   linearity theorem, which says the loss grows linearly in the layer's relative squared weight error
   t_l(r) = ‖W_l(r) − W_l(top)‖² / ‖W_l(top)‖² (computed here from the parent's own slices, no data):
       s_l(r) = s_l(top) + max(0, s_l(p) − s_l(top)) · t_l(r) / t_l(p).
@@ -40,6 +40,14 @@ from .spread import from_rank0, score_all
 class Sensitivity(str, Enum):
     PROBE = "probe"
     FULL = "full"
+
+
+# Scored tokens per measurement when `search --sensitivity-tokens` is not given: FULL scores one 256-token window,
+# PROBE nine (2,048 tokens; its one level carries every other). At these sizes FULL makes fewer window scorings for
+# the whole table than PROBE (SmolLM2-135M, levels 2..8: 210 layers × 6 levels against 210 × 9). On SmolLM2, in the
+# same 10-minute runs (docs/results/search_minutes.md, three seeds: `full knapsack` on 255 tokens against `knapsack`,
+# PROBE on 510), FULL's knapsack mix had the lower held-out KL at seven of eight budgets, so FULL is the default.
+DEFAULT_TOKENS = {Sensitivity.FULL: 255, Sensitivity.PROBE: 2048}
 
 
 def probe_level(levels: tuple[int, ...]) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..allocation import BudgetKind, EvoConfig, ScoreDtype, SearchRequest, mix_path, parse_stages
 from ..allocation.allocators import Allocator
 from ..allocation.evopress import format_stages
-from ..allocation.sensitivity import Sensitivity
+from ..allocation.sensitivity import DEFAULT_TOKENS, Sensitivity
 from ..allocation.spread import is_writer
 from ..allocation.timing import process_seconds
 from ..api import search
@@ -39,10 +39,10 @@ def add_parser(sub) -> None:
     s.add_argument("--seed", type=int, default=evo.seed, help="seed of every random draw (mutations, windows)")
     s.add_argument("--seqlen", type=int, default=req.seqlen, help="tokens per calibration window (default %(default)s)")
     s.add_argument("--sensitivity", choices=[k.value for k in Sensitivity], default=req.sensitivity.value,
-                   help="starting mix: score each layer at one probe level and extrapolate by its weight error "
-                        "(probe), or at every level (full; levels − 1 times the cost; under --time-limit it scores "
-                        "the levels that leave every budget's report its time, lowest first, and extrapolates the "
-                        "rest as probe does)")  # fmt: skip
+                   help="starting mix: score each layer alone at every level (full; levels − 1 scorings a layer; under "
+                        "--time-limit it scores the levels that leave every budget's report its time, lowest first, "
+                        "and extrapolates the rest as probe does), or at its lowest level only and extrapolate the "
+                        "others by its weight error (probe) (default %(default)s)")  # fmt: skip
     s.add_argument("--baselines", type=allocators, default=",".join(a.value for a in req.baselines),
                    help="one-shot allocations that compete with the knapsack start for the first parent and with the "
                         "evolved mix for the written one, from " + ", ".join(a.value for a in Allocator) + " ('' for "
@@ -51,8 +51,9 @@ def add_parser(sub) -> None:
     s.add_argument("--calib-tokens", type=int, default=req.calib_tokens,
                    help="calibration tokens the stages draw their windows from (default %(default)s; at least the "
                         "last stage's)")  # fmt: skip
-    s.add_argument("--sensitivity-tokens", type=int, default=req.sensitivity_tokens,
-                   help="scored tokens per sensitivity measurement (default %(default)s)")
+    s.add_argument("--sensitivity-tokens", type=int,
+                   help="scored tokens per sensitivity measurement (default: " + ", ".join(
+                       f"{n} with {k.value}" for k, n in DEFAULT_TOKENS.items()) + ")")  # fmt: skip
     s.add_argument("--score-dtype", choices=[k.value for k in type(req.score_dtype)], default=req.score_dtype.value,
                    help="precision of the candidates' forward passes: bfloat16 makes a generation faster "
                         "where the hardware has it (AVX512-BF16/AMX CPUs, GPUs) and ranks candidates as float32 does "
