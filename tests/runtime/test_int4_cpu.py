@@ -15,13 +15,17 @@ evaluated per output element in float64 (plus a float64 slack of 1e-12).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import matgptq.runtime.packed as packed
 from matgptq.formats import QuantizedWeight
-from matgptq.runtime.int4_cpu import build, int4_codes, unpack_int4pack
+from matgptq.runtime.int4_cpu import LAYOUTS, Layout, build, int4_codes, layout, unpack_int4pack
 from matgptq.runtime.packed import PREFILL_ROWS, Kernel, PackedLinear
 from tests.conftest import random_parent as parent
 
@@ -31,8 +35,50 @@ U = 2.0**-8
 
 @pytest.mark.parametrize("n,k", [(16, 64), (48, 64), (64, 576), (96, 160), (208, 32)])
 def test_unpack_inverts_torchs_layout(n, k):
+    assert layout() is not None  # every x86-64 and plain build torch has is one of LAYOUTS
     q = torch.randint(0, 16, (n, k), generator=torch.Generator().manual_seed(n + k), dtype=torch.int32)
     assert torch.equal(unpack_int4pack(ops._convert_weight_to_int4pack_for_cpu(q, 1), n, k), q)
+
+
+def reference_pack(q: torch.Tensor, lay: Layout) -> torch.Tensor:
+    """torch's `weight_to_int4pack_kernel` (aten/src/ATen/native/cpu/int4mm_kernel.cpp) written out byte by byte: per
+    block of `lay.block` rows, for each column k, byte k·(rows/2) + j of the block holds (low, high) = rows (j, j +
+    block/2) of a full block of a split layout, else rows (2j, 2j + 1)."""
+    n, k = q.shape
+    out = torch.zeros(n * k // 2, dtype=torch.uint8)
+    for b0 in range(0, n, lay.block):
+        rows = min(lay.block, n - b0)
+        for col in range(k):
+            for j in range(rows // 2):
+                lo, hi = (j, j + rows // 2) if lay.split and rows == lay.block else (2 * j, 2 * j + 1)
+                out[b0 * k // 2 + col * rows // 2 + j] = int(q[b0 + lo, col]) | int(q[b0 + hi, col]) << 4
+    return out
+
+
+@pytest.mark.parametrize("lay", LAYOUTS)
+def test_unpack_inverts_every_known_layout(lay):
+    """Each layout of torch's builds (AVX-512, AVX2, plain) against the packer above, on any machine."""
+    for n, k in [(16, 8), (48, 6), (64, 4), (96, 10), (208, 4)]:
+        q = torch.randint(0, 16, (n, k), generator=torch.Generator().manual_seed(n * k), dtype=torch.int32)
+        assert torch.equal(unpack_int4pack(reference_pack(q, lay), n, k, lay), q)
+
+
+def test_the_plain_build_is_found_and_served_exactly():
+    """ATEN_CPU_CAPABILITY=default makes torch dispatch to its plain build (another packing than AVX2/AVX-512's):
+    `layout` finds it and a packed layer's codes and prefill still equal the reference."""
+    code = ("import torch, torch.nn.functional as F\n"
+            "from matgptq.runtime.int4_cpu import Layout, layout\n"
+            "from matgptq.runtime.packed import PREFILL_ROWS, Kernel, PackedLinear\n"
+            "from tests.conftest import random_parent\n"
+            "assert torch.backends.cpu.get_cpu_capability() == 'DEFAULT' and layout() == Layout(32, False)\n"
+            "q = random_parent(80, 384, 64, False).slice(5)\n"
+            "layer = PackedLinear(q, None, torch.bfloat16)\n"
+            "assert layer.kernel == Kernel.INT4 and torch.equal(layer.codes(), q.codes)\n"
+            "x = torch.randn(PREFILL_ROWS, 384).to(torch.bfloat16)\n"
+            "assert torch.equal(layer(x), F.linear(x, q.dequantize(torch.bfloat16)))\n")  # fmt: skip
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
 
 
 def _exact_terms(q: QuantizedWeight):

@@ -23,12 +23,18 @@ of 256/128/64/32 that divides K and inside whose blocks the sorted group index i
 on K = 576 gives gs = 64, its last group being 64 wide). Anything else (N % 16 ≠ 0, K odd, groups no kernel size
 fits) → None: the caller keeps the bit-stream path.
 
-The packed layout (torch's, found by probing; unpack_int4pack inverts it and the tests check that on every row-count
-family): rows in blocks of 64, each stored as bytes [K, 32] whose byte j holds row j (low nibble) and row j + 32 (high
-nibble); the last N mod 64 rows (a multiple of 16) as bytes [K, (N mod 64)/2] whose byte j holds rows 2j and 2j + 1.
+The packed layout depends on the CPU build torch dispatches to (aten/src/ATen/native/cpu/int4mm_kernel.cpp,
+`weight_to_int4pack_kernel`): rows in blocks of B, each block stored as bytes [K, B/2]. With AVX-512, B = 64 and byte
+j holds row j (low nibble) and row j + 32 (high); with AVX2, B = 32 and byte j holds rows j and j + 16; a last block
+of fewer rows (a multiple of 16), and every block of the plain build (B = 32), holds rows 2j and 2j + 1 in byte j.
+`layout` finds which of these this process's torch writes by packing random codes once and reading them back; where
+none matches (another torch, another CPU family) the kernel is not used, so no slice is ever read in a wrong layout.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 
@@ -47,15 +53,47 @@ def kernel_group_size(g_sorted: torch.Tensor) -> int | None:
     return None
 
 
-def unpack_int4pack(w: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """int32 codes [N, K] from `_convert_weight_to_int4pack_for_cpu`'s uint8 [N, K/2] (layout in the module doc)."""
-    flat, full = w.reshape(-1), n // 64 * 64
-    head = flat[: full * k // 2].view(n // 64, k, 32)  # byte j: row j (low nibble), row j + 32 (high)
-    rows = [torch.cat([head & 15, head >> 4], dim=-1).permute(0, 2, 1).reshape(full, k)]
+class Layout(NamedTuple):
+    block: int  # rows per block
+    split: bool  # a full block's byte j holds rows j and j + block/2 (else rows 2j and 2j + 1)
+
+
+LAYOUTS = (Layout(64, True), Layout(32, True), Layout(32, False))  # AVX-512, AVX2, the plain build
+
+
+def unpack_int4pack(w: torch.Tensor, n: int, k: int, layout: Layout | None = None) -> torch.Tensor:
+    """int32 codes [N, K] from `_convert_weight_to_int4pack_for_cpu`'s uint8 [N, K/2] (module doc), in `layout`
+    (default: this process's, `layout()`)."""
+    block, split = layout or _found()
+    flat, full = w.reshape(-1), n // block * block
+    rows = []
+    if split and full:
+        head = flat[: full * k // 2].view(n // block, k, block // 2)  # byte j: row j (low nibble), j + block/2 (high)
+        rows.append(torch.cat([head & 15, head >> 4], dim=-1).permute(0, 2, 1).reshape(full, k))
+    elif full:
+        head = flat[: full * k // 2].view(n // block, k, block // 2)  # byte j: rows 2j (low), 2j + 1 (high)
+        rows.append(torch.stack([head & 15, head >> 4], dim=-1).view(n // block, k, block).permute(0, 2, 1)
+                    .reshape(full, k))  # fmt: skip
     if n > full:
         tail = flat[full * k // 2 :].view(k, (n - full) // 2)  # byte j: rows 2j (low), 2j + 1 (high)
         rows.append(torch.stack([tail & 15, tail >> 4], dim=-1).view(k, n - full).t())
     return torch.cat(rows).to(torch.int32)
+
+
+@lru_cache(maxsize=1)
+def layout() -> Layout | None:
+    """The layout this process's torch packs in: the one of LAYOUTS that reads back random codes of 208 rows (full
+    blocks of 64 and of 32, and a last block of 16) exactly; None if none does."""
+    q = torch.randint(0, 16, (208, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    packed = ops._convert_weight_to_int4pack_for_cpu(q, 1)
+    return next((lay for lay in LAYOUTS if torch.equal(unpack_int4pack(packed, 208, 64, lay), q)), None)
+
+
+def _found() -> Layout:
+    found = layout()
+    if found is None:  # build() returns None first, so no PackedLinear reads planes without a layout
+        raise RuntimeError("torch's int4 CPU packing is in no known layout")
+    return found
 
 
 def build(codes, scales, zeros, g_idx, bits, shift, dtype=torch.bfloat16):
@@ -63,7 +101,7 @@ def build(codes, scales, zeros, g_idx, bits, shift, dtype=torch.bfloat16):
     plane for r ≤ 4, 2 for r ≤ 8, perm None when the groups are in order and groups[j] the parent group of kernel
     group j; None when the kernel cannot serve the layer."""
     n, k = codes.shape
-    if bits > 8 or n % 16 or k % 2:
+    if bits > 8 or n % 16 or k % 2 or layout() is None:
         return None
     g = g_idx.long()
     perm = torch.argsort(g, stable=True)
