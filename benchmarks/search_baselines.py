@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--budgets", default="2.5,2.75,3.0,3.25,3.5,4.0,5.0,6.0", help="code bits per weight")
     ap.add_argument("--out", default=str(RESULTS / "search_baselines.json"), help="the JSON; its page goes beside it")
     ap.add_argument("--from-json", action="store_true", help="only re-render the page from --out")
+    ap.add_argument("--note", help="a remark on the run shown under its table (e.g. what shared the machine with "
+                                   "it); with --from-json, recorded into --out's run")  # fmt: skip
     return ap
 
 
@@ -68,7 +70,9 @@ def main() -> None:
             rows += measure_seed(seed, tuple(a.budgets.split(",")))
         data = {"protocol": __doc__, "rows": rows, "threads": torch.get_num_threads()}
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=1))
+        out.write_text(json.dumps({**data, **({"note": a.note} if a.note else {})}, indent=1))
+    elif a.note:
+        out.write_text(json.dumps({**load_json(out), "note": a.note}, indent=1))
     text = page(load_json(out))
     write_page(out.with_suffix(".md"), text)
     print(text)
@@ -154,6 +158,7 @@ def page(data: dict) -> str:
         header("benchmarks/search_baselines.py", "search_baselines.json"), "# The search against one-shot allocators",
         "", "```", data["protocol"].strip(), "```", "",
         f"Mean ± sample standard deviation over seeds {seeds}; {data['threads']} thread(s).", "",
+        *([f"Note: {data['note']}", ""] if data.get("note") else []),
         "Per budget, the written mix against the best baseline (lowest mean held-out KL):", "",
         format_table(["budget", "best baseline", "its held-out KL", "written held-out KL", "written vs best"], summary),
         "", "Every row:", "",
