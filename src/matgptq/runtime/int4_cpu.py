@@ -61,10 +61,10 @@ class Layout(NamedTuple):
 LAYOUTS = (Layout(64, True), Layout(32, True), Layout(32, False))  # AVX-512, AVX2, the plain build
 
 
-def unpack_int4pack(w: torch.Tensor, n: int, k: int, layout: Layout | None = None) -> torch.Tensor:
-    """int32 codes [N, K] from `_convert_weight_to_int4pack_for_cpu`'s uint8 [N, K/2] (module doc), in `layout`
-    (default: this process's, `layout()`)."""
-    block, split = layout or _found()
+def unpack_int4pack(w: torch.Tensor, n: int, k: int, lay: Layout | None = None) -> torch.Tensor:
+    """int32 codes [N, K] from `_convert_weight_to_int4pack_for_cpu`'s uint8 [N, K/2] (module doc), in the layout
+    `lay` (default: this process's, `layout()`)."""
+    block, split = lay or _found()
     flat, full = w.reshape(-1), n // block * block
     rows = []
     if split and full:
@@ -85,7 +85,10 @@ def layout() -> Layout | None:
     """The layout this process's torch packs in: the one of LAYOUTS that reads back random codes of 208 rows (full
     blocks of 64 and of 32, and a last block of 16) exactly; None if none does."""
     q = torch.randint(0, 16, (208, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
-    packed = ops._convert_weight_to_int4pack_for_cpu(q, 1)
+    try:
+        packed = ops._convert_weight_to_int4pack_for_cpu(q, 1)
+    except (RuntimeError, NotImplementedError):  # a torch build without the CPU kernel
+        return None
     return next((lay for lay in LAYOUTS if torch.equal(unpack_int4pack(packed, 208, 64, lay), q)), None)
 
 
