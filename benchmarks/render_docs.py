@@ -93,6 +93,8 @@ PAGES = (
          about="SmolLM2-135M-Instruct: the same ablation (`--real-model`)"),
     Page("research.scale_choice", ("scale_choice.json",), md="scale_choice.md",
          about="how GPTQ's group scales are chosen: MSE search, Hessian-weighted, least-squares refit"),
+    Page("mse_search", ("mse_search.json",), md="mse_search.md",
+         about="the MSE scale search: its 30 grid points, coarse to fine, against scoring all 80 (error and time)"),
     Page("gguf_default", ("gguf_default.json",), md="gguf_default.md",
          about="the GGUF path a new user types (GPTQ g32, `--target gguf`, `export --type q4_0`) against llama.cpp's "
                "Q4_0 with and without imatrix, over calibration seeds"),

@@ -4,25 +4,33 @@ import pytest
 import torch
 
 from matgptq.quantization import grid
-from matgptq.quantization.grid import MSE_GRID, MSE_MAX_SHRINK, MSE_NORM, NearestRounding, find_params
+from matgptq.quantization.grid import (MSE_COARSE, MSE_GRID, MSE_KEEP, MSE_MAX_SHRINK, MSE_NORM, MSE_REFINE,
+                                      NearestRounding, find_params)
 from matgptq.quantization.solver import gptq_quantize
 
 
-def brute_force_scale(row, bits, weights):
-    """One row, symmetric grid: try s = fp16(2·p·max|w| / (2^b − 1)) for p = 1, 0.99, …, keep the first minimiser of
-    Σ_j d_j·|w_j − s·(clamp(round(w_j / s) + z) − z)|^2.4, z = 2^(b−1) (grid.py's docstring, written as loops)."""
+def coarse_to_fine(error):
+    """The grid point i (p = 1 − i/100, i < 80) the search keeps, given E as `error(i)` (grid.py's docstring, written
+    as loops): every MSE_COARSE-th point scored, the best MSE_KEEP of them (smallest E, then smallest i), the points
+    within MSE_REFINE steps of those, and of those the one with the smallest E, the smallest i on ties."""
+    n = int(MSE_MAX_SHRINK * MSE_GRID)
+    coarse = sorted(range(0, n, MSE_COARSE), key=lambda i: (error(i), i))[:MSE_KEEP]
+    near = {min(max(c + d, 0), n - 1) for c in coarse for d in range(-MSE_REFINE, MSE_REFINE + 1)}
+    return min(near, key=lambda i: (error(i), i))
+
+
+def brute_force_scale(row, bits, weights, pick=coarse_to_fine):
+    """One row, symmetric grid: s(i) = fp16(2·p·max|w| / (2^b − 1)) for p = 1 − i/100, and the s(i) coarse_to_fine
+    keeps for E(i) = Σ_j d_j·|w_j − s·(clamp(round(w_j / s) + z) − z)|^2.4, z = 2^(b−1) (grid.py's docstring)."""
     maxq, z = (1 << bits) - 1, 1 << (bits - 1)
     amax = max(max(-min(row), 0.0), max(max(row), 0.0))
-    best, best_s = float("inf"), None
-    for i in range(int(MSE_MAX_SHRINK * MSE_GRID)):
-        s = float(torch.tensor(2 * amax * (1 - i / MSE_GRID) / maxq).half())
-        err = 0.0
-        for x, d in zip(row, weights):
-            q = min(max(round(x / s) + z, 0), maxq)
-            err += d * abs(x - s * (q - z)) ** MSE_NORM
-        if err < best:
-            best, best_s = err, s
-    return best_s
+    scale = lambda i: float(torch.tensor(2 * amax * (1 - i / MSE_GRID) / maxq).half())  # noqa: E731
+
+    def error(i):
+        s = scale(i)
+        return sum(d * abs(x - s * (min(max(round(x / s) + z, 0), maxq) - z)) ** MSE_NORM for x, d in zip(row, weights))
+
+    return scale(pick(error))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -35,21 +43,37 @@ def test_weighted_search_is_the_weighted_minimiser(seed):
         assert float(scale[r]) == brute_force_scale(w[r].tolist(), 3, d.tolist())
 
 
+def test_the_search_keeps_the_coarse_to_fine_point_not_the_full_grids():
+    """Over many rows some have their full-grid minimiser outside the refined points (so the two definitions
+    differ there); each row's scale is still coarse_to_fine's."""
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(200, 12, generator=gen, dtype=torch.float64)  # one row of these differs (seed searched for)
+    d = torch.rand(12, generator=gen, dtype=torch.float64) + 0.1
+    scale, _ = find_params(w, NearestRounding(4), sym=True, mse=True, col_weights=d)
+    got = [float(s) for s in scale]
+    assert got == [brute_force_scale(w[r].tolist(), 4, d.tolist()) for r in range(200)]
+    full = [brute_force_scale(w[r].tolist(), 4, d.tolist(), pick=lambda e: min(range(80), key=lambda i: (e(i), i)))
+            for r in range(200)]  # fmt: skip
+    assert got != full
+
+
 def brute_force_asymmetric(row, bits):
-    """One row, asymmetric grid: for p = 1, 0.99, …: xmin = p·min(min w, 0), xmax = p·max(max w, 0),
-    s = fp16((xmax − xmin) / (2^b − 1)), z = clamp(round(−xmin / s), 0, 2^b − 1); the first (s, z) minimising
-    Σ_j |w_j − s·(clamp(round(w_j / s) + z) − z)|^2.4 (grid.py's docstring, as loops; round half to even as torch)."""
+    """One row, asymmetric grid: for p = 1 − i/100: xmin = p·min(min w, 0), xmax = p·max(max w, 0),
+    s = fp16((xmax − xmin) / (2^b − 1)), z = clamp(round(−xmin / s), 0, 2^b − 1); the (s, z) coarse_to_fine keeps for
+    E(i) = Σ_j |w_j − s·(clamp(round(w_j / s) + z) − z)|^2.4 (grid.py's docstring; round half to even as torch)."""
     maxq = (1 << bits) - 1
     lo, hi = min(min(row), 0.0), max(max(row), 0.0)
-    best, pick = float("inf"), None
-    for i in range(int(MSE_MAX_SHRINK * MSE_GRID)):
+
+    def grid_point(i):
         p = 1 - i / MSE_GRID
         s = float(torch.tensor((hi * p - lo * p) / maxq).half())
-        z = min(max(round(-(lo * p) / s), 0), maxq)
-        err = sum(abs(x - s * (min(max(round(x / s) + z, 0), maxq) - z)) ** MSE_NORM for x in row)
-        if err < best:
-            best, pick = err, (s, z)
-    return pick
+        return s, min(max(round(-(lo * p) / s), 0), maxq)
+
+    def error(i):
+        s, z = grid_point(i)
+        return sum(abs(x - s * (min(max(round(x / s) + z, 0), maxq) - z)) ** MSE_NORM for x in row)
+
+    return grid_point(coarse_to_fine(error))
 
 
 @pytest.mark.parametrize("chunk", [None, 1])
