@@ -49,7 +49,7 @@ def make_parent(work: Path) -> Path:
     parent = work / "parent"
     if not (parent / "matgptq.json").is_file():
         matgptq.quantize(MODEL, parent, calib=TEXT, calib_range=(0.5, 1.0), method="matgptq", bits=(3, 4, 8),
-                         group_size=128, nsamples=64, seqlen=512, seed=0, overwrite=True)  # fmt: skip
+                         group_size=128, nsamples=64, seqlen=512, seed=0, overwrite=True, resume=True)  # fmt: skip
     return parent
 
 
