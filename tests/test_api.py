@@ -28,6 +28,44 @@ def test_bfloat16_calibration_writes_bfloat16_and_leaves_the_source_untouched(tm
     assert {p.name: sha(p) for p in src.iterdir() if p.is_file()} == before
 
 
+def bfloat16_copy(src, dst):
+    """The model at `src` stored in bfloat16 (config.json's dtype too), with its tokenizer."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(dst, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy2(src / name, dst / name)
+    return dst
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_auto_calibrates_bfloat16_in_float32_on_a_cpu_without_bfloat16(tmp_path, monkeypatch, native):
+    """run.calibration_dtypes: where the CPU emulates bfloat16, `auto` computes as --dtype float32 does (the same
+    codes and scales) and writes the model's bfloat16 tensors as they were; where it has bfloat16, `auto` is
+    --dtype bfloat16 byte for byte."""
+    import torch
+    from safetensors.torch import load_file
+
+    from matgptq.quantization import run
+
+    src = bfloat16_copy(make_tiny_llama(tmp_path / "m"), tmp_path / "bf16")
+    monkeypatch.setattr(run, "native_bfloat16", lambda dev: native)
+    auto = quick_quantize(src, tmp_path / "auto")
+    same = quick_quantize(src, tmp_path / "same", dtype="bfloat16" if native else "float32")
+    assert json.loads((auto / "matgptq.json").read_text())["calibration"]["dtype"] == ("bfloat16" if native else
+                                                                                       "float32")  # fmt: skip
+    assert json.loads((auto / "config.json").read_text())["dtype"] == "bfloat16"
+    got, want, source = (load_file(str(d / "model.safetensors")) for d in (auto, same, src))
+    assert set(got) == set(want)
+    for k, t in got.items():
+        assert torch.equal(t, want[k].to(t.dtype)), k
+        if k in source:  # the tensors stored as they are (norms, embeddings, lm_head)
+            assert t.dtype == torch.bfloat16 and torch.equal(t, source[k]), k
+
+
 def test_unknown_dtype_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match="--dtype int8 is not one of auto, float32, bfloat16, float16"):
         quick_quantize(make_tiny_llama(tmp_path / "m"), tmp_path / "q", dtype="int8")

@@ -96,8 +96,10 @@ def _calibration_options(g) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed for drawing the windows")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="model dtype while calibrating, and of the unquantized tensors written (auto: the model's "
-                        "own). bfloat16 halves memory and is faster on CPUs with AVX512-BF16 or AMX, as "
-                        "GPTQModel does on CPU; results then differ slightly. Hessians and the solver stay float32")
+                        "own; a bfloat16 model on a CPU without AVX512-BF16 or AMX, where bfloat16 is emulated and "
+                        "several times slower, calibrates in float32 and is written in bfloat16). bfloat16 halves "
+                        "memory and is faster on CPUs with AVX512-BF16 or AMX, as GPTQModel does on CPU; results then "
+                        "differ slightly. Hessians and the solver stay float32")
 
 
 def _run_options(g) -> None:

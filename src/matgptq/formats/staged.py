@@ -37,16 +37,21 @@ SHARD_BYTES = 512 << 20  # default largest shard
 class StagedCheckpoint:
     """Block files in `dir`; see the module docstring."""
 
-    def __init__(self, dir: str | Path) -> None:
+    def __init__(self, dir: str | Path, dtype: torch.dtype | None = None) -> None:
         self.dir = Path(dir)
+        self.dtype = dtype  # the floating tensors besides the quantized layers are written in it (None: as given)
         self.fix = f"delete {self.dir} and run the quantization again"
+
+    def _stored(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        cast = lambda t: t.to(self.dtype) if self.dtype is not None and t.is_floating_point() else t  # noqa: E731
+        return {k: cast(v).contiguous() for k, v in tensors.items()}
 
     def path(self, block: int) -> Path:
         return self.dir / f"block-{block}.safetensors"
 
     def write_block(self, block: int, layers: dict[str, QuantizedWeight], tensors: dict[str, torch.Tensor]) -> None:
         """Block `block`'s quantized `layers` (full names) and its other `tensors` (full names), on the CPU."""
-        out = {k: v.contiguous() for k, v in tensors.items()}
+        out = self._stored(tensors)
         for name, q in layers.items():
             out.update(layer_tensors(name, q))
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -74,7 +79,7 @@ class StagedCheckpoint:
             raise UserError(f"{self.path(missing[0])} is missing: block {missing[0]} was never written; {self.fix}")
         headers = [read_header(self.path(i), self.fix) for i in range(n_blocks)]
         width_scales = any(".scales." in k for h in headers for k in h)  # per-width scales: format v2
-        outside = {k: v.contiguous() for k, v in tensors.items()}
+        outside = self._stored(tensors)
         groups = [Group(entries_of(outside), lambda: outside)] + [
             Group([Entry(k, dtype, shape) for k, (dtype, shape) in h.items()],
                   lambda i=i: read_tensors(self.path(i), self.fix)) for i, h in enumerate(headers)]  # fmt: skip

@@ -16,7 +16,7 @@ import transformers
 
 from .._version import __version__
 from ..errors import UserError
-from ..execution import dist_backend, init_from_env, world
+from ..execution import dist_backend, init_from_env, native_bfloat16, world
 from ..formats.mix import WidthSpec, read_mix
 from ..formats.staged import StagedCheckpoint
 from ..models import (
@@ -56,13 +56,29 @@ def _windows(tokenizer, calib, cfg: MethodConfig, calib_cfg: CalibConfig) -> tor
     return calibration_windows(tokenize(tokenizer, text), calib_cfg.nsamples, calib_cfg.seqlen, calib_cfg.seed)
 
 
-def _open(model: Path, dtype: str, stream: bool | None):
-    """(LazyModel or None, the model): streamed from its files when they allow it, unless `stream` is False."""
-    lazy = LazyModel.open(model, COMPUTE_DTYPES[dtype]) if stream is not False else None
+def calibration_dtypes(model: Path, dtype: str, dev: torch.device) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """(the dtype the model calibrates in, the dtype its unquantized tensors are written in); None: the model's own.
+    `auto` is the model's own (config.json's dtype), except for a bfloat16 model on a CPU without bfloat16 arithmetic
+    (execution.native_bfloat16): that one calibrates in float32, holding bfloat16's values exactly, and is written in
+    bfloat16, to which they round back exactly. There bfloat16 is emulated: on a 2-core AVX2 EPYC (torch 2.13,
+    2026-11-29) a [2048, 576] x [576, 1536] product took 7.6x float32's time, and SmolLM2's 4-bit g128 quantization
+    (benchmarks/bench_pipeline.py, 64 x 512 tokens) 1098 CPU s calibrated in bfloat16 against 381 in float32."""
+    chosen = COMPUTE_DTYPES[dtype]
+    if chosen is not None or dev.type != "cpu" or native_bfloat16(dev):
+        return chosen, chosen
+    own = getattr(transformers.AutoConfig.from_pretrained(model), "dtype", None)
+    own = getattr(torch, own, None) if isinstance(own, str) else own
+    return (torch.float32, torch.bfloat16) if own == torch.bfloat16 else (None, None)
+
+
+def _open(model: Path, dtype: torch.dtype | None, stream: bool | None):
+    """(LazyModel or None, the model in `dtype`, None: its own): streamed from its files when they allow it, unless
+    `stream` is False."""
+    lazy = LazyModel.open(model, dtype) if stream is not False else None
     if stream and lazy is None:
         raise UserError(f"the safetensors files in {model} do not name the model's parameters as transformers does; "
                         "they cannot be streamed: pass stream=None (stream when possible) or False")  # fmt: skip
-    return lazy, lazy.model if lazy is not None else load_fp_model(model, COMPUTE_DTYPES[dtype])
+    return lazy, lazy.model if lazy is not None else load_fp_model(model, dtype)
 
 
 def _with_widths(cfg: MethodConfig, fp, bits_config: WidthSpec | None) -> MethodConfig:
@@ -113,20 +129,25 @@ def run_quantization(source: ModelSource, out: str | Path, cfg: MethodConfig, ca
     rank, size = world()
     if size > 1 and resume:
         raise UserError("--resume is for single-process runs; run the resumed quantization without torchrun")
-    lazy, fp = _open(model, dtype, stream)
+    compute, stored = calibration_dtypes(model, dtype, dev)
+    lazy, fp = _open(model, compute, stream)
     cfg = _with_widths(cfg, fp, bits_config)
     settings = _run_settings(model, cfg, calib_cfg, calib, windows, dtype, dev)
+    settings["compute_dtype"] = str(fp.dtype)  # `auto` depends on the CPU (calibration_dtypes)
     state = BlockState(out, settings, resume) if size == 1 else None
     # finished blocks: in the resume directory, else a private sibling of `out` (created by the first block written)
     scratch = Path(out).resolve().parent / f".{Path(out).name}.blocks-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    stage = StagedCheckpoint(state.dir if state is not None else scratch) if rank == 0 else _Discard()
+    stage = StagedCheckpoint(state.dir if state is not None else scratch, stored) if rank == 0 else _Discard()
     try:
         _, reports, _ = quantize_model(fp, windows, cfg, progress=progress, state=state, device=dev, source=lazy,
                                        sink=stage)  # fmt: skip
         if rank > 0:  # every rank holds the result; one writes it
             return Path(out), reports
         spec = arch_spec(fp)
-        stage.assemble(out, len(get_blocks(fp, spec)), fp.config.to_dict(), unquantized_tensors(fp, {}, spec.blocks),
+        config = fp.config.to_dict()
+        if stored is not None:  # the dtype the tensors are written in, not the one calibrated in
+            config.update({k: str(stored).removeprefix("torch.") for k in ("dtype", "torch_dtype") if k in config})
+        stage.assemble(out, len(get_blocks(fp, spec)), config, unquantized_tensors(fp, {}, spec.blocks),
                        {r.name: list(r.shape) for r in reports}, {r.name: cfg.width_of(r.name) for r in reports},
                        _metadata(cfg, calib_cfg, calib, source, fp, reports, dev, size), model, overwrite,
                        shard_bytes)  # fmt: skip
