@@ -162,13 +162,17 @@ def defaults_block(data: dict) -> str:
          "`matgptq-parent` → `matgptq-parent-gar-refit` (with group act-order): " + parent("matgptq-parent-gar-refit")),
         ("`--mse`, `--mse-weighted`", " / ".join(show(METHOD_DEFAULTS[m]["mse"] and METHOD_DEFAULTS[m]["mse_weighted"])
                                                for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN)),
-         "the scale searched, its error weighted by H_kk; GPTQ, `gar` → `gar-mse-w-refit` (with the refit"
+         "the scale searched (since 2026-11-29 on 30 of the 80 grid points, coarse to fine; its error and time "
+         "against all 80: [mse_search](../results/mse_search.md); the ablation's rows scored all 80), its error "
+         "weighted by H_kk; GPTQ, `gar` → `gar-mse-w-refit` (with the refit"
          + (", the defaults: the `default` row's seeds" if defaults_row else "") + "): "
          + _step(cells, "gar", "default" if defaults_row else "gar-mse-w-refit") + "; a parent, `matgptq-parent` → `matgptq-parent-gar-mse-w-refit` "
          "(off for a parent, for its CPU time): " + parent("matgptq-parent-gar-mse-w-refit")),
         ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; GPTQModel's 0.05 instead, the other defaults "
          "kept (`default` → `gar-mse-w-refit-damp0.05`): " + _step(cells, "default", "gar-mse-w-refit-damp0.05")),
-        ("`--dtype`", "auto / auto / auto", "the model's own dtype; calibrating a float32 model in bfloat16 instead "
+        ("`--dtype`", "auto / auto / auto", "the model's own dtype, except that a bfloat16 model calibrates in "
+         "float32 (and is written in bfloat16) on a CPU without AVX512-BF16 or AMX, which emulates bfloat16 products "
+         "several times slower than float32's; calibrating a float32 model in bfloat16 instead "
          "(`default` → `gar-mse-w-refit-bf16`, the same options; GPTQModel's CPU dtype): "
          + _step(cells, "default", "gar-mse-w-refit-bf16") + _cpu(cells, "default", "gar-mse-w-refit-bf16")),
         ("`--nsamples` × `--seqlen`", f"{CalibConfig.nsamples} × {CalibConfig.seqlen}", "the calibration size; the "
@@ -276,7 +280,7 @@ def _cost_sentence(pipeline: dict) -> str:
     by_tool = {r["tool"]: r for r in data.get("results", []) if r.get("ok")}
     peer, a = by_tool.get("gptqmodel"), data.get("args", {})
     rows = [("matgptq-cli", "in the model's float32"), ("matgptq-cli-bf16", "calibrating in bfloat16 (what a model "
-            "stored in bfloat16 gets, and what GPTQModel does)")]  # fmt: skip
+            "stored in bfloat16 gets on a CPU with AVX512-BF16 or AMX, and what GPTQModel does)")]  # fmt: skip
     got = [(by_tool[t], what) for t, what in rows if t in by_tool]
     if not peer or not got:
         return ""
