@@ -59,7 +59,8 @@ def column_weights(model_dir: Path, layers: list[int]) -> tuple[dict[str, torch.
     handles = []
     for name, module in model.named_modules():
         parts = name.split(".")
-        if isinstance(module, torch.nn.Linear) and "layers" in parts and int(parts[parts.index("layers") + 1]) in layers:
+        if isinstance(module, torch.nn.Linear) and "layers" in parts and \
+                int(parts[parts.index("layers") + 1]) in layers:  # fmt: skip
             handles.append(module.register_forward_hook(hook(name)))
             weights[name] = module.weight.detach().float()
     with torch.no_grad():
@@ -126,8 +127,8 @@ def page(data: dict) -> str:
         header("benchmarks/mse_search.py", f"{STEM}.json"), "",
         "# The MSE scale search: 30 grid points, coarse to fine, against all 80", "",
         f"{Path(data['model']).name}: decoder layers 0, {data['layers_every']}, {2 * data['layers_every']}, … "
-        f"({data['layers']} layers, seven linear layers each), the float weights, column weights d_j = the input's mean square over 8 x 256 "
-        f"WikiText-2 tokens. Measured on {m['cpu']} ({m['cores']} cores, 2 threads) at commit {m['commit']}.", "",
+        f"({data['layers']} layers, seven linear layers each), the float weights, column weights d_j = the input's "
+        f"mean square over 8 x 256 WikiText-2 tokens. Measured on {m['cpu']} ({m['cores']} cores, 2 threads) at commit {m['commit']}.", "",
         format_table(["bits", "group", "sym", "rows", "Σ E fast / Σ E full", "rows differing",
                       "worst row E ratio", "full s", "fast s", "fast / full time"], table), "",
         "E = Σ_j d_j·|ŵ_j − w_j|^2.4 of each row's (group's) pick; the full grid's pick is its minimiser, so the "

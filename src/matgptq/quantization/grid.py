@@ -14,7 +14,8 @@ MSE search (`mse=True`, on the shrink grid of IST-DASLab/gptq, p = 1, 0.99, …,
 E(p) = Σ_j d_j·|ŵ_j − w_j|^2.4 in two passes, coarse to fine: every 4th grid point (p = 1, 0.96, …, 0.24), then, per
 row, the grid points within 2 steps of its two best coarse points (the first minimiser, then the next), and keep the
 grid point of smallest E among those (the largest p on ties). 30 scored points instead of IST-DASLab's 80; on
-SmolLM2's weights the chosen E is within 0.01% of scoring all 80 (docs/results/mse_search.md). d_j = 1 (GPTQ's search), or, given column
+SmolLM2's weights the chosen E is within 0.002% (symmetric) and 0.013% (asymmetric) of scoring all 80, in 0.4x the
+time (docs/results/mse_search.md). d_j = 1 (GPTQ's search), or, given column
 weights (`--mse-weighted`), d_j = H_jj: the input's mean square, the importance llama.cpp's imatrix quantizers weight
 their block-scale search by (llama.cpp ggml-quants.c, quantize_row_q4_0_impl; there also scaled by √(σ² + w_j²)).
 """

@@ -4,6 +4,7 @@ every checkpoint records, and the torchrun split (only rank 0 writes)."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -66,9 +67,17 @@ def calibration_dtypes(model: Path, dtype: str, dev: torch.device) -> tuple[torc
     chosen = COMPUTE_DTYPES[dtype]
     if chosen is not None or dev.type != "cpu" or native_bfloat16(dev):
         return chosen, chosen
-    own = getattr(transformers.AutoConfig.from_pretrained(model), "dtype", None)
-    own = getattr(torch, own, None) if isinstance(own, str) else own
-    return (torch.float32, torch.bfloat16) if own == torch.bfloat16 else (None, None)
+    return (torch.float32, torch.bfloat16) if _config_dtype(model) == "bfloat16" else (None, None)
+
+
+def _config_dtype(model: Path) -> str | None:
+    """config.json's dtype (`dtype`, or transformers 4's `torch_dtype`); None where it names none or cannot be read
+    (loading the model then says what is wrong)."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return (config.get("dtype") or config.get("torch_dtype")) if isinstance(config, dict) else None
 
 
 def _open(model: Path, dtype: torch.dtype | None, stream: bool | None):
