@@ -144,6 +144,8 @@ def main() -> None:
     ap.add_argument("--from-json", action="store_true", help=f"only re-render {STEM}.md from {STEM}.json")
     args = ap.parse_args()
     md = RESULTS / f"{STEM}.md"
+    if not args.from_json and not (Path(args.model) / "config.json").is_file():
+        raise SystemExit(f"{args.model} is not a model directory: run `make real-model` first, or pass one")
     data = load_json(md.with_suffix(".json")) if args.from_json else measure(Path(args.model), args.every)
     write_results(md, data, page(data))
 
