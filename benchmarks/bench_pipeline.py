@@ -11,7 +11,8 @@ Tools (--tools, comma-separated):
   matgptq-cli      `matgptq quantize MODEL --method gptq --bits B --group-size G` with the calibration options and no
                    other: what a user runs (model streamed block by block, checkpoint assembled from the block files);
                    it draws the very windows the others get (the same calibration_windows call on the same text)
-  matgptq-cli-bf16 the same with --dtype bfloat16 (what `auto` gives a model stored in bfloat16)
+  matgptq-cli-bf16 the same with --dtype bfloat16 (what `auto` gives a model stored in bfloat16 on a CPU with
+                   bfloat16 arithmetic; such a model calibrates in float32 elsewhere: execution.compute_dtype)
   matgptq          GPTQ, --bits, group --group-size, symmetric, in the model's own dtype (float32 for SmolLM2 here)
   matgptq-bf16     the same with --dtype bfloat16 (Hessians and solver still float32), GPTQModel's CPU dtype
   matgptq-348      MatGPTQ parent {3,4,8} (master 8), model's dtype
@@ -91,13 +92,15 @@ def worker(tool: str, model_dir: str, ids_file: str, out: str, bits: int, group_
 def matgptq_worker(tool: str, model_dir: str, ids, out: str, bits: int, group_size: int) -> dict:
     import torch
 
-    from matgptq.api import COMPUTE_DTYPES, make_config, unquantized_tensors
+    from matgptq.api import make_config, unquantized_tensors
+    from matgptq.execution import compute_dtype
     from matgptq.formats import save_checkpoint
-    from matgptq.models import load_fp_model
+    from matgptq.models import config_dtype, load_fp_model
     from matgptq.quantization.pipeline import quantize_model
 
     t0 = time.perf_counter()
-    model = load_fp_model(model_dir, COMPUTE_DTYPES["bfloat16" if tool.endswith("bf16") else "auto"])
+    dtype = "bfloat16" if tool.endswith("bf16") else "auto"  # auto: what `quantize --dtype auto` computes in
+    model = load_fp_model(model_dir, compute_dtype(dtype, config_dtype(model_dir), torch.device("cpu")))
     t_load = time.perf_counter() - t0
     cfg = make_config("matgptq", (3, 4, 8), group_size=group_size) if "348" in tool else \
         make_config("gptq", bits, group_size=group_size)  # fmt: skip

@@ -43,16 +43,16 @@ def bfloat16_copy(src, dst):
 
 @pytest.mark.parametrize("native", [False, True])
 def test_auto_calibrates_bfloat16_in_float32_on_a_cpu_without_bfloat16(tmp_path, monkeypatch, native):
-    """run.calibration_dtypes: where the CPU emulates bfloat16, `auto` computes as --dtype float32 does (the same
+    """run.calibration_dtypes (execution.compute_dtype): where the CPU emulates bfloat16, `auto` computes as --dtype float32 does (the same
     codes and scales) and writes the model's bfloat16 tensors as they were; where it has bfloat16, `auto` is
     --dtype bfloat16 byte for byte."""
     import torch
     from safetensors.torch import load_file
 
-    from matgptq.quantization import run
+    from matgptq.execution import devices
 
     src = bfloat16_copy(make_tiny_llama(tmp_path / "m"), tmp_path / "bf16")
-    monkeypatch.setattr(run, "native_bfloat16", lambda dev: native)
+    monkeypatch.setattr(devices, "native_bfloat16", lambda dev: native)
     auto = quick_quantize(src, tmp_path / "auto")
     same = quick_quantize(src, tmp_path / "same", dtype="bfloat16" if native else "float32")
     assert json.loads((auto / "matgptq.json").read_text())["calibration"]["dtype"] == ("bfloat16" if native else
@@ -64,6 +64,25 @@ def test_auto_calibrates_bfloat16_in_float32_on_a_cpu_without_bfloat16(tmp_path,
         assert torch.equal(t, want[k].to(t.dtype)), k
         if k in source:  # the tensors stored as they are (norms, embeddings, lm_head)
             assert t.dtype == torch.bfloat16 and torch.equal(t, source[k]), k
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_eval_auto_scores_bfloat16_in_float32_on_a_cpu_without_bfloat16(tmp_path, monkeypatch, native):
+    """evaluate's `auto` (execution.compute_dtype) is --dtype float32 where the CPU emulates bfloat16 and the model's
+    own bfloat16 where it has it: the very same scores as the explicit dtype, for the model and its reference."""
+    import matgptq
+    from matgptq.execution import devices
+    from tests.conftest import TINYSTORIES
+
+    src = bfloat16_copy(make_tiny_llama(tmp_path / "m"), tmp_path / "bf16")
+    monkeypatch.setattr(devices, "native_bfloat16", lambda dev: native)
+    kw = dict(text=str(TINYSTORIES), text_range=(0.0, 0.02), seqlen=64, max_tokens=512, kl_to=src, progress=False)
+    auto = matgptq.evaluate(src, **kw)
+    same = matgptq.evaluate(src, dtype="bfloat16" if native else "float32", **kw)
+    assert auto["dtype"] == same["dtype"] == ("bfloat16" if native else "float32")
+    assert auto["results"] == same["results"]
+    with pytest.raises(UserError, match="--dtype int8 is not one of auto, float32, bfloat16, float16"):
+        matgptq.evaluate(src, dtype="int8", **kw)
 
 
 def test_unknown_dtype_is_a_clear_error(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 from .allocation import EvoConfig, SearchRequest, run_search
 from .errors import UserError
 from .evaluation.run import evaluate
-from .execution import resolve_device
+from .execution import DTYPES, resolve_device
 from .exporters import ExportFormat
 from .exporters import export as export_checkpoint
 from .formats import write_slice
@@ -18,7 +18,7 @@ from .formats.staged import SHARD_BYTES
 from .fsutil import check_output
 from .models import resolve_model
 from .quantization import CalibConfig, LayerReport, Method, MethodConfig, config_for, method_of
-from .quantization.run import COMPUTE_DTYPES, run_quantization, unquantized_tensors
+from .quantization.run import run_quantization, unquantized_tensors
 
 
 def parse_bits(bits: int | str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
@@ -70,8 +70,8 @@ def quantize(
     the same either way), False = load it whole, True = required. Finished blocks always go to disk at once
     (formats/staged.py); `shard_bytes` caps each file of the written checkpoint.
     """
-    if dtype not in COMPUTE_DTYPES:
-        raise UserError(f"--dtype {dtype} is not one of {', '.join(COMPUTE_DTYPES)}")
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}")
     if shard_bytes < 1:
         raise UserError(f"--shard-size must be positive, got {shard_bytes} bytes")
     dev = resolve_device(device)

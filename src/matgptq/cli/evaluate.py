@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..api import evaluate
-from ..execution import format_table
+from ..execution import DTYPES, format_table
 from ..formats.mix import width_specs
 from ..fsutil import atomic_output
 from .argtypes import DefaultsHelpFormatter, add_device_option, fraction_range
@@ -32,6 +32,10 @@ def add_parser(sub) -> None:
     e.add_argument("--batch-size", type=int, default=None,
                    help="windows per forward pass (default: 2048 tokens' worth, i.e. 2048 // --seqlen, at least 1)")
     e.add_argument("--task-batch-size", type=int, default=16, help="lm-eval requests per forward pass (--tasks)")
+    e.add_argument("--dtype", choices=list(DTYPES), default="auto",
+                   help="dtype the models compute in (auto: each model's own, except that a bfloat16 model on a CPU "
+                        "without bfloat16 arithmetic computes in float32, which holds its values exactly and runs "
+                        "several times faster there)")  # fmt: skip
     e.add_argument("--json", help="write the results as JSON to this file")
     add_device_option(e, "the models are scored")
 
@@ -40,7 +44,7 @@ def run(a: argparse.Namespace) -> None:
     report = evaluate(a.model, bits=width_specs(a.bits) if a.bits else None, text=a.text, text_range=a.text_range,
                       seqlen=a.seqlen, max_tokens=a.max_tokens, kl_to=a.kl_to, tasks=a.tasks, tasks_dir=a.tasks_dir,
                       limit=a.limit, batch_size=a.batch_size, task_batch_size=a.task_batch_size,
-                      device=a.device)  # fmt: skip
+                      device=a.device, dtype=a.dtype)  # fmt: skip
     results, task_results = report.get("results", []), report.get("task_results", [])
     if results:
         headers = ["model", "bits", "tokens", "ppl"] + (["kl"] if a.kl_to else [])

@@ -6,7 +6,7 @@ import argparse
 import time
 
 from ..api import quantize
-from ..execution import format_table, world
+from ..execution import DTYPES, format_table, world
 from ..formats.gguf import KQuantType
 from ..formats.staged import SHARD_BYTES
 from ..quantization.config import (
@@ -94,7 +94,7 @@ def _calibration_options(g) -> None:
                         "better: docs/guide/quantize.md#defaults)")  # fmt: skip
     g.add_argument("--seqlen", type=int, default=CalibConfig.seqlen, help="tokens per calibration window")
     g.add_argument("--seed", type=int, default=0, help="seed for drawing the windows")
-    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+    g.add_argument("--dtype", choices=list(DTYPES), default="auto",
                    help="model dtype while calibrating, and of the unquantized tensors written (auto: the model's "
                         "own; a bfloat16 model on a CPU without AVX512-BF16 or AMX, where bfloat16 is emulated and "
                         "several times slower, calibrates in float32 and is written in bfloat16). bfloat16 halves "

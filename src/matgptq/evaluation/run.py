@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..execution import resolve_device
+from ..execution import DTYPES, compute_dtype, resolve_device
 from ..errors import UserError
 from ..formats.mix import WidthSpec
-from ..models import eval_windows, load_tokenizer, read_text, resolve_model, tokenize
+from ..models import config_dtype, eval_windows, load_tokenizer, read_text, resolve_model, tokenize
 from ..runtime import load, set_bits
 from .perplexity import Teacher, score
 from .tasks import require_lm_eval, resolve_tasks, score_tasks, with_average, wrap_model
@@ -16,7 +16,9 @@ from .tasks import require_lm_eval, resolve_tasks, score_tasks, with_average, wr
 EVAL_TOKENS_PER_PASS = 2048  # default batch: this many tokens of windows per forward pass (2048 // seqlen)
 
 
-def _check(text, tasks, kl_to, limit, task_batch_size, batch_size) -> None:
+def _check(text, tasks, kl_to, limit, task_batch_size, batch_size, dtype) -> None:
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}")
     if not text and not tasks:
         raise UserError("nothing to evaluate; give --text FILE (perplexity) and/or --tasks NAMES (zero-shot accuracy)")
     if kl_to and not text:
@@ -41,11 +43,13 @@ def evaluate(model: str | Path, *, bits: WidthSpec | list[WidthSpec] | None = No
              text_range: tuple[float, float] = (0.0, 1.0), seqlen: int = 256, max_tokens: int | None = None,
              kl_to: str | Path | None = None, tasks: str | None = None, tasks_dir: str | Path | None = None,
              limit: int | None = None, batch_size: int | None = None, task_batch_size: int = 16,
-             device: str = "auto", progress: bool = True) -> dict:  # fmt: skip
+             device: str = "auto", dtype: str = "auto", progress: bool = True) -> dict:  # fmt: skip
     """Score `model` (a directory or Hugging Face id: unquantized, a matgptq parent/slice or a GPTQ checkpoint) at
     each width of `bits` (one width spec or a list: formats/mix.py; None = as stored). Returns the report:
-    `results` (perplexity rows, with `kl` when `kl_to` names the reference) and/or `task_results` (lm-eval)."""
-    _check(text, tasks, kl_to, limit, task_batch_size, batch_size)
+    `results` (perplexity rows, with `kl` when `kl_to` names the reference) and/or `task_results` (lm-eval).
+    `dtype` (execution.DTYPES): what both models compute in; auto: each its own, except that a bfloat16 model on a
+    CPU without bfloat16 arithmetic computes in float32 (execution.compute_dtype), several times faster there."""
+    _check(text, tasks, kl_to, limit, task_batch_size, batch_size, dtype)
     dev = resolve_device(device)
     specs = resolve_tasks(tasks, tasks_dir) if tasks else []  # every file checked before any model is loaded
     if specs:
@@ -54,11 +58,11 @@ def evaluate(model: str | Path, *, bits: WidthSpec | list[WidthSpec] | None = No
     tokenizer = load_tokenizer(source.path)
     windows = eval_windows(tokenize(tokenizer, read_text(text, text_range)), seqlen, max_tokens) if text else None
     batch = batch_size or max(1, EVAL_TOKENS_PER_PASS // seqlen)
-    reference = load(kl_to, packed=False).to(dev) if kl_to else None
+    reference = _load(kl_to, None, dtype, dev) if kl_to else None
     teacher = Teacher(reference, windows, batch, progress=progress) if reference is not None else None
     del reference  # the teacher keeps what it needs
     widths = bits if isinstance(bits, list) else [bits]
-    loaded = load(source.path, bits=widths[0], packed=False).to(dev)
+    loaded = _load(source.path, widths[0], dtype, dev)
     lm = wrap_model(loaded, tokenizer, task_batch_size) if specs else None
     results, task_results = [], []
     for spec in widths:
@@ -72,9 +76,15 @@ def evaluate(model: str | Path, *, bits: WidthSpec | list[WidthSpec] | None = No
         if specs:
             scores = with_average(score_tasks(lm, specs, limit))
             task_results += [{"model": str(model), "bits": label, "task": t, **s} for t, s in scores.items()]
-    report: dict = {"model": str(model)}
+    report: dict = {"model": str(model), "dtype": str(next(loaded.parameters()).dtype).removeprefix("torch.")}
     if results:
         report.update({"text": str(text), "text_range": list(text_range), "seqlen": seqlen, "results": results})
     if task_results:
         report.update({"tasks": {s.name: str(s.path) for s in specs}, "limit": limit, "task_results": task_results})
     return report
+
+
+def _load(model: str | Path, bits: WidthSpec | None, dtype: str, dev):
+    """`model` (a directory or Hugging Face id) loaded dense on `dev` in the dtype `--dtype dtype` gives it there."""
+    path = resolve_model(model).path
+    return load(path, bits=bits, dtype=compute_dtype(dtype, config_dtype(path), dev), packed=False).to(dev)

@@ -18,6 +18,8 @@ import torch
 from ..errors import UserError
 
 CHOICES_HELP = "auto (CUDA when present, else CPU), cpu, cuda or cuda:INDEX"
+# `--dtype` of quantize and eval: what a model computes in (compute_dtype); auto: the model's own, with one exception
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
@@ -61,3 +63,16 @@ def native_bfloat16(device: torch.device) -> bool:
         return False
     checks = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
     return any(check is not None and bool(check()) for check in checks)
+
+
+def compute_dtype(choice: str, stored: str | None, device: torch.device) -> torch.dtype | None:
+    """The dtype a model whose config.json names `stored` computes in on `device` for `--dtype choice` (DTYPES);
+    None: its own. `auto` is the model's own, except for a bfloat16 model on a CPU without bfloat16 arithmetic
+    (native_bfloat16): that one computes in float32, which holds bfloat16's values exactly. There bfloat16 is
+    emulated: on a 2-core AVX2 EPYC (torch 2.13, 2026-11-29) a [2048, 576] x [576, 1536] product took 7.6x float32's
+    time, and SmolLM2's 4-bit g128 quantization (benchmarks/bench_pipeline.py, 64 x 512 tokens) 1098 CPU s calibrated
+    in bfloat16 against 381 in float32."""
+    chosen = DTYPES[choice]
+    if chosen is None and stored == "bfloat16" and device.type == "cpu" and not native_bfloat16(device):
+        return torch.float32
+    return chosen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,6 +65,16 @@ def loader_quiet():
     and the tensor-parallel plan check it runs whenever its logger is at WARNING or above (a note about layers "not
     sharded" on a model nobody shards)."""
     return quiet_loggers("transformers.modeling_utils", "transformers.distributed.tensor_parallel")
+
+
+def config_dtype(path: str | Path) -> str | None:
+    """config.json's dtype (`dtype`, or transformers 4's `torch_dtype`); None where it names none or cannot be read
+    (loading the model then says what is wrong)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return (config.get("dtype") or config.get("torch_dtype")) if isinstance(config, dict) else None
 
 
 def load_fp_model(path: str | Path, dtype: torch.dtype | None = None):

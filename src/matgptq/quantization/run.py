@@ -4,7 +4,6 @@ every checkpoint records, and the torchrun split (only rank 0 writes)."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -17,11 +16,11 @@ import transformers
 
 from .._version import __version__
 from ..errors import UserError
-from ..execution import dist_backend, init_from_env, native_bfloat16, world
+from ..execution import DTYPES, compute_dtype, dist_backend, init_from_env, world
 from ..formats.mix import WidthSpec, read_mix
 from ..formats.staged import StagedCheckpoint
 from ..models import (
-    ModelSource, arch_spec, calibration_windows, file_sha256, get_blocks, load_fp_model, load_tokenizer,
+    ModelSource, arch_spec, calibration_windows, config_dtype, file_sha256, get_blocks, load_fp_model, load_tokenizer,
     quantized_layer_names, read_text, require_model_dir, tokenize, weight_keys,
 )  # fmt: skip
 from ..models.lazy import LazyModel
@@ -31,7 +30,6 @@ from .pipeline import batch_tokens_on, quantize_model
 from .resume import BlockState
 
 EXPERT_POLICY = "an expert with n < K routed tokens (K: input width) gets H = (n·H_own + (K − n)·H_mean) / K"
-COMPUTE_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def unquantized_tensors(model, layers: dict, outside: str | None = None) -> dict[str, torch.Tensor]:
@@ -59,25 +57,14 @@ def _windows(tokenizer, calib, cfg: MethodConfig, calib_cfg: CalibConfig) -> tor
 
 def calibration_dtypes(model: Path, dtype: str, dev: torch.device) -> tuple[torch.dtype | None, torch.dtype | None]:
     """(the dtype the model calibrates in, the dtype its unquantized tensors are written in); None: the model's own.
-    `auto` is the model's own (config.json's dtype), except for a bfloat16 model on a CPU without bfloat16 arithmetic
-    (execution.native_bfloat16): that one calibrates in float32, holding bfloat16's values exactly, and is written in
-    bfloat16, to which they round back exactly. There bfloat16 is emulated: on a 2-core AVX2 EPYC (torch 2.13,
-    2026-11-29) a [2048, 576] x [576, 1536] product took 7.6x float32's time, and SmolLM2's 4-bit g128 quantization
-    (benchmarks/bench_pipeline.py, 64 x 512 tokens) 1098 CPU s calibrated in bfloat16 against 381 in float32."""
-    chosen = COMPUTE_DTYPES[dtype]
-    if chosen is not None or dev.type != "cpu" or native_bfloat16(dev):
+    `auto` calibrates in execution.compute_dtype's choice (float32 for a bfloat16 model on a CPU without bfloat16
+    arithmetic) and writes the model's own dtype: bfloat16's values, held exactly in float32, round back exactly."""
+    chosen = DTYPES[dtype]
+    if chosen is not None:
         return chosen, chosen
-    return (torch.float32, torch.bfloat16) if _config_dtype(model) == "bfloat16" else (None, None)
-
-
-def _config_dtype(model: Path) -> str | None:
-    """config.json's dtype (`dtype`, or transformers 4's `torch_dtype`); None where it names none or cannot be read
-    (loading the model then says what is wrong)."""
-    try:
-        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return (config.get("dtype") or config.get("torch_dtype")) if isinstance(config, dict) else None
+    stored = config_dtype(model)
+    compute = compute_dtype(dtype, stored, dev)
+    return (compute, getattr(torch, stored)) if compute is not None else (None, None)
 
 
 def _open(model: Path, dtype: torch.dtype | None, stream: bool | None):
