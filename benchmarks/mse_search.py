@@ -4,8 +4,8 @@
 The default GPTQ picks each group's scale by the MSE search: E(p) = Σ_j d_j·|ŵ_j − w_j|^2.4 over shrinks p of the
 group's range, d_j = the input's mean square (diag H). The search scores 30 of IST-DASLab's 80 grid points (every 4th,
 then ±2 steps around the best two); this script measures what that costs in E and saves in time, on a real model's
-weights and column weights, against the same code told to score all 80 (MSE_COARSE = 1, MSE_KEEP = 1,
-MSE_REFINE = 0: the first minimiser over the whole grid, as the search was before).
+weights and column weights, against the same code told to score all 80 (grid.FULL_GRID:
+the first minimiser over the whole grid, as the search was before).
 
 Protocol
   model     SmolLM2-135M-Instruct (`make real-model`), every --every-th decoder layer, its seven linear layers
@@ -36,7 +36,6 @@ from matgptq.quantization import grid
 STEM = "mse_search"
 # (bits, group size, symmetric): the default grid at 3 and 4 bits, g128 and per channel, and the asymmetric one
 CASES = ((3, 128, True), (4, 128, True), (3, -1, True), (4, -1, True), (4, 128, False))
-FULL = {"MSE_COARSE": 1, "MSE_KEEP": 1, "MSE_REFINE": 0}  # every grid point scored, the first minimiser kept
 
 
 def column_weights(model_dir: Path, layers: list[int]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -73,18 +72,11 @@ def column_weights(model_dir: Path, layers: list[int]) -> tuple[dict[str, torch.
 
 def search(w: torch.Tensor, d: torch.Tensor, bits: int, sym: bool, full: bool) -> tuple[torch.Tensor, float]:
     """(E per row of the pick, seconds) of find_params on w [rows, n], the whole grid scored if `full`."""
-    saved = {k: getattr(grid, k) for k in FULL}
-    if full:
-        for k, v in FULL.items():
-            setattr(grid, k, v)
-    try:
-        rounding = grid.NearestRounding(bits)
-        t = time.perf_counter()
-        scale, zero = grid.find_params(w, rounding, sym, True, col_weights=d)
-        seconds = time.perf_counter() - t
-    finally:
-        for k, v in saved.items():
-            setattr(grid, k, v)
+    rounding = grid.NearestRounding(bits)
+    t = time.perf_counter()
+    scale, zero = grid.find_params(w, rounding, sym, True, col_weights=d, search=grid.FULL_GRID if full else
+                                   grid.MSE_SEARCH)  # fmt: skip
+    seconds = time.perf_counter() - t
     z = float(1 << (bits - 1)) if sym else zero.unsqueeze(-1)
     return rounding.search_loss(w, scale.unsqueeze(-1), z, grid.MSE_NORM) @ d, seconds
 
@@ -132,8 +124,8 @@ def page(data: dict) -> str:
         format_table(["bits", "group", "sym", "rows", "Σ E fast / Σ E full", "rows differing",
                       "worst row E ratio", "full s", "fast s", "fast / full time"], table), "",
         "E = Σ_j d_j·|ŵ_j − w_j|^2.4 of each row's (group's) pick; the full grid's pick is its minimiser, so the "
-        "ratios are ≥ 1. The search is `grid.find_params`; the full grid is the same code with MSE_COARSE = 1, "
-        "MSE_KEEP = 1, MSE_REFINE = 0.",
+        "ratios are ≥ 1. The search is `grid.find_params`; the full grid is the same code with search=grid.FULL_GRID "
+        "(every point scored, the first minimiser kept).",
     ])  # fmt: skip
 
 

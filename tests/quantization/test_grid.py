@@ -4,18 +4,18 @@ import pytest
 import torch
 
 from matgptq.quantization import grid
-from matgptq.quantization.grid import (MSE_COARSE, MSE_GRID, MSE_KEEP, MSE_MAX_SHRINK, MSE_NORM, MSE_REFINE,
-                                      NearestRounding, find_params)
+from matgptq.quantization.grid import MSE_GRID, MSE_MAX_SHRINK, MSE_NORM, MSE_SEARCH, NearestRounding, find_params
 from matgptq.quantization.solver import gptq_quantize
 
 
 def coarse_to_fine(error):
     """The grid point i (p = 1 − i/100, i < 80) the search keeps, given E as `error(i)` (grid.py's docstring, written
-    as loops): every MSE_COARSE-th point scored, the best MSE_KEEP of them (smallest E, then smallest i), the points
-    within MSE_REFINE steps of those, and of those the one with the smallest E, the smallest i on ties."""
-    n = int(MSE_MAX_SHRINK * MSE_GRID)
-    coarse = sorted(range(0, n, MSE_COARSE), key=lambda i: (error(i), i))[:MSE_KEEP]
-    near = {min(max(c + d, 0), n - 1) for c in coarse for d in range(-MSE_REFINE, MSE_REFINE + 1)}
+    as loops): every MSE_SEARCH.coarse-th point scored, the best MSE_SEARCH.keep of them (smallest E, then smallest
+    i), the points within MSE_SEARCH.refine steps of those, and of those the one with the smallest E, the smallest i
+    on ties."""
+    n, step, keep, refine = int(MSE_MAX_SHRINK * MSE_GRID), MSE_SEARCH.coarse, MSE_SEARCH.keep, MSE_SEARCH.refine
+    coarse = sorted(range(0, n, step), key=lambda i: (error(i), i))[:keep]
+    near = {min(max(c + d, 0), n - 1) for c in coarse for d in range(-refine, refine + 1)}
     return min(near, key=lambda i: (error(i), i))
 
 

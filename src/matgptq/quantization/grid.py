@@ -22,6 +22,7 @@ their block-scale search by (llama.cpp ggml-quants.c, quantize_row_q4_0_impl; th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
@@ -30,12 +31,23 @@ import torch
 MSE_GRID = 100
 MSE_MAX_SHRINK = 0.8
 MSE_NORM = 2.4
-MSE_COARSE = 4  # the coarse pass scores every 4th grid point
-MSE_KEEP = 2  # the best two coarse points per row are refined
-MSE_REFINE = 2  # to the grid points within 2 steps of each
 # [S, rows, n] elements per search chunk on the CPU (4 MB of float32: the chunk's ~9 elementwise passes stay in cache;
 # 16 MB took 1.25x as long on SmolLM2's layer shapes, same result bits); 64x on a GPU
 SEARCH_ELEMENTS = 1 << 20
+
+
+@dataclass(frozen=True)
+class MseSearch:
+    """The grid points the MSE search scores (module docstring): every `coarse`-th, then, per row, those within
+    `refine` steps of its best `keep` coarse points."""
+
+    coarse: int = 4
+    keep: int = 2
+    refine: int = 2
+
+
+MSE_SEARCH = MseSearch()
+FULL_GRID = MseSearch(coarse=1, keep=1, refine=0)  # all 80 points scored, the first minimiser kept (IST-DASLab's)
 
 
 class Rounding(Protocol):
@@ -115,23 +127,23 @@ def minmax_params(w: torch.Tensor, bits: int, sym: bool, shrink: float | torch.T
 
 
 def find_params(w: torch.Tensor, rounding: Rounding, sym: bool, mse: bool, signed: bool = False,
-                col_weights: torch.Tensor | None = None):  # fmt: skip
+                col_weights: torch.Tensor | None = None, search: MseSearch = MSE_SEARCH):  # fmt: skip
     """Per-row (scale, zero) for `w` [rows, n]: min-max, or the coarse-to-fine MSE search under `rounding` (module
-    docstring), its error weighted per column by `col_weights` [n] if given. No host synchronisation: a CUDA graph
-    may replay it (lazy_blocks.BlockGraph)."""
+    docstring; `search`: which grid points it scores), its error weighted per column by `col_weights` [n] if given.
+    No host synchronisation: a CUDA graph may replay it (lazy_blocks.BlockGraph)."""
     lo, hi = _range(w, signed)  # the same for every shrink: found once
     if not mse:
         return _params(lo, hi, rounding.bits, sym, 1.0, signed)
     w = w.contiguous()  # the solver passes a transposed view: its rows scored from contiguous memory, ~1.2x faster
     grid = _shrinks(lo.dtype, lo.device)
     weights = None if col_weights is None else col_weights.to(w.dtype)
-    coarse = _errors(w, rounding, lo, hi, sym, signed, weights, grid[::MSE_COARSE, None])  # [C, rows]
+    coarse = _errors(w, rounding, lo, hi, sym, signed, weights, grid[:: search.coarse, None])  # [C, rows]
     best = []
-    for _ in range(MSE_KEEP):
+    for _ in range(search.keep):
         i = coarse.argmin(0, keepdim=True)  # the first minimiser
-        best.append(i * MSE_COARSE)
+        best.append(i * search.coarse)
         coarse.scatter_(0, i, float("inf"))
-    near = torch.cat(best).unsqueeze(0) + _steps(MSE_REFINE, lo.device).view(-1, 1, 1)  # [2·REFINE + 1, KEEP, rows]
+    near = torch.cat(best).unsqueeze(0) + _steps(search.refine, lo.device).view(-1, 1, 1)  # [2·refine + 1, keep, rows]
     idx = near.flatten(0, 1).clamp_(0, len(grid) - 1).sort(0).values  # ascending index: descending p
     fine = _errors(w, rounding, lo, hi, sym, signed, weights, grid[idx])
     p = grid[idx.gather(0, fine.argmin(0, keepdim=True))[0]]  # argmin: the first, so the largest p on ties
