@@ -19,6 +19,8 @@ Tools (--tools, comma-separated):
   matgptq-348-bf16 the same in bfloat16
   gptqmodel        GPTQModel.load + quantize + save, QuantizeConfig(bits, group_size, sym=True, desc_act=False);
                    its CPU default dtype (bfloat16), its other defaults
+  gptqmodel-fp32   the same with dtype=torch.float32 (its fastest setting on a CPU without AVX512-BF16 or AMX, where
+                   bfloat16 products are emulated), its other defaults
   llmcompressor    oneshot with GPTQModifier(int weights, --bits, group --group-size, symmetric, targets Linear, lm_head
                    ignored), the model in its own dtype, sequential pipeline (its default), save_compressed.
                    A group size that does not divide every layer's columns (SmolLM2: 576 = 4.5 x 128) needs its
@@ -49,8 +51,8 @@ from pathlib import Path
 from benchmarks._harness import child_env, header, load_json, machine, run_measured, write_page
 
 TOOLS = ("matgptq-cli", "matgptq-cli-bf16", "matgptq", "matgptq-bf16", "matgptq-348", "matgptq-348-bf16", "gptqmodel",
-         "llmcompressor")  # fmt: skip
-PEERS = ("gptqmodel", "llmcompressor")
+         "gptqmodel-fp32", "llmcompressor")  # fmt: skip
+PEERS = ("gptqmodel", "gptqmodel-fp32", "llmcompressor")
 
 
 def worker(tool: str, model_dir: str, ids_file: str, out: str, bits: int, group_size: int) -> dict:
@@ -60,10 +62,11 @@ def worker(tool: str, model_dir: str, ids_file: str, out: str, bits: int, group_
     ids = load_file(ids_file)["ids"]
     if tool.startswith("matgptq"):
         return matgptq_worker(tool, model_dir, ids, out, bits, group_size)
-    if tool == "gptqmodel":
+    if tool in ("gptqmodel", "gptqmodel-fp32"):
         from gptqmodel import GPTQModel, QuantizeConfig
 
-        model = GPTQModel.load(model_dir, QuantizeConfig(bits=bits, group_size=group_size, sym=True, desc_act=False))
+        qcfg = QuantizeConfig(bits=bits, group_size=group_size, sym=True, desc_act=False)
+        model = GPTQModel.load(model_dir, qcfg, **({"dtype": torch.float32} if tool.endswith("fp32") else {}))
         model.quantize([{"input_ids": r.tolist(), "attention_mask": [1] * len(r)} for r in ids])
         model.save(out)
         return {}

@@ -271,25 +271,32 @@ def _tasks_sentence(data: dict, cells: dict, peers: list[str]) -> str:
             + "; the float model " + " / ".join(f"{fp[t]['acc']:.3f}" for t in TASKS) + ".")  # fmt: skip
 
 
+PEER_NAMES = {"gptqmodel": "GPTQModel (its bfloat16 CPU default)", "gptqmodel-fp32": "GPTQModel in float32",
+              "llmcompressor": "llm-compressor"}  # bench_pipeline.py's peer rows
+
+
 def _cost_sentence(pipeline: dict) -> str:
     """End to end CPU time and peak memory of the command a user types (in the model's float32, and calibrating in
-    bfloat16) over GPTQModel's, measured side by side in one run of benchmarks/bench_pipeline.py (its `matgptq-cli`
-    rows), or nothing where that run has none: the ablation's own CPU times come from runs spread over days and
-    machine loads, so they are not set side by side here."""
+    bfloat16) over the fastest peer's and the leanest peer's, measured side by side in one run of
+    benchmarks/bench_pipeline.py (its `matgptq-cli` rows), or nothing where that run has none: the ablation's own CPU
+    times come from runs spread over days and machine loads, so they are not set side by side here."""
     data = pipeline
     by_tool = {r["tool"]: r for r in data.get("results", []) if r.get("ok")}
-    peer, a = by_tool.get("gptqmodel"), data.get("args", {})
+    peers, a = [by_tool[t] for t in PEER_NAMES if t in by_tool], data.get("args", {})
     rows = [("matgptq-cli", "in the model's float32"), ("matgptq-cli-bf16", "calibrating in bfloat16 (what a model "
             "stored in bfloat16 gets on a CPU with AVX512-BF16 or AMX, and what GPTQModel does)")]  # fmt: skip
     got = [(by_tool[t], what) for t, what in rows if t in by_tool]
-    if not peer or not got:
+    if not peers or not got:
         return ""
+    fast, lean = min(peers, key=lambda r: r["cpu"]), min(peers, key=lambda r: r["rss_gb"])
     m = data.get("machine")
     where = f" on {m['cpu']} ({m['cores']} cores)" if m else ""
+    against = (f"the CPU time and peak memory of {PEER_NAMES[fast['tool']]}" if fast is lean else
+               f"the CPU time of {PEER_NAMES[fast['tool']]} (the fastest peer) and the peak memory of "
+               f"{PEER_NAMES[lean['tool']]} (the leanest)")  # fmt: skip
     return (f" At {a['bits']} bits g{a['group_size']}, end to end in one run{where} ([bench_pipeline]"
-            "(docs/results/bench_pipeline.md)): " + "; ".join(
-        f"{what}, {c['cpu'] / peer['cpu']:.2f}× GPTQModel's CPU time and {c['rss_gb'] / peer['rss_gb']:.2f}× its "
-        "peak memory" for c, what in got) + ".")  # fmt: skip
+            f"(docs/results/bench_pipeline.md)), against {against}: " + "; ".join(
+        f"{what} {c['cpu'] / fast['cpu']:.2f}× and {c['rss_gb'] / lean['rss_gb']:.2f}×" for c, what in got) + ".")
 
 
 def plot_page(data: dict, path: Path) -> None:
