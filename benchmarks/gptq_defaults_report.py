@@ -170,9 +170,9 @@ def defaults_block(data: dict) -> str:
          "(off for a parent, for its CPU time): " + parent("matgptq-parent-gar-mse-w-refit")),
         ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; GPTQModel's 0.05 instead, the other defaults "
          "kept (`default` → `gar-mse-w-refit-damp0.05`): " + _step(cells, "default", "gar-mse-w-refit-damp0.05")),
-        ("`--dtype`", "auto / auto / auto", "the model's own dtype, except that a bfloat16 model calibrates in "
-         "float32 (and is written in bfloat16) on a CPU without AVX512-BF16 or AMX, which emulates bfloat16 products "
-         "several times slower than float32's; calibrating a float32 model in bfloat16 instead "
+        ("`--dtype`", "auto / auto / auto", "the model's own dtype, except that a bfloat16 (float16) model "
+         "calibrates in float32 (and is written in its own dtype) on a CPU without AVX512-BF16 or AMX (AMX-FP16), "
+         "which emulates half products several times slower than float32's; calibrating a float32 model in bfloat16 instead "
          "(`default` → `gar-mse-w-refit-bf16`, the same options; GPTQModel's CPU dtype): "
          + _step(cells, "default", "gar-mse-w-refit-bf16") + _cpu(cells, "default", "gar-mse-w-refit-bf16")),
         ("`--nsamples` × `--seqlen`", f"{CalibConfig.nsamples} × {CalibConfig.seqlen}", "the calibration size; the "

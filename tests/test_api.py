@@ -28,58 +28,60 @@ def test_bfloat16_calibration_writes_bfloat16_and_leaves_the_source_untouched(tm
     assert {p.name: sha(p) for p in src.iterdir() if p.is_file()} == before
 
 
-def bfloat16_copy(src, dst):
-    """The model at `src` stored in bfloat16 (config.json's dtype too), with its tokenizer."""
+def half_copy(src, dst, dtype="bfloat16"):
+    """The model at `src` stored in `dtype` (config.json's dtype too), with its tokenizer."""
     import shutil
 
     import torch
     from transformers import AutoModelForCausalLM
 
-    AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(dst, safe_serialization=True)
+    AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype)).save_pretrained(dst, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy2(src / name, dst / name)
     return dst
 
 
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
 @pytest.mark.parametrize("native", [False, True])
-def test_auto_calibrates_bfloat16_in_float32_on_a_cpu_without_bfloat16(tmp_path, monkeypatch, native):
-    """run.calibration_dtypes (execution.compute_dtype): where the CPU emulates bfloat16, `auto` computes as --dtype float32 does (the same
-    codes and scales) and writes the model's bfloat16 tensors as they were; where it has bfloat16, `auto` is
-    --dtype bfloat16 byte for byte."""
+def test_auto_calibrates_a_half_model_in_float32_on_a_cpu_without_it(tmp_path, monkeypatch, native, half):
+    """run.calibration_dtypes (execution.compute_dtype): where the CPU emulates the model's half dtype, `auto`
+    computes as --dtype float32 does (the same codes and scales) and writes the model's half tensors as they were;
+    where it has it, `auto` is --dtype <half> byte for byte."""
     import torch
     from safetensors.torch import load_file
 
     from matgptq.execution import devices
 
-    src = bfloat16_copy(make_tiny_llama(tmp_path / "m"), tmp_path / "bf16")
-    monkeypatch.setattr(devices, "native_bfloat16", lambda dev: native)
+    src = half_copy(make_tiny_llama(tmp_path / "m"), tmp_path / "half", half)
+    monkeypatch.setattr(devices, "native_half", lambda dtype, dev: native)
     auto = quick_quantize(src, tmp_path / "auto")
-    same = quick_quantize(src, tmp_path / "same", dtype="bfloat16" if native else "float32")
-    assert json.loads((auto / "matgptq.json").read_text())["calibration"]["dtype"] == ("bfloat16" if native else
-                                                                                       "float32")  # fmt: skip
-    assert json.loads((auto / "config.json").read_text())["dtype"] == "bfloat16"
+    same = quick_quantize(src, tmp_path / "same", dtype=half if native else "float32")
+    assert json.loads((auto / "matgptq.json").read_text())["calibration"]["dtype"] == (half if native else "float32")
+    assert json.loads((auto / "config.json").read_text())["dtype"] == half
     got, want, source = (load_file(str(d / "model.safetensors")) for d in (auto, same, src))
     assert set(got) == set(want)
     for k, t in got.items():
         assert torch.equal(t, want[k].to(t.dtype)), k
         if k in source:  # the tensors stored as they are (norms, embeddings, lm_head)
-            assert t.dtype == torch.bfloat16 and torch.equal(t, source[k]), k
+            assert t.dtype == getattr(torch, half) and torch.equal(t, source[k]), k
 
 
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
 @pytest.mark.parametrize("native", [False, True])
-def test_eval_auto_scores_bfloat16_in_float32_on_a_cpu_without_bfloat16(tmp_path, monkeypatch, native):
-    """evaluate's `auto` (execution.compute_dtype) is --dtype float32 where the CPU emulates bfloat16 and the model's
-    own bfloat16 where it has it: the very same scores as the explicit dtype, for the model and its reference."""
+def test_eval_auto_scores_a_half_model_in_float32_on_a_cpu_without_it(tmp_path, monkeypatch, native, half):
+    """evaluate's `auto` (execution.compute_dtype) is --dtype float32 where the CPU emulates the model's half dtype
+    and the model's own where it has it: the very same scores as the explicit dtype, for the model and its
+    reference."""
     import matgptq
     from matgptq.execution import devices
     from tests.conftest import TINYSTORIES
 
-    src = bfloat16_copy(make_tiny_llama(tmp_path / "m"), tmp_path / "bf16")
-    monkeypatch.setattr(devices, "native_bfloat16", lambda dev: native)
+    src = half_copy(make_tiny_llama(tmp_path / "m"), tmp_path / "half", half)
+    monkeypatch.setattr(devices, "native_half", lambda dtype, dev: native)
     kw = dict(text=str(TINYSTORIES), text_range=(0.0, 0.02), seqlen=64, max_tokens=512, kl_to=src, progress=False)
     auto = matgptq.evaluate(src, **kw)
-    same = matgptq.evaluate(src, dtype="bfloat16" if native else "float32", **kw)
-    assert auto["dtype"] == same["dtype"] == ("bfloat16" if native else "float32")
+    same = matgptq.evaluate(src, dtype=half if native else "float32", **kw)
+    assert auto["dtype"] == same["dtype"] == (half if native else "float32")
     assert auto["results"] == same["results"]
     with pytest.raises(UserError, match="--dtype int8 is not one of auto, float32, bfloat16, float16"):
         matgptq.evaluate(src, dtype="int8", **kw)

@@ -77,6 +77,25 @@ def test_auto_score_dtype_is_bfloat16_only_where_native(monkeypatch):
     assert ScoreDtype.FLOAT32.resolve(cpu) == torch.float32 and ScoreDtype.BFLOAT16.resolve(cpu) == torch.bfloat16
 
 
+def test_auto_compute_dtype_is_float32_only_for_an_emulated_half_dtype(monkeypatch):
+    """compute_dtype's table, written out: auto keeps the model's own dtype except a half one the CPU lacks (the CPU
+    flags set by hand: AVX512-BF16 or AMX tiles for bfloat16, AMX-FP16 for float16); an explicit choice is kept."""
+    from matgptq.execution import compute_dtype, native_half
+
+    cpu, flags = torch.device("cpu"), ("_is_avx512_bf16_supported", "_is_amx_tile_supported", "_is_amx_fp16_supported")
+    for on in (*flags, None):
+        for name in flags:
+            monkeypatch.setattr(torch.cpu, name, lambda name=name: name == on)
+        has = {"bfloat16": on in flags[:2], "float16": on == flags[2]}
+        for stored in ("bfloat16", "float16"):
+            assert native_half(getattr(torch, stored), cpu) is has[stored]
+            assert compute_dtype("auto", stored, cpu) == (None if has[stored] else torch.float32)
+            assert compute_dtype(stored, stored, cpu) == getattr(torch, stored)
+        assert compute_dtype("auto", "float32", cpu) is None and compute_dtype("auto", None, cpu) is None
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert compute_dtype("auto", "bfloat16", torch.device("cuda", 0)) is None  # a GPU computes in the model's own
+
+
 def test_bfloat16_scoring_on_a_gpu_without_it_is_refused(monkeypatch):
     from matgptq.allocation import ScoreDtype
 

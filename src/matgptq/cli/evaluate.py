@@ -33,9 +33,9 @@ def add_parser(sub) -> None:
                    help="windows per forward pass (default: 2048 tokens' worth, i.e. 2048 // --seqlen, at least 1)")
     e.add_argument("--task-batch-size", type=int, default=16, help="lm-eval requests per forward pass (--tasks)")
     e.add_argument("--dtype", choices=list(DTYPES), default="auto",
-                   help="dtype the models compute in (auto: each model's own, except that a bfloat16 model on a CPU "
-                        "without bfloat16 arithmetic computes in float32, which holds its values exactly and runs "
-                        "several times faster there)")  # fmt: skip
+                   help="dtype the models compute in (auto: each model's own, except that a bfloat16 or float16 model "
+                        "on a CPU without arithmetic in it computes in float32, which holds its values exactly and "
+                        "runs several times faster there)")  # fmt: skip
     e.add_argument("--json", help="write the results as JSON to this file")
     add_device_option(e, "the models are scored")
 

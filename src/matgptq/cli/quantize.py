@@ -96,8 +96,9 @@ def _calibration_options(g) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed for drawing the windows")
     g.add_argument("--dtype", choices=list(DTYPES), default="auto",
                    help="model dtype while calibrating, and of the unquantized tensors written (auto: the model's "
-                        "own; a bfloat16 model on a CPU without AVX512-BF16 or AMX, where bfloat16 is emulated and "
-                        "several times slower, calibrates in float32 and is written in bfloat16). bfloat16 halves "
+                        "own; a bfloat16 model on a CPU without AVX512-BF16 or AMX, or a float16 one without "
+                        "AMX-FP16, where that dtype is emulated and several times slower, calibrates in float32 and "
+                        "is written in its own dtype). bfloat16 halves "
                         "memory and is faster on CPUs with AVX512-BF16 or AMX, as GPTQModel does on CPU; results then "
                         "differ slightly. Hessians and the solver stay float32")
 

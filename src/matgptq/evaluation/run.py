@@ -47,8 +47,8 @@ def evaluate(model: str | Path, *, bits: WidthSpec | list[WidthSpec] | None = No
     """Score `model` (a directory or Hugging Face id: unquantized, a matgptq parent/slice or a GPTQ checkpoint) at
     each width of `bits` (one width spec or a list: formats/mix.py; None = as stored). Returns the report:
     `results` (perplexity rows, with `kl` when `kl_to` names the reference) and/or `task_results` (lm-eval).
-    `dtype` (execution.DTYPES): what both models compute in; auto: each its own, except that a bfloat16 model on a
-    CPU without bfloat16 arithmetic computes in float32 (execution.compute_dtype), several times faster there."""
+    `dtype` (execution.DTYPES): what both models compute in; auto: each its own, except that a bfloat16 or float16
+    model on a CPU without arithmetic in it computes in float32 (execution.compute_dtype), several times faster."""
     _check(text, tasks, kl_to, limit, task_batch_size, batch_size, dtype)
     dev = resolve_device(device)
     specs = resolve_tasks(tasks, tasks_dir) if tasks else []  # every file checked before any model is loaded

@@ -2,12 +2,13 @@
 (distributed), freed memory handed back between steps (memory) and the plain-text tables commands and scripts print
 (tables)."""
 
-from .devices import CHOICES_HELP, DTYPES, compute_dtype, model_device, native_bfloat16, resolve_device
+from .devices import CHOICES_HELP, DTYPES, compute_dtype, model_device, native_bfloat16, native_half, resolve_device
 from .distributed import combine_hessians, dist_backend, init_from_env, share, shard, world
 from .memory import release_free_memory
 from .tables import format_table
 
 __all__ = [
-    "CHOICES_HELP", "DTYPES", "compute_dtype", "model_device", "native_bfloat16", "resolve_device",
-    "combine_hessians", "dist_backend", "init_from_env", "share", "shard", "world", "format_table", "release_free_memory",
+    "CHOICES_HELP", "DTYPES", "compute_dtype", "model_device", "native_bfloat16", "native_half", "resolve_device",
+    "combine_hessians", "dist_backend", "init_from_env", "share", "shard", "world", "format_table",
+    "release_free_memory",
 ]  # fmt: skip

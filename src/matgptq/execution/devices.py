@@ -54,25 +54,32 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def native_bfloat16(device: torch.device) -> bool:
-    """Whether `device` multiplies bfloat16 matrices in hardware — CUDA with bf16, a CPU with AVX512-BF16 or AMX —
-    so that bfloat16 is faster there rather than emulated (oneDNN's bf16 GEMM on a plain AVX-512 or AVX2 CPU
-    converts and is no faster than float32)."""
+    """Whether `device` multiplies bfloat16 matrices in hardware (native_half)."""
+    return native_half(torch.bfloat16, device)
+
+
+def native_half(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `device` multiplies `dtype` (bfloat16 or float16) matrices in hardware, so that the half dtype is
+    faster there rather than emulated: CUDA (bfloat16 where the GPU has it), a CPU with AVX512-BF16 or AMX for
+    bfloat16, with AMX-FP16 for float16. On a plain AVX-512 or AVX2 CPU oneDNN converts (a 2-core AVX2 EPYC, torch
+    2.13, 2026-11-29: F.linear of [2048, 576] by [1536, 576] took 6.1x float32's time in float16, 7.2x in bfloat16)."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        return dtype is torch.float16 or torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return False
-    checks = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
-    return any(check is not None and bool(check()) for check in checks)
+    names = ("_is_avx512_bf16_supported", "_is_amx_tile_supported") if dtype is torch.bfloat16 else \
+        ("_is_amx_fp16_supported",)  # fmt: skip
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in names)
 
 
 def compute_dtype(choice: str, stored: str | None, device: torch.device) -> torch.dtype | None:
     """The dtype a model whose config.json names `stored` computes in on `device` for `--dtype choice` (DTYPES);
-    None: its own. `auto` is the model's own, except for a bfloat16 model on a CPU without bfloat16 arithmetic
-    (native_bfloat16): that one computes in float32, which holds bfloat16's values exactly. There bfloat16 is
-    emulated: on a 2-core AVX2 EPYC (torch 2.13, 2026-11-29) a [2048, 576] x [576, 1536] product took 7.6x float32's
-    time, and SmolLM2's 4-bit g128 quantization (benchmarks/bench_pipeline.py, 64 x 512 tokens) 1098 CPU s calibrated
-    in bfloat16 against 381 in float32."""
+    None: its own. `auto` is the model's own, except for a bfloat16 or float16 model on a CPU without arithmetic in
+    that dtype (native_half): that one computes in float32, which holds every half value exactly. There the half
+    dtype is emulated, several times slower: SmolLM2's 4-bit g128 quantization (benchmarks/bench_pipeline.py,
+    64 x 512 tokens, the 2-core AVX2 EPYC) took 1098 CPU s calibrated in bfloat16 against 381 in float32."""
     chosen = DTYPES[choice]
-    if chosen is None and stored == "bfloat16" and device.type == "cpu" and not native_bfloat16(device):
+    half = DTYPES.get(stored) if stored in ("bfloat16", "float16") else None
+    if chosen is None and half is not None and device.type == "cpu" and not native_half(half, device):
         return torch.float32
     return chosen

@@ -13,7 +13,8 @@ from .text import calibration_windows, eval_windows, file_sha256, read_text, tok
 __all__ = [
     "ArchSpec", "arch_spec", "get_blocks", "layer_weight", "quantized_layer_names", "set_layer_weight",
     "set_weight_matrix", "weight_keys", "weight_matrix", "weight_swapped",
-    "LOAD_ERRORS", "config_dtype", "load_fp_model", "loader_quiet", "quiet_loggers", "load_tokenizer", "require_model_dir",
+    "LOAD_ERRORS", "config_dtype", "load_fp_model", "loader_quiet", "quiet_loggers", "load_tokenizer",
+    "require_model_dir",
     "ModelSource", "resolve_model",
     "calibration_windows", "eval_windows", "file_sha256", "read_text", "tokenize",
 ]  # fmt: skip

@@ -57,8 +57,8 @@ def _windows(tokenizer, calib, cfg: MethodConfig, calib_cfg: CalibConfig) -> tor
 
 def calibration_dtypes(model: Path, dtype: str, dev: torch.device) -> tuple[torch.dtype | None, torch.dtype | None]:
     """(the dtype the model calibrates in, the dtype its unquantized tensors are written in); None: the model's own.
-    `auto` calibrates in execution.compute_dtype's choice (float32 for a bfloat16 model on a CPU without bfloat16
-    arithmetic) and writes the model's own dtype: bfloat16's values, held exactly in float32, round back exactly."""
+    `auto` calibrates in execution.compute_dtype's choice (float32 for a bfloat16 or float16 model on a CPU without
+    arithmetic in it) and writes the model's own dtype: half values, held exactly in float32, round back exactly."""
     chosen = DTYPES[dtype]
     if chosen is not None:
         return chosen, chosen
