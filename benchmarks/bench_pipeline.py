@@ -25,7 +25,9 @@ Tools (--tools, comma-separated):
                    ignored), the model in its own dtype, sequential pipeline (its default), save_compressed.
                    A group size that does not divide every layer's columns (SmolLM2: 576 = 4.5 x 128) needs its
                    bypass_divisibility_checks=True; compressed-tensors cannot pack that, so the model is then saved
-                   dense (the fake-quantized weights, i.e. the dequantized codes)
+                   dense (the fake-quantized weights, i.e. the dequantized codes); 0.14.0.1 still stops there at g128 on
+                   SmolLM2 (its observer: `unflatten: sizes [-1, 128]` of 576 columns, 2026-11-29), so
+                   gptq_defaults.py runs it at g64
 
 Needs the bench venv (`make bench-venv`: GPTQModel 7.6.0, llm-compressor 0.14.0.1, .ci/constraints-bench.txt).
 Timings on a shared machine vary; compare CPU time and read the load average printed in the header.
