@@ -111,3 +111,31 @@ def test_gptq_static_groups_take_the_hessian_weighted_scales():
     expected = torch.stack([find_params(w[:, a : a + 16], NearestRounding(4), True, True, col_weights=d[a : a + 16])[0]
                             for a in (0, 16, 32)], 1)  # fmt: skip
     assert torch.equal(res.scales.float(), expected)
+
+
+@pytest.mark.parametrize("sym", [True, False])
+def test_column_into_is_codes_then_residual(sym):
+    """The solver's fused column step writes the bits of codes(), then residual() / d (grid.py says so)."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(64, 40, generator=gen)
+    r = NearestRounding(3)
+    scale, zero = find_params(w, r, sym, mse=False)
+    d = torch.tensor(0.37)
+    for col in w.T:
+        codes, err = torch.empty(64), torch.empty(64)
+        r.column_into(col, scale, zero, d, codes, err)
+        q = r.codes(col, scale, zero)
+        assert torch.equal(codes, q)
+        assert torch.equal(err, r.residual(col, q, scale, zero) / d)
+
+
+def test_abs_pow_within_its_rounding_bound():
+    """|x|^p as exp(p·ln|x|) against float64's pow. torch's CPU log and exp are Sleef's 1-ulp functions; with
+    y = p·ln|x| computed to (1 + 1 + 0.5) ulp relative (log, and the product), exp(y) carries |y|·2.5 ulp of argument
+    error as relative error, plus its own 1 ulp: |got/ref − 1| ≤ (2.5·|y| + 1)·2^-23, here doubled for margin."""
+    x = torch.logspace(-9, 3, 20001, dtype=torch.float64) * torch.where(torch.arange(20001) % 2 == 0, 1.0, -1.0)
+    got = grid.abs_pow_(x.float(), 2.4).double()
+    ref = x.float().double().abs() ** 2.4  # the same float32 inputs
+    y = 2.4 * torch.log(x.abs())
+    assert ((got / ref - 1).abs() <= 2 * (2.5 * y.abs() + 1) * 2.0**-23).all()
+    assert torch.equal(grid.abs_pow_(torch.zeros(3), 2.4), torch.zeros(3))

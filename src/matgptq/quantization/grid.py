@@ -80,13 +80,31 @@ class NearestRounding:
     def residual(self, w, codes, scale, zero):
         return w - scale * (codes - zero)
 
+    def column_into(self, w, scale, zero, d, codes, err) -> None:
+        """codes[:] = codes(w), err[:] = residual(w, codes) / d: the very operations of the two methods and the
+        division, written into the solver's buffers with one temporary instead of four and no copy (the CPU
+        solver's column loop is bound by per-operation overhead: 27 µs a 576-row column instead of 47)."""
+        q = torch.div(w, scale, out=codes).round_().add_(zero).clamp_(0, self.maxq)
+        torch.sub(w, torch.sub(q, zero).mul_(scale), out=err).div_(d)
+
     def search_loss(self, w, scale, zero, norm):
         """|w − s·(q − z)|^norm in place on one buffer: q − z = clamp(round(w/s) + z, 0, maxq) − z is
         clamp(round(w/s), −z, maxq − z) exactly (small integers in float), and |a − b| = |b − a| exactly, so these
         are the bits of codes() followed by the subtraction, with two passes and one temporary fewer. `zero` may be a
         number (a symmetric grid's): a clamp to numbers is ~15x faster than to broadcast tensors on a CPU."""
         q = torch.div(w, scale).round_().clamp_(min=-zero, max=self.maxq - zero)
-        return q.mul_(scale).sub_(w).abs_().pow_(norm)
+        return abs_pow_(q.mul_(scale).sub_(w), norm)
+
+
+def abs_pow_(x: torch.Tensor, p: float) -> torch.Tensor:
+    """|x|^p in place. On a CPU as exp(p·ln|x|) (0 ↦ exp(−inf) = 0): torch's pow with a non-integer exponent costs
+    2.3x the three passes there (an [8, 576, 128] float32 block: 1.9 ms against 0.8). The two agree to
+    (2.5·|p·ln|x|| + 1) float32 ulp relative (tests/quantization/test_grid.py derives it), ~2e-6 for the weight errors
+    the search scores: far below the differences between the grid points it compares (on SmolLM2's layers it picks
+    the same scales). On a GPU, where one pass of memory is the cost, pow itself."""
+    if x.is_cuda:
+        return x.abs_().pow_(p)
+    return x.abs_().log_().mul_(p).exp_()
 
 
 def _range(w: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -50,6 +50,8 @@ def quantize_column(rounding: Rounding, col: torch.Tensor, scale, zero, d, codes
         torch.div(rounding.residual_tracks(cols, q, scale, zero).view(-1), d, out=err_j)
     elif isinstance(rounding, NearestRounding) and gptq_column.available(col, scale, zero, codes_j, err_j):
         gptq_column.column_step(col, scale, zero, d, rounding.maxq, codes_j, err_j)
+    elif isinstance(rounding, NearestRounding):
+        rounding.column_into(col, scale, zero, d, codes_j, err_j)
     else:
         codes_j[:] = q = rounding.codes(col, scale, zero)
         torch.div(rounding.residual(col, q, scale, zero), d, out=err_j)

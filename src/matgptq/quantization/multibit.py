@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from ..formats import position_table
+from .grid import abs_pow_
 
 
 def _host(t) -> np.ndarray:
@@ -57,7 +58,7 @@ def multibit_loss(w, codes, scale, zero, table: torch.Tensor, lambdas: torch.Ten
     """
     pos = table.to(codes.device).index_select(0, codes.reshape(-1).long()).view(*codes.shape, -1).to(w.dtype)
     diff = w.unsqueeze(-1) - scale.unsqueeze(-1) * (pos - zero.unsqueeze(-1) if torch.is_tensor(zero) else pos - zero)
-    err = diff * diff if norm == 2.0 else diff.abs().pow(norm)
+    err = diff * diff if norm == 2.0 else abs_pow_(diff, norm)
     return (err * lambdas.to(w.device, w.dtype)).sum(-1)
 
 
