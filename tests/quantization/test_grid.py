@@ -130,12 +130,13 @@ def test_column_into_is_codes_then_residual(sym):
 
 
 def test_abs_pow_within_its_rounding_bound():
-    """|x|^p as exp(p·ln|x|) against float64's pow. torch's CPU log and exp are Sleef's 1-ulp functions; with
-    y = p·ln|x| computed to (1 + 1 + 0.5) ulp relative (log, and the product), exp(y) carries |y|·2.5 ulp of argument
-    error as relative error, plus its own 1 ulp: |got/ref − 1| ≤ (2.5·|y| + 1)·2^-23, here doubled for margin."""
+    """|x|^p as exp(p·ln|x|) against float64's pow on the same float32 inputs. torch's CPU log and exp are Sleef's
+    1-ulp functions: ln|x| carries 1 ulp and the product by p another half, so y = p·ln|x| is off by up to 1.5 ulp
+    of |y|, an absolute error exp turns into the same relative error, plus exp's own 1 ulp:
+    |got/ref − 1| ≤ (1.5·|y| + 1)·2^-23 (observed: 0.75 of it); the assertion allows twice that."""
     x = torch.logspace(-9, 3, 20001, dtype=torch.float64) * torch.where(torch.arange(20001) % 2 == 0, 1.0, -1.0)
     got = grid.abs_pow_(x.float(), 2.4).double()
     ref = x.float().double().abs() ** 2.4  # the same float32 inputs
     y = 2.4 * torch.log(x.abs())
-    assert ((got / ref - 1).abs() <= 2 * (2.5 * y.abs() + 1) * 2.0**-23).all()
+    assert ((got / ref - 1).abs() <= 2 * (1.5 * y.abs() + 1) * 2.0**-23).all()
     assert torch.equal(grid.abs_pow_(torch.zeros(3), 2.4), torch.zeros(3))
