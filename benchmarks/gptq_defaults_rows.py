@@ -34,6 +34,9 @@ ROWS = {
     "gar-bf16": {**GAR, "dtype": "bfloat16"},
     "ao-static": {"act_order": True, "static_groups": True},
     "ao-static-damp0.05": {"act_order": True, "static_groups": True, "damp": 0.05},
+    # act order with static groups in place of GAR, the defaults' other options kept (scale search, its weighting, refit)
+    "ao-static-mse-w-refit": {"act_order": True, "static_groups": True, "mse": True, "mse_weighted": True,
+                              "refit_scales": True},
     # one MatGPTQ parent per seed (target widths PARENT_WIDTHS), each width scored as its slice: `matgptq-parent` with
     # the plain options (MatGPTQ's defaults), then with GPTQ's scale choice (`--method matgptq` re-checked, item 2)
     "matgptq-parent": {"method": "matgptq"},
