@@ -138,7 +138,7 @@ bench: $(BENCH_VENV)/bin/matgptq
 # End to end on the real model (make real-model first): matgptq vs GPTQModel vs llm-compressor, same windows.
 bench-pipeline: $(BENCH_VENV)/bin/matgptq
 	$(BENCH_VENV)/bin/python -m benchmarks.bench_pipeline "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct" \
-	    --calib $(SHARED)/data/wikitext-2-raw/wiki.test.joined.txt --calib-range 0.5:1 --nsamples 64 --seqlen 512
+	    --calib $(SHARED)/data/wikitext-2-raw/wiki.test.joined.txt --calib-range 0.5:1 --nsamples 64 --seqlen 512 --repeat 2
 
 results: venv
 	$(BIN)/python -m benchmarks.results

@@ -29,6 +29,10 @@ Tools (--tools, comma-separated):
                    SmolLM2 (its observer: `unflatten: sizes [-1, 128]` of 576 columns, 2026-11-29), so
                    gptq_defaults.py runs it at g64
 
+With --repeat N the tools run N times in turn (all of them, then all again), so a slow stretch of a shared machine
+falls on every tool; each figure is then the median over the rounds, and the ratios to the peers are the median of
+the per-round ratios, with their range.
+
 Needs the bench venv (`make bench-venv`: GPTQModel 7.6.0, llm-compressor 0.14.0.1, .ci/constraints-bench.txt).
 Timings on a shared machine vary; compare CPU time and read the load average printed in the header.
 With --json FILE the measurements go to FILE and the page rendered from them alone beside it (FILE with .md; the
@@ -36,7 +40,7 @@ recorded run is docs/results/bench_pipeline.{json,md}, re-rendered by `python -m
 
     python -m benchmarks.bench_pipeline MODEL_DIR --calib FILE [--calib-range A:B] [--nsamples 64] [--seqlen 512]
         [--group-size 128] [--tools matgptq-cli,matgptq-cli-bf16,matgptq,matgptq-bf16,gptqmodel,llmcompressor]
-        [--threads 2] [--work DIR] [--json FILE]
+        [--threads 2] [--repeat 1] [--work DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -153,6 +157,7 @@ def main() -> None:
     p.add_argument("--tools", default="matgptq-cli,matgptq-cli-bf16,matgptq,matgptq-bf16,gptqmodel,llmcompressor",
                    help=f"comma-separated, from {', '.join(TOOLS)}")
     p.add_argument("--threads", type=int, default=2, help="threads per tool (OMP_NUM_THREADS)")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of every tool in turn (medians and ranges over them)")
     p.add_argument("--work", help="keep outputs and logs here (default: a temporary directory, removed)")
     p.add_argument("--json", help="write the measurements to this file")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -171,8 +176,9 @@ def main() -> None:
 
     tools = args.tools.split(",")
     unknown = set(tools) - set(TOOLS)
-    if unknown or not args.calib:
-        p.error(f"unknown tools {sorted(unknown)}" if unknown else "--calib FILE is required")
+    if unknown or not args.calib or args.repeat < 1:
+        p.error(f"unknown tools {sorted(unknown)}" if unknown else "--repeat must be at least 1" if args.calib else
+                "--calib FILE is required")  # fmt: skip
     a, b = (float(x) for x in args.calib_range.split(":"))
     ids = calibration_windows(tokenize(load_tokenizer(args.model), read_text(args.calib, (a, b))), args.nsamples,
                               args.seqlen, args.seed)  # fmt: skip
@@ -183,11 +189,12 @@ def main() -> None:
     print(f"{args.model}: {args.nsamples} x {args.seqlen} tokens, GPTQ {args.bits}-bit g{args.group_size} sym, "
           f"{args.threads} threads per tool, load average {load_start:.2f}", flush=True)  # fmt: skip
     results = []
-    for tool in tools:
-        results.append(run_child(args, tool, work / "ids.safetensors", work))
-        r = results[-1]
-        print(f"  {tool}: {'ok' if r['ok'] else 'FAILED (see ' + str(work / (tool + '.log')) + ')'} "
-              f"wall {r['wall']:.0f} s, CPU {r['cpu']:.0f} s, peak RSS {r['rss_gb']:.2f} GB", flush=True)
+    for round_ in range(args.repeat):
+        for tool in tools:
+            results.append({**run_child(args, tool, work / "ids.safetensors", work), "round": round_})
+            r = results[-1]
+            print(f"  {tool}: {'ok' if r['ok'] else 'FAILED (see ' + str(work / (tool + '.log')) + ')'} "
+                  f"wall {r['wall']:.0f} s, CPU {r['cpu']:.0f} s, peak RSS {r['rss_gb']:.2f} GB", flush=True)
     data = {"args": vars(args), "machine": machine(), "load_average_start": load_start, "load_average": os.getloadavg(),
             "results": results}  # fmt: skip
     print("\n" + tables(data))
@@ -213,20 +220,54 @@ def page(data: dict) -> str:
                       tables(data)])  # fmt: skip
 
 
+def summary(data: dict) -> dict[str, dict]:
+    """Per tool that ran: the median over the rounds of wall, cpu and rss_gb; "cpu_ratio" and "rss_ratio", the median
+    and (min, max) over the rounds of its figure over the fastest (leanest) peer of the same round (None without a
+    peer); "runs", the rounds; "peer_cpu" and "peer_rss", the peers the ratios are to (of the last round)."""
+    from statistics import median
+
+    ok = [r for r in data["results"] if r["ok"]]
+    rounds = sorted({r.get("round", 0) for r in ok})
+    out = {}
+    for tool in dict.fromkeys(r["tool"] for r in ok):
+        mine = [r for r in ok if r["tool"] == tool]
+        s = {k: median(r[k] for r in mine) for k in ("wall", "cpu", "rss_gb")} | {"runs": len(mine)}
+        for key, name in (("cpu", "cpu_ratio"), ("rss_gb", "rss_ratio")):
+            ratios = []
+            for n in rounds:
+                peers = [r for r in ok if r.get("round", 0) == n and r["tool"] in PEERS]
+                best = min(peers, key=lambda r: r[key], default=None)
+                ratios += [r[key] / best[key] for r in mine if r.get("round", 0) == n and best]
+                s["peer_" + key.split("_")[0]] = best["tool"] if best else None
+            s[name] = (median(ratios), (min(ratios), max(ratios))) if ratios else None
+        out[tool] = s
+    return out
+
+
+def ratio_cell(x, unit: str = "") -> str:
+    """A ratio (summary's (median, (min, max))): the median, with the rounds' range where they differ."""
+    if x is None:
+        return "-"
+    mid, (lo, hi) = x
+    return f"{mid:.2f}{unit}" + (f" ({lo:.2f}-{hi:.2f})" if f"{lo:.2f}" != f"{hi:.2f}" else "")
+
+
 def tables(data: dict) -> str:
-    """One row per tool with the ratios to the peers, then matgptq's own breakdown."""
+    """One row per tool (medians over the rounds) with the ratios to the peers, then matgptq's own breakdown."""
     from matgptq.execution import format_table
 
     results = data["results"]
-    peers = [r for r in results if r["tool"] in PEERS and r["ok"]]
-    best_cpu = min((r["cpu"] for r in peers), default=None)
-    best_rss = min((r["rss_gb"] for r in peers), default=None)
-    rows = [[r["tool"], f"{r['wall']:.0f}", f"{r['cpu']:.0f}", f"{r['rss_gb']:.2f}",
-             f"{r['cpu'] / best_cpu:.2f}" if best_cpu else "-", f"{r['rss_gb'] / best_rss:.2f}" if best_rss else "-"]
-            for r in results if r["ok"]]  # fmt: skip
-    out = [format_table(["tool", "wall s", "CPU s", "peak RSS GB", "CPU / fastest peer", "RSS / lowest peer"], rows)]
-    out += [f"- {r['tool']}: FAILED" for r in results if not r["ok"]]
-    parts = [r for r in results if r["tool"].startswith("matgptq") and r["ok"] and r["breakdown"]]  # the CLI has none
+    runs = summary(data)
+    rounds = max((s["runs"] for s in runs.values()), default=1)
+    rows = [[tool, f"{s['wall']:.0f}", f"{s['cpu']:.0f}", f"{s['rss_gb']:.2f}", ratio_cell(s["cpu_ratio"]),
+             ratio_cell(s["rss_ratio"])] for tool, s in runs.items()]  # fmt: skip
+    out = [f"Medians over {rounds} rounds (ratios: the median of each round's, with their range).\n"] * (rounds > 1)
+    out += [format_table(["tool", "wall s", "CPU s", "peak RSS GB", "CPU / fastest peer", "RSS / lowest peer"], rows)]
+    failed = [r["tool"] for r in results if not r["ok"]]
+    out += [f"- {t}: FAILED" + (f" ({failed.count(t)} of {rounds} rounds)" if rounds > 1 else "")
+            for t in dict.fromkeys(failed)]  # fmt: skip
+    parts = [r for r in results if r["tool"].startswith("matgptq") and r["ok"] and r["breakdown"]
+             and r.get("round", 0) == 0]  # the CLI has none; the first round's
     if parts:
         keys = list(parts[0]["breakdown"])
         out += ["", format_table(["seconds"] + [r["tool"] for r in parts],

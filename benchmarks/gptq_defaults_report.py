@@ -143,13 +143,16 @@ def _cpu(cells: dict, before: str, after: str) -> str:
 def defaults_block(data: dict) -> str:
     """docs/guide/quantize.md's table of defaults: each method's value (METHOD_DEFAULTS, the code) and, for GPTQ, what
     the ablation measured for it on SmolLM2-135M-Instruct at g128 (docs/results/gptq_defaults.json)."""
-    from matgptq.quantization.config import METHOD_DEFAULTS, CalibConfig, Method
+    from matgptq.quantization.config import CONFIGS, METHOD_DEFAULTS, CalibConfig, Method
 
     cells = _cells(data)
     defaults_row = _default_row(parent=False) == "gar-mse-w-refit"  # its seeds are the `default` row's
     show = lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v)  # noqa: E731
     # an option a method does not have (RTN's damping) shows as "-"
     value = lambda k: " / ".join(show(METHOD_DEFAULTS[m][k]) if k in METHOD_DEFAULTS[m] else "-"  # noqa: E731
+                                 for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN))
+    # an option METHOD_DEFAULTS does not show, from the configs themselves ("-" where the method lacks it: RTN)
+    field = lambda k: " / ".join(show(getattr(CONFIGS[m](), k)) if hasattr(CONFIGS[m](), k) else "-"  # noqa: E731
                                  for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN))
     parent = lambda after: _step(cells, "matgptq-parent", after) + _cpu(cells, "matgptq-parent", after)  # noqa: E731
     rows = [
@@ -158,6 +161,11 @@ def defaults_block(data: dict) -> str:
          + _step(_cells(data, group=-1), "default", "default", cells)),
         ("`--group-act-order`", value("group_act_order"), "GAR, GPTQModel's default; GPTQ, plain → `gar`: "
          + _step(cells, "plain", "gar")),
+        ("`--act-order`, `--static-groups`", field("act_order") + "; " + field("static_groups"),
+         "act order (every column by decreasing H_kk) with static groups, in place of GAR; with the other options "
+         "off, `gar` → `ao-static`: " + _step(cells, "gar", "ao-static") + "; with the defaults' others (search, "
+         "weighting, refit), `default` → `ao-static-mse-w-refit`: " + _step(cells, "default", "ao-static-mse-w-refit")
+         + _cpu(cells, "default", "ao-static-mse-w-refit")),
         ("`--refit-scales`", value("refit_scales"), "the codes' scales refit by least squares; a parent, "
          "`matgptq-parent` → `matgptq-parent-gar-refit` (with group act-order): " + parent("matgptq-parent-gar-refit")),
         ("`--mse`, `--mse-weighted`", " / ".join(show(METHOD_DEFAULTS[m]["mse"] and METHOD_DEFAULTS[m]["mse_weighted"])
@@ -170,6 +178,10 @@ def defaults_block(data: dict) -> str:
          "(off for a parent, for its CPU time): " + parent("matgptq-parent-gar-mse-w-refit")),
         ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; GPTQModel's 0.05 instead, the other defaults "
          "kept (`default` → `gar-mse-w-refit-damp0.05`): " + _step(cells, "default", "gar-mse-w-refit-damp0.05")),
+        ("true-sequential (`--no-true-sequential`)", field("true_sequential"), "each group of a block's Linears "
+         "calibrated on the outputs of the groups before it, already quantized (GPTQModel's default); all of a "
+         "block's Linears from the block's inputs instead (`default` → `gar-mse-w-refit-not-seq`): "
+         + _step(cells, "default", "gar-mse-w-refit-not-seq") + _cpu(cells, "default", "gar-mse-w-refit-not-seq")),
         ("`--dtype`", "auto / auto / auto", "the model's own dtype, except that a bfloat16 (float16) model "
          "calibrates in float32 (and is written in its own dtype) on a CPU without AVX512-BF16 or AMX (AMX-FP16), "
          "which emulates half products several times slower than float32's; calibrating a float32 model in bfloat16 instead "
@@ -278,25 +290,29 @@ PEER_NAMES = {"gptqmodel": "GPTQModel (its bfloat16 CPU default)", "gptqmodel-fp
 def _cost_sentence(pipeline: dict) -> str:
     """End to end CPU time and peak memory of the command a user types (in the model's float32, and calibrating in
     bfloat16) over the fastest peer's and the leanest peer's, measured side by side in one run of
-    benchmarks/bench_pipeline.py (its `matgptq-cli` rows), or nothing where that run has none: the ablation's own CPU
-    times come from runs spread over days and machine loads, so they are not set side by side here."""
-    data = pipeline
-    by_tool = {r["tool"]: r for r in data.get("results", []) if r.get("ok")}
-    peers, a = [by_tool[t] for t in PEER_NAMES if t in by_tool], data.get("args", {})
+    benchmarks/bench_pipeline.py (its `matgptq-cli` rows; over several rounds, the median ratio and its range), or
+    nothing where that run has none: the ablation's own CPU times come from runs spread over days and machine loads,
+    so they are not set side by side here."""
+    from benchmarks.bench_pipeline import ratio_cell, summary
+
+    runs = summary(pipeline) if pipeline.get("results") else {}
+    a = pipeline.get("args", {})
     rows = [("matgptq-cli", "in the model's float32"), ("matgptq-cli-bf16", "calibrating in bfloat16 (what a model "
             "stored in bfloat16 gets on a CPU with AVX512-BF16 or AMX, and what GPTQModel does)")]  # fmt: skip
-    got = [(by_tool[t], what) for t, what in rows if t in by_tool]
-    if not peers or not got:
+    got = [(runs[t], what) for t, what in rows if t in runs and runs[t]["cpu_ratio"]]
+    if not got:
         return ""
-    fast, lean = min(peers, key=lambda r: r["cpu"]), min(peers, key=lambda r: r["rss_gb"])
-    m = data.get("machine")
+    fast, lean = got[0][0]["peer_cpu"], got[0][0]["peer_rss"]
+    m = pipeline.get("machine")
     where = f" on {m['cpu']} ({m['cores']} cores)" if m else ""
-    against = (f"the CPU time and peak memory of {PEER_NAMES[fast['tool']]}" if fast is lean else
-               f"the CPU time of {PEER_NAMES[fast['tool']]} (the fastest peer) and the peak memory of "
-               f"{PEER_NAMES[lean['tool']]} (the leanest)")  # fmt: skip
-    return (f" At {a['bits']} bits g{a['group_size']}, end to end in one run{where} ([bench_pipeline]"
-            f"(docs/results/bench_pipeline.md)), against {against}: " + "; ".join(
-        f"{what} {c['cpu'] / fast['cpu']:.2f}× and {c['rss_gb'] / lean['rss_gb']:.2f}×" for c, what in got) + ".")
+    n = got[0][0]["runs"]
+    against = (f"the CPU time and peak memory of {PEER_NAMES[fast]}" if fast == lean else
+               f"the CPU time of {PEER_NAMES[fast]} (the fastest peer) and the peak memory of {PEER_NAMES[lean]} "
+               "(the leanest)")  # fmt: skip
+    return (f" At {a['bits']} bits g{a['group_size']}, end to end in one run{where}"
+            + (f", the median of {n} rounds" if n > 1 else "") + f" ([bench_pipeline](docs/results/bench_pipeline.md)), "
+            f"against {against}: " + "; ".join(f"{what} {ratio_cell(c['cpu_ratio'], '×')} and "
+                                               f"{ratio_cell(c['rss_ratio'], '×')}" for c, what in got) + ".")  # fmt: skip
 
 
 def plot_page(data: dict, path: Path) -> None:
