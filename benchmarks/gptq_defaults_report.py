@@ -36,9 +36,20 @@ def summary(runs: dict) -> list[dict]:
         quiet = [r["quant"] for r in rs if r["quant"].get("load_average", QUIET_LOAD + 1) <= QUIET_LOAD]
         if quiet:  # what the ratios of CPU time and memory use: only runs that had the cores to themselves
             s["cpu_quiet"], s["rss_quiet"] = (statistics.fmean(q[k] for q in quiet) for k in ("cpu", "rss_gb"))
+            where = {_machine(q) for q in quiet}
+            s["machine"] = where.pop() if len(where) == 1 else None
         out.append(s)
     order = list(ROWS)
     return sorted(out, key=lambda s: (s["group_size"] == -1, s["bits"], order.index(s["row"])))
+
+
+def _machine(quant: dict) -> str | None:
+    """Where a run was measured, as far as its record says: the CPU model where it names one ("... on AMD EPYC"),
+    else the day (the older records name none; one day's runs shared a machine); None without a record."""
+    measured = quant.get("measured")
+    if not measured:
+        return None
+    return measured.split(" on ", 1)[1] if " on " in measured else measured.split()[0]
 
 
 def page(data: dict) -> str:
@@ -130,11 +141,12 @@ def _step(cells: dict, before: str, after: str, after_cells: dict | None = None)
 
 
 def _cpu(cells: dict, before: str, after: str) -> str:
-    """CPU time and peak memory of row `after` over row `before`, per width (seed means), or nothing."""
+    """CPU time and peak memory of row `after` over row `before`, per width (seed means), or nothing where the two
+    were not measured on the same machine (`_machine`: CPU times of two hosts or days do not compare)."""
     parts = {bits: f"CPU ×{b['cpu_quiet'] / a['cpu_quiet']:.2f}, peak RSS ×{b['rss_quiet'] / a['rss_quiet']:.2f} "
                    f"(runs on a quiet machine)" for bits in (3, 4)
              if (a := cells.get((before, bits))) and (b := cells.get((after, bits))) and "cpu_quiet" in a
-             and "cpu_quiet" in b}  # fmt: skip
+             and "cpu_quiet" in b and a["machine"] and a["machine"] == b["machine"]}  # fmt: skip
     if len(set(parts.values())) == 1:  # one run for every width (a parent), or the same ratios
         return "; " + next(iter(parts.values()))
     return "".join(f"; {bits}-bit {text}" for bits, text in parts.items())
@@ -154,6 +166,8 @@ def defaults_block(data: dict) -> str:
     # an option METHOD_DEFAULTS does not show, from the configs themselves ("-" where the method lacks it: RTN)
     field = lambda k: " / ".join(show(getattr(CONFIGS[m](), k)) if hasattr(CONFIGS[m](), k) else "-"  # noqa: E731
                                  for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN))
+    best = "default" if defaults_row else "gar-mse-w-refit"  # the defaults' options, measured
+    without = lambda row: f"`{row}` → `{best}`: " + _step(cells, row, best)  # noqa: E731  (one option left out)
     parent = lambda after: _step(cells, "matgptq-parent", after) + _cpu(cells, "matgptq-parent", after)  # noqa: E731
     rows = [
         ("`--group-size`", value("group_size"), "the field's default (GPTQModel, llm-compressor, vLLM's kernels); -1 "
@@ -171,11 +185,12 @@ def defaults_block(data: dict) -> str:
         ("`--mse`, `--mse-weighted`", " / ".join(show(METHOD_DEFAULTS[m]["mse"] and METHOD_DEFAULTS[m]["mse_weighted"])
                                                for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN)),
          "the scale searched (since 2026-11-29 on 30 of the 80 grid points, coarse to fine; its error and time "
-         "against all 80: [mse_search](../results/mse_search.md); the ablation's rows scored all 80), its error "
-         "weighted by H_kk; GPTQ, `gar` → `gar-mse-w-refit` (with the refit"
-         + (", the defaults: the `default` row's seeds" if defaults_row else "") + "): "
-         + _step(cells, "gar", "default" if defaults_row else "gar-mse-w-refit") + "; a parent, `matgptq-parent` → `matgptq-parent-gar-mse-w-refit` "
-         "(off for a parent, for its CPU time): " + parent("matgptq-parent-gar-mse-w-refit")),
+         "against all 80: [mse_search](../results/mse_search.md); the ablation's rows measured before then scored "
+         "all 80, the page gives each row's commit), its error weighted by H_kk; GPTQ, `gar` → `gar-mse-w-refit` "
+         "(with the refit" + (", the defaults: the `default` row's seeds" if defaults_row else "") + "): "
+         + _step(cells, "gar", best) + "; the search (and its weighting) without and with it, the other defaults "
+         "kept, " + without("gar-refit") + "; a parent, `matgptq-parent` → "
+         "`matgptq-parent-gar-mse-w-refit` (off for a parent, for its CPU time): " + parent("matgptq-parent-gar-mse-w-refit")),
         ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; GPTQModel's 0.05 instead, the other defaults "
          "kept (`default` → `gar-mse-w-refit-damp0.05`): " + _step(cells, "default", "gar-mse-w-refit-damp0.05")),
         ("true-sequential (`--no-true-sequential`)", field("true_sequential"), "each group of a block's Linears "

@@ -15,9 +15,6 @@ ROWS = {
     "gar-mse": {**GAR, "mse": True},
     "gar-mse-w": {**GAR, "mse": True, "mse_weighted": True},
     "gar-refit": {**GAR, "refit_scales": True},
-    # the defaults with one option turned off (gar-refit: without the scale search; gar-mse-w: without the refit)
-    "mse-w-refit": {"mse": True, "mse_weighted": True, "refit_scales": True},
-    "gar-mse-refit": {**GAR, "mse": True, "refit_scales": True},
     "gar-mse-w-refit": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True},
     # the same calibrating in bfloat16, as GPTQModel does on a CPU (and as `--dtype auto` does for a bf16 model)
     "gar-mse-w-refit-bf16": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "dtype": "bfloat16"},
