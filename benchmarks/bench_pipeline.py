@@ -232,13 +232,13 @@ def summary(data: dict) -> dict[str, dict]:
     for tool in dict.fromkeys(r["tool"] for r in ok):
         mine = [r for r in ok if r["tool"] == tool]
         s = {k: median(r[k] for r in mine) for k in ("wall", "cpu", "rss_gb")} | {"runs": len(mine)}
-        for key, name in (("cpu", "cpu_ratio"), ("rss_gb", "rss_ratio")):
+        for key, name, peer in (("cpu", "cpu_ratio", "peer_cpu"), ("rss_gb", "rss_ratio", "peer_rss")):
             ratios = []
             for n in rounds:
                 peers = [r for r in ok if r.get("round", 0) == n and r["tool"] in PEERS]
                 best = min(peers, key=lambda r: r[key], default=None)
                 ratios += [r[key] / best[key] for r in mine if r.get("round", 0) == n and best]
-                s["peer_" + key.split("_")[0]] = best["tool"] if best else None
+                s[peer] = best["tool"] if best else None
             s[name] = (median(ratios), (min(ratios), max(ratios))) if ratios else None
         out[tool] = s
     return out

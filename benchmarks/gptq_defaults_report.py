@@ -167,7 +167,6 @@ def defaults_block(data: dict) -> str:
     field = lambda k: " / ".join(show(getattr(CONFIGS[m](), k)) if hasattr(CONFIGS[m](), k) else "-"  # noqa: E731
                                  for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN))
     best = "default" if defaults_row else "gar-mse-w-refit"  # the defaults' options, measured
-    without = lambda row: f"`{row}` → `{best}`: " + _step(cells, row, best)  # noqa: E731  (one option left out)
     parent = lambda after: _step(cells, "matgptq-parent", after) + _cpu(cells, "matgptq-parent", after)  # noqa: E731
     rows = [
         ("`--group-size`", value("group_size"), "the field's default (GPTQModel, llm-compressor, vLLM's kernels); -1 "
@@ -189,7 +188,7 @@ def defaults_block(data: dict) -> str:
          "all 80, the page gives each row's commit), its error weighted by H_kk; GPTQ, `gar` → `gar-mse-w-refit` "
          "(with the refit" + (", the defaults: the `default` row's seeds" if defaults_row else "") + "): "
          + _step(cells, "gar", best) + "; the search (and its weighting) without and with it, the other defaults "
-         "kept, " + without("gar-refit") + "; a parent, `matgptq-parent` → "
+         "kept, `gar-refit` → `" + best + "`: " + _step(cells, "gar-refit", best) + "; a parent, `matgptq-parent` → "
          "`matgptq-parent-gar-mse-w-refit` (off for a parent, for its CPU time): " + parent("matgptq-parent-gar-mse-w-refit")),
         ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; GPTQModel's 0.05 instead, the other defaults "
          "kept (`default` → `gar-mse-w-refit-damp0.05`): " + _step(cells, "default", "gar-mse-w-refit-damp0.05")),
