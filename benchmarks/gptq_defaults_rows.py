@@ -62,8 +62,7 @@ def options(row: dict) -> list[str]:
     s = {**ALL, **{k: v for k, v in row.items() if k != "method" and k not in CALIBRATION}}
     calibration = [x for k in CALIBRATION if k in row for x in (f"--{k}", str(row[k]))]
     out = [f"--{'' if s[k] else 'no-'}{k.replace('_', '-')}" for k in ("group_act_order", "mse", "mse_weighted",
-                                                                        "refit_scales")]  # fmt: skip
-    out += ["--act-order"] * s["act_order"] + ["--static-groups"] * s["static_groups"]
+                                                                        "refit_scales", "act_order", "static_groups")]  # fmt: skip
     out += [] if s["true_sequential"] else ["--no-true-sequential"]
     return out + ["--damp", str(s["damp"]), "--dtype", s["dtype"], *calibration]
 

@@ -14,8 +14,14 @@ from matgptq.quantization.config import GGUF_BLOCK, METHOD_DEFAULTS, Method, Tar
 
 def test_gptq_defaults_and_options_that_mean_nothing_stay_off():
     cfg = GPTQConfig(bits=4)
-    assert (cfg.group_size, cfg.group_act_order, cfg.mse, cfg.mse_weighted, cfg.refit_scales) == (128, True, True, True, True)
+    assert (cfg.group_size, cfg.act_order, cfg.static_groups, cfg.group_act_order, cfg.mse, cfg.mse_weighted,
+            cfg.refit_scales) == (128, True, True, False, True, True, True)  # fmt: skip
+    gar = GPTQConfig(bits=4, group_act_order=True)  # asked for: GAR instead of act order, as before it was default
+    assert (gar.act_order, gar.static_groups, gar.group_act_order) == (False, False, True)
+    assert GPTQConfig(bits=4, act_order=False).group_act_order is True  # without act order, GAR's order
     assert GPTQConfig(bits=4, act_order=True).group_act_order is False  # act-order orders every column itself
+    g_idx = GPTQConfig(bits=4, act_order=True, static_groups=False)  # act order's own g_idx layout, when asked for
+    assert (g_idx.act_order, g_idx.static_groups) == (True, False)
     assert GPTQConfig(bits=4, mse=False).mse_weighted is False  # no search to weight
     rtn = RTNConfig(bits=4)  # no Hessian: nothing to weight, order or refit by, so no such fields
     assert rtn.group_size == 128 and not any(hasattr(rtn, k) for k in ("mse_weighted", "refit_scales", "damp"))
@@ -23,10 +29,15 @@ def test_gptq_defaults_and_options_that_mean_nothing_stay_off():
 
 def test_the_defaults_table_is_read_from_the_configs():
     """--help and docs/guide/quantize.md show METHOD_DEFAULTS; it is what each config resolves to, per method."""
-    assert METHOD_DEFAULTS[Method.GPTQ] == {"group_size": 128, "group_act_order": True, "mse": True,
-                                            "mse_weighted": True, "refit_scales": True, "damp": 0.01}  # fmt: skip
-    assert METHOD_DEFAULTS[Method.MATGPTQ]["mse"] is False and METHOD_DEFAULTS[Method.RTN] == {
-        "group_size": 128, "group_act_order": False, "mse": False, "mse_weighted": False, "refit_scales": False}
+    assert METHOD_DEFAULTS[Method.GPTQ] == {"group_size": 128, "act_order": True, "static_groups": True,
+                                            "group_act_order": False, "mse": True, "mse_weighted": True,
+                                            "refit_scales": True, "damp": 0.01}  # fmt: skip
+    parent = METHOD_DEFAULTS[Method.MATGPTQ]
+    assert (parent["mse"], parent["act_order"], parent["static_groups"], parent["group_act_order"]) == (
+        False, False, False, True)  # fmt: skip
+    assert METHOD_DEFAULTS[Method.RTN] == {"group_size": 128, "act_order": False, "static_groups": False,
+                                           "group_act_order": False, "mse": False, "mse_weighted": False,
+                                           "refit_scales": False}  # fmt: skip
 
 
 def test_a_record_from_before_an_option_existed_reads_without_it():
@@ -66,7 +77,7 @@ def test_target_gguf_shapes_the_grid_for_llama_cpp():
 
 @pytest.mark.parametrize("options,message", [
     (dict(group_size=128), "drop --group-size 128"),
-    (dict(act_order=True), "add --static-groups"),
+    (dict(act_order=True, static_groups=False), "add --static-groups"),
     (dict(target="ggml"), "unknown target 'ggml'; use one of any, gguf"),
 ])  # fmt: skip
 def test_target_gguf_refuses_what_llama_cpp_blocks_cannot_hold(options, message):

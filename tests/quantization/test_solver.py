@@ -223,8 +223,22 @@ def test_act_order_g_idx_and_static_groups_layout():
     expected[order] = torch.arange(40) // 16
     assert torch.equal(dynamic.g_idx.long(), expected) and torch.equal(dynamic.perm, order)
     static = gptq_quantize(w, h, r, group_size=16, act_order=True, static_groups=True)
-    assert torch.equal(static.g_idx.long(), torch.arange(40) // 16)
+    assert torch.equal(static.g_idx.long(), torch.arange(40) // 16) and static.perm is None  # nothing to undo
     assert static.scales.shape == (8, 3)  # ceil(40 / 16) groups, the last one ragged
+
+
+@pytest.mark.parametrize("mse,weighted", [(False, False), (True, False), (True, True)])
+def test_per_channel_act_order_with_static_groups_is_group_act_order(mse, weighted):
+    """One group per row: GAR's order is the columns by decreasing diag H, act order's too, and the one group's
+    scale comes from the weights before any update either way, so GPTQ's default (act order, static groups) and GAR
+    give the same codes and scales, bit for bit, per channel."""
+    for seed in range(5):
+        w, h, _ = random_problem(32, 96, seed)
+        kw = dict(group_size=-1, mse=mse, mse_weighted=weighted)
+        ao = gptq_quantize(w, h, NearestRounding(3), act_order=True, static_groups=True, **kw)
+        gar = gptq_quantize(w, h, NearestRounding(3), group_order=True, **kw)
+        assert torch.equal(ao.codes, gar.codes) and torch.equal(ao.scales, gar.scales), seed
+        assert torch.equal(ao.g_idx, gar.g_idx) and ao.perm is None and gar.perm is None
 
 
 def test_group_act_order_keeps_the_plain_layout():

@@ -71,12 +71,17 @@ def _grid_options(g) -> None:
 
 
 def _solver_options(g) -> None:
-    g.add_argument("--act-order", action="store_true", help="quantize columns by decreasing Hessian diagonal")
+    g.add_argument("--act-order", action=argparse.BooleanOptionalAction,
+                   help="quantize columns by decreasing Hessian diagonal (desc_act); off when --group-act-order "
+                        f"is asked for ({method_default('act_order')})")
+    g.add_argument("--static-groups", action=argparse.BooleanOptionalAction,
+                   help="with --act-order: each group's scale and zero from its original columns, fixed before any "
+                        "GPTQ update, so groups stay contiguous (the plain layout, no g_idx); --no-static-groups "
+                        "stores act order's g_idx instead (default: on with --act-order)")
     g.add_argument("--group-act-order", action=argparse.BooleanOptionalAction,
                    help="process whole groups by decreasing Hessian diagonal, and the columns inside each group too "
                         "(GAR, GPTQModel's act_group_aware): the plain layout, no g_idx; --act-order overrides it "
                         f"({method_default('group_act_order')})")
-    g.add_argument("--static-groups", action="store_true", help="group scales/zeros from the original weights (before GPTQ updates and act-order)")
     g.add_argument("--skip", action="append", default=[], metavar="REGEX",
                    help="leave block Linears whose module name matches unquantized (repeatable)")
     g.add_argument("--damp", type=float, help="relative Hessian damping (retried x10 if needed) "

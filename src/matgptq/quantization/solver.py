@@ -235,7 +235,8 @@ def _solve(w, u, grid: GroupGrid, group_size: int, block_size: int, perm, static
 
 def _finish(codes, scales, zeros, static, perm, group_size: int, group_order: bool, damp: float) -> QuantResult:
     """The result in original column order: g_idx (act-order: groups in processing order; static groups and GAR:
-    contiguous), the static parameters where fixed up front, the permutation kept only where g_idx needs it."""
+    contiguous), the static parameters where fixed up front, the permutation kept only where g_idx needs it (act-order
+    without static groups: the order was the solver's alone otherwise)."""
     k = codes.shape[0]
     g = k if group_size == -1 else group_size
     order = perm if perm is not None else torch.arange(k, device=codes.device)
@@ -246,4 +247,4 @@ def _finish(codes, scales, zeros, static, perm, group_size: int, group_order: bo
     codes = codes.T
     if perm is not None:
         codes = codes[:, torch.argsort(perm)]
-    return _to_result(codes.contiguous(), scales, zeros, g_idx, None if group_order else perm, damp)
+    return _to_result(codes.contiguous(), scales, zeros, g_idx, None if group_order or static else perm, damp)
