@@ -158,7 +158,7 @@ def defaults_block(data: dict) -> str:
     from matgptq.quantization.config import CONFIGS, METHOD_DEFAULTS, CalibConfig, Method
 
     cells = _cells(data)
-    defaults_row = _default_row(parent=False) == "gar-mse-w-refit"  # its seeds are the `default` row's
+    gar = "gar-mse-w-refit"  # the defaults until 2026-12-01: GAR with the scale search, its weighting and the refit
     show = lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v)  # noqa: E731
     # an option a method does not have (RTN's damping) shows as "-"
     value = lambda k: " / ".join(show(METHOD_DEFAULTS[m][k]) if k in METHOD_DEFAULTS[m] else "-"  # noqa: E731
@@ -166,47 +166,48 @@ def defaults_block(data: dict) -> str:
     # an option METHOD_DEFAULTS does not show, from the configs themselves ("-" where the method lacks it: RTN)
     field = lambda k: " / ".join(show(getattr(CONFIGS[m](), k)) if hasattr(CONFIGS[m](), k) else "-"  # noqa: E731
                                  for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN))
-    best = "default" if defaults_row else "gar-mse-w-refit"  # the defaults' options, measured
     parent = lambda after: _step(cells, "matgptq-parent", after) + _cpu(cells, "matgptq-parent", after)  # noqa: E731
     rows = [
         ("`--group-size`", value("group_size"), "the field's default (GPTQModel, llm-compressor, vLLM's kernels); -1 "
          "(one scale per row) stores 0.125 fewer bits per weight; -1 → 128 for `default`: "
          + _step(_cells(data, group=-1), "default", "default", cells)),
-        ("`--group-act-order`", value("group_act_order"), "GAR, GPTQModel's default; GPTQ, plain → `gar`: "
-         + _step(cells, "plain", "gar")),
-        ("`--act-order`, `--static-groups`", field("act_order") + "; " + field("static_groups"),
-         "act order (every column by decreasing H_kk) with static groups, in place of GAR; with the other options "
-         "off, `gar` → `ao-static`: " + _step(cells, "gar", "ao-static") + "; with the defaults' others (search, "
-         "weighting, refit), `default` → `ao-static-mse-w-refit`: " + _step(cells, "default", "ao-static-mse-w-refit")
-         + _cpu(cells, "default", "ao-static-mse-w-refit")),
+        ("`--act-order`, `--static-groups`", value("act_order") + "; " + value("static_groups"),
+         "act order (every column by decreasing H_kk) with static groups (each group's scale from its original "
+         "columns, so the layout stays the plain one: no g_idx, every export takes it); in place of GAR with the "
+         "defaults' other options (scale search, weighting, refit), `" + gar + "` → `default`: "
+         + _step(cells, gar, "default") + _cpu(cells, gar, "default") + "; with those options off, `gar` → "
+         "`ao-static`: " + _step(cells, "gar", "ao-static") + " (act order needs the scale search at 3 bits)"),
+        ("`--group-act-order`", value("group_act_order"), "GAR (whole groups, and the columns inside each, by "
+         "decreasing H_kk; GPTQModel's default): a parent's default, and GPTQ's until act order with static groups "
+         "replaced it; GPTQ, plain → `gar`: " + _step(cells, "plain", "gar")),
         ("`--refit-scales`", value("refit_scales"), "the codes' scales refit by least squares; a parent, "
          "`matgptq-parent` → `matgptq-parent-gar-refit` (with group act-order): " + parent("matgptq-parent-gar-refit")),
         ("`--mse`, `--mse-weighted`", " / ".join(show(METHOD_DEFAULTS[m]["mse"] and METHOD_DEFAULTS[m]["mse_weighted"])
                                                for m in (Method.GPTQ, Method.MATGPTQ, Method.RTN)),
          "the scale searched (since 2026-11-29 on 30 of the 80 grid points, coarse to fine; its error and time "
          "against all 80: [mse_search](../results/mse_search.md); the ablation's rows measured before then scored "
-         "all 80, the page gives each row's commit), its error weighted by H_kk; GPTQ, `gar` → `gar-mse-w-refit` "
-         "(with the refit" + (", the defaults: the `default` row's seeds" if defaults_row else "") + "): "
-         + _step(cells, "gar", best) + "; the search (and its weighting) without and with it, the other defaults "
-         "kept, `gar-refit` → `" + best + "`: " + _step(cells, "gar-refit", best) + "; a parent, `matgptq-parent` → "
+         "all 80, the page gives each row's commit), its error weighted by H_kk; GPTQ with act order, `ao-static` "
+         "→ `default` (with the refit): " + _step(cells, "ao-static", "default") + "; with GAR, `gar` → `" + gar
+         + "`: " + _step(cells, "gar", gar) + "; the search (and its weighting) without and with the refit, GAR, "
+         "`gar-refit` → `" + gar + "`: " + _step(cells, "gar-refit", gar) + "; a parent, `matgptq-parent` → "
          "`matgptq-parent-gar-mse-w-refit` (off for a parent, for its CPU time): " + parent("matgptq-parent-gar-mse-w-refit")),
-        ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; GPTQModel's 0.05 instead, the other defaults "
-         "kept (`default` → `gar-mse-w-refit-damp0.05`): " + _step(cells, "default", "gar-mse-w-refit-damp0.05")),
+        ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; GPTQModel's 0.05 instead, with GAR and the "
+         f"defaults' other options (`{gar}` → `{gar}-damp0.05`): " + _step(cells, gar, f"{gar}-damp0.05")),
         ("true-sequential (`--no-true-sequential`)", field("true_sequential"), "each group of a block's Linears "
          "calibrated on the outputs of the groups before it, already quantized (GPTQModel's default); all of a "
-         "block's Linears from the block's inputs instead (`default` → `gar-mse-w-refit-not-seq`): "
-         + _step(cells, "default", "gar-mse-w-refit-not-seq") + _cpu(cells, "default", "gar-mse-w-refit-not-seq")),
+         f"block's Linears from the block's inputs instead, with GAR (`{gar}` → `{gar}-not-seq`): "
+         + _step(cells, gar, f"{gar}-not-seq") + _cpu(cells, gar, f"{gar}-not-seq")),
         ("`--dtype`", "auto / auto / auto", "the model's own dtype, except that a bfloat16 (float16) model "
          "calibrates in float32 (and is written in its own dtype) on a CPU without AVX512-BF16 or AMX (AMX-FP16), "
          "which emulates half products several times slower than float32's; calibrating a float32 model in bfloat16 instead "
-         "(`default` → `gar-mse-w-refit-bf16`, the same options; GPTQModel's CPU dtype): "
-         + _step(cells, "default", "gar-mse-w-refit-bf16") + _cpu(cells, "default", "gar-mse-w-refit-bf16")),
+         f"(`{gar}` → `{gar}-bf16`, the same options with GAR; GPTQModel's CPU dtype): "
+         + _step(cells, gar, f"{gar}-bf16") + _cpu(cells, gar, f"{gar}-bf16")),
         ("`--nsamples` × `--seqlen`", f"{CalibConfig.nsamples} × {CalibConfig.seqlen}", "the calibration size; the "
-         "ablation's other rows calibrate on 64 × 512, the same 32,768 tokens in half as many windows: `default` → "
-         "128 × 256 (`gar-mse-w-refit-128x256`): " + _step(cells, "default", "gar-mse-w-refit-128x256")
-         + _cpu(cells, "default", "gar-mse-w-refit-128x256") + "; twice the tokens in longer windows, `default` → "
-         "128 × 512: " + _step(cells, "default", "gar-mse-w-refit-128x512")
-         + _cpu(cells, "default", "gar-mse-w-refit-128x512") + "; twice the windows, 128 × 256 → 256 × 256: "
+         "ablation's other rows calibrate on 64 × 512, the same 32,768 tokens in half as many windows; with GAR, "
+         f"`{gar}` → 128 × 256 (`{gar}-128x256`): " + _step(cells, gar, f"{gar}-128x256")
+         + _cpu(cells, gar, f"{gar}-128x256") + f"; twice the tokens in longer windows, `{gar}` → "
+         "128 × 512: " + _step(cells, gar, f"{gar}-128x512")
+         + _cpu(cells, gar, f"{gar}-128x512") + "; twice the windows, 128 × 256 → 256 × 256: "
          + _step(cells, "gar-mse-w-refit-128x256", "gar-mse-w-refit-256x256")
          + _cpu(cells, "gar-mse-w-refit-128x256", "gar-mse-w-refit-256x256")),
     ]  # fmt: skip
@@ -267,9 +268,9 @@ def _own_size_sentence(cells: dict) -> str:
     """What `quantize` gives with its own calibration size (the table gives every tool 64 × 512), where measured."""
     from matgptq.quantization.config import CalibConfig
 
-    row = f"gar-mse-w-refit-{CalibConfig.nsamples}x{CalibConfig.seqlen}"
+    row = f"{_default_row(parent=False)}-{CalibConfig.nsamples}x{CalibConfig.seqlen}"  # the defaults' options
     got = [(b, c) for b in (3, 4) if (c := cells.get((row, b)))]
-    if not got or _default_row(parent=False) != "gar-mse-w-refit":
+    if not got:
         return ""
     return (f" With its own default calibration size, {CalibConfig.nsamples} windows of {CalibConfig.seqlen} tokens "
             "(the same number of tokens), `quantize` does better still: "

@@ -56,7 +56,7 @@ def no_hang(seconds: int = HANG_SECONDS):
 def sources(tiny_llama_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("damage")
     parent = quick_quantize(tiny_llama_dir, root / "parent", method="matgptq", bits="3,4,8", group_size=32,
-                            act_order=True)  # fmt: skip
+                            act_order=True, static_groups=False)  # fmt: skip
     gptq = export_gptq(parent, root / "gptq", "gptq_v2", bits=4)
     return {"parent": parent, "gptq": gptq, "hf": tiny_llama_dir}
 

@@ -35,5 +35,5 @@ def grouped_parent(tiny_llama_dir, tmp_path_factory):
     """A tiny parent with 32-column groups and act-order (so its slices store `perm`)."""
     out = tmp_path_factory.mktemp("search") / "grouped-parent"
     matgptq.quantize(tiny_llama_dir, out, calib=TINYSTORIES, calib_range=(0.9, 1.0), method="matgptq", bits=(3, 4, 8),
-                     nsamples=8, seqlen=64, group_size=32, act_order=True, progress=False)  # fmt: skip
+                     nsamples=8, seqlen=64, group_size=32, act_order=True, static_groups=False, progress=False)  # fmt: skip
     return out

@@ -28,7 +28,8 @@ SOURCES = {  # name: (model, quantize options); "tiny" is conftest's random Llam
     "stories-sym-g32": (STORIES, dict(method="matgptq", bits=(2, 4, 8), group_size=32)),  # down_proj: 172 columns
     "stories-asym-channel": (STORIES, dict(method="gptq", bits=3, sym=False, group_size=-1)),
     "stories-skip": (STORIES, dict(method="gptq", bits=4, group_size=32, skip=("down_proj$",))),  # left unquantized
-    "ao-dynamic": ("tiny", dict(method="gptq", bits=4, group_size=32, act_order=True)),  # refused
+    "ao-dynamic": ("tiny", dict(method="gptq", bits=4, group_size=32, act_order=True,
+                                 static_groups=False)),  # refused
     "asym-parent": ("tiny", dict(method="matgptq", bits=(4, 8), sym=False, group_size=32)),  # 4-bit slice refused
     "sym-g32-signed": ("tiny", dict(method="gptq", bits=4, target="gguf")),  # llama.cpp's grid: scales of either sign
 }

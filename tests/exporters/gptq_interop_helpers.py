@@ -48,7 +48,7 @@ class Cache:
         return self._get(key, lambda: matgptq.quantize(
             self.model_dir, self.base / "-".join(map(str, key)), calib=CALIB, nsamples=self.nsamples, seqlen=64,
             progress=False,
-            group_size=GROUP, act_order=ao, **kw)[0])  # fmt: skip
+            group_size=GROUP, act_order=ao, static_groups=False, **kw)[0])  # fmt: skip
 
     def export(self, bits, sym, fmt, ao):
         out = self.base / f"export-{bits}-{sym}-{fmt}-{ao}"

@@ -62,7 +62,7 @@ class MoECache:
     def source(self, model_type, kind):
         """kind "gptq4": method gptq, 4 bits, asymmetric, no act-order; "parent": matgptq 2,4,8, sym, act-order."""
         kw = dict(method="gptq", bits=4, sym=False) if kind == "gptq4" else dict(
-            method="matgptq", bits=(2, 4, 8), act_order=True)  # fmt: skip
+            method="matgptq", bits=(2, 4, 8), act_order=True, static_groups=False)  # fmt: skip
         return self._get(("src", model_type, kind), lambda: matgptq.quantize(
             self.model(model_type), self.base / f"{kind}-{model_type}", calib=CALIB, nsamples=4, seqlen=64,
             progress=False, group_size=GROUP, **kw)[0])  # fmt: skip

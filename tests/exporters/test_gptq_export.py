@@ -96,9 +96,24 @@ def quantized(tiny_llama_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("gptq_q")
     common = dict(calib=CALIB, nsamples=8, seqlen=64, progress=False)
     sym, _ = matgptq.quantize(tiny_llama_dir, base / "sym", method="matgptq", bits=(2, 3, 4, 8), group_size=GROUP,
-                              act_order=True, **common)  # fmt: skip
+                              act_order=True, static_groups=False, **common)  # fmt: skip
     asym, _ = matgptq.quantize(tiny_llama_dir, base / "asym", method="gptq", bits=4, sym=False, group_size=-1, **common)
     return {"sym": sym, "asym": asym}
+
+
+def test_the_default_column_order_exports_with_the_plain_layout(tiny_llama_dir, tmp_path):
+    """GPTQ's default, act order with static groups, stores no permutation and g_idx = k // g, so the export says
+    desc_act false (every GPTQ kernel's fast path) and reads back to the same weights and logits."""
+    src, _ = matgptq.quantize(tiny_llama_dir, tmp_path / "q", method="gptq", bits=4, group_size=GROUP, calib=CALIB,
+                              nsamples=8, seqlen=64, progress=False)  # fmt: skip
+    layers = read_checkpoint(src).layers
+    for q in layers.values():
+        assert q.perm is None and torch.equal(q.g_idx.long(), torch.arange(q.shape[1]) // GROUP)
+    out = export_gptq(src, tmp_path / "g", "gptq_v2")
+    assert json.loads((out / "quantize_config.json").read_text())["desc_act"] is False
+    back = read_gptq_checkpoint(out).layers
+    assert all(torch.equal(back[name].dequantize(), q.dequantize()) for name, q in layers.items())
+    assert torch.equal(_logits(matgptq.load(out)), _logits(matgptq.load(src)))
 
 
 @pytest.mark.parametrize("kind,bits,fmt", [("sym", 2, "gptq_v1"), ("sym", 3, "gptq_v2"), ("sym", 4, "gptq_v1"),

@@ -24,7 +24,7 @@ from matgptq.untrusted import read_sharded
 from tests.conftest import TINYSTORIES, make_tiny_llama
 
 ARGS = dict(calib=TINYSTORIES, calib_range=(0.6, 1.0), method="matgptq", bits=(3, 4, 8), nsamples=8, seqlen=64,
-            group_size=32, act_order=True, progress=False)  # fmt: skip
+            group_size=32, act_order=True, static_groups=False, progress=False)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def written(model, tmp_path_factory):
 
 def _reference(model, out):
     """The pre-streaming path: whole model, layers kept in memory, one save_checkpoint."""
-    cfg = make_config(ARGS["method"], ARGS["bits"], group_size=32, act_order=True)
+    cfg = make_config(ARGS["method"], ARGS["bits"], group_size=32, act_order=True, static_groups=False)
     tokens = tokenize(load_tokenizer(model), read_text(TINYSTORIES, ARGS["calib_range"]))
     windows = calibration_windows(tokens, ARGS["nsamples"], ARGS["seqlen"], 0)
     fp = load_fp_model(model)

@@ -158,7 +158,7 @@ def test_where_the_lattice_applies():
     (dict(kquant="q3_k", sym=False), "symmetric"),
     (dict(kquant="q4_k", signed_scale=True), "unsigned sub-scales"),
     (dict(kquant="q2_k", signed_scale=True), "unsigned sub-scales"),
-    (dict(kquant="q3_k", act_order=True), "static-groups"),
+    (dict(kquant="q3_k", act_order=True, static_groups=False), "static-groups"),
     (dict(kquant="q4_k", group_size=16), "does not tile"),
     (dict(kquant="q3_k", group_size=48), "does not tile"),
 ])  # fmt: skip

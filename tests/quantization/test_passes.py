@@ -80,7 +80,7 @@ def reference_pipeline(model, ids, cfg, batch):
 
 CASES = {
     "gptq4": dict(method="gptq", bits=4, group_size=16),
-    "gptq3-act-order-asym": dict(method="gptq", bits=3, act_order=True, sym=False),
+    "gptq3-act-order-asym": dict(method="gptq", bits=3, act_order=True, static_groups=False, sym=False),
     "not-true-sequential": dict(method="gptq", bits=4, true_sequential=False),
     "matgptq-348": dict(method="matgptq", bits=(3, 4, 8), group_size=16),
 }

@@ -74,7 +74,7 @@ def test_gptq_beats_rtn_on_model_output():
 
 def test_matgptq_propagates_master_width_and_reports_every_target():
     model = tiny_model("llama")
-    cfg = make_config("matgptq", (3, 4, 8), act_order=True)
+    cfg = make_config("matgptq", (3, 4, 8), act_order=True, static_groups=False)
     layers, reports, _ = quantize_model(model, windows(), cfg, progress=False)
     assert all(q.bits == 8 for q in layers.values())
     assert all(set(rep.rel_error) == {3, 4, 8} for rep in reports)
@@ -130,7 +130,7 @@ def test_a_width_mix_solves_each_layer_as_its_own_one_width_run():
     names = quantized_layer_names(tiny_model("llama"), arch_spec(tiny_model("llama")))
     mix = dict.fromkeys(names, 4) | {"model.layers.0.self_attn.k_proj": 8, "model.layers.0.self_attn.v_proj": 3,
                                      "model.layers.1.mlp.down_proj": 6}  # fmt: skip
-    options = dict(group_size=16, act_order=True, mse=True)
+    options = dict(group_size=16, act_order=True, static_groups=False, mse=True)
     cfg = make_config("gptq", 8, layer_bits=tuple(mix.items()), **options)
     layers, reports, _ = quantize_model(tiny_model("llama"), x, cfg, progress=False)
     assert {n: q.bits for n, q in layers.items()} == mix

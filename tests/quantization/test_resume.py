@@ -22,7 +22,7 @@ from matgptq.quantization.resume import BlockState
 from tests.conftest import TINYSTORIES, make_tiny_llama
 
 ARGS = dict(calib=TINYSTORIES, calib_range=(0.6, 1.0), method="matgptq", bits=(3, 4, 8), nsamples=16, seqlen=64,
-            group_size=32, act_order=True, progress=False)  # fmt: skip
+            group_size=32, act_order=True, static_groups=False, progress=False)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_a_run_killed_with_sigkill_resumes(deep, tmp_path):
     killed = tmp_path / "killed"
     cli = ["quantize", str(deep), "--out", str(killed), "--calib", str(TINYSTORIES), "--calib-range", "0.6:1",
            "--method", "matgptq", "--bits", "3,4,8", "--nsamples", "16", "--seqlen", "64", "--group-size", "32",
-           "--act-order", "--quiet"]  # fmt: skip
+           "--act-order", "--no-static-groups", "--quiet"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
            "OMP_NUM_THREADS": str(torch.get_num_threads())}  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "matgptq", *cli], env=env, stdout=subprocess.DEVNULL,

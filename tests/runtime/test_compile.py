@@ -34,7 +34,7 @@ def dynamo(monkeypatch):
 def parent(tmp_path_factory):
     root = tmp_path_factory.mktemp("compile")
     model = make_tiny_llama(root / "m", intermediate=96)
-    return quick_quantize(model, root / "p", method="matgptq", bits="3,4,8", group_size=32, act_order=True)
+    return quick_quantize(model, root / "p", method="matgptq", bits="3,4,8", group_size=32, act_order=True, static_groups=False)
 
 
 def test_compiled_forward_and_generate_equal_eager(parent, dynamo):

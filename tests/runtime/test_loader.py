@@ -18,7 +18,7 @@ IDS = torch.tensor([[1, 20, 30, 40, 50, 60, 70, 80]])
 def parent(tiny_llama_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("rt") / "parent"
     matgptq.quantize(tiny_llama_dir, out, calib=TINYSTORIES, calib_range=(0.9, 1.0), method="matgptq",
-                     bits=(3, 4, 8), nsamples=8, seqlen=64, group_size=32, act_order=True, progress=False)  # fmt: skip
+                     bits=(3, 4, 8), nsamples=8, seqlen=64, group_size=32, act_order=True, static_groups=False, progress=False)  # fmt: skip
     return out
 
 
@@ -91,7 +91,7 @@ def test_quantization_is_reproducible_bit_exactly(tiny_llama_dir, tmp_path):
     from matgptq.quantization import config_from_json
 
     kw = dict(calib=TINYSTORIES, calib_range=(0.9, 1.0), method="gptq", bits=3, nsamples=4, seqlen=64,
-              group_size=32, act_order=True, mse=True, progress=False)  # fmt: skip
+              group_size=32, act_order=True, static_groups=False, mse=True, progress=False)  # fmt: skip
     a, _ = matgptq.quantize(tiny_llama_dir, tmp_path / "a", **kw)
     b, _ = matgptq.quantize(tiny_llama_dir, tmp_path / "b", **kw)
     ta, tb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")  # (header key order may vary)
