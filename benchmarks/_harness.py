@@ -84,14 +84,19 @@ def measured_child(cmd: list[str], threads: int, log: Path) -> dict:
 
 
 def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), or the platform's processor string."""
+    """The CPU's model name (/proc/cpuinfo) and its widest vector unit, or the platform's processor string. The unit
+    is named because one model name covers several hosts: "AMD EPYC" has been an AVX2 and an AVX-512 machine here,
+    whose float32 GEMMs (and bfloat16 support) differ, so their CPU seconds and roundings do not compare."""
     import platform
 
     cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), None)
+    if name is None:
+        return platform.processor() or platform.machine()
+    flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
+    unit = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
+    return f"{name} ({unit})" if unit else name
 
 
 def git_commit() -> str | None:

@@ -90,6 +90,8 @@ def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path | None
             cmd += ["--dtype", "bfloat16"]
         if tool == "gptq-ao":  # GPTQModel's defaults: damp 0.05, act-order that keeps each group's columns together
             cmd += ["--act-order", "--static-groups", "--damp", "0.05"]
+        if tool in ("gptq", "gptq-bf16"):  # the natural column order, as these rows were measured
+            cmd += ["--no-act-order"]
         if tool in ("gptq", "gptq-bf16", "gptq-ao"):  # the options these rows were measured with, whatever the defaults
             cmd += ["--no-group-act-order", "--no-mse", "--no-mse-weighted", "--no-refit-scales"]
     return measured_child(cmd, a.threads, log)

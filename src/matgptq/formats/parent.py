@@ -12,7 +12,7 @@ Tensors, per quantized layer `<name>` (the Linear's module path; weights as [out
   <name>.scales  float16 [N, G]              master scale per output row and group
   <name>.zeros   uint8  [N, G]               master zero point
   <name>.g_idx   int32  [K]                  group of each input column
-  <name>.perm    int32  [K]                  act-order processing order (only with act-order)
+  <name>.perm    int32  [K]                  act-order processing order (only with act-order, no static groups)
   <name>.scales.<r> float16 [N, G]           v2: the r-bit slice's own scales, r = 2..bits−1 (per-width-scales
                                              parents, quantization/refit.py); a slice without one uses `scales`
 and every unquantized tensor of the model under its usual name (embeddings, norms, biases, untied lm_head).

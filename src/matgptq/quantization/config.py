@@ -289,7 +289,8 @@ def method_of(method: str | Method) -> Method:
         raise UserError(f"unknown method {method!r}; use one of {', '.join(m.value for m in Method)}") from None
 
 
-SHOWN_DEFAULTS = ("group_size", "act_order", "static_groups", "group_act_order", "mse", "mse_weighted", "refit_scales", "damp")
+SHOWN_DEFAULTS = ("group_size", "act_order", "static_groups", "group_act_order", "mse", "mse_weighted", "refit_scales",
+                  "damp")  # fmt: skip
 # each method's default of the options --help and docs/guide/quantize.md show per method (resolved as without
 # --target); an on/off option the method does not have is off, a numeric one is absent
 METHOD_DEFAULTS: dict[Method, dict[str, object]] = {
