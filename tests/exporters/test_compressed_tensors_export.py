@@ -131,7 +131,7 @@ def test_cli_writes_and_refuses(cache, tmp_path, capsys):
                  f"cannot use {bits} bits")  # fmt: skip
 
 
-@pytest.mark.parametrize("source,bits,match", [("ao-dynamic", "4", "--static-groups"),
+@pytest.mark.parametrize("source,bits,match", [("ao-dynamic", "4", "without --no-static-groups"),
                                                ("asym-parent", "4", "not multiples of 2^4")])  # fmt: skip
 def test_cli_refuses_what_compressed_tensors_cannot_hold(cache, tmp_path, capsys, source, bits, match):
     out = tmp_path / "ct"

@@ -77,7 +77,7 @@ def test_target_gguf_shapes_the_grid_for_llama_cpp():
 
 @pytest.mark.parametrize("options,message", [
     (dict(group_size=128), "drop --group-size 128"),
-    (dict(act_order=True, static_groups=False), "add --static-groups"),
+    (dict(act_order=True, static_groups=False), "drop --no-static-groups"),
     (dict(target="ggml"), "unknown target 'ggml'; use one of any, gguf"),
 ])  # fmt: skip
 def test_target_gguf_refuses_what_llama_cpp_blocks_cannot_hold(options, message):

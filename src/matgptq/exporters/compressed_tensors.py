@@ -134,8 +134,8 @@ def ct_layer(name: str, q: QuantizedWeight, group_size: int | None = None) -> Ct
     if block is None:
         raise UserError(
             f"{name} has act-order groups (g_idx is not k // group size), which compressed-tensors {CT_VERSION} cannot "
-            "store (no g_idx: actorder 'group' was removed); re-quantize with --static-groups, or export --format "
-            "gptq_v2 or gguf"
+            "store (no g_idx: actorder 'group' was removed); re-quantize without --no-static-groups, or export "
+            "--format gptq_v2 or gguf"
         )
     zp = _zero_points(name, q)
     cols = q.g_idx[::block].long()  # our group of each g'-block

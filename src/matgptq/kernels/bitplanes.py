@@ -105,7 +105,7 @@ class NestedLayout:
         gs = int(counts[0])
         if (counts[:-1] != gs).any() or int(counts[-1]) > gs:
             raise UserError("a nested layout needs equal groups (every group but the last of the same size); this "
-                            "layer's g_idx has uneven groups: re-quantize with --static-groups or without act-order")
+                            "layer's g_idx has uneven groups: re-quantize without --no-static-groups")
         codes = parent.codes[:, perm].to(torch.int64)
         k32 = -(-k // 32)
         codes = torch.nn.functional.pad(codes, (0, k32 * 32 - k))  # [N, K32*32], zero columns never loaded

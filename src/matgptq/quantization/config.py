@@ -219,10 +219,11 @@ class GPTQConfig(GridConfig):
         if self.mse_weighted and not self.mse:
             raise UserError("--mse-weighted weights the --mse scale search, which is off; drop --no-mse")
         if self.act_order and not self.static_groups and self.kquant is not None:
-            raise UserError("--kquant needs contiguous groups; add --static-groups to --act-order")
+            raise UserError("--kquant needs contiguous groups, which act order without static groups breaks; drop "
+                            "--no-static-groups")  # fmt: skip
         if self.act_order and not self.static_groups and self.target is Target.GGUF:
-            raise UserError("--target gguf needs contiguous groups, which --act-order alone breaks; add "
-                            "--static-groups, or drop --act-order (group act-order, the default, keeps them)")  # fmt: skip
+            raise UserError("--target gguf needs contiguous groups, which act order without static groups breaks; "
+                            "drop --no-static-groups (or use --group-act-order)")  # fmt: skip
 
 
 @dataclass(frozen=True)
