@@ -169,8 +169,10 @@ def defaults_block(data: dict) -> str:
     parent = lambda after: _step(cells, "matgptq-parent", after) + _cpu(cells, "matgptq-parent", after)  # noqa: E731
     rows = [
         ("`--group-size`", value("group_size"), "the field's default (GPTQModel, llm-compressor, vLLM's kernels); -1 "
-         "(one scale per row) stores 0.125 fewer bits per weight; -1 → 128 for `default`: "
-         + _step(_cells(data, group=-1), "default", "default", cells)),
+         f"(one scale per row) stores 0.125 fewer bits per weight; -1 → 128 for `{gar}` (per channel the default's "
+         "act order with static groups is the same computation as GAR, bit for bit: one group, one order, its scale "
+         "from the weights before any update; tests/quantization/test_solver.py): "
+         + _step(_cells(data, group=-1), gar, gar, cells)),
         ("`--act-order`, `--static-groups`", value("act_order") + "; " + value("static_groups"),
          "act order (every column by decreasing H_kk) with static groups (each group's scale from its original "
          "columns, so the layout stays the plain one: no g_idx, every export takes it); in place of GAR with the "
@@ -319,7 +321,7 @@ def _cost_sentence(pipeline: dict) -> str:
         return ""
     fast, lean = got[0][0]["peer_cpu"], got[0][0]["peer_rss"]
     m = pipeline.get("machine")
-    where = f" on {m['cpu']} ({m['cores']} cores)" if m else ""
+    where = f" on {m['cpu']} ({m['cores']} cores) at commit {m['commit']}" if m else ""
     n = got[0][0]["runs"]
     against = (f"the CPU time and peak memory of {PEER_NAMES[fast]}" if fast == lean else
                f"the CPU time of {PEER_NAMES[fast]} (the fastest peer) and the peak memory of {PEER_NAMES[lean]} "
