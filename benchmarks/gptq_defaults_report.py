@@ -321,7 +321,7 @@ def _cost_sentence(pipeline: dict) -> str:
         return ""
     fast, lean = got[0][0]["peer_cpu"], got[0][0]["peer_rss"]
     m = pipeline.get("machine")
-    where = f" on {m['cpu']} ({m['cores']} cores) at commit {m['commit']}" if m else ""
+    where = f" on {m['cpu']}, {m['cores']} cores, at commit {m['commit']}" if m else ""
     n = got[0][0]["runs"]
     against = (f"the CPU time and peak memory of {PEER_NAMES[fast]}" if fast == lean else
                f"the CPU time of {PEER_NAMES[fast]} (the fastest peer) and the peak memory of {PEER_NAMES[lean]} "
