@@ -64,8 +64,8 @@ def test_mix_files_are_read_by_load_eval_and_export(searched, stories_parent, tm
 
 
 def test_the_written_mix_is_the_candidate_with_the_lowest_calibration_kl(searched, stories_parent):
-    """The search's output is the lowest of its knapsack start, its start and its evolved mix on the whole calibration
-    pool. Oracle: each candidate re-scored by `evaluation.perplexity.score` (log-softmax KL, not the fitness's
+    """The search's output is the lowest of its knapsack mix, its one-shot start, that start refined and its evolved
+    mix on the whole calibration pool. Oracle: each candidate re-scored by `evaluation.perplexity.score` (log-softmax KL, not the fitness's
     decomposition) on the pool rebuilt here from the same text, range and window length.
     Tolerance: both sides run the same float32 forward of the same weights; they differ only in batching and in how
     the KL is summed. A float32 log-softmax of logits |z| ≲ 30 is off by ≲ 2⁻²³·30 ≈ 4e-6 per entry, so the mean KL
@@ -80,15 +80,16 @@ def test_the_written_mix_is_the_candidate_with_the_lowest_calibration_kl(searche
         for budget in ("3.0", "2.5"):
             mix = json.loads((searched / f"mix-{budget}.json").read_text())
             s = mix["summary"]
-            by_name = {"search": ("search_bits", "search_kl"), "knapsack": ("dp_bits", "dp_kl"),
-                       s["start"]: ("start_bits", "start_kl")}  # fmt: skip
-            assert mix[by_name[s["chosen"]][0]] == mix["bits"] and s["kl"] == s[by_name[s["chosen"]][1]]
-            assert s["kl"] == min(s[k] for _, k in by_name.values())
+            candidates = {"search": (mix["search_bits"], s["search_kl"]), "refined": (mix["start_bits"], s["start_kl"]),
+                          "knapsack": (mix["dp_bits"], s["dp_kl"]),
+                          s["start"]: (mix["baseline_bits"][s["start"]], s["baseline_kl"][s["start"]])}  # fmt: skip
+            assert candidates[s["chosen"]] == (mix["bits"], s["kl"])
+            assert s["kl"] == min(kl for _, kl in candidates.values())
             assert s["uniform_gap"]["shown"]  # the 2-bit slice (--levels 2,4,8) is far behind at 2.5 and 3 bits
             oracle = {}
-            for name, (bits_key, kl_key) in by_name.items():
-                oracle[name] = score(matgptq.load(stories_parent, bits=mix[bits_key]), pool, teacher, 32).kl
-                assert abs(oracle[name] - s[kl_key]) <= tol, (budget, name, oracle[name], s[kl_key])
+            for name, (bits, kl) in candidates.items():
+                oracle[name] = score(matgptq.load(stories_parent, bits=bits), pool, teacher, 32).kl
+                assert abs(oracle[name] - kl) <= tol, (budget, name, oracle[name], kl)
             assert oracle[s["chosen"]] <= min(oracle.values()) + 2 * tol
 
 
@@ -212,7 +213,7 @@ def test_too_little_calibration_text_names_the_numbers(stories_parent, tmp_path,
 
 def test_the_written_mix_is_the_best_candidate(searched):
     """Every one-shot allocation of --baselines (default: the knapsack start, the uniform slice, the imatrix-weighted
-    error, the first-order raise) and the evolved mix are scored on the whole calibration pool; the written mix is
+    error, the first-order raise), the refined start and the evolved mix are scored on the whole calibration pool; the written mix is
     the lowest of them, or the uniform slice where that is not shown better, and each allocation's widths are in the
     file beside its score."""
     for budget in ("3.0", "2.5"):
@@ -222,11 +223,12 @@ def test_the_written_mix_is_the_best_candidate(searched):
         assert any(k.startswith("uniform ") for k in s["baseline_kl"])
         assert set(mix["baseline_bits"]) == set(s["baseline_kl"]) and mix["baseline_bits"]["knapsack"] == mix["dp_bits"]
         assert s["baseline_kl"]["knapsack"] == s["dp_kl"]
-        lowest = min([s["search_kl"], *s["baseline_kl"].values()])
+        lowest = min([s["search_kl"], s["start_kl"], *s["baseline_kl"].values()])
         gap = s["uniform_gap"]  # the lowest against the uniform slice, window by window (test_choice.py)
         assert gap["shown"] == (gap["mean"] + 2 * gap["se"] < 0)
         assert s["kl"] == (lowest if gap["shown"] else s["baseline_kl"][gap["against"]])
-        assert s["kl"] == (s["search_kl"] if s["chosen"] == "search" else s["baseline_kl"][s["chosen"]])
+        own = {"search": s["search_kl"], "refined": s["start_kl"]}  # the evolved mix, its start (the refined one)
+        assert s["kl"] == own.get(s["chosen"], s["baseline_kl"].get(s["chosen"]))
         # the start's table beside the widths: every layer, every level, the top level the unchanged parent's KL;
         # by default every level below the top measured (--sensitivity full), none extrapolated
         assert mix["settings"]["sensitivity"] == "full" and s["sensitivity_levels"] == [2, 4]

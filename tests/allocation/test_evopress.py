@@ -12,6 +12,7 @@ from matgptq.errors import UserError
 from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint
 from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
+from matgptq.allocation import timing
 from matgptq.allocation.budget import BudgetKind, CostModel
 from matgptq.allocation import evopress
 from matgptq.allocation.evopress import EvoConfig, Stage, evolve, parse_stages
@@ -55,10 +56,12 @@ SHORT = EvoConfig(generations=8, offspring=8, stages=(Stage(126, 3), Stage(504, 
 
 
 def test_resume_after_a_stop_ends_with_the_uninterrupted_result(problem, tmp_path):
+    record = {"steps": 2, "accepted": 1, "seconds": 0.5, "history": [{"step": 1, "kept": True}]}  # how start was made
     whole = run(problem, tmp_path / "a.json", config=SHORT)
-    stopped = run(problem, tmp_path / "b.json", config=SHORT, stop_after=3)
+    stopped = run(problem, tmp_path / "b.json", config=SHORT, stop_after=3, refined=record)
     assert stopped.generation == 3
     resumed = run(problem, tmp_path / "b.json", config=SHORT, resume=True)
+    assert resumed.refine == record and whole.refine == {}  # the state keeps it across the stop
     assert resumed.generation == whole.generation == SHORT.generations
     assert resumed.parent == whole.parent
     assert [h["kl"] for h in resumed.history] == [h["kl"] for h in whole.history]
@@ -112,6 +115,7 @@ def test_a_deadline_stops_before_a_generation_that_would_end_after_it(problem, t
     f = fitness()
     clock = type("WorkClock", (), {"perf_counter": staticmethod(lambda: float(f.evaluations))})
     monkeypatch.setattr(evopress, "time", clock)
+    monkeypatch.setattr(timing, "time", clock)  # timing.past judges the deadline
     costs, limit = model.table(BudgetKind.CODE), model.limit(BUDGET, BudgetKind.CODE)
     short = evolve(f, LEVELS, costs, limit, start, SHORT, tmp_path / "e.json", SETTINGS, deadline=2.5 * per[0])
     assert short.generation == 2

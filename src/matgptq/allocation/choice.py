@@ -68,16 +68,16 @@ def choose(candidates: dict[str, Mix], per_window: dict[Mix, list[float]]) -> tu
 
 def report(fitness: Fitness, cost_model: CostModel, kind: BudgetKind, label: str, mixes: dict[str, Mix], state,
            start_kind: str, all_windows: tuple[int, ...], held_out, batch_size: int) -> tuple[dict, Mix]:  # fmt: skip
-    """A budget's summary row and written mix. Score the evolved parent (`state.parent`) and every one-shot allocation
-    (the start among them) on the whole calibration pool, and choose the budget's output (`choose`: the lowest,
-    unless the uniform slice is not shown worse): the written mix is never worse there than a baseline the search
+    """A budget's summary row and written mix. Score the evolved parent (`state.parent`), its start (`state.start`:
+    the one-shot start as refined, refine.py) and every one-shot allocation on the whole calibration pool, and choose
+    the budget's output (`choose`: the lowest, unless the uniform slice is not shown worse): the written mix is never worse there than a baseline the search
     could have returned, and not replaced by a mix that only fits the pool. The stages score each generation on a
     few thousand fresh tokens; at budgets where candidates differ by less than that sample's noise, the generations
     can drift to a mix that is worse on the whole pool than where they began. The choice is made on calibration
     tokens only; the held-out `--text` scores are reported for the knapsack, the evolved and the written mix."""
     text, text_teacher = held_out
     dp_mix = mixes["knapsack"]
-    candidates = {"search": state.parent, **mixes}  # ties go to the first
+    candidates = {"search": state.parent, "refined": state.start, **mixes}  # ties go to the first
     unique = list(dict.fromkeys(candidates.values()))
     with fitness.exact():
         per_window = dict(zip(unique, score_windows(fitness, unique, all_windows)))

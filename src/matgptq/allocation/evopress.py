@@ -33,6 +33,7 @@ from ..untrusted import read_json
 from .fitness import Fitness, Mix
 from .mutation import Levels, mutate
 from .spread import from_rank0, is_writer, score_all
+from .timing import past
 
 STATE_FORMAT = "matgptq-search-state"
 STATE_VERSION = 1
@@ -101,6 +102,7 @@ class EvoState:
     evaluations: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    refine: dict = field(default_factory=dict)  # what made `start` from the one-shot start (refine.Refined.record)
 
 
 def write_state(path: Path, settings: dict, state: EvoState) -> None:
@@ -124,7 +126,7 @@ def read_state(path: Path, settings: dict, n_layers: int) -> EvoState:
         s = body["state"]
         state = EvoState(int(s["generation"]), tuple(int(x) for x in s["parent"]), dict(s["rng"]),
                          tuple(int(x) for x in s["start"]), list(s["history"]), int(s["evaluations"]),
-                         int(s["tokens"]), float(s["seconds"]))  # fmt: skip
+                         int(s["tokens"]), float(s["seconds"]), dict(s.get("refine", {})))  # fmt: skip
         rng = np.random.Generator(np.random.PCG64())
         rng.bit_generator.state = state.rng
     except (KeyError, TypeError, ValueError):
@@ -156,8 +158,10 @@ def offspring(parent: Levels, costs: list[list[int]], limit: int, rng: np.random
 
 def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, start: Mix,
            config: EvoConfig, state_path: Path, settings: dict, resume: bool = False, progress: bool = False,
-           stop_after: int | None = None, weights: int | None = None, deadline: float | None = None) -> EvoState:  # fmt: skip
-    """Run (or continue) the search from `start` to `config.generations`; `stop_after` ends early after that generation
+           stop_after: int | None = None, weights: int | None = None, deadline: float | None = None,
+           refined: dict | None = None) -> EvoState:  # fmt: skip
+    """Run (or continue) the search from `start` to `config.generations` (`refined`: how `start` was made, kept in
+    the state); `stop_after` ends early after that generation
     (as a kill would, for tests). `weights` (Σ N·K): the progress bar then shows the parent's bits per weight.
     `deadline` (a time.perf_counter() value): no generation starts that would end after it, judged by the mean time of
     this call's generations so far (the first one starts if the deadline has not passed)."""
@@ -170,7 +174,7 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
             state = read_state(state_path, settings, len(start))
         else:
             rng0 = np.random.Generator(np.random.PCG64(config.seed))
-            state = EvoState(0, tuple(start), rng0.bit_generator.state, tuple(start))
+            state = EvoState(0, tuple(start), rng0.bit_generator.state, tuple(start), refine=dict(refined or {}))
     state = from_rank0(state)  # under torchrun every rank continues from rank 0's state (allocation/spread.py)
     rng = np.random.Generator(np.random.PCG64())
     rng.bit_generator.state = state.rng
@@ -179,7 +183,7 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
                unit="gen", disable=not progress, leave=False)  # fmt: skip
     began, done = time.perf_counter(), 0
     while state.generation < config.generations:
-        if deadline is not None and from_rank0(_past(deadline, began, done)):  # every rank stops together
+        if deadline is not None and from_rank0(past(deadline, began, done)):  # every rank stops together
             break
         t0, evals0, tokens0 = time.perf_counter(), fitness.evaluations, fitness.tokens
         survivors = [to_mix(c) for c in offspring(to_levels(state.parent), costs, limit, rng, config)]
@@ -215,11 +219,3 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
             break
     bar.close()
     return state
-
-
-def _past(deadline: float, began: float, done: int) -> bool:
-    """Would the next generation end after `deadline`? (`done` generations since `began`, their mean as the guess.)"""
-    now = time.perf_counter()
-    if done == 0:
-        return now >= deadline
-    return now + (now - began) / done > deadline

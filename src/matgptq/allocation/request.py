@@ -15,6 +15,7 @@ from ..formats import is_checkpoint
 from .allocators import Allocator
 from .budget import BudgetKind
 from .evopress import EvoConfig
+from .refine import RefineConfig
 from .plot import require_matplotlib
 from .sensitivity import DEFAULT_TOKENS, Sensitivity
 
@@ -44,6 +45,7 @@ class SearchRequest:
     levels: tuple[int, ...] | None = None  # default: every width 2..c
     kind: BudgetKind = BudgetKind.CODE
     evo: EvoConfig = field(default_factory=EvoConfig)
+    refine: RefineConfig = field(default_factory=RefineConfig)  # before the evolution (refine.py); its seed: evo's
     seqlen: int = 256
     sensitivity_tokens: int | None = None  # None: the mode's default (sensitivity.DEFAULT_TOKENS), set on creation
     # the pool the stages draw their windows from; a pool no larger than the last stage lets every generation score

@@ -3,16 +3,16 @@
 Order of work, so that bad input fails before anything is computed or written: settings and budgets are checked,
 the parent and its reference model are opened, the calibration text is cut into windows (too little text is an
 error), existing mix files and resume states are checked — only then are the teacher, the sensitivities, the knapsack
-start and the search run. Each budget's mix file is written atomically when its search ends; its search state is
+start, its refinement (refine.py) and the evolution run. Each budget's mix file is written atomically when its search ends; its search state is
 written atomically after every generation (evopress.py); --resume keeps what a run before finished (resume.py).
 
 The mix file is what `matgptq.load(parent, bits=FILE)`, `matgptq eval --bits FILE` and `matgptq export
 --bits-config FILE` read (runtime.loader.resolve_bits takes the `bits` object of a JSON file): {"bits": {layer:
 width}, ...} with the budget, the bit counts, the scores and the search settings alongside. `bits` is the lowest-KL
-of the evolved mix and the one-shot allocations on the whole calibration pool, or the uniform slice where that
-lowest is not shown better window by window (choice.py; `summary.uniform_gap`); all of them stay in the file
-(`dp_bits`, `start_bits`, `search_bits`, and every one-shot allocation in `baseline_bits`) with their scores in
-`summary`.
+of the evolved mix, the refined start and the one-shot allocations on the whole calibration pool, or the uniform
+slice where that lowest is not shown better window by window (choice.py; `summary.uniform_gap`); all of them stay in
+the file (`dp_bits`, `start_bits` the refined start, `search_bits`, and every one-shot allocation in
+`baseline_bits`) with their scores in `summary`, the refinement's steps in `refine_history`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from .choice import first_parent, report
 from .evopress import evolve, format_stages
 from .fitness import Fitness, Mix
 from .plot import plot_mix
+from .refine import Refined, refine
 from .request import SearchRequest, check_request, mix_path, state_path
 from .resume import finished_row, read_tables, tables_path, tables_settings, write_tables
 from .sensitivity import Sensitivity
@@ -109,6 +110,7 @@ def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows:
                 "sensitivity": req.sensitivity.value, "baselines": [a.value for a in req.baselines],
                 "score_dtype": str(score_dtype).removeprefix("torch."),
                 "budget": str(budget), "budget_kind": req.kind.value, "levels": list(levels), **req.evo.settings(),
+                "refine_steps": req.refine.steps, "refine_groups": req.refine.groups,
                 **({"reference": str(reference.resolve())} if req.reference is not None else {})}  # fmt: skip
     return json.loads(json.dumps(settings))
 
@@ -164,20 +166,26 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     if scored:
         clock.per_window = (time.perf_counter() - t_start) / (scored * len(sens_windows))
     all_windows = tuple(range(fitness.windows.shape[0]))
-    deadline = None if end is None else end - report_guess(clock, len(set(mixes.values())) + 1, all_windows, held_out)
-    state = evolve(fitness, levels, cost_model.table(req.kind), cost_model.limit(limit, req.kind), start, req.evo,
-                   state_path(req.out, label), settings, req.resume, req.progress,
-                   weights=cost_model.total_weights, deadline=deadline)  # fmt: skip
+    deadline = None if end is None else end - report_guess(clock, len(set(mixes.values())) + 2, all_windows, held_out)
+    costs, bits = cost_model.table(req.kind), cost_model.limit(limit, req.kind)
+    refined = Refined(start)  # a resumed search continues from its state: its start, refined, and the record of it
+    if not (req.resume and state_path(req.out, label).exists()):
+        refined = refine(fitness, levels, costs, bits, start, sens_windows, replace(req.refine, seed=req.evo.seed),
+                         deadline, clock.per_window or 0.0)  # fmt: skip
+    state = evolve(fitness, levels, costs, bits, refined.mix, req.evo, state_path(req.out, label), settings,
+                   req.resume, req.progress, weights=cost_model.total_weights, deadline=deadline,
+                   refined=refined.record())  # fmt: skip
     t_report = time.perf_counter()
     row, mix = report(fitness, cost_model, req.kind, label, mixes, state, start_kind, all_windows, held_out,
                       req.batch_size)
-    scorings = len(set(mixes.values()) | {state.parent})
+    scorings = len(set(mixes.values()) | {state.parent, state.start})
     clock.per_window = (time.perf_counter() - t_report) / (scorings * len(all_windows) + text_windows(held_out))
     seconds = time.perf_counter() - t0
     row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(seconds, 1),
                time_limit=req.time_limit, teacher_seconds=round(clock.teacher, 1), tables_seconds=round(clock.tables, 1),
                tables_reused=clock.tables_reused,
                search_seconds=round(seconds - clock.tables, 1),
+               **{f"refine_{k}": state.refine.get(k, 0) for k in ("steps", "accepted", "seconds")},
                sensitivity_levels=list(filled[_own(req)].measured))  # fmt: skip
     sensitivity = {name: dict(zip(map(str, levels), values))
                    for name, values in zip(cost_model.names, filled[_own(req)][0])}  # fmt: skip
@@ -299,6 +307,7 @@ def _write_mix(req, label, row, cost_model, state, mixes: dict[str, Mix], mix: M
 
     body = {"format": MIX_FORMAT, "bits": named(mix), "summary": row, "dp_bits": named(mixes["knapsack"]),
             "start_bits": named(state.start), "search_bits": named(state.parent),
+            "refine_history": state.refine.get("history", []),
             "baseline_bits": {k: named(m) for k, m in mixes.items()}, "sensitivity": sensitivity,
             "settings": settings, "history": state.history}  # fmt: skip
     with atomic_output(mix_path(req.out, label), overwrite=True, directory=False) as f:

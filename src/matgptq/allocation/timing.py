@@ -28,6 +28,15 @@ class Clock:
         return now + max(0.0, self.began + 60 * minutes - now) / budgets_left
 
 
+def past(deadline: float, began: float, done: int, first: float = 0.0) -> bool:
+    """Would the next step (a generation, a refinement step) end after `deadline`? (`done` steps since `began`, their
+    mean as the guess; before the first, `first` seconds.)"""
+    now = time.perf_counter()
+    if done == 0:
+        return now + first >= deadline
+    return now + (now - began) / done > deadline
+
+
 def process_seconds() -> float:
     """Wall seconds since this process started (Linux: /proc/self/stat's start time against /proc/uptime, to the
     clock tick; 0.0 where that is not readable), so that `matgptq search --time-limit` counts the interpreter, the

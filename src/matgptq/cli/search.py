@@ -8,6 +8,7 @@ from pathlib import Path
 from ..allocation import BudgetKind, EvoConfig, ScoreDtype, SearchRequest, mix_path, parse_stages
 from ..allocation.allocators import Allocator
 from ..allocation.evopress import format_stages
+from ..allocation.refine import RefineConfig
 from ..allocation.sensitivity import DEFAULT_TOKENS, Sensitivity
 from ..allocation.spread import is_writer
 from ..allocation.timing import process_seconds
@@ -36,6 +37,14 @@ def add_parser(sub) -> None:
     s.add_argument("--stages", default=format_stages(evo.stages),
                    help="selection stages TOKENS:SURVIVORS,…; the parent re-enters at the last, which ends with :1 "
                         "(default %(default)s)")  # fmt: skip
+    refine = RefineConfig()
+    s.add_argument("--refine-steps", type=int, default=refine.steps,
+                   help="before the evolution, at most this many measured refinement steps of the start: each scores "
+                        "one group of layers a level up and down at the current mix, re-solves the knapsack on those "
+                        "measurements and keeps the result only if it scores lower on other windows (0: none; "
+                        "default %(default)s)")  # fmt: skip
+    s.add_argument("--refine-groups", type=int, default=refine.groups,
+                   help="groups the layers are dealt into for the refinement, one group a step (default %(default)s)")
     s.add_argument("--seed", type=int, default=evo.seed, help="seed of every random draw (mutations, windows)")
     s.add_argument("--seqlen", type=int, default=req.seqlen, help="tokens per calibration window (default %(default)s)")
     s.add_argument("--sensitivity", choices=[k.value for k in Sensitivity], default=req.sensitivity.value,
@@ -89,6 +98,7 @@ def run(a: argparse.Namespace) -> None:
     evo = EvoConfig(generations=a.generations, offspring=a.offspring, stages=parse_stages(a.stages), seed=a.seed)
     rows = search(
         a.parent, a.budget, a.calib, a.out, evo=evo, calib_range=a.calib_range, levels=a.levels,
+        refine=RefineConfig(a.refine_steps, a.refine_groups),
         kind=BudgetKind(a.budget_kind), seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens,
         sensitivity=Sensitivity(a.sensitivity), baselines=a.baselines, calib_tokens=a.calib_tokens, reference=a.kl_to,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
