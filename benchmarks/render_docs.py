@@ -87,6 +87,11 @@ PAGES = (
                "against every one-shot allocation of the same run, at the fractional budgets"),
     Page("search_long", ("search_long.json",), block="README.md#search-long", render="readme_block",
          about="the README's long-search result: the written mix against the best one-shot allocation"),
+    Page("search_refined", ("search_refined.json",), md="search_refined.md",
+         about="SmolLM2-135M-Instruct: the search's start refined by measured local steps, against every one-shot "
+               "allocation of the same run, at the fractional budgets"),
+    Page("search_refined", ("search_refined.json",), block="README.md#search-refined", render="readme_block",
+         about="the README's refinement result: the written mix against the best one-shot allocation"),
     Page("research.matgptq_ablation", ("ablation.json",), md="ablation.md", render="stories_page",
          about="stories260K: the MatGPTQ variants against per-width GPTQ, over calibration seeds"),
     Page("research.matgptq_ablation", ("ablation_real_model.json",), md="ablation_real_model.md", render="real_model_page",

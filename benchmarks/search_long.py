@@ -52,7 +52,11 @@ from matgptq.execution import format_table
 from matgptq.formats import read_checkpoint
 
 BUDGETS = ("2.5", "2.75", "3.25", "3.5")
-RECIPE = ("--sensitivity", "full", "--sensitivity-tokens", "255", "--baselines", "uniform,probe,noise,error,gradient")
+# The seeds were measured before the search refined its start (allocation/refine.py): spelled out so that the
+# command still means what was measured; RECIPE_BEFORE, the same command then, is recorded as RECIPE from now on
+RECIPE_BEFORE = ("--sensitivity", "full", "--sensitivity-tokens", "255", "--baselines",
+                 "uniform,probe,noise,error,gradient")  # fmt: skip
+RECIPE = (*RECIPE_BEFORE, "--refine-steps", "0")
 ONE_SHOT = ("uniform", "additive", "probe", "noise", "error", "gradient")
 KINDS = (*ONE_SHOT, "evolved", "written")
 
@@ -79,7 +83,7 @@ def main() -> None:
     a = build_parser().parse_args()
     out, budgets = Path(a.out), [f"{b:g}" for b in a.budgets]
     work = Path(a.work)
-    parent, data = start(work, out, RECIPE, __doc__)
+    parent, data = start(work, out, RECIPE, __doc__, same=(RECIPE_BEFORE,))
     for seed in a.seeds:
         data["seeds"][str(seed)] = measure_seed(parent, work, seed, budgets)
         write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
@@ -114,14 +118,14 @@ def tables_seconds(body: dict, mixes: Path) -> float:
     return round(sum(t["seconds"] for t in json.loads((mixes / ".tables.json").read_text())["tables"].values()), 1)
 
 
-def per_budget(data: dict) -> tuple[list[str], list[dict], list[tuple[str, dict[str, list[float]], str]]]:
-    """(seeds, their runs, [(budget, held-out KL per kind over the seeds, best one-shot kind)]) for the budgets every
-    seed has."""
+def per_budget(data: dict, kinds: tuple[str, ...] = KINDS) -> tuple[list[str], list[dict], list[tuple]]:
+    """(seeds, their runs, [(budget, {kind of `kinds`: held-out KL per seed}, best one-shot kind)]) for the budgets
+    every seed has."""
     seeds = sorted(data["seeds"], key=int)
     runs = [data["seeds"][s] for s in seeds]
     out = []
     for b in (b for b in runs[0]["budgets"] if all(b in r["budgets"] for r in runs)):
-        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in KINDS}
+        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in kinds}
         out.append((b, kl, min(ONE_SHOT, key=lambda k: statistics.mean(kl[k]))))
     return seeds, runs, out
 
@@ -145,7 +149,8 @@ def page(data: dict) -> str:
              for s, r in zip(seeds, runs)]  # fmt: skip
     notes = [f"- seed {s}: {r['note']}" for s, r in zip(seeds, runs) if r.get("note")]  # what the numbers do not say
     protocol = data["protocol"].strip().replace("{BUDGETS}", ",".join(budgets))
-    protocol = protocol.replace("{RECIPE}", " ".join(data["recipe"]))
+    recipe = RECIPE if data["recipe"] == list(RECIPE_BEFORE) else data["recipe"]  # the command that repeats it now
+    protocol = protocol.replace("{RECIPE}", " ".join(recipe))
     return "\n".join([
         header("benchmarks/search_long.py", "search_long.json"), "# The search given time", "",
         "```", protocol, "```", "",

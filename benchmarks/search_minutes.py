@@ -65,11 +65,13 @@ from matgptq.execution import format_table
 from matgptq.formats import read_checkpoint
 from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
 
-RECIPE = ("--sensitivity", "probe", "--sensitivity-tokens", "510", "--calib-tokens", "2040", "--stages", "255:2,510:1",
-          "--offspring", "8", "--generations", "100")  # fmt: skip
-# The seeds recorded before `full` became the default table ran RECIPE without its first two words (probe was the
-# default then): the same command.
-RECIPE_BEFORE = RECIPE[2:]
+RECIPE_UNREFINED = ("--sensitivity", "probe", "--sensitivity-tokens", "510", "--calib-tokens", "2040", "--stages",
+                    "255:2,510:1", "--offspring", "8", "--generations", "100")  # fmt: skip
+# The seeds were measured before the search refined its start (allocation/refine.py), so RECIPE says --refine-steps 0;
+# those recorded before `full` became the default table ran it without its first two words (probe was the default
+# then): the same command.
+RECIPE = (*RECIPE_UNREFINED, "--refine-steps", "0")
+RECIPE_BEFORE = RECIPE_UNREFINED[2:]
 FULL = ("--sensitivity", "full", "--sensitivity-tokens", "255")  # --full-start: these replace RECIPE's
 SLOW = ("additive", "noise", "random")  # --slow-baselines
 KINDS = ("uniform", "knapsack", "error", "gradient", *SLOW, "full knapsack", "full probe", "evolved", "written",
@@ -98,7 +100,7 @@ def main() -> None:
     out = Path(a.out)
     if not a.from_json:
         work = Path(a.work)
-        parent, data = start(work, out, RECIPE, __doc__, same=(RECIPE_BEFORE,))
+        parent, data = start(work, out, RECIPE, __doc__, same=(RECIPE_BEFORE, RECIPE_UNREFINED))
         for seed in (int(s) for s in a.seeds.split(",")):
             if a.slow_baselines or a.full_start:
                 if str(seed) not in data["seeds"]:
@@ -214,7 +216,7 @@ def page(data: dict) -> str:
         best = min((k for k in ONE_SHOT if k in kl), key=lambda k: statistics.mean(kl[k]))
         quality.append([b, *(stats(kl[k]) for k in kinds), best, *(verdict(kl[w], kl[best]) for w in written)])
         perplexity.append([b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in kinds)])
-    recipe = RECIPE if data["recipe"] == list(RECIPE_BEFORE) else data["recipe"]  # the command that repeats it now
+    recipe = RECIPE if data["recipe"] in (list(RECIPE_BEFORE), list(RECIPE_UNREFINED)) else data["recipe"]  # repeats it now
     protocol = data["protocol"].strip().replace("{RECIPE}", " ".join(recipe)).replace("{FULL}", " ".join(FULL))
     return "\n".join([
         header("benchmarks/search_minutes.py", "search_minutes.json"), "# All eight budgets in minutes",

@@ -1,0 +1,151 @@
+"""The refined start (issue #44 items 1-2): on SmolLM2-135M-Instruct, does the measured refinement of the search's
+start (allocation/refine.py) go below the best one-shot allocation, and what does it cost?
+
+Protocol (search_long.py's parent, calibration ranges, held-out text and scoring; every allocation made in one child
+per seed, on the same parent and calibration):
+  search    per seed s, one measured child process (wall, CPU, peak RSS):
+              {RECIPE}
+            with --calib-range (0.5 + 0.15·s):1 --seed s, i.e. search_long's one-shot tables on the same 256-token
+            window (every layer scored at every width: the additive model, the knapsack start), the same baselines,
+            then each budget's start refined with the defaults (at most 12 steps, the layers in 3 groups; each step
+            measures one group a level up and down on that window and is kept only if the pool's other 7 windows
+            agree), no evolution; the written mix chosen on the 8-window pool (allocation/choice.py)
+  scoring   on the first 4 × 1024 tokens of the first half of WikiText-2 test (never calibrated on), float32, KL to
+            the float32 model and perplexity: the one-shot allocations (uniform, additive, probe, noise, error,
+            gradient; search_long.py's list), the refined start, the written mix; the written mix against the best
+            one-shot allocation, a tie within the larger of the two seed spreads (search_baselines.verdict)
+
+    python -m benchmarks.search_refined [--seeds 0,1,2] [--budgets 2.5,2.75,3.25,3.5]   # ~25 minutes a seed
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from fractions import Fraction
+from pathlib import Path
+
+import torch
+
+from benchmarks._harness import RESULTS, ROOT, header, write_results
+from benchmarks._search_setup import LEVELS, score_named, search_child, start, stats
+from benchmarks.search_baselines import verdict
+from benchmarks.search_long import BUDGETS, ONE_SHOT, _list
+from benchmarks.search_long import per_budget as long_per_budget
+from benchmarks.search_long import RECIPE_BEFORE as LONG_TABLES
+from matgptq.allocation import BudgetKind, CostModel
+from matgptq.allocation.allocators import uniform_mix
+from matgptq.execution import format_table
+from matgptq.formats import read_checkpoint
+
+RECIPE = (*LONG_TABLES, "--calib-tokens", "2040", "--generations", "0")  # search_long's tables, refined, no evolution
+KINDS = (*ONE_SHOT, "refined", "written")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=_list(int), default="0,1,2", help="search seeds (each also moves the calibration text)")
+    ap.add_argument("--budgets", type=_list(float), default=",".join(BUDGETS), help="budgets, in one child per seed")
+    ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"),
+                    help="where the parent and the searches go (search_minutes.py's parent is reused)")
+    ap.add_argument("--out", default=str(RESULTS / "search_refined.json"), help="the JSON; its page goes beside it")
+    return ap
+
+
+def main() -> None:
+    a = build_parser().parse_args()
+    out, budgets = Path(a.out), [f"{b:g}" for b in a.budgets]
+    parent, data = start(Path(a.work), out, RECIPE, __doc__)
+    for seed in a.seeds:
+        data["seeds"][str(seed)] = measure_seed(parent, Path(a.work), seed, budgets)
+        write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
+
+
+def measure_seed(parent: Path, work: Path, seed: int, budgets: list[str]) -> dict:
+    """One child making every allocation of `budgets`, each scored on the held-out text."""
+    done = search_child(parent, work, seed, list(RECIPE), f"refined-seed-{seed}", budgets=tuple(budgets))
+    cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
+    named = {}
+    for b, body in done["bodies"].items():
+        base = body["baseline_bits"]
+        named[b] = {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
+                    "additive": body["dp_bits"], **{k: base[k] for k in ONE_SHOT[2:]},
+                    "refined": body["start_bits"], "written": body["bits"]}  # fmt: skip
+    scores = score_named(parent, named)
+    keys = ("chosen", "refine_steps", "refine_accepted", "refine_seconds", "tables_seconds")
+    return {"usage": done["usage"], "budgets": {b: {"scores": scores[b], **{k: body["summary"][k] for k in keys}}
+                                                for b, body in done["bodies"].items()}}  # fmt: skip
+
+
+def per_budget(data: dict):
+    return long_per_budget(data, KINDS)
+
+
+def _ratio(kl: dict[str, list[float]], best: str) -> str:
+    return f"{statistics.mean(kl['written']) / statistics.mean(kl[best]):.2f}×"
+
+
+def page(data: dict) -> str:
+    """docs/results/search_refined.md from its JSON."""
+    seeds, runs, rows = per_budget(data)
+    budgets = [b for b, _, _ in rows]
+    quality, perplexity, cost = [], [], []
+    one = " (1 seed, no spread)" * (len(seeds) == 1)
+    for b, kl, best in rows:
+        quality.append([b, *(stats(kl[k]) for k in KINDS), best, verdict(kl["written"], kl[best]) + one,
+                        _ratio(kl, best)])  # fmt: skip
+        perplexity.append([b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in KINDS)])
+        cost.append([b, " ".join(f"{r['budgets'][b]['refine_accepted']}/{r['budgets'][b]['refine_steps']}" for r in runs),
+                     f"{statistics.mean(r['budgets'][b]['refine_seconds'] for r in runs):.0f}",
+                     ", ".join(r["budgets"][b]["chosen"] for r in runs)])  # fmt: skip
+    usage = [[s, f"{r['usage']['wall']:.0f}", f"{r['usage']['cpu']:.0f}", f"{r['usage']['rss_gb']:.2f}",
+              f"{r['budgets'][budgets[0]]['tables_seconds']:.0f}", f"{r['usage']['load_average']:.1f}"]
+             for s, r in zip(seeds, runs)]  # fmt: skip
+    protocol = data["protocol"].strip().replace("{RECIPE}", "matgptq search PARENT --budget " + ",".join(budgets)
+                                                + " --calib wiki.test " + " ".join(data["recipe"]))  # fmt: skip
+    return "\n".join([
+        header("benchmarks/search_refined.py", "search_refined.json"), "# The refined start", "",
+        "```", protocol, "```", "",
+        f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds (one seed: its value).",
+        "", "Held-out KL to the float32 model; `written vs best`: the written mix against the best one-shot allocation:",
+        "", format_table(["budget", *KINDS, "best one-shot", "written vs best", "written / best"], quality), "",
+        "Held-out perplexity of the same mixes:", "", format_table(["budget", *KINDS], perplexity), "",
+        "What each budget's refinement cost (steps kept/made, per seed):", "",
+        format_table(["budget", "steps kept/made per seed", "refinement s (mean)", "chosen per seed"], cost), "",
+        "Each child (one per seed, all budgets; tables: the shared tables' seconds):", "",
+        format_table(["seed", "wall s", "CPU s", "peak RSS GB", "tables s", "load"], usage),
+        *notes(seeds, runs),
+    ])  # fmt: skip
+
+
+def notes(seeds: list[str], runs: list[dict]) -> list[str]:
+    """A remark per seed on what its numbers do not say (e.g. a machine shared with other work), under the tables."""
+    lines = [f"- seed {s}: {r['note']}" for s, r in zip(seeds, runs) if r.get("note")]
+    return [""] + lines if lines else []
+
+
+def readme_block(data: dict) -> str:
+    """The README's refinement result: per budget, the written (refined) mix against the best one-shot allocation."""
+    seeds, runs, per = per_budget(data)
+    rows = [[b, f"{stats(kl['written'], 3)} ({verdict(kl['written'], kl[best])}, {_ratio(kl, best)})",
+             f"{best}: {stats(kl[best], 3)}",
+             f"{statistics.mean(r['budgets'][b]['refine_seconds'] for r in runs) / 60:.1f}"] for b, kl, best in per]
+    spread = ("mean ± standard deviation over the seeds; a tie: within the larger deviation" if len(seeds) > 1 else
+              "one seed: no spread yet, so `below` only says lower")  # fmt: skip
+    return "\n".join([
+        f"`python -m benchmarks.search_refined` on SmolLM2-135M-Instruct, 2 cores, seed{'s' * (len(seeds) > 1)} "
+        f"{', '.join(seeds)}: the "
+        "`full` table's start refined by the default measured steps, no evolution, every one-shot allocation made in "
+        f"the same run. Held-out KL to the float model ({spread}) of the written mix against the best one-shot "
+        "allocation ([search_refined](docs/results/search_refined.md)):", "",
+        format_table(["budget", "written mix", "best one-shot allocation", "refinement minutes"], rows),
+        *(["", "The minutes of seed " + ", ".join(s for s, r in zip(seeds, runs) if r.get("note")) + " are inflated: "
+           "its child shared the machine (the page says how)."] if any(r.get("note") for r in runs) else []),
+    ])  # fmt: skip
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(2)
+    main()
