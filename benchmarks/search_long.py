@@ -69,13 +69,14 @@ def _list(kind):
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(doc: str = __doc__, out: str = "search_long.json") -> argparse.ArgumentParser:
+    """The options of this script, and of search_refined.py (its own `doc` and JSON `out`)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=_list(int), default="0,1,2", help="search seeds (each also moves the calibration text)")
     ap.add_argument("--budgets", type=_list(float), default=",".join(BUDGETS), help="budgets searched, in one child per seed")
     ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"),
                     help="where the parent and the searches go (search_minutes.py's parent is reused)")
-    ap.add_argument("--out", default=str(RESULTS / "search_long.json"), help="the JSON; its page goes beside it")
+    ap.add_argument("--out", default=str(RESULTS / out), help="the JSON; its page goes beside it")
     return ap
 
 
@@ -94,13 +95,7 @@ def measure_seed(parent: Path, work: Path, seed: int, budgets: list[str]) -> dic
     # a child that finds search states continues a run before: its wall and CPU then cover its own part only
     resumed = any((work / f"long-seed-{seed}").glob(".state-*.json"))
     done = search_child(parent, work, seed, [*RECIPE, "--resume"], f"long-seed-{seed}", budgets=tuple(budgets))
-    cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
-    named = {}
-    for b, body in done["bodies"].items():
-        base = body["baseline_bits"]
-        named[b] = {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
-                    "additive": body["dp_bits"], **{k: base[k] for k in ONE_SHOT[2:]},
-                    "evolved": body["search_bits"], "written": body["bits"]}  # fmt: skip
+    named = one_shot_mixes(parent, done["bodies"], evolved="search_bits", written="bits")
     scores = score_named(parent, named)
     return {"usage": done["usage"], "resumed": resumed,
             "budgets": {b: {"scores": scores[b], "chosen": body["summary"]["chosen"],
@@ -108,6 +103,15 @@ def measure_seed(parent: Path, work: Path, seed: int, budgets: list[str]) -> dic
                             "tables_seconds": tables_seconds(body, work / f"long-seed-{seed}"),
                             **{k: body["summary"][k] for k in ("generations", "evaluations")}}
                         for b, body in done["bodies"].items()}}  # fmt: skip
+
+
+def one_shot_mixes(parent: Path, bodies: dict[str, dict], **more: str) -> dict[str, dict[str, dict[str, int]]]:
+    """{budget: {kind: widths}} of ONE_SHOT from each budget's mix file in `bodies`, and {kind: the file's key} of
+    `more` (e.g. evolved="search_bits")."""
+    cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
+    return {b: {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
+                "additive": body["dp_bits"], **{k: body["baseline_bits"][k] for k in ONE_SHOT[2:]},
+                **{kind: body[key] for kind, key in more.items()}} for b, body in bodies.items()}  # fmt: skip
 
 
 def tables_seconds(body: dict, mixes: Path) -> float:

@@ -23,34 +23,25 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-from fractions import Fraction
 from pathlib import Path
 
 import torch
 
-from benchmarks._harness import RESULTS, ROOT, header, write_results
-from benchmarks._search_setup import LEVELS, score_named, search_child, start, stats
+from benchmarks._harness import header, write_results
+from benchmarks._search_setup import score_named, search_child, start, stats
 from benchmarks.search_baselines import verdict
-from benchmarks.search_long import BUDGETS, ONE_SHOT, _list
+from benchmarks.search_long import ONE_SHOT, one_shot_mixes
+from benchmarks.search_long import build_parser as long_parser
 from benchmarks.search_long import per_budget as long_per_budget
 from benchmarks.search_long import RECIPE_BEFORE as LONG_TABLES
-from matgptq.allocation import BudgetKind, CostModel
-from matgptq.allocation.allocators import uniform_mix
 from matgptq.execution import format_table
-from matgptq.formats import read_checkpoint
 
 RECIPE = (*LONG_TABLES, "--calib-tokens", "2040", "--generations", "0")  # search_long's tables, refined, no evolution
 KINDS = (*ONE_SHOT, "refined", "written")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=_list(int), default="0,1,2", help="search seeds (each also moves the calibration text)")
-    ap.add_argument("--budgets", type=_list(float), default=",".join(BUDGETS), help="budgets, in one child per seed")
-    ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"),
-                    help="where the parent and the searches go (search_minutes.py's parent is reused)")
-    ap.add_argument("--out", default=str(RESULTS / "search_refined.json"), help="the JSON; its page goes beside it")
-    return ap
+    return long_parser(__doc__, "search_refined.json")
 
 
 def main() -> None:
@@ -65,14 +56,7 @@ def main() -> None:
 def measure_seed(parent: Path, work: Path, seed: int, budgets: list[str]) -> dict:
     """One child making every allocation of `budgets`, each scored on the held-out text."""
     done = search_child(parent, work, seed, list(RECIPE), f"refined-seed-{seed}", budgets=tuple(budgets))
-    cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
-    named = {}
-    for b, body in done["bodies"].items():
-        base = body["baseline_bits"]
-        named[b] = {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
-                    "additive": body["dp_bits"], **{k: base[k] for k in ONE_SHOT[2:]},
-                    "refined": body["start_bits"], "written": body["bits"]}  # fmt: skip
-    scores = score_named(parent, named)
+    scores = score_named(parent, one_shot_mixes(parent, done["bodies"], refined="start_bits", written="bits"))
     keys = ("chosen", "refine_steps", "refine_accepted", "refine_seconds", "tables_seconds")
     return {"usage": done["usage"], "budgets": {b: {"scores": scores[b], **{k: body["summary"][k] for k in keys}}
                                                 for b, body in done["bodies"].items()}}  # fmt: skip
