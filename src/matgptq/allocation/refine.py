@@ -84,8 +84,8 @@ def local_step(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]]
     children = [mix[: group[k]] + (width,) + mix[group[k] + 1 :] for k, width in moves]
     scores = iter(score_all(fitness, children, windows, cache))
     values = [[0.0] + [next(scores) - base for _ in opts[1:]] for opts in options]
-    fixed = sum(costs[l][levels.index(r)] for l, r in enumerate(mix)) - sum(costs[l][levels.index(mix[l])]
-                                                                            for l in group)  # fmt: skip
+    held = set(range(len(mix))) - set(group)
+    fixed = sum(costs[l][levels.index(mix[l])] for l in held)  # the bits of the layers outside the group
     solution = solve([[c for _, c in opts] for opts in options], values, limit - fixed)
     new = list(mix)
     for l, opts, k in zip(group, options, solution.choice):  # the current mix is feasible: never None
