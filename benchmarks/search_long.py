@@ -134,16 +134,29 @@ def per_budget(data: dict, kinds: tuple[str, ...] = KINDS) -> tuple[list[str], l
     return seeds, runs, out
 
 
+def written_ratio(kl: dict[str, list[float]], best: str) -> str:
+    """The written mix's mean held-out KL over the best one-shot allocation's."""
+    return f"{statistics.mean(kl['written']) / statistics.mean(kl[best]):.2f}×"
+
+
+def kl_rows(runs: list[dict], rows: list[tuple], kinds: tuple[str, ...]) -> tuple[list[list], list[list]]:
+    """The pages' two tables of `per_budget`'s rows: held-out KL of each kind with the written mix's verdict against
+    the best one-shot allocation, and held-out perplexity."""
+    one = " (1 seed, no spread)" * (len(runs) == 1)
+    quality = [[b, *(stats(kl[k]) for k in kinds), best, verdict(kl["written"], kl[best]) + one, written_ratio(kl, best)]
+               for b, kl, best in rows]  # fmt: skip
+    perplexity = [[b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in kinds)]
+                  for b, _, _ in rows]  # fmt: skip
+    return quality, perplexity
+
+
 def page(data: dict) -> str:
     """docs/results/search_long.md from its JSON."""
     seeds, runs, rows = per_budget(data)
     budgets = [b for b, _, _ in rows]
-    quality, perplexity, cost = [], [], []
-    one = " (1 seed, no spread)" * (len(seeds) == 1)
-    for b, kl, best in rows:
-        quality.append([b, *(stats(kl[k]) for k in KINDS), best, verdict(kl["written"], kl[best]) + one,
-                        f"{statistics.mean(kl['written']) / statistics.mean(kl[best]):.2f}×"])  # fmt: skip
-        perplexity.append([b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in KINDS)])
+    quality, perplexity = kl_rows(runs, rows, KINDS)
+    cost = []
+    for b, _, _ in rows:
         cost.append([b, "/".join(str(r["budgets"][b]["generations"]) for r in runs),
                      f"{statistics.mean(r['budgets'][b]['evolution_seconds'] for r in runs):.0f}",
                      ", ".join(r["budgets"][b]["chosen"] for r in runs)])  # fmt: skip
@@ -181,8 +194,7 @@ def readme_block(data: dict) -> str:
     seeds, runs, per = per_budget(data)
     rows = []
     for b, kl, best in per:
-        rows.append([b, f"{stats(kl['written'], 3)} ({verdict(kl['written'], kl[best])}, "
-                        f"{statistics.mean(kl['written']) / statistics.mean(kl[best]):.2f}×)",
+        rows.append([b, f"{stats(kl['written'], 3)} ({verdict(kl['written'], kl[best])}, {written_ratio(kl, best)})",
                      f"{best}: {stats(kl[best], 3)}",
                      f"{statistics.mean(r['budgets'][b]['evolution_seconds'] for r in runs) / 60:.0f}"])  # fmt: skip
     spread = ("mean ± standard deviation over the seeds; a tie: within the larger deviation" if len(seeds) > 1 else

@@ -30,7 +30,7 @@ import torch
 from benchmarks._harness import header, write_results
 from benchmarks._search_setup import score_named, search_child, start, stats
 from benchmarks.search_baselines import verdict
-from benchmarks.search_long import ONE_SHOT, one_shot_mixes
+from benchmarks.search_long import ONE_SHOT, kl_rows, one_shot_mixes, written_ratio
 from benchmarks.search_long import build_parser as long_parser
 from benchmarks.search_long import per_budget as long_per_budget
 from benchmarks.search_long import RECIPE_BEFORE as LONG_TABLES
@@ -66,20 +66,13 @@ def per_budget(data: dict):
     return long_per_budget(data, KINDS)
 
 
-def _ratio(kl: dict[str, list[float]], best: str) -> str:
-    return f"{statistics.mean(kl['written']) / statistics.mean(kl[best]):.2f}×"
-
-
 def page(data: dict) -> str:
     """docs/results/search_refined.md from its JSON."""
     seeds, runs, rows = per_budget(data)
     budgets = [b for b, _, _ in rows]
-    quality, perplexity, cost = [], [], []
-    one = " (1 seed, no spread)" * (len(seeds) == 1)
-    for b, kl, best in rows:
-        quality.append([b, *(stats(kl[k]) for k in KINDS), best, verdict(kl["written"], kl[best]) + one,
-                        _ratio(kl, best)])  # fmt: skip
-        perplexity.append([b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in KINDS)])
+    quality, perplexity = kl_rows(runs, rows, KINDS)
+    cost = []
+    for b, _, _ in rows:
         cost.append([b, " ".join(f"{r['budgets'][b]['refine_accepted']}/{r['budgets'][b]['refine_steps']}" for r in runs),
                      f"{statistics.mean(r['budgets'][b]['refine_seconds'] for r in runs):.0f}",
                      ", ".join(r["budgets"][b]["chosen"] for r in runs)])  # fmt: skip
@@ -112,7 +105,7 @@ def notes(seeds: list[str], runs: list[dict]) -> list[str]:
 def readme_block(data: dict) -> str:
     """The README's refinement result: per budget, the written (refined) mix against the best one-shot allocation."""
     seeds, runs, per = per_budget(data)
-    rows = [[b, f"{stats(kl['written'], 3)} ({verdict(kl['written'], kl[best])}, {_ratio(kl, best)})",
+    rows = [[b, f"{stats(kl['written'], 3)} ({verdict(kl['written'], kl[best])}, {written_ratio(kl, best)})",
              f"{best}: {stats(kl[best], 3)}",
              f"{statistics.mean(r['budgets'][b]['refine_seconds'] for r in runs) / 60:.1f}"] for b, kl, best in per]
     spread = ("mean ± standard deviation over the seeds; a tie: within the larger deviation" if len(seeds) > 1 else
