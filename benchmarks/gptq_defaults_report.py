@@ -203,7 +203,11 @@ def defaults_block(data: dict) -> str:
          "calibrates in float32 (and is written in its own dtype) on a CPU without AVX512-BF16 or AMX (AMX-FP16), "
          "which emulates half products several times slower than float32's; calibrating a float32 model in bfloat16 instead "
          f"(`{gar}` → `{gar}-bf16`, the same options with GAR; GPTQModel's CPU dtype): "
-         + _step(cells, gar, f"{gar}-bf16") + _cpu(cells, gar, f"{gar}-bf16")),
+         + _step(cells, gar, f"{gar}-bf16") + _cpu(cells, gar, f"{gar}-bf16") + "; the defaults' options in "
+         "bfloat16 (`default` → `ao-static-mse-w-refit-bf16`; what a model stored in bfloat16, as SmolLM2 is "
+         "published, gets on such a CPU): " + _step(cells, "default", "ao-static-mse-w-refit-bf16")
+         + _cpu(cells, "default", "ao-static-mse-w-refit-bf16") + "; end to end CPU time: "
+         "[bench_pipeline](../results/bench_pipeline.md)"),
         ("`--nsamples` × `--seqlen`", f"{CalibConfig.nsamples} × {CalibConfig.seqlen}", "the calibration size; the "
          "ablation's other rows calibrate on 64 × 512, the same 32,768 tokens in half as many windows; with GAR, "
          f"`{gar}` → 128 × 256 (`{gar}-128x256`): " + _step(cells, gar, f"{gar}-128x256")

@@ -37,6 +37,10 @@ ROWS = {
     # act order with static groups in place of GAR, the defaults' other options kept (scale search, its weighting, refit)
     "ao-static-mse-w-refit": {"act_order": True, "static_groups": True, "mse": True, "mse_weighted": True,
                               "refit_scales": True},
+    # the same calibrating in bfloat16: what `--dtype auto` gives a model stored in bfloat16 (SmolLM2 as published) on
+    # a CPU with bfloat16 arithmetic, and what GPTQModel does with any model on a CPU
+    "ao-static-mse-w-refit-bf16": {"act_order": True, "static_groups": True, "mse": True, "mse_weighted": True,
+                                   "refit_scales": True, "dtype": "bfloat16"},
     # one MatGPTQ parent per seed (target widths PARENT_WIDTHS), each width scored as its slice: `matgptq-parent` with
     # the plain options (MatGPTQ's defaults), then with GPTQ's scale choice (`--method matgptq` re-checked, item 2)
     "matgptq-parent": {"method": "matgptq"},
