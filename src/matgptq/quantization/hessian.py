@@ -49,7 +49,7 @@ class Accumulator:
 @contextmanager
 def bfloat16_products():
     """CPU float32 matrix products computed by oneDNN from bfloat16-rounded operands, accumulated in float32 (module
-    docstring); a torch without the setting (before 2.9) multiplies in float32 as usual."""
+    docstring); a torch without that setting (an older one) multiplies in float32 as usual."""
     matmul = getattr(torch.backends.mkldnn, "matmul", None)
     saved = getattr(matmul, "fp32_precision", None)
     if saved is None:
