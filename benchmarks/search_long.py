@@ -150,20 +150,27 @@ def kl_rows(runs: list[dict], rows: list[tuple], kinds: tuple[str, ...]) -> tupl
     return quality, perplexity
 
 
+def cost_rows(runs: list[dict], rows, sep: str, cell, seconds: str) -> list[list[str]]:
+    """Per budget: `cell` of each seed's budget record joined by `sep`, the mean of its `seconds`, the chosen mixes."""
+    return [[b, sep.join(cell(r["budgets"][b]) for r in runs),
+             f"{statistics.mean(r['budgets'][b][seconds] for r in runs):.0f}",
+             ", ".join(r["budgets"][b]["chosen"] for r in runs)] for b, _, _ in rows]  # fmt: skip
+
+
+def usage_rows(seeds: list[str], runs: list[dict], budgets: list[str]) -> list[list[str]]:
+    """Per seed's child: wall, CPU, peak RSS, the shared tables' seconds (in the first budget) and the load."""
+    return [[s, f"{r['usage']['wall']:.0f}", f"{r['usage']['cpu']:.0f}", f"{r['usage']['rss_gb']:.2f}",
+             f"{r['budgets'][budgets[0]]['tables_seconds']:.0f}", f"{r['usage']['load_average']:.1f}"]
+            for s, r in zip(seeds, runs)]  # fmt: skip
+
+
 def page(data: dict) -> str:
     """docs/results/search_long.md from its JSON."""
     seeds, runs, rows = per_budget(data)
     budgets = [b for b, _, _ in rows]
     quality, perplexity = kl_rows(runs, rows, KINDS)
-    cost = []
-    for b, _, _ in rows:
-        cost.append([b, "/".join(str(r["budgets"][b]["generations"]) for r in runs),
-                     f"{statistics.mean(r['budgets'][b]['evolution_seconds'] for r in runs):.0f}",
-                     ", ".join(r["budgets"][b]["chosen"] for r in runs)])  # fmt: skip
-    usage = [[s, f"{r['usage']['wall']:.0f}", f"{r['usage']['cpu']:.0f}", f"{r['usage']['rss_gb']:.2f}",
-              f"{r['budgets'][budgets[0]]['tables_seconds']:.0f}", f"{r['usage']['load_average']:.1f}",
-              "yes" if r.get("resumed") else "no"]
-             for s, r in zip(seeds, runs)]  # fmt: skip
+    cost = cost_rows(runs, rows, "/", lambda rec: str(rec["generations"]), "evolution_seconds")
+    usage = [row + ["yes" if r.get("resumed") else "no"] for row, r in zip(usage_rows(seeds, runs, budgets), runs)]
     notes = [f"- seed {s}: {r['note']}" for s, r in zip(seeds, runs) if r.get("note")]  # what the numbers do not say
     protocol = data["protocol"].strip().replace("{BUDGETS}", ",".join(budgets))
     recipe = RECIPE if data["recipe"] == list(RECIPE_BEFORE) else data["recipe"]  # the command that repeats it now

@@ -30,7 +30,7 @@ import torch
 from benchmarks._harness import header, write_results
 from benchmarks._search_setup import score_named, search_child, start, stats
 from benchmarks.search_baselines import verdict
-from benchmarks.search_long import ONE_SHOT, kl_rows, one_shot_mixes, written_ratio
+from benchmarks.search_long import ONE_SHOT, cost_rows, kl_rows, one_shot_mixes, usage_rows, written_ratio
 from benchmarks.search_long import build_parser as long_parser
 from benchmarks.search_long import per_budget as long_per_budget
 from benchmarks.search_long import RECIPE_BEFORE as LONG_TABLES
@@ -71,14 +71,8 @@ def page(data: dict) -> str:
     seeds, runs, rows = per_budget(data)
     budgets = [b for b, _, _ in rows]
     quality, perplexity = kl_rows(runs, rows, KINDS)
-    cost = []
-    for b, _, _ in rows:
-        cost.append([b, " ".join(f"{r['budgets'][b]['refine_accepted']}/{r['budgets'][b]['refine_steps']}" for r in runs),
-                     f"{statistics.mean(r['budgets'][b]['refine_seconds'] for r in runs):.0f}",
-                     ", ".join(r["budgets"][b]["chosen"] for r in runs)])  # fmt: skip
-    usage = [[s, f"{r['usage']['wall']:.0f}", f"{r['usage']['cpu']:.0f}", f"{r['usage']['rss_gb']:.2f}",
-              f"{r['budgets'][budgets[0]]['tables_seconds']:.0f}", f"{r['usage']['load_average']:.1f}"]
-             for s, r in zip(seeds, runs)]  # fmt: skip
+    cost = cost_rows(runs, rows, " ", lambda rec: f"{rec['refine_accepted']}/{rec['refine_steps']}", "refine_seconds")
+    usage = usage_rows(seeds, runs, budgets)
     protocol = data["protocol"].strip().replace("{RECIPE}", "matgptq search PARENT --budget " + ",".join(budgets)
                                                 + " --calib wiki.test " + " ".join(data["recipe"]))  # fmt: skip
     return "\n".join([
