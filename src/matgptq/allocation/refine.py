@@ -111,9 +111,9 @@ def refine(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
         return out
     groups = groups_of(len(start), config)
     checked = score_all(fitness, [out.mix], checks)[0]
+    first = per_window * step_windows(len(start), config, windows, checks)  # the first step's price
     began, rejected = time.perf_counter(), 0
     while out.steps < config.steps and rejected < len(groups):
-        first = per_window * step_windows(len(start), config, windows, checks)
         if deadline is not None and from_rank0(past(deadline, began, out.steps, first)):  # every rank stops together
             break
         group = groups[out.steps % len(groups)]

@@ -3,8 +3,9 @@
 Order of work, so that bad input fails before anything is computed or written: settings and budgets are checked,
 the parent and its reference model are opened, the calibration text is cut into windows (too little text is an
 error), existing mix files and resume states are checked — only then are the teacher, the sensitivities, the knapsack
-start, its refinement (refine.py) and the evolution run. Each budget's mix file is written atomically when its search ends; its search state is
-written atomically after every generation (evopress.py); --resume keeps what a run before finished (resume.py).
+start, its refinement (refine.py) and the evolution run. Each budget's mix file is written atomically when its search
+ends; its search state is written atomically after every generation (evopress.py); --resume keeps what a run before
+finished (resume.py).
 
 The mix file is what `matgptq.load(parent, bits=FILE)`, `matgptq eval --bits FILE` and `matgptq export
 --bits-config FILE` read (runtime.loader.resolve_bits takes the `bits` object of a JSON file): {"bits": {layer:
