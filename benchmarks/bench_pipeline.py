@@ -11,9 +11,12 @@ Tools (--tools, comma-separated):
   matgptq-cli      `matgptq quantize MODEL --method gptq --bits B --group-size G` with the calibration options and no
                    other: what a user runs (model streamed block by block, checkpoint assembled from the block files);
                    it draws the very windows the others get (the same calibration_windows call on the same text)
-  matgptq-cli-bf16 the same with --dtype bfloat16 (what `auto` gives a model stored in bfloat16 on a CPU with
-                   bfloat16 arithmetic; such a model calibrates in float32 elsewhere: execution.compute_dtype)
-  matgptq          GPTQ, --bits, group --group-size, symmetric, in the model's own dtype (float32 for SmolLM2 here)
+                   (`--dtype auto`: for this float32 copy on a CPU with bfloat16 arithmetic, bfloat16 passes from
+                   the float32 weights, written in float32; float32 elsewhere: quantization/run.calibration_dtypes)
+  matgptq-cli-bf16 the same with --dtype bfloat16 (weights rounded to bfloat16 and written so: what `auto` gives a
+                   model stored in bfloat16 on a CPU with bfloat16 arithmetic)
+  matgptq-cli-fp32 the same with --dtype float32 (what `auto` gives this copy on a CPU without bfloat16 arithmetic)
+  matgptq          GPTQ, --bits, group --group-size, symmetric, `--dtype auto`'s dtypes
   matgptq-bf16     the same with --dtype bfloat16 (Hessians and solver still float32), GPTQModel's CPU dtype
   matgptq-348      MatGPTQ parent {3,4,8} (master 8), model's dtype
   matgptq-348-bf16 the same in bfloat16
@@ -56,8 +59,8 @@ from pathlib import Path
 
 from benchmarks._harness import child_env, header, load_json, machine, run_measured, write_page
 
-TOOLS = ("matgptq-cli", "matgptq-cli-bf16", "matgptq", "matgptq-bf16", "matgptq-348", "matgptq-348-bf16", "gptqmodel",
-         "gptqmodel-fp32", "llmcompressor")  # fmt: skip
+TOOLS = ("matgptq-cli", "matgptq-cli-bf16", "matgptq-cli-fp32", "matgptq", "matgptq-bf16", "matgptq-348",
+         "matgptq-348-bf16", "gptqmodel", "gptqmodel-fp32", "llmcompressor")  # fmt: skip
 PEERS = ("gptqmodel", "gptqmodel-fp32", "llmcompressor")
 
 
@@ -102,19 +105,20 @@ def matgptq_worker(tool: str, model_dir: str, ids, out: str, bits: int, group_si
     import torch
 
     from matgptq.api import make_config, unquantized_tensors
-    from matgptq.execution import compute_dtype
     from matgptq.formats import save_checkpoint
-    from matgptq.models import config_dtype, load_fp_model
+    from matgptq.models import load_fp_model
     from matgptq.quantization.pipeline import quantize_model
+    from matgptq.quantization.run import calibration_dtypes
 
-    t0 = time.perf_counter()
-    dtype = "bfloat16" if tool.endswith("bf16") else "auto"  # auto: what `quantize --dtype auto` computes in
-    model = load_fp_model(model_dir, compute_dtype(dtype, config_dtype(model_dir), torch.device("cpu")))
-    t_load = time.perf_counter() - t0
     cfg = make_config("matgptq", (3, 4, 8), group_size=group_size) if "348" in tool else \
         make_config("gptq", bits, group_size=group_size)  # fmt: skip
     t0 = time.perf_counter()
-    layers, reports, times = quantize_model(model, ids, cfg, progress=False)
+    dtype = "bfloat16" if tool.endswith("bf16") else "auto"  # auto: what `quantize --dtype auto` computes in
+    dtypes = calibration_dtypes(Path(model_dir), dtype, torch.device("cpu"), cfg.method)
+    model = load_fp_model(model_dir, dtypes.load)
+    t_load = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    layers, reports, times = quantize_model(model, ids, cfg, progress=False, passes_dtype=dtypes.passes)
     t_quant = time.perf_counter() - t0
     t0 = time.perf_counter()
     meta = {"quantization": cfg.to_json(), "model_type": model.config.model_type, "report": []}
@@ -127,11 +131,12 @@ def matgptq_worker(tool: str, model_dir: str, ids, out: str, bits: int, group_si
 
 
 def cli_command(args, tool: str, out: Path) -> list[str]:
-    """The command line a user types (tool matgptq-cli[-bf16])."""
+    """The command line a user types (tool matgptq-cli[-bf16|-fp32])."""
     return [sys.executable, "-m", "matgptq", "quantize", args.model, "--out", str(out), "--method", "gptq", "--bits",
             str(args.bits), "--group-size", str(args.group_size), "--calib", args.calib, "--calib-range",
             args.calib_range, "--nsamples", str(args.nsamples), "--seqlen", str(args.seqlen), "--seed", str(args.seed),
-            "--overwrite", "--quiet"] + (["--dtype", "bfloat16"] if tool.endswith("bf16") else [])  # fmt: skip
+            "--overwrite", "--quiet"] + {"bf16": ["--dtype", "bfloat16"], "fp32": ["--dtype", "float32"]}.get(
+                tool.rpartition("-")[2], [])  # fmt: skip
 
 
 def run_child(args, tool: str, ids_file: Path, work: Path) -> dict:
@@ -141,7 +146,9 @@ def run_child(args, tool: str, ids_file: Path, work: Path) -> dict:
            "--out-model", str(out), "--bits", str(args.bits), "--group-size", str(args.group_size), "--report", str(report)]  # fmt: skip
     cli = tool.startswith("matgptq-cli")
     usage = run_measured(cli_command(args, tool, out) if cli else cmd, child_env(args.threads), work / f"{tool}.log")
-    return {"tool": tool, **usage, "breakdown": json.loads(report.read_text()) if usage["ok"] and not cli else {}}
+    made = {"calibrated_in": json.loads((out / "matgptq.json").read_text())["calibration"]["dtype"]} \
+        if usage["ok"] and cli else {}  # fmt: skip
+    return {"tool": tool, **usage, **made, "breakdown": json.loads(report.read_text()) if usage["ok"] and not cli else {}}
 
 
 def main() -> None:

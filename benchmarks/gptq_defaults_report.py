@@ -201,12 +201,16 @@ def defaults_block(data: dict) -> str:
          + _step(cells, gar, f"{gar}-not-seq") + _cpu(cells, gar, f"{gar}-not-seq")),
         ("`--dtype`", "auto / auto / auto", "the model's own dtype, except that a bfloat16 (float16) model "
          "calibrates in float32 (and is written in its own dtype) on a CPU without AVX512-BF16 or AMX (AMX-FP16), "
-         "which emulates half products several times slower than float32's; calibrating a float32 model in bfloat16 instead "
-         f"(`{gar}` → `{gar}-bf16`, the same options with GAR; GPTQModel's CPU dtype): "
-         + _step(cells, gar, f"{gar}-bf16") + _cpu(cells, gar, f"{gar}-bf16") + "; the defaults' options in "
-         "bfloat16 (`default` → `ao-static-mse-w-refit-bf16`; what a model stored in bfloat16, as SmolLM2 is "
-         "published, gets on such a CPU): " + _step(cells, "default", "ao-static-mse-w-refit-bf16")
-         + _cpu(cells, "default", "ao-static-mse-w-refit-bf16") + "; end to end CPU time: "
+         "which emulates half products several times slower than float32's, and that GPTQ of a float32 model runs "
+         "its calibration passes in bfloat16 on a CPU with AVX512-BF16 or AMX, from the float32 weights, written in "
+         "float32 (GPTQModel's CPU dtype, without rounding the weights): the defaults' options in float32 "
+         "(`ao-static-mse-w-refit`) → `default` on such a CPU: " + _step(cells, "ao-static-mse-w-refit", "default")
+         + _cpu(cells, "ao-static-mse-w-refit", "default") + "; `--dtype bfloat16` (the weights rounded too) "
+         f"with GAR (`{gar}` → `{gar}-bf16`): " + _step(cells, gar, f"{gar}-bf16") + _cpu(cells, gar, f"{gar}-bf16")
+         + "; the defaults' options so (`ao-static-mse-w-refit` → `ao-static-mse-w-refit-bf16`; what a model stored "
+         "in bfloat16, as SmolLM2 is published, gets on such a CPU): "
+         + _step(cells, "ao-static-mse-w-refit", "ao-static-mse-w-refit-bf16")
+         + _cpu(cells, "ao-static-mse-w-refit", "ao-static-mse-w-refit-bf16") + "; end to end CPU time: "
          "[bench_pipeline](../results/bench_pipeline.md)"),
         ("`--nsamples` × `--seqlen`", f"{CalibConfig.nsamples} × {CalibConfig.seqlen}", "the calibration size; the "
          "ablation's other rows calibrate on 64 × 512, the same 32,768 tokens in half as many windows; with GAR, "
@@ -318,8 +322,13 @@ def _cost_sentence(pipeline: dict) -> str:
 
     runs = summary(pipeline) if pipeline.get("results") else {}
     a = pipeline.get("args", {})
-    rows = [("matgptq-cli", "in the model's float32"), ("matgptq-cli-bf16", "calibrating in bfloat16 (what a model "
-            "stored in bfloat16 gets on a CPU with AVX512-BF16 or AMX, and what GPTQModel does)")]  # fmt: skip
+    auto = next((r["calibrated_in"] for r in pipeline.get("results", []) if r["tool"] == "matgptq-cli"
+                 and "calibrated_in" in r), None)  # fmt: skip
+    rows = [("matgptq-cli", "as typed (`--dtype auto`" + (f", which calibrated in {auto} there" if auto else "")
+             + (": bfloat16 passes from the model's float32 weights)" if auto == "bfloat16" else ")")),
+            ("matgptq-cli-fp32", "calibrating in float32"), ("matgptq-cli-bf16", "with `--dtype bfloat16` (the "
+            "weights rounded to bfloat16 too: what a model stored in bfloat16 gets on a CPU with AVX512-BF16 or AMX, "
+            "and what GPTQModel does)")]  # fmt: skip
     got = [(runs[t], what) for t, what in rows if t in runs and runs[t]["cpu_ratio"]]
     if not got:
         return ""

@@ -3,9 +3,11 @@ widths; the runner and the report (gptq_defaults_report.py) both read these."""
 
 from __future__ import annotations
 
-# Every GPTQ option the ablation turns, at its value before the ablation (all off, damping 0.01, the model's dtype).
+# Every GPTQ option the ablation turns, at its value before the ablation (all off, damping 0.01, float32: the rows
+# ran `--dtype auto`, float32 for these float32 models until auto calibrated GPTQ in bfloat16 on a CPU with bfloat16
+# arithmetic; `default` has that).
 ALL = {"group_act_order": False, "act_order": False, "static_groups": False, "damp": 0.01, "mse": False,
-       "mse_weighted": False, "refit_scales": False, "true_sequential": True, "dtype": "auto"}  # fmt: skip
+       "mse_weighted": False, "refit_scales": False, "true_sequential": True, "dtype": "float32"}  # fmt: skip
 GAR = {"group_act_order": True}
 ROWS = {
     "default": None,  # no option at all: the defaults as they are when the script runs

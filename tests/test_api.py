@@ -87,6 +87,71 @@ def test_eval_auto_scores_a_half_model_in_float32_on_a_cpu_without_it(tmp_path, 
         matgptq.evaluate(src, dtype="int8", **kw)
 
 
+def bfloat16_valued(src, dst):
+    """The float32 model at `src` with every tensor rounded to a bfloat16 value, still stored in float32."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(src / "model.safetensors"))
+    save_file({k: t.to(torch.bfloat16).float() for k, t in tensors.items()}, str(dst / "model.safetensors"),
+              metadata={"format": "pt"})  # fmt: skip
+    return dst
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_auto_gptq_calibrates_a_float32_model_in_bfloat16_where_the_cpu_has_it(tmp_path, monkeypatch, native):
+    """run.calibration_dtypes and quantization/narrow.py: where the CPU has bfloat16 arithmetic, `auto` GPTQ of a
+    float32 model runs its passes on bfloat16 twins of the blocks. The oracle is the model itself in bfloat16: for a
+    float32 model whose values are all bfloat16 values, `auto` gives --dtype bfloat16's codes and scales exactly
+    (the passes and the weights the solver starts from are then the same), while its config and the tensors left
+    unquantized stay the model's float32 ones. Without bfloat16 arithmetic, and for MatGPTQ (not measured so),
+    `auto` is --dtype float32 byte for byte."""
+    import torch
+    from safetensors.torch import load_file
+
+    from matgptq.execution import devices
+
+    src = bfloat16_valued(make_tiny_llama(tmp_path / "m"), tmp_path / "bf")
+    monkeypatch.setattr(devices, "native_half", lambda dtype, dev: native)
+    auto = quick_quantize(src, tmp_path / "auto")
+    same = quick_quantize(src, tmp_path / "same", dtype="bfloat16" if native else "float32")
+    assert json.loads((auto / "matgptq.json").read_text())["calibration"]["dtype"] == ("bfloat16" if native else "float32")
+    assert json.loads((auto / "config.json").read_text())["dtype"] == "float32"
+    got, want, source = (load_file(str(d / "model.safetensors")) for d in (auto, same, src))
+    assert set(got) == set(want)
+    for k, t in got.items():
+        assert torch.equal(t, want[k].to(t.dtype)), k
+        if k in source:  # norms, embeddings, lm_head: the model's own float32 tensors
+            assert t.dtype == torch.float32 and torch.equal(t, source[k]), k
+    parent = quick_quantize(src, tmp_path / "parent", method="matgptq", bits="3,4")
+    parent32 = quick_quantize(src, tmp_path / "parent32", method="matgptq", bits="3,4", dtype="float32")
+    assert same_tensors(parent / "model.safetensors", parent32 / "model.safetensors")
+
+
+def test_bfloat16_passes_keep_the_float32_weights_they_do_not_quantize(tmp_path, monkeypatch):
+    """A float32 model (values not bfloat16 ones) under bfloat16 passes: the layers `--skip` leaves out and every
+    tensor outside the quantized weights are written exactly as in the source, in float32."""
+    import torch
+    from safetensors.torch import load_file
+
+    from matgptq.execution import devices
+
+    src = make_tiny_llama(tmp_path / "m")
+    monkeypatch.setattr(devices, "native_half", lambda dtype, dev: True)
+    out = quick_quantize(src, tmp_path / "q", skip=["model.layers.1.mlp.down_proj"])
+    assert json.loads((out / "matgptq.json").read_text())["calibration"]["dtype"] == "bfloat16"
+    got, source = (load_file(str(d / "model.safetensors")) for d in (out, src))
+    kept = [k for k in got if k in source]
+    assert "model.layers.1.mlp.down_proj.weight" in kept and "model.norm.weight" in kept
+    for k in kept:
+        assert got[k].dtype == torch.float32 and torch.equal(got[k], source[k]), k
+    assert source["model.layers.1.mlp.down_proj.weight"].to(torch.bfloat16).float().ne(
+        source["model.layers.1.mlp.down_proj.weight"]).any()  # the check can fail: the source is not bfloat16-valued
+
+
 def test_unknown_dtype_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match="--dtype int8 is not one of auto, float32, bfloat16, float16"):
         quick_quantize(make_tiny_llama(tmp_path / "m"), tmp_path / "q", dtype="int8")

@@ -59,9 +59,10 @@ def quantize(
     a parent is solved again with every layer a dedicated GPTQ run at its width.
     `calib`: a UTF-8 text file (cut to `calib_range` by characters) or a list of strings; not needed for RTN.
     `dtype`: the model's dtype while calibrating, and that of the unquantized tensors written ("auto": its own, from
-    config.json, except that a bfloat16 or float16 model calibrates in float32 on a CPU that emulates that dtype:
-    quantization/run.py, calibration_dtypes; "bfloat16" is what GPTQModel uses on CPU). Hessians and the solver are
-    float32 either way.
+    config.json, except that a bfloat16 or float16 model calibrates in float32 on a CPU that emulates that dtype,
+    and GPTQ of a float32 model runs its calibration passes in bfloat16 on a CPU with bfloat16 arithmetic, from and
+    to float32 weights: quantization/run.py, calibration_dtypes; "bfloat16" is what GPTQModel uses on CPU).
+    Hessians and the solver are float32 either way.
     `resume`: continue a killed run from its last finished block (quantization/resume.py); progress is kept beside
     `out` until the checkpoint is written.
     `device`: auto | cpu | cuda | cuda:i (execution/devices.py). `stream`: read each block from the model's files

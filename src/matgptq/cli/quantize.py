@@ -100,12 +100,13 @@ def _calibration_options(g) -> None:
     g.add_argument("--seqlen", type=int, default=CalibConfig.seqlen, help="tokens per calibration window")
     g.add_argument("--seed", type=int, default=0, help="seed for drawing the windows")
     g.add_argument("--dtype", choices=list(DTYPES), default="auto",
-                   help="model dtype while calibrating, and of the unquantized tensors written (auto: the model's "
-                        "own; a bfloat16 model on a CPU without AVX512-BF16 or AMX, or a float16 one without "
-                        "AMX-FP16, where that dtype is emulated and several times slower, calibrates in float32 and "
-                        "is written in its own dtype). bfloat16 halves "
-                        "memory and is faster on CPUs with AVX512-BF16 or AMX, as GPTQModel does on CPU; results then "
-                        "differ slightly. Hessians and the solver stay float32")
+                   help="model dtype while calibrating, and of the unquantized tensors written. auto: the model's "
+                        "own, written in its own dtype, except: a bfloat16 model on a CPU without AVX512-BF16 or "
+                        "AMX, or a float16 one without AMX-FP16 (emulated there, several times slower), calibrates "
+                        "in float32; GPTQ of a float32 model on a CPU with AVX512-BF16 or AMX runs the calibration "
+                        "passes in bfloat16 from the float32 weights, as GPTQModel does on CPU (measured a tie in "
+                        "quality, 2/3 of the time: docs/guide/quantize.md#defaults). bfloat16 also rounds the "
+                        "weights and writes bfloat16. Hessians and the solver stay float32")
 
 
 def _run_options(g) -> None:

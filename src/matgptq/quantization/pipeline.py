@@ -29,7 +29,7 @@ moves: the computation is the one without devices, bit for bit.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple, Protocol
 
@@ -46,6 +46,7 @@ from .grid import Rounding
 from .experts import expert_hessians
 from .layer import LayerReport, make_rounding, solve_layer
 from ..execution import combine_hessians, release_free_memory, share, shard, world
+from .narrow import cast_inputs, twin
 from .resume import BlockState
 from .passes import (
     Inputs, PassTimes, attention_cache, capture_block_inputs, collect_hessians, replay_outputs, run_block,
@@ -163,6 +164,7 @@ class _Run:
     times: StageTimes
     bar: tqdm
     expert_layers: frozenset[str] = frozenset()  # the block's fused experts' layers (models/experts.py)
+    passes_dtype: torch.dtype | None = None  # the passes' dtype where it is not the weights' (narrow.py)
 
 
 def _block_inputs(model: nn.Module, spec, windows: torch.Tensor, batch: int, device: torch.device,
@@ -174,11 +176,13 @@ def _block_inputs(model: nn.Module, spec, windows: torch.Tensor, batch: int, dev
         return capture_block_inputs(model, spec, windows.to(device), batch)
 
 
-def _quantize_group(run: _Run, block: nn.Module, i: int, g: int, group: tuple[str, ...], inputs: Inputs, attention,
-                    done: dict[str, QuantizedWeight], reports: list[LayerReport]):  # fmt: skip
+def _quantize_group(run: _Run, blocks: tuple[nn.Module, nn.Module], i: int, g: int, group: tuple[str, ...],
+                    inputs: Inputs, attention, done: dict[str, QuantizedWeight], reports: list[LayerReport]):  # fmt: skip
     """Solve one true-sequential group of block `i` and write its weights back; (replayed the block's output, the
     attention cache for the next group). A single Linear whose output is the block's (`residual + last(x)`) or the
-    attention's is replayed or cut at instead of re-running the block (passes.py points 3-4)."""
+    attention's is replayed or cut at instead of re-running the block (passes.py points 3-4). `blocks`: (the block,
+    its passes' twin: itself, or a copy in run.passes_dtype, narrow.py); the solver reads the block's weights."""
+    block, calib = blocks
     spec, cfg = run.spec, run.cfg
     single = group[0] if run.needs_data and cfg.true_sequential and len(group) == 1 else None
     replay = single if spec.residual_last and g == len(run.groups) - 1 else None
@@ -187,7 +191,7 @@ def _quantize_group(run: _Run, block: nn.Module, i: int, g: int, group: tuple[st
     experts = frozenset(n for n in group if n in run.expert_layers)
     if replay is not None and attention is not None:
         attention.last = True  # the block's last pass: its attention outputs are let go batch by batch
-    collected = collect_hessians(block, group, inputs, run.times, replay or cut, until, attention, experts) \
+    collected = collect_hessians(calib, group, inputs, run.times, replay or cut, until, attention, experts) \
         if run.needs_data else None  # fmt: skip
     release_free_memory()  # before the solves: what the pass freed
     if run.size > 1 and run.needs_data:
@@ -202,6 +206,8 @@ def _quantize_group(run: _Run, block: nn.Module, i: int, g: int, group: tuple[st
     for name, (qw, report) in zip(group, results):
         module = block.get_submodule(name)
         set_weight_matrix(module, spec, _dequantized_on(qw, module.weight.device))
+        if calib is not block:
+            set_weight_matrix(calib.get_submodule(name), spec, weight_matrix(module, spec))
         done[report.name] = qw
         reports.append(report)
         err_txt = " ".join(f"{r}b={e:.2e}" for r, e in report.rel_error.items())
@@ -209,9 +215,9 @@ def _quantize_group(run: _Run, block: nn.Module, i: int, g: int, group: tuple[st
         run.bar.update(1)
     release_free_memory()  # what the solves freed, before the replay or the next pass
     if replay is not None:
-        replay_outputs(block.get_submodule(replay), inputs, collected.kept, run.times)
+        replay_outputs(calib.get_submodule(replay), inputs, collected.kept, run.times)
     if cut is not None:
-        attention = attention_cache(block.get_submodule(until), block.get_submodule(cut), collected, run.times)
+        attention = attention_cache(calib.get_submodule(until), calib.get_submodule(cut), collected, run.times)
     return replay is not None, attention
 
 
@@ -219,18 +225,22 @@ def _quantize_block(run: _Run, block: nn.Module, i: int, inputs: Inputs, reports
     """Quantize every group of block `i` in order; (its layers, the next block's inputs)."""
     done: dict[str, QuantizedWeight] = {}
     replayed, attention = False, None
-    with calibration_experts(block, run.spec.experts):  # fused experts: one proxy Linear per expert projection
+    calib = twin(block, run.passes_dtype) if run.needs_data else block
+    with ExitStack() as stack:  # fused experts: one proxy Linear per expert projection, in the block and its twin
+        for b in {id(m): m for m in (block, calib)}.values():
+            stack.enter_context(calibration_experts(b, run.spec.experts))
         if run.groups is None:
-            run.groups = trace_groups(block, run.spec.layers, inputs, run.spec.experts)
+            run.groups = trace_groups(calib, run.spec.layers, inputs, run.spec.experts)
         for g, all_names in enumerate(run.groups):
             group = tuple(n for n in all_names if not run.cfg.skips(f"{run.spec.blocks}.{i}.{n}"))
             run.bar.update(len(all_names) - len(group))
             if group:
-                was_replayed, attention = _quantize_group(run, block, i, g, group, inputs, attention, done, reports)
+                was_replayed, attention = _quantize_group(run, (block, calib), i, g, group, inputs, attention, done,
+                                                          reports)  # fmt: skip
                 replayed |= was_replayed
                 release_free_memory()  # what the group's passes and solves freed (execution/memory.py)
     if run.needs_data and not replayed:
-        inputs = [(out, kw) for out, (_, kw) in zip(run_block(block, inputs, run.times), inputs)]
+        inputs = [(out, kw) for out, (_, kw) in zip(run_block(calib, inputs, run.times), inputs)]
     return done, inputs
 
 
@@ -238,14 +248,14 @@ def _quantize_block(run: _Run, block: nn.Module, i: int, inputs: Inputs, reports
 def quantize_model(
     model: nn.Module, windows: torch.Tensor, cfg: MethodConfig, batch_tokens: int | None = None, progress: bool = True,
     rounding: Rounding | None = None, state: BlockState | None = None, device: torch.device | None = None,
-    source: BlockSource | None = None, sink: BlockSink | None = None,
+    source: BlockSource | None = None, sink: BlockSink | None = None, passes_dtype: torch.dtype | None = None,
 ) -> QuantizeOutput:
     """Quantize every block Linear of `model` in place (weights become the dequantized master codes).
 
     `rounding` overrides the code choice derived from `cfg` (used by ablation scripts); `sink` takes each finished
     block instead of the returned `layers`; `state` (needs a sink) saves progress after every block and continues a
     killed run (resume.py); `source` supplies the blocks of a model not in memory; `device`: where to compute
-    (module docstring).
+    (module docstring); `passes_dtype`: the calibration passes' dtype where it is not the weights' (narrow.py).
     """
     spec = arch_spec(model)
     if source is None:
@@ -266,14 +276,15 @@ def quantize_model(
     device = torch.device(device) if device is not None else home
     batch_tokens = batch_tokens or batch_tokens_on(device)
     batch = max(1, batch_tokens // windows.shape[1])
-    inputs: Inputs = _block_inputs(model, spec, windows, batch, device, home) if needs_data else []
+    inputs: Inputs = cast_inputs(_block_inputs(model, spec, windows, batch, device, home), passes_dtype) \
+        if needs_data else []  # fmt: skip
     if source is not None:
         source.free_outside()  # not needed again until the checkpoint is written (models/lazy.py)
     per_block = len(spec.layers)
     bar = tqdm(total=len(blocks) * per_block, desc="quantize", unit="layer", disable=not progress or rank > 0)
     run = _Run(spec, cfg, rounding or make_rounding(cfg), groups, needs_data,
                sum(h.shape[0] * h.shape[1] for h, _ in inputs), rank, size, StageTimes(), bar,
-               frozenset(n for fe in spec.experts for n in fe.layers()))  # fmt: skip
+               frozenset(n for fe in spec.experts for n in fe.layers()), passes_dtype)  # fmt: skip
     layers: dict[str, QuantizedWeight] = {}
     reports: list[LayerReport] = []
     start = _restore(model, spec, state, sink, source, cfg.width_of, len(blocks), inputs, reports)

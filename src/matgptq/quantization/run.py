@@ -10,13 +10,14 @@ import shutil
 import uuid
 from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import transformers
 
 from .._version import __version__
 from ..errors import UserError
-from ..execution import DTYPES, compute_dtype, dist_backend, init_from_env, world
+from ..execution import DTYPES, compute_dtype, dist_backend, init_from_env, native_bfloat16, world
 from ..formats.mix import WidthSpec, read_mix
 from ..formats.staged import StagedCheckpoint
 from ..models import (
@@ -55,16 +56,33 @@ def _windows(tokenizer, calib, cfg: MethodConfig, calib_cfg: CalibConfig) -> tor
     return calibration_windows(tokenize(tokenizer, text), calib_cfg.nsamples, calib_cfg.seqlen, calib_cfg.seed)
 
 
-def calibration_dtypes(model: Path, dtype: str, dev: torch.device) -> tuple[torch.dtype | None, torch.dtype | None]:
-    """(the dtype the model calibrates in, the dtype its unquantized tensors are written in); None: the model's own.
-    `auto` calibrates in execution.compute_dtype's choice (float32 for a bfloat16 or float16 model on a CPU without
-    arithmetic in it) and writes the model's own dtype: half values, held exactly in float32, round back exactly."""
+class Dtypes(NamedTuple):
+    """The dtypes of one quantization; None: the model's own (config.json)."""
+
+    load: torch.dtype | None  # the model's weights while quantized, what the solver starts from
+    passes: torch.dtype | None  # the calibration passes', where not `load` (narrow.py)
+    stored: torch.dtype | None  # the unquantized tensors written; None: as loaded
+
+
+def calibration_dtypes(model: Path, dtype: str, dev: torch.device, method: Method = Method.GPTQ) -> Dtypes:
+    """The dtypes `--dtype dtype` quantizes the model at `model` in. An explicit dtype is all three. `auto`:
+    - a bfloat16 or float16 model on a CPU without arithmetic in it (execution.compute_dtype) is loaded and
+      calibrated in float32 and written in its own dtype: half values, held exactly in float32, round back exactly;
+    - GPTQ of a float32 model on a CPU with bfloat16 arithmetic (execution.native_bfloat16) calibrates in bfloat16,
+      from the float32 weights, and writes float32 (narrow.py): on SmolLM2 (benchmarks/gptq_defaults.py, row
+      ao-static-mse-w-refit-bf16, 3 seeds, g128) a tie with float32 passes in perplexity and KL at 3 and 4 bits,
+      in 0.67x the CPU time (bench_pipeline). MatGPTQ's parents were not measured so: they keep float32;
+    - otherwise the model's own, throughout."""
     chosen = DTYPES[dtype]
     if chosen is not None:
-        return chosen, chosen
+        return Dtypes(chosen, None, chosen)
     stored = config_dtype(model)
     compute = compute_dtype(dtype, stored, dev)
-    return (compute, getattr(torch, stored)) if compute is not None else (None, None)
+    if compute is not None:
+        return Dtypes(compute, None, getattr(torch, stored))
+    if method is Method.GPTQ and stored in (None, "float32") and dev.type == "cpu" and native_bfloat16(dev):
+        return Dtypes(None, torch.bfloat16, None)
+    return Dtypes(None, None, None)
 
 
 def _open(model: Path, dtype: torch.dtype | None, stream: bool | None):
@@ -88,13 +106,13 @@ def _with_widths(cfg: MethodConfig, fp, bits_config: WidthSpec | None) -> Method
     return cfg.with_mix(widths)
 
 
-def _metadata(cfg: MethodConfig, calib_cfg: CalibConfig, calib, source: ModelSource, fp, reports: list[LayerReport],
-              dev: torch.device, size: int) -> dict:  # fmt: skip
+def _metadata(cfg: MethodConfig, calib_cfg: CalibConfig, calib, source: ModelSource, fp, passes: torch.dtype,
+              reports: list[LayerReport], dev: torch.device, size: int) -> dict:  # fmt: skip
     """matgptq.json's record of how the checkpoint was made (docs/formats.md §1.4)."""
     meta = {
         "quantization": cfg.to_json(),
         "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range),
-                        "dtype": str(fp.dtype).removeprefix("torch."),
+                        "dtype": str(passes).removeprefix("torch."),
                         "sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None},
         "source_model": source.spec,  # `org/name@commit` for a Hugging Face id, else the absolute path
         "model_type": fp.config.model_type,
@@ -125,18 +143,20 @@ def run_quantization(source: ModelSource, out: str | Path, cfg: MethodConfig, ca
     rank, size = world()
     if size > 1 and resume:
         raise UserError("--resume is for single-process runs; run the resumed quantization without torchrun")
-    compute, stored = calibration_dtypes(model, dtype, dev)
-    lazy, fp = _open(model, compute, stream)
+    dtypes = calibration_dtypes(model, dtype, dev, cfg.method)
+    lazy, fp = _open(model, dtypes.load, stream)
     cfg = _with_widths(cfg, fp, bits_config)
+    passes = dtypes.passes or fp.dtype
     settings = _run_settings(model, cfg, calib_cfg, calib, windows, dtype, dev)
-    settings["compute_dtype"] = str(fp.dtype)  # `auto` depends on the CPU (calibration_dtypes)
+    settings["compute_dtype"] = str(passes)  # `auto` depends on the CPU (calibration_dtypes)
     state = BlockState(out, settings, resume) if size == 1 else None
     # finished blocks: in the resume directory, else a private sibling of `out` (created by the first block written)
     scratch = Path(out).resolve().parent / f".{Path(out).name}.blocks-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    stored = dtypes.stored
     stage = StagedCheckpoint(state.dir if state is not None else scratch, stored) if rank == 0 else _Discard()
     try:
         _, reports, _ = quantize_model(fp, windows, cfg, progress=progress, state=state, device=dev, source=lazy,
-                                       sink=stage)  # fmt: skip
+                                       sink=stage, passes_dtype=dtypes.passes)  # fmt: skip
         if rank > 0:  # every rank holds the result; one writes it
             return Path(out), reports
         spec = arch_spec(fp)
@@ -145,7 +165,7 @@ def run_quantization(source: ModelSource, out: str | Path, cfg: MethodConfig, ca
             config.update({k: str(stored).removeprefix("torch.") for k in ("dtype", "torch_dtype") if k in config})
         stage.assemble(out, len(get_blocks(fp, spec)), config, unquantized_tensors(fp, {}, spec.blocks),
                        {r.name: list(r.shape) for r in reports}, {r.name: cfg.width_of(r.name) for r in reports},
-                       _metadata(cfg, calib_cfg, calib, source, fp, reports, dev, size), model, overwrite,
+                       _metadata(cfg, calib_cfg, calib, source, fp, passes, reports, dev, size), model, overwrite,
                        shard_bytes)  # fmt: skip
     finally:
         if state is None and rank == 0:
