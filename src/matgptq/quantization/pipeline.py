@@ -20,6 +20,8 @@
 5. With a `source` (models/lazy.py), the model's blocks stay on disk: block i is read onto the device when it is
    quantized and released after, and the tensors outside the blocks are released once the first block's inputs are
    computed and read again at the end, so memory holds one block's weights, not the model's.
+6. With a `passes_dtype` (bfloat16 for a float32 model), each block's passes run on a copy of it in that dtype while
+   the solver reads, and the checkpoint takes, the block's own weights (narrow.py).
 
 Devices: with `device` (default: where the model is), the modules outside the blocks visit it
 for the first block's inputs, each block is moved there (or read there) while it is quantized and leaves again, and
