@@ -37,6 +37,16 @@ class QuantizedWeight:
     def shape(self) -> tuple[int, int]:
         return tuple(self.codes.shape)  # type: ignore[return-value]
 
+    def to(self, device: torch.device | str) -> "QuantizedWeight":
+        """This weight with every tensor on `device` (itself where they are there already)."""
+        device = torch.device(device)
+        if self.codes.device == device:
+            return self
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        scales = {r: move(t) for r, t in self.width_scales.items()} if self.width_scales else None
+        return replace(self, codes=move(self.codes), scales=move(self.scales), zeros=move(self.zeros),
+                       g_idx=move(self.g_idx), perm=move(self.perm), width_scales=scales)  # fmt: skip
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         idx = self.g_idx.long()
         scale = self.scales.float()[:, idx]

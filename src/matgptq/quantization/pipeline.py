@@ -109,24 +109,6 @@ def check_finite(model: nn.Module) -> None:
             raise UserError(f"the model weight {name} contains NaN or Inf values; fix or re-export the model first")
 
 
-def _on_cpu(q: QuantizedWeight) -> QuantizedWeight:
-    """`q` with its tensors on the CPU (the same object there)."""
-    if q.codes.device.type == "cpu":
-        return q
-    scales = {r: s.cpu() for r, s in q.width_scales.items()} if q.width_scales else None
-    return replace(q, codes=q.codes.cpu(), scales=q.scales.cpu(), zeros=q.zeros.cpu(), g_idx=q.g_idx.cpu(),
-                   perm=None if q.perm is None else q.perm.cpu(), width_scales=scales)  # fmt: skip
-
-
-def _dequantized_on(q: QuantizedWeight, device: torch.device) -> torch.Tensor:
-    """`q.dequantize()` computed on `device` (a GPU: its codes copied there rather than the CPU computing and copying
-    a float32 matrix per layer). Elementwise products of exact operands: the same bits on every device."""
-    if q.codes.device == device:
-        return q.dequantize()
-    return replace(q, codes=q.codes.to(device), scales=q.scales.to(device), zeros=q.zeros.to(device),
-                   g_idx=q.g_idx.to(device), perm=None, width_scales=None).dequantize()  # fmt: skip
-
-
 @contextmanager
 def _outside_blocks_on(model: nn.Module, spec, device: torch.device, home: torch.device):
     """The modules outside the decoder blocks (embeddings, rotary tables, ...) on `device` for the duration, then
@@ -207,7 +189,8 @@ def _quantize_group(run: _Run, blocks: tuple[nn.Module, nn.Module], i: int, g: i
         results = share(results, owners)
     for name, (qw, report) in zip(group, results):
         module = block.get_submodule(name)
-        set_weight_matrix(module, spec, _dequantized_on(qw, module.weight.device))
+        # the codes go to the weight's device, not a float32 matrix; exact products there: the same bits everywhere
+        set_weight_matrix(module, spec, qw.to(module.weight.device).dequantize())
         if calib is not block:
             set_weight_matrix(calib.get_submodule(name), spec, weight_matrix(module, spec))
         done[report.name] = qw
@@ -333,7 +316,7 @@ def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg
         report = replace(report, tokens=routed[0], starved=routed[1])
     times.solver += report.seconds
     times.report += report_seconds
-    return _on_cpu(qw), report
+    return qw.to("cpu"), report
 
 
 def _restore(model, spec, state: BlockState | None, sink: BlockSink | None, source: BlockSource | None,
