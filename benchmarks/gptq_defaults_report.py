@@ -324,8 +324,9 @@ def _cost_sentence(pipeline: dict) -> str:
     a = pipeline.get("args", {})
     auto = next((r["calibrated_in"] for r in pipeline.get("results", []) if r["tool"] == "matgptq-cli"
                  and "calibrated_in" in r), None)  # fmt: skip
-    rows = [("matgptq-cli", "as typed (`--dtype auto`" + (f", which calibrated in {auto} there" if auto else "")
-             + (": bfloat16 passes from the model's float32 weights)" if auto == "bfloat16" else ")")),
+    how = "" if auto is None else f", which calibrated in {auto} there" + (
+        ": bfloat16 passes from the model's float32 weights" if auto == "bfloat16" else "")  # fmt: skip
+    rows = [("matgptq-cli", f"as typed (`--dtype auto`{how})"),
             ("matgptq-cli-fp32", "calibrating in float32"), ("matgptq-cli-bf16", "with `--dtype bfloat16` (the "
             "weights rounded to bfloat16 too: what a model stored in bfloat16 gets on a CPU with AVX512-BF16 or AMX, "
             "and what GPTQModel does)")]  # fmt: skip

@@ -212,7 +212,7 @@ def _quantize_block(run: _Run, block: nn.Module, i: int, inputs: Inputs, reports
     replayed, attention = False, None
     calib = twin(block, run.passes_dtype) if run.needs_data else block
     with ExitStack() as stack:  # fused experts: one proxy Linear per expert projection, in the block and its twin
-        for b in {id(m): m for m in (block, calib)}.values():
+        for b in (block,) if calib is block else (block, calib):
             stack.enter_context(calibration_experts(b, run.spec.experts))
         if run.groups is None:
             run.groups = trace_groups(calib, run.spec.layers, inputs, run.spec.experts)

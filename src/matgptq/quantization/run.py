@@ -64,7 +64,7 @@ class Dtypes(NamedTuple):
     stored: torch.dtype | None  # the unquantized tensors written; None: as loaded
 
 
-def calibration_dtypes(model: Path, dtype: str, dev: torch.device, method: Method = Method.GPTQ) -> Dtypes:
+def calibration_dtypes(model: Path, dtype: str, dev: torch.device, method: Method) -> Dtypes:
     """The dtypes `--dtype dtype` quantizes the model at `model` in. An explicit dtype is all three. `auto`:
     - a bfloat16 or float16 model on a CPU without arithmetic in it (execution.compute_dtype) is loaded and
       calibrated in float32 and written in its own dtype: half values, held exactly in float32, round back exactly;
