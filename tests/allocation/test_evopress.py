@@ -1,5 +1,5 @@
-"""EvoPress on stories260K: resuming gives the uninterrupted result; the search beats its knapsack start and random
-search given the same number of fitness evaluations."""
+"""EvoPress on stories260K: resuming gives the uninterrupted result; the search, with uniform draws and guided by
+its start's table, beats its knapsack start and random search given the same number of fitness evaluations."""
 
 import time
 from fractions import Fraction
@@ -41,13 +41,14 @@ def problem(stories_parent):
         return Fitness(matgptq.load(stories_parent, bits=8), teacher, windows, model.names)
 
     f = fitness()
-    start = knapsack_mix(model, measure(f, LEVELS, (0, 1, 2, 3)), BUDGET, BudgetKind.CODE)
-    yield model, fitness, start, windows
+    table = measure(f, LEVELS, (0, 1, 2, 3))
+    start = knapsack_mix(model, table, BUDGET, BudgetKind.CODE)
+    yield model, fitness, start, windows, table
     teacher.close()
 
 
 def run(problem, path, **kw):
-    model, fitness, start, _ = problem
+    model, fitness, start, _, _ = problem
     costs, limit = model.table(BudgetKind.CODE), model.limit(BUDGET, BudgetKind.CODE)
     return evolve(fitness(), LEVELS, costs, limit, start, kw.pop("config", CONFIG), path, SETTINGS, **kw)
 
@@ -55,28 +56,32 @@ def run(problem, path, **kw):
 SHORT = EvoConfig(generations=8, offspring=8, stages=(Stage(126, 3), Stage(504, 1)), seed=5)
 
 
-def test_resume_after_a_stop_ends_with_the_uninterrupted_result(problem, tmp_path):
+@pytest.mark.parametrize("guided", [False, True])
+def test_resume_after_a_stop_ends_with_the_uninterrupted_result(problem, tmp_path, guided):
     record = {"steps": 2, "accepted": 1, "seconds": 0.5, "history": [{"step": 1, "kept": True}]}  # how start was made
-    whole = run(problem, tmp_path / "a.json", config=SHORT)
-    stopped = run(problem, tmp_path / "b.json", config=SHORT, stop_after=3, refined=record)
+    table = problem[4] if guided else None
+    whole = run(problem, tmp_path / "a.json", config=SHORT, table=table)
+    stopped = run(problem, tmp_path / "b.json", config=SHORT, stop_after=3, refined=record, table=table)
     assert stopped.generation == 3
-    resumed = run(problem, tmp_path / "b.json", config=SHORT, resume=True)
+    resumed = run(problem, tmp_path / "b.json", config=SHORT, resume=True, table=table)
     assert resumed.refine == record and whole.refine == {}  # the state keeps it across the stop
     assert resumed.generation == whole.generation == SHORT.generations
     assert resumed.parent == whole.parent
     assert [h["kl"] for h in resumed.history] == [h["kl"] for h in whole.history]
     assert resumed.evaluations == whole.evaluations
     # the prefix cache changes no score, so neither the path nor the result
-    uncached = run(problem, tmp_path / "c.json", config=EvoConfig(**{**SHORT.__dict__, "prefix_cache": False}))
+    uncached = run(problem, tmp_path / "c.json", config=EvoConfig(**{**SHORT.__dict__, "prefix_cache": False}),
+                   table=table)  # fmt: skip
     assert uncached.parent == whole.parent
     with pytest.raises(UserError, match="other settings"):
         evolve(problem[1](), LEVELS, problem[0].table(BudgetKind.CODE), 0, problem[2], CONFIG, tmp_path / "b.json",
                {"test": "other"}, resume=True)  # fmt: skip
 
 
-def test_search_beats_its_start_and_random_search(problem, tmp_path):
-    model, fitness, start, windows = problem
-    state = run(problem, tmp_path / "s.json")
+@pytest.mark.parametrize("guided", [False, True])
+def test_search_beats_its_start_and_random_search(problem, tmp_path, guided):
+    model, fitness, start, windows, table = problem
+    state = run(problem, tmp_path / "s.json", table=table if guided else None)
     f = fitness()
     everything = tuple(range(windows.shape[0]))
     searched, dp = f.kl(state.parent, everything), f.kl(start, everything)
@@ -95,6 +100,9 @@ def test_stage_and_config_validation():
     for bad in ("2048", "a:b", "2048:4,1024:1", "1024:4,2048:2", "1024:20,2048:1"):
         with pytest.raises(UserError):
             EvoConfig(offspring=16, stages=parse_stages(bad))
+    for bad in (-0.1, float("inf"), float("nan")):
+        with pytest.raises(UserError, match="temperature"):
+            EvoConfig(temperature=bad)
 
 
 def test_a_deadline_stops_before_a_generation_that_would_end_after_it(problem, tmp_path, monkeypatch):
@@ -111,7 +119,7 @@ def test_a_deadline_stops_before_a_generation_that_would_end_after_it(problem, t
     per = [b - a for a, b in zip([0, *per], per)]
     assert len(set(per)) == 1  # every generation scores as many candidates (the clock below needs it)
 
-    model, fitness, start, _ = problem
+    model, fitness, start, _, _ = problem
     f = fitness()
     clock = type("WorkClock", (), {"perf_counter": staticmethod(lambda: float(f.evaluations))})
     monkeypatch.setattr(evopress, "time", clock)

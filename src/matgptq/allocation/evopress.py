@@ -2,7 +2,8 @@
 
 One generation, from parent P:
 1. λ distinct children of P (mutation.py; P itself and duplicates are rejected and redrawn, at most
-   λ·MAX_DRAWS_PER_CHILD draws);
+   λ·MAX_DRAWS_PER_CHILD draws), their moves drawn by the start's loss table at `temperature` (mutation.Guide) when
+   `evolve` is given one, uniformly (EvoPress' draws) when not or at temperature 0;
 2. stage s = 1..S: draw ⌈tokens_s / (L − 1)⌉ calibration windows without replacement, score the survivors of the
    previous stage on them (fitness.py), keep the best `survivors_s` (ties: the earlier-made child). At the last stage
    P re-enters and competes on the same windows (elitism): the best of survivors and P is the next parent.
@@ -31,7 +32,7 @@ from ..errors import UserError
 from ..fsutil import atomic_output
 from ..untrusted import read_json
 from .fitness import Fitness, Mix
-from .mutation import Levels, mutate
+from .mutation import Guide, Levels, mutate
 from .spread import from_rank0, is_writer, score_all
 from .timing import past
 
@@ -70,10 +71,14 @@ class EvoConfig:
     seed: int = 0
     max_flips: int = 3
     prefix_cache: bool = True
+    # how greedily the mutations follow the start's loss table (mutation.Guide); 0: uniform draws, as EvoPress
+    temperature: float = 0.5
 
     def __post_init__(self) -> None:
         if self.generations < 0 or self.offspring < 1 or self.max_flips < 1:
             raise UserError("--generations must be ≥ 0 and --offspring ≥ 1")
+        if not 0 <= self.temperature < float("inf"):
+            raise UserError(f"--mutation-temperature must be a number ≥ 0, got {self.temperature:g}")
         if not self.stages:
             raise UserError("give at least one selection stage")
         tokens = [s.tokens for s in self.stages]
@@ -141,14 +146,19 @@ def draw_windows(rng: np.random.Generator, n_windows: int, seqlen: int, tokens: 
     return tuple(sorted(int(i) for i in rng.choice(n_windows, size=count, replace=False)))
 
 
+def guide_of(table: list[list[float]] | None, config: EvoConfig) -> Guide | None:
+    """The mutations' guide: `table` at the config's temperature; None (uniform draws) without one or at 0."""
+    return None if table is None or config.temperature == 0 else Guide(table, config.temperature)
+
+
 def offspring(parent: Levels, costs: list[list[int]], limit: int, rng: np.random.Generator,
-              config: EvoConfig) -> list[Levels]:  # fmt: skip
+              config: EvoConfig, guide: Guide | None = None) -> list[Levels]:  # fmt: skip
     """Up to `config.offspring` distinct children of `parent` within the budget (MAX_DRAWS_PER_CHILD draws each)."""
     children: list[Levels] = []
     for _ in range(config.offspring * MAX_DRAWS_PER_CHILD):
         if len(children) == config.offspring:
             break
-        child = mutate(parent, costs, limit, rng, config.max_flips)
+        child = mutate(parent, costs, limit, rng, config.max_flips, guide)
         if child is None:
             break
         if child != parent and child not in children:
@@ -159,12 +169,13 @@ def offspring(parent: Levels, costs: list[list[int]], limit: int, rng: np.random
 def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, start: Mix,
            config: EvoConfig, state_path: Path, settings: dict, resume: bool = False, progress: bool = False,
            stop_after: int | None = None, weights: int | None = None, deadline: float | None = None,
-           refined: dict | None = None) -> EvoState:  # fmt: skip
+           refined: dict | None = None, table: list[list[float]] | None = None) -> EvoState:  # fmt: skip
     """Run (or continue) the search from `start` to `config.generations` (`refined`: how `start` was made, kept in
-    the state); `stop_after` ends early after that generation
-    (as a kill would, for tests). `weights` (Σ N·K): the progress bar then shows the parent's bits per weight.
-    `deadline` (a time.perf_counter() value): no generation starts that would end after it, judged by the mean time of
-    this call's generations so far (the first one starts if the deadline has not passed)."""
+    the state; `table`: the loss table v[l][i] over `levels` that guides the mutations, guide_of); `stop_after` ends
+    early after that generation (as a kill would, for tests). `weights` (Σ N·K): the progress bar then shows the
+    parent's bits per weight. `deadline` (a time.perf_counter() value): no generation starts that would end after
+    it, judged by the mean time of this call's generations so far (the first one starts if the deadline has not
+    passed)."""
     index = {r: i for i, r in enumerate(levels)}
     to_levels = lambda mix: tuple(index[r] for r in mix)  # noqa: E731
     to_mix = lambda lv: tuple(levels[i] for i in lv)  # noqa: E731
@@ -181,12 +192,12 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
     n_windows, seqlen = fitness.windows.shape
     bar = tqdm(total=config.generations, initial=min(state.generation, config.generations), desc="search",
                unit="gen", disable=not progress, leave=False)  # fmt: skip
-    began, done = time.perf_counter(), 0
+    began, done, guide = time.perf_counter(), 0, guide_of(table, config)
     while state.generation < config.generations:
         if deadline is not None and from_rank0(past(deadline, began, done)):  # every rank stops together
             break
         t0, evals0, tokens0 = time.perf_counter(), fitness.evaluations, fitness.tokens
-        survivors = [to_mix(c) for c in offspring(to_levels(state.parent), costs, limit, rng, config)]
+        survivors = [to_mix(c) for c in offspring(to_levels(state.parent), costs, limit, rng, config, guide)]
         best_kl = None
         for s, stage in enumerate(config.stages):
             windows = draw_windows(rng, n_windows, seqlen, stage.tokens)

@@ -37,6 +37,10 @@ def add_parser(sub) -> None:
     s.add_argument("--stages", default=format_stages(evo.stages),
                    help="selection stages TOKENS:SURVIVORS,…; the parent re-enters at the last, which ends with :1 "
                         "(default %(default)s)")  # fmt: skip
+    s.add_argument("--mutation-temperature", type=float, default=evo.temperature,
+                   help="how greedily a child's lowered and raised layers follow the start's loss table: each move "
+                        "drawn with probability ∝ exp(−its predicted loss per bit / (T · the median)), so lower is "
+                        "greedier; 0 draws them uniformly, as EvoPress (default %(default)s)")  # fmt: skip
     refine = RefineConfig()
     s.add_argument("--refine-steps", type=int, default=refine.steps,
                    help="before the evolution, at most this many measured refinement steps of the start: each scores "
@@ -95,7 +99,8 @@ def allocators(text: str) -> tuple[Allocator, ...]:
 
 
 def run(a: argparse.Namespace) -> None:
-    evo = EvoConfig(generations=a.generations, offspring=a.offspring, stages=parse_stages(a.stages), seed=a.seed)
+    evo = EvoConfig(generations=a.generations, offspring=a.offspring, stages=parse_stages(a.stages), seed=a.seed,
+                    temperature=a.mutation_temperature)  # fmt: skip
     rows = search(
         a.parent, a.budget, a.calib, a.out, evo=evo, calib_range=a.calib_range, levels=a.levels,
         refine=RefineConfig(a.refine_steps, a.refine_groups),
