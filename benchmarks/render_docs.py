@@ -80,7 +80,10 @@ PAGES = (
     Page("search_minutes", ("search_minutes.json",), md="search_minutes.md",
          about="SmolLM2-135M-Instruct: all eight budgets under `search --time-limit 10`, timed, the written mix against "
                "the uniform slices and the knapsack start on held-out text, 3 seeds"),
-    Page("search_minutes", ("search_minutes.json",), block="README.md#search-minutes", render="readme_block",
+    Page("search_ten_minutes", ("search_ten_minutes.json",), md="search_ten_minutes.md",
+         about="SmolLM2-135M-Instruct: all eight budgets in one `search --time-limit 10` with guided mutations, "
+               "against every one-shot allocation and random search on the same parent and calibration"),
+    Page("search_ten_minutes", ("search_ten_minutes.json",), block="README.md#search-minutes", render="readme_block",
          about="the README's search result: all eight budgets in 10 minutes against the one-shot allocations"),
     Page("search_long", ("search_long.json",), md="search_long.md",
          about="SmolLM2-135M-Instruct: the search given its default 25 generations from the measured additive start, "

@@ -78,7 +78,6 @@ KINDS = ("uniform", "knapsack", "error", "gradient", *SLOW, "full knapsack", "fu
          "full written")  # fmt: skip
 ONE_SHOT = ("uniform", "knapsack", "error", "gradient", *SLOW, "full knapsack", "full probe")  # what a written mix is held against
 WRITTEN = ("written", "full written")
-LABELS = {"written": "`search` run's mix", "full written": "`full` run's mix"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -293,37 +292,6 @@ def _slow_usage(seeds: list[str], runs: list[dict]) -> list[str]:
             "over all eight budgets in this process; load: the 1-minute load average when the child ended):", "",
             format_table(["seed", "tables child wall s", "CPU s", "peak RSS GB", "tables s", "random s", "load"],
                          rows), *([""] + notes if notes else [])]  # fmt: skip
-
-
-def readme_block(data: dict) -> str:
-    """The README's search result: the timed runs' cost and each written mix against the best one-shot allocation."""
-    seeds = sorted(data["seeds"], key=int)
-    runs = [data["seeds"][s] for s in seeds]
-    kinds = [k for k in KINDS if all(k in r["budgets"][b]["scores"] for r in runs for b in BUDGETS)]
-    written = [k for k in WRITTEN if k in kinds]
-    walls = {n: [u["wall"] for r in runs if (u := (r if n == "search" else r.get("full", {})).get("usage"))]
-             for n in ("search", "full")}  # fmt: skip
-    rows = []
-    for b in BUDGETS:
-        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in kinds}
-        best = min((k for k in ONE_SHOT if k in kl), key=lambda k: statistics.mean(kl[k]))
-        rows.append([b, *(f"{stats(kl[w], 3)} ({verdict(kl[w], kl[best])}, "
-                          f"{statistics.mean(kl[w]) / statistics.mean(kl[best]):.2f}×)" for w in written),
-                     f"{best}: {stats(kl[best], 3)}"])  # fmt: skip
-    runs_line = "; ".join(f"`{n}` {min(w):.0f}-{max(w):.0f} s" for n, w in walls.items() if len(w) == len(runs))
-    return "\n".join([
-        f"`python -m benchmarks.search_minutes` on SmolLM2-135M-Instruct, 2 cores, seeds {', '.join(seeds)}: all eight "
-        f"budgets in one `matgptq search --time-limit 10` run each ({runs_line} of wall time; "
-        "[search_minutes](docs/results/search_minutes.md) has the commands, the perplexities and the time split). "
-        "Held-out KL to the float model (mean ± standard deviation over the seeds) of the mix each run writes, against "
-        "the best one-shot allocation of the same seeds (a tie: within the larger deviation):", "",
-        format_table(["budget", *(LABELS[w] for w in written), "best one-shot allocation"], rows), "",
-        "`search`: the probe table (each layer scored at its lowest width, the rest extrapolated) as the start; "
-        "`full`: every layer scored at every width on one 256-token window (`--sensitivity full "
-        "--sensitivity-tokens 255`). `additive` is the same table on two windows, about 20 minutes a seed. The "
-        "`search` runs were measured before the written mix's test against the uniform slice "
-        "(`allocation/choice.py`), the `full` runs with it.",
-    ])  # fmt: skip
 
 
 if __name__ == "__main__":

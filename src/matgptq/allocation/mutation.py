@@ -23,9 +23,9 @@ level i, the knapsack start's: sensitivity.py) the draws lean on it. Each candid
 
 (a step of 0 bits counts as 1), and is drawn with probability ∝ exp(−(ρ_l − min ρ) / (T · median |ρ|)) among the
 candidates of that draw: the cheapest lowerings and the most useful raises are the likeliest, the others stay
-possible. T (`temperature`) sets how greedy: on SmolLM2-135M at 2.5-3.5 bits, T = 0.5 took a minute's evolution
-from the knapsack start to 0.89-0.97× its held-out KL where uniform draws stayed within ±3% of it. Where every rate
-is equal (median 0) the draw is uniform.
+possible. T (`temperature`) sets how greedy; 0.5 was picked among 0.25, 0.5 and 1 from one-minute trial runs on
+SmolLM2-135M (not a recorded benchmark: `benchmarks.search_ten_minutes --uniform-draws` measures guided against
+uniform draws). Where every rate is equal (median 0) the draw is uniform.
 """
 
 from __future__ import annotations

@@ -1,0 +1,210 @@
+"""All eight budgets in ten minutes (issue #44 items 1-3): on SmolLM2-135M-Instruct, one `matgptq search` of every
+budget under --time-limit 10 on 2 cores, with its mutations guided by its own table, against every one-shot
+allocation and random search made on the same parent and calibration.
+
+Protocol (search_minutes.py's parent, calibration ranges, held-out text and scoring):
+  search    per seed s, one measured child process (wall, CPU, peak RSS), the defaults but for the pool and the
+            generations' size:
+              {RECIPE}
+            with --calib-range (0.5 + 0.15·s):1 --seed s: every layer scored alone at every width it has time for on
+            one 256-token window (the measured additive model, its knapsack the search's start), the default
+            baselines, the start's refinement where a budget's share of time allows a step, then EvoPress whose
+            children lower and raise the layers the start's table calls cheapest to lower and most useful to raise
+            (--mutation-temperature 0.5, the default; mutation.py), and the written mix chosen on the 8-window pool
+  slow      per seed, one more child, not timed with the search (it does not fit in it), on the same parent and pool:
+              {SLOW}
+            its knapsack is the additive allocation measured on two windows (`additive 510`: every layer alone at
+            every width, twice the search's tokens per scoring), and ExLlamaV3's noise injection (`noise`)
+  random    random budget-filling mixes through the search's selection stages, as many scorings as the search made
+            at that budget (search_minutes.random_mixes)
+  uniform   with --uniform-draws, per seed, the timed search again with --mutation-temperature 0 (EvoPress' uniform
+            draws), its written mix as `uniform draws`
+  scoring   on the first 4 × 1024 tokens of the first half of WikiText-2 test (never calibrated on), float32, KL to
+            the float32 model and perplexity, every mix above; the written mix against the best one-shot allocation
+            (uniform, additive, additive 510, probe, noise, error, gradient, random), a tie within the larger of the
+            two seed spreads (search_baselines.verdict)
+
+    python -m benchmarks.search_ten_minutes [--seeds 0,1,2] [--uniform-draws]    # ~30 minutes a seed on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from fractions import Fraction
+from pathlib import Path
+
+from benchmarks._harness import RESULTS, ROOT, header, load_json, write_page, write_results
+from benchmarks._search_setup import BUDGETS, LEVELS, score_named, search_child, start, stats
+from benchmarks.search_baselines import verdict
+from benchmarks.search_minutes import random_mixes
+from matgptq.allocation import BudgetKind, CostModel
+from matgptq.allocation.allocators import uniform_mix
+from matgptq.execution import format_table
+from matgptq.formats import read_checkpoint
+
+MINUTES = 10
+POOL = ("--calib-tokens", "2040", "--stages", "255:2,510:1", "--offspring", "8")  # random_mixes' stages too
+RECIPE = (*POOL, "--generations", "100")
+SLOW = (*POOL, "--sensitivity-tokens", "510", "--baselines", "noise", "--generations", "0", "--refine-steps", "0")
+ONE_SHOT = ("uniform", "additive", "additive 510", "probe", "noise", "error", "gradient", "random")
+KINDS = (*ONE_SHOT, "evolved", "written", "uniform draws")
+TIMES = ("teacher_seconds", "tables_seconds", "search_seconds", "seconds")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0,1,2", help="search seeds (each also moves the calibration text)")
+    ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"), help="the parent and the mix files")
+    ap.add_argument("--out", default=str(RESULTS / "search_ten_minutes.json"), help="the JSON; its page beside it")
+    ap.add_argument("--uniform-draws", action="store_true", help="also the timed search with uniform draws")
+    ap.add_argument("--from-json", action="store_true", help="only re-render the page from --out")
+    return ap
+
+
+def main() -> None:
+    a = build_parser().parse_args()
+    out = Path(a.out)
+    if not a.from_json:
+        parent, data = start(Path(a.work), out, RECIPE, __doc__)
+        for seed in (int(s) for s in a.seeds.split(",")):
+            data["seeds"][str(seed)] = measure_seed(parent, Path(a.work), seed, a.uniform_draws)
+            write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
+    text = page(load_json(out))
+    write_page(out.with_suffix(".md"), text)
+    print(text)
+
+
+def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool) -> dict:
+    """The timed search, the slow baselines and random search of one seed, every mix scored on the held-out text."""
+    done = search_child(parent, work, seed, list(RECIPE), f"ten-seed-{seed}", MINUTES)
+    slow = search_child(parent, work, seed, list(SLOW), f"ten-seed-{seed}-slow")
+    cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
+    named = {b: {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
+                 "additive": body["dp_bits"], "additive 510": slow["bodies"][b]["dp_bits"],
+                 "noise": slow["bodies"][b]["baseline_bits"]["noise"],
+                 **{k: body["baseline_bits"][k] for k in ("probe", "error", "gradient")},
+                 "evolved": body["search_bits"], "written": body["bits"]}
+             for b, body in done["bodies"].items()}  # fmt: skip
+    random_seconds: dict[str, float] = {}
+    evaluations = {b: body["summary"]["evaluations"] for b, body in done["bodies"].items()}
+    for b, mix in random_mixes(parent, seed, evaluations, random_seconds).items():
+        named[b]["random"] = mix
+    record = {"usage": done["usage"], "slow_usage": slow["usage"], "random_seconds": random_seconds}
+    if uniform_draws:
+        plain = search_child(parent, work, seed, [*RECIPE, "--mutation-temperature", "0"], f"ten-seed-{seed}-uniform",
+                             MINUTES)  # fmt: skip
+        for b, body in plain["bodies"].items():
+            named[b]["uniform draws"] = body["bits"]
+        record["uniform_usage"] = plain["usage"]
+    scores = score_named(parent, named)
+    record["budgets"] = {b: {"scores": scores[b], "chosen": body["summary"]["chosen"],
+                             "sensitivity_levels": body["summary"]["sensitivity_levels"],
+                             **{k: body["summary"][k] for k in ("generations", "evaluations", "refine_steps", *TIMES)}}
+                         for b, body in done["bodies"].items()}  # fmt: skip
+    return record
+
+
+def quality_rows(runs: list[dict], kinds: list[str]) -> tuple[list[list], list[list]]:
+    """Held-out KL per budget with the written mix against the best one-shot allocation, and held-out perplexity."""
+    quality, perplexity = [], []
+    for b in BUDGETS:
+        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in kinds}
+        best = min((k for k in ONE_SHOT if k in kl), key=lambda k: statistics.mean(kl[k]))
+        ratio = statistics.mean(kl["written"]) / statistics.mean(kl[best])
+        one = " (1 seed)" * (len(runs) == 1)
+        quality.append([b, *(stats(kl[k]) for k in kinds), best, verdict(kl["written"], kl[best]) + one,
+                        f"{ratio:.3f}×"])  # fmt: skip
+        perplexity.append([b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in kinds)])
+    return quality, perplexity
+
+
+def time_rows(runs: list[dict]) -> list[list]:
+    """Per budget: the timed search's mean seconds (teacher and tables carried by the first budget), its
+    generations and refinement steps, and the chosen mix, per seed."""
+    return [[b, *(f"{statistics.mean(r['budgets'][b][k] for r in runs):.1f}" for k in TIMES),
+             "/".join(str(r["budgets"][b]["generations"]) for r in runs),
+             "/".join(str(r["budgets"][b]["refine_steps"]) for r in runs),
+             ", ".join(r["budgets"][b]["chosen"] for r in runs)] for b in BUDGETS]  # fmt: skip
+
+
+def usage_rows(seeds: list[str], runs: list[dict]) -> list[list]:
+    rows = []
+    for s, r in zip(seeds, runs):
+        for name, key in (("search", "usage"), ("slow baselines", "slow_usage"), ("uniform draws", "uniform_usage")):
+            if key in r:
+                u = r[key]
+                rows.append([s, name, f"{u['wall']:.0f}", f"{u['cpu']:.0f}", f"{u['rss_gb']:.2f}",
+                             f"{u['load_average']:.1f}"])  # fmt: skip
+        rows.append([s, "random", f"{sum(r['random_seconds'].values()):.0f}", "-", "-", "-"])
+    return rows
+
+
+def page(data: dict) -> str:
+    """docs/results/search_ten_minutes.md from its JSON."""
+    seeds = sorted(data["seeds"], key=int)
+    runs = [data["seeds"][s] for s in seeds]
+    kinds = [k for k in KINDS if all(k in r["budgets"][b]["scores"] for r in runs for b in BUDGETS)]
+    quality, perplexity = quality_rows(runs, kinds)
+    protocol = data["protocol"].strip().replace(
+        "{RECIPE}", f"matgptq search PARENT --budget {','.join(BUDGETS)} --calib wiki.test --time-limit {MINUTES} "
+        + " ".join(data["recipe"])).replace("{SLOW}", "matgptq search PARENT ... " + " ".join(SLOW))  # fmt: skip
+    levels = sorted({tuple(r["budgets"][BUDGETS[0]]["sensitivity_levels"]) for r in runs})
+    return "\n".join([
+        header("benchmarks/search_ten_minutes.py", "search_ten_minutes.json"), "# All eight budgets in ten minutes",
+        "", "```", protocol, "```", "",
+        f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds.", "",
+        "Held-out KL to the float32 model; `written vs best`: the written mix against the best one-shot allocation, "
+        "a tie within the larger spread; `ratio`: their mean KLs:", "",
+        format_table(["budget", *kinds, "best one-shot", "written vs best", "ratio"], quality), "",
+        "Held-out perplexity of the same mixes:", "", format_table(["budget", *kinds], perplexity), "",
+        "Where the timed search's seconds went per budget (means over the seeds; the first budget carries the teacher "
+        "and the shared tables; `search`: the start's choice, refinement, evolution and the choice on the pool), "
+        "its generations and refinement steps per seed, and the mix each seed wrote. Widths its table scored: "
+        + "; ".join(", ".join(map(str, lv)) for lv in levels) + ":", "",
+        format_table(["budget", "teacher s", "tables s", "search s", "budget s", "generations", "refine steps",
+                      "chosen"], time_rows(runs)), "",
+        "Each child process (wall and CPU seconds, peak RSS; load: the 1-minute load average when it ended; random: "
+        "its seconds in the scoring process):", "",
+        format_table(["seed", "run", "wall s", "CPU s", "peak RSS GB", "load"], usage_rows(seeds, runs)),
+    ])  # fmt: skip
+
+
+def _cell(kl: dict[str, list[float]], kind: str, best: str) -> str:
+    """`kind`'s held-out KL, its verdict against `best` (lower/higher for one seed) and their ratio."""
+    word = verdict(kl[kind], kl[best])
+    if len(kl[kind]) == 1:
+        word = {"below": "lower", "above": "higher"}.get(word, word)
+    return f"{stats(kl[kind], 3)} ({word}, {statistics.mean(kl[kind]) / statistics.mean(kl[best]):.2f}×)"
+
+
+def readme_block(data: dict) -> str:
+    """The README's search result: the timed runs' wall time and each budget's written mix against the best one-shot
+    allocation (and the uniform-draw search's, where measured)."""
+    seeds = sorted(data["seeds"], key=int)
+    runs = [data["seeds"][s] for s in seeds]
+    uniform = all("uniform draws" in r["budgets"][b]["scores"] for r in runs for b in BUDGETS)
+    rows = []
+    for b in BUDGETS:
+        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in (*ONE_SHOT, "written", "uniform draws")
+              if all(k in r["budgets"][b]["scores"] for r in runs)}  # fmt: skip
+        best = min(ONE_SHOT, key=lambda k: statistics.mean(kl[k]))
+        rows.append([b, _cell(kl, "written", best), *([_cell(kl, "uniform draws", best)] if uniform else []),
+                     f"{best}: {stats(kl[best], 3)}"])  # fmt: skip
+    walls = sorted(f"{r['usage']['wall']:.0f}" for r in runs)
+    spread = ("mean ± standard deviation over the seeds" if len(runs) > 1
+              else "one seed: no spread, so `lower`/`higher` say only which is the smaller number")  # fmt: skip
+    return "\n".join([
+        f"`python -m benchmarks.search_ten_minutes` on SmolLM2-135M-Instruct, 2 cores, seed{'s' * (len(seeds) > 1)} "
+        f"{', '.join(seeds)}: all eight budgets in one `matgptq search --time-limit {MINUTES}` run each "
+        f"({'-'.join(dict.fromkeys([walls[0], walls[-1]]))} s of wall time; "
+        "[search_ten_minutes](docs/results/search_ten_minutes.md) has the command, every baseline, the perplexities "
+        f"and the time split). Held-out KL to the float model ({spread}) of the mix each run writes, against the best "
+        "one-shot allocation made on the same parent and calibration (a tie: within the larger deviation):", "",
+        format_table(["budget", "written mix", *(["uniform draws' mix"] if uniform else []),
+                      "best one-shot allocation"], rows),
+    ])  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
