@@ -94,11 +94,8 @@ def mutate(parent: Levels, costs: list[list[int]], limit: int, rng: np.random.Ge
     if not down:
         return None
     flips = min(int(rng.integers(1, max_flips + 1)), int(rng.integers(1, max_flips + 1)), len(down))
-    if guide is None:
-        lowered = {int(l) for l in rng.choice(down, size=flips, replace=False)}
-    else:
-        p = guide.probabilities([guide.rate(l, parent[l], parent[l] - 1, costs) for l in down])
-        lowered = {int(l) for l in rng.choice(down, size=flips, replace=False, p=p)}
+    p = None if guide is None else guide.probabilities([guide.rate(l, parent[l], parent[l] - 1, costs) for l in down])
+    lowered = {int(l) for l in rng.choice(down, size=flips, replace=False, p=p)}
     child = list(parent)
     for l in sorted(lowered):
         total -= costs[l][child[l]] - costs[l][child[l] - 1]
