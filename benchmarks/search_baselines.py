@@ -13,7 +13,8 @@ below on its first 2,048 scored tokens (nine windows: probe's default --sensitiv
   gradient    first order at the uniform slice under the budget, knapsack above it (one backward pass per floor)
   random      random budget-filling mixes through the search's selection stages, as many scorings as the search
   written     the mix `matgptq search` writes with its default settings (--seed s): since 2026-11-28 its start is
-              the additive table on one window (--sensitivity full), before it was the probe table
+              the additive table on one window (--sensitivity full), before it was the probe table; since
+              2026-12-03 its children follow that table (--mutation-temperature 0.5), before they were uniform
 Each mix is scored on held-out text (the first 40,000 tokens of the first 60%: KL to the fp32 model and perplexity)
 and on the whole calibration pool (`calib KL`). `seconds`: what the allocation cost on this machine — a table's fill
 (shared by every budget of a seed) or the search's own time for the budget (its first budget includes its tables).
