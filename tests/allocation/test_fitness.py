@@ -214,6 +214,28 @@ def test_a_full_table_stopped_by_its_deadline_extrapolates_from_its_highest_scor
         assert stopped.values[layer][3] == full.values[layer][3] == base
 
 
+def test_a_full_table_given_its_highest_level_scores_up_to_it_and_extrapolates_above(setup):
+    """`highest` (search --sensitivity-top): the levels up to it are the full table's scorings, each wider level comes
+    from it by the linearity model (the probe formula with p = `highest`), computed here from the layer's own
+    weights; `highest` the lowest level gives the PROBE table."""
+    fitness, _, _, parent = setup
+    levels, windows, n = (2, 3, 4, 6, 8), (0, 1), len(fitness.names)
+    capped = measure_table(fitness, levels, windows, Sensitivity.FULL, highest=3)
+    full = measure_table(fitness, levels, windows, Sensitivity.FULL)
+    assert capped.measured == (2, 3) and full.measured == (2, 3, 4, 6)
+    base = fitness.kl(tuple(8 for _ in range(n)), windows)
+    for layer in (0, 9, n - 1):
+        t = _relative_errors(fitness, parent, layer, levels)
+        assert capped.values[layer][:2] == full.values[layer][:2]  # the same scorings
+        slope = max(0.0, full.values[layer][1] - base) / t[3]
+        # t from the model's float32 weights vs the float64 dequantization: ~1e-7 relative (as the PROBE test)
+        assert capped.values[layer][2:4] == pytest.approx([base + slope * t[4], base + slope * t[6]], rel=1e-6,
+                                                          abs=1e-9)  # fmt: skip
+        assert capped.values[layer][4] == base
+    lowest = measure_table(fitness, levels, windows, Sensitivity.FULL, highest=2)
+    assert lowest.values == measure(fitness, levels, windows, Sensitivity.PROBE) and lowest.measured == (2,)
+
+
 @pytest.mark.parametrize("attr,value,post", [
     ("final_logit_softcapping", 3.0, lambda z: 3.0 * torch.tanh(z / 3.0)),  # Gemma 2/3: not affine, scored directly
     ("logits_scaling", 4.0, lambda z: z / 4.0),  # Granite: affine, folded into the teacher terms

@@ -159,13 +159,15 @@ class Filled(NamedTuple):
 
 def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], allocators, seed: int = 0,
            progress: bool = False, floors: tuple[int, ...] = (),
-           deadline: float | None = None) -> dict[Allocator, Filled]:  # fmt: skip
+           deadline: float | None = None, highest: int | None = None) -> dict[Allocator, Filled]:  # fmt: skip
     """{allocator: Filled} for the table-based allocators among `allocators`; GRADIENT's table is one table per width
     of `floors` (raise_floors of the budgets). ADDITIVE is filled last, and stops at `deadline` (time.perf_counter();
-    sensitivity.measure_table): the other tables are cheap and fixed, its widths can be traded for time. PROBE, asked
-    for beside ADDITIVE, is read off ADDITIVE's lowest width (sensitivity.probe_of: no scoring of its own)."""
+    sensitivity.measure_table) or after the level `highest`: the other tables are cheap and fixed, its widths can be
+    traded for time. PROBE, asked for beside ADDITIVE, is read off ADDITIVE's lowest width (sensitivity.probe_of: no
+    scoring of its own)."""
     fill = {Allocator.PROBE: lambda: measure_table(fitness, levels, windows, Sensitivity.PROBE, progress),
-            Allocator.ADDITIVE: lambda: measure_table(fitness, levels, windows, Sensitivity.FULL, progress, deadline),
+            Allocator.ADDITIVE: lambda: measure_table(fitness, levels, windows, Sensitivity.FULL, progress, deadline,
+                                                      highest),
             Allocator.NOISE: lambda: noise_table(fitness, levels, windows, seed, progress),
             Allocator.ERROR: lambda: error_table(fitness, levels, windows),
             Allocator.GRADIENT: lambda: {u: first_order_table(fitness, levels, windows, u) for u in floors}}  # fmt: skip

@@ -52,6 +52,7 @@ class SearchRequest:
     # the same tokens, and the search then fits them (its held-out scores get worse)
     calib_tokens: int = 16384
     sensitivity: Sensitivity = Sensitivity.FULL
+    sensitivity_top: int | None = None  # FULL: the highest level scored, the wider ones extrapolated; None: every one
     # one-shot allocations (allocators.py) that compete with the knapsack start as the search's first parent and with
     # the evolved mix for the written one; the default ones cost one forward pass (error) and one block-by-block
     # backward pass per fractional budget's floor width (gradient.py), plus dequantizing every slice once for each
@@ -89,6 +90,8 @@ def check_request(req: SearchRequest) -> None:
     """Refuse a request that cannot run, before anything is loaded: one UserError naming the option."""
     if req.seqlen < 2 or req.sensitivity_tokens < 1 or req.batch_size < 1 or req.calib_tokens < 1:
         raise UserError("--seqlen must be ≥ 2, --calib-tokens, --sensitivity-tokens and --batch-size ≥ 1")
+    if req.sensitivity_top is not None and req.sensitivity is not Sensitivity.FULL:
+        raise UserError("--sensitivity-top sets the highest level --sensitivity full scores; probe scores one level")
     if req.time_limit is not None and not req.time_limit > 0:
         raise UserError(f"--time-limit takes a positive number of minutes, got {req.time_limit:g}")
     if req.plot:

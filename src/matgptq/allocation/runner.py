@@ -109,6 +109,7 @@ def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows:
                 "calib_sha256": file_sha256(req.calib), "calib_range": list(req.calib_range), "seqlen": req.seqlen,
                 "calib_windows": int(calib_windows.shape[0]), "sensitivity_tokens": req.sensitivity_tokens,
                 "sensitivity": req.sensitivity.value, "baselines": [a.value for a in req.baselines],
+                **({} if req.sensitivity_top is None else {"sensitivity_top": req.sensitivity_top}),
                 "score_dtype": str(score_dtype).removeprefix("torch."),
                 "budget": str(budget), "budget_kind": req.kind.value, "levels": list(levels), **req.evo.settings(),
                 "refine_steps": req.refine.steps, "refine_groups": req.refine.groups,
@@ -120,6 +121,9 @@ def _budgets(req: SearchRequest, ckpt) -> tuple[tuple[int, ...], CostModel, list
     """(levels, cost model, [(label, budget)]) of the request, every budget checked against the parent and every
     output checked writable, before any model is loaded."""
     levels = _levels(ckpt, req.levels)
+    if req.sensitivity_top is not None and req.sensitivity_top not in levels[:-1]:
+        raise UserError(f"--sensitivity-top {req.sensitivity_top} is not a level below the top one; this search's "
+                        f"levels are {', '.join(map(str, levels))}")  # fmt: skip
     cost_model = CostModel.from_checkpoint(ckpt, levels, gguf=req.kind is BudgetKind.GGUF)
     budgets = [(label, parse_budget(label)) for label in req.budgets]
     for _, b in budgets:
@@ -290,7 +294,8 @@ def _tables(req: SearchRequest, fitness: Fitness, levels, cost_model: CostModel,
         return filled
     deadline = None if req.sensitivity is not Sensitivity.FULL else tables_deadline(
         clock, req.time_limit, fitness, levels[-1], len(_others(req)) + 2, to_search, len(sens_windows), held_out)
-    filled = tables(fitness, levels, sens_windows, allocators, req.evo.seed, req.progress, floors, deadline)
+    filled = tables(fitness, levels, sens_windows, allocators, req.evo.seed, req.progress, floors, deadline,
+                    req.sensitivity_top)  # fmt: skip
     if is_writer():
         write_tables(path, saved, filled)
     return filled

@@ -16,7 +16,10 @@ Two ways to fill the table (`Sensitivity`):
   from the lowest level errs on the safe side (it overrates the higher levels' loss, which is small).
 Both are one procedure (`measure_table`): the levels are scored one at a time from the lowest, every layer at each,
 and a level not scored is extrapolated as above from the highest scored level below it. PROBE stops after the first
-level, FULL never, or, given a deadline (`search --time-limit`), before the first level that would end past it.
+level, FULL never, or, given a deadline (`search --time-limit`), before the first level that would end past it, or,
+given a highest level to score (`search --sensitivity-top`), after that level. Why stop early on purpose: the wide
+levels' losses are small, so one window's measurement of them is mostly that window's noise, while their errors are
+small enough for the linearity theorem to hold; their scorings can be spent on more windows for the narrow levels.
 Each scoring runs only from the layer's block on (prefix cache of the top mix).
 """
 
@@ -56,9 +59,13 @@ def probe_level(levels: tuple[int, ...]) -> int:
 
 def relative_errors(fitness: Fitness, levels: tuple[int, ...]) -> list[list[float]]:
     """t[l][i] = ‖W_l(levels[i]) − W_l(top)‖² / ‖W_l(top)‖² from the loaded parent's in-memory layers."""
-    layers = fitness.model.matgptq.layers
+    return weight_errors(fitness.model.matgptq.layers, fitness.names, levels)
+
+
+def weight_errors(layers, names, levels: tuple[int, ...]) -> list[list[float]]:
+    """`relative_errors` of the layers `names` of a loaded parent's `layers` (model.matgptq.layers)."""
     table = []
-    for name in fitness.names:
+    for name in names:
         top = layers[name].slice(levels[-1]).dequantize(torch.float64)
         norm = float(top.square().sum()) or 1.0
         table.append([float((layers[name].slice(r).dequantize(torch.float64) - top).square().sum()) / norm
@@ -82,14 +89,16 @@ def measure(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
 
 def measure_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
                   kind: Sensitivity = Sensitivity.FULL, progress: bool = False,
-                  deadline: float | None = None) -> Table:  # fmt: skip
+                  deadline: float | None = None, highest: int | None = None) -> Table:  # fmt: skip
     """The table, scored one level at a time from the lowest (every layer at that level, then the next level up).
     With a `deadline` (time.perf_counter()), FULL stops before a level whose scoring would end past it, at the pace
-    of the level before; the lowest level is always scored. A level not scored comes from the highest scored one
-    below it by the linearity theorem (the module docstring's probe formula, p that level): PROBE is the table
-    stopped after its first level, FULL the table never stopped."""
+    of the level before; with `highest`, after that level; the lowest level is always scored. A level not scored
+    comes from the highest scored one below it by the linearity theorem (the module docstring's probe formula, p that
+    level): PROBE is the table stopped after its first level, FULL the table never stopped."""
     top = tuple(levels[-1] for _ in fitness.names)
     wanted = levels[:-1] if kind is Sensitivity.FULL else (probe_level(levels),)
+    if highest is not None:
+        wanted = wanted[:1] + tuple(r for r in wanted[1:] if r <= highest)
     cache = fitness.prefix_cache(top, windows)
     base = fitness.kl(top, windows, cache)
     rank, size = world()
@@ -122,7 +131,12 @@ def _fill(fitness: Fitness, levels: tuple[int, ...], base: float, measured: dict
     highest scored level p below it: s(r) = s(top) + max(0, s(p) − s(top)) · t(r) / t(p)."""
     if len(measured) == len(levels) - 1:  # every level scored: nothing to extrapolate
         return [[measured[r][layer] if r in measured else base for r in levels] for layer in range(len(fitness.names))]
-    errors = relative_errors(fitness, levels)
+    return extrapolate(levels, base, measured, relative_errors(fitness, levels))
+
+
+def extrapolate(levels: tuple[int, ...], base: float, measured: dict[int, list[float]],
+                errors: list[list[float]]) -> list[list[float]]:  # fmt: skip
+    """`_fill` given the layers' relative weight errors (`relative_errors`)."""
     table = []
     for layer, t in enumerate(errors):
         row = []

@@ -56,6 +56,10 @@ def add_parser(sub) -> None:
                         "--time-limit it scores the levels that leave every budget's report its time, lowest first, "
                         "and extrapolates the rest as probe does), or at its lowest level only and extrapolate the "
                         "others by its weight error (probe) (default %(default)s)")  # fmt: skip
+    s.add_argument("--sensitivity-top", type=int, metavar="LEVEL",
+                   help="with full: the highest level the table scores; each wider level is extrapolated from it by "
+                        "the layer's weight error, as probe does (its scorings saved for more --sensitivity-tokens "
+                        "at the narrow levels, whose losses decide most; default: every level)")  # fmt: skip
     s.add_argument("--baselines", type=allocators, default=",".join(a.value for a in req.baselines),
                    help="one-shot allocations that compete with the knapsack start for the first parent and with the "
                         "evolved mix for the written one, from " + ", ".join(a.value for a in Allocator) + " ('' for "
@@ -105,7 +109,8 @@ def run(a: argparse.Namespace) -> None:
         a.parent, a.budget, a.calib, a.out, evo=evo, calib_range=a.calib_range, levels=a.levels,
         refine=RefineConfig(a.refine_steps, a.refine_groups),
         kind=BudgetKind(a.budget_kind), seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens,
-        sensitivity=Sensitivity(a.sensitivity), baselines=a.baselines, calib_tokens=a.calib_tokens, reference=a.kl_to,
+        sensitivity=Sensitivity(a.sensitivity),
+        sensitivity_top=a.sensitivity_top, baselines=a.baselines, calib_tokens=a.calib_tokens, reference=a.kl_to,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
         resume=a.resume, overwrite=a.overwrite, plot=a.plot, progress=not a.quiet, device=a.device,
         score_dtype=ScoreDtype(a.score_dtype), time_limit=a.time_limit, time_spent=process_seconds(),
