@@ -17,6 +17,7 @@ it (on this page's host one level on one window took the timed runs ~42 s for Sm
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from fractions import Fraction
@@ -100,8 +101,6 @@ def main() -> None:
         if missing:
             sys.exit(f"search_table_top: error: no tables of seed {missing[0]} in {a.work}; run "
                      f"`python -m benchmarks.search_ten_minutes --seeds {missing[0]}` first")  # fmt: skip
-        import json
-
         tmp = OUT.with_suffix(".tmp")
         tmp.write_text(json.dumps(measure(Path(a.work), seeds), indent=1))
         tmp.replace(OUT)
