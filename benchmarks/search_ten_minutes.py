@@ -17,6 +17,9 @@ Protocol (search_minutes.py's parent, calibration ranges, held-out text and scor
             every width, twice the search's tokens per scoring), and ExLlamaV3's noise injection (`noise`)
   random    random budget-filling mixes through the search's selection stages, as many scorings as the search made
             at that budget (search_minutes.random_mixes)
+            --reuse-slow takes its mixes and usage from the record before (same command, its files still in --work):
+            they do not depend on the timed search, so a change to the search alone is re-measured in a third of
+            the time; the usage table marks them `reused`
   uniform   with --uniform-draws, per seed, the timed search again with --mutation-temperature 0 (EvoPress' uniform
             draws), its written mix as `uniform draws`
   scoring   on the first 4 × 1024 tokens of the first half of WikiText-2 test (never calibrated on), float32, KL to
@@ -24,7 +27,7 @@ Protocol (search_minutes.py's parent, calibration ranges, held-out text and scor
             (uniform, additive, additive 510, probe, noise, error, gradient, random), a tie within the larger of the
             two seed spreads (search_baselines.verdict)
 
-    python -m benchmarks.search_ten_minutes [--seeds 0,1,2] [--uniform-draws]    # ~30 minutes a seed on 2 cores
+    python -m benchmarks.search_ten_minutes [--seeds 0,1,2] [--uniform-draws] [--reuse-slow]    # ~30 min a seed
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ SLOW = (*POOL, "--sensitivity-tokens", "510", "--baselines", "noise", "--generat
 ONE_SHOT = ("uniform", "additive", "additive 510", "probe", "noise", "error", "gradient", "random")
 KINDS = (*ONE_SHOT, "evolved", "written", "uniform draws")
 TIMES = ("teacher_seconds", "tables_seconds", "search_seconds", "seconds")
+REPORT = ("report_seconds", "report_guess_seconds")  # recorded since the guess is priced at the whole pool's pace
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"), help="the parent and the mix files")
     ap.add_argument("--out", default=str(RESULTS / "search_ten_minutes.json"), help="the JSON; its page beside it")
     ap.add_argument("--uniform-draws", action="store_true", help="also the timed search with uniform draws")
+    ap.add_argument("--reuse-slow", action="store_true", help="the slow baselines of the record before, not run "
+                    "again (for a change to the timed search alone)")
     ap.add_argument("--from-json", action="store_true", help="only re-render the page from --out")
     return ap
 
@@ -68,17 +74,22 @@ def main() -> None:
     if not a.from_json:
         parent, data = start(Path(a.work), out, RECIPE, __doc__)
         for seed in (int(s) for s in a.seeds.split(",")):
-            data["seeds"][str(seed)] = measure_seed(parent, Path(a.work), seed, a.uniform_draws)
+            before = data["seeds"].get(str(seed)) if a.reuse_slow else None
+            data["seeds"][str(seed)] = measure_seed(parent, Path(a.work), seed, a.uniform_draws, before)
             write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
+    if not out.is_file():
+        raise SystemExit(f"search_ten_minutes: error: no {out}; run it without --from-json first")
     text = page(load_json(out))
     write_page(out.with_suffix(".md"), text)
     print(text)
 
 
-def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool) -> dict:
-    """The timed search, the slow baselines and random search of one seed, every mix scored on the held-out text."""
+def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, before: dict | None = None) -> dict:
+    """The timed search, the slow baselines (`before`'s, where given) and random search of one seed, every mix scored
+    on the held-out text."""
     done = search_child(parent, work, seed, list(RECIPE), f"ten-seed-{seed}", MINUTES)
-    slow = search_child(parent, work, seed, list(SLOW), f"ten-seed-{seed}-slow")
+    slow = reused_slow(work, seed, before) if before else search_child(parent, work, seed, list(SLOW),
+                                                                       f"ten-seed-{seed}-slow")  # fmt: skip
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
     named = {b: {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
                  "additive": body["dp_bits"], "additive 510": slow["bodies"][b]["dp_bits"],
@@ -90,7 +101,8 @@ def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool) -> di
     evaluations = {b: body["summary"]["evaluations"] for b, body in done["bodies"].items()}
     for b, mix in random_mixes(parent, seed, evaluations, random_seconds).items():
         named[b]["random"] = mix
-    record = {"usage": done["usage"], "slow_usage": slow["usage"], "random_seconds": random_seconds}
+    record = {"usage": done["usage"], "slow_usage": slow["usage"], "random_seconds": random_seconds,
+              "slow_reused": bool(before)}
     if uniform_draws:
         plain = search_child(parent, work, seed, [*RECIPE, "--mutation-temperature", "0"], f"ten-seed-{seed}-uniform",
                              MINUTES)  # fmt: skip
@@ -100,9 +112,19 @@ def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool) -> di
     scores = score_named(parent, named)
     record["budgets"] = {b: {"scores": scores[b], "chosen": body["summary"]["chosen"],
                              "sensitivity_levels": body["summary"]["sensitivity_levels"],
-                             **{k: body["summary"][k] for k in ("generations", "evaluations", "refine_steps", *TIMES)}}
+                             **{k: body["summary"][k] for k in ("generations", "evaluations", "refine_steps", *TIMES,
+                                                                 *REPORT)}}
                          for b, body in done["bodies"].items()}  # fmt: skip
     return record
+
+
+def reused_slow(work: Path, seed: int, before: dict) -> dict:
+    """The slow child of the record before: its usage from the record, its mixes from its files in `work`."""
+    mixes = work / f"ten-seed-{seed}-slow"
+    missing = [b for b in BUDGETS if not (mixes / f"mix-{b}.json").is_file()]
+    if missing or "slow_usage" not in before:
+        raise SystemExit(f"--reuse-slow: seed {seed} has no slow run recorded with its mixes in {mixes}; run without it")
+    return {"usage": before["slow_usage"], "bodies": {b: load_json(mixes / f"mix-{b}.json") for b in BUDGETS}}
 
 
 def quality_rows(runs: list[dict], kinds: list[str]) -> tuple[list[list], list[list]]:
@@ -120,9 +142,14 @@ def quality_rows(runs: list[dict], kinds: list[str]) -> tuple[list[list], list[l
 
 
 def time_rows(runs: list[dict]) -> list[list]:
-    """Per budget: the timed search's mean seconds (teacher and tables carried by the first budget), its
-    generations and refinement steps, and the chosen mix, per seed."""
-    return [[b, *(f"{statistics.mean(r['budgets'][b][k] for r in runs):.1f}" for k in TIMES),
+    """Per budget: the timed search's mean seconds (teacher and tables carried by the first budget; its report's and
+    their guess, "-" in records made before they were), its generations and refinement steps, and the chosen mix,
+    per seed."""
+    def mean(b: str, k: str) -> str:
+        values = [r["budgets"][b][k] for r in runs if k in r["budgets"][b]]
+        return f"{statistics.mean(values):.1f}" if len(values) == len(runs) else "-"
+
+    return [[b, *(mean(b, k) for k in (*TIMES, *REPORT)),
              "/".join(str(r["budgets"][b]["generations"]) for r in runs),
              "/".join(str(r["budgets"][b]["refine_steps"]) for r in runs),
              ", ".join(r["budgets"][b]["chosen"] for r in runs)] for b in BUDGETS]  # fmt: skip
@@ -131,7 +158,8 @@ def time_rows(runs: list[dict]) -> list[list]:
 def usage_rows(seeds: list[str], runs: list[dict]) -> list[list]:
     rows = []
     for s, r in zip(seeds, runs):
-        for name, key in (("search", "usage"), ("slow baselines", "slow_usage"), ("uniform draws", "uniform_usage")):
+        slow = "slow baselines" + " (reused)" * r.get("slow_reused", False)
+        for name, key in (("search", "usage"), (slow, "slow_usage"), ("uniform draws", "uniform_usage")):
             if key in r:
                 u = r[key]
                 rows.append([s, name, f"{u['wall']:.0f}", f"{u['cpu']:.0f}", f"{u['rss_gb']:.2f}",
@@ -159,11 +187,12 @@ def page(data: dict) -> str:
         format_table(["budget", *kinds, "best one-shot", "written vs best", "ratio"], quality), "",
         "Held-out perplexity of the same mixes:", "", format_table(["budget", *kinds], perplexity), "",
         "Where the timed search's seconds went per budget (means over the seeds; the first budget carries the teacher "
-        "and the shared tables; `search`: the start's choice, refinement, evolution and the choice on the pool), "
+        "and the shared tables; `search`: the start's choice, refinement, evolution and the choice on the pool; "
+        "`report`: that choice, and the time the search set aside for it), "
         "its generations and refinement steps per seed, and the mix each seed wrote. Widths its table scored: "
         + "; ".join(", ".join(map(str, lv)) for lv in levels) + ":", "",
-        format_table(["budget", "teacher s", "tables s", "search s", "budget s", "generations", "refine steps",
-                      "chosen"], time_rows(runs)), "",
+        format_table(["budget", "teacher s", "tables s", "search s", "budget s", "report s", "report guessed s",
+                      "generations", "refine steps", "chosen"], time_rows(runs)), "",
         "Each child process (wall and CPU seconds, peak RSS; load: the 1-minute load average when it ended; random: "
         "its seconds in the scoring process):", "",
         format_table(["seed", "run", "wall s", "CPU s", "peak RSS GB", "load"], usage_rows(seeds, runs)),

@@ -285,7 +285,8 @@ def test_a_time_limit_stops_the_generations_and_every_mix_file_records_the_split
         mix = json.loads((tmp_path / "limited" / f"mix-{r['budget']}.json").read_text())
         assert mix["summary"]["generations"] == 0 and mix["summary"]["time_limit"] == 1.0
         assert mix["search_bits"] == mix["start_bits"]
-        assert {"teacher_seconds", "tables_seconds", "search_seconds"} <= set(mix["summary"])
+        assert {"teacher_seconds", "tables_seconds", "search_seconds", "report_seconds",
+                "report_guess_seconds"} <= set(mix["summary"])
     assert rows[0]["tables_seconds"] > 0 and rows[1]["tables_seconds"] == rows[1]["teacher_seconds"] == 0
     assert main(search(stories_parent, tmp_path / "free", *args)) == 0
     for budget in ("3.0", "2.5"):

@@ -168,10 +168,11 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     mixes = baseline_mixes(cost_model, filled, _own(req), _others(req), limit, req.kind)
     t_start = time.perf_counter()
     start, start_kind, scored = first_parent(fitness, mixes, sens_windows)
-    if scored:
+    if scored and clock.per_window is None:  # only before any whole-pool pace (Clock.per_window says why)
         clock.per_window = (time.perf_counter() - t_start) / (scored * len(sens_windows))
     all_windows = tuple(range(fitness.windows.shape[0]))
-    deadline = None if end is None else end - report_guess(clock, len(set(mixes.values())) + 2, all_windows, held_out)
+    guess = report_guess(clock, len(set(mixes.values())) + 2, all_windows, held_out)
+    deadline = None if end is None else end - guess
     costs, bits = cost_model.table(req.kind), cost_model.limit(limit, req.kind)
     refined = Refined(start)  # a resumed search continues from its state: its start, refined, and the record of it
     if not (req.resume and state_path(req.out, label).exists()):
@@ -184,12 +185,14 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
     row, mix = report(fitness, cost_model, req.kind, label, mixes, state, start_kind, all_windows, held_out,
                       req.batch_size)
     scorings = len(set(mixes.values()) | {state.parent, state.start})
-    clock.per_window = (time.perf_counter() - t_report) / (scorings * len(all_windows) + text_windows(held_out))
+    report_seconds = time.perf_counter() - t_report
+    clock.per_window = report_seconds / (scorings * len(all_windows) + text_windows(held_out))
     seconds = time.perf_counter() - t0
     row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(seconds, 1),
                time_limit=req.time_limit, teacher_seconds=round(clock.teacher, 1), tables_seconds=round(clock.tables, 1),
                tables_reused=clock.tables_reused,
-               search_seconds=round(seconds - clock.tables, 1),
+               search_seconds=round(seconds - clock.tables, 1), report_seconds=round(report_seconds, 1),
+               report_guess_seconds=round(guess, 1),
                **{f"refine_{k}": state.refine.get(k, 0) for k in ("steps", "accepted", "seconds")},
                sensitivity_levels=list(filled[_own(req)].measured))  # fmt: skip
     sensitivity = {name: dict(zip(map(str, levels), values))

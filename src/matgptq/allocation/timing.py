@@ -12,7 +12,11 @@ from pathlib import Path
 @dataclass
 class Clock:
     """The run's time: when it began, the shared work's seconds (teacher, tables), and the latest measured time of
-    one full scoring of one calibration window (the report's unit of cost)."""
+    one full scoring of one calibration window (the report's unit of cost). That pace is taken from scorings of the
+    whole pool (the tables' timing, then each report), as the report scores: the start's choice scores each mix on
+    one window and slices the model again for each, so its pace per window overprices the report (each budget would
+    stop its generations early, the last leaving its time unused; every mix file records its report's seconds and
+    the guess); it sets the pace only where no whole-pool one was measured (`--sensitivity probe`'s first budget)."""
 
     began: float
     teacher: float = 0.0

@@ -121,8 +121,8 @@ def run(a: argparse.Namespace) -> None:
     headers += ["start", "dp_kl", "search_kl", "chosen", "kl"]
     if a.text:
         headers += ["text_ppl", "text_kl"]
-    headers += ["generations", "evaluations", "teacher_seconds", "tables_seconds", "search_seconds"]
-    print(format_table(headers, [[r[h] for h in headers] for r in rows]))
+    headers += ["generations", "evaluations", "teacher_seconds", "tables_seconds", "search_seconds", "report_seconds"]
+    print(format_table(headers, [[r.get(h, "-") for h in headers] for r in rows]))  # "-": kept from an older run
     for verb, kept in (("wrote", False), ("kept (finished by the run before)", True)):
         paths = [mix_path(Path(a.out), r["budget"]) for r in rows if r.get("kept", False) is kept]
         if paths:
