@@ -15,11 +15,11 @@ Protocol (search_minutes.py's parent, calibration ranges, held-out text and scor
               {SLOW}
             its knapsack is the additive allocation measured on two windows (`additive 510`: every layer alone at
             every width, twice the search's tokens per scoring), and ExLlamaV3's noise injection (`noise`)
-  random    random budget-filling mixes through the search's selection stages, as many scorings as the search made
-            at that budget (search_minutes.random_mixes)
             --reuse-slow takes its mixes and usage from the record before (same command, its files still in --work):
             they do not depend on the timed search, so a change to the search alone is re-measured in a third of
             the time; the usage table marks them `reused`
+  random    random budget-filling mixes through the search's selection stages, as many scorings as the search made
+            at that budget (search_minutes.random_mixes)
   uniform   with --uniform-draws, per seed, the timed search again with --mutation-temperature 0 (EvoPress' uniform
             draws), its written mix as `uniform draws`
   scoring   on the first 4 × 1024 tokens of the first half of WikiText-2 test (never calibrated on), float32, KL to
@@ -123,7 +123,8 @@ def reused_slow(work: Path, seed: int, before: dict) -> dict:
     mixes = work / f"ten-seed-{seed}-slow"
     missing = [b for b in BUDGETS if not (mixes / f"mix-{b}.json").is_file()]
     if missing or "slow_usage" not in before:
-        raise SystemExit(f"--reuse-slow: seed {seed} has no slow run recorded with its mixes in {mixes}; run without it")
+        raise SystemExit(f"search_ten_minutes: error: --reuse-slow: seed {seed} has no slow run recorded with its "
+                         f"mixes in {mixes}; run without it")
     return {"usage": before["slow_usage"], "bodies": {b: load_json(mixes / f"mix-{b}.json") for b in BUDGETS}}
 
 
