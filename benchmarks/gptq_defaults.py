@@ -208,6 +208,17 @@ def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: li
     print(page(everything))
 
 
+def this_pass(record: dict, again: bool) -> dict | None:
+    """The finished quantization a record holds from this pass over the runs: the first one, or, when the runs are
+    quantized `again` for the zero-shot, the re-run: kept as `requant` when it was the recorded model, moved to
+    `quant` (the old one under `replaced`) when it was another."""
+    if not again:
+        q = record.get("quant")
+    else:
+        q = record.get("requant") or (record.get("quant") if "replaced" in record else None)
+    return q if q and q.get("ok") else None
+
+
 def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple) -> None:
     """Quantize and score one (row, group, bits, seed) into state["runs"][key], unless it is there (scored, with the
     zero-shot --limit asks for, or its quantization failed: delete the entry to try again). A checkpoint quantized but
@@ -226,8 +237,7 @@ def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple
               if parent and k.startswith(f"{row}/g{gs}/") and k.endswith(f"/seed{seed}")}  # fmt: skip
     # a checkpoint on disk counts only where a record says it was finished (a killed run leaves a partial one); a
     # parent's record may sit in another width's entry
-    field = "requant" if "eval" in done else "quant"
-    made = next((r[field] for r in {**widths, bits: done}.values() if r.get(field, {}).get("ok")), None)
+    made = next(filter(None, (this_pass(r, "eval" in done) for r in {**widths, bits: done}.values())), None)
     if not (out.is_dir() and made):
         shutil.rmtree(out, ignore_errors=True)
         made = quantize(row, key, a, gs, bits, seed, ids_file, out)
