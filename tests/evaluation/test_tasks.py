@@ -7,6 +7,7 @@ checkpoint, or `load(parent, bits=r)` fresh); and a scorer written here from the
 same questions, so they are compared exactly.
 """
 
+import contextlib
 import json
 import math
 import shutil
@@ -18,7 +19,8 @@ import matgptq
 from matgptq.cli import main
 from matgptq.errors import UserError
 from matgptq.models import load_tokenizer
-from matgptq.evaluation.tasks import SHAPES, TaskSpec, resolve_tasks, score_tasks, task_config, wrap_model
+from matgptq.evaluation.tasks import (SHAPES, TaskSpec, check_answers_fit, resolve_tasks, run_lm_eval, score_tasks,
+                                      task_config, wrap_model)
 from tests.conftest import REAL_MODEL, SHARED, STORIES, quick_quantize, require_peer
 
 ZERO_SHOT = SHARED / "data" / "zero-shot"
@@ -215,6 +217,42 @@ def test_missing_lm_eval_is_one_line(monkeypatch, tmp_path, capsys, tiny_bpe_lla
     err = run_error(["eval", str(tiny_bpe_llama_dir), "--tasks", "wino", "--tasks-dir", str(tasks_dir),
                      "--json", str(js)], capsys)  # fmt: skip
     assert "pip install 'matgptq[tasks]'" in err and not js.exists()
+
+
+def test_answers_longer_than_the_context_are_refused_where_lm_eval_fails(lm_eval, tmp_path, capsys):
+    """stories260K holds 512 tokens. Oracle: lm-eval itself, which stops on an assertion for a continuation longer
+    than the context and scores one that fits. Answers of ~max_length - 2 .. max_length + 2 tokens (" a" repeated;
+    both task shapes): the check refuses exactly those lm-eval fails on, and both outcomes occur. Then, end to end,
+    `eval --tasks` on a file whose third question is too long: one line naming file:line, nothing written."""
+    model, tokenizer = matgptq.load(STORIES), load_tokenizer(STORIES)
+    lm = wrap_model(model, tokenizer, batch_size=1)
+    outcomes = set()
+    for shape in SHAPES:
+        for k in range(lm.max_length - 2, lm.max_length + 3):
+            answer = " ".join(["a"] * k)
+            doc = ({"query": "Question: Which?\n", "choices": [answer, "b"], "gold": 0} if shape == "choices" else
+                   {"context_options": ["The cat", "The dog"], "continuation": answer, "gold": 0})  # fmt: skip
+            path = tmp_path / f"{shape}{k}.jsonl"
+            path.write_text(json.dumps(doc) + "\n" + json.dumps(doc) + "\n")
+            spec = TaskSpec(path.stem, path, shape, 2)
+            try:
+                run_lm_eval(lm, [spec])
+                lm_eval_fails = False
+            except AssertionError:
+                lm_eval_fails = True
+            with pytest.raises(UserError) if lm_eval_fails else contextlib.nullcontext():
+                check_answers_fit([spec], lm.tok_encode, lm.max_length)
+            outcomes.add(lm_eval_fails)
+    assert outcomes == {True, False}
+    fits = json.dumps({"query": "Q", "choices": ["a", "b"], "gold": 0})
+    long = json.dumps({"query": "Q", "choices": [" ".join(["a"] * 2 * lm.max_length), "b"], "gold": 0})
+    (tmp_path / "long.jsonl").write_text("\n".join([fits, fits, long, fits]) + "\n")
+    js = tmp_path / "out.json"
+    capsys.readouterr()
+    err = run_error(["eval", str(STORIES), "--tasks", "long", "--tasks-dir", str(tmp_path), "--json", str(js)], capsys)
+    assert "long.jsonl:3: an answer of " in err and "512-token context" in err and "--limit 2" in err
+    assert not js.exists()
+    assert main(["eval", str(STORIES), "--tasks", "long", "--tasks-dir", str(tmp_path), "--limit", "2"]) == 0
 
 
 def test_tasks_dir_comes_from_the_option_or_the_environment(monkeypatch, tmp_path):

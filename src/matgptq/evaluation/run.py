@@ -11,7 +11,7 @@ from ..formats.mix import WidthSpec
 from ..models import config_dtype, eval_windows, load_tokenizer, read_text, resolve_model, tokenize
 from ..runtime import load, set_bits
 from .perplexity import Teacher, score
-from .tasks import require_lm_eval, resolve_tasks, score_tasks, with_average, wrap_model
+from .tasks import check_answers_fit, require_lm_eval, resolve_tasks, score_tasks, with_average, wrap_model
 
 EVAL_TOKENS_PER_PASS = 2048  # default batch: this many tokens of windows per forward pass (2048 // seqlen)
 
@@ -64,6 +64,8 @@ def evaluate(model: str | Path, *, bits: WidthSpec | list[WidthSpec] | None = No
     widths = bits if isinstance(bits, list) else [bits]
     loaded = _load(source.path, widths[0], dtype, dev)
     lm = wrap_model(loaded, tokenizer, task_batch_size) if specs else None
+    if lm is not None:
+        check_answers_fit(specs, lm.tok_encode, lm.max_length, limit)
     results, task_results = [], []
     for spec in widths:
         if spec is not None:

@@ -11,9 +11,11 @@ Needs the `tasks` extra: pip install 'matgptq[tasks]'.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -106,6 +108,43 @@ def task_config(spec: TaskSpec) -> dict:
 
     text = resources.files(__package__).joinpath("task_templates", f"{spec.shape}.yaml").read_text(encoding="utf-8")
     return {"task": spec.name, "dataset_kwargs": {"data_files": {"test": str(spec.path)}}, **yaml.safe_load(text)}
+
+
+def _scored_pairs(doc: dict, shape: str, delimiter: str) -> Iterator[tuple[str, str]]:
+    """(context, continuation) of each option of one question, as the templates make lm-eval score it."""
+    if shape == "choices":
+        return ((doc["query"], delimiter + c) for c in doc["choices"])
+    return ((c, delimiter + doc["continuation"]) for c in doc["context_options"])
+
+
+def continuation_tokens(context: str, continuation: str, encode: Callable[[str], list]) -> int:
+    """Tokens lm-eval scores for `continuation` after `context` (TemplateLM._encode_pair): the context's trailing
+    whitespace moves to the continuation, whose tokens are those of the whole text past the context's own; after an
+    empty context, the continuation's own."""
+    if not context:
+        return len(encode(continuation))
+    n = len(context) - len(context.rstrip())
+    if n:
+        context, continuation = context[:-n], context[-n:] + continuation
+    return len(encode(context + continuation)) - len(encode(context))
+
+
+def check_answers_fit(specs: list[TaskSpec], encode: Callable[[str], list], max_length: int,
+                      limit: int | None = None) -> None:  # fmt: skip
+    """Refuse, before anything is scored, a question (of the first `limit`) whose scored text is longer than the
+    model's context: lm-eval cannot score it and stops on a bare assertion. `encode` and `max_length` are the HFLM's
+    own (`tok_encode`, `max_length`), so the count is the one lm-eval asserts on."""
+    for spec in specs:
+        delimiter = task_config(spec)["target_delimiter"]
+        with spec.path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(itertools.islice(f, limit), 1):
+                pairs = _scored_pairs(json.loads(line), spec.shape, delimiter)
+                longest = max(continuation_tokens(c, t, encode) for c, t in pairs)
+                if longest > max_length:
+                    cut = f" or --limit {lineno - 1}" if lineno > 1 else ""
+                    raise UserError(f"{spec.path}:{lineno}: an answer of {longest} tokens does not fit the model's "
+                                    f"{max_length}-token context, so lm-eval cannot score it; leave {spec.name} out of "
+                                    f"--tasks{cut}")  # fmt: skip
 
 
 def require_lm_eval():
