@@ -66,19 +66,19 @@ def page(data: dict) -> str:
                      "seeds, ± the spread (max − min). CPU s and peak RSS: the quantizing process's own (os.wait4); "
                      "load is the machine's 1-minute load average when it ended (2 cores: above 2, other work shared "
                      "them and inflated CPU s).")  # fmt: skip
-        tasks = [t for t in TASKS if any(t in r for r in rows)]
+        fp = m["runs"].get("fp32", {}).get("eval")
+        tasks = [t for t in TASKS if any(t in r for r in rows) or t in (fp or {}).get("tasks", {})]
         body = [[PEER_LABELS.get(r["row"], r["row"]), r["group_size"], r["bits"], r["seeds"], _cell(r, "ppl", ".3f"),
                  _cell(r, "kl", ".4f"), *(_cell(r, t, ".3f") for t in tasks), _cell(r, "cpu", ".0f"),
                  _cell(r, "rss", ".2f"), f"{r['load']:.1f}", ratio(r, rows, "ppl"), ratio(r, rows, "kl")]
                 for r in rows]  # fmt: skip
-        fp = m["runs"].get("fp32", {}).get("eval")
         if fp:
             acc = [f"{fp['tasks'][t]['acc']:.3f}" if t in fp.get("tasks", {}) else "-" for t in tasks]
             body.insert(0, ["fp32", "-", 32, "-", f"{fp['ppl']:.3f}", "0", *acc] + ["-"] * 5)
         parts.append(format_table(["row", "group", "bits", "seeds", "ppl", "KL to fp32", *(f"{t} acc" for t in tasks),
                                   "CPU s", "peak RSS GB", "load", "ppl / best peer's", "KL / best peer's"], body))
         if tasks:
-            parts.append(_tasks_note(m["runs"]))
+            parts.append(_tasks_note(m["runs"]) if any(t in r for r in rows for t in tasks) else _float_only_note(fp))
         when = sorted({f"- `{k.split('/')[0]}`: measured {r['quant']['measured']}" for k, r in m["runs"].items()
                        if r.get("quant", {}).get("measured")})  # fmt: skip
         if when:
@@ -118,6 +118,22 @@ def _tasks_note(runs: dict) -> str:
             f"{max(again):.1e} of the recorded one, so the accuracies are of the same models." if again else "")
             + (f" Quantized again, {', '.join(replaced)} came back another model; the re-run replaced the record "
                "(its first perplexity is kept in the JSON as `replaced`)." if replaced else ""))  # fmt: skip
+
+
+CHANCE = {"arc_easy": 0.25, "piqa": 0.5}  # a guess's accuracy: ARC-Easy has four choices for almost every question
+
+
+def _float_only_note(fp: dict) -> str:
+    """Why a model's zero-shot columns hold the float model alone: its accuracies against a guess's, in standard
+    errors of a guess's accuracy over the questions scored (√(c(1 − c)/n))."""
+    def far(task: str, c: float) -> str:
+        r = fp["tasks"][task]
+        return f"{task} {r['acc']:.3f} against {c} ({abs(r['acc'] - c) / (c * (1 - c) / r['n']) ** 0.5:.1f} standard errors)"
+
+    against = ", ".join(far(t, c) for t, c in CHANCE.items() if t in fp["tasks"])
+    return (f"Zero-shot: the float model alone, on the first {fp['limit']} questions of each task; against a guess's "
+            f"accuracy: {against}. Where the float model is within a few standard errors of guessing, quantization "
+            "cannot show in these tasks, so the quantized rows were not scored on them.")
 
 
 def _cells(data: dict, model: str = "SmolLM2-135M-Instruct", group: int = 128) -> dict[tuple[str, int], dict]:
