@@ -78,7 +78,8 @@ def page(data: dict) -> str:
         parts.append(format_table(["row", "group", "bits", "seeds", "ppl", "KL to fp32", *(f"{t} acc" for t in tasks),
                                   "CPU s", "peak RSS GB", "load", "ppl / best peer's", "KL / best peer's"], body))
         if tasks:
-            parts.append(_tasks_note(m["runs"]) if any(t in r for r in rows for t in tasks) else _float_only_note(fp))
+            quantized = any(t in r for r in rows for t in tasks)
+            parts.append(_tasks_note(m["runs"]) if quantized else _float_only_note(fp))
         when = sorted({f"- `{k.split('/')[0]}`: measured {r['quant']['measured']}" for k, r in m["runs"].items()
                        if r.get("quant", {}).get("measured")})  # fmt: skip
         if when:
@@ -128,7 +129,8 @@ def _float_only_note(fp: dict) -> str:
     errors of a guess's accuracy over the questions scored (√(c(1 − c)/n))."""
     def far(task: str, c: float) -> str:
         r = fp["tasks"][task]
-        return f"{task} {r['acc']:.3f} against {c} ({abs(r['acc'] - c) / (c * (1 - c) / r['n']) ** 0.5:.1f} standard errors)"
+        errors = abs(r["acc"] - c) / (c * (1 - c) / r["n"]) ** 0.5
+        return f"{task} {r['acc']:.3f} against {c} ({errors:.1f} standard errors)"
 
     against = ", ".join(far(t, c) for t, c in CHANCE.items() if t in fp["tasks"])
     return (f"Zero-shot: the float model alone, on the first {fp['limit']} questions of each task; against a guess's "
