@@ -22,7 +22,8 @@ with its own defaults, llm-compressor 0.14 GPTQ with `bypass_divisibility_checks
 quantize at g128) run from the bench venv (`make bench-venv`).
 Results per (row, group size, bits) are the mean over seeds with the spread (max − min) beside it.
 
-Rows: gptq_defaults_rows.py; the page, the guide's table of defaults and the README block: gptq_defaults_report.py.
+Rows: gptq_defaults_rows.py; the page: gptq_defaults_report.py; the guide's table of defaults and the README block:
+gptq_defaults_blocks.py.
 Resumable: every quantization and score is kept in --work (default runs/gptq-defaults/<model name>); a second run
 continues where the first stopped. Writes docs/results/gptq_defaults.{json,md} (`python -m benchmarks.render_docs`
 re-renders the page from the JSON alone).

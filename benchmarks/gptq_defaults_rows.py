@@ -1,5 +1,5 @@
 """What benchmarks/gptq_defaults.py compares: its rows (every option spelled out), the peers and the MatGPTQ parents'
-widths; the runner and the report (gptq_defaults_report.py) both read these."""
+widths; the runner and the report (gptq_defaults_report.py, gptq_defaults_blocks.py) read these."""
 
 from __future__ import annotations
 
