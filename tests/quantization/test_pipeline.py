@@ -203,3 +203,23 @@ def test_a_streamed_run_holds_no_tensor_outside_the_blocks_while_they_are_quanti
     assert seen == [{"meta"}] * 3
     want = load_fp_model(path).state_dict()
     assert all(torch.equal(p, want[n]) for n, p in lazy.model.named_parameters() if ".layers." not in n)
+
+
+def test_each_window_is_calibrated_by_exactly_one_rank_and_too_few_are_refused():
+    """Under torchrun the ranks' windows partition the calibration set in order (their concatenation is the set), a
+    run without data (RTN) or in one process keeps them all, and a set smaller than the world, or a mixture-of-experts
+    model under several processes, is refused in one line."""
+    from types import SimpleNamespace
+
+    from matgptq.quantization.pipeline import _this_rank
+
+    windows, dense = torch.arange(7 * 3).reshape(7, 3), SimpleNamespace(experts=())
+    for size in (1, 2, 3, 7):
+        parts = [_this_rank(windows, dense, True, rank, size) for rank in range(size)]
+        assert all(len(p) >= 1 for p in parts)
+        assert torch.equal(torch.cat(parts), windows)
+    assert torch.equal(_this_rank(windows, dense, False, 1, 2), windows)
+    with pytest.raises(UserError, match="leave some without work"):
+        _this_rank(windows, dense, True, 0, 8)
+    with pytest.raises(UserError, match="one process"):
+        _this_rank(windows, SimpleNamespace(experts=("experts",)), True, 0, 2)

@@ -166,6 +166,20 @@ def offspring(parent: Levels, costs: list[list[int]], limit: int, rng: np.random
     return children
 
 
+def _initial_state(start: Mix, config: EvoConfig, state_path: Path, settings: dict, resume: bool,
+                   refined: dict | None) -> EvoState:  # fmt: skip
+    """The state to continue from: the one on disk when resuming, else a fresh one at `start`; under torchrun every
+    rank continues from rank 0's (allocation/spread.py)."""
+    state = None
+    if is_writer():
+        if resume and state_path.exists():
+            state = read_state(state_path, settings, len(start))
+        else:
+            rng0 = np.random.Generator(np.random.PCG64(config.seed))
+            state = EvoState(0, tuple(start), rng0.bit_generator.state, tuple(start), refine=dict(refined or {}))
+    return from_rank0(state)
+
+
 def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, start: Mix,
            config: EvoConfig, state_path: Path, settings: dict, resume: bool = False, progress: bool = False,
            stop_after: int | None = None, weights: int | None = None, deadline: float | None = None,
@@ -179,14 +193,7 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
     index = {r: i for i, r in enumerate(levels)}
     to_levels = lambda mix: tuple(index[r] for r in mix)  # noqa: E731
     to_mix = lambda lv: tuple(levels[i] for i in lv)  # noqa: E731
-    state = None
-    if is_writer():
-        if resume and state_path.exists():
-            state = read_state(state_path, settings, len(start))
-        else:
-            rng0 = np.random.Generator(np.random.PCG64(config.seed))
-            state = EvoState(0, tuple(start), rng0.bit_generator.state, tuple(start), refine=dict(refined or {}))
-    state = from_rank0(state)  # under torchrun every rank continues from rank 0's state (allocation/spread.py)
+    state = _initial_state(start, config, state_path, settings, resume, refined)
     rng = np.random.Generator(np.random.PCG64())
     rng.bit_generator.state = state.rng
     n_windows, seqlen = fitness.windows.shape

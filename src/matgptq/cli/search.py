@@ -31,7 +31,29 @@ def add_parser(sub) -> None:
                    "sliced matgptq checkpoint) or gguf bits (the layers' tensors as `export --format gguf` writes "
                    "the mix with --type auto; token_embd, output and norms not counted)")
 
-    evo, req = EvoConfig(), SearchRequest  # the defaults live in the dataclasses; --help shows them
+    _add_evolution_options(s)
+    _add_start_options(s)
+    s.add_argument("--kl-to", help="unquantized reference model, a directory or Hugging Face id (default: the "
+                                    "parent's recorded source model)")
+    s.add_argument("--text", help="held-out text: also report perplexity and KL of the DP and searched mixes")
+    s.add_argument("--text-range", type=fraction_range, default="0:1", help="character range START:END of --text")
+    s.add_argument("--max-tokens", type=int, help="use only the first N tokens of --text")
+    s.add_argument("--plot", action="store_true",
+                   help="also draw mix-<budget>.png: each layer's width against the measured cost of lowering it "
+                        "(needs matplotlib: pip install 'matgptq[plot]')")  # fmt: skip
+    s.add_argument("--time-limit", type=float, metavar="MINUTES",
+                   help="wall-clock minutes for the whole run, counted from the command's start: the teacher and sensitivities first, then the time left "
+                        "split evenly over the budgets, each search stopping at the last generation that fits its "
+                        "share (--generations stays the cap; each mix file records the generations run)")  # fmt: skip
+    s.add_argument("--resume", action="store_true", help="continue the searches whose states are in --out")
+    s.add_argument("--overwrite", action="store_true", help="replace existing mix files")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_device_option(s, "the candidates are scored")
+
+
+def _add_evolution_options(s) -> None:
+    """EvoPress' generations, selection, mutations and the start's refinement."""
+    evo = EvoConfig()  # the defaults live in the dataclasses; --help shows them
     s.add_argument("--generations", type=int, default=evo.generations, help="EvoPress generations (default %(default)s)")
     s.add_argument("--offspring", type=int, default=evo.offspring, help="children per generation, λ (default %(default)s)")
     s.add_argument("--stages", default=format_stages(evo.stages),
@@ -50,6 +72,11 @@ def add_parser(sub) -> None:
     s.add_argument("--refine-groups", type=int, default=refine.groups,
                    help="groups the layers are dealt into for the refinement, one group a step (default %(default)s)")
     s.add_argument("--seed", type=int, default=evo.seed, help="seed of every random draw (mutations, windows)")
+
+
+def _add_start_options(s) -> None:
+    """The calibration windows, the starting table and the one-shot baselines."""
+    req = SearchRequest
     s.add_argument("--seqlen", type=int, default=req.seqlen, help="tokens per calibration window (default %(default)s)")
     s.add_argument("--sensitivity", choices=[k.value for k in Sensitivity], default=req.sensitivity.value,
                    help="starting mix: score each layer alone at every level (full; levels − 1 scorings a layer; under "
@@ -76,22 +103,6 @@ def add_parser(sub) -> None:
                         "where the hardware has it (AVX512-BF16/AMX CPUs, GPUs) and ranks candidates as float32 does "
                         "up to noise far below the window sampling's; auto = bfloat16 there, float32 elsewhere; the "
                         "reported KLs are float32 (default %(default)s)")  # fmt: skip
-    s.add_argument("--kl-to", help="unquantized reference model, a directory or Hugging Face id (default: the "
-                                    "parent's recorded source model)")
-    s.add_argument("--text", help="held-out text: also report perplexity and KL of the DP and searched mixes")
-    s.add_argument("--text-range", type=fraction_range, default="0:1", help="character range START:END of --text")
-    s.add_argument("--max-tokens", type=int, help="use only the first N tokens of --text")
-    s.add_argument("--plot", action="store_true",
-                   help="also draw mix-<budget>.png: each layer's width against the measured cost of lowering it "
-                        "(needs matplotlib: pip install 'matgptq[plot]')")  # fmt: skip
-    s.add_argument("--time-limit", type=float, metavar="MINUTES",
-                   help="wall-clock minutes for the whole run, counted from the command's start: the teacher and sensitivities first, then the time left "
-                        "split evenly over the budgets, each search stopping at the last generation that fits its "
-                        "share (--generations stays the cap; each mix file records the generations run)")  # fmt: skip
-    s.add_argument("--resume", action="store_true", help="continue the searches whose states are in --out")
-    s.add_argument("--overwrite", action="store_true", help="replace existing mix files")
-    s.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_device_option(s, "the candidates are scored")
 
 
 def allocators(text: str) -> tuple[Allocator, ...]:

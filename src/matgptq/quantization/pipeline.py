@@ -250,13 +250,7 @@ def quantize_model(
     blocks = get_blocks(model, spec)
     needs_data, (rank, size) = isinstance(cfg, GPTQConfig), world()
     groups = _groups(spec, cfg, needs_data)
-    if size > 1 and spec.experts:
-        raise UserError("mixture-of-experts models are quantized in one process: run without torchrun")
-    if size > 1 and needs_data:
-        if windows.shape[0] < size:
-            raise UserError(f"{windows.shape[0]} calibration windows for {size} processes leave some without work; "
-                            "use fewer processes or more --nsamples")  # fmt: skip
-        windows = shard(windows, rank, size)
+    windows = _this_rank(windows, spec, needs_data, rank, size)
     home = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
     device = torch.device(device) if device is not None else home
     batch_tokens = batch_tokens or batch_tokens_on(device)
@@ -293,6 +287,18 @@ def quantize_model(
         inputs.clear()
         source.load_outside()
     return QuantizeOutput(layers, reports, run.times)
+
+
+def _this_rank(windows: torch.Tensor, spec: ArchSpec, needs_data: bool, rank: int, size: int) -> torch.Tensor:
+    """The calibration windows this process calibrates on (all of them in a single process)."""
+    if size > 1 and spec.experts:
+        raise UserError("mixture-of-experts models are quantized in one process: run without torchrun")
+    if size == 1 or not needs_data:
+        return windows
+    if windows.shape[0] < size:
+        raise UserError(f"{windows.shape[0]} calibration windows for {size} processes leave some without work; "
+                        "use fewer processes or more --nsamples")  # fmt: skip
+    return shard(windows, rank, size)
 
 
 def _groups(spec: ArchSpec, cfg: MethodConfig, needs_data: bool) -> tuple[tuple[str, ...], ...] | None:
