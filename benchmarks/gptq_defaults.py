@@ -71,7 +71,11 @@ def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Pa
                "matgptq" if parent else "gptq", "--bits", PARENT_WIDTHS if parent else str(bits), "--group-size",
                str(gs), "--calib", str(a.calib), "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen",
                str(a.seqlen), "--seed", str(seed), "--overwrite", "--quiet"]  # fmt: skip
-        cmd += [] if ROWS[name] is None else options(ROWS[name])
+        if ROWS[name] == "as typed":  # quantize's own calibration size
+            cut = cmd.index("--nsamples")
+            cmd = cmd[:cut] + cmd[cut + 4 :]
+        elif ROWS[name] is not None:
+            cmd += options(ROWS[name])
     return {**measured_child(cmd, a.threads, log), "command": cmd[1:], "measured": measured_at()}
 
 

@@ -161,13 +161,15 @@ def _own_size_sentence(cells: dict) -> str:
     """What `quantize` gives with its own calibration size (the table gives every tool 64 × 512), where measured."""
     from matgptq.quantization.config import CalibConfig
 
-    row = f"{_default_row(parent=False)}-{CalibConfig.nsamples}x{CalibConfig.seqlen}"  # the defaults' options
+    row = "default-own-size"  # the command exactly as typed (gptq_defaults_rows.py)
     got = [(b, c) for b in (3, 4) if (c := cells.get((row, b)))]
     if not got:
         return ""
-    return (f" With its own default calibration size, {CalibConfig.nsamples} windows of {CalibConfig.seqlen} tokens "
-            "(the same number of tokens), `quantize` does better still: "
-            + "; ".join(f"{b} bits {c['ppl']:.1f} ± {c['ppl_spread']:.1f} (KL {c['kl']:.3f})" for b, c in got) + ".")
+    at = lambda b, c, k: (f", ×{c[k] / cells[('default', b)][k]:.2f} the table's" if ("default", b) in cells else "")  # noqa: E731
+    return (f" As typed, with its own calibration size ({CalibConfig.nsamples} windows of {CalibConfig.seqlen} tokens, "
+            "the same number of tokens), `quantize` gives: "
+            + "; ".join(f"{b} bits {c['ppl']:.1f} ± {c['ppl_spread']:.1f}{at(b, c, 'ppl')} (KL {c['kl']:.3f}"
+                        f"{at(b, c, 'kl')})" for b, c in got) + _cpu(cells, "default", row) + ".")  # fmt: skip
 
 
 def _tasks_sentence(data: dict, cells: dict, peers: list[str]) -> str:

@@ -11,6 +11,7 @@ ALL = {"group_act_order": False, "act_order": False, "static_groups": False, "da
 GAR = {"group_act_order": True}
 ROWS = {
     "default": None,  # no option at all: the defaults as they are when the script runs
+    "default-own-size": "as typed",  # not even the script's calibration size: quantize's own (CalibConfig's)
     "plain": {},  # every option off: the defaults before this ablation
     "gar": GAR,
     "gar-damp0.05": {**GAR, "damp": 0.05},
