@@ -42,7 +42,7 @@ from pathlib import Path
 
 from benchmarks._harness import RESULTS, load_json, measured_child, write_page
 from benchmarks.gptq_defaults_report import page
-from benchmarks.gptq_defaults_rows import PARENT_WIDTHS, PEER_GROUP, ROWS, is_parent, options
+from benchmarks.gptq_defaults_rows import AS_TYPED, PARENT_WIDTHS, PEER_GROUP, ROWS, is_parent, options
 from benchmarks.real_model_table import BENCH_PYTHON, DEFAULT_MODEL, WIKI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,13 +69,10 @@ def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Pa
         parent = is_parent(name)
         cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(out), "--method",
                "matgptq" if parent else "gptq", "--bits", PARENT_WIDTHS if parent else str(bits), "--group-size",
-               str(gs), "--calib", str(a.calib), "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen",
-               str(a.seqlen), "--seed", str(seed), "--overwrite", "--quiet"]  # fmt: skip
-        if ROWS[name] == "as typed":  # quantize's own calibration size
-            cut = cmd.index("--nsamples")
-            cmd = cmd[:cut] + cmd[cut + 4 :]
-        elif ROWS[name] is not None:
-            cmd += options(ROWS[name])
+               str(gs), "--calib", str(a.calib), "--calib-range", "0.5:1",
+               *([] if ROWS[name] == AS_TYPED else ["--nsamples", str(a.nsamples), "--seqlen", str(a.seqlen)]),
+               "--seed", str(seed), "--overwrite", "--quiet"]  # fmt: skip
+        cmd += options(ROWS[name]) if isinstance(ROWS[name], dict) else []
     return {**measured_child(cmd, a.threads, log), "command": cmd[1:], "measured": measured_at()}
 
 

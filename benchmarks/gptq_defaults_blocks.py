@@ -6,7 +6,7 @@ The page and its figure: gptq_defaults_report.py."""
 from __future__ import annotations
 
 from benchmarks.gptq_defaults_report import TASKS, cells_of
-from benchmarks.gptq_defaults_rows import ALL, PARENT_WIDTHS, PEER_LABELS, ROWS, is_parent
+from benchmarks.gptq_defaults_rows import ALL, AS_TYPED, PARENT_WIDTHS, PEER_LABELS, ROWS, is_parent
 
 
 def _step(cells: dict, before: str, after: str, after_cells: dict | None = None) -> str:
@@ -161,7 +161,7 @@ def _own_size_sentence(cells: dict) -> str:
     """What `quantize` gives with its own calibration size (the table gives every tool 64 × 512), where measured."""
     from matgptq.quantization.config import CalibConfig
 
-    row = "default-own-size"  # the command exactly as typed (gptq_defaults_rows.py)
+    row = next((r for r, v in ROWS.items() if v == AS_TYPED), None)  # the command exactly as typed
     got = [(b, c) for b in (3, 4) if (c := cells.get((row, b)))]
     if not got:
         return ""

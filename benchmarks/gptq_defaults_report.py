@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks._harness import header
-from benchmarks.gptq_defaults_rows import PARENT_WIDTHS, PEER_GROUP, PEER_LABELS, ROWS, is_parent, options
+from benchmarks.gptq_defaults_rows import AS_TYPED, PARENT_WIDTHS, PEER_GROUP, PEER_LABELS, ROWS, is_parent, options
 
 
 TASKS = ("arc_easy", "piqa")  # zero-shot accuracy (lm-eval's acc), when a run was scored with --limit
@@ -91,7 +91,7 @@ def page(data: dict) -> str:
     ran = {k.split("/")[0] for m in data["models"].values() for k in m["runs"]}
     parts.append("Rows (every option spelled out; `default` passes none):\n\n" + "\n".join(
         f"- `{k}`: " + ("the peer's own defaults" if v == "peer" else "no option" if v is None else
-                        "no option, not even --nsamples and --seqlen (quantize's own)" if v == "as typed" else
+                        "no option, not even --nsamples and --seqlen (quantize's own)" if v == AS_TYPED else
                         f"--method matgptq --bits {PARENT_WIDTHS} " * is_parent(k) + " ".join(options(v))) + (f" (group size {PEER_GROUP[k]})" if k in PEER_GROUP else "")
         for k, v in ROWS.items() if k in ran))  # fmt: skip
     return "\n\n".join(parts) + "\n"

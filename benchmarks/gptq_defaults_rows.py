@@ -9,9 +9,10 @@ from __future__ import annotations
 ALL = {"group_act_order": False, "act_order": False, "static_groups": False, "damp": 0.01, "mse": False,
        "mse_weighted": False, "refit_scales": False, "true_sequential": True, "dtype": "float32"}  # fmt: skip
 GAR = {"group_act_order": True}
+AS_TYPED = "as typed"  # a row with no option at all, not even the script's calibration size: quantize's own
 ROWS = {
     "default": None,  # no option at all: the defaults as they are when the script runs
-    "default-own-size": "as typed",  # not even the script's calibration size: quantize's own (CalibConfig's)
+    "default-own-size": AS_TYPED,
     "plain": {},  # every option off: the defaults before this ablation
     "gar": GAR,
     "gar-damp0.05": {**GAR, "damp": 0.05},
