@@ -1,7 +1,8 @@
-"""GPU check of the search's scoring throughput (tokens/s; issue #46 item 2) on the parent
-benchmarks/gpu_bench_quantize.py's measure_quantize wrote. The function for benchmarks/gpu_check.py:
+"""GPU check of the search (issues #46 item 2, #44 item 3) on the parent benchmarks/gpu_bench_quantize.py's
+measure_quantize wrote. The functions for benchmarks/gpu_check.py:
 
-    measure_search_scoring(work, parent, tiny) -> dict
+    measure_search_scoring(work, parent, tiny) -> dict      the scoring's tokens/s
+    measure_search_run(work, parent, tiny) -> dict           `matgptq search` itself: issue #44's eight budgets
 
 The scoring (allocation/fitness.py `Fitness.kl`) runs in a `python3 -c` child (benchmarks/gpu_bench_children.py's
 SCORE_CHILD) with a timeout: on an H100 at most 90 s (FULL's score_timeout_s); a failing or timed-out child records why
@@ -13,10 +14,19 @@ benchmarks/gpu_bench_quantize.py's; its command line runs this after the quantiz
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from benchmarks.gpu_bench_children import SCORE_CHILD
-from benchmarks.gpu_bench_quantize import FULL, QUANT_DIR, TINY, _child, _inputs, measure_quantize
+from benchmarks.gpu_bench_quantize import FULL, QUANT_DIR, TINY, _child, _env, _inputs, _text, measure_quantize
+
+BUDGETS = "2.5,2.75,3,3.25,3.5,4,5,6"  # issue #44's eight
+# --time-limit in minutes: the CLI fits the teacher, the tables and every budget's search and report into it
+RUN_MINUTES = {True: 0.3, False: 0.75}  # tiny (CPU), full (GPU)
+ROW_KEYS = ("code_bits", "kl", "chosen", "evaluations", "generations", "seconds", "teacher_seconds", "tables_seconds",
+            "search_seconds", "report_seconds", "refine_steps")  # fmt: skip
 
 
 def _default_parent(work: Path) -> Path | None:
@@ -77,4 +87,41 @@ def measure_search_scoring(work: Path, parent: Path | None, tiny: bool, timeout_
                teacher_s=r["teacher_s"], load_s=r["load_s"], warmup_s=r["warmup_s"],
                peak_gpu_gib=None if r["peak_gpu"] is None else r["peak_gpu"] / 2.0**30,
                peak_rss_gib=None if r["rss"] is None else r["rss"] / 2.0**30)  # fmt: skip
+    return res
+
+
+def measure_search_run(work: Path, parent: Path | None, tiny: bool, timeout_s: float = 120.0) -> dict:
+    """`python -m matgptq search PARENT --budget BUDGETS --time-limit M --device D` in a child: its wall seconds and,
+    per budget, the summary row of its mix file (ROW_KEYS: the seconds of teacher, tables, search and report, the
+    evaluations and generations that fitted, the chosen mix's calibration KL). Nothing here is timed twice: the rows
+    are the CLI's own clocks."""
+    work = Path(work)
+    res = {"ok": False, "error": None, "timed_out": False, "tiny": tiny, "budgets": BUDGETS,
+           "time_limit_min": RUN_MINUTES[tiny], "wall_s": None, "rows": []}  # fmt: skip
+    parent = Path(parent) if parent is not None else _default_parent(work)
+    _, calib, why = _inputs()
+    if parent is None or not (parent / "matgptq.json").is_file() or why is not None:
+        res["error"] = why or f"no parent to search: {parent or work / QUANT_DIR} holds no checkpoint"
+        return res
+    out = work / "search-run"
+    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", BUDGETS, "--calib", str(calib),
+           "--calib-range", "0:0.3", "--out", str(out), "--device", "cpu" if tiny else "cuda",
+           "--time-limit", str(RUN_MINUTES[tiny]), "--overwrite", "--quiet"]  # fmt: skip
+    if tiny:
+        cmd += ["--generations", "2", "--offspring", "4", "--calib-tokens", "4096"]
+    res["command"] = " ".join(["matgptq", *cmd[3:]])
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout_s)
+        if done.returncode != 0:
+            res["error"] = f"exit {done.returncode}; stderr tail:\n" + "\n".join(done.stderr.splitlines()[-15:])
+    except subprocess.TimeoutExpired as e:
+        res.update(timed_out=True, error=f"timed out after {timeout_s:.0f} s; stderr tail:\n"
+                   + "\n".join(_text(e.stderr).splitlines()[-15:]))  # fmt: skip
+    res["wall_s"] = round(time.perf_counter() - t0, 2)
+    for path in out.glob("mix-*.json"):
+        row = json.loads(path.read_text()).get("summary", {})
+        res["rows"].append({"budget": row.get("budget", path.stem), **{k: row.get(k) for k in ROW_KEYS}})
+    res["rows"].sort(key=lambda r: r["code_bits"] or 0.0)
+    res["ok"] = res["error"] is None and len(res["rows"]) == len(BUDGETS.split(","))
     return res

@@ -8,6 +8,7 @@ part on its own so that one failing part is recorded and the rest still measure:
   quantize  GPU quantize seconds and peak memory per 8B-shaped block, GPTQ and MatGPTQ (benchmarks/gpu_bench_quantize.py)
   search    the search's scoring tokens/s (benchmarks/gpu_bench_search.py)
   tests     the CUDA tests and the kernel tests compiled on the GPU (pytest, TRITON_INTERPRET=0)
+  search_run  `matgptq search` itself on the quantize part's parent, issue #44's eight budgets under --time-limit
 
 and writes docs/results/gpu.json (after every part, so a run cut short keeps what it measured; also copied to --out)
 and its page docs/results/gpu.md (benchmarks/gpu_check_report.py). Without CUDA it runs the same code on tiny shapes
@@ -45,10 +46,10 @@ CARRY = ROOT / ".gpu-carry"
 SHARED = ROOT.parent / "shared"
 SHARED_FILES = ("data/tinystories/tinystories_val_head.txt", "models/stories260K")
 RESULT = ROOT / "docs" / "results" / "gpu.json"
-PARTS = ("kernels", "decode", "quantize", "search", "tests")
+PARTS = ("kernels", "decode", "quantize", "search", "tests", "search_run")
 TESTS = ["tests/kernels", "tests/runtime/test_nested.py", "tests/quantization/test_cuda.py",
          "tests/execution/test_devices.py"]
-TESTS_TIMEOUT_S, QUANTIZE_BUDGET_S, SEARCH_TIMEOUT_S = 150, 170, 90
+TESTS_TIMEOUT_S, QUANTIZE_BUDGET_S, SEARCH_TIMEOUT_S, SEARCH_RUN_TIMEOUT_S = 150, 170, 90, 120
 
 
 def prepare() -> None:
@@ -122,6 +123,8 @@ def run_part(name: str, work: Path, out: Path | None, results: dict, methods: tu
 
     parent = next((Path(r["out"]) for r in results.get("quantize", {}).get("runs", [])
                    if r.get("method") == "matgptq" and r.get("ok") and r.get("out")), None)  # fmt: skip
+    if name == "search_run":
+        return gpu_bench_search.measure_search_run(work, parent, tiny, SEARCH_RUN_TIMEOUT_S)
     return gpu_bench_search.measure_search_scoring(work, parent, tiny, None if tiny else SEARCH_TIMEOUT_S)
 
 

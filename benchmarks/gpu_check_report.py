@@ -109,6 +109,24 @@ def _quantize(res: dict) -> list[str]:
     return out
 
 
+def _search_run(res: dict) -> list[str]:
+    """`matgptq search` on the device (benchmarks/gpu_bench_search.py measure_search_run): a row per budget."""
+    s = res.get("search_run")
+    if not s:
+        return ["not measured"]
+    out = [f"`{s.get('command', 'matgptq search')}`: {_f(s.get('wall_s'), 1)} s wall for the "
+           f"{len(s.get('budgets', '').split(','))} budgets ({s.get('time_limit_min')} min asked)"
+           + (f"; {s['error'][:300]}" if s.get("error") else "") + ".", "",
+           "| budget | chosen | calib. KL | generations | evaluations | s | teacher s | tables s | search s | "
+           "report s |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in s.get("rows", []):
+        out.append(f"| {r['budget']} | {r.get('chosen')} | {_f(r.get('kl'), 4)} | {r.get('generations')} | "
+                   f"{r.get('evaluations')} | {_f(r.get('seconds'))} | {_f(r.get('teacher_seconds'))} | "
+                   f"{_f(r.get('tables_seconds'))} | {_f(r.get('search_seconds'))} | "
+                   f"{_f(r.get('report_seconds'))} |")  # fmt: skip
+    return out
+
+
 def _tests(res: dict) -> list[str]:
     t = res.get("tests", {})
     out = [f"Tests compiled on the GPU: {t.get('summary') or t.get('error') or t.get('skipped', 'not run')}"]
@@ -129,7 +147,9 @@ def page(res: dict) -> str:
              "", "## Goals (issue #46)", "", *_goals(res), "", *_tests(res), "",
              "## Nested kernels against fp16 torch.matmul (CUDA graphs, weights read from HBM)", "", *_kernels(res),
              "", "## Decode, Llama-3.1-8B-shaped blocks (CUDA graph per step)", "", *_decode(res), "",
-             "## Quantize on the GPU, per Llama-3.1-8B-shaped block", "", *_quantize(res), ""]  # fmt: skip
+             "## Quantize on the GPU, per Llama-3.1-8B-shaped block", "", *_quantize(res), "",
+             "## The search on the GPU (the MatGPTQ parent above, issue #44's budgets)", "", *_search_run(res),
+             ""]  # fmt: skip
     return "\n".join(lines)
 
 

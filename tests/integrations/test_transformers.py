@@ -102,6 +102,15 @@ def test_a_slice_and_a_mixed_width_gptq_checkpoint(parent, tiny_llama_dir, tmp_p
     same_model(from_pretrained(mixed), matgptq.load(mixed))
 
 
+def test_a_parent_with_a_column_permutation(tiny_llama_dir, tmp_path):
+    """Act order without static groups stores a permutation, whose check reads tensors: it runs on the CPU, not under
+    transformers' init context (default device meta)."""
+    p = quick_quantize(tiny_llama_dir, tmp_path / "p", method="matgptq", bits="3,4,8", group_size=32, act_order=True,
+                       static_groups=False)  # fmt: skip
+    assert read_checkpoint(p).layers["model.layers.0.mlp.up_proj"].perm is not None
+    same_model(from_pretrained(p, bits=4), matgptq.load(p, bits=4))
+
+
 def test_generate_runs(parent):
     out = from_pretrained(parent, bits=3).generate(IDS, max_new_tokens=4, do_sample=False)
     assert out.shape == (1, IDS.shape[1] + 4)

@@ -37,7 +37,8 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 ARGS = dict(calib=TINYSTORIES, calib_range=(0.6, 1.0), nsamples=16, seqlen=64, group_size=32, progress=False)
 
 
-@pytest.mark.parametrize("options", [dict(method="gptq", bits=4, act_order=True, static_groups=False),
+@pytest.mark.parametrize("options", [dict(method="gptq", bits=4),  # the default: act order with static groups
+                                     dict(method="gptq", bits=4, act_order=True, static_groups=False),
                                      dict(method="matgptq", bits=(3, 4, 8))])  # fmt: skip
 def test_cuda_codes_agree_with_cpu(tmp_path, options):
     model = make_tiny_llama(tmp_path / "m", layers=3)

@@ -155,6 +155,28 @@ def test_loaded_model_on_the_nested_kernels(kernels, parent, resident):
             assert torch.equal(logits.argmax(-1), dense(IDS).logits.argmax(-1))
 
 
+@pytest.mark.filterwarnings("ignore:You passed `quantization_config`:UserWarning")
+def test_from_pretrained_runs_the_nested_kernels(kernels, parent, monkeypatch):
+    """transformers' from_pretrained(device_map="cuda") builds what load(device="cuda") builds: NestedLinear layers,
+    everything on the device, each layer's output within its bound, the dense model's greedy tokens. In the
+    interpreter the route's packing is forced to NESTED (on the CPU it would pack for the CPU's int4 kernel)."""
+    from transformers import AutoModelForCausalLM
+
+    from matgptq.integrations import transformers as route
+
+    if DEVICE == "cpu":
+        monkeypatch.setattr(route, "default_packing", lambda *a: Packing.NESTED)
+    config = matgptq.MatGPTQConfig(bits=3)
+    model = AutoModelForCausalLM.from_pretrained(parent, device_map=DEVICE, quantization_config=config)
+    ref = nested_model(parent, 3, Resident.SLICE)
+    assert [type(m).__name__ for m in model.modules()] == [type(m).__name__ for m in ref.modules()]
+    assert model.matgptq.packing is Packing.NESTED and not model.matgptq.dense
+    assert all(t.device.type == DEVICE for t in (*model.parameters(), *model.buffers()))
+    logits = run_and_check(model, IDS)
+    with torch.no_grad():
+        assert torch.equal(logits.argmax(-1), matgptq.load(parent, bits=3, packed=False)(IDS).logits.argmax(-1))
+
+
 def test_decode_batch_and_generate(kernels, parent):
     """Batch-4 decode steps (the GEMV kernel) give the dense model's greedy tokens."""
     model = nested_model(parent, 4, "parent")

@@ -36,7 +36,7 @@ from ..formats import read_checkpoint
 from ..formats.parent import LAYER_TENSOR, META_FILE
 from ..models import arch_spec, quiet_loggers, weight_keys
 from ..models.experts import parse
-from ..runtime import attach, check_layers, default_packed
+from ..runtime import Packing, attach, check_layers, default_packing
 
 METHOD = "matgptq"
 
@@ -121,8 +121,10 @@ def _quantizer_class():
                                 "quantize MODEL --out DIR`, then from_pretrained(DIR)")  # fmt: skip
 
         def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
-            # the quantized layers only: transformers loads the other tensors itself
-            self.checkpoint = read_checkpoint(_checkpoint_dir(checkpoint_files, model.config), layers_only=True)
+            # the quantized layers only: transformers loads the other tensors itself. On the CPU: transformers calls
+            # this under its init context, whose default device is meta (a perm's check would compare meta tensors)
+            with torch.device("cpu"):
+                self.checkpoint = read_checkpoint(_checkpoint_dir(checkpoint_files, model.config), layers_only=True)
             spec = arch_spec(model)
             check_layers(self.checkpoint, model, spec)
             for name in self._linears(spec):
@@ -143,15 +145,19 @@ def _quantizer_class():
                                 "'cpu' or 'cuda'")  # fmt: skip
             device, dtype = devices.pop(), model.get_input_embeddings().weight.dtype
             cfg = self.quantization_config
-            packed = default_packed(cfg.packed, dtype, arch_spec(model).conv1d)
+            packing = default_packing(cfg.packed, dtype, arch_spec(model).conv1d, device)
+            # where set_bits writes float weights: DENSE on the device; NESTED on the CPU (untouched, so never
+            # committed), where its layers are built and those the kernels cannot serve are written, then moved with
+            # the model, so the GPU receives the packed layers only (as matgptq.load does)
+            home = {Packing.DENSE: device, Packing.NESTED: torch.device("cpu")}.get(packing)
             for name in self._linears(arch_spec(model)):
                 pending = model.get_submodule(name)
                 module = pending.original
-                if not packed:  # float weights: set_bits writes them
-                    module.weight = nn.Parameter(torch.empty_like(module.weight, device=device), requires_grad=False)
+                if home is not None:
+                    module.weight = nn.Parameter(torch.empty_like(module.weight, device=home), requires_grad=False)
                 module.bias = pending.bias
                 model.set_submodule(name, module)
-            attach(model, self.checkpoint, cfg.bits, packed)
+            attach(model, self.checkpoint, cfg.bits, packing)
             model.to(device)
             return model
 
