@@ -18,7 +18,12 @@ flipped tie moves it, which has either sign: measured up to 5.0% on one layer (o
 H200, 2026-11-26), so each layer within 10% of the CPU run's; and, since a device bug (a wrong Hessian or rounding)
 moves every layer the same way while the swaps' moves are independent, the mean of the layers' signed relative
 differences within 2% (with |d| ≲ 3% per layer over the 21 layers, the mean's spread is ~3%/√21 ≈ 0.7%: 2% is three
-of those). The share of differing codes is bounded below 10% (a sanity bound: a device bug changes most codes).
+of those). The share of differing codes is bounded below half (a sanity bound: a device bug changes most codes).
+It cannot be tighter: with the MSE scale grid (the default since 2026-11-29), a group without static groups takes its
+scale when the solve reaches it, the argmin over the grid of the error-updated weights, and a near-tie there flips
+under a float-order perturbation and moves every code of that row's group: on an H200 (make gpu-check, 2026-12-04)
+14.8% of this test's act-order codes differed (2.5% on an H100 before the grid), while the default (static groups:
+scales from the unchanged weights, before the solve) had 4.6% differing in benchmarks/gpu_bench_quantize.py.
 """
 
 from __future__ import annotations
@@ -56,11 +61,12 @@ def test_cuda_codes_agree_with_cpu(tmp_path, options):
         assert (qa.codes.shape, qa.scales.shape, qa.bits) == (qb.codes.shape, qb.scales.shape, qb.bits)
         steps = (qa.codes.long() - qb.codes.long()).abs()
         differ, total = differ + int((steps > 0).sum()), total + steps.numel()
-    assert differ <= 0.10 * total, f"{differ} of {total} codes differ"
     ra, rb = (json.loads((d / "matgptq.json").read_text())["report"] for d in (cpu, cuda))
     moves = [(y["rel_error"][r] - e) / max(e, 1e-12) for x, y in zip(ra, rb) for r, e in x["rel_error"].items()]
-    assert max(abs(d) for d in moves) <= 0.10, moves
-    assert abs(sum(moves) / len(moves)) <= 0.02, moves
+    share = f"{differ} of {total} codes differ"
+    assert max(abs(d) for d in moves) <= 0.10, (share, moves)
+    assert abs(sum(moves) / len(moves)) <= 0.02, (share, moves)
+    assert differ <= 0.5 * total, share
     assert json.loads((cuda / "matgptq.json").read_text())["device"] == torch.cuda.get_device_name(0)
 
 
