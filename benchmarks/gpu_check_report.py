@@ -130,7 +130,8 @@ def _search_run(res: dict) -> list[str]:
 def _tests(res: dict) -> list[str]:
     t = res.get("tests", {})
     out = [f"Tests compiled on the GPU: {t.get('summary') or t.get('error') or t.get('skipped', 'not run')}"]
-    return out + [f"- {f}" for f in t.get("failures", [])]
+    out += [f"- {f}" for f in t.get("failures", [])]
+    return out + [f"- re-run {r['date']} at {r['commit']}: {r['tests']}: {r['summary']}" for r in t.get("reruns", [])]
 
 
 def _runs(res: dict) -> list[str]:
