@@ -23,7 +23,8 @@ from benchmarks.gpu_bench_children import SCORE_CHILD
 from benchmarks.gpu_bench_quantize import FULL, QUANT_DIR, TINY, _child, _env, _inputs, _text, measure_quantize
 
 BUDGETS = "2.5,2.75,3,3.25,3.5,4,5,6"  # issue #44's eight
-# --time-limit in minutes: the CLI fits the teacher, the tables and every budget's search and report into it
+# --time-limit in minutes: the CLI fits the teacher, the tables and every budget's search and report into it (on an
+# H200, 2026-12-04, its one-shot tables alone took 90.5 s of a 0.75-minute limit: docs/results/gpu.json)
 RUN_MINUTES = {True: 0.3, False: 0.75}  # tiny (CPU), full (GPU)
 ROW_KEYS = ("code_bits", "kl", "chosen", "evaluations", "generations", "seconds", "teacher_seconds", "tables_seconds",
             "search_seconds", "report_seconds", "refine_steps")  # fmt: skip
@@ -90,14 +91,16 @@ def measure_search_scoring(work: Path, parent: Path | None, tiny: bool, timeout_
     return res
 
 
-def measure_search_run(work: Path, parent: Path | None, tiny: bool, timeout_s: float = 120.0) -> dict:
+def measure_search_run(work: Path, parent: Path | None, tiny: bool, timeout_s: float = 120.0,
+                       minutes: float | None = None) -> dict:  # fmt: skip
     """`python -m matgptq search PARENT --budget BUDGETS --time-limit M --device D` in a child: its wall seconds and,
     per budget, the summary row of its mix file (ROW_KEYS: the seconds of teacher, tables, search and report, the
     evaluations and generations that fitted, the chosen mix's calibration KL). Nothing here is timed twice: the rows
-    are the CLI's own clocks."""
+    are the CLI's own clocks. `minutes`: its --time-limit (default RUN_MINUTES)."""
     work = Path(work)
+    minutes = RUN_MINUTES[tiny] if minutes is None else round(minutes, 2)
     res = {"ok": False, "error": None, "timed_out": False, "tiny": tiny, "budgets": BUDGETS,
-           "time_limit_min": RUN_MINUTES[tiny], "wall_s": None, "rows": []}  # fmt: skip
+           "time_limit_min": minutes, "timeout_s": round(timeout_s), "wall_s": None, "rows": []}  # fmt: skip
     parent = Path(parent) if parent is not None else _default_parent(work)
     _, calib, why = _inputs()
     if parent is None or not (parent / "matgptq.json").is_file() or why is not None:
@@ -106,7 +109,7 @@ def measure_search_run(work: Path, parent: Path | None, tiny: bool, timeout_s: f
     out = work / "search-run"
     cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", BUDGETS, "--calib", str(calib),
            "--calib-range", "0:0.3", "--out", str(out), "--device", "cpu" if tiny else "cuda",
-           "--time-limit", str(RUN_MINUTES[tiny]), "--overwrite", "--quiet"]  # fmt: skip
+           "--time-limit", str(minutes), "--overwrite", "--quiet"]  # fmt: skip
     if tiny:
         cmd += ["--generations", "2", "--offspring", "4", "--calib-tokens", "4096"]
     res["command"] = " ".join(["matgptq", *cmd[3:]])

@@ -144,6 +144,7 @@ def error_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, .
     table = []
     for name, imatrix in zip(fitness.names, input_importance(fitness, levels[-1], windows)):
         top = layers[name].slice(levels[-1]).dequantize(torch.float64)
+        imatrix = imatrix.to(top.device)
         table.append([float(((layers[name].slice(r).dequantize(torch.float64) - top).square() * imatrix).sum())
                       for r in levels])  # fmt: skip
     return table
