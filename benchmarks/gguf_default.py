@@ -35,7 +35,7 @@ from pathlib import Path
 from benchmarks._harness import RESULTS, child_env, header, load_json, write_page
 from benchmarks.gguf_real_files import file_info
 from benchmarks.llamacpp_cli import DEFAULT_MODEL, TOOLS, WIKI, calib_text, f32_gguf, log, run, score
-from matgptq.quantization.config import CalibConfig
+from matgptq.quantization.calibration import CalibConfig
 
 OUT = RESULTS / "gguf_default.json"
 DATASETS = {"wiki": "WikiText-2", "ts": "TinyStories"}

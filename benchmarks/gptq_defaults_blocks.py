@@ -38,7 +38,8 @@ def _cpu(cells: dict, before: str, after: str) -> str:
 def defaults_block(data: dict) -> str:
     """docs/guide/quantize.md's table of defaults: each method's value (METHOD_DEFAULTS, the code) and, for GPTQ, what
     the ablation measured for it on SmolLM2-135M-Instruct at g128 (docs/results/gptq_defaults.json)."""
-    from matgptq.quantization.config import CONFIGS, METHOD_DEFAULTS, CalibConfig, Method
+    from matgptq.quantization.calibration import CalibConfig
+    from matgptq.quantization.config import CONFIGS, METHOD_DEFAULTS, Method
 
     cells = cells_of(data)
     gar = "gar-mse-w-refit"  # the defaults until 2026-12-01: GAR with the scale search, its weighting and the refit
@@ -159,7 +160,7 @@ def readme_block(data: dict, pipeline: dict) -> str:
 
 def _own_size_sentence(cells: dict) -> str:
     """What `quantize` gives with its own calibration size (the table gives every tool 64 × 512), where measured."""
-    from matgptq.quantization.config import CalibConfig
+    from matgptq.quantization.calibration import CalibConfig
 
     row = next((r for r, v in ROWS.items() if v == AS_TYPED), None)  # the command exactly as typed
     got = [(b, c) for b in (3, 4) if (c := cells.get((row, b)))]

@@ -9,8 +9,9 @@ from ..api import quantize
 from ..execution import DTYPES, format_table, world
 from ..formats.gguf import KQuantType
 from ..formats.staged import SHARD_BYTES
+from ..quantization.calibration import CalibConfig
 from ..quantization.config import (
-    GGUF_BLOCK, MASTER_BIT_WEIGHT, METHOD_DEFAULTS, CalibConfig, GPTQConfig, MatGPTQConfig, Target, Variant,
+    GGUF_BLOCK, MASTER_BIT_WEIGHT, METHOD_DEFAULTS, GPTQConfig, MatGPTQConfig, Target, Variant,
 )  # fmt: skip
 from .argtypes import DefaultsHelpFormatter, add_device_option, floats, fraction_range, ints
 

@@ -14,7 +14,7 @@ depends on other fields and is resolved on construction (its comment says how).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import ClassVar
 
@@ -337,24 +337,3 @@ def config_from_json(record: dict) -> MethodConfig:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in own and v is not None})
     except (TypeError, ValueError, UserError) as e:
         raise UserError(f"the checkpoint's `quantization` record is not valid ({e}); re-create the checkpoint") from None
-
-
-@dataclass(frozen=True)
-class CalibConfig:
-    """Where the calibration windows come from (recorded so a run can be reproduced bit-exactly)."""
-
-    path: str | None = None
-    text_range: tuple[float, float] = (0.0, 1.0)
-    nsamples: int = 128
-    seqlen: int = 256
-    seed: int = 0
-    sha256: str | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.nsamples < 1:
-            raise UserError(f"--nsamples must be at least 1, got {self.nsamples}")
-        if self.seqlen < 2:
-            raise UserError(f"--seqlen must be at least 2, got {self.seqlen}")
-        a, b = self.text_range
-        if not 0.0 <= a < b <= 1.0:
-            raise UserError(f"text range must satisfy 0 <= start < end <= 1, got {a}:{b}")

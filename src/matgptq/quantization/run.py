@@ -25,7 +25,8 @@ from ..models import (
     quantized_layer_names, read_text, require_model_dir, tokenize, weight_keys,
 )  # fmt: skip
 from ..models.lazy import LazyModel
-from .config import CalibConfig, Method, MethodConfig
+from .calibration import CalibConfig
+from .config import Method, MethodConfig
 from .layer import LayerReport
 from .pipeline import batch_tokens_on, quantize_model
 from .resume import BlockState
