@@ -6,6 +6,8 @@ its timeout takes nothing of the parent process with it:
     AGREE_CHILD   argv: model, work, calib, options  a small float32 Llama quantized on the device and on the CPU,
                                                      their codes compared (tests/quantization/test_cuda.py's bounds)
     SCORE_CHILD   argv: parent, calib, options       the search's scoring throughput (gpu_bench_search)
+    CLI_CHILD     argv: a matgptq command line           the command itself, `@@result {}` once it exits 0
+                                                     (gpu_bench_search's search run)
 
 Each prints its result as one `@@result {JSON}` line on stdout and what it finished as it goes (per block and per
 layer) as `@@progress {JSON}` lines on stderr (_PREFIX's _note), so that a child killed at its timeout still tells how
@@ -221,4 +223,15 @@ print("@@result " + json.dumps({
     "vocab": int(fit.head.out_features), "hidden": int(fit.body.hidden_size),
     "peak_gpu": torch.cuda.max_memory_allocated() if CUDA else None, "rss": _rss(),
     "device_name": _device_name(), "torch": torch.__version__}), flush=True)
+"""
+
+CLI_CHILD = """
+import runpy, sys
+sys.argv = ["matgptq", *sys.argv[1:]]
+try:
+    runpy.run_module("matgptq", run_name="__main__")
+except SystemExit as e:
+    if e.code not in (0, None):
+        raise
+print("@@result {}", flush=True)
 """

@@ -14,13 +14,10 @@ benchmarks/gpu_bench_quantize.py's; its command line runs this after the quantiz
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from benchmarks.gpu_bench_children import SCORE_CHILD
-from benchmarks.gpu_bench_quantize import FULL, QUANT_DIR, TINY, _child, _env, _inputs, _text, measure_quantize
+from benchmarks.gpu_bench_children import CLI_CHILD, SCORE_CHILD
+from benchmarks.gpu_bench_quantize import FULL, QUANT_DIR, TINY, _child, _inputs, measure_quantize
 
 BUDGETS = "2.5,2.75,3,3.25,3.5,4,5,6"  # issue #44's eight
 # --time-limit in minutes: the CLI fits the teacher, the tables and every budget's search and report into it (on an
@@ -107,21 +104,13 @@ def measure_search_run(work: Path, parent: Path | None, tiny: bool, timeout_s: f
         res["error"] = why or f"no parent to search: {parent or work / QUANT_DIR} holds no checkpoint"
         return res
     out = work / "search-run"
-    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", BUDGETS, "--calib", str(calib),
-           "--calib-range", "0:0.3", "--out", str(out), "--device", "cpu" if tiny else "cuda",
-           "--time-limit", str(minutes), "--overwrite", "--quiet"]  # fmt: skip
+    cmd = ["search", str(parent), "--budget", BUDGETS, "--calib", str(calib), "--calib-range", "0:0.3", "--out",
+           str(out), "--device", "cpu" if tiny else "cuda", "--time-limit", str(minutes), "--overwrite", "--quiet"]
     if tiny:
         cmd += ["--generations", "2", "--offspring", "4", "--calib-tokens", "4096"]
-    res["command"] = " ".join(["matgptq", *cmd[3:]])
-    t0 = time.perf_counter()
-    try:
-        done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout_s)
-        if done.returncode != 0:
-            res["error"] = f"exit {done.returncode}; stderr tail:\n" + "\n".join(done.stderr.splitlines()[-15:])
-    except subprocess.TimeoutExpired as e:
-        res.update(timed_out=True, error=f"timed out after {timeout_s:.0f} s; stderr tail:\n"
-                   + "\n".join(_text(e.stderr).splitlines()[-15:]))  # fmt: skip
-    res["wall_s"] = round(time.perf_counter() - t0, 2)
+    res["command"] = " ".join(["matgptq", *cmd])
+    child = _child(CLI_CHILD, cmd, timeout_s)
+    res.update(error=child["error"], timed_out=child["timed_out"], wall_s=round(child["seconds"], 2))
     for path in out.glob("mix-*.json"):
         row = json.loads(path.read_text()).get("summary", {})
         res["rows"].append({"budget": row.get("budget", path.stem), **{k: row.get(k) for k in ROW_KEYS}})

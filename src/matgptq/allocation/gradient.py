@@ -138,7 +138,7 @@ def first_order_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[
         name = fitness.names[i]
         at_floor = layer_weight(fitness.model, name, fitness.spec).float()  # the model holds the floor's slice
         for j, r in enumerate(above):
-            step = layers[name].slice(r).dequantize(torch.float32).to(at_floor.device) - at_floor
+            step = layers[name].slice(r).dequantize(torch.float32) - at_floor  # on the model's device (Fitness)
             moved[i][j] += float((gx * step).sum(dtype=torch.float64))
 
     total, count = 0.0, 0
