@@ -15,7 +15,7 @@ Protocol (search_minutes.py's parent, calibration ranges, held-out text and scor
               {SLOW}
             its knapsack is the additive allocation measured on two windows (`additive 510`: every layer alone at
             every width, twice the search's tokens per scoring), and ExLlamaV3's noise injection (`noise`)
-            --reuse-slow takes its mixes and usage from the record before (same command, its files still in --work):
+            --reuse-slow takes its mixes and measured usage from its files still in --work (same command):
             they do not depend on the timed search, so a change to the search alone is re-measured in a third of
             the time; the usage table marks them `reused`
   random    random budget-filling mixes through the search's selection stages, as many scorings as the search made
@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"), help="the parent and the mix files")
     ap.add_argument("--out", default=str(RESULTS / "search_ten_minutes.json"), help="the JSON; its page beside it")
     ap.add_argument("--uniform-draws", action="store_true", help="also the timed search with uniform draws")
-    ap.add_argument("--reuse-slow", action="store_true", help="the slow baselines of the record before, not run "
-                    "again (for a change to the timed search alone)")
+    ap.add_argument("--reuse-slow", action="store_true", help="the slow baselines' mixes and usage from their files "
+                    "in --work, not run again (for a change to the timed search alone)")
     ap.add_argument("--from-json", action="store_true", help="only re-render the page from --out")
     return ap
 
@@ -74,8 +74,7 @@ def main() -> None:
     if not a.from_json:
         parent, data = start(Path(a.work), out, RECIPE, __doc__)
         for seed in (int(s) for s in a.seeds.split(",")):
-            before = data["seeds"].get(str(seed)) if a.reuse_slow else None
-            data["seeds"][str(seed)] = measure_seed(parent, Path(a.work), seed, a.uniform_draws, before)
+            data["seeds"][str(seed)] = measure_seed(parent, Path(a.work), seed, a.uniform_draws, a.reuse_slow)
             write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
     if not out.is_file():
         raise SystemExit(f"search_ten_minutes: error: no {out}; run it without --from-json first")
@@ -84,12 +83,12 @@ def main() -> None:
     print(text)
 
 
-def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, before: dict | None = None) -> dict:
-    """The timed search, the slow baselines (`before`'s, where given) and random search of one seed, every mix scored
-    on the held-out text."""
+def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, reuse_slow: bool = False) -> dict:
+    """The timed search, the slow baselines (the run before's, with `reuse_slow`) and random search of one seed, every
+    mix scored on the held-out text."""
     done = search_child(parent, work, seed, list(RECIPE), f"ten-seed-{seed}", MINUTES)
-    slow = reused_slow(work, seed, before) if before else search_child(parent, work, seed, list(SLOW),
-                                                                       f"ten-seed-{seed}-slow")  # fmt: skip
+    slow = reused_slow(work, seed) if reuse_slow else search_child(parent, work, seed, list(SLOW),
+                                                                   f"ten-seed-{seed}-slow")  # fmt: skip
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
     named = {b: {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
                  "additive": body["dp_bits"], "additive 510": slow["bodies"][b]["dp_bits"],
@@ -102,7 +101,7 @@ def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, befor
     for b, mix in random_mixes(parent, seed, evaluations, random_seconds).items():
         named[b]["random"] = mix
     record = {"usage": done["usage"], "slow_usage": slow["usage"], "random_seconds": random_seconds,
-              "slow_reused": bool(before)}
+              "slow_reused": reuse_slow}
     if uniform_draws:
         plain = search_child(parent, work, seed, [*RECIPE, "--mutation-temperature", "0"], f"ten-seed-{seed}-uniform",
                              MINUTES)  # fmt: skip
@@ -118,14 +117,14 @@ def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, befor
     return record
 
 
-def reused_slow(work: Path, seed: int, before: dict) -> dict:
-    """The slow child of the record before: its usage from the record, its mixes from its files in `work`."""
-    mixes = work / f"ten-seed-{seed}-slow"
+def reused_slow(work: Path, seed: int) -> dict:
+    """The slow child run before: its mixes and the usage its launcher measured (no load average), from `work`."""
+    mixes, usage = work / f"ten-seed-{seed}-slow", work / f"ten-seed-{seed}-slow.usage.json"
     missing = [b for b in BUDGETS if not (mixes / f"mix-{b}.json").is_file()]
-    if missing or "slow_usage" not in before:
-        raise SystemExit(f"search_ten_minutes: error: --reuse-slow: seed {seed} has no slow run recorded with its "
-                         f"mixes in {mixes}; run without it")
-    return {"usage": before["slow_usage"], "bodies": {b: load_json(mixes / f"mix-{b}.json") for b in BUDGETS}}
+    if missing or not usage.is_file() or not load_json(usage).get("ok"):
+        raise SystemExit(f"search_ten_minutes: error: --reuse-slow: seed {seed} has no finished slow run in {mixes}; "
+                         "run without it")  # fmt: skip
+    return {"usage": load_json(usage), "bodies": {b: load_json(mixes / f"mix-{b}.json") for b in BUDGETS}}
 
 
 def quality_rows(runs: list[dict], kinds: list[str]) -> tuple[list[list], list[list]]:
@@ -163,8 +162,8 @@ def usage_rows(seeds: list[str], runs: list[dict]) -> list[list]:
         for name, key in (("search", "usage"), (slow, "slow_usage"), ("uniform draws", "uniform_usage")):
             if key in r:
                 u = r[key]
-                rows.append([s, name, f"{u['wall']:.0f}", f"{u['cpu']:.0f}", f"{u['rss_gb']:.2f}",
-                             f"{u['load_average']:.1f}"])  # fmt: skip
+                load = f"{u['load_average']:.1f}" if "load_average" in u else "-"  # a reused run's launcher has none
+                rows.append([s, name, f"{u['wall']:.0f}", f"{u['cpu']:.0f}", f"{u['rss_gb']:.2f}", load])
         rows.append([s, "random", f"{sum(r['random_seconds'].values()):.0f}", "-", "-", "-"])
     return rows
 
