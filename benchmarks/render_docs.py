@@ -98,6 +98,9 @@ PAGES = (
                "allocation of the same run, at the fractional budgets"),
     Page("search_refined", ("search_refined.json",), block="README.md#search-refined", render="readme_block",
          about="the README's refinement result: the written mix against the best one-shot allocation"),
+    Page("search_generations", ("search_generations.json",), md="search_generations.md",
+         about="SmolLM2-135M-Instruct: the 10-minute recipe's evolution run to 12 generations at 3.25 and 3.5 bits, "
+               "its parent on held-out text every 3 generations, 3 seeds"),
     Page("research.matgptq_ablation", ("ablation.json",), md="ablation.md", render="stories_page",
          about="stories260K: the MatGPTQ variants against per-width GPTQ, over calibration seeds"),
     Page("research.matgptq_ablation", ("ablation_real_model.json",), md="ablation_real_model.md", render="real_model_page",
