@@ -46,7 +46,7 @@ from .request import SearchRequest, check_request, mix_path, state_path
 from .resume import finished_row, read_tables, tables_path, tables_settings, write_tables
 from .sensitivity import Sensitivity
 from .spread import from_rank0, is_writer
-from .timing import Clock, report_guess, tables_deadline, text_windows
+from .timing import REPORT_MIXES, Clock, report_guess, tables_deadline, text_windows
 
 MIX_FORMAT = "matgptq-mix"
 
@@ -162,16 +162,15 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
                    filled: dict, sens_windows, settings: dict, held_out, t0: float, clock: Clock,
                    end: float | None) -> dict:  # fmt: skip
     """One budget: the one-shot allocations (the knapsack mix first), the search's start (the best of them on the
-    sensitivity windows), EvoPress (stopped in time for the report to end by `end`, when given), the choice among
-    all of them on the whole calibration pool; its mix file written; the summary row (seconds counted from `t0`)."""
+    whole calibration pool, in float32), EvoPress (stopped in time for the report to end by `end`, when given), the
+    choice among all of them on that pool (the one-shot allocations' scores reused); its mix file written; the summary row (seconds counted from `t0`)."""
     label, limit = budget
     mixes = baseline_mixes(cost_model, filled, _own(req), _others(req), limit, req.kind)
-    t_start = time.perf_counter()
-    start, start_kind, scored = first_parent(fitness, mixes, sens_windows)
-    if scored and clock.per_window is None:  # only before any whole-pool pace (Clock.per_window says why)
-        clock.per_window = (time.perf_counter() - t_start) / (scored * len(sens_windows))
     all_windows = tuple(range(fitness.windows.shape[0]))
-    guess = report_guess(clock, len(set(mixes.values())) + 2, all_windows, held_out)
+    t_start = time.perf_counter()
+    start, start_kind, pooled = first_parent(fitness, mixes, all_windows)
+    clock.per_window = (time.perf_counter() - t_start) / (len(pooled) * len(all_windows))
+    guess = report_guess(clock, REPORT_MIXES, all_windows, held_out)
     deadline = None if end is None else end - guess
     costs, bits = cost_model.table(req.kind), cost_model.limit(limit, req.kind)
     refined = Refined(start)  # a resumed search continues from its state: its start, refined, and the record of it
@@ -183,10 +182,11 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
                    refined=refined.record(), table=filled[_own(req)].table)  # fmt: skip
     t_report = time.perf_counter()
     row, mix = report(fitness, cost_model, req.kind, label, mixes, state, start_kind, all_windows, held_out,
-                      req.batch_size)
-    scorings = len(set(mixes.values()) | {state.parent, state.start})
+                      req.batch_size, pooled)
+    scorings = len({state.parent, state.start} - set(pooled))  # the report's own: the rest were scored for the start
     report_seconds = time.perf_counter() - t_report
-    clock.per_window = report_seconds / (scorings * len(all_windows) + text_windows(held_out))
+    if scorings or text_windows(held_out):
+        clock.per_window = report_seconds / (scorings * len(all_windows) + text_windows(held_out))
     seconds = time.perf_counter() - t0
     row.update(evaluations=state.evaluations, generations=state.generation, seconds=round(seconds, 1),
                time_limit=req.time_limit, teacher_seconds=round(clock.teacher, 1), tables_seconds=round(clock.tables, 1),
@@ -296,7 +296,7 @@ def _tables(req: SearchRequest, fitness: Fitness, levels, cost_model: CostModel,
     if filled is not None:
         return filled
     deadline = None if req.sensitivity is not Sensitivity.FULL else tables_deadline(
-        clock, req.time_limit, fitness, levels[-1], len(_others(req)) + 2, to_search, len(sens_windows), held_out)
+        clock, req.time_limit, fitness, levels[-1], len(_others(req)) + 1, to_search, held_out)
     filled = tables(fitness, levels, sens_windows, allocators, req.evo.seed, req.progress, floors, deadline,
                     req.sensitivity_top)  # fmt: skip
     if is_writer():

@@ -12,11 +12,9 @@ from pathlib import Path
 @dataclass
 class Clock:
     """The run's time: when it began, the shared work's seconds (teacher, tables), and the latest measured time of
-    one full scoring of one calibration window (the report's unit of cost). That pace is taken from scorings of the
-    whole pool (the tables' timing, then each report), as the report scores: the start's choice scores each mix on
-    one window and slices the model again for each, so its pace per window overprices the report (each budget would
-    stop its generations early, the last leaving its time unused; every mix file records its report's seconds and
-    the guess); it sets the pace only where no whole-pool one was measured (`--sensitivity probe`'s first budget)."""
+    one full float32 scoring of one calibration window (the report's unit of cost). That pace is taken from scorings
+    of the whole pool, as the report scores: the tables' timing, then each budget's choice of its start (its one-shot
+    allocations on the pool) and each report (every mix file records its report's seconds and the guess)."""
 
     began: float
     teacher: float = 0.0
@@ -59,15 +57,18 @@ def text_windows(held_out) -> int:
     return 0 if text is None else 3 * text.shape[0]
 
 
+REPORT_MIXES = 2  # the mixes a budget's report scores on the pool: the evolved one and the refined start (choice.py)
+
+
 def report_guess(clock: Clock, mixes: int, windows: tuple[int, ...], held_out) -> float:
     """Seconds the report of `mixes` mixes will take, from the latest measured time per window (0 before any)."""
     return (clock.per_window or 0.0) * (mixes * len(windows) + text_windows(held_out))
 
 
 def tables_deadline(clock: Clock, minutes: float | None, fitness, top: int, mixes: int, budgets: int,
-                    start_windows: int, held_out) -> float | None:  # fmt: skip
+                    held_out) -> float | None:  # fmt: skip
     """When the measured additive table (`--sensitivity full`) must stop adding widths so that each budget's choice
-    of its start (`mixes` mixes on `start_windows` windows) and its report (the same mixes on the whole pool) still
+    of its start (its `mixes` one-shot allocations on the whole pool) and its report (REPORT_MIXES more there) still
     fit in the limit (None without one). Their price comes from one float32 scoring of the top mix on the whole pool,
     timed here after the pool's teacher terms are made (the reports reuse them); it sets `clock.per_window`."""
     if minutes is None:
@@ -80,5 +81,5 @@ def tables_deadline(clock: Clock, minutes: float | None, fitness, top: int, mixe
     with fitness.exact():
         fitness.kl(tuple(top for _ in fitness.names), windows)  # on every rank: each times its own pace
     clock.per_window = (time.perf_counter() - t0) / len(windows)
-    start = (clock.per_window or 0.0) * mixes * start_windows
-    return clock.began + 60 * minutes - budgets * (start + report_guess(clock, mixes, windows, held_out))
+    start = clock.per_window * mixes * len(windows)
+    return clock.began + 60 * minutes - budgets * (start + report_guess(clock, REPORT_MIXES, windows, held_out))
