@@ -5,15 +5,17 @@ and the scoring of named mixes on held-out text (the first 4 × 1024 tokens of t
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 import matgptq
-from benchmarks._harness import ROOT, load_json, measured_child
+from benchmarks._harness import RESULTS, ROOT, load_json, measured_child, write_page, write_results
 from matgptq.allocation import BudgetKind, CostModel
 from matgptq.evaluation.perplexity import score
 from matgptq.evaluation.teacher import Teacher
@@ -43,6 +45,34 @@ def start(work: Path, out: Path, recipe: tuple[str, ...], protocol: str,
         data = {"recipe": list(recipe), "seeds": {}}
     data["protocol"] = protocol
     return parent, data
+
+
+def seed_parser(doc: str, out: str) -> argparse.ArgumentParser:
+    """The options every seeded search benchmark takes (record_seeds reads them); `out`: its JSON's name."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0,1,2", help="search seeds (each also moves the calibration text)")
+    ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"), help="the parent and the mix files")
+    ap.add_argument("--out", default=str(RESULTS / out), help="the JSON; its page beside it")
+    ap.add_argument("--from-json", action="store_true", help="only re-render the page from --out")
+    return ap
+
+
+def record_seeds(name: str, a, recipe: tuple[str, ...], protocol: str,
+                 measure: Callable[[Path, Path, int], dict], page: Callable[[dict], str]) -> None:  # fmt: skip
+    """The main of a seeded search benchmark `name` (its options `a`: --seeds, --work, --out, --from-json): unless
+    --from-json, each seed measured (`measure(parent, work, seed)`) into the JSON at --out, written with its page after
+    every seed (a stopped run keeps the rest); then the page rendered from that JSON, and printed."""
+    out, work = Path(a.out), Path(a.work)
+    if not a.from_json:
+        parent, data = start(work, out, recipe, protocol)
+        for seed in (int(s) for s in a.seeds.split(",")):
+            data["seeds"][str(seed)] = measure(parent, work, seed)
+            write_results(out.with_suffix(".md"), data, page(data))
+    if not out.is_file():
+        raise SystemExit(f"{name}: error: no {out}; run it without --from-json first")
+    text = page(load_json(out))
+    write_page(out.with_suffix(".md"), text)
+    print(text)
 
 
 def make_parent(work: Path) -> Path:

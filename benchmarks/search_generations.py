@@ -19,12 +19,11 @@ Protocol (search_minutes.py's parent, calibration ranges, held-out text and scor
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
-from benchmarks._harness import RESULTS, ROOT, header, load_json, write_page, write_results
-from benchmarks._search_setup import score_named, search_child, start, stats
+from benchmarks._harness import header, load_json
+from benchmarks._search_setup import record_seeds, score_named, search_child, seed_parser, stats
 from benchmarks.search_ten_minutes import POOL
 from matgptq.execution import format_table
 
@@ -34,28 +33,8 @@ STEP = 3  # the parent is scored after every STEP generations
 RECIPE = (*POOL, "--generations", str(GENERATIONS), "--refine-steps", "0")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", default="0,1,2", help="search seeds (each also moves the calibration text)")
-    ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"), help="the parent and the mix files")
-    ap.add_argument("--out", default=str(RESULTS / "search_generations.json"), help="the JSON; its page beside it")
-    ap.add_argument("--from-json", action="store_true", help="only re-render the page from --out")
-    return ap
-
-
 def main() -> None:
-    a = build_parser().parse_args()
-    out = Path(a.out)
-    if not a.from_json:
-        parent, data = start(Path(a.work), out, RECIPE, __doc__)
-        for seed in (int(s) for s in a.seeds.split(",")):
-            data["seeds"][str(seed)] = measure_seed(parent, Path(a.work), seed)
-            write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
-    if not out.is_file():
-        raise SystemExit(f"search_generations: error: no {out}; run it without --from-json first")
-    text = page(load_json(out))
-    write_page(out.with_suffix(".md"), text)
-    print(text)
+    record_seeds("search_generations", seed_parser(__doc__, "search_generations.json").parse_args(), RECIPE, __doc__, measure_seed, page)
 
 
 def measure_seed(parent: Path, work: Path, seed: int) -> dict:

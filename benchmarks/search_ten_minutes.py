@@ -37,8 +37,8 @@ import statistics
 from fractions import Fraction
 from pathlib import Path
 
-from benchmarks._harness import RESULTS, ROOT, header, load_json, write_page, write_results
-from benchmarks._search_setup import BUDGETS, LEVELS, score_named, search_child, start, stats
+from benchmarks._harness import header, load_json
+from benchmarks._search_setup import BUDGETS, LEVELS, record_seeds, score_named, search_child, seed_parser, stats
 from benchmarks.search_baselines import verdict
 from benchmarks.search_minutes import random_mixes
 from matgptq.allocation import BudgetKind, CostModel
@@ -57,30 +57,17 @@ REPORT = ("report_seconds", "report_guess_seconds")  # recorded since the guess 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", default="0,1,2", help="search seeds (each also moves the calibration text)")
-    ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"), help="the parent and the mix files")
-    ap.add_argument("--out", default=str(RESULTS / "search_ten_minutes.json"), help="the JSON; its page beside it")
+    ap = seed_parser(__doc__, "search_ten_minutes.json")
     ap.add_argument("--uniform-draws", action="store_true", help="also the timed search with uniform draws")
     ap.add_argument("--reuse-slow", action="store_true", help="the slow baselines' mixes and usage from their files "
                     "in --work, not run again (for a change to the timed search alone)")
-    ap.add_argument("--from-json", action="store_true", help="only re-render the page from --out")
     return ap
 
 
 def main() -> None:
     a = build_parser().parse_args()
-    out = Path(a.out)
-    if not a.from_json:
-        parent, data = start(Path(a.work), out, RECIPE, __doc__)
-        for seed in (int(s) for s in a.seeds.split(",")):
-            data["seeds"][str(seed)] = measure_seed(parent, Path(a.work), seed, a.uniform_draws, a.reuse_slow)
-            write_results(out.with_suffix(".md"), data, page(data))  # after every seed: a stopped run keeps the rest
-    if not out.is_file():
-        raise SystemExit(f"search_ten_minutes: error: no {out}; run it without --from-json first")
-    text = page(load_json(out))
-    write_page(out.with_suffix(".md"), text)
-    print(text)
+    measure = lambda parent, work, seed: measure_seed(parent, work, seed, a.uniform_draws, a.reuse_slow)  # noqa: E731
+    record_seeds("search_ten_minutes", a, RECIPE, __doc__, measure, page)
 
 
 def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, reuse_slow: bool = False) -> dict:

@@ -83,8 +83,8 @@ def report(fitness: Fitness, cost_model: CostModel, kind: BudgetKind, label: str
     """A budget's summary row and written mix. Score the evolved parent (`state.parent`), its start (`state.start`:
     the one-shot start as refined, refine.py) and every one-shot allocation on the whole calibration pool (`known`:
     the scores `first_parent` made of them there, not made again), and choose the budget's output (`choose`: the
-    lowest, unless the uniform slice is not shown worse): the written mix is never worse there than a baseline the search
-    could have returned, and not replaced by a mix that only fits the pool. The stages score each generation on a
+    lowest, unless the uniform slice is not shown worse): the written mix is never worse there than a baseline the
+    search could have returned, and not replaced by a mix that only fits the pool. The stages score each generation on a
     few thousand fresh tokens; at budgets where candidates differ by less than that sample's noise, the generations
     can drift to a mix that is worse on the whole pool than where they began. The choice is made on calibration
     tokens only; the held-out `--text` scores are reported for the knapsack, the evolved and the written mix."""

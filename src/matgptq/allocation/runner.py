@@ -163,7 +163,8 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
                    end: float | None) -> dict:  # fmt: skip
     """One budget: the one-shot allocations (the knapsack mix first), the search's start (the best of them on the
     whole calibration pool, in float32), EvoPress (stopped in time for the report to end by `end`, when given), the
-    choice among all of them on that pool (the one-shot allocations' scores reused); its mix file written; the summary row (seconds counted from `t0`)."""
+    choice among all of them on that pool (the one-shot allocations' scores reused); its mix file written; the
+    summary row (seconds counted from `t0`)."""
     label, limit = budget
     mixes = baseline_mixes(cost_model, filled, _own(req), _others(req), limit, req.kind)
     all_windows = tuple(range(fitness.windows.shape[0]))
