@@ -34,7 +34,8 @@ RECIPE = (*POOL, "--generations", str(GENERATIONS), "--refine-steps", "0")
 
 
 def main() -> None:
-    record_seeds("search_generations", seed_parser(__doc__, "search_generations.json").parse_args(), RECIPE, __doc__, measure_seed, page)
+    a = seed_parser(__doc__, "search_generations.json").parse_args()
+    record_seeds("search_generations", a, RECIPE, __doc__, measure_seed, page)
 
 
 def measure_seed(parent: Path, work: Path, seed: int) -> dict:
@@ -74,8 +75,8 @@ def page(data: dict) -> str:
     return "\n".join([
         header("benchmarks/search_generations.py", "search_generations.json"), "# What the generations buy", "",
         "```", protocol, "```", "",
-        f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds. `gN`: the parent after "
-        "N generations (g0: the start); `vs start`: the mean KL against g0's:", "",
+        f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds. `gN`: the parent "
+        "after N generations (g0: the start); `vs start`: the mean KL against g0's:", "",
         format_table(["budget", "mix", "held-out KL", "vs start"], rows), "",
         "The mix each seed wrote (its seconds are in the JSON, not shown: the runs shared the machine with other "
         "work):", "", format_table(["budget", "chosen per seed"], chosen),
