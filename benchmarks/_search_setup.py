@@ -47,10 +47,19 @@ def start(work: Path, out: Path, recipe: tuple[str, ...], protocol: str,
     return parent, data
 
 
+def comma_list(kind):
+    """An argparse type: comma-separated values of `kind` (argparse names the option and exits 2 otherwise)."""
+    def parse(text: str) -> list:
+        return [kind(x) for x in text.split(",") if x]
+    parse.__name__ = f"comma-separated {kind.__name__} list"
+    return parse
+
+
 def seed_parser(doc: str, out: str) -> argparse.ArgumentParser:
     """The options every seeded search benchmark takes (record_seeds reads them); `out`: its JSON's name."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", default="0,1,2", help="search seeds (each also moves the calibration text)")
+    ap.add_argument("--seeds", type=comma_list(int), default="0,1,2",
+                    help="search seeds (each also moves the calibration text)")
     ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"), help="the parent and the mix files")
     ap.add_argument("--out", default=str(RESULTS / out), help="the JSON; its page beside it")
     ap.add_argument("--from-json", action="store_true", help="only re-render the page from --out")
@@ -65,7 +74,7 @@ def record_seeds(name: str, a, recipe: tuple[str, ...], protocol: str,
     out, work = Path(a.out), Path(a.work)
     if not a.from_json:
         parent, data = start(work, out, recipe, protocol)
-        for seed in (int(s) for s in a.seeds.split(",")):
+        for seed in a.seeds:
             data["seeds"][str(seed)] = measure(parent, work, seed)
             write_results(out.with_suffix(".md"), data, page(data))
     if not out.is_file():

@@ -43,7 +43,7 @@ def measure_seed(parent: Path, work: Path, seed: int) -> dict:
     its written mix and, where made, the slow child's two-window knapsack, scored on the held-out text."""
     done = search_child(parent, work, seed, list(RECIPE), f"generations-seed-{seed}", budgets=BUDGETS)
     slow = work / f"ten-seed-{seed}-slow"
-    named, seconds = {}, {}
+    named, run = {}, {}
     for b, body in done["bodies"].items():
         names = list(body["bits"])
         history = {h["generation"]: h for h in body["history"]}
@@ -52,10 +52,10 @@ def measure_seed(parent: Path, work: Path, seed: int) -> dict:
                     "written": body["bits"]}  # fmt: skip
         if (slow / f"mix-{b}.json").is_file():
             named[b]["additive 510"] = load_json(slow / f"mix-{b}.json")["dp_bits"]
-        seconds[b] = {"tables": body["summary"]["tables_seconds"], "evolution": body["history"][-1]["seconds"],
-                      "generations": body["summary"]["generations"], "chosen": body["summary"]["chosen"]}  # fmt: skip
+        run[b] = {"tables": body["summary"]["tables_seconds"], "evolution": body["history"][-1]["seconds"],
+                  "generations": body["summary"]["generations"], "chosen": body["summary"]["chosen"]}  # fmt: skip
     scores = score_named(parent, named)
-    return {"usage": done["usage"], "budgets": {b: {"scores": scores[b], **seconds[b]} for b in BUDGETS}}
+    return {"usage": done["usage"], "budgets": {b: {"scores": scores[b], **run[b]} for b in BUDGETS}}
 
 
 def page(data: dict) -> str:

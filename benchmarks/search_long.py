@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._harness import RESULTS, ROOT, header, write_results
-from benchmarks._search_setup import LEVELS, score_named, search_child, start, stats
+from benchmarks._search_setup import LEVELS, comma_list, score_named, search_child, start, stats
 from benchmarks.search_baselines import verdict
 from matgptq.allocation import BudgetKind, CostModel
 from matgptq.allocation.allocators import uniform_mix
@@ -61,19 +61,11 @@ ONE_SHOT = ("uniform", "additive", "probe", "noise", "error", "gradient")
 KINDS = (*ONE_SHOT, "evolved", "written")
 
 
-def _list(kind):
-    """An argparse type: comma-separated values of `kind` (argparse names the option and exits 2 otherwise)."""
-    def parse(text: str) -> list:
-        return [kind(x) for x in text.split(",") if x]
-    parse.__name__ = f"comma-separated {kind.__name__} list"
-    return parse
-
-
 def build_parser(doc: str = __doc__, out: str = "search_long.json") -> argparse.ArgumentParser:
     """The options of this script, and of search_refined.py (its own `doc` and JSON `out`)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=_list(int), default="0,1,2", help="search seeds (each also moves the calibration text)")
-    ap.add_argument("--budgets", type=_list(float), default=",".join(BUDGETS), help="budgets searched, in one child per seed")
+    ap.add_argument("--seeds", type=comma_list(int), default="0,1,2", help="search seeds (each also moves the calibration text)")
+    ap.add_argument("--budgets", type=comma_list(float), default=",".join(BUDGETS), help="budgets searched, in one child per seed")
     ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"),
                     help="where the parent and the searches go (search_minutes.py's parent is reused)")
     ap.add_argument("--out", default=str(RESULTS / out), help="the JSON; its page goes beside it")
