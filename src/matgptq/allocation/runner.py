@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
@@ -110,11 +111,18 @@ def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows:
                 "calib_windows": int(calib_windows.shape[0]), "sensitivity_tokens": req.sensitivity_tokens,
                 "sensitivity": req.sensitivity.value, "baselines": [a.value for a in req.baselines],
                 **({} if req.sensitivity_top is None else {"sensitivity_top": req.sensitivity_top}),
-                "score_dtype": str(score_dtype).removeprefix("torch."),
+                "score_dtype": str(score_dtype).removeprefix("torch."), **_table_setting(req, score_dtype),
                 "budget": str(budget), "budget_kind": req.kind.value, "levels": list(levels), **req.evo.settings(),
                 "refine_steps": req.refine.steps, "refine_groups": req.refine.groups,
                 **({"reference": str(reference.resolve())} if req.reference is not None else {})}  # fmt: skip
     return json.loads(json.dumps(settings))
+
+
+def _table_setting(req: SearchRequest, score_dtype: torch.dtype) -> dict:
+    """{"table_dtype": ...} where the tables are scored in another precision than the candidates (ScoreDtype.tables),
+    else nothing (the settings of such runs are what they were before the tables had a precision of their own)."""
+    table = req.score_dtype.tables(score_dtype, req.time_limit is not None)
+    return {} if table == score_dtype else {"table_dtype": str(table).removeprefix("torch.")}
 
 
 def _budgets(req: SearchRequest, ckpt) -> tuple[tuple[int, ...], CostModel, list[tuple[str, Fraction]]]:
@@ -298,8 +306,10 @@ def _tables(req: SearchRequest, fitness: Fitness, levels, cost_model: CostModel,
         return filled
     deadline = None if req.sensitivity is not Sensitivity.FULL else tables_deadline(
         clock, req.time_limit, fitness, levels[-1], len(_others(req)) + 1, to_search, held_out)
-    filled = tables(fitness, levels, sens_windows, allocators, req.evo.seed, req.progress, floors, deadline,
-                    req.sensitivity_top)  # fmt: skip
+    exact = req.score_dtype.tables(fitness.compute_dtype, req.time_limit is not None) == torch.float32
+    with fitness.exact() if exact else nullcontext():
+        filled = tables(fitness, levels, sens_windows, allocators, req.evo.seed, req.progress, floors, deadline,
+                        req.sensitivity_top)  # fmt: skip
     if is_writer():
         write_tables(path, saved, filled)
     return filled

@@ -100,9 +100,10 @@ def _add_start_options(s) -> None:
                        f"{n} with {k.value}" for k, n in DEFAULT_TOKENS.items()) + ")")  # fmt: skip
     s.add_argument("--score-dtype", choices=[k.value for k in type(req.score_dtype)], default=req.score_dtype.value,
                    help="precision of the candidates' forward passes: bfloat16 makes a generation faster "
-                        "where the hardware has it (AVX512-BF16/AMX CPUs, GPUs) and ranks candidates as float32 does "
-                        "up to noise far below the window sampling's; auto = bfloat16 there, float32 elsewhere; the "
-                        "reported KLs are float32 (default %(default)s)")  # fmt: skip
+                        "where the hardware has it (AVX512-BF16/AMX CPUs, GPUs); auto = bfloat16 there, float32 "
+                        "elsewhere, and the one-shot tables in float32 unless --time-limit is given (bfloat16's "
+                        "rounding is of the order of one layer's KL at the wide widths); the reported KLs are "
+                        "float32 (default %(default)s)")  # fmt: skip
 
 
 def allocators(text: str) -> tuple[Allocator, ...]:
