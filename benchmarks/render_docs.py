@@ -101,6 +101,9 @@ PAGES = (
     Page("search_generations", ("search_generations.json",), md="search_generations.md",
          about="SmolLM2-135M-Instruct: the 10-minute recipe's evolution run to 12 generations at 3.25 and 3.5 bits, "
                "its parent on held-out text every 3 generations, 3 seeds"),
+    Page("search_table_dtype", ("search_table_dtype.json",), md="search_table_dtype.md",
+         about="SmolLM2-135M-Instruct: the additive table scored in float32 against bfloat16, its knapsack mixes "
+               "on held-out text at eight budgets, 3 seeds"),
     Page("research.matgptq_ablation", ("ablation.json",), md="ablation.md", render="stories_page",
          about="stories260K: the MatGPTQ variants against per-width GPTQ, over calibration seeds"),
     Page("research.matgptq_ablation", ("ablation_real_model.json",), md="ablation_real_model.md", render="real_model_page",
