@@ -1,7 +1,7 @@
 """The table's precision (issue #44 item 2): on SmolLM2-135M-Instruct, is the measured additive table (every layer
-alone at every width) better scored in float32 than in bfloat16? A one-layer change's KL at 5 bits and above is of
-the order of bfloat16's rounding noise in the forward pass, so the knapsack of a bfloat16 table may pick its wide
-widths on rounding.
+alone at every width) better scored in float32 than in bfloat16? A one-layer change's KL at 6 bits and above is of
+the order of bfloat16's rounding in the forward pass, so the knapsack of a bfloat16 table may pick its wide widths on
+rounding.
 
 Protocol (search_minutes.py's parent, calibration ranges, held-out text and scoring):
   tables    per seed s and precision D (float32, bfloat16), one measured child process that only fills the table:
@@ -56,8 +56,8 @@ def measure_seed(parent: Path, work: Path, seed: int, reuse: bool = False) -> di
         seconds[dtype] = round(table["seconds"], 1)
         for b in BUDGETS:
             named[b][dtype] = dict(zip(cost.names, knapsack_mix(cost, table["table"], Fraction(b), BudgetKind.CODE)))
-    return {"machine": machine(), "table_seconds": seconds, "rounding": rounding(tables["float32"]["table"], tables["bfloat16"]["table"]),
-            "budgets": score_named(parent, named)}
+    moved = rounding(tables["float32"]["table"], tables["bfloat16"]["table"])
+    return {"machine": machine(), "table_seconds": seconds, "rounding": moved, "budgets": score_named(parent, named)}
 
 
 def rounding(exact: list[list[float]], low: list[list[float]]) -> dict[str, dict[str, float]]:
@@ -67,7 +67,8 @@ def rounding(exact: list[list[float]], low: list[list[float]]) -> dict[str, dict
     for i, r in enumerate(LEVELS[:-1]):
         inc = [row[i] - row[-1] for row in exact]
         moved = [(b[i] - b[-1]) - (a[i] - a[-1]) for a, b in zip(exact, low)]
-        out[str(r)] = {"mean_increment": statistics.fmean(inc), "rms_change": statistics.fmean(x * x for x in moved) ** 0.5}
+        rms = statistics.fmean(x * x for x in moved) ** 0.5
+        out[str(r)] = {"mean_increment": statistics.fmean(inc), "rms_change": rms}
     return out
 
 
@@ -79,14 +80,16 @@ def page(data: dict) -> str:
     for b in BUDGETS:
         kl = {d: [r["budgets"][b][d]["kl"] for r in runs] for d in DTYPES}
         per_seed = " ".join(f"{x / y:.3f}" for x, y in zip(*kl.values()))
-        rows.append([b, *(stats(kl[d]) for d in DTYPES), f"{statistics.mean(kl['float32']) / statistics.mean(kl['bfloat16']):.3f}×", per_seed])  # fmt: skip
+        ratio = statistics.mean(kl["float32"]) / statistics.mean(kl["bfloat16"])
+        rows.append([b, *(stats(kl[d]) for d in DTYPES), f"{ratio:.3f}×", per_seed])
     times = [[s, *(f"{r['table_seconds'][d]:.0f}" for d in DTYPES),
               f"{r['table_seconds']['float32'] / r['table_seconds']['bfloat16']:.2f}×"] for s, r in zip(seeds, runs)]
     noise = [[r, f"{statistics.mean(x['rounding'][r]['mean_increment'] for x in runs):.2e}",
               f"{statistics.mean(x['rounding'][r]['rms_change'] for x in runs):.2e}"] for r in runs[0]["rounding"]]
     hosts = "; ".join(sorted({f"{r['machine']['cpu']}, {r['machine']['cores']} cores" for r in runs}))
+    recipe = " ".join(x or "''" for x in data["recipe"])  # '' : the empty --baselines, as a shell spells it
     protocol = data["protocol"].strip().replace(
-        "{RECIPE}", f"matgptq search PARENT --budget {','.join(BUDGETS)} --calib wiki.test " + " ".join(x or "''" for x in data["recipe"]))
+        "{RECIPE}", f"matgptq search PARENT --budget {','.join(BUDGETS)} --calib wiki.test {recipe}")
     return "\n".join([
         header("benchmarks/search_table_dtype.py", "search_table_dtype.json"), "# The table's precision", "",
         "```", protocol, "```", "",
