@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._harness import RESULTS, ROOT, header, write_results
+from benchmarks._harness import RESULTS, ROOT, header, machine, write_results
 from benchmarks._search_setup import LEVELS, comma_list, score_named, search_child, start, stats
 from benchmarks.search_baselines import verdict
 from matgptq.allocation import BudgetKind, CostModel
@@ -89,7 +89,7 @@ def measure_seed(parent: Path, work: Path, seed: int, budgets: list[str]) -> dic
     done = search_child(parent, work, seed, [*RECIPE, "--resume"], f"long-seed-{seed}", budgets=tuple(budgets))
     named = one_shot_mixes(parent, done["bodies"], evolved="search_bits", written="bits")
     scores = score_named(parent, named)
-    return {"usage": done["usage"], "resumed": resumed,
+    return {"usage": done["usage"], "resumed": resumed, "machine": machine(),
             "budgets": {b: {"scores": scores[b], "chosen": body["summary"]["chosen"],
                             "evolution_seconds": body["history"][-1]["seconds"] if body["history"] else 0.0,
                             "tables_seconds": tables_seconds(body, work / f"long-seed-{seed}"),
@@ -164,6 +164,8 @@ def page(data: dict) -> str:
     cost = cost_rows(runs, rows, "/", lambda rec: str(rec["generations"]), "evolution_seconds")
     usage = [row + ["yes" if r.get("resumed") else "no"] for row, r in zip(usage_rows(seeds, runs, budgets), runs)]
     notes = [f"- seed {s}: {r['note']}" for s, r in zip(seeds, runs) if r.get("note")]  # what the numbers do not say
+    notes += [f"- seed {s}: measured on {m['cpu']}, {m['cores']} cores, at commit {m['commit']}"
+              for s, m in ((s, r.get("machine")) for s, r in zip(seeds, runs)) if m]  # fmt: skip
     protocol = data["protocol"].strip().replace("{BUDGETS}", ",".join(budgets))
     recipe = RECIPE if data["recipe"] == list(RECIPE_BEFORE) else data["recipe"]  # the command that repeats it now
     protocol = protocol.replace("{RECIPE}", " ".join(recipe))
