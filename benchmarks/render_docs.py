@@ -91,7 +91,11 @@ PAGES = (
     Page("search_long", ("search_long.json",), md="search_long.md",
          about="SmolLM2-135M-Instruct: the search given its default 25 generations from the measured additive start, "
                "against every one-shot allocation of the same run, at the fractional budgets"),
-    Page("search_long", ("search_long.json",), block="README.md#search-long", render="readme_block",
+    Page("search_long", ("search_long_wide.json",), md="search_long_wide.md", render="page_wide",
+         about="SmolLM2-135M-Instruct: the same at the budgets the first record lacks, with the defaults of its day "
+               "(float32 tables, mutations drawn from the table)"),
+    Page("search_long", ("search_long.json", "search_long_wide.json"), block="README.md#search-long",
+         render="readme_block",
          about="the README's long-search result: the written mix against the best one-shot allocation"),
     Page("search_refined", ("search_refined.json",), md="search_refined.md",
          about="SmolLM2-135M-Instruct: the search's start refined by measured local steps, against every one-shot "

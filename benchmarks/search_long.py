@@ -30,6 +30,8 @@ after each seed.
 
     python -m benchmarks.search_long [--seeds 0,1,2] [--budgets 2.5,2.75,3.25,3.5]
         # on 2 cores: ~9 minutes of tables a seed, then ~25 minutes a budget
+    python -m benchmarks.search_long --budgets 3.5,4,5,6 --out docs/results/search_long_wide.json
+        # the budgets the first record lacks, in a record of their own (page_wide)
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ from matgptq.execution import format_table
 from matgptq.formats import read_checkpoint
 
 BUDGETS = ("2.5", "2.75", "3.25", "3.5")
+WIDE = "search_long_wide.json"  # the budgets the first record lacks, measured later (page_wide)
+WIDE_COMMAND = f"python -m benchmarks.search_long --budgets 3.5,4,5,6 --out docs/results/{WIDE}"
 # The seeds were measured before the search refined its start (allocation/refine.py): spelled out so that the
 # command still means what was measured; RECIPE_BEFORE, the same command then, is recorded as RECIPE from now on
 RECIPE_BEFORE = ("--sensitivity", "full", "--sensitivity-tokens", "255", "--baselines",
@@ -156,8 +160,8 @@ def usage_rows(seeds: list[str], runs: list[dict], budgets: list[str]) -> list[l
             for s, r in zip(seeds, runs)]  # fmt: skip
 
 
-def page(data: dict) -> str:
-    """docs/results/search_long.md from its JSON."""
+def page(data: dict, source: str = "search_long.json", intro: tuple[str, ...] = ()) -> str:
+    """docs/results/search_long.md from its JSON (`source`; `intro`: lines under the title)."""
     seeds, runs, rows = per_budget(data)
     budgets = [b for b, _, _ in rows]
     quality, perplexity = kl_rows(runs, rows, KINDS)
@@ -170,7 +174,7 @@ def page(data: dict) -> str:
     recipe = RECIPE if data["recipe"] == list(RECIPE_BEFORE) else data["recipe"]  # the command that repeats it now
     protocol = protocol.replace("{RECIPE}", " ".join(recipe))
     return "\n".join([
-        header("benchmarks/search_long.py", "search_long.json"), "# The search given time", "",
+        header("benchmarks/search_long.py", source), "# The search given time", "", *intro,
         "```", protocol, "```", "",
         f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds (one seed: its value)."
         " More seeds: `--seeds 1,2` adds them to the JSON.", "",
@@ -190,22 +194,42 @@ def page(data: dict) -> str:
     ])  # fmt: skip
 
 
-def readme_block(data: dict) -> str:
-    """The README's long-search result: per budget, the written mix against the best one-shot allocation."""
+def page_wide(wide: dict) -> str:
+    """docs/results/search_long_wide.md: the budgets the first record lacks, measured later with that day's
+    defaults (WIDE_COMMAND)."""
+    machines = sorted({r["machine"]["commit"] for r in wide["seeds"].values()})
+    return page(wide, WIDE, (
+        f"The budgets search_long.json lacks, in a record of their own (`{WIDE_COMMAND}`), measured at commit "
+        f"{', '.join(machines)}: the same command, whose defaults then scored the one-shot tables in float32 "
+        "(since 1524422) and drew the mutations from the start's table (`--mutation-temperature 0.5`, since "
+        "2026-12-03), where the first record's tables were bfloat16 and its mutations uniform draws.", ""))
+
+
+def _block_rows(data: dict) -> tuple[list[str], list[list[str]]]:
+    """(seeds, README rows): per budget of `data`, the written mix against the best one-shot allocation."""
     seeds, runs, per = per_budget(data)
-    rows = []
-    for b, kl, best in per:
-        rows.append([b, f"{stats(kl['written'], 3)} ({verdict(kl['written'], kl[best])}, {written_ratio(kl, best)})",
-                     f"{best}: {stats(kl[best], 3)}",
-                     f"{statistics.mean(r['budgets'][b]['evolution_seconds'] for r in runs) / 60:.0f}"])  # fmt: skip
-    spread = ("mean ± standard deviation over the seeds; a tie: within the larger deviation" if len(seeds) > 1 else
-              "one seed: no spread yet, so `below` only says lower")  # fmt: skip
+    return seeds, [[b, f"{stats(kl['written'], 3)} ({verdict(kl['written'], kl[best])}, {written_ratio(kl, best)})",
+                    f"{best}: {stats(kl[best], 3)}",
+                    f"{statistics.mean(r['budgets'][b]['evolution_seconds'] for r in runs) / 60:.0f}"]
+                   for b, kl, best in per]  # fmt: skip
+
+
+def readme_block(data: dict, wide: dict) -> str:
+    """The README's long-search result: per budget of both records, the written mix against the best one-shot
+    allocation."""
+    seeds, rows = _block_rows(data)
+    wide_seeds, wide_rows = _block_rows(wide)
+    spread = ("mean ± standard deviation over the seeds, a tie: within the larger deviation; a lone seed has no "
+              "spread, so its `below` only says lower")  # fmt: skip
     return "\n".join([
         f"`python -m benchmarks.search_long` on SmolLM2-135M-Instruct, 2 cores, seeds {', '.join(seeds)}: the default "
         "evolution (25 generations) from the `full` start, every one-shot allocation made in the same run. Held-out KL "
         f"to the float model ({spread}) of the written mix against the best "
-        "one-shot allocation ([search_long](docs/results/search_long.md)):", "",
-        format_table(["budget", "written mix", "best one-shot allocation", "evolution minutes"], rows),
+        "one-shot allocation ([search_long](docs/results/search_long.md)); "
+        f"{', '.join(r[0] for r in wide_rows)} bits: a later record with the defaults of its day (float32 tables, "
+        f"mutations drawn from the table), seed{'s' * (len(wide_seeds) > 1)} {', '.join(wide_seeds)} "
+        "([search_long_wide](docs/results/search_long_wide.md)):", "",
+        format_table(["budget", "written mix", "best one-shot allocation", "evolution minutes"], rows + wide_rows),
     ])  # fmt: skip
 
 
