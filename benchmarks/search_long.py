@@ -197,10 +197,10 @@ def page(data: dict, source: str = "search_long.json", intro: tuple[str, ...] = 
 def page_wide(wide: dict) -> str:
     """docs/results/search_long_wide.md: the budgets the first record lacks, measured later with that day's
     defaults (WIDE_COMMAND)."""
-    machines = sorted({r["machine"]["commit"] for r in wide["seeds"].values()})
+    commits = sorted({r["machine"]["commit"] for r in wide["seeds"].values()})
     return page(wide, WIDE, (
         f"The budgets search_long.json lacks, in a record of their own (`{WIDE_COMMAND}`), measured at commit "
-        f"{', '.join(machines)}: the same command, whose defaults then scored the one-shot tables in float32 "
+        f"{', '.join(commits)}: the same command, whose defaults then scored the one-shot tables in float32 "
         "(since 1524422) and drew the mutations from the start's table (`--mutation-temperature 0.5`, since "
         "2026-12-03), where the first record's tables were bfloat16 and its mutations uniform draws.", ""))
 
