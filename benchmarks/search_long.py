@@ -169,7 +169,7 @@ def page(data: dict, source: str = "search_long.json", intro: tuple[str, ...] = 
     usage = [row + ["yes" if r.get("resumed") else "no"] for row, r in zip(usage_rows(seeds, runs, budgets), runs)]
     notes = [f"- seed {s}: {r['note']}" for s, r in zip(seeds, runs) if r.get("note")]  # what the numbers do not say
     notes += [f"- seed {s}: measured on {m['cpu']}, {m['cores']} cores, at commit {m['commit']}"
-              for s, m in ((s, r.get("machine")) for s, r in zip(seeds, runs)) if m]  # fmt: skip
+              for s, r in zip(seeds, runs) if (m := r.get("machine"))]  # fmt: skip
     protocol = data["protocol"].strip().replace("{BUDGETS}", ",".join(budgets))
     recipe = RECIPE if data["recipe"] == list(RECIPE_BEFORE) else data["recipe"]  # the command that repeats it now
     protocol = protocol.replace("{RECIPE}", " ".join(recipe))
