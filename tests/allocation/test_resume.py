@@ -1,5 +1,5 @@
 """What `search --resume` keeps from the run before: the budgets it finished (not searched again) and the one-shot
-tables (read back exactly; made otherwise or damaged: scored afresh)."""
+tables (read back exactly, only the ones it lacks scored; made otherwise or damaged: scored afresh)."""
 
 import json
 from pathlib import Path
@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 
 from matgptq.allocation import runner
-from matgptq.allocation.allocators import Allocator, Filled
+from matgptq.allocation import allocators
+from matgptq.allocation.allocators import Allocator, Filled, lacking
 from matgptq.allocation.resume import finished_row, read_tables, tables_path, tables_settings, write_tables
 from matgptq.cli import main
 from tests.allocation.test_cli import search
 
-SETTINGS = tables_settings({"parent": "/p", "levels": [2, 4, 8], "budget": "3.0", "seed": 0},
-                           (Allocator.ADDITIVE, Allocator.GRADIENT), (2,))  # fmt: skip
+SETTINGS = tables_settings({"parent": "/p", "levels": [2, 4, 8], "budget": "3.0", "seed": 0,
+                            "baselines": ["uniform", "gradient"]})  # fmt: skip
 # values JSON must carry exactly: a float64 that is no short decimal, the extremes, a gradient table's None
 FILLED = {Allocator.ADDITIVE: Filled([[0.1 + 0.2, 1e-300, 5.0], [2.0**-40, float("inf"), 5.0]], 12.5, (2, 4)),
           Allocator.GRADIENT: Filled({2: [[None, 1 / 3, 7.0], [None, -0.0, 7.0]]}, 3.25)}  # fmt: skip
@@ -24,19 +25,28 @@ def test_tables_read_back_exactly(tmp_path):
     assert read_tables(tmp_path / ".tables.json", SETTINGS, layers=2) == FILLED
 
 
-def test_the_budget_is_not_a_setting_of_the_tables():
-    other = tables_settings({"parent": "/p", "levels": [2, 4, 8], "budget": "3.5", "seed": 0},
-                            (Allocator.GRADIENT, Allocator.ADDITIVE), (2,))  # fmt: skip
+def test_the_budget_and_the_baselines_are_not_settings_of_the_tables():
+    """Each table is kept under its allocator's name (the gradient's per floor): another budget or baseline list
+    reads the same file."""
+    other = tables_settings({"parent": "/p", "levels": [2, 4, 8], "budget": "3.5", "seed": 0, "baselines": ["noise"]})
     assert other == SETTINGS
 
 
-@pytest.mark.parametrize("change", ["seed", "floors", "allocators", "layers"])
+@pytest.mark.parametrize("change", ["seed", "levels", "layers"])
 def test_tables_made_otherwise_are_not_used(tmp_path, change):
     path = tmp_path / ".tables.json"
     write_tables(path, SETTINGS, FILLED)
-    settings = {**SETTINGS, **{"seed": {"seed": 1}, "floors": {"floors": [2, 4]},
-                               "allocators": {"allocators": ["additive"]}, "layers": {}}[change]}  # fmt: skip
+    settings = {**SETTINGS, **{"seed": {"seed": 1}, "levels": {"levels": [3, 4, 8]}, "layers": {}}[change]}
     assert read_tables(path, settings, layers=3 if change == "layers" else 2) is None
+
+
+def test_only_the_tables_the_run_before_lacks_are_scored():
+    """`lacking`: an allocator with no table, a GRADIENT floor its table lacks; UNIFORM has no table."""
+    have = {Allocator.ADDITIVE: FILLED[Allocator.ADDITIVE], Allocator.GRADIENT: FILLED[Allocator.GRADIENT]}
+    assert lacking((Allocator.ADDITIVE, Allocator.UNIFORM, Allocator.GRADIENT), (2,), have) == ((), ())
+    assert lacking((Allocator.ADDITIVE, Allocator.GRADIENT), (2, 4), have) == ((Allocator.GRADIENT,), (4,))
+    assert lacking((Allocator.ADDITIVE, Allocator.NOISE), (2, 4), have) == ((Allocator.NOISE,), (4,))
+    assert lacking((Allocator.ADDITIVE, Allocator.ERROR), (), {}) == ((Allocator.ADDITIVE, Allocator.ERROR), ())
 
 
 @pytest.mark.parametrize("damage", ["not json", "[]", '{"format": "matgptq-search-tables", "version": 1}', "cut"])
@@ -51,23 +61,36 @@ def test_a_damaged_tables_file_is_scored_afresh(tmp_path, damage):
 
 def test_resume_reads_the_tables_back_instead_of_scoring_them(stories_parent, tmp_path, monkeypatch):
     """A search extended with --resume (2 → 3 generations) scores no table and writes the mix a fresh 3-generation run
-    writes; adding a budget with another floor width scores them again."""
-    args = ["--budget", "3.0", "--baselines", "uniform,error,gradient,noise"]
+    writes. A budget added with another floor width and another baseline scores only what the run before lacks: the
+    gradient table of that floor and the new baseline's; its one-shot mixes are those of a fresh run."""
+    args = ["--budget", "3.0", "--baselines", "uniform,error,gradient"]
     assert main(search(stories_parent, tmp_path / "whole", *args, "--generations", "3")) == 0
     out = tmp_path / "resumed"
     assert main(search(stories_parent, out, *args)) == 0  # QUICK's 2 generations
     assert tables_path(out).is_file()
-    calls = []
-    real = runner.tables
-    monkeypatch.setattr(runner, "tables", lambda *a, **k: calls.append(a) or real(*a, **k))
+    scored = []
+    for name in ("measure_table", "noise_table", "error_table", "first_order_table"):  # what `tables` scores with
+        monkeypatch.setattr(allocators, name, _counted(scored, name, getattr(allocators, name)))
     assert main(search(stories_parent, out, *args, "--generations", "3", "--resume")) == 0
     mix = lambda d, b="3.0": json.loads((d / f"mix-{b}.json").read_text())  # noqa: E731
-    assert calls == [] and mix(out)["summary"]["tables_reused"] is True
+    assert scored == [] and mix(out)["summary"]["tables_reused"] is True
     assert mix(out)["bits"] == mix(tmp_path / "whole")["bits"]
     assert mix(tmp_path / "whole")["summary"]["tables_reused"] is False
-    more = ["--budget", "3.0,6.0", *args[2:], "--generations", "3", "--resume"]  # 6.0's floor is 4, 3.0's 2
-    assert main(search(stories_parent, out, *more)) == 0
-    assert len(calls) == 1 and mix(out, "6.0")["summary"]["tables_reused"] is False
+    more = ["--budget", "6.0", "--baselines", "uniform,error,gradient,noise"]  # 6.0's floor is 4, 3.0's 2
+    assert main(search(stories_parent, out, *more, "--resume")) == 0
+    assert sorted(scored) == ["first_order_table 4", "noise_table"]
+    assert mix(out, "6.0")["summary"]["tables_reused"] is False
+    monkeypatch.undo()
+    assert main(search(stories_parent, tmp_path / "fresh", *more)) == 0
+    assert mix(out, "6.0")["baseline_bits"] == mix(tmp_path / "fresh", "6.0")["baseline_bits"]
+
+
+def _counted(calls: list, name: str, real):
+    """`real`, appending its name (and the floor width, for the gradient's) to `calls` at each call."""
+    def call(*a, **k):
+        calls.append(f"{name} {a[3]}" if name == "first_order_table" else name)
+        return real(*a, **k)
+    return call
 
 
 def test_a_finished_budget_is_kept_only_with_the_same_settings_and_generations(tmp_path):

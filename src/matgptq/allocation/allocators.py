@@ -158,28 +158,45 @@ class Filled(NamedTuple):
     measured: tuple[int, ...] | None = None
 
 
+TABLED = (Allocator.PROBE, Allocator.ADDITIVE, Allocator.NOISE, Allocator.ERROR, Allocator.GRADIENT)  # have a table
+
+
+def lacking(allocators, floors: tuple[int, ...], have: dict) -> tuple[tuple[Allocator, ...], tuple[int, ...]]:
+    """(the table-based allocators among `allocators` with no table in `have` ({allocator: Filled}), the widths of
+    `floors` whose GRADIENT table `have` lacks): what `tables` scores given the tables of the run before."""
+    grad = have.get(Allocator.GRADIENT)
+    new_floors = tuple(u for u in floors if grad is None or u not in grad.table)
+    todo = tuple(a for a in allocators if a in TABLED and (a not in have or (a is Allocator.GRADIENT and new_floors)))
+    return todo, new_floors
+
+
 def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], allocators, seed: int = 0,
-           progress: bool = False, floors: tuple[int, ...] = (),
-           deadline: float | None = None, highest: int | None = None) -> dict[Allocator, Filled]:  # fmt: skip
+           progress: bool = False, floors: tuple[int, ...] = (), deadline: float | None = None,
+           highest: int | None = None, have: dict[Allocator, Filled] | None = None) -> dict[Allocator, Filled]:
     """{allocator: Filled} for the table-based allocators among `allocators`; GRADIENT's table is one table per width
     of `floors` (raise_floors of the budgets). ADDITIVE is filled last, and stops at `deadline` (time.perf_counter();
     sensitivity.measure_table) or after the level `highest`: the other tables are cheap and fixed, its widths can be
     traded for time. PROBE, asked for beside ADDITIVE, is read off ADDITIVE's lowest width (sensitivity.probe_of: no
-    scoring of its own)."""
+    scoring of its own). `have`: tables made before on the same windows (resume.py), kept as they are and returned
+    with the rest; only what they lack is scored (`lacking`), a GRADIENT floor they lack added to theirs."""
+    out = dict(have or {})
+    todo, new_floors = lacking(allocators, floors, out)
     fill = {Allocator.PROBE: lambda: measure_table(fitness, levels, windows, Sensitivity.PROBE, progress),
             Allocator.ADDITIVE: lambda: measure_table(fitness, levels, windows, Sensitivity.FULL, progress, deadline,
                                                       highest),
             Allocator.NOISE: lambda: noise_table(fitness, levels, windows, seed, progress),
             Allocator.ERROR: lambda: error_table(fitness, levels, windows),
-            Allocator.GRADIENT: lambda: {u: first_order_table(fitness, levels, windows, u) for u in floors}}  # fmt: skip
-    derived = Allocator.PROBE in allocators and Allocator.ADDITIVE in allocators
-    out = {}
-    for a in sorted((a for a in allocators if a in fill), key=lambda a: a is Allocator.ADDITIVE):
+            Allocator.GRADIENT: lambda: {u: first_order_table(fitness, levels, windows, u)
+                                         for u in new_floors}}  # fmt: skip
+    derived = Allocator.PROBE in todo and Allocator.ADDITIVE in (*todo, *out)
+    for a in sorted(todo, key=lambda a: a is Allocator.ADDITIVE):
         if derived and a is Allocator.PROBE:
             continue
         t0 = time.perf_counter()
         table = fill[a]()
         seconds = time.perf_counter() - t0
+        if a is Allocator.GRADIENT and a in out:  # the floors of the run before, and the new ones
+            table, seconds = {**out[a].table, **table}, out[a].seconds + seconds
         out[a] = Filled(table.values, seconds, table.measured) if isinstance(table, Table) else Filled(table, seconds)
     if derived:
         full = out[Allocator.ADDITIVE]

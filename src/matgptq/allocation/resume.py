@@ -7,11 +7,13 @@ least this run's --generations is not searched again: its summary row is read ba
 
 Tables. After the teacher, the tables (allocators.tables) are the costliest shared part of a search: a full table is
 layers × (levels − 1) scorings (hours for a large model). They are written atomically (fsutil.atomic_output) as
-`.tables.json` in --out once filled, with what they depend on: the search settings but the budget, the allocators
-and the floor widths of the budgets (the gradient tables are one per floor). A resumed search reads them back when all
-of that is the same, instead of scoring them: the same numbers (JSON writes a float64 so that it reads back exactly),
-hence the same mixes. Tables made with anything else, or a file that does not read as such, are scored afresh and
-rewritten: this file is a cache, and losing it loses only time.
+`.tables.json` in --out once filled, with what they depend on: the search settings but the budget and the baselines
+(each allocator's table is kept under its name, the gradient's one per floor width). A resumed search with the same
+settings reads back every table it needs instead of scoring it (the same numbers: JSON writes a float64 so that it
+reads back exactly, hence the same mixes) and scores only those the file lacks: a baseline not asked for before, the
+floor width of a budget added (allocators.lacking); the file then holds them all. Tables made with other settings,
+or a file that does not read as such, are scored afresh and rewritten: this file is a cache, and losing it loses only
+time.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..untrusted import read_json
 from .allocators import Allocator, Filled
 
 TABLES_FORMAT = "matgptq-search-tables"
-TABLES_VERSION = 1
+TABLES_VERSION = 2  # 1 keyed the whole file on the allocators and floors
 
 
 def finished_row(mix_file: Path, settings: dict, generations: int) -> dict | None:
@@ -46,10 +48,10 @@ def tables_path(out: Path) -> Path:
     return out / ".tables.json"
 
 
-def tables_settings(settings: dict, allocators: tuple[Allocator, ...], floors: tuple[int, ...]) -> dict:
-    """What the tables depend on: one budget's search settings without the budget, the allocators, the floors."""
-    keep = {k: v for k, v in settings.items() if k != "budget"}
-    return json.loads(json.dumps({**keep, "allocators": sorted(a.value for a in allocators), "floors": list(floors)}))
+def tables_settings(settings: dict) -> dict:
+    """What the tables depend on: one budget's search settings without the budget and the baselines (each table is
+    kept under its allocator's name, the gradient's per floor)."""
+    return json.loads(json.dumps({k: v for k, v in settings.items() if k not in ("budget", "baselines")}))
 
 
 def write_tables(path: Path, settings: dict, filled: dict[Allocator, Filled]) -> None:
@@ -62,8 +64,8 @@ def write_tables(path: Path, settings: dict, filled: dict[Allocator, Filled]) ->
 
 
 def read_tables(path: Path, settings: dict, layers: int) -> dict[Allocator, Filled] | None:
-    """The tables at `path` if they were made with exactly `settings` (tables_settings), for `layers` layers, else
-    None."""
+    """The tables at `path` ({allocator: Filled}, those it holds) if they were made with exactly `settings`
+    (tables_settings), for `layers` layers, else None."""
     if not path.is_file():
         return None
     try:

@@ -36,7 +36,7 @@ from ..formats import read_checkpoint
 from ..fsutil import atomic_output, check_output
 from ..models import eval_windows, file_sha256, load_tokenizer, read_text, require_model_dir, resolve_model, tokenize
 from ..runtime import load
-from .allocators import Allocator, baseline_mixes, raise_floors, tables
+from .allocators import Allocator, baseline_mixes, lacking, raise_floors, tables
 from .budget import BudgetKind, CostModel, parse_budget
 from .choice import first_parent, report
 from .evopress import evolve, format_stages
@@ -293,23 +293,22 @@ def _finished(req: SearchRequest, budgets, settings: dict) -> dict[str, dict]:
 def _tables(req: SearchRequest, fitness: Fitness, levels, cost_model: CostModel, budgets, to_search: int,
             sens_windows, settings: dict, clock: Clock, held_out) -> dict:  # fmt: skip
     """Every allocator's table, shared by the budgets (the floors of all of them, searched again or not): with
-    --resume, read back from the run before when it made them with the same settings (resume.py), else scored and
-    saved. A FULL table under --time-limit stops in time for the scorings of the `to_search` budgets
+    --resume, those the run before made with the same settings read back (resume.py) and only the rest scored, else
+    all scored; then saved. A FULL table under --time-limit stops in time for the scorings of the `to_search` budgets
     (timing.tables_deadline: the knapsack start, the evolved mix, each baseline)."""
     floors = raise_floors(cost_model, [b for _, b in budgets], req.kind)
     allocators = (_own(req), *_others(req))
-    saved = tables_settings(settings, allocators, floors)
-    path = tables_path(req.out)
-    filled = from_rank0(read_tables(path, saved, len(cost_model.names)) if req.resume and is_writer() else None)
-    clock.tables_reused = filled is not None
-    if filled is not None:
-        return filled
+    saved, path = tables_settings(settings), tables_path(req.out)
+    have = from_rank0(read_tables(path, saved, len(cost_model.names)) if req.resume and is_writer() else None) or {}
+    clock.tables_reused = bool(have) and not lacking(allocators, floors, have)[0]
+    if clock.tables_reused:
+        return have
     deadline = None if req.sensitivity is not Sensitivity.FULL else tables_deadline(
         clock, req.time_limit, fitness, levels[-1], len(_others(req)) + 1, to_search, held_out)
     exact = req.score_dtype.tables(fitness.compute_dtype, req.time_limit is not None) == torch.float32
     with fitness.exact() if exact else nullcontext():
         filled = tables(fitness, levels, sens_windows, allocators, req.evo.seed, req.progress, floors, deadline,
-                        req.sensitivity_top)  # fmt: skip
+                        req.sensitivity_top, have)  # fmt: skip
     if is_writer():
         write_tables(path, saved, filled)
     return filled
