@@ -122,8 +122,9 @@ def quality_rows(runs: list[dict], kinds: list[str]) -> tuple[list[list], list[l
         best = min((k for k in ONE_SHOT if k in kl), key=lambda k: statistics.mean(kl[k]))
         ratio = statistics.mean(kl["written"]) / statistics.mean(kl[best])
         one = " (1 seed)" * (len(runs) == 1)
+        paired = " ".join(f"{w / o:.3f}" for w, o in zip(kl["written"], kl[best]))  # the same seed's text
         quality.append([b, *(stats(kl[k]) for k in kinds), best, verdict(kl["written"], kl[best]) + one,
-                        f"{ratio:.3f}×"])  # fmt: skip
+                        f"{ratio:.3f}×", paired])  # fmt: skip
         perplexity.append([b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in kinds)])
     return quality, perplexity
 
@@ -170,8 +171,9 @@ def page(data: dict) -> str:
         "", "```", protocol, "```", "",
         f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds.", "",
         "Held-out KL to the float32 model; `written vs best`: the written mix against the best one-shot allocation, "
-        "a tie within the larger spread; `ratio`: their mean KLs:", "",
-        format_table(["budget", *kinds, "best one-shot", "written vs best", "ratio"], quality), "",
+        "a tie within the larger spread; `ratio`: their mean KLs; `per seed`: their KLs seed by seed (each seed's "
+        "calibration text, the spread's main source, is the same for both):", "",
+        format_table(["budget", *kinds, "best one-shot", "written vs best", "ratio", "per seed"], quality), "",
         "Held-out perplexity of the same mixes:", "", format_table(["budget", *kinds], perplexity), "",
         "Where the timed search's seconds went per budget (means over the seeds; the first budget carries the teacher "
         "and the shared tables; `search`: the start's choice, refinement, evolution and the choice on the pool; "
