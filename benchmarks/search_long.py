@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._harness import RESULTS, ROOT, header, machine, write_results
+from benchmarks._harness import RESULTS, ROOT, header, machine, machine_lines, write_results
 from benchmarks._search_setup import LEVELS, comma_list, score_named, search_child, start, stats
 from benchmarks.search_baselines import verdict
 from matgptq.allocation import BudgetKind, CostModel
@@ -168,8 +168,7 @@ def page(data: dict, source: str = "search_long.json", intro: tuple[str, ...] = 
     cost = cost_rows(runs, rows, "/", lambda rec: str(rec["generations"]), "evolution_seconds")
     usage = [row + ["yes" if r.get("resumed") else "no"] for row, r in zip(usage_rows(seeds, runs, budgets), runs)]
     notes = [f"- seed {s}: {r['note']}" for s, r in zip(seeds, runs) if r.get("note")]  # what the numbers do not say
-    notes += [f"- seed {s}: measured on {m['cpu']}, {m['cores']} cores, at commit {m['commit']}"
-              for s, r in zip(seeds, runs) if (m := r.get("machine"))]  # fmt: skip
+    notes += machine_lines(seeds, runs)
     protocol = data["protocol"].strip().replace("{BUDGETS}", ",".join(budgets))
     recipe = RECIPE if data["recipe"] == list(RECIPE_BEFORE) else data["recipe"]  # the command that repeats it now
     protocol = protocol.replace("{RECIPE}", " ".join(recipe))

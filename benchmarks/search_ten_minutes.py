@@ -37,7 +37,7 @@ import statistics
 from fractions import Fraction
 from pathlib import Path
 
-from benchmarks._harness import header, load_json, machine
+from benchmarks._harness import header, load_json, machine, machine_lines
 from benchmarks._search_setup import BUDGETS, LEVELS, record_seeds, score_named, search_child, seed_parser, stats
 from benchmarks.search_baselines import verdict
 from benchmarks.search_minutes import random_mixes
@@ -185,15 +185,8 @@ def page(data: dict) -> str:
         "Each child process (wall and CPU seconds, peak RSS; load: the 1-minute load average when it ended; random: "
         "its seconds in the scoring process):", "",
         format_table(["seed", "run", "wall s", "CPU s", "peak RSS GB", "load"], usage_rows(seeds, runs)),
-        *machines(seeds, runs),
+        *(["", *lines] if (lines := machine_lines(seeds, runs)) else []),
     ])  # fmt: skip
-
-
-def machines(seeds: list[str], runs: list[dict]) -> list[str]:
-    """Lines naming the host and commit each seed was measured at (records before machine() have none)."""
-    lines = [f"- seed {s}: measured on {m['cpu']}, {m['cores']} cores, at commit {m['commit']}"
-             for s, r in zip(seeds, runs) if (m := r.get("machine"))]  # fmt: skip
-    return ["", *lines] if lines else []
 
 
 def _cell(kl: dict[str, list[float]], kind: str, best: str) -> str:

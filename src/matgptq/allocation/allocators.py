@@ -158,7 +158,7 @@ class Filled(NamedTuple):
     measured: tuple[int, ...] | None = None
 
 
-TABLED = (Allocator.PROBE, Allocator.ADDITIVE, Allocator.NOISE, Allocator.ERROR, Allocator.GRADIENT)  # have a table
+TABLED = tuple(a for a in Allocator if a is not Allocator.UNIFORM)  # every allocator but UNIFORM fills a table
 
 
 def lacking(allocators, floors: tuple[int, ...], have: dict) -> tuple[tuple[Allocator, ...], tuple[int, ...]]:
