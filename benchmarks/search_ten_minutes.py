@@ -28,11 +28,14 @@ Protocol (search_minutes.py's parent, calibration ranges, held-out text and scor
             two seed spreads (search_baselines.verdict)
 
     python -m benchmarks.search_ten_minutes [--seeds 0,1,2] [--uniform-draws] [--reuse-slow]    # ~30 min a seed
+--search-options adds `matgptq search` options to the timed search (a variant of the recipe, its mix folders named
+after them; give it its own --out, as a record of another recipe replaces the one at --out).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 from fractions import Fraction
 from pathlib import Path
@@ -61,19 +64,25 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--uniform-draws", action="store_true", help="also the timed search with uniform draws")
     ap.add_argument("--reuse-slow", action="store_true", help="the slow baselines' mixes and usage from their files "
                     "in --work, not run again (for a change to the timed search alone)")
+    ap.add_argument("--search-options", default="", metavar="OPTIONS",
+                    help="`matgptq search` options added to the timed search's recipe, e.g. '--sensitivity-top 5'")
     return ap
 
 
 def main() -> None:
     a = build_parser().parse_args()
-    measure = lambda parent, work, seed: measure_seed(parent, work, seed, a.uniform_draws, a.reuse_slow)  # noqa: E731
-    record_seeds("search_ten_minutes", a, RECIPE, __doc__, measure, page)
+    extra = shlex.split(a.search_options)
+    recipe = (*RECIPE, *extra)
+    measure = lambda parent, work, seed: measure_seed(parent, work, seed, a.uniform_draws, a.reuse_slow,  # noqa: E731
+                                                      recipe, "".join(f"-{x.lstrip('-')}" for x in extra))  # fmt: skip
+    record_seeds("search_ten_minutes", a, recipe, __doc__, measure, page)
 
 
-def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, reuse_slow: bool = False) -> dict:
-    """The timed search, the slow baselines (the run before's, with `reuse_slow`) and random search of one seed, every
-    mix scored on the held-out text."""
-    done = search_child(parent, work, seed, list(RECIPE), f"ten-seed-{seed}", MINUTES)
+def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, reuse_slow: bool = False,
+                 recipe: tuple[str, ...] = RECIPE, variant: str = "") -> dict:  # fmt: skip
+    """The timed search of `recipe` (its folder's name ending in `variant`), the slow baselines (the run before's,
+    with `reuse_slow`) and random search of one seed, every mix scored on the held-out text."""
+    done = search_child(parent, work, seed, list(recipe), f"ten-seed-{seed}{variant}", MINUTES)
     slow = reused_slow(work, seed) if reuse_slow else search_child(parent, work, seed, list(SLOW),
                                                                    f"ten-seed-{seed}-slow")  # fmt: skip
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
@@ -90,8 +99,8 @@ def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, reuse
     record = {"usage": done["usage"], "slow_usage": slow["usage"], "random_seconds": random_seconds,
               "slow_reused": reuse_slow, "machine": machine()}
     if uniform_draws:
-        plain = search_child(parent, work, seed, [*RECIPE, "--mutation-temperature", "0"], f"ten-seed-{seed}-uniform",
-                             MINUTES)  # fmt: skip
+        plain = search_child(parent, work, seed, [*recipe, "--mutation-temperature", "0"],
+                             f"ten-seed-{seed}{variant}-uniform", MINUTES)  # fmt: skip
         for b, body in plain["bodies"].items():
             named[b]["uniform draws"] = body["bits"]
         record["uniform_usage"] = plain["usage"]
