@@ -84,9 +84,10 @@ def measured_child(cmd: list[str], threads: int, log: Path) -> dict:
 
 
 def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo) and its widest vector unit, or the platform's processor string. The unit
-    is named because one model name covers several hosts: "AMD EPYC" has been an AVX2 and an AVX-512 machine here,
-    whose float32 GEMMs (and bfloat16 support) differ, so their CPU seconds and roundings do not compare."""
+    """The CPU's model name (/proc/cpuinfo) and its widest vector unit (and AMX, its bfloat16 matrix unit), or the
+    platform's processor string. The unit is named because one model name covers several hosts: "AMD EPYC" has been
+    an AVX2 and an AVX-512 machine here, and "Intel Xeon Processor" an AVX-512 one with and without AMX, whose GEMMs
+    (float32, and bfloat16 above all) differ, so their CPU seconds do not compare."""
     import platform
 
     cpuinfo = Path("/proc/cpuinfo")
@@ -96,6 +97,8 @@ def cpu_name() -> str:
         return platform.processor() or platform.machine()
     flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
     unit = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
+    if unit and "amx_bf16" in flags:
+        unit += ", AMX"
     return f"{name} ({unit})" if unit else name
 
 
