@@ -85,6 +85,10 @@ PAGES = (
                "against every one-shot allocation and random search on the same parent and calibration"),
     Page("search_ten_minutes", ("search_ten_minutes.json",), block="README.md#search-minutes", render="readme_block",
          about="the README's search result: all eight budgets in 10 minutes against the one-shot allocations"),
+    Page("search_ten_minutes_variants", ("search_ten_minutes.json", "search_ten_minutes_variants/*.json"),
+         md="search_ten_minutes_variants.md",
+         about="SmolLM2-135M-Instruct: the 10-minute search with other loss tables (`--sensitivity-top`, "
+               "`--sensitivity-tokens`) against the record's recipe, per seed"),
     Page("search_table_top", ("search_table_top.json",), md="search_table_top.md",
          about="SmolLM2-135M-Instruct: the 10-minute runs' loss tables scored up to a level and extrapolated above it "
                "(`search --sensitivity-top`) against every level scored, on one and two windows, 3 seeds"),
