@@ -35,12 +35,13 @@ after them; give it its own --out, as a record of another recipe replaces the on
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import statistics
 from fractions import Fraction
 from pathlib import Path
 
-from benchmarks._harness import header, load_json, machine, machine_lines
+from benchmarks._harness import RESULTS, header, load_json, machine, machine_lines
 from benchmarks._search_setup import BUDGETS, LEVELS, record_seeds, score_named, search_child, seed_parser, stats
 from benchmarks.search_baselines import verdict
 from benchmarks.search_minutes import random_mixes
@@ -72,9 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     a = build_parser().parse_args()
     extra = shlex.split(a.search_options)
-    recipe = (*RECIPE, *extra)
+    if extra and Path(a.out).resolve() == (RESULTS / "search_ten_minutes.json").resolve():
+        raise SystemExit("search_ten_minutes: error: --search-options measures another recipe, which would replace "
+                         "the record at --out; give it its own --out")  # fmt: skip
+    recipe, variant = (*RECIPE, *extra), re.sub(r"[^\w.]+", "-", "-" + "-".join(extra)) if extra else ""
     measure = lambda parent, work, seed: measure_seed(parent, work, seed, a.uniform_draws, a.reuse_slow,  # noqa: E731
-                                                      recipe, "".join(f"-{x.lstrip('-')}" for x in extra))  # fmt: skip
+                                                      recipe, variant)  # fmt: skip
     record_seeds("search_ten_minutes", a, recipe, __doc__, measure, page)
 
 
