@@ -41,7 +41,7 @@ import statistics
 from fractions import Fraction
 from pathlib import Path
 
-from benchmarks._harness import RESULTS, header, load_json, machine, machine_lines
+from benchmarks._harness import header, load_json, machine, machine_lines
 from benchmarks._search_setup import BUDGETS, LEVELS, record_seeds, score_named, search_child, seed_parser, stats
 from benchmarks.search_baselines import verdict
 from benchmarks.search_minutes import random_mixes
@@ -71,9 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    a = build_parser().parse_args()
-    extra = shlex.split(a.search_options)
-    if extra and Path(a.out).resolve() == (RESULTS / "search_ten_minutes.json").resolve():
+    ap = build_parser()
+    a = ap.parse_args()
+    try:
+        extra = shlex.split(a.search_options)
+    except ValueError as e:  # an unclosed quote
+        ap.error(f"--search-options: {e}")
+    if extra and Path(a.out).resolve() == Path(ap.get_default("out")).resolve():
         raise SystemExit("search_ten_minutes: error: --search-options measures another recipe, which would replace "
                          "the record at --out; give it its own --out")  # fmt: skip
     recipe, variant = (*RECIPE, *extra), re.sub(r"[^\w.]+", "-", "-" + "-".join(extra)) if extra else ""

@@ -18,15 +18,18 @@ import statistics
 
 from benchmarks._harness import RESULTS, header, load_json, machine_lines, write_page
 from benchmarks._search_setup import BUDGETS
-from benchmarks.search_ten_minutes import KINDS, RECIPE, quality_rows
+from benchmarks.search_ten_minutes import KINDS, quality_rows
 from matgptq.execution import format_table
 
 RECORD = "the record (every level on one window)"
 
 
-def options(data: dict) -> str:
-    """What a variant adds to the record's recipe."""
-    return " ".join(data["recipe"][len(RECIPE):]) or RECORD
+def options(data: dict, record: dict) -> str:
+    """What a variant adds to the record's recipe (its whole recipe where the record's has changed since)."""
+    base = record["recipe"]
+    if data is record:
+        return RECORD
+    return " ".join(data["recipe"][len(base):] if data["recipe"][: len(base)] == base else data["recipe"])
 
 
 def judged(data: dict) -> dict[str, list]:
@@ -44,11 +47,11 @@ def paired(record: dict, data: dict, budget: str) -> str:
     return " ".join(f"{kl(data, s) / kl(record, s):.3f}" for s in seeds)
 
 
-def cost_row(data: dict) -> list:
+def cost_row(data: dict, record: dict) -> list:
     """Seeds, mean table seconds, generations per budget (mean over budgets and seeds) and the timed runs' walls."""
     seeds, runs = seeded(data)
     walls = [r["usage"]["wall"] for r in runs]
-    return [options(data), ", ".join(seeds),
+    return [options(data, record), ", ".join(seeds),
             f"{statistics.mean(r['budgets'][BUDGETS[0]]['tables_seconds'] for r in runs):.0f}",
             f"{statistics.mean(r['budgets'][b]['generations'] for r in runs for b in BUDGETS):.1f}",
             "-".join(dict.fromkeys(f"{w:.0f}" for w in (min(walls), max(walls))))]  # fmt: skip
@@ -60,7 +63,7 @@ def page(record: dict, variants: dict[str, dict]) -> str:
     verdicts = [judged(d) for d in records]
     quality = [[b, *(f"{v[b][0]} ({v[b][1]}: {v[b][2]}, {v[b][3]})" for v in verdicts)] for b in BUDGETS]
     versus = [[b, *(paired(record, d, b) for d in records[1:])] for b in BUDGETS]
-    names = [options(d) for d in records]
+    names = [options(d, record) for d in records]
     return "\n".join([
         header("benchmarks/search_ten_minutes_variants.py", "search_ten_minutes.json",
                "search_ten_minutes_variants/*.json"), "# The 10-minute search with other tables", "",
@@ -73,8 +76,8 @@ def page(record: dict, variants: dict[str, dict]) -> str:
         format_table(["budget", *names[1:]], versus), "",
         "What each recipe's time went to: the table's seconds (mean over its seeds) and the generations a budget "
         "(mean over budgets and seeds), with the timed runs' wall seconds:", "",
-        format_table(["recipe", "seeds", "table s", "generations", "wall s"], [cost_row(d) for d in records]),
-        *(line for d in records[1:] for line in ["", f"{options(d)}:", *machine_lines(*seeded(d))]),
+        format_table(["recipe", "seeds", "table s", "generations", "wall s"], [cost_row(d, record) for d in records]),
+        *(line for d in records[1:] for line in ["", f"{options(d, record)}:", *machine_lines(*seeded(d))]),
     ])  # fmt: skip
 
 
