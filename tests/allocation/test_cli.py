@@ -159,12 +159,23 @@ def test_bad_input(searched, stories_parent, tmp_path, capsys):
          "levels are 2, 3, 4"),
         (search(stories_parent, out, "--budget", "3", "--sensitivity", "probe", "--sensitivity-top", "4"),
          "probe scores one level"),
+        (search(stories_parent, out, "--budget", "3", "--sensitivity-wide", "8:252"), "not a level below the top one"),
+        (search(stories_parent, out, "--budget", "3", "--sensitivity-wide", "4:0"), "the tokens must be ≥ 1"),
+        (search(stories_parent, out, "--budget", "3", "--sensitivity", "probe", "--sensitivity-wide", "4:252"),
+         "probe scores one level"),
+        (search(stories_parent, out, "--budget", "3", "--calib-range", "0.6:0.61", "--calib-tokens", "126",
+                "--sensitivity-wide", "4:100000"), "--sensitivity-wide"),
         (search(stories_parent, searched, "--budget", "3.0"), "--overwrite"),
         (search(stories_parent, searched, "--budget", "3.0", "--resume", "--seed", "7"), "other settings"),
+        (search(stories_parent, searched, "--budget", "3.0", "--resume", "--sensitivity-wide", "4:252"),
+         "other settings"),
         (search(stories_parent, searched, "--budget", "3.0", "--resume", "--score-dtype", other_dtype), "score_dtype"),
     ]  # fmt: skip
     for args, message in cases:
         assert message in run_error(args, capsys), args
+    with pytest.raises(SystemExit) as usage:  # argparse's own usage error
+        main(search(stories_parent, out, "--budget", "3", "--sensitivity-wide", "4"))
+    assert usage.value.code == 2 and "expected LEVEL:TOKENS such as 4:510, got '4'" in capsys.readouterr().err
     assert not out.exists()
     bad_mix = tmp_path / "bad.json"
     bad_mix.write_text(json.dumps({"bits": {"model.layers.9.mlp.up_proj": 3, "*": 4}}))
@@ -292,3 +303,14 @@ def test_a_time_limit_stops_the_generations_and_every_mix_file_records_the_split
     for budget in ("3.0", "2.5"):
         summary = json.loads((tmp_path / "free" / f"mix-{budget}.json").read_text())["summary"]
         assert summary["generations"] == 3 and summary["sensitivity_levels"] == [2, 4]
+
+
+def test_wide_levels_are_scored_on_their_windows_and_recorded(stories_parent, tmp_path):
+    """--sensitivity-wide 4:252 on levels 2, 4, 8: both levels below the top are scored (4 on the four windows of
+    252 tokens, 2 on the two of --sensitivity-tokens 126), and every mix file's settings carry the option, so a
+    resume with other windows is refused (test_bad_input)."""
+    assert main(search(stories_parent, tmp_path / "wide", "--budget", "3.0,2.5", "--sensitivity-wide", "4:252")) == 0
+    for budget in ("3.0", "2.5"):
+        mix = json.loads((tmp_path / "wide" / f"mix-{budget}.json").read_text())
+        assert mix["summary"]["sensitivity_levels"] == [2, 4]
+        assert mix["settings"]["sensitivity_wide"] == [4, 252] and mix["settings"]["sensitivity_tokens"] == 126

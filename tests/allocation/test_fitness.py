@@ -14,7 +14,7 @@ from matgptq.allocation.budget import BudgetKind, CostModel
 from matgptq.allocation.fitness import Fitness
 from matgptq.allocation import sensitivity
 from matgptq.allocation.sensitivity import (
-    Sensitivity, knapsack_mix, measure, measure_table, probe_level, probe_of,
+    Sensitivity, Wide, knapsack_mix, measure, measure_table, probe_level, probe_of,
 )  # fmt: skip
 from tests.conftest import STORIES, TINYSTORIES
 
@@ -234,6 +234,46 @@ def test_a_full_table_given_its_highest_level_scores_up_to_it_and_extrapolates_a
         assert capped.values[layer][4] == base
     lowest = measure_table(fitness, levels, windows, Sensitivity.FULL, highest=2)
     assert lowest.values == measure(fitness, levels, windows, Sensitivity.PROBE) and lowest.measured == (2,)
+
+
+def test_wide_levels_are_the_wide_windows_table_moved_onto_the_narrow_base(setup):
+    """`wide` (search --sensitivity-wide): the oracle is two tables measured apart, one on the narrow windows W and
+    one on the wide windows W', combined by hand. Below the wide level the values are W's scorings. From it up they
+    are W''s values plus F(top; W) − F(top; W'), the extrapolated level above `highest` too: the slope is taken on
+    the increment over each table's own base, which the move leaves alone. The scorings are the same computations (the
+    other tests' `==`); only the float64 sum of three KLs of order 1e-2 can round differently, a few ulps (≈1e-17),
+    hence abs=1e-15."""
+    fitness, _, _, _ = setup
+    levels, narrow, wide, n = (2, 3, 4, 6, 8), (0,), (1, 2), len(fitness.names)
+    hybrid = measure_table(fitness, levels, narrow, Sensitivity.FULL, highest=4, wide=Wide(4, wide))
+    low = measure_table(fitness, levels, narrow, Sensitivity.FULL)
+    high = measure_table(fitness, levels, wide, Sensitivity.FULL, highest=4)
+    top = tuple(8 for _ in range(n))
+    shift = fitness.kl(top, narrow) - fitness.kl(top, wide)
+    assert shift != 0.0  # else the test could not tell a moved value from a raw one
+    assert hybrid.measured == (2, 3, 4)
+    for layer in range(n):
+        assert hybrid.values[layer][:2] == low.values[layer][:2]
+        assert hybrid.values[layer][2:] == pytest.approx([v + shift for v in high.values[layer][2:]], rel=0,
+                                                         abs=1e-15)  # fmt: skip
+
+
+def test_a_deadline_prices_the_next_level_by_its_windows(setup, monkeypatch):
+    """With wide levels on three windows, the next level costs three times the last one per layer: the clock here
+    counts scored windows, level 2 takes n (one window, n layers), so level 3 on three windows needs 3n more. A
+    deadline one short of that stops after level 2, where pricing by the last level's time (n) would go on; one
+    that leaves 3n plus the wide base's 3 windows admits level 3 and stops before level 4 (3n more again)."""
+    fitness, _, _, _ = setup
+    levels, n, rows = (2, 3, 4, 8), len(fitness.names), fitness.windows.shape[1] - 1
+    monkeypatch.setattr(sensitivity, "time", type("Clock", (), {"perf_counter": staticmethod(
+        lambda: fitness.tokens / rows)}))  # fmt: skip
+    wide = Wide(3, (1, 2, 3))
+    start = fitness.tokens / rows  # the narrow base (1 window), then level 2 (n windows)
+    short = measure_table(fitness, levels, (0,), Sensitivity.FULL, deadline=start + 1 + 4 * n - 1, wide=wide)
+    assert short.measured == (2,)
+    start = fitness.tokens / rows
+    enough = measure_table(fitness, levels, (0,), Sensitivity.FULL, deadline=start + 1 + 4 * n + 3, wide=wide)
+    assert enough.measured == (2, 3)
 
 
 @pytest.mark.parametrize("attr,value,post", [

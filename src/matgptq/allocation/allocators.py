@@ -40,7 +40,7 @@ from ..models.experts import experts_as_layers
 from .budget import BudgetKind, CostModel
 from .fitness import Fitness, Mix
 from .gradient import FloorTables, first_order_table, floor_mix
-from .sensitivity import Sensitivity, Table, knapsack_mix, measure_table, probe_of, relative_errors
+from .sensitivity import Sensitivity, Table, Wide, knapsack_mix, measure_table, probe_of, relative_errors
 
 ALPHA_MIN, ALPHA_MAX, ALPHA_DEFAULT = 0.5, 4.0, 2.0
 
@@ -172,18 +172,20 @@ def lacking(allocators, floors: tuple[int, ...], have: dict) -> tuple[tuple[Allo
 
 def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], allocators, seed: int = 0,
            progress: bool = False, floors: tuple[int, ...] = (), deadline: float | None = None,
-           highest: int | None = None, have: dict[Allocator, Filled] | None = None) -> dict[Allocator, Filled]:
+           highest: int | None = None, have: dict[Allocator, Filled] | None = None,
+           wide: Wide | None = None) -> dict[Allocator, Filled]:
     """{allocator: Filled} for the table-based allocators among `allocators`; GRADIENT's table is one table per width
     of `floors` (raise_floors of the budgets). ADDITIVE is filled last, and stops at `deadline` (time.perf_counter();
     sensitivity.measure_table) or after the level `highest`: the other tables are cheap and fixed, its widths can be
-    traded for time. PROBE, asked for beside ADDITIVE, is read off ADDITIVE's lowest width (sensitivity.probe_of: no
-    scoring of its own). `have`: tables made before on the same windows (resume.py), kept as they are and returned
-    with the rest; only what they lack is scored (`lacking`), a GRADIENT floor they lack added to theirs."""
+    traded for time; the levels of `wide` it scores on that one's windows. PROBE, asked for beside ADDITIVE, is read
+    off ADDITIVE's lowest width (sensitivity.probe_of: no scoring of its own). `have`: tables made before on the same
+    windows (resume.py), kept as they are and returned with the rest; only what they lack is scored (`lacking`), a
+    GRADIENT floor they lack added to theirs."""
     out = dict(have or {})
     todo, new_floors = lacking(allocators, floors, out)
     fill = {Allocator.PROBE: lambda: measure_table(fitness, levels, windows, Sensitivity.PROBE, progress),
             Allocator.ADDITIVE: lambda: measure_table(fitness, levels, windows, Sensitivity.FULL, progress, deadline,
-                                                      highest),
+                                                      highest, wide),
             Allocator.NOISE: lambda: noise_table(fitness, levels, windows, seed, progress),
             Allocator.ERROR: lambda: error_table(fitness, levels, windows),
             Allocator.GRADIENT: lambda: {u: first_order_table(fitness, levels, windows, u)

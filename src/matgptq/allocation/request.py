@@ -65,6 +65,9 @@ class SearchRequest:
     calib_tokens: int = 16384
     sensitivity: Sensitivity = Sensitivity.FULL
     sensitivity_top: int | None = None  # FULL: the highest level scored, the wider ones extrapolated; None: every one
+    # FULL: (level, tokens): the levels from `level` up scored on `tokens` tokens (sensitivity.Wide); None: all on
+    # sensitivity_tokens
+    sensitivity_wide: tuple[int, int] | None = None
     # one-shot allocations (allocators.py) that compete with the knapsack start as the search's first parent and with
     # the evolved mix for the written one; the default ones cost one forward pass (error) and one block-by-block
     # backward pass per fractional budget's floor width (gradient.py), plus dequantizing every slice once for each
@@ -104,6 +107,13 @@ def check_request(req: SearchRequest) -> None:
         raise UserError("--seqlen must be ≥ 2, --calib-tokens, --sensitivity-tokens and --batch-size ≥ 1")
     if req.sensitivity_top is not None and req.sensitivity is not Sensitivity.FULL:
         raise UserError("--sensitivity-top sets the highest level --sensitivity full scores; probe scores one level")
+    if req.sensitivity_wide is not None:
+        if req.sensitivity is not Sensitivity.FULL:
+            raise UserError("--sensitivity-wide sets the windows of --sensitivity full's wide levels; probe scores one "
+                            "level")  # fmt: skip
+        if req.sensitivity_wide[1] < 1:
+            raise UserError(f"--sensitivity-wide {req.sensitivity_wide[0]}:{req.sensitivity_wide[1]}: the tokens must "
+                            "be ≥ 1")  # fmt: skip
     if req.time_limit is not None and not req.time_limit > 0:
         raise UserError(f"--time-limit takes a positive number of minutes, got {req.time_limit:g}")
     if req.plot:

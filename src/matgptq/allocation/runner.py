@@ -45,7 +45,7 @@ from .plot import plot_mix
 from .refine import Refined, refine
 from .request import SearchRequest, check_request, mix_path, state_path
 from .resume import finished_row, read_tables, tables_path, tables_settings, write_tables
-from .sensitivity import Sensitivity
+from .sensitivity import Sensitivity, Wide
 from .spread import from_rank0, is_writer
 from .timing import REPORT_MIXES, Clock, report_guess, tables_deadline, text_windows
 
@@ -95,10 +95,25 @@ def _calib_pool(req: SearchRequest, tokenizer) -> torch.Tensor:
     # the option that asks for the most tokens (a tie names --calib-tokens, the pool's own option)
     needed, by = max((req.calib_tokens, f"--calib-tokens {req.calib_tokens}"),
                      (req.sensitivity_tokens, f"--sensitivity-tokens {req.sensitivity_tokens}"),
+                     *([] if req.sensitivity_wide is None else [(req.sensitivity_wide[1], "--sensitivity-wide "
+                                                                 "{}:{}".format(*req.sensitivity_wide))]),
                      (req.evo.stages[-1].tokens, f"--stages {format_stages(req.evo.stages)}"),
                      key=lambda option: option[0])  # fmt: skip
     a, b = req.calib_range
     return _windows(tokens, req.seqlen, needed, f"the calibration text ({req.calib}, --calib-range {a:g}:{b:g})", by)
+
+
+def _first_windows(tokens: int, seqlen: int, pool: int) -> tuple[int, ...]:
+    """The first windows of the pool that hold `tokens` scored tokens (all of them where it has fewer)."""
+    return tuple(range(min(pool, math.ceil(tokens / (seqlen - 1)))))
+
+
+def _wide(req: SearchRequest, pool: int) -> Wide | None:
+    """--sensitivity-wide LEVEL:TOKENS as the table's wide levels: LEVEL and up on the pool's first windows."""
+    if req.sensitivity_wide is None:
+        return None
+    level, tokens = req.sensitivity_wide
+    return Wide(level, _first_windows(tokens, req.seqlen, pool))
 
 
 def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows: torch.Tensor,
@@ -111,6 +126,7 @@ def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows:
                 "calib_windows": int(calib_windows.shape[0]), "sensitivity_tokens": req.sensitivity_tokens,
                 "sensitivity": req.sensitivity.value, "baselines": [a.value for a in req.baselines],
                 **({} if req.sensitivity_top is None else {"sensitivity_top": req.sensitivity_top}),
+                **({} if req.sensitivity_wide is None else {"sensitivity_wide": list(req.sensitivity_wide)}),
                 "score_dtype": str(score_dtype).removeprefix("torch."), **_table_setting(req, score_dtype),
                 "budget": str(budget), "budget_kind": req.kind.value, "levels": list(levels), **req.evo.settings(),
                 "refine_steps": req.refine.steps, "refine_groups": req.refine.groups,
@@ -132,6 +148,10 @@ def _budgets(req: SearchRequest, ckpt) -> tuple[tuple[int, ...], CostModel, list
     if req.sensitivity_top is not None and req.sensitivity_top not in levels[:-1]:
         raise UserError(f"--sensitivity-top {req.sensitivity_top} is not a level below the top one; this search's "
                         f"levels are {', '.join(map(str, levels))}")  # fmt: skip
+    if req.sensitivity_wide is not None and req.sensitivity_wide[0] not in levels[:-1]:
+        raise UserError(f"--sensitivity-wide {req.sensitivity_wide[0]}:{req.sensitivity_wide[1]}: "
+                        f"{req.sensitivity_wide[0]} is not a level below the top one; this search's levels are "
+                        f"{', '.join(map(str, levels))}")  # fmt: skip
     cost_model = CostModel.from_checkpoint(ckpt, levels, gguf=req.kind is BudgetKind.GGUF)
     budgets = [(label, parse_budget(label)) for label in req.budgets]
     for _, b in budgets:
@@ -251,7 +271,7 @@ def run_search(req: SearchRequest) -> list[dict]:
     clock.teacher = time.perf_counter() - t_teacher
     model = load(req.parent, bits=levels[-1], packed=False).to(device)
     fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size, compute_dtype=score_dtype)
-    sens_windows = tuple(range(min(calib.shape[0], math.ceil(req.sensitivity_tokens / (req.seqlen - 1)))))
+    sens_windows = _first_windows(req.sensitivity_tokens, req.seqlen, calib.shape[0])
     filled = None  # the allocators' loss tables, measured once for every budget
     rows = dict(finished)
     try:
@@ -308,7 +328,7 @@ def _tables(req: SearchRequest, fitness: Fitness, levels, cost_model: CostModel,
     exact = req.score_dtype.tables(fitness.compute_dtype, req.time_limit is not None) == torch.float32
     with fitness.exact() if exact else nullcontext():
         filled = tables(fitness, levels, sens_windows, allocators, req.evo.seed, req.progress, floors, deadline,
-                        req.sensitivity_top, have)  # fmt: skip
+                        req.sensitivity_top, have, _wide(req, fitness.windows.shape[0]))  # fmt: skip
     if is_writer():
         write_tables(path, saved, filled)
     return filled

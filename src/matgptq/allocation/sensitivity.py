@@ -21,6 +21,17 @@ given a highest level to score (`search --sensitivity-top`), after that level. W
 levels' losses are small, so one window's measurement of them is mostly that window's noise, while their errors are
 small enough for the linearity theorem to hold; their scorings can be spent on more windows for the narrow levels.
 Each scoring runs only from the layer's block on (prefix cache of the top mix).
+
+Wide levels (`search --sensitivity-wide LEVEL:TOKENS`, `Wide`): the levels from LEVEL up scored on other windows
+W', more of them, the narrow levels on the table's own W. Why: one window was too noisy a measurement at SmolLM2's
+middle widths (4, 5) to place the 5-bit mix, and two windows at every level cost the evolution a fifth of its
+generations (docs/results/search_ten_minutes_variants.md); two at the middle levels only, with the wider levels
+extrapolated, cost as many scorings as one at every level. The knapsack compares a layer's widths by their values,
+so every value must be on one scale: a wide level's value is its increment over the wide windows' own base added to
+the narrow windows' base,
+      s_l(r) = F(top; W) + F(top, layer l at r; W') − F(top; W'),
+not its raw KL on W' (the bases differ between window sets, and that constant would favour the widths scored on the
+easier set). The extrapolation above the highest scored level works on the same increments.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -73,6 +85,13 @@ def weight_errors(layers, names, levels: tuple[int, ...]) -> list[list[float]]:
     return table
 
 
+class Wide(NamedTuple):
+    """The levels from `level` up are scored on `windows` (module docstring) instead of the table's own windows."""
+
+    level: int
+    windows: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class Table:
     """s[l][i] = s_l(levels[i]) for every layer l, and the levels that were scored (the others extrapolated)."""
@@ -89,28 +108,37 @@ def measure(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
 
 def measure_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
                   kind: Sensitivity = Sensitivity.FULL, progress: bool = False,
-                  deadline: float | None = None, highest: int | None = None) -> Table:  # fmt: skip
+                  deadline: float | None = None, highest: int | None = None,
+                  wide: Wide | None = None) -> Table:  # fmt: skip
     """The table, scored one level at a time from the lowest (every layer at that level, then the next level up).
     With a `deadline` (time.perf_counter()), FULL stops before a level whose scoring would end past it, at the pace
-    of the level before; with `highest`, after that level; the lowest level is always scored. A level not scored
-    comes from the highest scored one below it by the linearity theorem (the module docstring's probe formula, p that
-    level): PROBE is the table stopped after its first level, FULL the table never stopped."""
+    per window of the level before; with `highest`, after that level; the lowest level is always scored. A level not
+    scored comes from the highest scored one below it by the linearity theorem (the module docstring's probe formula,
+    p that level): PROBE is the table stopped after its first level, FULL the table never stopped. With `wide`, its
+    levels are scored on its windows, each stored as an increment over their base (module docstring)."""
     top = tuple(levels[-1] for _ in fitness.names)
     wanted = levels[:-1] if kind is Sensitivity.FULL else (probe_level(levels),)
     if highest is not None:
         wanted = wanted[:1] + tuple(r for r in wanted[1:] if r <= highest)
+    on = {r: wide.windows if wide is not None and r >= wide.level else tuple(windows) for r in wanted}
     cache = fitness.prefix_cache(top, windows)
     base = fitness.kl(top, windows, cache)
+    shift = 0.0  # F(top; W) − F(top; the windows in use)
     rank, size = world()
     per_level = len(range(rank, len(top), size))
     bar = tqdm(total=per_level * len(wanted), desc="sensitivity", unit="eval", disable=not progress, leave=False)
     measured: dict[int, list[float]] = {}
-    for r in wanted:
+    for i, r in enumerate(wanted):
+        if on[r] != cache.windows:  # the first wide level: its windows' cache replaces the narrow one
+            cache = fitness.prefix_cache(top, on[r])
+            shift = base - fitness.kl(top, on[r], cache)
         t0 = time.perf_counter()
         mixes = [top[:layer] + (r,) + top[layer + 1 :] for layer in range(len(top))]
-        measured[r] = score_all(fitness, mixes, windows, cache, lambda: bar.update(1))  # dealt across ranks
-        pace = time.perf_counter() - t0
-        if deadline is not None and r != wanted[-1] and from_rank0(time.perf_counter() + pace > deadline):
+        scores = score_all(fitness, mixes, on[r], cache, lambda: bar.update(1))  # dealt across ranks
+        measured[r] = scores if on[r] == tuple(windows) else [s + shift for s in scores]
+        pace = (time.perf_counter() - t0) / len(on[r])
+        if deadline is not None and r != wanted[-1] and from_rank0(
+                time.perf_counter() + pace * len(on[wanted[i + 1]]) > deadline):  # fmt: skip
             break
     bar.close()
     return Table(_fill(fitness, levels, base, measured), tuple(measured))

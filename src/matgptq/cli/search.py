@@ -87,6 +87,12 @@ def _add_start_options(s) -> None:
                    help="with full: the highest level the table scores; each wider level is extrapolated from it by "
                         "the layer's weight error, as probe does (its scorings saved for more --sensitivity-tokens "
                         "at the narrow levels, whose losses decide most; default: every level)")  # fmt: skip
+    s.add_argument("--sensitivity-wide", type=level_tokens, metavar="LEVEL:TOKENS",
+                   help="with full: score the levels from LEVEL up on TOKENS tokens instead of --sensitivity-tokens "
+                        "(one window's measurement of a middle level's small loss is mostly its noise), each as its "
+                        "increase over the top mix's KL on the same tokens; on an 8-bit parent, 4:510 with "
+                        "--sensitivity-top 5 scores as many windows as the default table (default: every level on "
+                        "--sensitivity-tokens)")  # fmt: skip
     s.add_argument("--baselines", type=allocators, default=",".join(a.value for a in req.baselines),
                    help="one-shot allocations that compete with the knapsack start for the first parent and with the "
                         "evolved mix for the written one, from " + ", ".join(a.value for a in Allocator) + " ('' for "
@@ -106,6 +112,16 @@ def _add_start_options(s) -> None:
                         "float32 (default %(default)s)")  # fmt: skip
 
 
+def level_tokens(text: str) -> tuple[int, int]:
+    level, sep, tokens = text.partition(":")
+    try:
+        if sep:
+            return int(level), int(tokens)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected LEVEL:TOKENS such as 4:510, got {text!r}")
+
+
 def allocators(text: str) -> tuple[Allocator, ...]:
     try:
         return tuple(Allocator(x.strip()) for x in text.split(",") if x.strip())
@@ -121,8 +137,8 @@ def run(a: argparse.Namespace) -> None:
         a.parent, a.budget, a.calib, a.out, evo=evo, calib_range=a.calib_range, levels=a.levels,
         refine=RefineConfig(a.refine_steps, a.refine_groups),
         kind=BudgetKind(a.budget_kind), seqlen=a.seqlen, sensitivity_tokens=a.sensitivity_tokens,
-        sensitivity=Sensitivity(a.sensitivity),
-        sensitivity_top=a.sensitivity_top, baselines=a.baselines, calib_tokens=a.calib_tokens, reference=a.kl_to,
+        sensitivity=Sensitivity(a.sensitivity), sensitivity_top=a.sensitivity_top, sensitivity_wide=a.sensitivity_wide,
+        baselines=a.baselines, calib_tokens=a.calib_tokens, reference=a.kl_to,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
         resume=a.resume, overwrite=a.overwrite, plot=a.plot, progress=not a.quiet, device=a.device,
         score_dtype=ScoreDtype(a.score_dtype), time_limit=a.time_limit, time_spent=process_seconds(),
