@@ -88,7 +88,7 @@ PAGES = (
     Page("search_ten_minutes_variants", ("search_ten_minutes.json", "search_ten_minutes_variants/*.json"),
          md="search_ten_minutes_variants.md",
          about="SmolLM2-135M-Instruct: the 10-minute search with other loss tables (`--sensitivity-top`, "
-               "`--sensitivity-tokens`) against the record's recipe, per seed"),
+               "`--sensitivity-tokens`, `--sensitivity-wide`) against the record's recipe, per seed"),
     Page("search_table_top", ("search_table_top.json",), md="search_table_top.md",
          about="SmolLM2-135M-Instruct: the 10-minute runs' loss tables scored up to a level and extrapolated above it "
                "(`search --sensitivity-top`) against every level scored, on one and two windows, 3 seeds"),
