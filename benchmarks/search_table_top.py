@@ -55,16 +55,31 @@ def kept(values: list[list[float]], top: int | None, errors: list[list[float]]) 
     return extrapolate(LEVELS, values[0][-1], measured, errors)
 
 
+def full_tables(work: Path, seed: int) -> dict[str, dict]:
+    """{"search": the timed run's additive table, "slow": the slow child's}; exits where either is not scored at every
+    level on one window set (a recipe that cut it, by a deadline, --sensitivity-top or --sensitivity-wide): the page's
+    variants are cuts of a full table."""
+    saved = {k: load_json(work / f"ten-seed-{seed}{suffix}" / ".tables.json")
+             for k, suffix in (("search", ""), ("slow", "-slow"))}  # fmt: skip
+    for k, body in saved.items():
+        measured, wide = body["tables"]["additive"]["measured"], "sensitivity_wide" in body["settings"]
+        if measured != list(LEVELS[:-1]) or wide:
+            sys.exit(f"search_table_top: error: seed {seed}'s {k} table scored widths {measured}"
+                     f"{' on two window sets' if wide else ''}, not every width {LEVELS[0]}-{LEVELS[-2]} on one: "
+                     "its cuts are not this page's variants")  # fmt: skip
+    return {k: body["tables"]["additive"] for k, body in saved.items()}
+
+
 def measure(work: Path, seeds: list[int]) -> dict:
     import matgptq
 
+    measured = {seed: full_tables(work, seed) for seed in seeds}  # every seed checked before any is scored
     parent = work / "parent"
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
     errors = weight_errors(matgptq.load(parent, bits=LEVELS[-1], packed=False).matgptq.layers, cost.names, LEVELS)
     runs = {}
     for seed in seeds:
-        tables = {k: load_json(work / f"ten-seed-{seed}{suffix}" / ".tables.json")["tables"]["additive"]
-                  for k, suffix in (("search", ""), ("slow", "-slow"))}  # fmt: skip
+        tables = measured[seed]
         named = {b: {label: dict(zip(cost.names, allocate(cost, kept(tables[k]["table"], top, errors), Fraction(b),
                                                           BudgetKind.CODE)))
                      for label, k, top in VARIANTS} for b in BUDGETS}  # fmt: skip
