@@ -15,7 +15,7 @@ from matgptq.models import calibration_windows, load_tokenizer, read_text, token
 from matgptq.allocation import timing
 from matgptq.allocation.budget import BudgetKind, CostModel
 from matgptq.allocation import evopress
-from matgptq.allocation.evopress import EvoConfig, Stage, evolve, parse_stages
+from matgptq.allocation.evopress import EvoConfig, Stage, evolve, generation_windows, parse_stages
 from matgptq.allocation.fitness import Fitness
 from matgptq.allocation.mutation import random_mix
 from matgptq.allocation.sensitivity import knapsack_mix, measure
@@ -127,3 +127,26 @@ def test_a_deadline_stops_before_a_generation_that_would_end_after_it(problem, t
     costs, limit = model.table(BudgetKind.CODE), model.limit(BUDGET, BudgetKind.CODE)
     short = evolve(f, LEVELS, costs, limit, start, SHORT, tmp_path / "e.json", SETTINGS, deadline=2.5 * per[0])
     assert short.generation == 2
+
+
+def test_the_first_generation_is_priced_by_its_window_scorings(problem, tmp_path, monkeypatch):
+    """`generation_windows` is the count the scorings make: the oracle is the tokens a generation of the free run
+    scored (Fitness counts them), over the tokens a window scores. With `per_window`, the first generation is priced
+    at that many scorings: on a clock that counts scored windows (one second each), a deadline half a window short of
+    it runs none, half a window past it runs exactly one (the next is priced at the first's time and ends past it)."""
+    model, fitness, start, windows, _ = problem
+    rows = windows.shape[1] - 1
+    free = run(problem, tmp_path / "free.json", config=SHORT)
+    tokens = [h["tokens"] for h in free.history]
+    per = {(b - a) // rows for a, b in zip([0, *tokens], tokens)}
+    assert per == {generation_windows(SHORT, windows.shape[0], windows.shape[1])}
+    f = fitness()
+    clock = type("WindowClock", (), {"perf_counter": staticmethod(lambda: f.tokens / rows)})
+    monkeypatch.setattr(evopress, "time", clock)
+    monkeypatch.setattr(timing, "time", clock)
+    costs, limit = model.table(BudgetKind.CODE), model.limit(BUDGET, BudgetKind.CODE)
+    n = per.pop()
+    for room, generations in ((n - 0.5, 0), (n + 0.5, 1)):
+        out = evolve(f, LEVELS, costs, limit, start, SHORT, tmp_path / f"{room}.json", SETTINGS,
+                     deadline=f.tokens / rows + room, per_window=1.0)  # fmt: skip
+        assert out.generation == generations, room

@@ -146,6 +146,14 @@ def draw_windows(rng: np.random.Generator, n_windows: int, seqlen: int, tokens: 
     return tuple(sorted(int(i) for i in rng.choice(n_windows, size=count, replace=False)))
 
 
+def generation_windows(config: EvoConfig, n_windows: int, seqlen: int) -> int:
+    """Window scorings one generation makes at most: the offspring on the first stage's windows, then each later
+    stage's pool (the survivors of the stage before it, and the parent at the last) on that stage's windows."""
+    pools = [config.offspring, *(s.survivors for s in config.stages[:-1])]
+    pools[-1] += 1  # the parent competes in the last stage
+    return sum(p * min(n_windows, math.ceil(s.tokens / (seqlen - 1))) for p, s in zip(pools, config.stages))
+
+
 def guide_of(table: list[list[float]] | None, config: EvoConfig) -> Guide | None:
     """The mutations' guide: `table` at the config's temperature; None (uniform draws) without one or at 0."""
     return None if table is None or config.temperature == 0 else Guide(table, config.temperature)
@@ -183,13 +191,15 @@ def _initial_state(start: Mix, config: EvoConfig, state_path: Path, settings: di
 def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, start: Mix,
            config: EvoConfig, state_path: Path, settings: dict, resume: bool = False, progress: bool = False,
            stop_after: int | None = None, weights: int | None = None, deadline: float | None = None,
-           refined: dict | None = None, table: list[list[float]] | None = None) -> EvoState:  # fmt: skip
+           refined: dict | None = None, table: list[list[float]] | None = None,
+           per_window: float = 0.0) -> EvoState:  # fmt: skip
     """Run (or continue) the search from `start` to `config.generations` (`refined`: how `start` was made, kept in
     the state; `table`: the loss table v[l][i] over `levels` that guides the mutations, guide_of); `stop_after` ends
     early after that generation (as a kill would, for tests). `weights` (Σ N·K): the progress bar then shows the
     parent's bits per weight. `deadline` (a time.perf_counter() value): no generation starts that would end after
-    it, judged by the mean time of this call's generations so far (the first one starts if the deadline has not
-    passed)."""
+    it, judged by the mean time of this call's generations so far, the first by `per_window` seconds per window
+    scoring (`generation_windows` of them; a full float32 pass, an overestimate of a cached one, as refine.py's first
+    step; 0: the first starts if the deadline has not passed)."""
     index = {r: i for i, r in enumerate(levels)}
     to_levels = lambda mix: tuple(index[r] for r in mix)  # noqa: E731
     to_mix = lambda lv: tuple(levels[i] for i in lv)  # noqa: E731
@@ -200,8 +210,9 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
     bar = tqdm(total=config.generations, initial=min(state.generation, config.generations), desc="search",
                unit="gen", disable=not progress, leave=False)  # fmt: skip
     began, done, guide = time.perf_counter(), 0, guide_of(table, config)
+    first = per_window * generation_windows(config, n_windows, seqlen)
     while state.generation < config.generations:
-        if deadline is not None and from_rank0(past(deadline, began, done)):  # every rank stops together
+        if deadline is not None and from_rank0(past(deadline, began, done, first)):  # every rank stops together
             break
         t0, evals0, tokens0 = time.perf_counter(), fitness.evaluations, fitness.tokens
         survivors = [to_mix(c) for c in offspring(to_levels(state.parent), costs, limit, rng, config, guide)]

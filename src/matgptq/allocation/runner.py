@@ -208,7 +208,8 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
                          deadline, clock.per_window or 0.0)  # fmt: skip
     state = evolve(fitness, levels, costs, bits, refined.mix, req.evo, state_path(req.out, label), settings,
                    req.resume, req.progress, weights=cost_model.total_weights, deadline=deadline,
-                   refined=refined.record(), table=filled[_own(req)].table)  # fmt: skip
+                   refined=refined.record(), table=filled[_own(req)].table,
+                   per_window=clock.per_window or 0.0)  # fmt: skip
     t_report = time.perf_counter()
     row, mix = report(fitness, cost_model, req.kind, label, mixes, state, start_kind, all_windows, held_out,
                       req.batch_size, pooled)
