@@ -9,7 +9,10 @@ import pytest
 from matgptq.allocation import runner
 from matgptq.allocation import allocators
 from matgptq.allocation.allocators import Allocator, Filled, lacking
-from matgptq.allocation.resume import finished_row, read_tables, tables_path, tables_settings, write_tables
+from matgptq.allocation.evopress import EvoConfig
+from matgptq.allocation.resume import (
+    SEARCH_ONLY, finished_row, read_tables, tables_path, tables_settings, write_tables,
+)  # fmt: skip
 from matgptq.cli import main
 from tests.allocation.test_cli import search
 
@@ -30,6 +33,17 @@ def test_the_budget_and_the_baselines_are_not_settings_of_the_tables():
     reads the same file."""
     other = tables_settings({"parent": "/p", "levels": [2, 4, 8], "budget": "3.5", "seed": 0, "baselines": ["noise"]})
     assert other == SETTINGS
+
+
+def test_the_evolutions_own_settings_are_not_settings_of_the_tables():
+    """Generation sizes, mutations and the refinement change no table (the tables are scored before them, from the
+    parent and the calibration windows): a resume with others reads the same file. Every evolution setting but the
+    seed, which NOISE draws from, is among them."""
+    evo = {"offspring": 4, "stages": [[252, 2], [504, 1]], "max_flips": 2, "temperature": 0.0, "refine_steps": 3,
+           "refine_groups": 2}  # fmt: skip
+    assert tables_settings({"parent": "/p", "levels": [2, 4, 8], "budget": "3.0", "seed": 0, **evo,
+                            "baselines": ["uniform", "gradient"]}) == SETTINGS  # fmt: skip
+    assert set(EvoConfig().settings()) - {"seed"} <= set(SEARCH_ONLY)
 
 
 @pytest.mark.parametrize("change", ["seed", "levels", "layers"])
@@ -61,7 +75,7 @@ def test_a_damaged_tables_file_is_scored_afresh(tmp_path, damage):
 
 def test_resume_reads_the_tables_back_instead_of_scoring_them(stories_parent, tmp_path, monkeypatch):
     """A search extended with --resume (2 → 3 generations) scores no table and writes the mix a fresh 3-generation run
-    writes. A budget added with another floor width and another baseline scores only what the run before lacks: the
+    writes; searched again with other generation sizes (its state deleted, as the refusal advises), none either. A budget added with another floor width and another baseline scores only what the run before lacks: the
     gradient table of that floor and the new baseline's; its one-shot mixes are those of a fresh run."""
     args = ["--budget", "3.0", "--baselines", "uniform,error,gradient"]
     assert main(search(stories_parent, tmp_path / "whole", *args, "--generations", "3")) == 0
@@ -76,6 +90,9 @@ def test_resume_reads_the_tables_back_instead_of_scoring_them(stories_parent, tm
     assert scored == [] and mix(out)["summary"]["tables_reused"] is True
     assert mix(out)["bits"] == mix(tmp_path / "whole")["bits"]
     assert mix(tmp_path / "whole")["summary"]["tables_reused"] is False
+    (out / ".state-3.0.json").unlink()  # as the refusal of a state made with other settings advises
+    assert main(search(stories_parent, out, *args, "--offspring", "6", "--resume")) == 0  # other generation sizes
+    assert scored == [] and mix(out)["summary"]["tables_reused"] is True
     more = ["--budget", "6.0", "--baselines", "uniform,error,gradient,noise"]  # 6.0's floor is 4, 3.0's 2
     assert main(search(stories_parent, out, *more, "--resume")) == 0
     assert sorted(scored) == ["first_order_table 4", "noise_table"]

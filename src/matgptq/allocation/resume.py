@@ -7,8 +7,9 @@ least this run's --generations is not searched again: its summary row is read ba
 
 Tables. After the teacher, the tables (allocators.tables) are the costliest shared part of a search: a full table is
 layers × (levels − 1) scorings (hours for a large model). They are written atomically (fsutil.atomic_output) as
-`.tables.json` in --out once filled, with what they depend on: the search settings but the budget and the baselines
-(each allocator's table is kept under its name, the gradient's one per floor width). A resumed search with the same
+`.tables.json` in --out once filled, with what they depend on: the search settings but the budget, the baselines
+(each allocator's table is kept under its name, the gradient's one per floor width) and the evolution's own
+(`tables_settings`). A resumed search with the same
 settings reads back every table it needs instead of scoring it (the same numbers: JSON writes a float64 so that it
 reads back exactly, hence the same mixes) and scores only those the file lacks: a baseline not asked for before, the
 floor width of a budget added (allocators.lacking); the file then holds them all. Tables made with other settings,
@@ -48,10 +49,17 @@ def tables_path(out: Path) -> Path:
     return out / ".tables.json"
 
 
+# the evolution's and the refinement's own settings (runner._settings), on which no table depends; the seed is not
+# among them: NOISE draws its noise from it
+SEARCH_ONLY = ("offspring", "stages", "max_flips", "temperature", "refine_steps", "refine_groups")
+
+
 def tables_settings(settings: dict) -> dict:
     """What the tables depend on: one budget's search settings without the budget and the baselines (each table is
-    kept under its allocator's name, the gradient's per floor)."""
-    return json.loads(json.dumps({k: v for k, v in settings.items() if k not in ("budget", "baselines")}))
+    kept under its allocator's name, the gradient's per floor) and without SEARCH_ONLY (a resumed search with other
+    generation sizes or mutations reads the same tables)."""
+    dropped = ("budget", "baselines", *SEARCH_ONLY)
+    return json.loads(json.dumps({k: v for k, v in settings.items() if k not in dropped}))
 
 
 def write_tables(path: Path, settings: dict, filled: dict[Allocator, Filled]) -> None:
