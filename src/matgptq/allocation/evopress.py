@@ -141,8 +141,14 @@ def read_state(path: Path, settings: dict, n_layers: int) -> EvoState:
     return state
 
 
+def window_count(n_windows: int, seqlen: int, tokens: int) -> int:
+    """Windows of `seqlen` (seqlen − 1 scored tokens each) that hold `tokens` scored tokens, at most the pool's
+    `n_windows`."""
+    return min(n_windows, math.ceil(tokens / (seqlen - 1)))
+
+
 def draw_windows(rng: np.random.Generator, n_windows: int, seqlen: int, tokens: int) -> tuple[int, ...]:
-    count = min(n_windows, math.ceil(tokens / (seqlen - 1)))
+    count = window_count(n_windows, seqlen, tokens)
     return tuple(sorted(int(i) for i in rng.choice(n_windows, size=count, replace=False)))
 
 
@@ -151,7 +157,7 @@ def generation_windows(config: EvoConfig, n_windows: int, seqlen: int) -> int:
     stage's pool (the survivors of the stage before it, and the parent at the last) on that stage's windows."""
     pools = [config.offspring, *(s.survivors for s in config.stages[:-1])]
     pools[-1] += 1  # the parent competes in the last stage
-    return sum(p * min(n_windows, math.ceil(s.tokens / (seqlen - 1))) for p, s in zip(pools, config.stages))
+    return sum(p * window_count(n_windows, seqlen, s.tokens) for p, s in zip(pools, config.stages))
 
 
 def guide_of(table: list[list[float]] | None, config: EvoConfig) -> Guide | None:

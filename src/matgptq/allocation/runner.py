@@ -39,7 +39,7 @@ from ..runtime import load
 from .allocators import Allocator, baseline_mixes, lacking, raise_floors, tables
 from .budget import BudgetKind, CostModel, parse_budget
 from .choice import first_parent, report
-from .evopress import evolve, format_stages
+from .evopress import evolve, format_stages, window_count
 from .fitness import Fitness, Mix
 from .plot import plot_mix
 from .refine import Refined, refine
@@ -105,7 +105,7 @@ def _calib_pool(req: SearchRequest, tokenizer) -> torch.Tensor:
 
 def _first_windows(tokens: int, seqlen: int, pool: int) -> tuple[int, ...]:
     """The first windows of the pool that hold `tokens` scored tokens (all of them where it has fewer)."""
-    return tuple(range(min(pool, math.ceil(tokens / (seqlen - 1)))))
+    return tuple(range(window_count(pool, seqlen, tokens)))
 
 
 def _wide(req: SearchRequest, pool: int) -> Wide | None:
@@ -145,13 +145,13 @@ def _budgets(req: SearchRequest, ckpt) -> tuple[tuple[int, ...], CostModel, list
     """(levels, cost model, [(label, budget)]) of the request, every budget checked against the parent and every
     output checked writable, before any model is loaded."""
     levels = _levels(ckpt, req.levels)
-    if req.sensitivity_top is not None and req.sensitivity_top not in levels[:-1]:
-        raise UserError(f"--sensitivity-top {req.sensitivity_top} is not a level below the top one; this search's "
-                        f"levels are {', '.join(map(str, levels))}")  # fmt: skip
-    if req.sensitivity_wide is not None and req.sensitivity_wide[0] not in levels[:-1]:
-        raise UserError(f"--sensitivity-wide {req.sensitivity_wide[0]}:{req.sensitivity_wide[1]}: "
-                        f"{req.sensitivity_wide[0]} is not a level below the top one; this search's levels are "
-                        f"{', '.join(map(str, levels))}")  # fmt: skip
+    named = [(req.sensitivity_top, f"--sensitivity-top {req.sensitivity_top}")]  # the options that name a level
+    if (wide := req.sensitivity_wide) is not None:
+        named.append((wide[0], f"--sensitivity-wide {wide[0]}:{wide[1]}: {wide[0]}"))
+    for level, said in named:
+        if level is not None and level not in levels[:-1]:
+            raise UserError(f"{said} is not a level below the top one; this search's levels are "
+                            f"{', '.join(map(str, levels))}")  # fmt: skip
     cost_model = CostModel.from_checkpoint(ckpt, levels, gguf=req.kind is BudgetKind.GGUF)
     budgets = [(label, parse_budget(label)) for label in req.budgets]
     for _, b in budgets:

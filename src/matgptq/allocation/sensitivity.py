@@ -117,11 +117,11 @@ def measure_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int,
     scored comes from the highest scored one below it by the linearity theorem (the module docstring's probe formula,
     p that level): PROBE is the table stopped after its first level, FULL the table never stopped. With `wide`, its
     levels are scored on its windows, each stored as an increment over their base (module docstring)."""
-    top = tuple(levels[-1] for _ in fitness.names)
+    top, windows = tuple(levels[-1] for _ in fitness.names), tuple(windows)
     wanted = levels[:-1] if kind is Sensitivity.FULL else (probe_level(levels),)
     if highest is not None:
         wanted = wanted[:1] + tuple(r for r in wanted[1:] if r <= highest)
-    on = {r: wide.windows if wide is not None and r >= wide.level else tuple(windows) for r in wanted}
+    on = {r: wide.windows if wide is not None and r >= wide.level else windows for r in wanted}
     cache = fitness.prefix_cache(top, windows)
     base = fitness.kl(top, windows, cache)
     shift = 0.0  # F(top; W) − F(top; the windows in use)
@@ -136,7 +136,7 @@ def measure_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int,
         t0 = time.perf_counter()
         mixes = [top[:layer] + (r,) + top[layer + 1 :] for layer in range(len(top))]
         scores = score_all(fitness, mixes, on[r], cache, lambda: bar.update(1))  # dealt across ranks
-        measured[r] = scores if on[r] == tuple(windows) else [s + shift for s in scores]
+        measured[r] = scores if on[r] == windows else [s + shift for s in scores]
         pace = (time.perf_counter() - t0) / len(on[r])
         if deadline is not None and r != wanted[-1] and from_rank0(
                 time.perf_counter() + pace * len(on[wanted[i + 1]]) > deadline):  # fmt: skip
