@@ -3,12 +3,13 @@ budget under --time-limit 10 on 2 cores, with its mutations guided by its own ta
 allocation and random search made on the same parent and calibration.
 
 Protocol (search_minutes.py's parent, calibration ranges, held-out text and scoring):
-  search    per seed s, one measured child process (wall, CPU, peak RSS), the defaults but for the pool and the
-            generations' size:
+  search    per seed s, one measured child process (wall, CPU, peak RSS), the defaults but for the pool, the
+            generations' size and the table:
               {RECIPE}
-            with --calib-range (0.5 + 0.15·s):1 --seed s: every layer scored alone at every width it has time for on
-            one 256-token window (the measured additive model, its knapsack the search's start), the default
-            baselines, the start's refinement where a budget's share of time allows a step, then EvoPress whose
+            with --calib-range (0.5 + 0.15·s):1 --seed s: every layer scored alone at widths 2 and 3 on one window
+            of 255 scored tokens, at 4 and 5 on two (a middle width's small loss on one window is mostly its noise),
+            6 and 7 extrapolated from 5 by its weight error (the measured additive model, its knapsack the search's
+            start; widths dropped from the top where time is short), the default baselines, the start's refinement where a budget's share of time allows a step, then EvoPress whose
             children lower and raise the layers the start's table calls cheapest to lower and most useful to raise
             (--mutation-temperature 0.5, the default; mutation.py), and the written mix chosen on the 8-window pool
   slow      per seed, one more child, not timed with the search (it does not fit in it), on the same parent and pool:
@@ -28,8 +29,9 @@ Protocol (search_minutes.py's parent, calibration ranges, held-out text and scor
             two seed spreads (search_baselines.verdict)
 
     python -m benchmarks.search_ten_minutes [--seeds 0,1,2] [--uniform-draws] [--reuse-slow]    # ~30 min a seed
---search-options adds `matgptq search` options to the timed search (a variant of the recipe, its mix folders named
-after them; give it its own --out, as a record of another recipe replaces the one at --out).
+--search-options replaces the table's options above (TABLE): another value measures a variant of the recipe ('' the
+table of every width on one window, the record until 2026-12-05), its mix folders named after its options as the
+record's are; give it its own --out, as a record of another recipe replaces the one at --out.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ from matgptq.formats import read_checkpoint
 MINUTES = 10
 POOL = ("--calib-tokens", "2040", "--stages", "255:2,510:1", "--offspring", "8")  # random_mixes' stages too
 RECIPE = (*POOL, "--generations", "100")
+# the record's table: 2 and 3 on --sensitivity-tokens, 4 and 5 on twice as many, 6 and 7 extrapolated from 5
+TABLE = ("--sensitivity-wide", "4:510", "--sensitivity-top", "5")
 SLOW = (*POOL, "--sensitivity-tokens", "510", "--baselines", "noise", "--generations", "0", "--refine-steps", "0")
 ONE_SHOT = ("uniform", "additive", "additive 510", "probe", "noise", "error", "gradient", "random")
 KINDS = (*ONE_SHOT, "evolved", "written", "uniform draws")
@@ -65,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--uniform-draws", action="store_true", help="also the timed search with uniform draws")
     ap.add_argument("--reuse-slow", action="store_true", help="the slow baselines' mixes and usage from their files "
                     "in --work, not run again (for a change to the timed search alone)")
-    ap.add_argument("--search-options", default="", metavar="OPTIONS",
-                    help="`matgptq search` options added to the timed search's recipe, e.g. '--sensitivity-top 5'")
+    ap.add_argument("--search-options", default=shlex.join(TABLE), metavar="OPTIONS",
+                    help="the timed search's table options, after the pool and generations (default: the record's, "
+                    "%(default)r); another value measures a variant, e.g. '' (every width on one window)")
     return ap
 
 
@@ -77,7 +82,7 @@ def main() -> None:
         extra = shlex.split(a.search_options)
     except ValueError as e:  # an unclosed quote
         ap.error(f"--search-options: {e}")
-    if extra and Path(a.out).resolve() == Path(ap.get_default("out")).resolve():
+    if extra != list(TABLE) and Path(a.out).resolve() == Path(ap.get_default("out")).resolve():
         raise SystemExit("search_ten_minutes: error: --search-options measures another recipe, which would replace "
                          "the record at --out; give it its own --out")  # fmt: skip
     recipe, variant = (*RECIPE, *extra), re.sub(r"[^\w.]+", "-", "-" + "-".join(extra)) if extra else ""
@@ -86,8 +91,8 @@ def main() -> None:
     record_seeds("search_ten_minutes", a, recipe, __doc__, measure, page)
 
 
-def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, reuse_slow: bool = False,
-                 recipe: tuple[str, ...] = RECIPE, variant: str = "") -> dict:  # fmt: skip
+def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, reuse_slow: bool,
+                 recipe: tuple[str, ...], variant: str) -> dict:  # fmt: skip
     """The timed search of `recipe` (its folder's name ending in `variant`), the slow baselines (the run before's,
     with `reuse_slow`) and random search of one seed, every mix scored on the held-out text."""
     done = search_child(parent, work, seed, list(recipe), f"ten-seed-{seed}{variant}", MINUTES)
