@@ -174,9 +174,10 @@ def add_slow(parent: Path, work: Path, seed: int, run: dict, minutes: float) -> 
 
 @torch.no_grad()
 def random_mixes(parent: Path, seed: int, evaluations: dict[str, int], seconds: dict) -> dict[str, dict[str, int]]:
-    """Per budget, random search with as many scorings as the search made there, on the search's own calibration
-    pool and stages (the runner's: --calib-tokens 2040 as 8 windows of 256, the recipe's stages); its seconds into
-    `seconds`."""
+    """Per budget, random search with as many scorings as the search's evolution made there, at least one
+    generation's (a budget whose share went to refinement may run none; the refinement's layer-by-layer scorings are
+    not counted), on the search's own calibration pool and stages (the runner's: --calib-tokens 2040 as 8 windows of
+    256, the recipe's stages); its seconds into `seconds`."""
     from benchmarks.search_results import random_search
     from matgptq.allocation import EvoConfig
     from matgptq.allocation.evopress import parse_stages
@@ -190,12 +191,13 @@ def random_mixes(parent: Path, seed: int, evaluations: dict[str, int], seconds: 
     fit = Fitness(matgptq.load(parent, bits=8, packed=False), teacher, pool, cost.names,
                   compute_dtype=ScoreDtype.AUTO.resolve(torch.device("cpu")))  # fmt: skip
     config = EvoConfig(offspring=8, stages=parse_stages(RECIPE[RECIPE.index("--stages") + 1]), seed=seed)
+    generation = config.offspring + sum(st.survivors for st in config.stages[:-1]) + 1  # the parent re-enters last
     out = {}
     try:
         for b in BUDGETS:
             t0 = time.perf_counter()
             mix = random_search(fit, LEVELS, cost.table(BudgetKind.CODE), cost.limit(Fraction(b), BudgetKind.CODE),
-                                evaluations[b], config, seed)  # fmt: skip
+                                max(evaluations[b], generation), config, seed)  # fmt: skip
             seconds[b] = round(time.perf_counter() - t0, 1)
             out[b] = dict(zip(cost.names, mix))
     finally:

@@ -19,8 +19,8 @@ Protocol (search_minutes.py's parent, calibration ranges, held-out text and scor
             --reuse-slow takes its mixes and measured usage from its files still in --work (same command):
             they do not depend on the timed search, so a change to the search alone is re-measured in a third of
             the time; the usage table marks them `reused`
-  random    random budget-filling mixes through the search's selection stages, as many scorings as the search made
-            at that budget (search_minutes.random_mixes)
+  random    random budget-filling mixes through the search's selection stages, as many scorings as the search's
+            evolution made at that budget, at least one generation's (search_minutes.random_mixes)
   uniform   with --uniform-draws, per seed, the timed search again with --mutation-temperature 0 (EvoPress' uniform
             draws), its written mix as `uniform draws`
   scoring   on the first 4 × 1024 tokens of the first half of WikiText-2 test (never calibrated on), float32, KL to
