@@ -111,10 +111,11 @@ def git_commit() -> str | None:
 
 def machine() -> dict:
     """What a timing depends on beyond the code: the CPU model (a BLAS may take slower paths on another vendor's
-    CPUs), the cores, and the commit measured (+changes: with uncommitted changes to tracked files)."""
+    CPUs), the cores, and the commit measured (+changes: with uncommitted changes to tracked files outside
+    docs/results, where a record writes its own JSON and page after every seed)."""
     commit = git_commit()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=Path(__file__).parent,
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results"],
+                           cwd=Path(__file__).parents[1], capture_output=True, text=True).stdout.strip()  # fmt: skip
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "commit": commit and commit + ("+changes" if dirty else "")}
 
 
