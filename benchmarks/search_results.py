@@ -157,6 +157,8 @@ def random_search(fitness: Fitness, levels: tuple[int, ...], costs: list[list[in
     random candidates are scored on the same token counts as EvoPress' children; `evaluations` scorings in all."""
     rng = np.random.Generator(np.random.PCG64(seed))
     n = evaluations - sum(s.survivors for s in config.stages[:-1])  # the later stages score the earlier survivors
+    if n < config.stages[0].survivors:
+        raise ValueError(f"random_search: {evaluations} scorings cannot fill the stages {config.stages}")
     pool: dict[tuple[int, ...], None] = {}
     for _ in range(n * MAX_DRAWS_PER_CHILD):
         if len(pool) == n:
