@@ -4,10 +4,11 @@ variants of it, each measured by search_ten_minutes itself on the same parent, c
     python -m benchmarks.search_ten_minutes --seeds 0,1,2 --reuse-slow --search-options 'OPTIONS' \\
         --out docs/results/search_ten_minutes_variants/NAME.json
 
-(--reuse-slow: the untimed baselines, `additive 510` and `noise`, are the record's own mixes). A variant's `additive`
-is its own table's knapsack (the start it searched from), so its best one-shot allocation is judged among its own
-run's baselines, as search_ten_minutes' page does. `vs record`: the variant's written mix against the record's, seed by
-seed (each seed's calibration text is the same for both, so the ratio is paired).
+(OPTIONS replace the record's table options, '' the table of every width on one window; --reuse-slow: the untimed
+baselines, `additive 510` and `noise`, are the record's own mixes). A variant's `additive` is its own table's knapsack
+(the start it searched from), so its best one-shot allocation is judged among its own run's baselines, as
+search_ten_minutes' page does. `vs record`: the variant's written mix against the record's, seed by seed (each seed's
+calibration text is the same for both, so the ratio is paired). A column is named by its table options.
 
     python -m benchmarks.search_ten_minutes_variants     # renders only: the runs above wrote the JSONs
 """
@@ -18,18 +19,16 @@ import statistics
 
 from benchmarks._harness import RESULTS, header, load_json, machine_lines, write_page
 from benchmarks._search_setup import BUDGETS
-from benchmarks.search_ten_minutes import KINDS, quality_rows
+from benchmarks.search_ten_minutes import KINDS, RECIPE, quality_rows
 from matgptq.execution import format_table
-
-RECORD = "the record (every level on one window)"
 
 
 def options(data: dict, record: dict) -> str:
-    """What a variant adds to the record's recipe (its whole recipe where the record's has changed since)."""
-    base = record["recipe"]
-    if data is record:
-        return RECORD
-    return " ".join(data["recipe"][len(base):] if data["recipe"][: len(base)] == base else data["recipe"])
+    """A recipe's table options: what follows the pool and generations (search_ten_minutes.RECIPE), or its whole
+    recipe where it does not start with them; the record's marked."""
+    recipe, base = data["recipe"], list(RECIPE)
+    label = " ".join(recipe[len(base):] if recipe[: len(base)] == base else recipe) or "every width on one window"
+    return f"the record: {label}" if data is record else label
 
 
 def judged(data: dict) -> dict[str, list]:
