@@ -26,8 +26,9 @@ Wide levels (`search --sensitivity-wide LEVEL:TOKENS`, `Wide`): the levels from 
 W', more of them, the narrow levels on the table's own W. Why: one window was too noisy a measurement at SmolLM2's
 middle widths (4, 5) to place the 5-bit mix, and two windows at every level cost the evolution a fifth of its
 generations (docs/results/search_ten_minutes_variants.md); two at the middle levels only, with the wider levels
-extrapolated, cost as many scorings as one at every level (measured there, 3 seeds: no budget above the best
-one-shot allocation, but 2-8% worse than one window at every level at 2.5 bits; the default stays one window). The
+extrapolated, cost as many scorings as one at every level (docs/results/search_ten_minutes.md, 3 seeds: the
+10-minute recipe's table since 2026-12-05; the command's default stays one window, which the longer searches were
+measured with). The
 knapsack compares a layer's widths by their values, so every value must be on one scale: a wide level's value is
 its increment over the wide windows' own base added to the narrow windows' base,
       s_l(r) = F(top; W) + F(top, layer l at r; W') − F(top; W'),
