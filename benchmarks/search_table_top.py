@@ -2,14 +2,15 @@
 scored up to a level and extrapolated above it (`search --sensitivity-top`), against the tables scored at every level.
 
 Protocol: for each seed of benchmarks/search_ten_minutes.py (its parent, calibration pool and held-out text), the
-additive table its timed search measured with `--search-options ''` (every layer alone at each level 2-7, one 255-token
-window: the record's table until 2026-12-05, now a variant) and the one its slow child measured (the same on two windows, the first the same window). Each variant keeps that table's levels up
-to `top` and takes the wider ones from level `top` by the linearity theorem (sensitivity.extrapolate, the layers'
-relative weight errors from the parent), as `matgptq search --sensitivity-top top` does; its knapsack mix per budget
-is scored on the held-out text (search_ten_minutes' scoring: KL to the float model and perplexity, 4 × 1024 tokens).
-No table is measured again: the variants differ only in which of the same scorings they keep, so a variant's cost is
-its count of level scorings per layer (windows × levels scored), the time a table takes being about proportional to
-it (on this page's host one level on one window took the timed runs ~42 s for SmolLM2's 210 layers).
+additive table its timed search measured with `--search-options ''` (every layer alone at each level 2-7, one
+255-token window: the record's table until 2026-12-05, now a variant) and the one its slow child measured (the same
+on two windows, the first the same window). Each variant keeps that table's levels up to `top` and takes the wider
+ones from level `top` by the linearity theorem (sensitivity.extrapolate, the layers' relative weight errors from the
+parent), as `matgptq search --sensitivity-top top` does; its knapsack mix per budget is scored on the held-out text
+(search_ten_minutes' scoring: KL to the float model and perplexity, 4 × 1024 tokens). No table is measured again:
+the variants differ only in which of the same scorings they keep, so a variant's cost is its count of level scorings
+per layer (windows × levels scored), the time a table takes being about proportional to it (on this page's host one
+level on one window took the timed runs ~42 s for SmolLM2's 210 layers).
 
     python -m benchmarks.search_table_top [--seeds 0,1,2]     # ~15 minutes on 2 cores, after the variant above
 """
@@ -102,7 +103,7 @@ def page(data: dict) -> str:
         header("benchmarks/search_table_top.py", "search_table_top.json"),
         "# The search's table: which levels to score", "", "```", data["protocol"].strip(),
         "```", "", f"Held-out KL of each table's knapsack mix, mean ± standard deviation over seeds {', '.join(seeds)}, "
-        f"and its ratio to `{REFERENCE}` (the timed search's one-window table). Level scorings per layer: "
+        f"and its ratio to `{REFERENCE}` (the timed one-window table). Level scorings per layer: "
         + ", ".join(f"{k} {data['cost'][k]}" for k in labels) + ".", "",
         format_table(["budget", *labels], rows), ""])  # fmt: skip
 

@@ -9,9 +9,10 @@ Protocol (search_minutes.py's parent, calibration ranges, held-out text and scor
             with --calib-range (0.5 + 0.15·s):1 --seed s: every layer scored alone at widths 2 and 3 on one window
             of 255 scored tokens, at 4 and 5 on two (a middle width's small loss on one window is mostly its noise),
             6 and 7 extrapolated from 5 by its weight error (the measured additive model, its knapsack the search's
-            start; widths dropped from the top where time is short), the default baselines, the start's refinement where a budget's share of time allows a step, then EvoPress whose
-            children lower and raise the layers the start's table calls cheapest to lower and most useful to raise
-            (--mutation-temperature 0.5, the default; mutation.py), and the written mix chosen on the 8-window pool
+            start; widths dropped from the top where time is short), the default baselines, the start's refinement
+            where a budget's share of time allows a step, then EvoPress whose children lower and raise the layers
+            the start's table calls cheapest to lower and most useful to raise (--mutation-temperature 0.5, the
+            default; mutation.py), and the written mix chosen on the 8-window pool
   slow      per seed, one more child, not timed with the search (it does not fit in it), on the same parent and pool:
               {SLOW}
             its knapsack is the additive allocation measured on two windows (`additive 510`: every layer alone at
