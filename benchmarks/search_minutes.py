@@ -180,7 +180,7 @@ def random_mixes(parent: Path, seed: int, evaluations: dict[str, int], seconds: 
     256, the recipe's stages); its seconds into `seconds`."""
     from benchmarks.search_results import random_search
     from matgptq.allocation import EvoConfig
-    from matgptq.allocation.evopress import parse_stages
+    from matgptq.allocation.evopress import parse_stages, stage_pools
     from matgptq.allocation.fitness import Fitness
     from matgptq.allocation import ScoreDtype
 
@@ -191,7 +191,7 @@ def random_mixes(parent: Path, seed: int, evaluations: dict[str, int], seconds: 
     fit = Fitness(matgptq.load(parent, bits=8, packed=False), teacher, pool, cost.names,
                   compute_dtype=ScoreDtype.AUTO.resolve(torch.device("cpu")))  # fmt: skip
     config = EvoConfig(offspring=8, stages=parse_stages(RECIPE[RECIPE.index("--stages") + 1]), seed=seed)
-    generation = config.offspring + sum(st.survivors for st in config.stages[:-1]) + 1  # the parent re-enters last
+    generation = sum(stage_pools(config))  # one generation's evaluations
     out = {}
     try:
         for b in BUDGETS:

@@ -75,8 +75,9 @@ def test_a_damaged_tables_file_is_scored_afresh(tmp_path, damage):
 
 def test_resume_reads_the_tables_back_instead_of_scoring_them(stories_parent, tmp_path, monkeypatch):
     """A search extended with --resume (2 → 3 generations) scores no table and writes the mix a fresh 3-generation run
-    writes; searched again with other generation sizes (its state deleted, as the refusal advises), none either. A budget added with another floor width and another baseline scores only what the run before lacks: the
-    gradient table of that floor and the new baseline's; its one-shot mixes are those of a fresh run."""
+    writes; searched again with other generation sizes (its state deleted, as the refusal advises), none either. A
+    budget added with another floor width and another baseline scores only what the run before lacks: the gradient
+    table of that floor and the new baseline's; its one-shot mixes are those of a fresh run."""
     args = ["--budget", "3.0", "--baselines", "uniform,error,gradient"]
     assert main(search(stories_parent, tmp_path / "whole", *args, "--generations", "3")) == 0
     out = tmp_path / "resumed"

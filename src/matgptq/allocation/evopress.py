@@ -152,12 +152,17 @@ def draw_windows(rng: np.random.Generator, n_windows: int, seqlen: int, tokens: 
     return tuple(sorted(int(i) for i in rng.choice(n_windows, size=count, replace=False)))
 
 
-def generation_windows(config: EvoConfig, n_windows: int, seqlen: int) -> int:
-    """Window scorings one generation makes at most: the offspring on the first stage's windows, then each later
-    stage's pool (the survivors of the stage before it, and the parent at the last) on that stage's windows."""
+def stage_pools(config: EvoConfig) -> list[int]:
+    """Candidates each stage of a generation scores: the offspring at the first, then the survivors of the stage
+    before, the parent competing in the last (their sum: a generation's evaluations)."""
     pools = [config.offspring, *(s.survivors for s in config.stages[:-1])]
-    pools[-1] += 1  # the parent competes in the last stage
-    return sum(p * window_count(n_windows, seqlen, s.tokens) for p, s in zip(pools, config.stages))
+    pools[-1] += 1
+    return pools
+
+
+def generation_windows(config: EvoConfig, n_windows: int, seqlen: int) -> int:
+    """Window scorings one generation makes at most: each stage's pool (stage_pools) on that stage's windows."""
+    return sum(p * window_count(n_windows, seqlen, s.tokens) for p, s in zip(stage_pools(config), config.stages))
 
 
 def guide_of(table: list[list[float]] | None, config: EvoConfig) -> Guide | None:

@@ -22,15 +22,14 @@ levels' losses are small, so one window's measurement of them is mostly that win
 small enough for the linearity theorem to hold; their scorings can be spent on more windows for the narrow levels.
 Each scoring runs only from the layer's block on (prefix cache of the top mix).
 
-Wide levels (`search --sensitivity-wide LEVEL:TOKENS`, `Wide`): the levels from LEVEL up scored on other windows
-W', more of them, the narrow levels on the table's own W. Why: one window was too noisy a measurement at SmolLM2's
+Wide levels (`search --sensitivity-wide LEVEL:TOKENS`, `Wide`): the levels from LEVEL up scored on other windows W',
+more of them, the narrow levels on the table's own W. Why: one window was too noisy a measurement at SmolLM2's
 middle widths (4, 5) to place the 5-bit mix, and two windows at every level cost the evolution a fifth of its
 generations (docs/results/search_ten_minutes_variants.md); two at the middle levels only, with the wider levels
 extrapolated, cost as many scorings as one at every level (docs/results/search_ten_minutes.md, 3 seeds: the
 10-minute recipe's table since 2026-12-05; the command's default stays one window, which the longer searches were
-measured with). The
-knapsack compares a layer's widths by their values, so every value must be on one scale: a wide level's value is
-its increment over the wide windows' own base added to the narrow windows' base,
+measured with). The knapsack compares a layer's widths by their values, so every value must be on one scale: a wide
+level's value is its increment over the wide windows' own base added to the narrow windows' base,
       s_l(r) = F(top; W) + F(top, layer l at r; W') − F(top; W'),
 not its raw KL on W' (the bases differ between window sets, and that constant would favour the widths scored on the
 easier set). The extrapolation above the highest scored level works on the same increments.
