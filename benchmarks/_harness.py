@@ -76,10 +76,14 @@ def write_results(md: Path, data: dict, text: str) -> None:
 
 def measured_child(cmd: list[str], threads: int, log: Path) -> dict:
     """`cmd` as one measured run of a results script (child_env with `threads` threads): run_measured's numbers,
-    the load average when it ended and, where it failed, its last line naming an error."""
-    row = {**run_measured(cmd, child_env(threads), log), "load_average": os.getloadavg()[0]}
+    the load average when it ended, the commit it ran at (machine()) and, where it failed, its last line naming an
+    error; kept in the usage file beside `log`, which a record reusing the run reads (search_ten_minutes
+    --reuse-slow)."""
+    row = {**run_measured(cmd, child_env(threads), log), "load_average": os.getloadavg()[0],
+           "commit": machine()["commit"]}  # fmt: skip
     if not row["ok"]:
         row["error"] = last_error(log)
+    Path(log).with_suffix(".usage.json").write_text(json.dumps(row))
     return row
 
 

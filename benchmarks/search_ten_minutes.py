@@ -19,7 +19,8 @@ Protocol (search_minutes.py's parent, calibration ranges, held-out text and scor
             every width, twice the search's tokens per scoring), and ExLlamaV3's noise injection (`noise`)
             --reuse-slow takes its mixes and measured usage from its files still in --work (same command):
             they do not depend on the timed search, so a change to the search alone is re-measured in a third of
-            the time; the usage table marks them `reused`
+            the time; the usage table marks them `reused`, with the commit they were made at where their usage
+            file records it (it has since 2026-12-05)
   random    random budget-filling mixes through the search's selection stages, as many scorings as the search's
             evolution made at that budget, at least one generation's (search_minutes.random_mixes)
   uniform   with --uniform-draws, per seed, the timed search again with --mutation-temperature 0 (EvoPress' uniform
@@ -169,11 +170,12 @@ def time_rows(runs: list[dict]) -> list[list]:
 def usage_rows(seeds: list[str], runs: list[dict]) -> list[list]:
     rows = []
     for s, r in zip(seeds, runs):
-        slow = "slow baselines" + " (reused)" * r.get("slow_reused", False)
+        made = r.get("slow_usage", {}).get("commit")  # the commit a reused slow run was made at, where recorded
+        slow = "slow baselines" + (f" (reused, made at {made})" if made else " (reused)") * r.get("slow_reused", False)
         for name, key in (("search", "usage"), (slow, "slow_usage"), ("uniform draws", "uniform_usage")):
             if key in r:
                 u = r[key]
-                load = f"{u['load_average']:.1f}" if "load_average" in u else "-"  # a reused run's launcher has none
+                load = f"{u['load_average']:.1f}" if "load_average" in u else "-"  # usage files before 2026-12-05 lack it
                 rows.append([s, name, f"{u['wall']:.0f}", f"{u['cpu']:.0f}", f"{u['rss_gb']:.2f}", load])
         rows.append([s, "random", f"{sum(r['random_seconds'].values()):.0f}", "-", "-", "-"])
     return rows
