@@ -109,6 +109,10 @@ PAGES = (
     Page("search_generations", ("search_generations.json",), md="search_generations.md",
          about="SmolLM2-135M-Instruct: the 10-minute recipe's evolution run to 12 generations at 3.25 and 3.5 bits, "
                "its parent on held-out text every 3 generations, 3 seeds"),
+    Page("search_generations", ("search_generations_big_pool.json",), md="search_generations_big_pool.md",
+         render="page_big_pool",
+         about="SmolLM2-135M-Instruct: the same with twice the pool, a four-window last stage and the record's table, "
+               "to 18 generations"),
     Page("search_table_dtype", ("search_table_dtype.json",), md="search_table_dtype.md",
          about="SmolLM2-135M-Instruct: the additive table scored in float32 against bfloat16, its knapsack mixes "
                "on held-out text at eight budgets, 3 seeds"),

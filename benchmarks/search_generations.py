@@ -15,10 +15,18 @@ Protocol (search_minutes.py's parent, calibration ranges, held-out text and scor
             where --work holds search_ten_minutes' slow child of that seed, made on this host
 
     python -m benchmarks.search_generations [--seeds 0,1,2]      # ~12 minutes a seed on 2 cores
+
+--generations and --search-options (appended to the command above; a later option replaces an earlier one, e.g.
+--calib-tokens 4080) measure a variant, into its own --out and mix folders named after its options:
+
+    python -m benchmarks.search_generations --generations 18 --out docs/results/search_generations_big_pool.json \
+        --search-options '--sensitivity-wide 4:510 --sensitivity-top 5 --calib-tokens 4080 --stages 255:2,1020:1'
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 import statistics
 from pathlib import Path
 
@@ -30,25 +38,55 @@ from matgptq.execution import format_table
 BUDGETS = ("3.25", "3.5")
 GENERATIONS = 12
 STEP = 3  # the parent is scored after every STEP generations
-RECIPE = (*POOL, "--generations", str(GENERATIONS), "--refine-steps", "0")
+
+
+def recipe(generations: int = GENERATIONS, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The search's options: the 10-minute pool, `generations` of them, no refinement, then `extra`."""
+    return (*POOL, "--generations", str(generations), "--refine-steps", "0", *extra)
 
 
 def main() -> None:
-    a = seed_parser(__doc__, "search_generations.json").parse_args()
-    record_seeds("search_generations", a, RECIPE, __doc__, measure_seed, page)
+    ap = seed_parser(__doc__, "search_generations.json")
+    ap.add_argument("--generations", type=int, default=GENERATIONS, help="generations per budget (a multiple of "
+                    f"{STEP}: the parent is scored every {STEP}); default %(default)s")
+    ap.add_argument("--search-options", default="", metavar="OPTIONS",
+                    help="more search options after the recipe's, replacing its own where they repeat one")
+    a = ap.parse_args()
+    try:
+        extra = tuple(shlex.split(a.search_options))
+    except ValueError as e:  # an unclosed quote
+        ap.error(f"--search-options: {e}")
+    if a.generations < STEP or a.generations % STEP:
+        ap.error(f"--generations: give a positive multiple of {STEP}, got {a.generations}")
+    variant = (a.generations, extra) != (GENERATIONS, ())
+    if variant and Path(a.out).resolve() == Path(ap.get_default("out")).resolve():
+        ap.error("--generations or --search-options measure another recipe, which would replace the record at --out; "
+                 "give it its own --out")  # fmt: skip
+    name = "generations" + (re.sub(r"[^\w.]+", "-", f"-g{a.generations}-" + "-".join(extra)) if variant else "")
+    measure = lambda parent, work, seed: measure_seed(parent, work, seed, recipe(a.generations, extra),  # noqa: E731
+                                                      a.generations, name)  # fmt: skip
+    record_seeds("search_generations", a, recipe(a.generations, extra), __doc__, measure,
+                 lambda data: page(data, Path(a.out).name))  # fmt: skip
 
 
-def measure_seed(parent: Path, work: Path, seed: int) -> dict:
-    """One child searching BUDGETS to GENERATIONS generations; its parents every STEP generations, its knapsack start,
-    its written mix and, where made, the slow child's two-window knapsack, scored on the held-out text."""
-    done = search_child(parent, work, seed, list(RECIPE), f"generations-seed-{seed}", budgets=BUDGETS)
+def page_big_pool(data: dict) -> str:
+    """docs/results/search_generations_big_pool.md (the variant in this module's docstring) from its JSON."""
+    return page(data, "search_generations_big_pool.json")
+
+
+def measure_seed(parent: Path, work: Path, seed: int, options: tuple[str, ...] = recipe(),
+                 generations: int = GENERATIONS, name: str = "generations") -> dict:  # fmt: skip
+    """One child searching BUDGETS to `generations` generations with `options` (in --work/`name`-seed-S); its parents
+    every STEP generations, its knapsack start, its written mix and, where made, the slow child's two-window knapsack,
+    scored on the held-out text."""
+    done = search_child(parent, work, seed, list(options), f"{name}-seed-{seed}", budgets=BUDGETS)
     slow = work / f"ten-seed-{seed}-slow"
     named, run = {}, {}
     for b, body in done["bodies"].items():
         names = list(body["bits"])
         history = {h["generation"]: h for h in body["history"]}
         named[b] = {"additive": body["dp_bits"], "g0": body["start_bits"],
-                    **{f"g{g}": dict(zip(names, history[g]["parent"])) for g in range(STEP, GENERATIONS + 1, STEP)},
+                    **{f"g{g}": dict(zip(names, history[g]["parent"])) for g in range(STEP, generations + 1, STEP)},
                     "written": body["bits"]}  # fmt: skip
         if (slow / f"mix-{b}.json").is_file():
             named[b]["additive 510"] = load_json(slow / f"mix-{b}.json")["dp_bits"]
@@ -58,8 +96,8 @@ def measure_seed(parent: Path, work: Path, seed: int) -> dict:
     return {"usage": done["usage"], "budgets": {b: {"scores": scores[b], **run[b]} for b in BUDGETS}}
 
 
-def page(data: dict) -> str:
-    """docs/results/search_generations.md from its JSON."""
+def page(data: dict, source: str = "search_generations.json") -> str:
+    """docs/results/search_generations.md from its JSON (a variant's page from its own, `source`)."""
     seeds = sorted(data["seeds"], key=int)
     runs = [data["seeds"][s] for s in seeds]
     rows = []
@@ -72,8 +110,14 @@ def page(data: dict) -> str:
     chosen = [[b, ", ".join(r["budgets"][b]["chosen"] for r in runs)] for b in BUDGETS]
     protocol = data["protocol"].strip().replace(
         "{RECIPE}", f"matgptq search PARENT --budget {','.join(BUDGETS)} --calib wiki.test " + " ".join(data["recipe"]))
+    extra = data["recipe"][len(recipe()):]  # a variant's options after the record's (its generations replaced)
+    generations = data["recipe"][data["recipe"].index("--generations") + 1]
+    variant = [] if data["recipe"] == list(recipe()) else [
+        f"A variant of search_generations.md's record: {generations} generations, and `{shlex.join(extra)}` after the "
+        "record's options, replacing those they repeat (the command below); where the protocol's prose names the "
+        "table or the pool, these options change it.", ""]  # fmt: skip
     return "\n".join([
-        header("benchmarks/search_generations.py", "search_generations.json"), "# What the generations buy", "",
+        header("benchmarks/search_generations.py", source), "# What the generations buy", "", *variant,
         "```", protocol, "```", "",
         f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds. `gN`: the parent "
         "after N generations (g0: the start); `vs start`: the mean KL against g0's:", "",
