@@ -122,8 +122,8 @@ def page(data: dict, source: str = "search_generations.json") -> str:
         f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds. `gN`: the parent "
         "after N generations (g0: the start); `vs start`: the mean KL against g0's:", "",
         format_table(["budget", "mix", "held-out KL", "vs start"], rows), "",
-        "The mix each seed wrote (its seconds are in the JSON, not shown: the runs shared the machine with other "
-        "work):", "", format_table(["budget", "chosen per seed"], chosen),
+        "The mix each seed wrote (its seconds are in the JSON, not shown: the record's runs shared the machine with "
+        "other work):", "", format_table(["budget", "chosen per seed"], chosen),
     ])  # fmt: skip
 
 
