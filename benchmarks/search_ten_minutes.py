@@ -175,7 +175,7 @@ def usage_rows(seeds: list[str], runs: list[dict]) -> list[list]:
         for name, key in (("search", "usage"), (slow, "slow_usage"), ("uniform draws", "uniform_usage")):
             if key in r:
                 u = r[key]
-                load = f"{u['load_average']:.1f}" if "load_average" in u else "-"  # usage files before 2026-12-05 lack it
+                load = f"{u['load_average']:.1f}" if "load_average" in u else "-"  # older usage files lack it
                 rows.append([s, name, f"{u['wall']:.0f}", f"{u['cpu']:.0f}", f"{u['rss_gb']:.2f}", load])
         rows.append([s, "random", f"{sum(r['random_seconds'].values()):.0f}", "-", "-", "-"])
     return rows
