@@ -83,7 +83,9 @@ def measured_child(cmd: list[str], threads: int, log: Path) -> dict:
            "commit": machine()["commit"]}  # fmt: skip
     if not row["ok"]:
         row["error"] = last_error(log)
-    Path(log).with_suffix(".usage.json").write_text(json.dumps(row))
+    usage, tmp = Path(log).with_suffix(".usage.json"), Path(log).with_suffix(".usage.tmp")
+    tmp.write_text(json.dumps(row))
+    tmp.replace(usage)  # whole or not at all: a record reading it back (reused_slow) never sees half of it
     return row
 
 

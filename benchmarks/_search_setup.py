@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shlex
 import statistics
 import sys
 from collections.abc import Callable
@@ -64,6 +66,20 @@ def seed_parser(doc: str, out: str) -> argparse.ArgumentParser:
     ap.add_argument("--out", default=str(RESULTS / out), help="the JSON; its page beside it")
     ap.add_argument("--from-json", action="store_true", help="only re-render the page from --out")
     return ap
+
+
+def split_options(ap: argparse.ArgumentParser, text: str, option: str = "--search-options") -> tuple[str, ...]:
+    """`text` split as a shell splits it; an unclosed quote is argparse's one-line error naming `option`."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as e:
+        ap.error(f"{option}: {e}")
+
+
+def folder_suffix(parts) -> str:
+    """A variant's mix-folder suffix: "-" and its options joined, each run of other characters than word characters and
+    dots one "-" ("" for none)."""
+    return re.sub(r"[^\w.]+", "-", "-" + "-".join(map(str, parts))) if parts else ""
 
 
 def record_seeds(name: str, a, recipe: tuple[str, ...], protocol: str,

@@ -25,13 +25,13 @@ Protocol (search_minutes.py's parent, calibration ranges, held-out text and scor
 
 from __future__ import annotations
 
-import re
 import shlex
 import statistics
 from pathlib import Path
 
 from benchmarks._harness import header, load_json
-from benchmarks._search_setup import record_seeds, score_named, search_child, seed_parser, stats
+from benchmarks._search_setup import (folder_suffix, record_seeds, score_named, search_child, seed_parser,
+                                      split_options, stats)
 from benchmarks.search_ten_minutes import POOL
 from matgptq.execution import format_table
 
@@ -52,17 +52,14 @@ def main() -> None:
     ap.add_argument("--search-options", default="", metavar="OPTIONS",
                     help="more search options after the recipe's, replacing its own where they repeat one")
     a = ap.parse_args()
-    try:
-        extra = tuple(shlex.split(a.search_options))
-    except ValueError as e:  # an unclosed quote
-        ap.error(f"--search-options: {e}")
+    extra = split_options(ap, a.search_options)
     if a.generations < STEP or a.generations % STEP:
         ap.error(f"--generations: give a positive multiple of {STEP}, got {a.generations}")
     variant = (a.generations, extra) != (GENERATIONS, ())
     if variant and Path(a.out).resolve() == Path(ap.get_default("out")).resolve():
         ap.error("--generations or --search-options measure another recipe, which would replace the record at --out; "
                  "give it its own --out")  # fmt: skip
-    name = "generations" + (re.sub(r"[^\w.]+", "-", f"-g{a.generations}-" + "-".join(extra)) if variant else "")
+    name = "generations" + (folder_suffix([f"g{a.generations}", *extra]) if variant else "")
     measure = lambda parent, work, seed: measure_seed(parent, work, seed, recipe(a.generations, extra),  # noqa: E731
                                                       a.generations, name)  # fmt: skip
     record_seeds("search_generations", a, recipe(a.generations, extra), __doc__, measure,

@@ -39,14 +39,14 @@ record's are; give it its own --out, as a record of another recipe replaces the 
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import statistics
 from fractions import Fraction
 from pathlib import Path
 
 from benchmarks._harness import header, load_json, machine, machine_lines
-from benchmarks._search_setup import BUDGETS, LEVELS, record_seeds, score_named, search_child, seed_parser, stats
+from benchmarks._search_setup import (BUDGETS, LEVELS, folder_suffix, record_seeds, score_named, search_child,
+                                      seed_parser, split_options, stats)
 from benchmarks.search_baselines import verdict
 from benchmarks.search_minutes import random_mixes
 from matgptq.allocation import BudgetKind, CostModel
@@ -80,14 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     ap = build_parser()
     a = ap.parse_args()
-    try:
-        extra = shlex.split(a.search_options)
-    except ValueError as e:  # an unclosed quote
-        ap.error(f"--search-options: {e}")
+    extra = list(split_options(ap, a.search_options))
     if extra != list(TABLE) and Path(a.out).resolve() == Path(ap.get_default("out")).resolve():
         raise SystemExit("search_ten_minutes: error: --search-options measures another recipe, which would replace "
                          "the record at --out; give it its own --out")  # fmt: skip
-    recipe, variant = (*RECIPE, *extra), re.sub(r"[^\w.]+", "-", "-" + "-".join(extra)) if extra else ""
+    recipe, variant = (*RECIPE, *extra), folder_suffix(extra)
     measure = lambda parent, work, seed: measure_seed(parent, work, seed, a.uniform_draws, a.reuse_slow,  # noqa: E731
                                                       recipe, variant)  # fmt: skip
     record_seeds("search_ten_minutes", a, recipe, __doc__, measure, page)
