@@ -92,6 +92,9 @@ PAGES = (
     Page("search_table_top", ("search_table_top.json",), md="search_table_top.md",
          about="SmolLM2-135M-Instruct: the 10-minute runs' loss tables scored up to a level and extrapolated above it "
                "(`search --sensitivity-top`) against every level scored, on one and two windows, 3 seeds"),
+    Page("search_noise", ("search_noise.json",), md="search_noise.md",
+         about="SmolLM2-135M-Instruct: what the 10-minute evolution gained on its pool, on fresh and on held-out text, "
+               "against the standard error of its evaluations, 3 seeds"),
     Page("search_long", ("search_long.json",), md="search_long.md",
          about="SmolLM2-135M-Instruct: the search given its default 25 generations from the measured additive start, "
                "against every one-shot allocation of the same run, at the fractional budgets"),
