@@ -68,9 +68,7 @@ def pytest_junit(args: list[str], name: str, env: dict | None = None) -> tuple[P
 
 def write_results(md: Path, data: dict, text: str) -> None:
     """`data` as the JSON beside the page `md` (same name, .json), then the page `text` rendered from it."""
-    md = Path(md)
-    md.parent.mkdir(parents=True, exist_ok=True)
-    md.with_suffix(".json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_atomic(Path(md).with_suffix(".json"), json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     write_page(md, text)
 
 
@@ -83,9 +81,7 @@ def measured_child(cmd: list[str], threads: int, log: Path) -> dict:
            "commit": machine()["commit"]}  # fmt: skip
     if not row["ok"]:
         row["error"] = last_error(log)
-    usage, tmp = Path(log).with_suffix(".usage.json"), Path(log).with_suffix(".usage.tmp")
-    tmp.write_text(json.dumps(row))
-    tmp.replace(usage)  # whole or not at all: a record reading it back (reused_slow) never sees half of it
+    write_atomic(Path(log).with_suffix(".usage.json"), json.dumps(row))  # read back by reused_slow
     return row
 
 
@@ -144,9 +140,16 @@ def load_json(path: Path) -> dict:
 
 def write_page(path: Path, text: str) -> None:
     """Write a page (a single trailing newline)."""
-    path = Path(path)
+    write_atomic(Path(path), text.rstrip("\n") + "\n")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`text` (UTF-8) at `path`, whole or not at all: written beside it, then renamed over it, so that a run killed
+    while writing leaves the file before it, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
 
 
 def _markers(name: str) -> tuple[str, str]:

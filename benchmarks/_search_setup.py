@@ -123,8 +123,20 @@ def search_child(parent: Path, work: Path, seed: int, recipe: list[str], name: s
     return {"usage": usage, "bodies": {b: json.loads((mixes / f"mix-{b}.json").read_text()) for b in budgets}}
 
 
+def calib_start(seed: int) -> float:
+    """Where seed's calibration range of TEXT starts (it runs to the end): each seed calibrates on other text."""
+    return 0.5 + 0.15 * seed
+
+
 def calib_range(seed: int) -> str:
-    return f"{0.5 + 0.15 * seed:g}:1"
+    return f"{calib_start(seed):g}:1"
+
+
+def calib_windows(seed: int, count: int, seqlen: int = 256) -> torch.Tensor:
+    """The first `count` windows of `seqlen` tokens of seed's calibration range: the search's pool is the first of
+    them (runner._calib_pool cuts the same text the same way)."""
+    text = read_text(TEXT, (calib_start(seed), 1.0))
+    return eval_windows(tokenize(load_tokenizer(MODEL), text), seqlen, count * seqlen)
 
 
 @torch.no_grad()

@@ -55,7 +55,7 @@ import torch
 
 import matgptq
 from benchmarks._harness import RESULTS, ROOT, header, load_json, write_page, write_results
-from benchmarks._search_setup import (BUDGETS, LEVELS, MODEL, TEXT, calib_range, score_named, search_child, start,
+from benchmarks._search_setup import (BUDGETS, LEVELS, MODEL, calib_windows, score_named, search_child, start,
                                       stats)
 from benchmarks.search_baselines import verdict
 from matgptq.allocation import BudgetKind, CostModel
@@ -63,7 +63,6 @@ from matgptq.allocation.allocators import uniform_mix
 from matgptq.evaluation.teacher import Teacher
 from matgptq.execution import format_table
 from matgptq.formats import read_checkpoint
-from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
 
 RECIPE_UNREFINED = ("--sensitivity", "probe", "--sensitivity-tokens", "510", "--calib-tokens", "2040", "--stages",
                     "255:2,510:1", "--offspring", "8", "--generations", "100")  # fmt: skip
@@ -184,8 +183,7 @@ def random_mixes(parent: Path, seed: int, evaluations: dict[str, int], seconds: 
     from matgptq.allocation.fitness import Fitness
     from matgptq.allocation import ScoreDtype
 
-    start, _ = (float(x) for x in calib_range(seed).split(":"))
-    pool = eval_windows(tokenize(load_tokenizer(MODEL), read_text(TEXT, (start, 1.0))), 256, 8 * 256)
+    pool = calib_windows(seed, 8)
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
     teacher = Teacher(matgptq.load(MODEL), pool)
     fit = Fitness(matgptq.load(parent, bits=8, packed=False), teacher, pool, cost.names,

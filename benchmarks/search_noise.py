@@ -30,7 +30,7 @@ import torch
 
 import matgptq
 from benchmarks._harness import header, load_json
-from benchmarks._search_setup import (BUDGETS, LEVELS, MODEL, TEXT, calib_range, folder_suffix, record_seeds,
+from benchmarks._search_setup import (BUDGETS, LEVELS, MODEL, calib_windows, folder_suffix, record_seeds,
                                       score_named, seed_parser, stats)  # fmt: skip
 from benchmarks.search_ten_minutes import TABLE
 from matgptq.allocation import CostModel
@@ -39,7 +39,6 @@ from matgptq.allocation.fitness import Fitness
 from matgptq.evaluation.teacher import Teacher
 from matgptq.execution import format_table
 from matgptq.formats import read_checkpoint
-from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
 
 SEQLEN, WINDOWS, POOL = 256, 64, 8  # the recipe's windows and pool (--calib-tokens 2040 = 8 × 255)
 STAGES = (1, 2, POOL)  # windows a stage of the recipe scores (255:2, 510:1), then the pool
@@ -54,8 +53,7 @@ def build_parser():
 @torch.no_grad()
 def per_window(parent: Path, seed: int, named: dict[str, dict[str, dict[str, int]]]) -> dict[str, dict]:
     """{budget: {kind: widths}} → {budget: {kind: KL per window}} on the first WINDOWS windows of seed's range."""
-    a, b = (float(x) for x in calib_range(seed).split(":"))
-    windows = eval_windows(tokenize(load_tokenizer(MODEL), read_text(TEXT, (a, b))), SEQLEN, WINDOWS * SEQLEN)
+    windows = calib_windows(seed, WINDOWS, SEQLEN)
     names = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS).names
     with Teacher(matgptq.load(MODEL), windows) as teacher:
         fitness = Fitness(matgptq.load(parent, bits=8, packed=False), teacher, windows, names)

@@ -24,7 +24,7 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
-from benchmarks._harness import RESULTS, header, load_json, write_page
+from benchmarks._harness import RESULTS, header, load_json, write_atomic, write_page
 from benchmarks._search_setup import BUDGETS, LEVELS, score_named, stats
 from matgptq.allocation import BudgetKind, CostModel
 from matgptq.allocation.allocators import allocate
@@ -118,9 +118,7 @@ def main() -> None:
             sys.exit(f"search_table_top: error: no tables of seed {missing[0]} in {a.work}; run `python -m "
                      f"benchmarks.search_ten_minutes --seeds {missing[0]} --search-options '' --out "
                      "docs/results/search_ten_minutes_variants/every-level-one-window.json` first")  # fmt: skip
-        tmp = OUT.with_suffix(".tmp")
-        tmp.write_text(json.dumps(measure(Path(a.work), seeds), indent=1))
-        tmp.replace(OUT)
+        write_atomic(OUT, json.dumps(measure(Path(a.work), seeds), indent=1))
     text = page(load_json(OUT))
     write_page(OUT.with_suffix(".md"), text)
     print(text)
