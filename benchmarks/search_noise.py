@@ -62,12 +62,19 @@ def per_window(parent: Path, seed: int, named: dict[str, dict[str, dict[str, int
                 for bud, kinds in named.items()}  # fmt: skip
 
 
-def measure(parent: Path, work: Path, seed: int) -> dict:
+def record_folder(work: Path, seed: int) -> Path:
+    """search_ten_minutes' mix folder of `seed` in `work`; exits, naming the command that makes it, where it lacks a
+    budget (checked for every seed before anything is measured: the parent is made in `work` where it is missing)."""
     folder = work / f"ten-seed-{seed}{folder_suffix(TABLE)}"
     missing = [b for b in BUDGETS if not (folder / f"mix-{b}.json").is_file()]
     if missing:
         raise SystemExit(f"search_noise: error: no mix-{missing[0]}.json in {folder}; run `python -m "
-                         f"benchmarks.search_ten_minutes --seeds {seed}` first")  # fmt: skip
+                         f"benchmarks.search_ten_minutes --seeds {seed}` first (or give its --work)")  # fmt: skip
+    return folder
+
+
+def measure(parent: Path, work: Path, seed: int) -> dict:
+    folder = record_folder(work, seed)
     bodies = {b: load_json(folder / f"mix-{b}.json") for b in BUDGETS}
     named = {b: {"start": body["start_bits"], "written": body["bits"]} for b, body in bodies.items()}
     held = score_named(parent, named)
@@ -131,7 +138,11 @@ def pool_test(kept: list[float], cells: int) -> str:
 
 
 def main() -> None:
-    record_seeds("search_noise", build_parser().parse_args(), RECIPE, __doc__, measure, page)
+    a = build_parser().parse_args()
+    if not a.from_json:
+        for seed in a.seeds:
+            record_folder(Path(a.work), seed)
+    record_seeds("search_noise", a, RECIPE, __doc__, measure, page)
 
 
 if __name__ == "__main__":
