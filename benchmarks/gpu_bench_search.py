@@ -23,8 +23,8 @@ BUDGETS = "2.5,2.75,3,3.25,3.5,4,5,6"  # issue #44's eight
 # --time-limit in minutes: the CLI fits the teacher, the tables and every budget's search and report into it (on an
 # H200, 2026-12-04, its one-shot tables alone took 90.5 s of a 0.75-minute limit: docs/results/gpu.json)
 RUN_MINUTES = {True: 0.3, False: 0.75}  # tiny (CPU), full (GPU)
-ROW_KEYS = ("code_bits", "kl", "chosen", "evaluations", "generations", "seconds", "teacher_seconds", "tables_seconds",
-            "search_seconds", "report_seconds", "refine_steps")  # fmt: skip
+ROW_KEYS = ("code_bits", "kl", "start_kl", "chosen", "evaluations", "generations", "seconds", "teacher_seconds",
+            "tables_seconds", "search_seconds", "report_seconds", "refine_steps")  # fmt: skip
 
 
 def _default_parent(work: Path) -> Path | None:

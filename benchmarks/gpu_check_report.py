@@ -8,6 +8,7 @@ The goals are issue #46's (from ../shared/reference/gpu-anchors.md §5): at batc
 from __future__ import annotations
 
 import math
+from statistics import median
 
 KERNEL_GOALS = [((8192, 8192), 1, 4, 3.3), ((8192, 8192), 1, 3, 4.0), ((8192, 8192), 1, 2, 5.0),
                 ((8192, 8192), 16, 4, 1.5)]  # fmt: skip
@@ -109,9 +110,8 @@ def _quantize(res: dict) -> list[str]:
     return out
 
 
-def _search_run(res: dict) -> list[str]:
+def _search_run(s: dict | None) -> list[str]:
     """`matgptq search` on the device (benchmarks/gpu_bench_search.py measure_search_run): a row per budget."""
-    s = res.get("search_run")
     if not s:
         return ["not measured"]
     out = [f"`{s.get('command', 'matgptq search')}`: {_f(s.get('wall_s'), 1)} s wall for the "
@@ -124,6 +124,54 @@ def _search_run(res: dict) -> list[str]:
                    f"{r.get('evaluations')} | {_f(r.get('seconds'))} | {_f(r.get('teacher_seconds'))} | "
                    f"{_f(r.get('tables_seconds'))} | {_f(r.get('search_seconds'))} | "
                    f"{_f(r.get('report_seconds'))} |")  # fmt: skip
+    return out
+
+
+def _more(res: dict) -> list[str]:
+    """A longer search of the same parent, when gpu.json holds one (search_run_more: `--parts search_run` alone)."""
+    s = res.get("search_run_more")
+    return ["", f"Again alone ({s.get('run')}):", "", *_search_run(s)] if s else []
+
+
+def _depth(d: dict) -> dict:
+    """One depth of benchmarks/gpu_search_scale.py: its teacher and tables seconds (the first budget pays them), the
+    table's cells (layers × widths scored), the median seconds per generation and the median rest of a budget's
+    search (its final choice and refinement: search seconds less its generations)."""
+    first = d["rows"][0]
+    gens = [r for r in d["rows"] if r.get("s_per_generation")]
+    return {"blocks": d["blocks"], "teacher": first["teacher_seconds"], "tables": first["tables_seconds"],
+            "cells": d["layers"] * len(first.get("sensitivity_levels") or []),
+            "gen": median(r["s_per_generation"] for r in gens),
+            "rest": median(r["search_seconds"] - r["generations"] * r["s_per_generation"] for r in gens)}  # fmt: skip
+
+
+def _line(a: dict, b: dict, key: str, x: str, at: float) -> float:
+    """The straight line through points a and b (y = key, against x), at x = at."""
+    return a[key] + (b[key] - a[key]) * (at - a[x]) / (b[x] - a[x])
+
+
+def _search_scale(res: dict) -> list[str]:
+    """The search's cost against depth (benchmarks/gpu_search_scale.py) and a line through it to 32 blocks."""
+    sc = res.get("search_scale")
+    if not sc or len(sc.get("depths", [])) < 2:
+        return []
+    pts = [_depth(d) for d in sc["depths"]]
+    out = ["", f"Against depth ({sc['device']}, {sc['date']}; benchmarks/gpu_search_scale.py):", "",
+           "| blocks | --time-limit min | teacher s | tables s | table cells | s per cell | s per generation | "
+           "rest of a budget s |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for p, d in zip(pts, sc["depths"]):
+        out.append(f"| {p['blocks']} | {d['time_limit_min']} | {_f(p['teacher'])} | {_f(p['tables'])} | {p['cells']} "
+                   f"| {_f(p['tables'] / p['cells'], 3)} | {_f(p['gen'], 2)} | {_f(p['rest'])} |")  # fmt: skip
+    a, b = pts[0], pts[-1]
+    n, cells = 32, 32 * 7 * (b["cells"] // (b["blocks"] * 7))  # Llama-3.1-8B: 32 blocks of 7 linears
+    teacher, tables = _line(a, b, "teacher", "blocks", n), _line(a, b, "tables", "cells", cells)
+    gen, rest = _line(a, b, "gen", "blocks", n), _line(a, b, "rest", "blocks", n)
+    per_budget = (600 - teacher - tables) / 8
+    out += ["", f"A straight line through {a['blocks']} and {b['blocks']} blocks (teacher, generation and rest "
+            f"against blocks, tables against cells), at 32 blocks (Llama-3.1-8B; not measured): teacher "
+            f"{_f(teacher)} s, tables {_f(tables)} s ({cells} cells), {_f(gen, 2)} s a generation and {_f(rest)} s "
+            f"for the rest of each budget, so that `--time-limit 10` leaves eight budgets "
+            f"{_f((per_budget - rest) / gen, 0)} generations each."]  # fmt: skip
     return out
 
 
@@ -149,8 +197,8 @@ def page(res: dict) -> str:
              "## Nested kernels against fp16 torch.matmul (CUDA graphs, weights read from HBM)", "", *_kernels(res),
              "", "## Decode, Llama-3.1-8B-shaped blocks (CUDA graph per step)", "", *_decode(res), "",
              "## Quantize on the GPU, per Llama-3.1-8B-shaped block", "", *_quantize(res), "",
-             "## The search on the GPU (the MatGPTQ parent above, issue #44's budgets)", "", *_search_run(res),
-             ""]  # fmt: skip
+             "## The search on the GPU (the MatGPTQ parent above, issue #44's budgets)", "",
+             *_search_run(res.get("search_run")), *_more(res), *_search_scale(res), ""]  # fmt: skip
     return "\n".join(lines)
 
 

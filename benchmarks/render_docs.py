@@ -133,7 +133,8 @@ PAGES = (
     Page("gguf_default", ("gguf_default.json",), block="README.md#gguf-default", render="readme_block",
          about="the README's GGUF quickstart result"),
     Page("gpu_check_report", ("gpu.json",), md="gpu.md",
-         about="make gpu-check on an H100: nested kernels and decode against fp16 and torch's int4, GPU quantize"),
+         about="make gpu-check on an H100: nested kernels and decode against fp16 and torch's int4, GPU quantize, "
+               "the search against depth"),
     Page("gpu_check_report", ("gpu.json",), block="README.md#gpu", render="readme_block",
          about="the README's GPU status: the goals of issue #46 against what was measured"),
     Page("gptq_defaults_report", ("gptq_defaults.json",), md="gptq_defaults.md", png="gptq_defaults.png",
