@@ -32,7 +32,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks._harness import RESULTS, child_env, header, load_json, write_page
+from benchmarks._harness import RESULTS, child_env, header, load_json, write_atomic, write_page
 from benchmarks.gguf_real_files import file_info
 from benchmarks.llamacpp_cli import DEFAULT_MODEL, TOOLS, WIKI, calib_text, f32_gguf, log, run, score
 from matgptq.quantization.calibration import CalibConfig
@@ -110,9 +110,7 @@ def load_state(a: argparse.Namespace) -> dict:
 
 def save(state: dict) -> None:
     """Write the state to OUT (atomically) and re-render its page."""
-    tmp = OUT.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(OUT)
+    write_atomic(OUT, json.dumps(state, indent=2))
     write_page(RESULTS / "gguf_default.md", page(state))
 
 

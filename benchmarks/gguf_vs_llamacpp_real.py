@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from benchmarks._harness import child_env
+from benchmarks._harness import child_env, write_atomic
 from benchmarks.gguf_real_files import file_info, search_budget
 from benchmarks.gguf_real_report import STATE, publish
 from benchmarks.gguf_real_rows import (CKPTS, DATASETS, EMBED_OF, GPTQ_FLAGS, HW, ISSUE_PRESETS, OURS, PRESETS,
@@ -105,9 +105,7 @@ class Job:
 
     def save(self) -> None:
         """Write the state (atomically) and re-render the tables."""
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=2))
-        tmp.replace(self.path)
+        write_atomic(self.path, json.dumps(self.state, indent=2))
         publish()  # seed 0's tables, and every seed's goal ratios beside them
 
     def want(self, name: str) -> bool:

@@ -40,7 +40,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from benchmarks._harness import RESULTS, load_json, measured_child, write_page
+from benchmarks._harness import RESULTS, load_json, measured_child, write_atomic, write_page
 from benchmarks.gptq_defaults_report import page
 from benchmarks.gptq_defaults_rows import AS_TYPED, PARENT_WIDTHS, PEER_GROUP, ROWS, is_parent, options
 from benchmarks.real_model_table import BENCH_PYTHON, DEFAULT_MODEL, WIKI
@@ -178,9 +178,7 @@ def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: li
 
     def save() -> None:
         everything["protocol"] = __doc__
-        tmp = OUT.with_suffix(".tmp")
-        tmp.write_text(json.dumps(everything, indent=1))
-        tmp.replace(OUT)
+        write_atomic(OUT, json.dumps(everything, indent=1))
         write_page(RESULTS / "gptq_defaults.md", page(everything))
 
     torch.set_num_threads(a.threads)

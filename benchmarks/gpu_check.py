@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._harness import write_atomic
+
 STARTED = time.perf_counter()  # the check's clock (CHECK_S)
 CUDA = torch.cuda.is_available()
 os.environ["TRITON_INTERPRET"] = "0" if CUDA else "1"  # before anything imports triton (kernels/triton_nested.py)
@@ -160,9 +162,7 @@ def save(results: dict, out: Path | None) -> None:
     files = {"gpu.json": json.dumps(results, indent=1, default=str) + "\n", "gpu.md": gpu_check_report.page(results)}
     for folder in ([out] if out else []) + ([RESULT.parent] if CUDA else []):
         for name, text in files.items():
-            tmp = folder / f".{name}.tmp"
-            tmp.write_text(text)
-            tmp.replace(folder / name)
+            write_atomic(folder / name, text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks._harness import RESULTS, header, measured_child, pyplot, save_figure, write_page
+from benchmarks._harness import RESULTS, header, measured_child, pyplot, save_figure, write_atomic, write_page
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -154,9 +154,7 @@ def main() -> None:
         sys.exit(f"real_model_table: error: {work} holds a run with other settings; pass --work DIR or remove it")
 
     def save() -> None:
-        tmp = state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(state_file)
+        write_atomic(state_file, json.dumps(state, indent=2))
         publish(state)
 
     if not a.render_only:

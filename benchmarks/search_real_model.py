@@ -41,7 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks._harness import ROOT, child_env, cpu_name, run_measured
+from benchmarks._harness import ROOT, child_env, cpu_name, run_measured, write_atomic
 from benchmarks.real_model_table import DEFAULT_MODEL, SHARED, WIKI, evaluate, quantize
 from benchmarks.search_real_model_report import PARENTS, RUNS, TABLE_JSON, publish
 from benchmarks.search_results import random_search, search_fitness
@@ -97,10 +97,7 @@ def main() -> None:
     state.setdefault("machine", cpu_name())
 
     def save() -> None:
-        RUNS.mkdir(exist_ok=True)
-        tmp = state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1) + "\n")
-        tmp.replace(state_file)
+        write_atomic(state_file, json.dumps(state, indent=1) + "\n")
 
     if not a.render_only:
         parent = ensure_parent(a, work, state, save)
