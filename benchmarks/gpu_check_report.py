@@ -151,18 +151,24 @@ def _line(a: dict, b: dict, key: str, x: str, at: float) -> float:
 
 
 def _search_scale(res: dict) -> list[str]:
-    """The search's cost against depth (benchmarks/gpu_search_scale.py) and a line through it to 32 blocks."""
+    """The search's cost against depth (benchmarks/gpu_search_scale.py) and a line through it to 32 blocks: a depth
+    without a generation (failed, or out of time) is listed by its error and left out of the line."""
     sc = res.get("search_scale")
-    if not sc or len(sc.get("depths", [])) < 2:
+    if not sc:
         return []
-    pts = [_depth(d) for d in sc["depths"]]
+    done = [d for d in sc["depths"] if any(r.get("s_per_generation") for r in d.get("rows", []))]
     out = ["", f"Against depth ({sc['device']}, {sc['date']}; benchmarks/gpu_search_scale.py):", "",
            "| blocks | --time-limit min | teacher s | tables s | table cells | s per cell | s per generation | "
            "rest of a budget s |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for p, d in zip(pts, sc["depths"]):
+    pts = [_depth(d) for d in done]
+    for p, d in zip(pts, done):
         out.append(f"| {p['blocks']} | {d['time_limit_min']} | {_f(p['teacher'])} | {_f(p['tables'])} | {p['cells']} "
                    f"| {_f(p['tables'] / p['cells'], 3)} | {_f(p['gen'], 2)} | {_f(p['rest'])} |")  # fmt: skip
-    a, b = pts[0], pts[-1]
+    out += [f"- {d['blocks']} blocks: no generation measured: {str(d.get('error'))[:300]}"
+            for d in sc["depths"] if d not in done]  # fmt: skip
+    if len({p["blocks"] for p in pts}) < 2:
+        return out
+    a, b = min(pts, key=lambda p: p["blocks"]), max(pts, key=lambda p: p["blocks"])
     n, cells = 32, 32 * 7 * (b["cells"] // (b["blocks"] * 7))  # Llama-3.1-8B: 32 blocks of 7 linears
     teacher, tables = _line(a, b, "teacher", "blocks", n), _line(a, b, "tables", "cells", cells)
     gen, rest = _line(a, b, "gen", "blocks", n), _line(a, b, "rest", "blocks", n)
