@@ -134,10 +134,10 @@ def _more(res: dict) -> list[str]:
 
 
 def _depth(d: dict) -> dict:
-    """One depth of benchmarks/gpu_search_scale.py: its teacher and tables seconds (the first budget pays them), the
-    table's cells (layers × widths scored), the median seconds per generation and the median rest of a budget's
-    search (its final choice and refinement: search seconds less its generations)."""
-    first = d["rows"][0]
+    """One depth of benchmarks/gpu_search_scale.py: its teacher and tables seconds (the budget searched first pays
+    them), the table's cells (layers × widths scored), the median seconds per generation and the median rest of a
+    budget's search (its final choice and refinement: search seconds less its generations)."""
+    first = max(d["rows"], key=lambda r: r.get("tables_seconds") or 0.0)
     gens = [r for r in d["rows"] if r.get("s_per_generation")]
     return {"blocks": d["blocks"], "teacher": first["teacher_seconds"], "tables": first["tables_seconds"],
             "cells": d["layers"] * len(first.get("sensitivity_levels") or []),
