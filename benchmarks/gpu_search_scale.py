@@ -10,10 +10,10 @@ each mix file: the teacher's and the one-shot tables' seconds, the widths the ta
 
     python -m benchmarks.gpu_search_scale [--blocks 2,8] [--minutes 1.25] [--out DIR] [--work DIR]
 
-writes gpu_search_scale.json into --out after every depth (a run cut short keeps the depths it finished) and prints
-it; its depths go into docs/results/gpu.json by hand, as "search_scale" with a line in its "runs" (gpu_check_report
-renders them). Without CUDA the same code runs
-on tiny shapes on the CPU (llama-tiny, a few generations); its seconds mean nothing.
+writes gpu_search_scale.json into --out (default: --work) after every depth (a run cut short keeps the depths it
+finished) and prints it; its depths go into docs/results/gpu.json by hand, as "search_scale" with a line in its "runs"
+(gpu_check_report renders them). Without CUDA the same code runs on tiny shapes on the CPU (llama-tiny, a few
+generations); its seconds mean nothing.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", default="2,8", help="comma-separated depths in decoder blocks (default 2,8)")
     ap.add_argument("--minutes", type=float, default=1.25, help="the search's --time-limit at every depth")
-    ap.add_argument("--out", type=Path, default=Path("."), help="where gpu_search_scale.json goes (the device's $OUT)")
+    ap.add_argument("--out", type=Path, help="where gpu_search_scale.json goes (the device's $OUT; default --work)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/matgptq-search-scale"), help="scratch folder for models")
     a = ap.parse_args(argv)
     try:
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"device": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__,
               "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "minutes": a.minutes, "depths": []}  # fmt: skip
+    a.out = a.out or a.work
     a.work.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
     for blocks in depths:
