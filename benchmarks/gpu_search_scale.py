@@ -28,7 +28,7 @@ import torch
 
 from benchmarks._harness import write_atomic
 from benchmarks.gpu_bench_children import CLI_CHILD
-from benchmarks.gpu_bench_quantize import FULL, TINY, _child, _inputs
+from benchmarks.gpu_bench_quantize import FULL, TINY, _build, _child, _inputs
 from benchmarks.gpu_bench_search import measure_search_run
 
 CUDA = torch.cuda.is_available()
@@ -37,18 +37,11 @@ LINEARS_PER_BLOCK = 7  # q, k, v, o, gate, up, down
 
 def _parent(work: Path, blocks: int, tiny: bool, timeout_s: float) -> tuple[Path, dict]:
     """A MatGPTQ (3, 4, 8) parent of a random `blocks`-deep model under `work`: its path and what it cost."""
-    from benchmarks.random_llama import build
-
     tok, calib, why = _inputs()
     if why is not None:
         raise RuntimeError(why)
-    shape = (TINY if tiny else FULL)["shape"]
     device = "cpu" if tiny else "cuda"
-    t0 = time.perf_counter()
-    model = build(shape, out=work / f"random-{shape}-{blocks}l", layers=blocks, tokenizer=tok, device=device)
-    if CUDA:
-        torch.cuda.empty_cache()  # this process's cached blocks back to the children
-    build_s = time.perf_counter() - t0
+    model, build_s, _ = _build(TINY if tiny else FULL, work, tok, device, blocks)
     parent = work / f"parent-{blocks}l"
     cmd = ["quantize", str(model), "--method", "matgptq", "--bits", "3,4,8", "--calib", str(calib), "--calib-range",
            "0:0.3", "--nsamples", "4" if tiny else "64", "--seqlen", "32" if tiny else "512", "--device", device,
