@@ -30,9 +30,9 @@ import torch
 
 import matgptq
 from benchmarks._harness import header, load_json
-from benchmarks._search_setup import (BUDGETS, LEVELS, MODEL, calib_windows, folder_suffix, record_seeds,
-                                      score_named, seed_parser, stats)  # fmt: skip
-from benchmarks.search_ten_minutes import TABLE
+from benchmarks._search_setup import (BUDGETS, LEVELS, MODEL, calib_windows, folder_suffix, score_named, seed_parser,
+                                      stats)  # fmt: skip
+from benchmarks.search_ten_minutes import TABLE, record_folder, record_on_record
 from matgptq.allocation import CostModel
 from matgptq.allocation.choice import paired_gap
 from matgptq.allocation.fitness import Fitness
@@ -62,19 +62,8 @@ def per_window(parent: Path, seed: int, named: dict[str, dict[str, dict[str, int
                 for bud, kinds in named.items()}  # fmt: skip
 
 
-def record_folder(work: Path, seed: int) -> Path:
-    """search_ten_minutes' mix folder of `seed` in `work`; exits, naming the command that makes it, where it lacks a
-    budget (checked for every seed before anything is measured: the parent is made in `work` where it is missing)."""
-    folder = work / f"ten-seed-{seed}{folder_suffix(TABLE)}"
-    missing = [b for b in BUDGETS if not (folder / f"mix-{b}.json").is_file()]
-    if missing:
-        raise SystemExit(f"search_noise: error: no mix-{missing[0]}.json in {folder}; run `python -m "
-                         f"benchmarks.search_ten_minutes --seeds {seed}` first (or give its --work)")  # fmt: skip
-    return folder
-
-
 def measure(parent: Path, work: Path, seed: int) -> dict:
-    folder = record_folder(work, seed)
+    folder = record_folder(work, seed, "search_noise")
     bodies = {b: load_json(folder / f"mix-{b}.json") for b in BUDGETS}
     named = {b: {"start": body["start_bits"], "written": body["bits"]} for b, body in bodies.items()}
     held = score_named(parent, named)
@@ -138,11 +127,7 @@ def pool_test(kept: list[float], cells: int) -> str:
 
 
 def main() -> None:
-    a = build_parser().parse_args()
-    if not a.from_json:
-        for seed in a.seeds:
-            record_folder(Path(a.work), seed)
-    record_seeds("search_noise", a, RECIPE, __doc__, measure, page)
+    record_on_record("search_noise", build_parser().parse_args(), RECIPE, __doc__, measure, page)
 
 
 if __name__ == "__main__":

@@ -125,6 +125,26 @@ def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, reuse
     return record
 
 
+def record_folder(work: Path, seed: int, script: str) -> Path:
+    """The record's mix folder of `seed` in `work`, for `script`, a script that reads it; exits, naming the command
+    that makes it, where it lacks a budget."""
+    folder = work / f"ten-seed-{seed}{folder_suffix(TABLE)}"
+    missing = [b for b in BUDGETS if not (folder / f"mix-{b}.json").is_file()]
+    if missing:
+        raise SystemExit(f"{script}: error: no mix-{missing[0]}.json in {folder}; run `python -m "
+                         f"benchmarks.search_ten_minutes --seeds {seed}` first (or give its --work)")  # fmt: skip
+    return folder
+
+
+def record_on_record(script: str, a, recipe: tuple[str, ...], protocol: str, measure, page) -> None:
+    """record_seeds for `script`, which measures on the record's mixes: every seed's folder checked before anything is
+    measured (the parent is made in --work where it is missing)."""
+    if not a.from_json:
+        for seed in a.seeds:
+            record_folder(Path(a.work), seed, script)
+    record_seeds(script, a, recipe, protocol, measure, page)
+
+
 def reused_slow(work: Path, seed: int) -> dict:
     """The slow child run before: its mixes and the usage its launcher measured (no load average), from `work`."""
     mixes, usage = work / f"ten-seed-{seed}-slow", work / f"ten-seed-{seed}-slow.usage.json"
