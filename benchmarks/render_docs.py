@@ -120,8 +120,9 @@ PAGES = (
          about="SmolLM2-135M-Instruct: the additive table scored in float32 against bfloat16, its knapsack mixes "
                "on held-out text at eight budgets, 3 seeds"),
     Page("search_table_models", ("search_table_models.json",), md="search_table_models.md",
-         about="SmolLM2-135M-Instruct: the 10-minute search's table corrected by an error model or by measured "
-               "block factors, their knapsack mixes at 3.25 and 3.5 bits on held-out text, 3 seeds"),
+         about="SmolLM2-135M-Instruct: the 10-minute search's table corrected by an error model or by factors "
+               "measured per block or kind of layer, their knapsack mixes at 3.25 and 3.5 bits on held-out text, "
+               "3 seeds"),
     Page("research.matgptq_ablation", ("ablation.json",), md="ablation.md", render="stories_page",
          about="stories260K: the MatGPTQ variants against per-width GPTQ, over calibration seeds"),
     Page("research.matgptq_ablation", ("ablation_real_model.json",), md="ablation_real_model.md", render="real_model_page",

@@ -15,10 +15,12 @@ mix of (allocation/sensitivity.knapsack_mix):
                 additive mix, per block b, κ_b = [F(M) − F(M, block b at the top width)] / Σ_{l∈b} Δ_l(M_l) on the
                 pool (bfloat16, the search's scoring), clipped to [1/4, 4]; the block's increments scaled by κ_b
   block √κ      the same with κ_b^½ (half the correction: κ is one measurement of a difference of two pool scores)
+  type κ, √κ    the same per kind of layer (q_proj, k_proj, ..., down_proj: every block's layer of that name at once),
+                7 groups of 30 layers whose raising moves the pool's KL far more than its noise
   scoring       on the first 4 × 1024 tokens of the first half of WikiText-2 test (never calibrated on), float32, KL to
                 the float32 model; each mix's KL against `additive`'s, per seed (paired: the same table and text)
 
-    python -m benchmarks.search_table_models [--seeds 0,1,2]    # ~3 minutes a seed on 2 cores, after search_ten_minutes
+    python -m benchmarks.search_table_models [--seeds 0,1,2]    # ~4 minutes a seed on 2 cores, after search_ten_minutes
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ from matgptq.formats import read_checkpoint
 BUDGETS = ("3.25", "3.5")
 POOL = 8  # the record's pool: --calib-tokens 2040 = 8 windows of 256
 KAPPA_CLIP = (0.25, 4.0)
-KINDS = ("additive", "error model", "half model", "block κ", "block √κ")
-RECIPE = ("--record", "search_ten_minutes", "--budgets", *BUDGETS)
+KINDS = ("additive", "error model", "half model", "block κ", "block √κ", "type κ", "type √κ")
+RECIPE = ("--record", "search_ten_minutes", "--budgets", *BUDGETS, "--groups", "block,type")
 
 
 def build_parser():
@@ -70,15 +72,16 @@ def error_model(table: np.ndarray, errors: np.ndarray, widths: tuple[int, ...], 
 
 
 @torch.no_grad()
-def block_kappas(fitness: Fitness, table: np.ndarray, mix: tuple[int, ...]) -> list[float]:
-    """κ_b of every block, in block order (module docstring), on all of `fitness`'s windows."""
+def group_kappas(fitness: Fitness, table: np.ndarray, mix: tuple[int, ...], group_of: list[int]) -> list[float]:
+    """κ_g of every group g = 0, 1, ... of layers (`group_of[l]`: layer l's; module docstring), on all of `fitness`'s
+    windows."""
     windows = tuple(range(len(fitness.windows)))
     cache = fitness.prefix_cache(mix, windows)
     at_mix = fitness.kl(mix, windows, cache)
     top = LEVELS[-1]
     kappas = []
-    for block in sorted(set(fitness.block_of)):
-        layers = [l for l, b in enumerate(fitness.block_of) if b == block]
+    for group in range(max(group_of) + 1):
+        layers = [l for l, g in enumerate(group_of) if g == group]
         raised = tuple(top if l in layers else r for l, r in enumerate(mix))
         predicted = sum(table[l, LEVELS.index(mix[l])] - table[l, -1] for l in layers)
         measured = at_mix - fitness.kl(raised, windows, cache)
@@ -86,11 +89,17 @@ def block_kappas(fitness: Fitness, table: np.ndarray, mix: tuple[int, ...]) -> l
     return kappas
 
 
-def scaled(table: np.ndarray, block_of: tuple[int, ...], kappas: list[float], power: float) -> np.ndarray:
-    """The table with block b's increments times clip(κ_b)^power."""
+def scaled(table: np.ndarray, group_of: list[int], kappas: list[float], power: float) -> np.ndarray:
+    """The table with group g's increments times clip(κ_g)^power."""
     k = np.clip(np.array(kappas), *KAPPA_CLIP) ** power
     base = table[:, -1:]
-    return base + (table - base) * k[list(block_of)][:, None]
+    return base + (table - base) * k[group_of][:, None]
+
+
+def layer_kinds(names: tuple[str, ...]) -> list[int]:
+    """Each layer's kind (the last part of its name: q_proj, ..., down_proj) as an index, in order of appearance."""
+    kinds = list(dict.fromkeys(n.rsplit(".", 1)[-1] for n in names))
+    return [kinds.index(n.rsplit(".", 1)[-1]) for n in names]
 
 
 def measure(parent: Path, work: Path, seed: int) -> dict:
@@ -104,14 +113,15 @@ def measure(parent: Path, work: Path, seed: int) -> dict:
         model = matgptq.load(parent, bits=8, packed=False)
         errors = np.array(error_table(Fitness(model, teacher, windows, names), LEVELS, tuple(range(POOL))))
         fitness = Fitness(model, teacher, windows, names, compute_dtype=torch.bfloat16)
+        groups = {"block": list(fitness.block_of), "type": layer_kinds(names)}
         named, kappas = {}, {}
         for b in BUDGETS:
             start = mix_of(table, b)
-            kappas[b] = block_kappas(fitness, table, start)
+            kappas[b] = {g: group_kappas(fitness, table, start, of) for g, of in groups.items()}
             tables = {"additive": table, "error model": error_model(table, errors, (3, 4, 5), 1.0),
                       "half model": error_model(table, errors, (2, 3, 4, 5), 0.5),
-                      "block κ": scaled(table, fitness.block_of, kappas[b], 1.0),
-                      "block √κ": scaled(table, fitness.block_of, kappas[b], 0.5)}  # fmt: skip
+                      **{f"{g} {sign}": scaled(table, of, kappas[b][g], power) for g, of in groups.items()
+                         for sign, power in (("κ", 1.0), ("√κ", 0.5))}}  # fmt: skip
             named[b] = {k: dict(zip(names, mix_of(t, b))) for k, t in tables.items()}
     held = score_named(parent, named)
     return {b: {"held_out": {k: held[b][k]["kl"] for k in KINDS}, "kappas": kappas[b]} for b in BUDGETS}
@@ -128,9 +138,10 @@ def page(data: dict) -> str:
             rows.append([b, k, stats(kl), "—" if k == "additive" else verdict(kl, additive),
                          f"{statistics.fmean(kl) / statistics.fmean(additive):.3f}×",
                          " ".join(f"{x / y:.3f}" for x, y in zip(kl, additive))])  # fmt: skip
-    spread = [[b, s, f"{min(k):.2f}", f"{statistics.median(k):.2f}", f"{max(k):.2f}",
+    spread = [[b, g, s, f"{min(k):.2f}", f"{statistics.median(k):.2f}", f"{max(k):.2f}",
                str(sum(not KAPPA_CLIP[0] <= x <= KAPPA_CLIP[1] for x in k))]
-              for b in BUDGETS for s, r in zip(seeds, runs) for k in [r[b]["kappas"]]]  # fmt: skip
+              for b in BUDGETS for g in ("block", "type") for s, r in zip(seeds, runs)
+              for k in [r[b]["kappas"][g]]]  # fmt: skip
     return "\n".join([
         header("benchmarks/search_table_models.py", "search_table_models.json"),
         "# Two corrections of the 10-minute search's table", "", "```", data["protocol"].strip(), "```", "",
@@ -138,8 +149,9 @@ def page(data: dict) -> str:
         "deviation over the seeds), its verdict against `additive` (a tie within the larger seed spread, "
         "search_baselines.verdict), their mean KLs' ratio, and the ratio seed by seed:", "",
         format_table(["budget", "table", "held-out KL", "vs additive", "ratio", "per seed"], rows), "",
-        "The block factors κ_b per seed (30 blocks): their range, median, and how many the clip changed:", "",
-        format_table(["budget", "seed", "min κ", "median κ", "max κ", "clipped"], spread), ""])  # fmt: skip
+        "The factors κ per seed (30 blocks, 7 kinds of layer): their range, median, and how many the clip changed:",
+        "", format_table(["budget", "groups", "seed", "min κ", "median κ", "max κ", "clipped"], spread),
+        ""])  # fmt: skip
 
 
 def main() -> None:
