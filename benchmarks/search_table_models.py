@@ -47,6 +47,8 @@ from matgptq.formats import read_checkpoint
 
 BUDGETS = ("3.25", "3.5")
 POOL = 8  # the record's pool: --calib-tokens 2040 = 8 windows of 256
+# κ is a difference of two pool scores over a predicted increment: where the pool's noise is of the group's size it
+# can come out negative (block 4 of seed 2 at 3.25 bits), which would make lowering a layer look like a gain
 KAPPA_CLIP = (0.25, 4.0)
 KINDS = ("additive", "error model", "half model", "block κ", "block √κ", "type κ", "type √κ")
 RECIPE = ("--record", "search_ten_minutes", "--budgets", *BUDGETS, "--groups", "block,type")
