@@ -123,6 +123,9 @@ PAGES = (
          about="SmolLM2-135M-Instruct: the 10-minute search's table corrected by an error model or by factors "
                "measured per block or kind of layer, their knapsack mixes at 3.25 and 3.5 bits on held-out text, "
                "3 seeds"),
+    Page("search_long_best", ("search_long_best.json",), md="search_long_best.md",
+         about="SmolLM2-135M-Instruct: the default evolution (25 generations, about 11 minutes a budget) started "
+               "from the best measured table's allocation at 3.25 and 3.5 bits, on held-out text, 3 seeds"),
     Page("research.matgptq_ablation", ("ablation.json",), md="ablation.md", render="stories_page",
          about="stories260K: the MatGPTQ variants against per-width GPTQ, over calibration seeds"),
     Page("research.matgptq_ablation", ("ablation_real_model.json",), md="ablation_real_model.md", render="real_model_page",
