@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import matgptq
-from benchmarks._harness import RESULTS, ROOT, load_json, measured_child, write_page, write_results
+from benchmarks._harness import RESULTS, ROOT, header, load_json, measured_child, write_page, write_results
 from matgptq.allocation import BudgetKind, CostModel
 from matgptq.evaluation.perplexity import score
 from matgptq.evaluation.teacher import Teacher
@@ -161,6 +161,18 @@ def score_named(parent: Path, named: dict[str, dict[str, dict[str, int]]]) -> di
     finally:
         teacher.close()
     return result
+
+
+def page_top(name: str, title: str, data: dict) -> list[str]:
+    """The lines a seeded search benchmark's page starts with: which script renders it from which JSON (both named
+    `name`), the title, and the protocol (the script's docstring, as recorded)."""
+    return [header(f"benchmarks/{name}.py", f"{name}.json"), f"# {title}", "", "```", data["protocol"].strip(), "```",
+            ""]  # fmt: skip
+
+
+def seeds_named(seeds: list[str]) -> str:
+    """'Seed 0' or 'Seeds 0, 1, 2'."""
+    return f"Seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}"
 
 
 def stats(xs: list[float], digits: int = 4) -> str:

@@ -28,8 +28,9 @@ from pathlib import Path
 import torch
 
 import matgptq
-from benchmarks._harness import RESULTS, header, load_json
-from benchmarks._search_setup import LEVELS, MODEL, calib_windows, score_named, seed_parser, stats
+from benchmarks._harness import RESULTS, load_json
+from benchmarks._search_setup import (LEVELS, MODEL, calib_windows, page_top, score_named, seed_parser, seeds_named,
+                                      stats)
 from benchmarks.search_baselines import verdict
 from benchmarks.search_ten_minutes import ONE_SHOT, record_on_record
 from matgptq.allocation import BudgetKind, CostModel
@@ -115,9 +116,8 @@ def page(data: dict) -> str:
                          " ".join(f"{x / y:.3f}" for x, y in zip(kl[k], kl[best]))])  # fmt: skip
         cost += [[b, s, r[b]["generations"], f"{r[b]['evolution_seconds']:.0f}"] for s, r in zip(seeds, runs)]
     return "\n".join([
-        header("benchmarks/search_long_best.py", "search_long_best.json"),
-        "# The default evolution from the best one-shot start", "", "```", data["protocol"].strip(), "```", "",
-        f"Seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}. Held-out KL (mean ± sample standard deviation over the "
+        *page_top("search_long_best", "The default evolution from the best one-shot start", data),
+        f"{seeds_named(seeds)}. Held-out KL (mean ± sample standard deviation over the "
         "seeds), the verdict against the record's best one-shot allocation (a tie within the larger seed spread), "
         "their mean KLs' ratio, and the ratio seed by seed:", "",
         format_table(["budget", "mix", "held-out KL", "vs best one-shot", "ratio", "per seed"], rows), "",

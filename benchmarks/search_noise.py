@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 import matgptq
-from benchmarks._harness import header, load_json
-from benchmarks._search_setup import (BUDGETS, LEVELS, MODEL, calib_windows, folder_suffix, score_named, seed_parser,
-                                      stats)  # fmt: skip
+from benchmarks._harness import load_json
+from benchmarks._search_setup import (BUDGETS, LEVELS, MODEL, calib_windows, folder_suffix, page_top, score_named,
+                                      seed_parser, seeds_named, stats)  # fmt: skip
 from benchmarks.search_ten_minutes import TABLE, record_folder, record_on_record
 from matgptq.allocation import CostModel
 from matgptq.allocation.choice import paired_gap
@@ -105,13 +105,12 @@ def page(data: dict) -> str:
         needed = " ".join(needed_windows(p) for p in per)
         rows.append([b, ratio("pool"), ratio("fresh"), ratio("held"),
                      *(f"{100 * statistics.fmean(p['se'][k] for p in per):.1f}%" for k in STAGES), needed])
-    intro = (f"Seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}: ratios mean ± standard deviation over the seeds "
+    intro = (f"{seeds_named(seeds)}: ratios mean ± standard deviation over the seeds "
              "(written / start; below 1 the evolution gained); SE(k) their mean, in % of the start's KL; windows seed "
              "by seed (`above`: those that show the written mix worse than the start on fresh text; — where it is "
              f"the start). The written mix's pool score matches its mix file's to {worst:.1e} (relative).")
     return "\n".join([
-        header("benchmarks/search_noise.py", "search_noise.json"),
-        "# How noisy the 10-minute search's fitness is", "", "```", data["protocol"].strip(), "```", "", intro, "",
+        *page_top("search_noise", "How noisy the 10-minute search's fitness is", data), intro, "",
         format_table(["budget", "pool (8 windows)", "fresh (56)", "held-out", "SE(1)", "SE(2)", "SE(8)",
                       "windows for 2 SE"], rows), "", pool_test(kept, len(seeds) * len(BUDGETS)), ""])  # fmt: skip
 

@@ -33,8 +33,9 @@ import numpy as np
 import torch
 
 import matgptq
-from benchmarks._harness import header, load_json
-from benchmarks._search_setup import LEVELS, MODEL, calib_windows, score_named, seed_parser, stats
+from benchmarks._harness import load_json
+from benchmarks._search_setup import (LEVELS, MODEL, calib_windows, page_top, score_named, seed_parser, seeds_named,
+                                      stats)
 from benchmarks.search_baselines import verdict
 from benchmarks.search_ten_minutes import record_folder, record_on_record
 from matgptq.allocation import BudgetKind, CostModel
@@ -145,9 +146,8 @@ def page(data: dict) -> str:
               for b in BUDGETS for g in ("block", "type") for s, r in zip(seeds, runs)
               for k in [r[b]["kappas"][g]]]  # fmt: skip
     return "\n".join([
-        header("benchmarks/search_table_models.py", "search_table_models.json"),
-        "# Two corrections of the 10-minute search's table", "", "```", data["protocol"].strip(), "```", "",
-        f"Seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}. Held-out KL of each knapsack mix (mean ± sample standard "
+        *page_top("search_table_models", "Two corrections of the 10-minute search's table", data),
+        f"{seeds_named(seeds)}. Held-out KL of each knapsack mix (mean ± sample standard "
         "deviation over the seeds), its verdict against `additive` (a tie within the larger seed spread, "
         "search_baselines.verdict), their mean KLs' ratio, and the ratio seed by seed:", "",
         format_table(["budget", "table", "held-out KL", "vs additive", "ratio", "per seed"], rows), "",
