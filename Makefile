@@ -34,7 +34,8 @@ test: venv
 
 # Everything on one GPU in one run of a few minutes (benchmarks/gpu_check.py): the machine's own python3 (torch, triton,
 # transformers), PYTHONPATH=src, no venv and no install; writes docs/results/gpu.{json,md}. Without CUDA it runs the
-# same code on tiny shapes in Triton's interpreter (here with the venv's python when there is one) and measures nothing.
+# same code on tiny shapes in Triton's interpreter (here with the venv's python when there is one) and measures nothing:
+# stories260K's tokenizer and ../shared's text, in a temporary folder, nothing read from a cache or written to the tree.
 # GPU_OUT: a folder that also receives gpu.json and the test log. `make gpu-carry` fills .gpu-carry/ (from ../shared).
 GPU_PY  ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-check:
@@ -48,20 +49,24 @@ gpu-carry:
 # about 10 minutes, then comes from pip's wheel cache) and lm-eval for the zero-shot tests (the tasks extra).
 # llama.cpp's reference converter (convert_hf_to_gguf.py, its conversion/ package and gguf-py), unpacked from the
 # pinned llama-cpp-python source distribution into the venv: the GGUF architecture tests compare our files with its.
+# A stamp file records the install, so that `compat`, which needs the peers, can depend on it without reinstalling.
 LLAMA_CPP_CONVERT := $(VENV)/llama.cpp/convert_hf_to_gguf.py
-interop: venv $(LLAMA_CPP_CONVERT)
+INTEROP := $(VENV)/.interop
+interop: $(INTEROP)
+$(INTEROP): $(BIN)/matgptq $(LLAMA_CPP_CONVERT)
 	GPTQMODEL_CPU_WORKERS=2 CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 	    $(PIP) -e ".[dev,interop,tasks,kernels]"
+	touch $@
 
 # The tests of what transformers reads (from_pretrained of a parent, compressed-tensors exports) on transformers 5.17
 # as well as the pinned one: the wheels on .ci/constraints.txt's `# compat:` line, --no-deps, in a folder first on
-# PYTHONPATH (the rest of the venv is shared). After `make interop`, so the compressed-tensors tests run too.
+# PYTHONPATH (the rest of the venv is shared). It needs the peers of `make interop` (compressed-tensors' tests).
 COMPAT_DIR   := $(VENV)/compat-transformers
 COMPAT_PINS  := $(shell sed -n 's/^\# compat: //p' $(PINS))
 COMPAT_TESTS := tests/integrations/test_transformers.py tests/runtime/test_loader.py tests/exporters/test_compressed_tensors.py \
                 tests/exporters/test_compressed_tensors_export.py tests/exporters/test_gptq_export_moe.py \
                 tests/exporters/test_compressed_tensors_moe.py
-compat: venv
+compat: $(INTEROP)
 	rm -rf $(COMPAT_DIR)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --target $(COMPAT_DIR) $(COMPAT_PINS)
 	PYTHONPATH=$(COMPAT_DIR) $(BIN)/python -c "import transformers as t; print('transformers', t.__version__, 'from', t.__path__[0])"

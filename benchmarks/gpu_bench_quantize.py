@@ -12,12 +12,13 @@ and the plumbing benchmarks/gpu_bench_search.py shares: the carried inputs (_inp
 budgets (FULL, TINY) and where the kept outputs lie (QUANT_DIR). The children's code: benchmarks/gpu_bench_children.py.
 
 `tiny=True` runs the same code (children, instruments, dict keys) on a small random Llama on the CPU in well under a
-minute; its ratios to the anchors mean nothing. The model is benchmarks/random_llama.py's, built under `work` with the
-carried SmolLM2 tokenizer. Every run is a child process with a timeout out of a time budget; a failing, timed-out or
-skipped run records why (the last lines of its stderr) and the others go on. A child reports what it finished as it
-goes (per block and per layer), so a run killed at its timeout still tells how far it got and how fast. On an H100:
-measure_quantize at most 140 s (the model's build, the agreement and the runs; a MatGPTQ run at most 60 s), the
-scoring (benchmarks/gpu_bench_search.py) at most 90 s: FULL's budgets; the runs' order (RUNS) is their priority.
+minute; its ratios to the anchors mean nothing. The model is benchmarks/random_llama.py's, built under `work` with
+stories260K's tokenizer from ../shared (a full run: the carried SmolLM2 one). Every run is a child process with a
+timeout out of a time budget; a failing, timed-out or skipped run records why (the last lines of its stderr) and the
+others go on. A child reports what it finished as it goes (per block and per layer), so a run killed at its timeout
+still tells how far it got and how fast. On an H100: measure_quantize at most 140 s (the model's build, the
+agreement and the runs; a MatGPTQ run at most 60 s), the scoring (benchmarks/gpu_bench_search.py) at most 90 s:
+FULL's budgets; the runs' order (RUNS) is their priority.
 
 Per run: wall seconds of the `quantize` call, its seconds per block (wall / blocks, and the second block alone: its
 groups' passes and solves, without reading and writing), the stages (tokenizing, opening, capturing the first block's
@@ -51,7 +52,10 @@ ROOT = HERE.parent
 CARRY = ROOT / ".gpu-carry"  # gitignored; carried to the GPU machine with the working tree
 CARRY_PART = "quantize"  # this module's folder in it
 SMOLLM2 = Path.home() / ".cache" / "matgptq" / "SmolLM2-135M-Instruct"
-WIKI = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"  # 301,948 SmolLM2 tokens
+SHARED = Path(os.environ.get("MATGPTQ_SHARED") or ROOT.parent / "shared")  # as tests/conftest.py finds it
+WIKI = SHARED / "data" / "wikitext-2-raw" / "wiki.test.raw"  # 301,948 SmolLM2 tokens
+# the tiny dry run's tokenizer: the test fixture's (vocab 512), so a machine that never made SmolLM2 runs it (#101)
+TINY_TOKENIZER = SHARED / "models" / "stories260K"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 ANCHORS = {512: 2.19, 2048: 7.87}  # llm-compressor 0.14 oneshot seconds per Llama-3.1-8B block, 128 x seqlen
@@ -64,9 +68,11 @@ RUNS = (("gptq", (4,), 512), ("gptq", (4,), 2048), ("matgptq", (3, 4, 8), 512), 
 FULL = dict(shape="llama-3.1-8b", nsamples=128, budget_s=140.0, min_start_s=20.0, seqlen={512: 512, 2048: 2048},
             calib={512: 0.3, 2048: 1.0}, cap_s={"gptq": 120.0, "matgptq": 60.0}, agree_cap_s=30.0,
             score_timeout_s=90.0)  # fmt: skip
-TINY = dict(shape="llama-tiny", nsamples=4, budget_s=45.0, min_start_s=6.0, seqlen={512: 32, 2048: 64},
-            calib={512: 0.02, 2048: 0.02}, cap_s={"gptq": 30.0, "matgptq": 30.0}, agree_cap_s=20.0,
-            score_timeout_s=40.0)  # fmt: skip
+# TINY measures nothing (a CPU dry run of the same code): its limits only catch a hang, so they are 5x what an idle
+# 2-core machine needs; at 45 s / 20 s each run of `make gpu-check` timed out on a loaded one (load 7, issue #101)
+TINY = dict(shape="llama-tiny", nsamples=4, budget_s=240.0, min_start_s=6.0, seqlen={512: 32, 2048: 64},
+            calib={512: 0.02, 2048: 0.02}, cap_s={"gptq": 150.0, "matgptq": 150.0}, agree_cap_s=100.0,
+            score_timeout_s=200.0)  # fmt: skip
 BLOCKS = 2
 QUANT_DIR = "quantize"  # under `work`: the outputs kept for the search scoring
 
@@ -95,15 +101,18 @@ def prepare_carry(dest: Path = CARRY) -> dict:
     return copied
 
 
-def _inputs() -> tuple[Path | None, Path | None, str | None]:
-    """(tokenizer directory, calibration text, what is missing): the carried ones, else this machine's."""
+def _inputs(tiny: bool = False) -> tuple[Path | None, Path | None, str | None]:
+    """(tokenizer directory, calibration text, what is missing): the carried ones, else this machine's; `tiny`:
+    stories260K's tokenizer from ../shared, never SmolLM2's (the dry run needs nothing a target makes)."""
     part = _carry()
-    tok = next((d for d in (part / "tokenizer", SMOLLM2) if (d / "tokenizer.json").is_file()), None)
+    toks = (TINY_TOKENIZER,) if tiny else (part / "tokenizer", SMOLLM2)
+    tok = next((d for d in toks if (d / "tokenizer.json").is_file()), None)
     calib = next((f for f in (part / WIKI.name, WIKI) if f.is_file()), None)
     missing = [what for what, p in (("tokenizer", tok), ("calibration text", calib)) if p is None]
     why = None
     if missing:
-        why = (f"no {' and no '.join(missing)}: looked in {part} (prepare_carry) and {SMOLLM2} / {WIKI}")
+        where = f"{TINY_TOKENIZER} / {WIKI}" if tiny else f"{part} (prepare_carry) and {SMOLLM2} / {WIKI}"
+        why = f"no {' and no '.join(missing)}: looked in {where}"
     return tok, calib, why
 
 
@@ -248,7 +257,7 @@ def measure_quantize(work: Path, tiny: bool, budget_s: float | None = None,
     budget = cfg["budget_s"] if budget_s is None else budget_s
     device = "cpu" if tiny else "cuda"
     runs = [_empty_run(m, b, cfg["nsamples"], cfg["seqlen"][s], s, tiny, cfg, device) for m, b, s in RUNS]
-    tok, calib, why = _inputs()
+    tok, calib, why = _inputs(tiny)
     if why is not None:
         for run in runs:
             run["error"] = why

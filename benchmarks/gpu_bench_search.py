@@ -60,7 +60,7 @@ def measure_search_scoring(work: Path, parent: Path | None, tiny: bool, timeout_
             where = parent or work / QUANT_DIR
             res["error"] = f"no parent to score: {where} holds no checkpoint (did measure_quantize fail?)"
             return res
-    _, calib, why = _inputs()
+    _, calib, why = _inputs(tiny)
     if why is not None:
         res["error"] = why
         return res
@@ -99,7 +99,7 @@ def measure_search_run(work: Path, parent: Path | None, tiny: bool, timeout_s: f
     res = {"ok": False, "error": None, "timed_out": False, "tiny": tiny, "budgets": BUDGETS,
            "time_limit_min": minutes, "timeout_s": round(timeout_s), "wall_s": None, "rows": []}  # fmt: skip
     parent = Path(parent) if parent is not None else _default_parent(work)
-    _, calib, why = _inputs()
+    _, calib, why = _inputs(tiny)
     if parent is None or not (parent / "matgptq.json").is_file() or why is not None:
         res["error"] = why or f"no parent to search: {parent or work / QUANT_DIR} holds no checkpoint"
         return res

@@ -32,6 +32,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -57,6 +58,7 @@ TESTS_TIMEOUT_S, QUANTIZE_BUDGET_S, SEARCH_TIMEOUT_S, SEARCH_RUN_TIMEOUT_S = 150
 # search_run, last, gets what is left of CHECK_S (at most SEARCH_RUN_TIMEOUT_S, at least MIN_SEARCH_RUN_S), and its
 # --time-limit is that less STARTUP_S, a margin for the process's start (imports, reading the parent)
 CHECK_S, MIN_SEARCH_RUN_S, STARTUP_S = 470.0, 45.0, 15.0
+TINY_SEARCH_RUN_TIMEOUT_S = 600.0  # a hang guard: 300 s timed out at load 8 on 2 cores (#101)
 
 
 def prepare() -> None:
@@ -131,8 +133,8 @@ def run_part(name: str, work: Path, out: Path | None, results: dict, methods: tu
     parent = next((Path(r["out"]) for r in results.get("quantize", {}).get("runs", [])
                    if r.get("method") == "matgptq" and r.get("ok") and r.get("out")), None)  # fmt: skip
     if name == "search_run":
-        if tiny:
-            return gpu_bench_search.measure_search_run(work, parent, tiny)
+        if tiny:  # a hang guard only (gpu_bench_quantize.TINY's comment)
+            return gpu_bench_search.measure_search_run(work, parent, tiny, TINY_SEARCH_RUN_TIMEOUT_S)
         left = min(SEARCH_RUN_TIMEOUT_S, max(MIN_SEARCH_RUN_S, CHECK_S - (time.perf_counter() - STARTED)))
         return gpu_bench_search.measure_search_run(work, parent, tiny, left, (left - STARTUP_S) / 60)
     return gpu_bench_search.measure_search_scoring(work, parent, tiny, None if tiny else SEARCH_TIMEOUT_S)
@@ -169,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     ap.add_argument("--out", type=Path, help="also copy gpu.json and the logs here (the device tool's $OUT)")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/matgptq-gpu-check"), help="scratch folder for models")
+    ap.add_argument("--work", type=Path, help="scratch folder for models (default: /tmp/matgptq-gpu-check on a GPU, "
+                    "where a later call's parts reuse it; a fresh temporary one, removed after, for the CPU dry run)")
     ap.add_argument("--prepare", action="store_true", help="fill .gpu-carry/ from ../shared and exit")
     ap.add_argument("--methods", help="quantize part: only these methods, comma-separated (default: gptq,matgptq)")
     a = ap.parse_args(argv)
@@ -189,21 +192,29 @@ def main(argv: list[str] | None = None) -> int:
         print("unmeasured: no Triton, so neither the GPU nor its interpreter can run the kernels; "
               "pip install 'matgptq[kernels]'" + ("" if CUDA else " (and no CUDA device)"))  # fmt: skip
         return 0 if not CUDA else 1
-    a.work.mkdir(parents=True, exist_ok=True)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
+    if a.work is None and not CUDA:  # the dry run reads nothing an earlier run left (#101)
+        with tempfile.TemporaryDirectory(prefix="matgptq-gpu-check-") as work:
+            return check(parts, Path(work), a.out, methods)
+    return check(parts, a.work or Path("/tmp/matgptq-gpu-check"), a.out, methods)
+
+
+def check(parts: list[str], work: Path, out: Path | None, methods: tuple[str, ...] | None) -> int:
+    """Run `parts` in order, each recorded on its own (module docstring); 0 when none failed."""
+    work.mkdir(parents=True, exist_ok=True)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
     results = {**header(), "parts": {}}
     for name in parts:
         t0 = time.perf_counter()
         print(f"gpu_check: {name} ...", flush=True)
         try:
-            results[name] = run_part(name, a.work, a.out, results, methods)
+            results[name] = run_part(name, work, out, results, methods)
         except Exception as e:  # noqa: BLE001 - one part failing is recorded; the others still measure
             results[name] = {"error": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-4000:]}
             print(results[name]["traceback"], file=sys.stderr, flush=True)
         results["parts"][name] = round(time.perf_counter() - t0, 1)
         print(f"gpu_check: {name} done in {results['parts'][name]} s", flush=True)
-        save(results, a.out)
+        save(results, out)
     from benchmarks import gpu_check_report
 
     print(gpu_check_report.page(results))

@@ -37,7 +37,7 @@ LINEARS_PER_BLOCK = 7  # q, k, v, o, gate, up, down
 
 def _parent(work: Path, blocks: int, tiny: bool, timeout_s: float) -> tuple[Path, dict]:
     """A MatGPTQ (3, 4, 8) parent of a random `blocks`-deep model under `work`: its path and what it cost."""
-    tok, calib, why = _inputs()
+    tok, calib, why = _inputs(tiny)
     if why is not None:
         raise RuntimeError(why)
     device = "cpu" if tiny else "cuda"
