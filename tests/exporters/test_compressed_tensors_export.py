@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 
 from matgptq.cli import main
 from matgptq.errors import UserError
-from matgptq.exporters.compressed_tensors import CT_VERSION, export_compressed_tensors, pack_int32, unpack_int32
+from matgptq.exporters.compressed_tensors import CT_VERSION, export_compressed_tensors, pack_int32
+from matgptq.formats.ct_checkpoint import unpack_int32
 from matgptq.formats.parent import read_checkpoint
 
 from tests.exporters.ct_helpers import EXPORTS, _config, _expected, _per_column, _schemes, _slices

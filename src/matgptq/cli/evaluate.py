@@ -15,8 +15,8 @@ from .argtypes import DefaultsHelpFormatter, add_device_option, fraction_range
 def add_parser(sub) -> None:
     e = sub.add_parser("eval", formatter_class=DefaultsHelpFormatter,
                        help="perplexity (and KL) and/or zero-shot accuracy of a model, checkpoint or parent widths")
-    e.add_argument("model", help="unquantized model, matgptq checkpoint/parent, or GPTQ checkpoint: a directory or a "
-                                  "Hugging Face id org/name[@revision]")
+    e.add_argument("model", help="unquantized model, matgptq checkpoint/parent, or GPTQ or compressed-tensors "
+                                  "checkpoint: a directory or a Hugging Face id org/name[@revision]")
     e.add_argument("--text", help="evaluation text file (UTF-8) for perplexity; --text and/or --tasks is required")
     e.add_argument("--text-range", type=fraction_range, default="0:1", help="character range START:END of --text")
     e.add_argument("--seqlen", type=int, default=256, help="tokens per non-overlapping window")

@@ -44,8 +44,9 @@ def evaluate(model: str | Path, *, bits: WidthSpec | list[WidthSpec] | None = No
              kl_to: str | Path | None = None, tasks: str | None = None, tasks_dir: str | Path | None = None,
              limit: int | None = None, batch_size: int | None = None, task_batch_size: int = 16,
              device: str = "auto", dtype: str = "auto", progress: bool = True) -> dict:  # fmt: skip
-    """Score `model` (a directory or Hugging Face id: unquantized, a matgptq parent/slice or a GPTQ checkpoint) at
-    each width of `bits` (one width spec or a list: formats/mix.py; None = as stored). Returns the report:
+    """Score `model` (a directory or Hugging Face id: unquantized, a matgptq parent/slice, a GPTQ or a
+    compressed-tensors checkpoint) at each width of `bits` (one width spec or a list: formats/mix.py; None = as
+    stored). Returns the report:
     `results` (perplexity rows, with `kl` when `kl_to` names the reference) and/or `task_results` (lm-eval).
     `dtype` (execution.DTYPES): what both models compute in; auto: each its own, except that a bfloat16 or float16
     model on a CPU without arithmetic in it computes in float32 (execution.compute_dtype), several times faster."""

@@ -68,13 +68,6 @@ def pack_int32(u: np.ndarray, bits: int) -> np.ndarray:
     return np.ascontiguousarray(stream).view("<i4").astype(np.int32)
 
 
-def unpack_int32(words: np.ndarray, bits: int, n: int) -> np.ndarray:
-    """The inverse of `pack_int32`: [rows, words] int32 → [rows, n] uint8."""
-    stream = np.ascontiguousarray(words.astype("<i4")).view(np.uint8)
-    planes = np.unpackbits(stream, axis=1, count=n * bits, bitorder="little").reshape(words.shape[0], n, bits)
-    return (planes << np.arange(bits, dtype=np.uint8)).sum(-1, dtype=np.uint8)
-
-
 @dataclass(frozen=True)
 class CtLayer:
     """One layer in compressed-tensors terms: unsigned codes u, float32 scales, unsigned zero points (None = sym)."""

@@ -28,7 +28,7 @@ except ImportError:
 
 from ..errors import UserError
 from ..execution import resolve_device
-from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_gptq_checkpoint
+from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_ct_checkpoint, read_gptq_checkpoint
 from ..formats.mix import WidthSpec, read_mix
 from ..untrusted import read_json
 from ..models import (
@@ -248,7 +248,8 @@ def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dt
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint | None:
-    """The quantized checkpoint at `path` (matgptq or GPTQ), or None for an unquantized model directory."""
+    """The quantized checkpoint at `path` (matgptq, GPTQ or compressed-tensors pack-quantized), or None for an
+    unquantized model directory."""
     p = Path(path)
     if is_checkpoint(p):
         return read_checkpoint(p)
@@ -258,14 +259,18 @@ def open_checkpoint(path: str | Path) -> Checkpoint | None:
     method = qc.get("quant_method") if isinstance(qc, dict) else "unknown"
     if method == "gptq":
         return read_gptq_checkpoint(p)
+    if method == "compressed-tensors":
+        return read_ct_checkpoint(p)
     if method is not None:
-        raise UserError(f"{p} is quantized with '{method}', which matgptq cannot read (it reads matgptq and gptq)")
+        raise UserError(f"{p} is quantized with '{method}', which matgptq cannot read (it reads matgptq, gptq and "
+                        "compressed-tensors)")  # fmt: skip
     return None
 
 
 def load(path: str | Path, bits: WidthSpec | None = None, dtype: torch.dtype | None = None, packed: bool | None = None,
          device: str | torch.device | None = None, resident: Resident | str | None = None):  # fmt: skip
-    """A transformers causal LM (eval mode) from a matgptq parent/slice, a GPTQ checkpoint or an unquantized model:
+    """A transformers causal LM (eval mode) from a matgptq parent/slice, a GPTQ or compressed-tensors (pack-quantized)
+    checkpoint or an unquantized model:
     a local directory or a Hugging Face id `org/name[@revision]` (models/hub.py).
 
     `bits`: for a parent, one width for all layers (any 2..c), a {layer: bits} mapping, or a JSON file of one.

@@ -1,0 +1,322 @@
+"""compressed-tensors `pack-quantized` checkpoints (exporters/compressed_tensors.py's and llm-compressor's) read as a
+`Checkpoint` of plain b-bit layers (shift 0), so `matgptq.load`, `eval` and the exporters take them like GPTQ ones.
+
+config.json's `quantization_config` (quant_method "compressed-tensors", status "compressed") maps config groups to
+`targets`. A Linear's scheme is resolved as compressed-tensors 0.19 resolves it (apply_quantization_config,
+utils/match.py): it is quantized when a target matches it, by exact name, by `re:<regex>` (re.match, from the start of
+the name) or by class name ("Linear"), and no `ignore` entry matches it the same way; of several matching targets
+the exact names win, then the regexes, then the class names, each in sorted order; a target listed by two groups
+belongs to the later one.
+
+Tensors per quantized Linear `<name>` (N out, K in features, b = num_bits in 2..8, G groups):
+  <name>.weight_packed      int32 [N, ceil(K·b/32)]  u = q + 2^(b−1) per row as a little-endian bit stream: u[n, k]
+                                                    at stream bits [k·b, (k+1)·b), stream bit j = bit j mod 32 of
+                                                    word j // 32 (codes straddle words at 3/5/6/7 bits)
+  <name>.weight_scale       float [N, G]             G = K / group_size ("group"), 1 ("channel"); one value ("tensor")
+  <name>.weight_zero_point  int32 [ceil(N·b/32), G]  asymmetric group/channel: zp + 2^(b−1) packed the same way along
+                                                    N; asymmetric "tensor": zp itself, one integer
+  <name>.weight_shape       int [2]                  [N, K]
+  <name>.weight_g_idx       int32 [K]                only with actorder "group" (removed in compressed-tensors 0.19)
+dequantizing (compressed-tensors' `dequantize`) to
+
+    W[n, k] = scale[n, g] · (q[n, k] − zp[n, g]) = scale[n, g] · (u[n, k] − (zp[n, g] + 2^(b−1))),  g = g_idx[k]
+
+which is the QuantizedWeight with codes u, zeros zp + 2^(b−1) (2^(b−1) when symmetric: zp = 0) and the scales in
+float16; a scale float16 cannot hold exactly is refused, never rounded. Our product is exact in float32 (an integer of
+at most 9 bits times an 11-bit significand); compressed-tensors rounds the same product once to the scale's dtype, so
+the two agree exactly in that dtype. With g_idx, compressed-tensors sorts the columns by group and cuts them into
+consecutive blocks of group_size: that is scale[:, g_idx[k]] exactly when every group holds group_size columns, and
+is refused otherwise; a g_idx holding −1 (never initialised) means column order, as there.
+
+Refused in one line: other formats (int-/float-/naive-quantized, nvfp4, sparse ones), float or dynamic weights, block
+strategies, activation or KV-cache quantization, sparsity and transforms (rotations the weights need at run time),
+1-bit weights, 3/5/6/7 bits written before compressed-tensors 0.17 (32 // b codes per word, no straddling; 2/4/8
+bits are the same stream in both), and mixture-of-experts checkpoints (per-expert Linears `<p>.experts.<e>.*_proj`,
+exporters/ct_experts.py): matgptq runs fused experts and does not rejoin them from this layout.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+from ..untrusted import read_json, read_sharded, read_tensors
+from .parent import Checkpoint
+from .quantized import QuantizedWeight
+
+FORMAT = "pack-quantized"
+FIX = "the compressed-tensors checkpoint is damaged or incomplete; re-download or re-export it"
+PARAMS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
+_PARAM = re.compile(rf"^(.+)\.({'|'.join(PARAMS)})$")
+_EXPERT = re.compile(r"\.experts\.\d+\.")
+LINEAR_CLASSES = ("Linear", "Module")  # what a packed module is (nn.Linear): the class names a target can match
+SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def unpack_int32(words: np.ndarray, bits: int, n: int) -> np.ndarray:
+    """[rows, ceil(n·bits/32)] int32 words → [rows, n] uint8, each row a little-endian bit stream (module docstring)."""
+    stream = np.ascontiguousarray(words.astype("<i4")).view(np.uint8)
+    planes = np.unpackbits(stream, axis=1, count=n * bits, bitorder="little").reshape(words.shape[0], n, bits)
+    return (planes << np.arange(bits, dtype=np.uint8)).sum(-1, dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """The weight settings of one config group, checked."""
+
+    bits: int
+    symmetric: bool
+    strategy: str  # "group", "channel" or "tensor"
+    group_size: int | None  # "group" only
+    actorder: str | None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _weights(p: Path, group: str, w) -> Scheme:
+    """The `weights` of config group `group` as a Scheme, or a one-line refusal of what matgptq cannot run."""
+    if not isinstance(w, dict):
+        raise UserError(f"{p}: config group {group} quantizes no weights (`weights` is {w!r:.60}); matgptq reads "
+                        "weight-quantized compressed-tensors checkpoints only")  # fmt: skip
+    kind, bits, sym, size = w.get("type", "int"), w.get("num_bits"), w.get("symmetric", True), w.get("group_size")
+    strategy, order = w.get("strategy"), w.get("actorder")
+    kind, strategy, order = (v.lower() if isinstance(v, str) else v for v in (kind, strategy, order))
+    if strategy is None:  # compressed-tensors' default: from group_size
+        strategy = "tensor" if size is None else "channel" if size == -1 else "group"
+    if kind != "int" or w.get("dynamic", False) not in (False, None):
+        raise UserError(f"{p}: config group {group} has {kind} {'dynamic ' if w.get('dynamic') else ''}weights; "
+                        "matgptq reads static integer weights (e.g. W4A16); use compressed-tensors")  # fmt: skip
+    if not _is_int(bits) or not 2 <= bits <= 8:
+        raise UserError(f"{p}: config group {group} has num_bits {bits!r:.60}; matgptq reads 2- to 8-bit weights")
+    if strategy not in ("group", "channel", "tensor") or w.get("block_structure") is not None:
+        raise UserError(f"{p}: config group {group} uses the {strategy!r:.60} strategy; matgptq reads group, "
+                        "channel and tensor scales")  # fmt: skip
+    if strategy == "group" and (not _is_int(size) or size < 1):
+        raise UserError(f"{p}: config group {group} has group_size {size!r:.60}, expected a positive integer; {FIX}")
+    if not isinstance(sym, bool) or order not in (None, False, True, "group", "dynamic", "weight", "static"):
+        raise UserError(f"{p}: config group {group} has symmetric {sym!r:.60} and actorder {order!r:.60}; {FIX}")
+    order = "group" if order in (True, "dynamic") else None if order is False else order
+    return Scheme(bits, sym, strategy, size if strategy == "group" else None, order)
+
+
+def _check_config(p: Path, qc: dict) -> None:
+    """Everything beyond packed integer weights that the checkpoint would need at run time is refused."""
+    fmt, status = qc.get("format"), qc.get("quantization_status", "compressed")
+    if fmt not in (FORMAT, "mixed-precision"):
+        raise UserError(f"{p} is compressed-tensors format {fmt!r:.60}; matgptq reads '{FORMAT}' (e.g. "
+                        "llm-compressor's W4A16); load it with compressed-tensors or vLLM")  # fmt: skip
+    if status != "compressed":
+        raise UserError(f"{p} is in compressed-tensors status {status!r:.60}, not 'compressed' (packed); re-save it "
+                        "compressed (llm-compressor's save_pretrained does)")  # fmt: skip
+    for key, what in (("kv_cache_scheme", "KV-cache quantization"), ("sparsity_config", "sparsity"),
+                      ("transform_config", "transforms (rotations)")):  # fmt: skip
+        if qc.get(key):
+            raise UserError(f"{p} uses {what} (`{key}`), which matgptq does not run; load it with compressed-tensors "
+                            "or vLLM")  # fmt: skip
+
+
+def read_schemes(p: Path, qc: dict) -> tuple[dict[str, Scheme], list[str]]:
+    """({target: scheme}, ignore) of a `quantization_config`, in config order (a later group's target wins)."""
+    _check_config(p, qc)
+    groups, ignore = qc.get("config_groups"), qc.get("ignore") or []
+    if not isinstance(groups, dict) or not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
+        raise UserError(f"{p}: `config_groups` must be an object and `ignore` a list of names; {FIX}")
+    targets: dict[str, Scheme] = {}
+    for name, g in groups.items():
+        if not isinstance(g, dict) or not isinstance(g.get("targets"), list):
+            raise UserError(f"{p}: config group {name} has no `targets` list; {FIX}")
+        if g.get("input_activations") or g.get("output_activations"):
+            raise UserError(f"{p}: config group {name} quantizes activations, which matgptq does not run; it reads "
+                            "weight-only checkpoints (e.g. W4A16)")  # fmt: skip
+        if g.get("format") not in (None, FORMAT):
+            raise UserError(f"{p}: config group {name} is format {g.get('format')!r:.60}; matgptq reads '{FORMAT}'")
+        scheme = _weights(p, name, g.get("weights"))
+        for t in g["targets"]:
+            if not isinstance(t, str):
+                raise UserError(f"{p}: config group {name} has a target {t!r:.60} that is not a string; {FIX}")
+            targets[t] = scheme
+    for t in [*targets, *ignore]:
+        try:
+            re.compile(t[3:]) if t.startswith("re:") else None
+        except re.error:
+            raise UserError(f"{p}: target {t!r:.60} is not a regular expression; {FIX}") from None
+    return targets, ignore
+
+
+def _matches(name: str, target: str) -> bool:
+    """compressed-tensors' match of a Linear: `re:` regex from the start, exact name, or class name."""
+    if target.startswith("re:"):
+        return re.match(target[3:], name) is not None
+    return target == name or target in LINEAR_CLASSES
+
+
+def scheme_of(name: str, targets: dict[str, Scheme], ignore: list[str]) -> Scheme | None:
+    """The scheme of Linear `name` (None: not quantized), resolved as compressed-tensors does (module docstring)."""
+    if any(_matches(name, i) for i in ignore):
+        return None
+    ordered = sorted(targets, key=lambda t: ("re:" in t, t))
+    by_name = [t for t in ordered if t not in LINEAR_CLASSES and _matches(name, t)]
+    by_class = [t for t in ordered if t in LINEAR_CLASSES]
+    found = by_name + by_class
+    return targets[found[0]] if found else None
+
+
+def _read_tensors(p: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory: sharded (model.safetensors.index.json) or its .safetensors files."""
+    if (p / "model.safetensors.index.json").is_file():
+        return read_sharded(p / "model.safetensors.index.json", FIX)
+    files = sorted(f.name for f in p.glob("*.safetensors"))
+    if not files:
+        raise UserError(f"{p} has no .safetensors weights; matgptq reads only safetensors (never pickles)")
+    return {k: v for f in files for k, v in read_tensors(p / f, FIX).items()}
+
+
+def _shape(p: Path, name: str, raw: dict, s: Scheme) -> tuple[int, int]:
+    """[N, K] from weight_shape, checked against the packed words."""
+    packed, shape = raw.get(f"{name}.weight_packed"), raw.get(f"{name}.weight_shape")
+    if packed is None or packed.dtype != torch.int32 or packed.dim() != 2:
+        raise UserError(f"{p}: {name}.weight_packed must be a 2-D int32 tensor; {FIX}")
+    if shape is None or shape.is_floating_point() or shape.shape != (2,) or bool((shape < 1).any()):
+        raise UserError(f"{p}: {name}.weight_shape must hold the layer's two positive sizes [out, in]; {FIX}")
+    n, k = (int(v) for v in shape.tolist())
+    if packed.shape != (n, -(-k * s.bits // 32)):
+        raise UserError(f"{p}: {name}.weight_packed is {list(packed.shape)}, which is not a {n}×{k} layer packed at "
+                        f"{s.bits} bits ([{n}, {-(-k * s.bits // 32)}]); {FIX}")  # fmt: skip
+    return n, k
+
+
+def _scales(p: Path, name: str, scale: torch.Tensor | None, n: int, k: int, s: Scheme) -> torch.Tensor:
+    """float16 [N, G] scales, checked (shape, finite, exact in float16)."""
+    groups = k // s.group_size if s.strategy == "group" else 1
+    if s.strategy == "group" and k % s.group_size:
+        raise UserError(f"{p}: {name} has {k} input features, which group_size {s.group_size} does not divide "
+                        "(compressed-tensors cannot decompress it either); re-export it")  # fmt: skip
+    if scale is None or scale.dtype not in SCALE_DTYPES:
+        raise UserError(f"{p}: {name}.weight_scale is missing or not float16/bfloat16/float32; {FIX}")
+    if s.strategy == "tensor" and scale.numel() == 1:
+        scale = scale.reshape(1, 1).expand(n, 1)
+    if tuple(scale.shape) != (n, groups):
+        raise UserError(f"{p}: {name}.weight_scale is {list(scale.shape)}, expected [{n}, {groups}] for its "
+                        f"{s.strategy} scales; {FIX}")  # fmt: skip
+    if not bool(torch.isfinite(scale).all()):
+        raise UserError(f"{p}: {name}.weight_scale holds NaN or Inf; the checkpoint is corrupt")
+    half = scale.to(torch.float16)
+    if not torch.equal(half.to(scale.dtype), scale):
+        raise UserError(f"{p}: {name} has {str(scale.dtype).removeprefix('torch.')} scales that float16 cannot hold "
+                        "exactly (matgptq keeps float16 scales)")  # fmt: skip
+    return half.contiguous()
+
+
+def _zeros(p: Path, name: str, zp: torch.Tensor | None, n: int, groups: int, s: Scheme) -> torch.Tensor:
+    """uint8 [N, G] zero points on the unsigned grid: zp + 2^(b−1) (2^(b−1) when symmetric)."""
+    mid = 1 << (s.bits - 1)
+    if s.symmetric:
+        if zp is not None and (zp.is_floating_point() or zp.numel() not in (1, n * groups) or bool(zp.any())):
+            raise UserError(f"{p}: {name} is symmetric but stores non-zero zero points; {FIX}")
+        return torch.full((n, groups), mid, dtype=torch.uint8)
+    if zp is None or zp.is_floating_point():
+        raise UserError(f"{p}: {name} is asymmetric but has no integer weight_zero_point; {FIX}")
+    if s.strategy == "tensor":
+        if zp.numel() != 1 or not -mid <= int(zp.flatten()[0]) < mid:
+            raise UserError(f"{p}: {name}.weight_zero_point must be one integer in [{-mid}, {mid - 1}]; {FIX}")
+        return torch.full((n, 1), int(zp.flatten()[0]) + mid, dtype=torch.uint8)
+    if zp.dtype != torch.int32 or zp.shape != (-(-n * s.bits // 32), groups):
+        raise UserError(f"{p}: {name}.weight_zero_point is {str(zp.dtype).removeprefix('torch.')} "
+                        f"{list(zp.shape)}, expected int32 [{-(-n * s.bits // 32)}, {groups}]; {FIX}")  # fmt: skip
+    return torch.from_numpy(np.ascontiguousarray(unpack_int32(zp.numpy().T, s.bits, n).T))
+
+
+def _g_idx(p: Path, name: str, g_idx: torch.Tensor | None, k: int, groups: int, s: Scheme) -> torch.Tensor:
+    """int32 [K] group of each column: k // group_size, 0 (channel, tensor), or a valid stored weight_g_idx."""
+    if g_idx is not None and (s.strategy != "group" or s.actorder != "group"):
+        raise UserError(f"{p}: {name} stores weight_g_idx, which compressed-tensors reads only for group scales with "
+                        f"actorder 'group' (this layer: {s.strategy}, actorder {s.actorder!r}); {FIX}")  # fmt: skip
+    if s.strategy != "group":
+        return torch.zeros(k, dtype=torch.int32)
+    trivial = torch.arange(k, dtype=torch.int32) // s.group_size
+    if g_idx is None or bool((g_idx == -1).any()):  # −1: never initialised, column order (compressed-tensors)
+        return trivial
+    if g_idx.is_floating_point() or g_idx.shape != (k,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
+        raise UserError(f"{p}: {name}.weight_g_idx must give each of its {k} columns one of {groups} groups; {FIX}")
+    if bool((torch.bincount(g_idx.long(), minlength=groups) != s.group_size).any()):
+        raise UserError(f"{p}: {name}.weight_g_idx gives its groups other than {s.group_size} columns each, which "
+                        "compressed-tensors decodes unlike its g_idx; matgptq cannot read it")  # fmt: skip
+    return g_idx.to(torch.int32).contiguous()
+
+
+def read_layer(p: Path, name: str, raw: dict[str, torch.Tensor], s: Scheme) -> QuantizedWeight:
+    """Layer `name` from its tensors (removed from `raw`) as a QuantizedWeight, exactly (module docstring)."""
+    n, k = _shape(p, name, raw, s)
+    if f"{name}.weight" in raw:
+        raise UserError(f"{p}: {name} stores both a float weight and a packed one; {FIX}")
+    packed = raw.pop(f"{name}.weight_packed")
+    raw.pop(f"{name}.weight_shape")
+    scales = _scales(p, name, raw.pop(f"{name}.weight_scale", None), n, k, s)
+    zeros = _zeros(p, name, raw.pop(f"{name}.weight_zero_point", None), n, scales.shape[1], s)
+    g_idx = _g_idx(p, name, raw.pop(f"{name}.weight_g_idx", None), k, scales.shape[1], s)
+    codes = torch.from_numpy(unpack_int32(packed.numpy(), s.bits, k))
+    return QuantizedWeight(codes=codes, scales=scales, zeros=zeros, g_idx=g_idx, bits=s.bits)
+
+
+def _in_order(names: set[str], targets: dict[str, Scheme]) -> list[str]:
+    """Layers in the order the config names them exactly (module order, as our exports list them), then the others
+    in natural order (layer 2 before layer 10)."""
+    listed = {t: i for i, t in enumerate(targets)}
+    natural = lambda n: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", n)]  # noqa: E731
+    return sorted(names, key=lambda n: (listed.get(n, len(listed)), natural(n)))
+
+
+def _check_version(p: Path, qc: dict, bits: set[int]) -> None:
+    """Refuse 3/5/6/7 bits packed before compressed-tensors 0.17 (32 // b codes per word: module docstring)."""
+    m = re.match(r"^(\d+)\.(\d+)", str(qc.get("version") or ""))
+    odd = sorted(bits - {2, 4, 8})
+    if m and (int(m.group(1)), int(m.group(2))) < (0, 17) and odd:
+        raise UserError(f"{p} was written by compressed-tensors {qc['version']}, whose {odd[0]}-bit packing (no codes "
+                        "across words) predates 0.17; re-save it with compressed-tensors >= 0.17")  # fmt: skip
+
+
+def _meta(qc: dict, schemes: list[Scheme]) -> dict:
+    """matgptq.json-like record: the widest width, the one group size (-1: per channel) if all layers share it."""
+    sizes = {s.group_size if s.strategy == "group" else -1 for s in schemes}
+    quant = {"method": "gptq", "bits": max(s.bits for s in schemes), "sym": all(s.symmetric for s in schemes),
+             "act_order": any(s.actorder for s in schemes)}  # fmt: skip
+    if len(sizes) == 1:
+        quant["group_size"] = sizes.pop()
+    return {"format": "compressed-tensors", "checkpoint_format": f"{FORMAT} {qc.get('version', '')}".strip(),
+            "quantization": quant}  # fmt: skip
+
+
+def read_ct_checkpoint(path: str | Path) -> Checkpoint:
+    """A compressed-tensors pack-quantized checkpoint directory (safetensors) as a `Checkpoint` of b-bit layers."""
+    p = Path(path)
+    config = read_json(p / "config.json", FIX)
+    qc = config.pop("quantization_config", None)
+    if not isinstance(qc, dict):
+        raise UserError(f"{p}/config.json: `quantization_config` is not an object; {FIX}")
+    targets, ignore = read_schemes(p, qc)
+    raw = _read_tensors(p)
+    names = _in_order({m.group(1) for key in raw if (m := _PARAM.match(key))}, targets)
+    if not names:
+        raise UserError(f"{p} stores no packed weights (<name>.weight_packed); {FIX}")
+    expert = next((n for n in names if _EXPERT.search(n)), None)
+    if expert is not None:
+        raise UserError(f"{p} quantizes per-expert Linears ({expert}); matgptq does not read compressed-tensors "
+                        "mixture-of-experts checkpoints: load the matgptq parent or a GPTQ checkpoint of the "
+                        "model")  # fmt: skip
+    schemes = {}
+    for name in names:
+        s = scheme_of(name, targets, ignore)
+        if s is None:
+            raise UserError(f"{p}: {name} is stored quantized but no config group targets it (or `ignore` lists it); "
+                            "fix the config")  # fmt: skip
+        schemes[name] = s
+    _check_version(p, qc, {s.bits for s in schemes.values()})
+    layers = {name: read_layer(p, name, raw, s) for name, s in schemes.items()}
+    return Checkpoint(_meta(qc, list(schemes.values())), config, layers, raw, p)
