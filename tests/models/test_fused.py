@@ -1,0 +1,80 @@
+"""The layers an engine fuses (models/fused.py), found by tracing a meta forward: checked against the groups written
+out by hand in models/arch.py ARCHITECTURES (split by module) and, for the architectures found without a table and
+the mixture-of-experts ones, against vLLM's fused layers for them (its `packed_modules_mapping`: qkv_proj = q, k, v;
+gate_up_proj = gate, up; one FusedMoE layer holding a block's experts)."""
+
+import pytest
+from transformers import AutoConfig
+
+from matgptq.errors import UserError
+from matgptq.models import arch
+from matgptq.models.fused import block_groups, describe, fused_groups, meta_model, mixed_groups
+from tests.conftest import STORIES
+from tests.models.test_arch import FOUND, SIZES
+from tests.models.test_moe import MOE
+
+QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+GATE_UP = ("mlp.gate_proj", "mlp.up_proj")
+DENSE = (QKV, ("self_attn.o_proj",), GATE_UP, ("mlp.down_proj",))
+WRITTEN = {"llama": {}, "mistral": {}, "qwen2": {}, "qwen3": dict(head_dim=16), "phi3": {}, "gpt2": {}}
+
+
+def model_of(model_type: str, **extra):
+    return meta_model(AutoConfig.for_model(model_type, **SIZES, **extra))
+
+
+def by_module(groups) -> set[tuple[str, ...]]:
+    """The written true-sequential groups (layers that read one tensor) split where the layers' modules differ."""
+    out = set()
+    for group in groups:
+        for parent in dict.fromkeys(n.rpartition(".")[0] for n in group):
+            out.add(tuple(n for n in group if n.rpartition(".")[0] == parent))
+    return out
+
+
+@pytest.mark.parametrize("model_type", sorted(WRITTEN))
+def test_the_trace_finds_the_written_groups_without_reading_them(model_type, monkeypatch):
+    written = arch.ARCHITECTURES[model_type].groups
+    model = model_of(model_type, **WRITTEN[model_type])
+    if model_type != "gpt2":  # GPT-2's forward cannot run on meta (its mask): the one architecture that falls back
+        monkeypatch.delitem(arch.ARCHITECTURES, model_type)
+    assert set(block_groups(model)) == by_module(written)
+
+
+@pytest.mark.parametrize("model_type", sorted(FOUND))
+def test_architectures_without_a_table_fuse_as_vllm_does(model_type):
+    assert set(block_groups(model_of(model_type, **FOUND[model_type]))) == set(DENSE)
+
+
+@pytest.mark.parametrize("model_type", sorted(MOE))
+def test_a_blocks_experts_are_one_group(model_type):
+    groups = block_groups(model_of(model_type, **MOE[model_type]))
+    experts = tuple(f"mlp.experts.{e}.{p}" for p in ("gate_up_proj", "down_proj") for e in range(4))
+    assert set(groups) == {QKV, ("self_attn.o_proj",), experts}
+
+
+def test_a_shared_expert_is_fused_apart_from_the_routed_ones():
+    extra = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    groups = set(block_groups(model_of("qwen2_moe", **extra)))
+    assert ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj") in groups
+    assert ("mlp.shared_expert_gate",) in groups and ("mlp.shared_expert.down_proj",) in groups
+
+
+def test_full_names_mixed_groups_and_their_words():
+    config = AutoConfig.from_pretrained(STORIES)
+    names = [f"model.layers.{i}.{n}" for i in range(config.num_hidden_layers) for g in DENSE for n in g]
+    groups = fused_groups(config, names + ["lm_head"])
+    assert len(groups) == 4 * config.num_hidden_layers + 1 and ("lm_head",) in groups
+    assert ("model.layers.2.self_attn.q_proj", "model.layers.2.self_attn.k_proj", "model.layers.2.self_attn.v_proj") in groups
+    widths = dict.fromkeys(names, 4) | {"model.layers.2.self_attn.k_proj": 3}
+    del widths["model.layers.4.mlp.up_proj"]  # left unquantized: differs from its quantized gate_proj too
+    mixed = mixed_groups(groups, widths)
+    assert [describe(m) for m in mixed] == ["model.layers.2.self_attn.{q_proj: 4, k_proj: 3, v_proj: 4}",
+                                            "model.layers.4.mlp.{gate_proj: 4, up_proj: float}"]  # fmt: skip
+
+
+def test_a_model_whose_forward_cannot_be_traced_and_has_no_table_is_a_clear_error(monkeypatch):
+    model = model_of("gpt2")
+    monkeypatch.delitem(arch.ARCHITECTURES, "gpt2")
+    with pytest.raises(UserError, match="meta device"):
+        block_groups(model)
