@@ -39,12 +39,29 @@ def test_gptq_lines(sources, tmp_path, capsys):
 
 def test_compressed_tensors_lines(sources, tmp_path, capsys):
     sym = export(capsys, sources["sym"], tmp_path / "c3", "--format", "compressed-tensors", "--bits", "3")
-    assert sym == ("readers: runs in compressed-tensors 0.19; transformers 5.17; transformers 5.23 · not tested here: "
+    assert sym == ("readers: runs in matgptq.load; compressed-tensors 0.19; transformers 5.17; transformers 5.23 · not "
+                   "tested here: "
                    "vLLM (expected: compressed-tensors weight-only, Humming kernels at 2/3/5/6/7 bits, Marlin at 4/8)")  # fmt: skip
     asym = export(capsys, sources["asym"], tmp_path / "ca", "--format", "compressed-tensors")
     assert "transformers 5.23 with CompressedTensorsConfig(dequantize=True)" in asym
     assert "not in transformers 5.23's default from_pretrained (asymmetric zero points)" in asym
     assert "vLLM (unknown" in asym
+
+
+@pytest.mark.parametrize("fmt", ["gptq_v2", "compressed-tensors"])
+def test_a_mix_that_splits_a_fused_layer_names_vllms_refusal(fmt, sources, tmp_path, capsys):
+    """q/k/v and gate/up run as one layer in vLLM (models/fused.py): a mix giving k_proj its own width, or leaving
+    up_proj unquantized, is named; the same widths on whole groups are not."""
+    names = list(read_checkpoint(sources["sym"]).layers)
+    k = next(n for n in names if n.endswith("self_attn.k_proj"))
+    (tmp_path / "split.json").write_text('{"*": 4, "%s": 3}' % k)
+    split = export(capsys, sources["sym"], tmp_path / "s", "--format", fmt, "--bits-config", str(tmp_path / "split.json"))
+    block = k.removesuffix(".k_proj")
+    assert f"vLLM (refuses it: it runs {block}.{{q_proj: 4, k_proj: 3, v_proj: 4}} as one layer" in split
+    whole = {n: 3 for n in names if n.startswith(block + ".") and n.rpartition(".")[2] in ("q_proj", "k_proj", "v_proj")}
+    (tmp_path / "whole.json").write_text(str({"*": 4, **whole}).replace("'", '"'))
+    tied = export(capsys, sources["sym"], tmp_path / "t", "--format", fmt, "--bits-config", str(tmp_path / "whole.json"))
+    assert "refuses it" not in tied
 
 
 def test_gguf_line(sources, tmp_path, capsys):

@@ -15,7 +15,10 @@ GPTQ (docs/formats.md §2), per layer: width r (config `bits`, or a `dynamic` ov
     Defuser); transformers + optimum leaves the fused experts unloaded (tests/exporters/test_gptq_moe_interop.py).
   * vLLM (not tested): routes GPTQ to Marlin, symmetric 4 and 8 bits with g in {−1, 32, 64, 128} dividing K only (vLLM
     PR #38288, issue #45051).
+Both formats: a mix that gives the layers vLLM runs as one (q/k/v, gate/up: models/fused.py) more than one width, or
+quantizes them in part, is named as one vLLM refuses (its loader takes one scheme per fused layer), with the group.
 compressed-tensors (§5), per config group (bits, symmetric, group size):
+  * matgptq.load reads every dense export (tests/formats/test_ct_checkpoint.py); MoE exports are refused there.
   * compressed-tensors 0.19's decompressor, and transformers 5.17 by default: every export (test_compressed_tensors.py,
     also run on 5.17 by `make compat`).
   * transformers 5.23: symmetric exports by default; asymmetric ones only with CompressedTensorsConfig(dequantize=
@@ -74,6 +77,22 @@ def _gptq_layers(path: Path, qc: dict) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+def _fused_split(config: dict, widths: dict[str, int]) -> str | None:
+    """vLLM's refusal of a file that gives the layers it runs as one (q/k/v, gate/up: models/fused.py) more than one
+    width, or quantizes them in part, naming the first such group; None when every group has one width."""
+    from transformers import AutoConfig
+
+    from ..models.fused import describe, fused_groups, mixed_groups
+
+    fields = {k: v for k, v in config.items() if k != "quantization_config"}
+    mixed = mixed_groups(fused_groups(AutoConfig.for_model(**fields), widths), widths)
+    if not mixed:
+        return None
+    more = f" and {len(mixed) - 1} more groups" if len(mixed) > 1 else ""
+    return (f"vLLM (refuses it: it runs {describe(mixed[0])}{more} as one layer with one scheme; give each such group "
+            "one width)")  # fmt: skip
+
+
 def gptq_readers(path: str | Path) -> Readers:
     """The readers line of a GPTQ export directory (module docstring)."""
     path = Path(path)
@@ -95,6 +114,9 @@ def gptq_readers(path: str | Path) -> Readers:
                          f"group size == 0; {name} is {n}×{k}, group size {g})")  # fmt: skip
         else:
             runs.append("transformers + optimum")
+    config = json.loads((path / "config.json").read_text())
+    if (split := _fused_split(config, {n: b for n, (b, _, _) in layers.items()})) is not None:
+        return Readers(runs, fails, [split])
     whole = g <= 0 or all(k % g == 0 for _, _, k in layers.values())
     marlin = set(widths) <= {4, 8} and qc.get("sym", False) and g in VLLM_GROUP_SIZES and whole
     vllm = "vLLM (expected: Marlin)" if marlin else (
@@ -131,7 +153,9 @@ def ct_readers(path: str | Path) -> Readers:
                "config group only: zero points fail its conversion, several groups load wrong weights")  # fmt: skip
         vllm = _VLLM_MIXED if any(len(g) > 1 for g in blocks.values()) else _VLLM_MOE
         return Readers(["compressed-tensors 0.19"], [f"transformers ({why})"], [vllm])
-    runs, fails = ["compressed-tensors 0.19", "transformers 5.17"], []
+    widths = {t: g["weights"]["num_bits"] for g in qc["config_groups"].values() for t in g["targets"]}
+    split = _fused_split(config, widths)
+    runs, fails = ["matgptq.load", "compressed-tensors 0.19", "transformers 5.17"], []
     if not asym:
         runs.append("transformers 5.23")
     elif len(schemes) == 1:
@@ -140,7 +164,9 @@ def ct_readers(path: str | Path) -> Readers:
     else:
         fails.append(f"transformers 5.23 (asymmetric zero points fail its default load; dequantize=True decodes all "
                      f"{len(schemes)} config groups with the first one's scheme)")  # fmt: skip
-    if asym:
+    if split is not None:
+        vllm = split
+    elif asym:
         vllm = "vLLM (unknown: its documented compressed-tensors weight-only path is symmetric)"
     else:
         vllm = "vLLM (expected: compressed-tensors weight-only, Humming kernels at 2/3/5/6/7 bits, Marlin at 4/8)"
