@@ -30,6 +30,9 @@ gptq_interop_helpers.py, the fixtures in conftest.py (built once for this module
 the negative control, transformers' default-kernel limits and signed scales).
 """
 
+import json
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -38,6 +41,7 @@ from safetensors.torch import load_file
 from matgptq.exporters.gptq import FORMATS, export_gptq, gptq_layer
 from matgptq.exporters.readers import gptq_readers
 from matgptq.formats.parent import read_checkpoint
+from matgptq.models.fused import fused_groups
 
 from tests.conftest import require_peer
 from tests.exporters.gptq_interop_helpers import (
@@ -82,6 +86,27 @@ def test_gptqmodel_loads_per_layer_mix(gptqmodel, cache, record_property, tmp_pa
     mix = {n: BITS[i % 4] for i, n in enumerate(names)}
     path = export_gptq(src, tmp_path / "mix", fmt, bits_config=mix)
     assert gptq_readers(path).fails[0].startswith("transformers + optimum (it ignores `dynamic`")
+    logits, model = _gptqmodel_logits(gptqmodel, path, cache.ids)
+    weights = _gptqmodel_weights(gptqmodel, model)
+    assert {n: m.bits for n, m in model.named_modules() if n in weights} == mix
+    _compare(cache, record_property, model, logits, src, mix, True, weights)
+
+
+def test_gptqmodel_loads_a_mix_with_one_rule_per_fused_group(gptqmodel, cache, record_property, tmp_path):
+    """A mix giving q/k/v and gate/up one width each is written with one `dynamic` rule per group, which also
+    matches the name vLLM gives the fused layer (exporters/gptq.py dynamic_rules): GPTQModel still reads each layer's
+    width from it, and computes what the source computes."""
+    src = cache.source(True, None, True)
+    ckpt = read_checkpoint(src)
+    groups = fused_groups(ckpt.config, ckpt.layers)
+    mix = {n: BITS[i % 4] for i, group in enumerate(groups) for n in group}
+    path = export_gptq(src, tmp_path / "tied", "gptq_v2", bits_config=mix)
+    qc = json.loads((path / "config.json").read_text())["quantization_config"]
+    rules, off = qc["dynamic"], {g for g in groups if len(g) > 1 and mix[g[0]] != qc["bits"]}
+    assert off and len(rules) < sum(r != qc["bits"] for r in mix.values())  # one rule per group, not per layer
+    for group in off:  # vLLM's name for the fused layer gets the group's width (first matching rule)
+        fused = group[0].rpartition(".")[0] + (".qkv_proj" if "self_attn" in group[0] else ".gate_up_proj")
+        assert next(v["bits"] for p, v in rules.items() if re.match(p.removeprefix("+:"), fused)) == mix[group[0]]
     logits, model = _gptqmodel_logits(gptqmodel, path, cache.ids)
     weights = _gptqmodel_weights(gptqmodel, model)
     assert {n: m.bits for n, m in model.named_modules() if n in weights} == mix

@@ -49,7 +49,7 @@ def test_compressed_tensors_lines(sources, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("fmt", ["gptq_v2", "compressed-tensors"])
-def test_a_mix_that_splits_a_fused_layer_names_vllms_refusal(fmt, sources, tmp_path, capsys):
+def test_a_mix_that_splits_a_fused_layer_names_what_vllm_does_with_it(fmt, sources, tmp_path, capsys):
     """q/k/v and gate/up run as one layer in vLLM (models/fused.py): a mix giving k_proj its own width, or leaving
     up_proj unquantized, is named; the same widths on whole groups are not."""
     names = list(read_checkpoint(sources["sym"]).layers)
@@ -57,11 +57,12 @@ def test_a_mix_that_splits_a_fused_layer_names_vllms_refusal(fmt, sources, tmp_p
     (tmp_path / "split.json").write_text('{"*": 4, "%s": 3}' % k)
     split = export(capsys, sources["sym"], tmp_path / "s", "--format", fmt, "--bits-config", str(tmp_path / "split.json"))
     block = k.removesuffix(".k_proj")
-    assert f"vLLM (refuses it: it runs {block}.{{q_proj: 4, k_proj: 3, v_proj: 4}} as one layer" in split
+    assert f"not in matgptq.load" not in split and f"vLLM 0.32 (it runs {block}.{{q_proj: 4, k_proj: 3, v_proj: 4}} as one " \
+        "layer, with its first shard's scheme" in split.split(" · not in ")[1]
     whole = {n: 3 for n in names if n.startswith(block + ".") and n.rpartition(".")[2] in ("q_proj", "k_proj", "v_proj")}
     (tmp_path / "whole.json").write_text(str({"*": 4, **whole}).replace("'", '"'))
     tied = export(capsys, sources["sym"], tmp_path / "t", "--format", fmt, "--bits-config", str(tmp_path / "whole.json"))
-    assert "refuses it" not in tied
+    assert "first shard's scheme" not in tied
 
 
 def test_gguf_line(sources, tmp_path, capsys):

@@ -12,8 +12,8 @@ refused, never rounded. v1 is written only when lossless: symmetric weights (§2
 stored as z − 1, and GPTQModel refuses asymmetric v1 not made by itself).
 Config (§2.6–2.7): the same dict in config.json["quantization_config"] and quantize_config.json, with both
 `checkpoint_format` and `format`; a per-layer mix uses the most common width as `bits` plus GPTQModel `dynamic`
-overrides {"+:^<escaped name>$": {"bits": r}}, which GPTQModel honours and transformers/optimum ignore. Which
-readers run a written file: exporters/readers.py.
+overrides {"+:^<escaped name>$": {"bits": r}} (one rule for a fused group at one width: `dynamic_rules`), which
+GPTQModel and vLLM honour and transformers/optimum ignore. Which readers run a written file: exporters/readers.py.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ..formats import SUPPORTED_BITS, QuantizedWeight, pack_cols, pack_rows, to_
 from ..fsutil import atomic_output, copy_tokenizer_files
 from ..quantization import GPTQConfig, MethodConfig, config_from_json
 from ..formats.gptq_experts import check_moe, gptq_widths, split_biases, split_layer
+from ..models.fused import fused_groups
 from .source import quantized_source
 
 FORMATS = {"gptq_v1": "gptq", "gptq_v2": "gptq_v2"}  # CLI name -> checkpoint_format
@@ -84,9 +85,9 @@ def _layer_tensors(name: str, q: QuantizedWeight, v1: bool) -> tuple[dict[str, t
 
 
 def quantization_config(fmt: str, widths: dict[str, int], group_size: int, desc_act: bool, sym: bool,
-                        cfg: MethodConfig) -> dict:  # fmt: skip
-    """The GPTQ config dict (fields every loader reads, docs/formats.md §2.6), with `dynamic` for per-layer mixes;
-    the solver's settings where the method has them (GPTQ, MatGPTQ)."""
+                        cfg: MethodConfig, groups: list[tuple[str, ...]] = ()) -> dict:  # fmt: skip
+    """The GPTQ config dict (fields every loader reads, docs/formats.md §2.6), with `dynamic` for per-layer mixes
+    (`groups`: the fused groups of `dynamic_rules`); the solver's settings where the method has them."""
     counts = Counter(widths.values())
     base = max(counts, key=lambda b: (counts[b], b))
     extra = {k: getattr(cfg, k) for k in ("true_sequential", "static_groups") if hasattr(cfg, k)}
@@ -96,10 +97,30 @@ def quantization_config(fmt: str, widths: dict[str, int], group_size: int, desc_
         "sym": sym, "lm_head": False, "checkpoint_format": fmt, "format": fmt, "pack_dtype": "int32", **extra,
         "meta": {"quantizer": [f"matgptq:{__version__}"], **extra},
     }  # fmt: skip
-    dynamic = {f"+:^{re.escape(n)}$": {"bits": r} for n, r in widths.items() if r != base}
+    dynamic = dynamic_rules(widths, base, groups)
     if dynamic:
         qc["dynamic"] = dynamic
     return qc
+
+
+def dynamic_rules(widths: dict[str, int], base: int, groups: list[tuple[str, ...]]) -> dict[str, dict]:
+    """GPTQModel `dynamic` overrides for the layers not at `base` bits: `+:^<name>$` per layer, except that a fused
+    group (models/fused.py: q/k/v, gate/up) at one width gets one rule that also matches the name an engine gives the
+    fused layer, since vLLM matches the rules against `…self_attn.qkv_proj`: every name in the group's module but
+    the module's other layers, `+:^<module>\.(?!(?:<other>|…)$)[^.]+$`."""
+    rules, done = {}, set()
+    for group in groups:
+        parents = {n.rpartition(".")[0] for n in group}
+        at = {widths.get(n) for n in group}
+        if len(group) < 2 or len(parents) > 1 or len(at) > 1 or None in at or base in at:
+            continue
+        parent = parents.pop()
+        others = sorted(n.rpartition(".")[2] for n in widths if n.rpartition(".")[0] == parent and n not in group)
+        avoid = f"(?!(?:{'|'.join(map(re.escape, others))})$)" if others else ""
+        rules[f"+:^{re.escape(parent)}\\.{avoid}[^.]+$"] = {"bits": at.pop()}
+        done.update(group)
+    rules.update({f"+:^{re.escape(n)}$": {"bits": r} for n, r in widths.items() if r != base and n not in done})
+    return rules
 
 
 def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, overwrite: bool = False) -> Path:
@@ -128,7 +149,9 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
                 padded[part] = (r, *q.shape)
             desc_act |= not torch.equal(layer["g_idx"], trivial_g_idx(q.shape[1], group_size))
             tensors.update({f"{part}.{k}": v for k, v in layer.items()})
-    qc = quantization_config(FORMATS[fmt], gptq_widths(widths), group_size, desc_act, all_sym, cfg)
+    layer_widths = gptq_widths(widths)
+    groups = fused_groups(ckpt.config, layer_widths) if len(set(layer_widths.values())) > 1 else []
+    qc = quantization_config(FORMATS[fmt], layer_widths, group_size, desc_act, all_sym, cfg, groups)
     if padded:
         name, (r, n, k) = next(iter(padded.items()))
         warnings.warn(

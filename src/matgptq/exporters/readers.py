@@ -16,7 +16,8 @@ GPTQ (docs/formats.md §2), per layer: width r (config `bits`, or a `dynamic` ov
   * vLLM (not tested): routes GPTQ to Marlin, symmetric 4 and 8 bits with g in {−1, 32, 64, 128} dividing K only (vLLM
     PR #38288, issue #45051).
 Both formats: a mix that gives the layers vLLM runs as one (q/k/v, gate/up: models/fused.py) more than one width, or
-quantizes them in part, is named as one vLLM refuses (its loader takes one scheme per fused layer), with the group.
+quantizes them in part, is named as one vLLM does not run, with the group: its config code gives the fused layer the
+first shard's scheme (tests/integrations/test_vllm_config.py runs that code on such files, tied and split).
 compressed-tensors (§5), per config group (bits, symmetric, group size):
   * matgptq.load reads every dense export (tests/formats/test_ct_checkpoint.py); MoE exports are refused there.
   * compressed-tensors 0.19's decompressor, and transformers 5.17 by default: every export (test_compressed_tensors.py,
@@ -78,19 +79,19 @@ def _gptq_layers(path: Path, qc: dict) -> dict[str, tuple[int, int, int]]:
 
 
 def _fused_split(config: dict, widths: dict[str, int]) -> str | None:
-    """vLLM's refusal of a file that gives the layers it runs as one (q/k/v, gate/up: models/fused.py) more than one
-    width, or quantizes them in part, naming the first such group; None when every group has one width."""
-    from transformers import AutoConfig
-
+    """What vLLM makes of a file that gives the layers it runs as one (q/k/v, gate/up: models/fused.py) more than one
+    width, or quantizes them in part, naming the first such group; None when every group has one width. Its config
+    code gives the fused layer its first shard's scheme without comparing the others (tests/integrations/
+    test_vllm_config.py), so the weights then fail to load or load under the wrong width."""
     from ..models.fused import describe, fused_groups, mixed_groups
 
-    fields = {k: v for k, v in config.items() if k != "quantization_config"}
-    mixed = mixed_groups(fused_groups(AutoConfig.for_model(**fields), widths), widths)
+    mixed = mixed_groups(fused_groups(config, widths), widths)
     if not mixed:
         return None
-    more = f" and {len(mixed) - 1} more groups" if len(mixed) > 1 else ""
-    return (f"vLLM (refuses it: it runs {describe(mixed[0])}{more} as one layer with one scheme; give each such group "
-            "one width)")  # fmt: skip
+    n = len(mixed) - 1
+    more = f" ({n} more such group{'s' if n > 1 else ''})" if n else ""
+    return (f"vLLM 0.32 (it runs {describe(mixed[0])} as one layer{more}, with its first shard's scheme: the load "
+            "fails or reads the others at the wrong width; give each such group one width)")  # fmt: skip
 
 
 def gptq_readers(path: str | Path) -> Readers:
@@ -116,7 +117,7 @@ def gptq_readers(path: str | Path) -> Readers:
             runs.append("transformers + optimum")
     config = json.loads((path / "config.json").read_text())
     if (split := _fused_split(config, {n: b for n, (b, _, _) in layers.items()})) is not None:
-        return Readers(runs, fails, [split])
+        return Readers(runs, [*fails, split])
     whole = g <= 0 or all(k % g == 0 for _, _, k in layers.values())
     marlin = set(widths) <= {4, 8} and qc.get("sym", False) and g in VLLM_GROUP_SIZES and whole
     vllm = "vLLM (expected: Marlin)" if marlin else (
@@ -165,8 +166,8 @@ def ct_readers(path: str | Path) -> Readers:
         fails.append(f"transformers 5.23 (asymmetric zero points fail its default load; dequantize=True decodes all "
                      f"{len(schemes)} config groups with the first one's scheme)")  # fmt: skip
     if split is not None:
-        vllm = split
-    elif asym:
+        return Readers(runs, [*fails, split])
+    if asym:
         vllm = "vLLM (unknown: its documented compressed-tensors weight-only path is symmetric)"
     else:
         vllm = "vLLM (expected: compressed-tensors weight-only, Humming kernels at 2/3/5/6/7 bits, Marlin at 4/8)"

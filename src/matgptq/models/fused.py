@@ -115,7 +115,12 @@ def meta_model(config) -> nn.Module:
 
 def fused_groups(config, names: Iterable[str]) -> list[tuple[str, ...]]:
     """The quantized layers `names` (full module names) grouped as an engine fuses them; a name outside the decoder
-    blocks' layers is a group of its own. Groups keep the order of `names`' first members."""
+    blocks' layers is a group of its own. Groups keep the order of `names`' first members. `config`: a transformers
+    config, or a checkpoint's config.json as a dict (its quantization_config is not read)."""
+    if isinstance(config, dict):
+        from transformers import AutoConfig
+
+        config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "quantization_config"})
     model = meta_model(config)
     spec = arch_spec(model)
     relative = block_groups(model)
