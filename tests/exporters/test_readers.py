@@ -4,6 +4,8 @@ of every file they load against the outcome; here, that the command prints it an
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from matgptq.cli import main
@@ -69,15 +71,16 @@ def test_a_mix_that_splits_a_fused_layer_names_what_vllm_does_with_it(fmt, sourc
     up_proj unquantized, is named; the same widths on whole groups are not."""
     names = list(read_checkpoint(sources["sym"]).layers)
     k = next(n for n in names if n.endswith("self_attn.k_proj"))
-    (tmp_path / "split.json").write_text('{"*": 4, "%s": 3}' % k)
-    split = export(capsys, sources["sym"], tmp_path / "s", "--format", fmt, "--bits-config", str(tmp_path / "split.json"))
     block = k.removesuffix(".k_proj")
-    assert f"not in matgptq.load" not in split and f"vLLM 0.32 (it runs {block}.{{q_proj: 4, k_proj: 3, v_proj: 4}} as one " \
-        "layer, with its first shard's scheme" in split.split(" · not in ")[1]
-    whole = {n: 3 for n in names if n.startswith(block + ".") and n.rpartition(".")[2] in ("q_proj", "k_proj", "v_proj")}
-    (tmp_path / "whole.json").write_text(str({"*": 4, **whole}).replace("'", '"'))
-    tied = export(capsys, sources["sym"], tmp_path / "t", "--format", fmt, "--bits-config", str(tmp_path / "whole.json"))
-    assert "first shard's scheme" not in tied
+    mixes = {"split": {"*": 4, k: 3}, "whole": {"*": 4, **{f"{block}.{x}_proj": 3 for x in "qkv"}}}
+    lines = {}
+    for name, mix in mixes.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(mix))
+        lines[name] = export(capsys, sources["sym"], tmp_path / name, "--format", fmt, "--bits-config",
+                             str(tmp_path / f"{name}.json"))  # fmt: skip
+    named = f"vLLM 0.32 (it runs {block}.{{q_proj: 4, k_proj: 3, v_proj: 4}} as one layer, with its first shard's scheme"
+    assert named in lines["split"].split(" · not in ")[1]  # among the readers it does not run in
+    assert "first shard's scheme" not in lines["whole"]
 
 
 def test_gguf_line(sources, tmp_path, capsys):

@@ -65,7 +65,7 @@ def test_full_names_mixed_groups_and_their_words():
     names = [f"model.layers.{i}.{n}" for i in range(config.num_hidden_layers) for g in DENSE for n in g]
     groups = fused_groups(config, names + ["lm_head"])
     assert len(groups) == 4 * config.num_hidden_layers + 1 and ("lm_head",) in groups
-    assert ("model.layers.2.self_attn.q_proj", "model.layers.2.self_attn.k_proj", "model.layers.2.self_attn.v_proj") in groups
+    assert tuple(f"model.layers.2.self_attn.{x}_proj" for x in "qkv") in groups
     widths = dict.fromkeys(names, 4) | {"model.layers.2.self_attn.k_proj": 3}
     del widths["model.layers.4.mlp.up_proj"]  # left unquantized: differs from its quantized gate_proj too
     mixed = mixed_groups(groups, widths)

@@ -46,7 +46,8 @@ def _first_block_inputs(model: nn.Module, block: nn.Module) -> tuple[tuple, dict
     finally:
         hook.remove()
     if not captured:
-        raise UserError("the model's forward never reached its first decoder block; matgptq cannot find its fused layers")
+        raise UserError("the model's forward never reached its first decoder block; matgptq cannot find the layers "
+                        "an engine fuses")  # fmt: skip
     return captured[0]
 
 
@@ -123,23 +124,14 @@ def fused_groups(config, names: Iterable[str]) -> list[tuple[str, ...]]:
         config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "quantization_config"})
     model = meta_model(config)
     spec = arch_spec(model)
-    relative = block_groups(model)
-    group_of: dict[str, tuple[str, ...]] = {}
-    names = list(names)
+    relative = {n: group for group in block_groups(model) for n in group}
+    out: dict[tuple[str, ...], None] = {}  # insertion-ordered
     for name in names:
         head, _, rest = name.partition(f"{spec.blocks}.")
         index, _, layer = rest.partition(".")
-        if head or not index.isdigit():
-            continue
-        for group in relative:
-            if layer in group:
-                group_of[name] = tuple(f"{spec.blocks}.{index}.{n}" for n in group)
-    out: list[tuple[str, ...]] = []
-    for name in names:
-        group = group_of.get(name, (name,))
-        if group not in out:
-            out.append(group)
-    return out
+        group = relative.get(layer) if not head and index.isdigit() else None
+        out[(name,) if group is None else tuple(f"{spec.blocks}.{index}.{n}" for n in group)] = None
+    return list(out)
 
 
 def mixed_groups(groups: Iterable[tuple[str, ...]], widths: Mapping[str, int | None]) -> list[dict[str, int | None]]:
