@@ -91,6 +91,18 @@ def read_sharded(index: str | Path, fix: str = "re-create or re-download it",
     return out
 
 
+def read_model_weights(directory: str | Path, fix: str = "re-create or re-download it") -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face model directory: sharded (model.safetensors.index.json, `read_sharded`) or
+    its .safetensors files; no safetensors is an error (nothing else is ever read)."""
+    p = Path(directory)
+    if (p / "model.safetensors.index.json").is_file():
+        return read_sharded(p / "model.safetensors.index.json", fix)
+    files = sorted(f.name for f in p.glob("*.safetensors"))
+    if not files:
+        raise UserError(f"{p} has no .safetensors weights; matgptq reads only safetensors (never pickles)")
+    return {k: v for f in files for k, v in read_tensors(p / f, fix).items()}
+
+
 def take(raw: dict[str, torch.Tensor], key: str, dtype: torch.dtype, shape: tuple[int | None, ...], where: Path,
          optional: bool = False) -> torch.Tensor | None:  # fmt: skip
     """Remove `key` from `raw` and check its dtype and shape (None: any positive size on that axis); a missing tensor

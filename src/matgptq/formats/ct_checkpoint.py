@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..untrusted import read_json, read_sharded, read_tensors
+from ..untrusted import read_json, read_model_weights
 from .parent import Checkpoint
 from .quantized import QuantizedWeight
 
@@ -166,16 +166,6 @@ def scheme_of(name: str, targets: dict[str, Scheme], ignore: list[str]) -> Schem
     by_class = [t for t in ordered if t in LINEAR_CLASSES]
     found = by_name + by_class
     return targets[found[0]] if found else None
-
-
-def _read_tensors(p: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory: sharded (model.safetensors.index.json) or its .safetensors files."""
-    if (p / "model.safetensors.index.json").is_file():
-        return read_sharded(p / "model.safetensors.index.json", FIX)
-    files = sorted(f.name for f in p.glob("*.safetensors"))
-    if not files:
-        raise UserError(f"{p} has no .safetensors weights; matgptq reads only safetensors (never pickles)")
-    return {k: v for f in files for k, v in read_tensors(p / f, FIX).items()}
 
 
 def _shape(p: Path, name: str, raw: dict, s: Scheme) -> tuple[int, int]:
@@ -301,7 +291,7 @@ def read_ct_checkpoint(path: str | Path) -> Checkpoint:
     if not isinstance(qc, dict):
         raise UserError(f"{p}/config.json: `quantization_config` is not an object; {FIX}")
     targets, ignore = read_schemes(p, qc)
-    raw = _read_tensors(p)
+    raw = read_model_weights(p, FIX)
     names = _in_order({m.group(1) for key in raw if (m := _PARAM.match(key))}, targets)
     if not names:
         raise UserError(f"{p} stores no packed weights (<name>.weight_packed); {FIX}")

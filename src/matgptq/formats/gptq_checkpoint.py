@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..untrusted import read_json, read_tensors
+from ..untrusted import read_json, read_model_weights
 from .gptq_experts import join_experts  # MoE: per-expert gate/up halves back to fused layers
 from .gptq_packing import SUPPORTED_BITS, V1_WORD_ADD, packed_words, unpack_cols, unpack_rows
 from .parent import Checkpoint
@@ -54,24 +54,6 @@ def _read_config(p: Path) -> tuple[dict, dict]:
     if not isinstance(qc, dict):
         raise UserError(f"{p}/config.json: `quantization_config` is not an object; {FIX}")
     return config, dict(qc)
-
-
-def _read_tensors(p: Path) -> dict[str, torch.Tensor]:
-    index = p / "model.safetensors.index.json"
-    files = None
-    if index.is_file():
-        weight_map = read_json(index, FIX).get("weight_map")
-        if not isinstance(weight_map, dict) or not all(isinstance(f, str) and Path(f).name == f and f.endswith(
-                ".safetensors") for f in weight_map.values()):  # fmt: skip
-            raise UserError(f"{index}: `weight_map` must name .safetensors files in this directory; {FIX}")
-        files = sorted(set(weight_map.values()))
-    files = files or sorted(f.name for f in p.glob("*.safetensors"))
-    if not files:
-        raise UserError(f"{p} has no .safetensors weights; matgptq reads only safetensors (never pickles)")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(read_tensors(p / f, FIX))
-    return out
 
 
 def _settings(p: Path, qc: dict) -> tuple[int, int, dict]:
@@ -181,7 +163,7 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
     base, group_size, dynamic = _settings(p, qc)
     quantizers = (qc.get("meta") or {}).get("quantizer") or []
     by_gptqmodel = any(str(s).lower().startswith("gptqmodel:") for s in np.atleast_1d(quantizers))
-    raw = _read_tensors(p)
+    raw = read_model_weights(p, FIX)
     widths, stored = {}, {}
     for name in [k[: -len(".qweight")] for k in raw if k.endswith(".qweight")]:
         r = _layer_bits(name, base, dynamic)
