@@ -107,6 +107,22 @@ def test_a_per_expert_mix_names_each_half_in_dynamic(cache, tmp_path, model_type
         assert torch.equal(matgptq.load(out)(cache.ids).logits, matgptq.load(src, bits=mix)(cache.ids).logits)
 
 
+def test_a_tied_block_of_experts_is_one_dynamic_rule_read_back_at_its_width(cache, tmp_path):
+    """A block whose experts all take one width other than the file's gets one rule, matching the experts module
+    (the name of vLLM's fused MoE layer: tests/integrations/test_vllm_config_moe.py) and each expert's layers; our
+    reader resolves every expert layer through it to the mix's width, and the logits are the parent's at the mix."""
+    src = cache.source("qwen3_moe", "parent")
+    names = list(read_checkpoint(src).layers)
+    block = "model.layers.1.mlp.experts"
+    mix = dict.fromkeys(names, 4) | {n: 8 for n in names if n.startswith(block + ".")}
+    out = export_gptq(src, tmp_path / "x", "gptq_v2", bits_config=mix)
+    rules = json.loads((out / "quantize_config.json").read_text())["dynamic"]
+    assert rules == {f"+:^{re.escape(block)}(?:\\.\\d+\\.[^.]+)?$": {"bits": 8}}
+    assert {n: q.bits for n, q in read_gptq_checkpoint(out).layers.items()} == mix
+    with torch.no_grad():
+        assert torch.equal(matgptq.load(out)(cache.ids).logits, matgptq.load(src, bits=mix)(cache.ids).logits)
+
+
 def test_gpt_oss_expert_biases_follow_their_rows(cache, tmp_path):
     src = cache.source("gpt_oss", "parent")
     out = export_gptq(src, tmp_path / "x", "gptq_v1", bits=8)

@@ -5,12 +5,15 @@ of every file they load against the outcome; here, that the command prints it an
 from __future__ import annotations
 
 import json
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 
 from matgptq.cli import main
 from matgptq.formats import read_checkpoint
-from tests.conftest import quick_quantize
+from tests.conftest import STORIES, quick_quantize
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +93,77 @@ def test_gguf_line(sources, tmp_path, capsys):
     assert lines[-2].startswith(f"wrote {tmp_path / 'm.gguf'}")
     assert lines[-1] == ("readers: runs in llama.cpp (llama-cpp-python 0.3.36); transformers' GGUF reader (dequantized "
                          "to float)")  # fmt: skip
+
+
+def tiny_moe(path: Path, model_type: str = "qwen3_moe", hidden: int = 128) -> Path:
+    """A random `model_type` (tests/models/test_moe.py's: 4 experts, 2 blocks) of hidden size `hidden`: 128 is the
+    smallest that vLLM's GPTQ Marlin MoE path takes, the one that reads `dynamic` rules (readers._vllm_moe_bits)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.models.test_arch import SIZES
+    from tests.models.test_moe import MOE
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **(SIZES | MOE[model_type] | {"hidden_size": hidden}))
+    AutoModelForCausalLM.from_config(config).save_pretrained(path, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy2(STORIES / name, path / name)
+    return path
+
+
+def per_expert(gptq: Path, out: Path, block: int) -> Path:
+    """A copy of the GPTQ export `gptq` whose `dynamic` rule for block `block`'s experts (exporters/gptq.py: one rule
+    matching `…mlp.experts`, the name of vLLM's fused MoE layer, and each expert's layers) is replaced by one rule per
+    expert layer, which vLLM never matches against that fused name (tests/integrations/test_vllm_config_moe.py)."""
+    shutil.copytree(gptq, out)
+    config = json.loads((out / "config.json").read_text())
+    prefix = f"+:^{re.escape(f'model.layers.{block}.mlp.experts')}("
+    dynamic = config["quantization_config"]["dynamic"]
+    (rule, bits), = [(p, v) for p, v in dynamic.items() if p.startswith(prefix)]
+    names = [n for n in config_layers(out) if n.startswith(f"model.layers.{block}.mlp.experts.")]
+    dynamic = {p: v for p, v in dynamic.items() if p != rule} | {f"+:^{re.escape(n)}$": bits for n in names}
+    config["quantization_config"]["dynamic"] = dynamic
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def config_layers(gptq: Path) -> list[str]:
+    """The layers of a GPTQ export (those with a `.qweight`)."""
+    from safetensors import safe_open
+
+    with safe_open(gptq / "model.safetensors", "pt") as f:
+        return [k.removesuffix(".qweight") for k in f.keys() if k.endswith(".qweight")]
+
+
+def test_moe_mixes_name_the_fused_moe_layer_vllm_builds(tmp_path, capsys):
+    """A block's experts are one fused layer in vLLM (`model.layers.1.mlp.experts`): compressed-tensors gives it
+    expert 0's scheme, GPTQ the `dynamic` rule matching that name or the file's `bits`. Whether vLLM's config code
+    does so: tests/integrations/test_vllm_config_moe.py."""
+    parent = quick_quantize(tiny_moe(tmp_path / "fp"), tmp_path / "q", method="matgptq", bits="4,8",
+                            group_size=32)  # fmt: skip
+    names = list(read_checkpoint(parent).layers)
+    block1 = "model.layers.1.mlp.experts"
+    mixes = {"tied": dict.fromkeys(names, 4) | {n: 8 for n in names if n.startswith(block1)},
+             "split": dict.fromkeys(names, 4) | {f"{block1}.2.gate_up_proj": 8}, "all": dict.fromkeys(names, 4)}
+    lines = {}
+    for mix, widths in mixes.items():
+        (tmp_path / f"{mix}.json").write_text(json.dumps(widths))
+        for fmt in ("compressed-tensors", "gptq_v2"):
+            lines[fmt, mix] = export(capsys, parent, tmp_path / f"{fmt}-{mix}", "--format", fmt, "--bits-config",
+                                     str(tmp_path / f"{mix}.json"))  # fmt: skip
+    assert lines["compressed-tensors", "all"] == (  # one symmetric config group; matgptq.load reads no MoE CT file
+        "readers: runs in compressed-tensors 0.19; transformers 5.17; transformers 5.23 · not tested here: vLLM "
+        "(expected where it serves llm-compressor's own MoE files: the same layout)")  # fmt: skip
+    assert "vLLM 0.32 (it runs" not in lines["compressed-tensors", "tied"]
+    assert (f"vLLM 0.32 (it runs {block1}.{{2.gate_proj: 8, 2.up_proj: 8, … 10 more: 4}} as one layer, with "
+            "expert 0's scheme") in lines["compressed-tensors", "split"].split(" · not in ")[1]  # fmt: skip
+    assert "vLLM 0.32 (it runs" not in lines["gptq_v2", "tied"] and "vLLM (per-expert MoE layers)" in \
+        lines["gptq_v2", "tied"]  # its one rule for block 1's experts matches the fused layer's name
+    assert f"vLLM 0.32 (it runs {block1}.{{2.gate_proj: 8, 2.up_proj: 8, … 10 more: 4}} as one layer at 4 bits" in \
+        lines["gptq_v2", "split"]
+    from matgptq.exporters.readers import gptq_readers
+
+    rules = gptq_readers(per_expert(tmp_path / "gptq_v2-tied", tmp_path / "per-expert", 1)).line()
+    assert (f"vLLM 0.32 (it runs {block1}.{{all 12: 8}} as one layer at 4 bits, from the `dynamic` rule matching that "
+            "name itself") in rules.split(" · not in ")[1]  # fmt: skip

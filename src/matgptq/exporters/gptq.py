@@ -34,7 +34,7 @@ from ..formats import SUPPORTED_BITS, QuantizedWeight, pack_cols, pack_rows, to_
 from ..fsutil import atomic_output, copy_tokenizer_files
 from ..quantization import GPTQConfig, MethodConfig, config_from_json
 from ..formats.gptq_experts import check_moe, gptq_widths, split_biases, split_layer
-from ..models.fused import fused_groups
+from ..models.fused import fused_groups, fused_name
 from .source import quantized_source
 
 FORMATS = {"gptq_v1": "gptq", "gptq_v2": "gptq_v2"}  # CLI name -> checkpoint_format
@@ -105,14 +105,22 @@ def quantization_config(fmt: str, widths: dict[str, int], group_size: int, desc_
 
 def dynamic_rules(widths: dict[str, int], base: int, groups: list[tuple[str, ...]]) -> dict[str, dict]:
     """GPTQModel `dynamic` overrides for the layers not at `base` bits: `+:^<name>$` per layer, except that a fused
-    group (models/fused.py: q/k/v, gate/up) at one width gets one rule that also matches the name an engine gives the
-    fused layer, since vLLM matches the rules against `…self_attn.qkv_proj`: every name in the group's module but
-    the module's other layers, `+:^<module>\.(?!(?:<other>|…)$)[^.]+$`."""
+    group (models/fused.py) at one width gets one rule that also matches the name an engine gives the fused layer,
+    since vLLM matches the rules against that name: for q/k/v or gate/up, `…self_attn.qkv_proj`, so every name in the
+    group's module but the module's other layers, `+:^<module>\\.(?!(?:<other>|…)$)[^.]+$`; for a block's experts,
+    the experts module itself (vLLM's fused MoE layer) and each expert's layers, `+:^<module>(?:\\.\\d+\\.[^.]+)?$`."""
     rules, done = {}, set()
     for group in groups:
         parents = {n.rpartition(".")[0] for n in group}
         at = {widths.get(n) for n in group}
-        if len(group) < 2 or len(parents) > 1 or len(at) > 1 or None in at or base in at:
+        if len(group) < 2 or len(at) > 1 or None in at or base in at:
+            continue
+        if len(parents) > 1:  # a block's experts: <module>.<expert>.<layer>
+            module = fused_name(group)
+            if not module or not all(re.fullmatch(rf"{re.escape(module)}\.\d+\.[^.]+", n) for n in group):
+                continue
+            rules[f"+:^{re.escape(module)}(?:\\.\\d+\\.[^.]+)?$"] = {"bits": at.pop()}
+            done.update(group)
             continue
         parent = parents.pop()
         others = sorted(n.rpartition(".")[2] for n in widths if n.rpartition(".")[0] == parent and n not in group)

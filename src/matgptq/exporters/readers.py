@@ -21,9 +21,13 @@ GPTQ (docs/formats.md §2), per layer: width r (config `bits`, or a `dynamic` ov
     assert). Not tested: mixes of 4 with 2/3 bits, other group sizes (Marlin's list refuses them), act-order g_idx.
   * vLLM on GPU (not tested): routes GPTQ to Marlin, symmetric 4 and 8 bits with g in {−1, 32, 64, 128} dividing K
     only (vLLM PR #38288, issue #45051).
-Both formats: a mix that gives the layers vLLM runs as one (q/k/v, gate/up: models/fused.py) more than one width, or
-quantizes them in part, is named as one vLLM does not run, with the group: its config code gives the fused layer the
-first shard's scheme (tests/integrations/test_vllm_config.py runs that code on such files, tied and split).
+Both formats: a mix that gives the layers vLLM runs as one (q/k/v, gate/up, a block's experts: models/fused.py) more
+than one width, or quantizes them in part, is named as one vLLM does not run, with the group: its config code gives a
+fused Linear its first shard's scheme, and a block's fused MoE layer (`<block>.mlp.experts`) one scheme for all its
+experts: compressed-tensors expert 0's, refusing the file where expert 0's gate/up/down differ; GPTQ the `dynamic`
+rule matching the fused layer's own name, or the file's `bits` (per-expert rules never match it, so a GPTQ file
+whose block's experts share a width other than `bits` is named too). tests/integrations/test_vllm_config.py (dense)
+and test_vllm_config_moe.py (qwen3_moe) run that code on such files, tied and split.
 compressed-tensors (§5), per config group (bits, symmetric, group size):
   * matgptq.load reads every dense export (tests/formats/test_ct_checkpoint.py); MoE exports are refused there.
   * compressed-tensors 0.19's decompressor, and transformers 5.17 by default: every export (test_compressed_tensors.py,
@@ -41,8 +45,10 @@ compressed-tensors (§5), per config group (bits, symmetric, group size):
     0.19's decompressor, every one; transformers merges qwen3_moe's per-expert tensors into its fused experts when the
     file is one symmetric config group (zero points: a conversion error; several groups: silently wrong weights), and
     leaves mixtral's and gpt_oss' fused experts unloaded, as it leaves llm-compressor's own files
-    (tests/exporters/test_compressed_tensors_moe.py). vLLM (not tested) builds one fused MoE layer per block with the
-    scheme it finds for expert 0's gate/up/down, so a block whose experts differ in width is not expected to load.
+    (tests/exporters/test_compressed_tensors_moe.py). vLLM builds one fused MoE layer per block with the scheme of
+    expert 0's gate/up/down (its config code: test_vllm_config_moe.py; loading such a file: not tested); for mixtral
+    it looks up `…experts.0.w1` (w3, w2), which our exact-name targets do not match (llm-compressor's `Linear` target
+    matches any name), so it builds the experts unquantized: named as one vLLM does not run.
 """
 
 from __future__ import annotations
@@ -90,32 +96,82 @@ def _gptq_layers(path: Path, qc: dict) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def _fused_split(config: dict, widths: dict[str, int]) -> str | None:
-    """What vLLM makes of a file that gives the layers it runs as one (q/k/v, gate/up: models/fused.py) more than one
-    width, or quantizes them in part, naming the first such group; None when every group has one width. Its config
-    code gives the fused layer its first shard's scheme without comparing the others (tests/integrations/
-    test_vllm_config.py), so the weights then fail to load or load under the wrong width."""
-    from ..models.fused import describe, fused_groups, mixed_groups
+def _fused_split(config: dict, widths: dict[str, int], moe_bits=None) -> str | None:
+    """What vLLM makes of a file that gives the layers it runs as one (q/k/v, gate/up, a block's experts:
+    models/fused.py) more than one width, or quantizes them in part, naming the first such group; None when every
+    group has one width. `moe_bits` (GPTQ): the width vLLM gives a block's fused experts layer (`_vllm_moe_bits`),
+    which each of its experts must have. What its config code does (tests/integrations/test_vllm_config.py,
+    test_vllm_config_moe.py): a Linear takes its first shard's scheme, not comparing the others; compressed-tensors'
+    fused MoE layer takes expert 0's, refusing the file where expert 0's gate/up/down differ; the weights of the
+    others then fail to load or load under the wrong width."""
+    from ..models.fused import describe, fused_groups, fused_name
 
-    mixed = mixed_groups(fused_groups(config, widths), widths)
-    if not mixed:
+    found = []  # (group, whether vLLM's width for its fused layer is `moe_bits`', and that width)
+    for group in fused_groups(config, widths):
+        got = {n: widths.get(n) for n in group}
+        if moe_bits is not None and len(group) > 1 and _EXPERT.search(group[0]):
+            if set(got.values()) != {at := moe_bits(fused_name(group), group)}:
+                found.append((got, True, at))
+        elif len(set(got.values())) > 1:
+            found.append((got, False, None))
+    if not found:
         return None
-    n = len(mixed) - 1
+    (got, ruled, at), n = found[0], len(found) - 1
     more = f" ({n} more such group{'s' if n > 1 else ''})" if n else ""
-    return (f"vLLM 0.32 (it runs {describe(mixed[0])} as one layer{more}, with its first shard's scheme: the load "
-            "fails or reads the others at the wrong width; give each such group one width)")  # fmt: skip
+    layer, fix = fused_name(got), "give each such group one width"
+    if ruled:
+        return (f"vLLM 0.32 (it runs {describe(got)} as one layer{more} {f'at {at} bits' if at else 'unquantized'}, "
+                "from the `dynamic` rule matching that name itself, else the file's `bits`: the load fails or reads "
+                "the experts at the wrong width; give the experts the file's base width, or use --format "
+                "compressed-tensors)")  # fmt: skip
+    if not _CT_EXPERT.search(next(iter(got))):
+        how = "with its first shard's scheme"
+    elif len({w for m, w in got.items() if m.startswith(f"{layer}.0.")}) > 1:
+        return (f"vLLM 0.32 (it runs {describe(got)} as one layer{more} and refuses it, expert 0's projections "
+                f'differing: "All MoE projections need to have same quantization scheme"; {fix})')  # fmt: skip
+    else:
+        how = "with expert 0's scheme"
+    return (f"vLLM 0.32 (it runs {describe(got)} as one layer{more}, {how}: the load fails or reads the others at the "
+            f"wrong width; {fix})")  # fmt: skip
+
+
+def _vllm_moe_bits(qc: dict, layers: dict[str, tuple[int, int, int]]):
+    """(fused MoE layer, its per-expert layers) -> the width vLLM 0.32 gives that layer in a GPTQ file (auto_gptq.py
+    `get_quant_method`; None: not quantized): where its Marlin MoE kernel takes the experts' shape (hidden size a
+    multiple of 128, group size -1/32/64/128 dividing the intermediate size), that of the first `dynamic` rule
+    matching the layer's own name (`override_config`), else the file's `bits`; otherwise (its MoeWNA16 fallback) the
+    file's `bits`, whatever the rules say (tests/integrations/test_vllm_config_moe.py). `layers`: {layer: (bits, N,
+    K)}."""
+    base, g, rules = int(qc["bits"]), int(qc["group_size"]), qc.get("dynamic") or {}
+
+    def bits(layer: str, group: tuple[str, ...]) -> int | None:
+        first = next(n for n in group if n in layers)  # an expert's gate_proj (or down_proj: N and K swapped)
+        _, inter, hidden = layers[first]
+        inter, hidden = (hidden, inter) if first.endswith("down_proj") else (inter, hidden)
+        if hidden % 128 or g not in VLLM_GROUP_SIZES or (g > 0 and inter % g):
+            return base
+        for pattern, over in rules.items():
+            if pattern.startswith("-:") and re.match(pattern[2:], layer):
+                return None
+            if not pattern.startswith("-:") and re.match(pattern.removeprefix("+:"), layer):
+                return int(over.get("bits", base))
+        return base
+
+    return bits
 
 
 def gptq_readers(path: str | Path) -> Readers:
     """The readers line of a GPTQ export directory (module docstring)."""
     path = Path(path)
-    qc = json.loads((path / "config.json").read_text())["quantization_config"]
+    config = json.loads((path / "config.json").read_text())
+    qc = config["quantization_config"]
     layers, g = _gptq_layers(path, qc), int(qc["group_size"])
     widths = sorted({b for b, _, _ in layers.values()})
     runs, fails = ["matgptq.load", "GPTQModel 7.6 (torch kernel)"], []
     if any(_EXPERT.search(n) for n in layers):  # per-expert MoE layers (formats/gptq_experts.py)
         fails.append("transformers + optimum (it keeps the experts fused and leaves them unloaded)")
-        return Readers(runs, fails, ["vLLM (per-expert MoE layers)"])
+        split = _fused_split(config, {n: b for n, (b, _, _) in layers.items()}, _vllm_moe_bits(qc, layers))
+        return Readers(runs, [*fails, split]) if split else Readers(runs, fails, ["vLLM (per-expert MoE layers)"])
     if qc.get("dynamic"):
         fails.append(f"transformers + optimum (it ignores `dynamic` and would run every layer at {qc['bits']} bits)")
     else:
@@ -127,7 +183,6 @@ def gptq_readers(path: str | Path) -> Readers:
                          f"group size == 0; {name} is {n}×{k}, group size {g})")  # fmt: skip
         else:
             runs.append("transformers + optimum")
-    config = json.loads((path / "config.json").read_text())
     if (split := _fused_split(config, {n: b for n, (b, _, _) in layers.items()})) is not None:
         return Readers(runs, [*fails, split])
     whole = g <= 0 or all(k % g == 0 for _, _, k in layers.values())
@@ -179,8 +234,9 @@ def _vllm_cpu_gptq(qc: dict, layers: dict[str, tuple[int, int, int]], g: int) ->
 
 
 _VLLM_MOE = "vLLM (expected where it serves llm-compressor's own MoE files: the same layout)"
-_VLLM_MIXED = ("vLLM (not expected to run it: its fused MoE layer takes one scheme for a block's experts, this file "
-               "has several)")
+# vLLM 0.32's names for expert 0's gate, up and down where they are not gate_proj/up_proj/down_proj (mixtral.py's
+# RoutedExperts): the names its compressed-tensors config looks up, which our exact-name targets never are.
+_VLLM_EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2")}
 
 
 def _moe_blocks(qc: dict) -> dict[str, set[str]]:
@@ -200,14 +256,24 @@ def ct_readers(path: str | Path) -> Readers:
     schemes = [group["weights"] for group in qc["config_groups"].values()]
     asym = any(not w["symmetric"] for w in schemes)
     blocks, model_type = _moe_blocks(qc), config.get("model_type")
-    if blocks and (model_type != "qwen3_moe" or asym or len(schemes) > 1):  # experts transformers does not merge
-        why = (f"it leaves the fused experts of {model_type} unloaded, as it leaves llm-compressor's own files"
-               if model_type != "qwen3_moe" else "it merges per-expert tensors into fused experts for one symmetric "
-               "config group only: zero points fail its conversion, several groups load wrong weights")  # fmt: skip
-        vllm = _VLLM_MIXED if any(len(g) > 1 for g in blocks.values()) else _VLLM_MOE
-        return Readers(["compressed-tensors 0.19"], [f"transformers ({why})"], [vllm])
     widths = {t: g["weights"]["num_bits"] for g in qc["config_groups"].values() for t in g["targets"]}
     split = _fused_split(config, widths)
+    if blocks:  # per-expert Linears (ct_experts.py), which matgptq.load does not read
+        runs, fails = ["compressed-tensors 0.19"], []
+        if model_type != "qwen3_moe" or asym or len(schemes) > 1:  # experts transformers does not merge
+            why = (f"it leaves the fused experts of {model_type} unloaded, as it leaves llm-compressor's own files"
+                   if model_type != "qwen3_moe" else "it merges per-expert tensors into fused experts for one "
+                   "symmetric config group only: zero points fail its conversion, several groups load wrong "
+                   "weights")  # fmt: skip
+            fails.append(f"transformers ({why})")
+        else:
+            runs += ["transformers 5.17", "transformers 5.23"]
+        if model_type in _VLLM_EXPERT_NAMES:  # tests/integrations/test_vllm_config_moe.py
+            w = ", ".join(_VLLM_EXPERT_NAMES[model_type])
+            split = (f"vLLM 0.32 (it looks up the scheme of {next(iter(blocks))}.0.{{{w}}}, names that this file's "
+                     "targets, gate_proj, up_proj and down_proj, do not match, and builds each block's fused experts "
+                     "unquantized)")  # fmt: skip
+        return Readers(runs, [*fails, split]) if split else Readers(runs, fails, [_VLLM_MOE])
     runs, fails = ["matgptq.load", "compressed-tensors 0.19", "transformers 5.17"], []
     if not asym:
         runs.append("transformers 5.23")

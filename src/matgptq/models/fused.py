@@ -13,10 +13,18 @@ memory) and run once on a meta input, so no architecture is written out here:
 
 Fused experts modules return zeros during the trace: their routing is data-dependent, which the meta device cannot
 compute, and their group does not depend on it.
+
+Exported files spell an experts module's layers their own way (exporters/ct_experts.py, formats/gptq_experts.py):
+each expert's `gate_up_proj` as its two row halves `gate_proj` and `up_proj`, and mixtral's compressed-tensors files
+put the block under `block_sparse_moe` (models/experts.py FILE_LAYOUTS). `fused_groups` reads names in whichever of
+these spellings most of them use, and gives the groups in it: a file's experts module is the one group vLLM runs as
+one fused MoE layer, `<block>.mlp.experts` (tests/integrations/test_vllm_config_moe.py).
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 
@@ -114,22 +122,47 @@ def meta_model(config) -> nn.Module:
         return AutoModelForCausalLM.from_config(config)
 
 
+_GATE_UP = re.compile(r"^(.*\.experts\.\d+)\.gate_up_proj$")
+
+
+def _halves(layer: str) -> tuple[str, ...]:
+    """An expert's `gate_up_proj` as exported files write it, `gate_proj` and `up_proj`; any other layer itself."""
+    m = _GATE_UP.match(layer)
+    return (layer,) if m is None else (f"{m.group(1)}.gate_proj", f"{m.group(1)}.up_proj")
+
+
+def _sparse_moe(layer: str) -> tuple[str, ...]:
+    """`_halves`, an experts module under `mlp` put under `block_sparse_moe` (mixtral's files)."""
+    return tuple(re.sub(r"^mlp\.(?=experts\.)", "block_sparse_moe.", n) for n in _halves(layer))
+
+
+SPELLINGS = (lambda layer: (layer,), _halves, _sparse_moe)  # block-relative layer -> its names in a file (docstring)
+
+
 def fused_groups(config, names: Iterable[str]) -> list[tuple[str, ...]]:
     """The quantized layers `names` (full module names) grouped as an engine fuses them; a name outside the decoder
-    blocks' layers is a group of its own. Groups keep the order of `names`' first members. `config`: a transformers
-    config, or a checkpoint's config.json as a dict (its quantization_config is not read)."""
+    blocks' layers is a group of its own. Groups keep the order of `names`' first members, and are spelled as most of
+    `names` are (the model's layers, or an exported file's: module docstring). `config`: a transformers config, or a
+    checkpoint's config.json as a dict (its quantization_config is not read)."""
     if isinstance(config, dict):
         from transformers import AutoConfig
 
         config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "quantization_config"})
     model = meta_model(config)
     spec = arch_spec(model)
-    relative = {n: group for group in block_groups(model) for n in group}
-    out: dict[tuple[str, ...], None] = {}  # insertion-ordered
+    names = list(names)
+    where = []  # (name, block index, block-relative layer) or (name, None, None) outside the blocks
     for name in names:
         head, _, rest = name.partition(f"{spec.blocks}.")
         index, _, layer = rest.partition(".")
-        group = relative.get(layer) if not head and index.isdigit() else None
+        where.append((name, index, layer) if not head and index.isdigit() else (name, None, None))
+    groups = block_groups(model)
+    spelled = [{n: g for g in (tuple(m for layer in group for m in spell(layer)) for group in groups) for n in g}
+               for spell in SPELLINGS]  # fmt: skip
+    relative = max(spelled, key=lambda r: sum(layer in r for _, _, layer in where))  # ties: the model's own names
+    out: dict[tuple[str, ...], None] = {}  # insertion-ordered
+    for name, index, layer in where:
+        group = relative.get(layer)
         out[(name,) if group is None else tuple(f"{spec.blocks}.{index}.{n}" for n in group)] = None
     return list(out)
 
@@ -145,12 +178,35 @@ def mixed_groups(groups: Iterable[tuple[str, ...]], widths: Mapping[str, int | N
     return mixed
 
 
+def fused_name(group: Iterable[str]) -> str:
+    """The module the group's layers share (`model.layers.3.self_attn`, `model.layers.3.mlp.experts`: the name of the
+    fused MoE layer vLLM builds), or "" where they share none."""
+    split = [n.split(".")[:-1] for n in group]
+    common = []
+    for parts in zip(*split):
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
+    return ".".join(common)
+
+
 def describe(group: Mapping[str, int | None]) -> str:
-    """`model.layers.3.self_attn.{q_proj: 3, k_proj: 4, v_proj: 4}`: one mixed group in a line's words."""
-    names = list(group)
-    prefix = names[0].rpartition(".")[0] if len({n.rpartition(".")[0] for n in names}) == 1 else ""
-    parts = [f"{n.removeprefix(prefix + '.') if prefix else n}: {w if w is not None else 'float'}"
-             for n, w in group.items()]  # fmt: skip
-    if len(parts) > 4:
-        parts = parts[:3] + [f"… {len(parts) - 3} more"]
+    """`model.layers.3.self_attn.{q_proj: 3, k_proj: 4, v_proj: 4}`: one mixed group in a line's words. A group of
+    more than 4 layers (a block's experts) names the layers off its most common width, then how many more are at it:
+    `model.layers.1.mlp.experts.{2.gate_proj: 8, 2.up_proj: 8, … 10 more: 4}`, or `…experts.{all 12: 8}`."""
+    prefix = fused_name(group)
+
+    def part(n: str, w: int | None) -> str:
+        return f"{n.removeprefix(prefix + '.') if prefix else n}: {w if w is not None else 'float'}"
+
+    parts = [part(n, w) for n, w in group.items()]
+    if len(parts) > 4 and len(set(group.values())) == 1:
+        w = next(iter(group.values()))
+        parts = [f"all {len(parts)}: {w if w is not None else 'float'}"]
+    elif len(parts) > 4:
+        common = Counter(group.values()).most_common(1)[0][0]
+        shown = [n for n, w in group.items() if w != common][:3]
+        rest = {w for n, w in group.items() if n not in shown}
+        at = f": {w if (w := rest.pop()) is not None else 'float'}" if len(rest) == 1 else ""
+        parts = [part(n, group[n]) for n in shown] + [f"… {len(group) - len(shown)} more{at}"]
     return f"{prefix}.{{{', '.join(parts)}}}" if prefix else "{" + ", ".join(parts) + "}"
