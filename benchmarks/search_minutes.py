@@ -156,7 +156,7 @@ def add_slow(parent: Path, work: Path, seed: int, run: dict, minutes: float) -> 
     """The slow one-shot allocations of one seed (the docstring's `slow`), scored into `run` beside the timed search's."""
     recipe = list(RECIPE)
     recipe[recipe.index("--generations") + 1] = "0"  # the tables and their knapsack mixes, no evolution
-    done = search_child(parent, work, seed, [*recipe, "--baselines", "additive,noise"], f"seed-{seed}-slow")
+    done = search_child(parent, work, seed, [*recipe, "--baselines", "additive,noise", "--no-tie"], f"seed-{seed}-slow")
     usage, bodies = done["usage"], done["bodies"]
     named = {b: {k: bodies[b]["baseline_bits"][k] for k in ("additive", "noise")} for b in BUDGETS}
     searched = {b: json.loads((work / f"seed-{seed}" / f"mix-{b}.json").read_text())["summary"] for b in BUDGETS}

@@ -59,7 +59,8 @@ POOL = ("--calib-tokens", "2040", "--stages", "255:2,510:1", "--offspring", "8")
 RECIPE = (*POOL, "--generations", "100")
 # the record's table: 2 and 3 on --sensitivity-tokens, 4 and 5 on twice as many, 6 and 7 extrapolated from 5
 TABLE = ("--sensitivity-wide", "4:510", "--sensitivity-top", "5")
-SLOW = (*POOL, "--sensitivity-tokens", "510", "--baselines", "noise", "--generations", "0", "--refine-steps", "0")
+SLOW = (*POOL, "--sensitivity-tokens", "510", "--baselines", "noise", "--generations", "0", "--refine-steps", "0",
+        "--no-tie")  # noise probes layers alone
 ONE_SHOT = ("uniform", "additive", "additive 510", "probe", "noise", "error", "gradient", "random")
 KINDS = (*ONE_SHOT, "evolved", "written", "uniform draws")
 TIMES = ("teacher_seconds", "tables_seconds", "search_seconds", "seconds")

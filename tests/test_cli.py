@@ -67,6 +67,23 @@ def test_bad_width_mixes(tmp_path, capsys, extra, mix, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_mix_that_splits_a_fused_group_says_vllm_cannot_load_it(tmp_path, capsys):
+    """quantize --bits-config names the first group vLLM runs as one layer (models/fused.py) given two widths; a mix
+    with one width per group says so."""
+    split = {"*": 4, "model.layers.1.self_attn.k_proj": 3}
+    tied = {"*": 4, **{f"model.layers.1.self_attn.{p}_proj": 3 for p in "qkv"}}
+    for name, mix in (("split", split), ("tied", tied)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(mix))
+        args = ["quantize", str(STORIES), "--out", str(tmp_path / name), "--calib", str(TINYSTORIES), "--nsamples",
+                "2", "--seqlen", "32", "--quiet", "--method", "rtn", "--bits-config", str(tmp_path / f"{name}.json")]
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        if name == "split":
+            assert "note: model.layers.1.self_attn.{q_proj: 4, k_proj: 3, v_proj: 4} give layers vLLM runs" in out
+        else:
+            assert "has one width" in out and "note:" not in out
+
+
 def test_missing_model_and_calibration(tmp_path, capsys):
     assert "no model found" in run_error(quantize_args(tmp_path, tmp_path / "nope"), capsys)
     assert "not found" in run_error(quantize_args(tmp_path, STORIES, tmp_path / "nope.txt"), capsys)

@@ -28,7 +28,7 @@ def test_auto_scores_the_tables_in_float32_without_a_time_limit(stories_parent, 
     from tests.allocation.test_cli import search
 
     monkeypatch.setattr(module, "native_bfloat16", lambda device: True)  # auto picks bfloat16 on any CPU
-    args = ("--budget", "3.0", "--generations", "0", "--baselines", "noise")
+    args = ("--budget", "3.0", "--generations", "0", "--baselines", "noise", "--no-tie")
 
     def run(name, *extra):
         assert main(search(stories_parent, tmp_path / name, *args, *extra)) == 0

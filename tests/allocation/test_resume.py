@@ -78,7 +78,7 @@ def test_resume_reads_the_tables_back_instead_of_scoring_them(stories_parent, tm
     writes; searched again with other generation sizes (its state deleted, as the refusal advises), none either. A
     budget added with another floor width and another baseline scores only what the run before lacks: the gradient
     table of that floor and the new baseline's; its one-shot mixes are those of a fresh run."""
-    args = ["--budget", "3.0", "--baselines", "uniform,error,gradient"]
+    args = ["--budget", "3.0", "--baselines", "uniform,error,gradient", "--no-tie"]  # untied: noise joins below
     assert main(search(stories_parent, tmp_path / "whole", *args, "--generations", "3")) == 0
     out = tmp_path / "resumed"
     assert main(search(stories_parent, out, *args)) == 0  # QUICK's 2 generations
@@ -94,7 +94,7 @@ def test_resume_reads_the_tables_back_instead_of_scoring_them(stories_parent, tm
     (out / ".state-3.0.json").unlink()  # as the refusal of a state made with other settings advises
     assert main(search(stories_parent, out, *args, "--offspring", "6", "--resume")) == 0  # other generation sizes
     assert scored == [] and mix(out)["summary"]["tables_reused"] is True
-    more = ["--budget", "6.0", "--baselines", "uniform,error,gradient,noise"]  # 6.0's floor is 4, 3.0's 2
+    more = ["--budget", "6.0", "--baselines", "uniform,error,gradient,noise", "--no-tie"]  # 6.0's floor is 4, 3.0's 2
     assert main(search(stories_parent, out, *more, "--resume")) == 0
     assert sorted(scored) == ["first_order_table 4", "noise_table"]
     assert mix(out, "6.0")["summary"]["tables_reused"] is False

@@ -94,8 +94,11 @@ def noise(weight: torch.Tensor, rho: float, seed: int) -> torch.Tensor:
 
 def noise_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], seed: int = 0,
                 progress: bool = False) -> list[list[float]]:  # fmt: skip
-    """v_l(r) of NOISE (module docstring) for every layer of `fitness.names`."""
-    top = tuple(levels[-1] for _ in fitness.names)
+    """v_l(r) of NOISE (module docstring) for every layer of `fitness.names` (untied units only: a tied unit would
+    need its noise shared among its layers)."""
+    if fitness.units.tied:
+        raise ValueError("the noise table is made layer by layer; it has no tied form")
+    top = fitness.uniform(levels[-1])
     cache = fitness.prefix_cache(top, windows)
     base = fitness.kl(top, windows, cache)
     rfn = [[math.sqrt(t) for t in row] for row in relative_errors(fitness, levels)]
@@ -114,7 +117,7 @@ def noise_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, .
 def input_importance(fitness: Fitness, top: int, windows: tuple[int, ...]) -> list[torch.Tensor]:
     """Per layer of `fitness.names`: the mean square of each input column over the windows' tokens, every layer at
     width `top` (llama.cpp's imatrix)."""
-    fitness.apply(tuple(top for _ in fitness.names))
+    fitness.apply(fitness.uniform(top))
     sums: list[torch.Tensor | None] = [None] * len(fitness.names)
     counts = [0] * len(fitness.names)
 
@@ -139,7 +142,7 @@ def input_importance(fitness: Fitness, top: int, windows: tuple[int, ...]) -> li
 
 
 def error_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...]) -> list[list[float]]:
-    """v_l(r) of ERROR (module docstring) for every layer of `fitness.names`."""
+    """v_l(r) of ERROR (module docstring) for every unit of `fitness.units` (its layers' errors added)."""
     layers = fitness.model.matgptq.layers
     table = []
     for name, imatrix in zip(fitness.names, input_importance(fitness, levels[-1], windows)):
@@ -147,7 +150,7 @@ def error_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, .
         imatrix = imatrix.to(top.device)
         table.append([float(((layers[name].slice(r).dequantize(torch.float64) - top).square() * imatrix).sum())
                       for r in levels])  # fmt: skip
-    return table
+    return fitness.units.sum_rows(table)
 
 
 class Filled(NamedTuple):

@@ -18,6 +18,8 @@ K-quant lattice, ...) or the Q8_0/float fallback, from gguf-py's block sizes (fo
 tensor_bits; tests compare it with the tensors gguf-py reads back). It depends on the parent's scales, not only on
 the shape, so it is computed from the checkpoint, once per layer and level.
 
+A tied search's unit (units.py: a group of layers an engine runs as one) costs its layers' sum, `GroupSize`.
+
 The average over a mix is Σ_l X_l(r_l) / Σ_l N_l·K_l, "bits per quantized weight"; unquantized tensors (embeddings,
 norms, head) are not counted, as in the paper.
 
@@ -77,6 +79,21 @@ class LayerSize:
         return codes + self.rows * self.groups * (SCALE_BITS + ZERO_BITS) + index
 
 
+@dataclass(frozen=True)
+class GroupSize:
+    """Layers that take one width together (a tied unit, units.py): each count the sum of its layers'."""
+
+    name: str
+    parts: tuple[LayerSize, ...]
+
+    @property
+    def weights(self) -> int:
+        return sum(p.weights for p in self.parts)
+
+    def bits(self, width: int, kind: BudgetKind) -> int:
+        return sum(p.bits(width, kind) for p in self.parts)
+
+
 def parse_budget(value: str | float | Fraction) -> Fraction:
     """The budget as an exact fraction of the decimal given ("2.5" → 5/2)."""
     try:
@@ -92,7 +109,7 @@ def parse_budget(value: str | float | Fraction) -> Fraction:
 class CostModel:
     """The layers of a parent (in a fixed order) and the widths each may take."""
 
-    layers: tuple[LayerSize, ...]
+    layers: tuple[LayerSize | GroupSize, ...]  # one per unit of the mix (a tied search's units: `grouped`)
     levels: tuple[int, ...]  # sorted, distinct
 
     def __post_init__(self) -> None:
@@ -116,6 +133,15 @@ class CostModel:
                                     "--levels")  # fmt: skip
             sizes.append(LayerSize(n, q.shape[0], q.shape[1], q.scales.shape[1], q.perm is not None, u))
         return cls(tuple(sizes), levels)
+
+    def grouped(self, units) -> "CostModel":
+        """The cost model of a mix of one width per unit of `units` (units.Units of this model's layers): a unit of
+        several layers one GroupSize, named by its label."""
+        if units.layers != self.names:
+            raise ValueError("the units are not of this cost model's layers")
+        sizes = tuple(self.layers[unit[0]] if len(unit) == 1 else GroupSize(name, tuple(self.layers[i] for i in unit))
+                      for name, unit in zip(units.names, units.members))  # fmt: skip
+        return CostModel(sizes, self.levels)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -34,8 +34,9 @@ from torch import nn
 from ..evaluation.teacher import CHUNK_ELEMENTS, Teacher, body_and_head
 from ..models import arch_spec, get_blocks, weight_swapped
 from ..runtime import set_bits
+from .units import Units
 
-Mix = tuple[int, ...]  # one width per layer, in the parent's layer order
+Mix = tuple[int, ...]  # one width per unit (units.py: each layer, or each tied group), in the parent's layer order
 VOCAB_CHUNK = 8192  # head rows per float64 copy when accumulating g = pᵀW (bounded memory for any vocabulary)
 
 
@@ -81,15 +82,20 @@ class PrefixCache:
 
 
 class Fitness:
-    """Scores mixes of a loaded parent (`matgptq.load`) against a teacher built on `windows` [n, L]."""
+    """Scores mixes of a loaded parent (`matgptq.load`) against a teacher built on `windows` [n, L]. `names`: the
+    quantized layers; a mix gives one width to each of `units` (units.py; default: each layer alone)."""
 
     def __init__(self, model, teacher: Teacher, windows: torch.Tensor, names: tuple[str, ...], batch_size: int = 8,
-                 cache_limit: int = 1 << 30, compute_dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
+                 cache_limit: int = 1 << 30, compute_dtype: torch.dtype = torch.float32,
+                 units: Units | None = None) -> None:  # fmt: skip
         if compute_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"candidates are scored in float32 or bfloat16, not {compute_dtype}")
         if tuple(teacher.windows_shape) != tuple(windows.shape):
             raise ValueError("the teacher was built on other windows")
         self.model, self.teacher, self.windows, self.names = model, teacher, windows, tuple(names)
+        self.units = Units.each(self.names) if units is None else units
+        if self.units.layers != self.names:
+            raise ValueError("the units are not of these layers")
         self.batch_size, self.cache_limit, self.compute_dtype = batch_size, cache_limit, compute_dtype
         self.body, self.head = body_and_head(model)
         self.device = self.head.weight.device  # windows go where the model is (search --device)
@@ -103,14 +109,19 @@ class Fitness:
         self.spec = spec = arch_spec(model)
         self.blocks = get_blocks(model, spec)
         prefix = spec.blocks + "."
-        self.block_of = tuple(int(n[len(prefix):].split(".")[0]) if n.startswith(prefix) else 0 for n in self.names)
+        self.layer_block = tuple(int(n[len(prefix):].split(".")[0]) if n.startswith(prefix) else 0 for n in self.names)
+        self.block_of = tuple(min(self.layer_block[i] for i in unit) for unit in self.units.members)  # per unit
         self.evaluations = 0  # candidate scorings so far
         self.tokens = 0  # predicted positions scored so far
         self._terms: dict[int, WindowTerms] = {}  # per calibration window, within cache_limit bytes
         self._terms_bytes = 0
 
     def apply(self, mix: Mix) -> None:
-        set_bits(self.model, dict(zip(self.names, mix)))
+        set_bits(self.model, self.units.widths(mix))
+
+    def uniform(self, width: int) -> Mix:
+        """Every unit at `width`."""
+        return tuple(width for _ in self.units.members)
 
     def first_changed_block(self, a: Mix, b: Mix) -> int:
         changed = [self.block_of[i] for i, (x, y) in enumerate(zip(a, b)) if x != y]
@@ -150,9 +161,9 @@ class Fitness:
     @torch.no_grad()
     def window_kls(self, mix: Mix, windows: tuple[int, ...], cache: PrefixCache | None = None,
                    replaced: tuple[int, torch.Tensor] | None = None) -> list[float]:  # fmt: skip
-        """F(mix; {w}) for each window w of `windows`, from one pass over them all. `replaced` = (layer index, weight
-        as [out, in]): that layer computes with this weight instead of its slice, for this scoring only (noise
-        probes, allocators.py); the prefix cache then replays only the blocks before the layer's block."""
+        """F(mix; {w}) for each window w of `windows`, from one pass over them all. `replaced` = (layer index in
+        `names`, weight as [out, in]): that layer computes with this weight instead of its slice, for this scoring
+        only (noise probes, allocators.py); the prefix cache then replays only the blocks before the layer's block."""
         self.apply(mix)
         skip = until = 0  # replay blocks < skip from the cache; record blocks skip..until−1 into it
         if cache is not None:
@@ -160,7 +171,7 @@ class Fitness:
                 raise ValueError("the prefix cache was built on other windows")
             if cache.outputs is not None and cache.dtype == self.compute_dtype:
                 first = self.first_changed_block(cache.mix, tuple(mix))
-                first = first if replaced is None else min(first, self.block_of[replaced[0]])
+                first = first if replaced is None else min(first, self.layer_block[replaced[0]])
                 skip = min(first, len(cache.outputs[0]))
                 until = max(first, skip)
         if replaced is None:

@@ -129,8 +129,9 @@ class _BlockPass:
 @torch.no_grad()
 def first_order_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
                       floor: int) -> list[list[float | None]]:  # fmt: skip
-    """v[l][i] = F(u) + ⟨∂F/∂W_l, W_l(levels[i]) − W_l(u)⟩ at the uniform mix u = `floor` (None below it)."""
-    fitness.apply(tuple(floor for _ in fitness.names))
+    """v[l][i] = F(u) + ⟨∂F/∂W_l, W_l(levels[i]) − W_l(u)⟩ at the uniform mix u = `floor` (None below it), for
+    every unit l of `fitness.units` (a unit's layers' terms added: units.py)."""
+    fitness.apply(fitness.uniform(floor))
     layers, above = fitness.model.matgptq.layers, [r for r in levels if r > floor]
     moved = [[0.0] * len(above) for _ in fitness.names]  # Σ over positions of ⟨g xᵀ, W_l(r) − W_l(u)⟩
 
@@ -162,7 +163,8 @@ def first_order_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[
     # a layer no token reached (an expert the router never chose) has no gradient: it moves F by nothing
     table = [[None if r < floor else base if r == floor else base + moved[i][above.index(r)] / count for r in levels]
              for i in range(len(fitness.names))]  # fmt: skip
-    return from_rank0(table)  # under torchrun every rank runs the pass; all allocate from rank 0's table
+    # under torchrun every rank runs the pass; all allocate from rank 0's table
+    return from_rank0(fitness.units.sum_rows(table, base))
 
 
 def floor_mix(cost_model: CostModel, table: list[list[float | None]], budget, kind: BudgetKind, floor: int) -> Mix:

@@ -82,6 +82,9 @@ class SearchRequest:
     progress: bool = True
     device: str = "auto"  # where the candidates are scored (execution/devices.py)
     score_dtype: ScoreDtype = ScoreDtype.AUTO
+    # one width per group an engine runs as one layer (q/k/v, gate/up, a block's experts: units.py), so that vLLM can
+    # load the mix; False: every layer chooses alone
+    tie: bool = True
     plot: bool = False  # also draw each mix file's widths against their sensitivities (plot.py) as mix-<budget>.png
     # wall-clock minutes for the whole run (run_search's docstring); None: every budget runs all its generations
     time_limit: float | None = None
@@ -116,6 +119,8 @@ def check_request(req: SearchRequest) -> None:
                             "be ≥ 1")  # fmt: skip
     if req.time_limit is not None and not req.time_limit > 0:
         raise UserError(f"--time-limit takes a positive number of minutes, got {req.time_limit:g}")
+    if req.tie and Allocator.NOISE in req.baselines:
+        raise UserError("--baselines noise probes each layer alone and has no tied form; drop it or pass --no-tie")
     if req.plot:
         require_matplotlib()
     if not is_checkpoint(req.parent):

@@ -35,6 +35,7 @@ from ..execution import init_from_env, resolve_device
 from ..formats import read_checkpoint
 from ..fsutil import atomic_output, check_output
 from ..models import eval_windows, file_sha256, load_tokenizer, read_text, require_model_dir, resolve_model, tokenize
+from ..models.fused import fused_groups
 from ..runtime import load
 from .allocators import Allocator, baseline_mixes, lacking, raise_floors, tables
 from .budget import BudgetKind, CostModel, parse_budget
@@ -48,6 +49,7 @@ from .resume import finished_row, read_tables, tables_path, tables_settings, wri
 from .sensitivity import Sensitivity, Wide
 from .spread import from_rank0, is_writer
 from .timing import REPORT_MIXES, Clock, report_guess, tables_deadline, text_windows
+from .units import Units
 
 MIX_FORMAT = "matgptq-mix"
 
@@ -129,7 +131,7 @@ def _settings(req: SearchRequest, ckpt, levels, budget: Fraction, calib_windows:
                 **({} if req.sensitivity_wide is None else {"sensitivity_wide": list(req.sensitivity_wide)}),
                 "score_dtype": str(score_dtype).removeprefix("torch."), **_table_setting(req, score_dtype),
                 "budget": str(budget), "budget_kind": req.kind.value, "levels": list(levels), **req.evo.settings(),
-                "refine_steps": req.refine.steps, "refine_groups": req.refine.groups,
+                "refine_steps": req.refine.steps, "refine_groups": req.refine.groups, "tie": req.tie,
                 **({"reference": str(reference.resolve())} if req.reference is not None else {})}  # fmt: skip
     return json.loads(json.dumps(settings))
 
@@ -141,9 +143,17 @@ def _table_setting(req: SearchRequest, score_dtype: torch.dtype) -> dict:
     return {} if table == score_dtype else {"table_dtype": str(table).removeprefix("torch.")}
 
 
-def _budgets(req: SearchRequest, ckpt) -> tuple[tuple[int, ...], CostModel, list[tuple[str, Fraction]]]:
-    """(levels, cost model, [(label, budget)]) of the request, every budget checked against the parent and every
-    output checked writable, before any model is loaded."""
+def _units(req: SearchRequest, ckpt) -> Units:
+    """The search's units (units.py): with --tie, the groups an engine fuses (models/fused.py, from the parent's
+    config), else every layer alone."""
+    names = tuple(ckpt.layers)
+    return Units.grouped(names, fused_groups(ckpt.config, names)) if req.tie else Units.each(names)
+
+
+def _budgets(req: SearchRequest, ckpt,
+             units: Units) -> tuple[tuple[int, ...], CostModel, list[tuple[str, Fraction]]]:  # fmt: skip
+    """(levels, cost model of `units`, [(label, budget)]) of the request, every budget checked against the parent and
+    every output checked writable, before any model is loaded."""
     levels = _levels(ckpt, req.levels)
     named = [(req.sensitivity_top, f"--sensitivity-top {req.sensitivity_top}")]  # the options that name a level
     if (wide := req.sensitivity_wide) is not None:
@@ -152,7 +162,7 @@ def _budgets(req: SearchRequest, ckpt) -> tuple[tuple[int, ...], CostModel, list
         if level is not None and level not in levels[:-1]:
             raise UserError(f"{said} is not a level below the top one; this search's levels are "
                             f"{', '.join(map(str, levels))}")  # fmt: skip
-    cost_model = CostModel.from_checkpoint(ckpt, levels, gguf=req.kind is BudgetKind.GGUF)
+    cost_model = CostModel.from_checkpoint(ckpt, levels, gguf=req.kind is BudgetKind.GGUF).grouped(units)
     budgets = [(label, parse_budget(label)) for label in req.budgets]
     for _, b in budgets:
         cost_model.check_budget(b, req.kind)
@@ -224,10 +234,12 @@ def _search_budget(req: SearchRequest, budget: tuple[str, Fraction], levels, cos
                search_seconds=round(seconds - clock.tables, 1), report_seconds=round(report_seconds, 1),
                report_guess_seconds=round(guess, 1),
                **{f"refine_{k}": state.refine.get(k, 0) for k in ("steps", "accepted", "seconds")},
-               sensitivity_levels=list(filled[_own(req)].measured))  # fmt: skip
-    sensitivity = {name: dict(zip(map(str, levels), values))
-                   for name, values in zip(cost_model.names, filled[_own(req)][0])}  # fmt: skip
-    _write_mix(req, label, row, cost_model, state, mixes, mix, settings, sensitivity)
+               sensitivity_levels=list(filled[_own(req)].measured),
+               tied_groups=sum(len(unit) > 1 for unit in fitness.units.members))  # fmt: skip
+    units = fitness.units
+    sensitivity = {units.layers[i]: dict(zip(map(str, levels), values))
+                   for unit, values in zip(units.members, filled[_own(req)][0]) for i in unit}  # fmt: skip
+    _write_mix(req, label, row, units, state, mixes, mix, settings, sensitivity)
     if req.plot and is_writer():
         plot_mix(mix_path(req.out, label), mix_path(req.out, label).with_suffix(".png"))
     return row
@@ -248,7 +260,8 @@ def run_search(req: SearchRequest) -> list[dict]:
     if not is_writer():
         req = replace(req, progress=False)
     ckpt = read_checkpoint(req.parent)
-    levels, cost_model, budgets = _budgets(req, ckpt)
+    units = _units(req, ckpt)
+    levels, cost_model, budgets = _budgets(req, ckpt, units)
     reference = _reference(ckpt, req.reference)
     tokenizer = load_tokenizer(req.parent)
     calib = _calib_pool(req, tokenizer)
@@ -271,7 +284,7 @@ def run_search(req: SearchRequest) -> list[dict]:
     del ref_model
     clock.teacher = time.perf_counter() - t_teacher
     model = load(req.parent, bits=levels[-1], packed=False).to(device)
-    fitness = Fitness(model, teacher, calib, cost_model.names, req.batch_size, compute_dtype=score_dtype)
+    fitness = Fitness(model, teacher, calib, units.layers, req.batch_size, compute_dtype=score_dtype, units=units)
     sens_windows = _first_windows(req.sensitivity_tokens, req.seqlen, calib.shape[0])
     filled = None  # the allocators' loss tables, measured once for every budget
     rows = dict(finished)
@@ -335,17 +348,17 @@ def _tables(req: SearchRequest, fitness: Fitness, levels, cost_model: CostModel,
     return filled
 
 
-def _write_mix(req, label, row, cost_model, state, mixes: dict[str, Mix], mix: Mix, settings,
+def _write_mix(req, label, row, units: Units, state, mixes: dict[str, Mix], mix: Mix, settings,
                sensitivity: dict) -> None:  # fmt: skip
-    """The mix file; `sensitivity` is the knapsack start's table, {layer: {width: predicted KL}}, so that each
-    layer's chosen width can be read against what lowering it was measured to cost; `baseline_bits` holds every
-    one-shot allocation the search weighed (its `summary.baseline_kl` scores them)."""
+    """The mix file; `sensitivity` is the knapsack start's table, {layer: {width: predicted KL}} (a tied unit's
+    value under each of its layers), so that each layer's chosen width can be read against what lowering it was
+    measured to cost; `baseline_bits` holds every one-shot allocation the search weighed (its `summary.baseline_kl`
+    scores them); `tied`, the groups that were given one width each (none with --no-tie)."""
     if not is_writer():  # under torchrun every rank holds the result; rank 0 writes it
         return
-    def named(m: Mix) -> dict[str, int]:
-        return dict(zip(cost_model.names, m))
-
-    body = {"format": MIX_FORMAT, "bits": named(mix), "summary": row, "dp_bits": named(mixes["knapsack"]),
+    named = units.widths
+    tied = [[units.layers[i] for i in unit] for unit in units.members if len(unit) > 1]
+    body = {"format": MIX_FORMAT, "bits": named(mix), "tied": tied, "summary": row, "dp_bits": named(mixes["knapsack"]),
             "start_bits": named(state.start), "search_bits": named(state.parent),
             "refine_history": state.refine.get("history", []),
             "baseline_bits": {k: named(m) for k, m in mixes.items()}, "sensitivity": sensitivity,

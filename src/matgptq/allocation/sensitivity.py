@@ -72,18 +72,22 @@ def probe_level(levels: tuple[int, ...]) -> int:
 
 def relative_errors(fitness: Fitness, levels: tuple[int, ...]) -> list[list[float]]:
     """t[l][i] = ‖W_l(levels[i]) − W_l(top)‖² / ‖W_l(top)‖² from the loaded parent's in-memory layers."""
-    return weight_errors(fitness.model.matgptq.layers, fitness.names, levels)
+    return weight_errors(fitness.model.matgptq.layers, fitness.names, levels, fitness.units.members)
 
 
-def weight_errors(layers, names, levels: tuple[int, ...]) -> list[list[float]]:
-    """`relative_errors` of the layers `names` of a loaded parent's `layers` (model.matgptq.layers)."""
-    table = []
+def weight_errors(layers, names, levels: tuple[int, ...],
+                  units: tuple[tuple[int, ...], ...] | None = None) -> list[list[float]]:  # fmt: skip
+    """`relative_errors` of the layers `names` of a loaded parent's `layers` (model.matgptq.layers); with `units`
+    (indices into `names`, units.py), of each unit: its layers' squared errors summed over their squared norms
+    summed."""
+    errors, norms = [], []
     for name in names:
         top = layers[name].slice(levels[-1]).dequantize(torch.float64)
-        norm = float(top.square().sum()) or 1.0
-        table.append([float((layers[name].slice(r).dequantize(torch.float64) - top).square().sum()) / norm
-                      for r in levels])  # fmt: skip
-    return table
+        norms.append(float(top.square().sum()))
+        errors.append([float((layers[name].slice(r).dequantize(torch.float64) - top).square().sum()) for r in levels])
+    units = tuple((i,) for i in range(len(names))) if units is None else units
+    return [[sum(errors[i][k] for i in unit) / (sum(norms[i] for i in unit) or 1.0) for k in range(len(levels))]
+            for unit in units]  # fmt: skip
 
 
 class Wide(NamedTuple):
@@ -103,7 +107,7 @@ class Table:
 
 def measure(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], kind: Sensitivity = Sensitivity.FULL,
             progress: bool = False) -> list[list[float]]:  # fmt: skip
-    """s[l][i] = s_l(levels[i]) for every layer l of `fitness.names` (`measure_table`'s values, never stopped)."""
+    """s[l][i] = s_l(levels[i]) for every unit l of `fitness.units` (`measure_table`'s values, never stopped)."""
     return measure_table(fitness, levels, windows, kind, progress).values
 
 
@@ -117,7 +121,7 @@ def measure_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int,
     scored comes from the highest scored one below it by the linearity theorem (the module docstring's probe formula,
     p that level): PROBE is the table stopped after its first level, FULL the table never stopped. With `wide`, its
     levels are scored on its windows, each stored as an increment over their base (module docstring)."""
-    top, windows = tuple(levels[-1] for _ in fitness.names), tuple(windows)
+    top, windows = fitness.uniform(levels[-1]), tuple(windows)
     wanted = levels[:-1] if kind is Sensitivity.FULL else (probe_level(levels),)
     if highest is not None:
         wanted = wanted[:1] + tuple(r for r in wanted[1:] if r <= highest)
@@ -159,7 +163,8 @@ def _fill(fitness: Fitness, levels: tuple[int, ...], base: float, measured: dict
     """Every layer's row: the scored levels as scored, the top as `base`, each other level extrapolated from the
     highest scored level p below it: s(r) = s(top) + max(0, s(p) − s(top)) · t(r) / t(p)."""
     if len(measured) == len(levels) - 1:  # every level scored: nothing to extrapolate
-        return [[measured[r][layer] if r in measured else base for r in levels] for layer in range(len(fitness.names))]
+        units = range(len(measured[levels[0]]))
+        return [[measured[r][unit] if r in measured else base for r in levels] for unit in units]
     return extrapolate(levels, base, measured, relative_errors(fitness, levels))
 
 

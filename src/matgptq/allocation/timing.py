@@ -79,7 +79,7 @@ def tables_deadline(clock: Clock, minutes: float | None, fitness, top: int, mixe
             fitness.window_terms(w)
     t0 = time.perf_counter()
     with fitness.exact():
-        fitness.kl(tuple(top for _ in fitness.names), windows)  # on every rank: each times its own pace
+        fitness.kl(fitness.uniform(top), windows)  # on every rank: each times its own pace
     clock.per_window = (time.perf_counter() - t0) / len(windows)
     start = clock.per_window * mixes * len(windows)
     return clock.began + 60 * minutes - budgets * (start + report_guess(clock, REPORT_MIXES, windows, held_out))

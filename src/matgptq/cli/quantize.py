@@ -154,3 +154,22 @@ def run(a: argparse.Namespace) -> None:
     if rows:
         print(format_table(["width", "layers", "mean rel. output error", "max"], rows))
     print(f"wrote {out} ({len(reports)} layers, {time.perf_counter() - t0:.1f} s)")
+    if a.bits_config:
+        print(split_groups_note(out))
+
+
+def split_groups_note(out) -> str:
+    """What a mix means for engines that fuse layers (models/fused.py): every fused group at one width, or the first
+    group that is not and what vLLM makes of it."""
+    from ..formats import read_checkpoint
+    from ..models.fused import describe, fused_groups, mixed_groups
+
+    ckpt = read_checkpoint(out)
+    widths = {n: q.master_bits for n, q in ckpt.layers.items()}
+    mixed = mixed_groups(fused_groups(ckpt.config, widths), widths)
+    if not mixed:
+        return "each group an engine runs as one layer (q/k/v, gate/up, a block's experts) has one width"
+    more = f" and {len(mixed) - 1} more" if len(mixed) > 1 else ""
+    return (f"note: {describe(mixed[0])}{more} give layers vLLM runs as one different widths, so vLLM cannot load "
+            "this checkpoint's exports (matgptq, transformers, GPTQModel and llama.cpp can); for vLLM, give each "
+            "such group one width (`matgptq search` ties them by default)")  # fmt: skip

@@ -31,6 +31,10 @@ def add_parser(sub) -> None:
                    "sliced matgptq checkpoint) or gguf bits (the layers' tensors as `export --format gguf` writes "
                    "the mix with --type auto; token_embd, output and norms not counted)")
 
+    s.add_argument("--tie", action=argparse.BooleanOptionalAction, default=SearchRequest.tie,
+                   help="give each group of layers an engine runs as one (q/k/v, gate/up, a block's experts) one "
+                        "width, as vLLM needs to load the mix; --no-tie lets every layer choose alone (such a mix loads in "
+                        "matgptq, transformers, llama.cpp and GPTQModel, not in vLLM)")  # fmt: skip
     _add_evolution_options(s)
     _add_start_options(s)
     s.add_argument("--kl-to", help="unquantized reference model, a directory or Hugging Face id (default: the "
@@ -130,6 +134,16 @@ def allocators(text: str) -> tuple[Allocator, ...]:
                                          f"got {text!r}") from None
 
 
+def _tie_line(groups: int | None, tie: bool) -> str:
+    """Which search ran: tied (how many groups) or untied."""
+    if not tie:
+        return ("untied (--no-tie): each layer chose its width alone; a mix that splits q/k/v, gate/up or a block's "
+                "experts does not load in vLLM (the export's readers line names such a group)")  # fmt: skip
+    count = "" if groups is None else f"{groups} "
+    return (f"tied: each of the {count}groups an engine runs as one layer (q/k/v, gate/up, a block's experts) has "
+            "one width, so vLLM can load these mixes (--no-tie frees them)")  # fmt: skip
+
+
 def run(a: argparse.Namespace) -> None:
     evo = EvoConfig(generations=a.generations, offspring=a.offspring, stages=parse_stages(a.stages), seed=a.seed,
                     temperature=a.mutation_temperature)  # fmt: skip
@@ -141,7 +155,7 @@ def run(a: argparse.Namespace) -> None:
         baselines=a.baselines, calib_tokens=a.calib_tokens, reference=a.kl_to,
         text=Path(a.text) if a.text else None, text_range=a.text_range, text_tokens=a.max_tokens,
         resume=a.resume, overwrite=a.overwrite, plot=a.plot, progress=not a.quiet, device=a.device,
-        score_dtype=ScoreDtype(a.score_dtype), time_limit=a.time_limit, time_spent=process_seconds(),
+        score_dtype=ScoreDtype(a.score_dtype), time_limit=a.time_limit, time_spent=process_seconds(), tie=a.tie,
     )  # fmt: skip
     if not is_writer():  # torchrun: every rank holds the same mixes; rank 0 reports them
         return
@@ -151,6 +165,7 @@ def run(a: argparse.Namespace) -> None:
         headers += ["text_ppl", "text_kl"]
     headers += ["generations", "evaluations", "teacher_seconds", "tables_seconds", "search_seconds", "report_seconds"]
     print(format_table(headers, [[r.get(h, "-") for h in headers] for r in rows]))  # "-": kept from an older run
+    print(_tie_line(rows[0].get("tied_groups"), a.tie))
     for verb, kept in (("wrote", False), ("kept (finished by the run before)", True)):
         paths = [mix_path(Path(a.out), r["budget"]) for r in rows if r.get("kept", False) is kept]
         if paths:
