@@ -105,12 +105,22 @@ def _run_cli(*argv) -> None:
     assert main([str(a) for a in argv]) == 0, argv
 
 
-def _sources(base: Path) -> dict[str, Path]:
+@pytest.fixture(scope="session")
+def smol_parent(tmp_path_factory) -> Path:
+    """SmolLM2's MatGPTQ parent (SOURCES["parent"]), quantized once for every module that serves it (test_vllm_plugin
+    imports this fixture): the slowest source, minutes on 2 cores."""
+    out = tmp_path_factory.mktemp("vllm-parent") / "parent"
+    _run_cli("quantize", REAL_MODEL, *SOURCES["parent"], "--out", out, "--quiet")
+    return out
+
+
+def _sources(base: Path, parent: Path) -> dict[str, Path]:
     tiny = make_tiny_llama(base / "tiny", hidden=64, intermediate=172, layers=1, heads=1, kv_heads=1)  # head_dim 64
-    out = {}
+    out = {"parent": parent}
     for name, args in SOURCES.items():
-        out[name] = base / name
-        _run_cli("quantize", tiny if name == "narrow" else REAL_MODEL, *args, "--out", out[name], "--quiet")
+        if name != "parent":
+            out[name] = base / name
+            _run_cli("quantize", tiny if name == "narrow" else REAL_MODEL, *args, "--out", out[name], "--quiet")
     return out
 
 
@@ -163,9 +173,9 @@ def _serve(base: Path, exports: dict[str, Path], prompts: list[list[int]]) -> di
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, smol_parent):
     base = tmp_path_factory.mktemp("vllm")
-    sources = _sources(base)
+    sources = _sources(base, smol_parent)
     exports = _exports(base, sources)
     prompts = _windows()
     return {"sources": sources, "exports": exports, "prompts": prompts, "results": _serve(base, exports, prompts)}

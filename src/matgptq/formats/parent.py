@@ -229,12 +229,24 @@ def read_layer(where: Path, raw: dict, name: str, n: int, k: int, bits: int, shi
     )  # fmt: skip
 
 
-def read_checkpoint(path: str | Path, layers_only: bool = False) -> Checkpoint:
-    """A parent or slice directory, validated before use: any damage is one `UserError` naming the file.
-    `layers_only`: read the quantized layers' tensors only (`tensors` is then empty), for a reader that loads the
-    others itself (transformers' from_pretrained, integrations/transformers.py)."""
+@dataclass
+class Layout:
+    """What a checkpoint's matgptq.json says, checked, without reading a tensor: each quantized layer's [out, in]
+    shape and stored width, the shift (a slice's c − r; 0 for a parent) and the HF config without its
+    quantization_config. For a reader that loads the tensors itself (vLLM, integrations/vllm.py)."""
+
+    meta: dict
+    config: dict
+    shapes: dict[str, tuple[int, int]]
+    widths: dict[str, int]
+    shift: int
+    path: Path
+
+
+def read_layout(path: str | Path) -> Layout:
+    """The checked metadata of the parent or slice directory `path` (damage is one `UserError` naming the file)."""
     p = Path(path)
-    meta_path, weights = p / META_FILE, p / WEIGHTS_FILE
+    meta_path = p / META_FILE
     fix = "the checkpoint is damaged or incomplete, re-create it"
     meta, config = read_json(meta_path, fix), read_json(p / "config.json", fix)
     if meta.get("format") != FORMAT:
@@ -249,6 +261,18 @@ def read_checkpoint(path: str | Path, layers_only: bool = False) -> Checkpoint:
     widths = _layer_widths(meta_path, meta, shapes, bits, shift)
     _check_quantization(meta_path, meta)
     config.pop("quantization_config", None)
+    return Layout(meta, config, shapes, widths, shift, p)
+
+
+def read_checkpoint(path: str | Path, layers_only: bool = False) -> Checkpoint:
+    """A parent or slice directory, validated before use: any damage is one `UserError` naming the file.
+    `layers_only`: read the quantized layers' tensors only (`tensors` is then empty), for a reader that loads the
+    others itself (transformers' from_pretrained, integrations/transformers.py)."""
+    layout = read_layout(path)
+    p, meta, config, shapes, widths, shift = (layout.path, layout.meta, layout.config, layout.shapes, layout.widths,
+                                              layout.shift)  # fmt: skip
+    weights = p / WEIGHTS_FILE
+    fix = "the checkpoint is damaged or incomplete, re-create it"
     keep = (lambda k: LAYER_TENSOR.search(k) is not None and LAYER_TENSOR.sub("", k) in shapes) if layers_only else None
     if (p / INDEX_FILE).is_file():  # the sharded layout
         weights = p / INDEX_FILE

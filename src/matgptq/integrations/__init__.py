@@ -1,1 +1,2 @@
-"""matgptq inside other engines: transformers' `from_pretrained` (transformers.py)."""
+"""matgptq inside other engines: transformers' `from_pretrained` (transformers.py) and vLLM's quantization plugin
+(vllm.py, imported by vLLM's entry point only: `import matgptq` never imports vLLM)."""
