@@ -85,6 +85,8 @@ PAGES = (
                "against every one-shot allocation and random search on the same parent and calibration"),
     Page("search_ten_minutes", ("search_ten_minutes.json",), block="README.md#search-minutes", render="readme_block",
          about="the README's search result: all eight budgets in 10 minutes against the one-shot allocations"),
+    Page("search_tie", ("search_tie.json",), md="search_tie.md",
+         about="SmolLM2-135M-Instruct: what giving q/k/v and gate/up one width each (`search --tie`) costs, per seed"),
     Page("search_ten_minutes_variants", ("search_ten_minutes.json", "search_ten_minutes_variants/*.json"),
          md="search_ten_minutes_variants.md",
          about="SmolLM2-135M-Instruct: the 10-minute search with other loss tables (`--sensitivity-top`, "

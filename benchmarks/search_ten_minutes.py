@@ -59,8 +59,7 @@ POOL = ("--calib-tokens", "2040", "--stages", "255:2,510:1", "--offspring", "8")
 RECIPE = (*POOL, "--generations", "100")
 # the record's table: 2 and 3 on --sensitivity-tokens, 4 and 5 on twice as many, 6 and 7 extrapolated from 5
 TABLE = ("--sensitivity-wide", "4:510", "--sensitivity-top", "5")
-SLOW = (*POOL, "--sensitivity-tokens", "510", "--baselines", "noise", "--generations", "0", "--refine-steps", "0",
-        "--no-tie")  # noise probes layers alone
+SLOW = (*POOL, "--sensitivity-tokens", "510", "--baselines", "noise", "--generations", "0", "--refine-steps", "0")
 ONE_SHOT = ("uniform", "additive", "additive 510", "probe", "noise", "error", "gradient", "random")
 KINDS = (*ONE_SHOT, "evolved", "written", "uniform draws")
 TIMES = ("teacher_seconds", "tables_seconds", "search_seconds", "seconds")
@@ -96,7 +95,8 @@ def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, reuse
     """The timed search of `recipe` (its folder's name ending in `variant`), the slow baselines (the run before's,
     with `reuse_slow`) and random search of one seed, every mix scored on the held-out text."""
     done = search_child(parent, work, seed, list(recipe), f"ten-seed-{seed}{variant}", MINUTES)
-    slow = reused_slow(work, seed) if reuse_slow else search_child(parent, work, seed, list(SLOW),
+    # --no-tie: noise probes layers alone, and the record's slow run (made before `search --tie`) was layer-wise
+    slow = reused_slow(work, seed) if reuse_slow else search_child(parent, work, seed, [*SLOW, "--no-tie"],
                                                                    f"ten-seed-{seed}-slow")  # fmt: skip
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
     named = {b: {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),

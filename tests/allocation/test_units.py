@@ -120,7 +120,7 @@ def test_search_ties_the_fused_groups_and_keeps_the_budget(stories_parent, tmp_p
     groups = [g for g in fused_groups(ckpt.config, names) if len(g) > 1]
     assert {tuple(n.rpartition(".")[2] for n in g) for g in groups} == {("q_proj", "k_proj", "v_proj"),
                                                                          ("gate_proj", "up_proj")}  # fmt: skip
-    assert main(search(stories_parent, tmp_path / "tied", "--budget", "3.0,2.5")) == 0
+    assert main(search(stories_parent, tmp_path / "tied", "--budget", "3.0,2.5", "--tie")) == 0
     assert "tied: each of the 10 groups" in capsys.readouterr().out  # stories260K: 5 blocks × (q/k/v, gate/up)
     cost = CostModel.from_checkpoint(ckpt, LEVELS)
     for budget in ("3.0", "2.5"):
@@ -131,14 +131,14 @@ def test_search_ties_the_fused_groups_and_keeps_the_budget(stories_parent, tmp_p
         assert body["summary"]["tied_groups"] == len(groups)
     # the untied search of the same budget is the layer-wise one, and says so
     assert main(search(stories_parent, tmp_path / "untied", "--budget", "2.5", "--no-tie")) == 0
-    assert "untied (--no-tie)" in capsys.readouterr().out
+    assert "untied: each layer chose" in capsys.readouterr().out
     body = json.loads((tmp_path / "untied" / "mix-2.5.json").read_text())
     assert body["tied"] == [] and body["settings"]["tie"] is False
     # a resume with the other tie refuses the state rather than mixing two searches
-    err = run_error(search(stories_parent, tmp_path / "untied", "--budget", "2.5", "--resume"), capsys)
+    err = run_error(search(stories_parent, tmp_path / "untied", "--budget", "2.5", "--resume", "--tie"), capsys)
     assert "other settings (tie)" in err, err
 
 
 def test_noise_has_no_tied_form(stories_parent, tmp_path, capsys):
-    err = run_error(search(stories_parent, tmp_path / "n", "--budget", "3.0", "--baselines", "noise"), capsys)
+    err = run_error(search(stories_parent, tmp_path / "n", "--budget", "3.0", "--baselines", "noise", "--tie"), capsys)
     assert "--no-tie" in err and not (tmp_path / "n").exists()

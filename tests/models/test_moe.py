@@ -73,11 +73,11 @@ def test_quantize_eval_slice_load_and_search_end_to_end(model_type, tmp_path):
         assert torch.equal(four, AutoModelForCausalLM.from_pretrained(tmp_path / "s4")(ids).logits)  # transformers'
     assert main(["search", str(parent), "--out", str(mixes), "--budget", "3.5", "--levels", "3,4,8",
                  "--generations", "2", "--offspring", "4", "--stages", "126:2,252:1", "--sensitivity-tokens", "126",
-                 *CALIB, "--quiet"]) == 0  # fmt: skip
+                 "--tie", *CALIB, "--quiet"]) == 0  # fmt: skip
     mix = json.loads((mixes / "mix-3.5.json").read_text())
     assert len(mix["bits"]) == 2 * (4 + 8) and mix["summary"]["search_code_bits"] <= 3.5
     assert {b for n, b in mix["bits"].items() if ".experts." in n} - {3, 4, 8} == set()
-    # tied (the default): each block's experts are one unit, as vLLM runs them as one fused MoE layer
+    # tied: each block's experts are one unit, as vLLM runs them as one fused MoE layer
     experts = [{n for n in mix["bits"] if n.startswith(f"model.layers.{i}.mlp.experts.")} for i in range(2)]
     assert all(e in [set(g) for g in mix["tied"]] for e in experts)
     assert all(len({mix["bits"][n] for n in g}) == 1 for g in mix["tied"])

@@ -33,8 +33,8 @@ def add_parser(sub) -> None:
 
     s.add_argument("--tie", action=argparse.BooleanOptionalAction, default=SearchRequest.tie,
                    help="give each group of layers an engine runs as one (q/k/v, gate/up, a block's experts) one "
-                        "width, as vLLM needs to load the mix; --no-tie lets every layer choose alone (such a mix loads in "
-                        "matgptq, transformers, llama.cpp and GPTQModel, not in vLLM)")  # fmt: skip
+                        "width, as vLLM needs to load the mix; without it (--no-tie, the default) every layer chooses "
+                        "alone: such a mix loads in matgptq, transformers, llama.cpp and GPTQModel, not in vLLM")  # fmt: skip
     _add_evolution_options(s)
     _add_start_options(s)
     s.add_argument("--kl-to", help="unquantized reference model, a directory or Hugging Face id (default: the "
@@ -137,11 +137,11 @@ def allocators(text: str) -> tuple[Allocator, ...]:
 def _tie_line(groups: int | None, tie: bool) -> str:
     """Which search ran: tied (how many groups) or untied."""
     if not tie:
-        return ("untied (--no-tie): each layer chose its width alone; a mix that splits q/k/v, gate/up or a block's "
-                "experts does not load in vLLM (the export's readers line names such a group)")  # fmt: skip
+        return ("untied: each layer chose its width alone; a mix that splits q/k/v, gate/up or a block's experts does "
+                "not load in vLLM (the export's readers line names such a group): search with --tie to serve there")  # fmt: skip
     count = "" if groups is None else f"{groups} "
     return (f"tied: each of the {count}groups an engine runs as one layer (q/k/v, gate/up, a block's experts) has "
-            "one width, so vLLM can load these mixes (--no-tie frees them)")  # fmt: skip
+            "one width, so vLLM can load these mixes")  # fmt: skip
 
 
 def run(a: argparse.Namespace) -> None:
