@@ -50,6 +50,8 @@ def measure(parent, work, seed: int) -> dict:
     scores = score_named(parent, named)
     for kind in TIES:
         out[kind]["held_out"] = {m: {b: scores[b][f"{kind} {m}"] for b in BUDGETS} for m in MIXES}
+        for m in MIXES:  # the widths stay in the mix files under --work; the record keeps their scores
+            del out[kind][m]
     return out
 
 
