@@ -52,12 +52,18 @@ def resolved(tiny_llama_dir, tmp_path_factory):
             assert main(["export", str(parent), "--format", fmt, "--bits-config", str(base / f"{mix}.json"),
                          "--out", str(out)]) == 0  # fmt: skip
             spec[f"{fmt}-{mix}"] = str(out)
+    return mixes, resolve(base, spec), spec
+
+
+def resolve(base: Path, spec: dict[str, str]) -> dict:
+    """What vLLM's config code resolves for each export of `spec` ({name: directory}), from the child in one process
+    (shared by test_vllm_config_moe.py)."""
     (base / "spec.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
     done = subprocess.run([sys.executable, str(CHILD), str(base / "spec.json"), str(base / "out.json")], env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    return mixes, json.loads((base / "out.json").read_text()), spec
+    return json.loads((base / "out.json").read_text())
 
 
 def bits_of(resolution: str) -> int:

@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,13 +36,14 @@ from matgptq.models.fused import fused_groups, fused_name, mixed_groups
 from tests.conftest import quick_quantize
 from tests.exporters.test_readers import per_expert, tiny_moe
 
-CHILD = Path(__file__).with_name("vllm_config_child.py")
 FORMATS = ("compressed-tensors", "gptq_v2")
 EXPERTS = [f"model.layers.{i}.mlp.experts" for i in range(2)]
 
 if importlib.util.find_spec("vllm") is None:  # a plain skip, as test_vllm.py's: the main venv never has vLLM
     pytest.skip("vLLM is not installed in this venv: this file runs in `make vllm-test` (.venv-vllm)",
                 allow_module_level=True)  # fmt: skip
+
+from tests.integrations.test_vllm_config import resolve  # noqa: E402 (after the skip: it skips without vLLM too)
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +72,7 @@ def resolved(tmp_path_factory):
     export(small, "gptq_v2-64", "--bits-config", str(base / "tied.json"))
     mixtral = quick_quantize(tiny_moe(base / "mixtral", "mixtral"), base / "mixtral-q", bits=4, group_size=32)
     export(mixtral, "compressed-tensors-mixtral")
-    (base / "spec.json").write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
-    done = subprocess.run([sys.executable, str(CHILD), str(base / "spec.json"), str(base / "out.json")], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return mixes, json.loads((base / "out.json").read_text()), spec
+    return mixes, resolve(base, spec), spec
 
 
 def parent_name(shard: str) -> str:
