@@ -83,8 +83,7 @@ class SearchRequest:
     device: str = "auto"  # where the candidates are scored (execution/devices.py)
     score_dtype: ScoreDtype = ScoreDtype.AUTO
     # one width per group an engine runs as one layer (q/k/v, gate/up, a block's experts: units.py), so that vLLM can
-    # load the mix; False (the default: the tie's cost on SmolLM2 was outside the seed spread at 3.5 and 4 bits,
-    # docs/guide/design.md): every layer chooses alone
+    # load the mix; False (the default, why: docs/guide/design.md): every layer chooses alone
     tie: bool = False
     plot: bool = False  # also draw each mix file's widths against their sensitivities (plot.py) as mix-<budget>.png
     # wall-clock minutes for the whole run (run_search's docstring); None: every budget runs all its generations
