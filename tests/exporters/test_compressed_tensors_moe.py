@@ -3,7 +3,7 @@ src/matgptq/exporters/ct_experts.py), against independent readers:
 
   * llm-compressor 0.14's own export of the same tiny models (data-free W4A16, group 32): the same tensor names,
     dtypes and shapes, key for key, and the same `quantization_config` but for the documented differences (targets:
-    exact names here, ["Linear"] there; its observer). Live where .venv-bench exists, and against its layout recorded
+    exact names here, mixtral's experts each followed by vLLM's spelling, ["Linear"] there; its observer). Live where .venv-bench exists, and against its layout recorded
     in ct_moe_helpers.py everywhere (test_layout_is_llm_compressors).
   * compressed-tensors 0.19's PackedQuantizationCompressor: every per-expert Linear it decompresses is, bit for bit,
     the expert's rows of matgptq.load's fused weight as transformers' forward reads them (gate = first half of
@@ -24,6 +24,7 @@ process: the same operations on the same bits, hence identical logits.
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -76,7 +77,7 @@ def _decompressed(out):
 
     qc = _config(out)
     lib = QuantizationConfig.model_validate({k: v for k, v in qc.items() if k in QuantizationConfig.model_fields})
-    schemes = {n: g for g in lib.config_groups.values() for n in g.targets}
+    schemes = {n: g for g in lib.config_groups.values() for n in file_targets(g.targets)}
     raw = load_file(str(out / "model.safetensors"))
     weights = {}
     for name, scheme in schemes.items():
@@ -109,7 +110,8 @@ def test_ct_decompressor_gives_our_expert_weights(ct, cache, model_type, kind, b
         assert torch.equal(raw[key], fused_view(ref, key.removesuffix(".bias"), model_type, "bias")), key
     assert (model_type == "gpt_oss") == any(k.endswith(".bias") and ".experts." in k for k in raw)
     if isinstance(bits, dict):  # each config group holds exactly the layers of one width
-        groups = {g["weights"]["num_bits"]: set(g["targets"]) for g in _config(out)["config_groups"].values()}
+        groups = {g["weights"]["num_bits"]: set(file_targets(g["targets"]))
+                  for g in _config(out)["config_groups"].values()}
         assert sorted(groups) == [2, 4, 8] and sum(map(len, groups.values())) == len(weights)
 
 
@@ -140,6 +142,15 @@ def test_model_rebuilt_from_the_decompressed_tensors_gives_our_logits(ct, cache,
         assert torch.equal(model(cache.ids).logits, want)
 
 
+VLLM_MIXTRAL = {"gate": ".w1", "up": ".w3", "down": ".w2"}  # vLLM 0.32's mixtral.py names of an expert's projections
+
+
+def file_targets(targets: list[str]) -> list[str]:
+    """The targets naming the file's modules: without the vLLM spellings of mixtral's experts (`…experts.<e>.w1`),
+    which ct_experts.py adds after each expert's own name."""
+    return [t for t in targets if not re.search(r"\.experts\.\d+\.w[123]$", t)]
+
+
 def test_layout_is_llm_compressors(cache):
     """Against llm-compressor 0.14's layout of the same models, recorded (ct_moe_helpers.LLMC_LAYOUT): per-expert
     names (mixtral under block_sparse_moe), float routers listed in `ignore`, gpt_oss' expert biases."""
@@ -151,7 +162,10 @@ def test_layout_is_llm_compressors(cache):
         assert qc["ignore"] == LLMC_IGNORE[model_type]
         (group,) = qc["config_groups"].values()
         packed = sorted(k.removesuffix(".weight_packed") for k in keys if k.endswith(".weight_packed"))
-        assert sorted(group["targets"]) == packed and len(packed) == 2 * (4 + EXPERTS_PER_LAYER)
+        assert sorted(file_targets(group["targets"])) == packed and len(packed) == 2 * (4 + EXPERTS_PER_LAYER)
+        vllm = {re.sub(r"\.(gate|up|down)_proj$", lambda m: VLLM_MIXTRAL[m.group(1)], p) for p in packed
+                if ".experts." in p} if model_type == "mixtral" else set()  # fmt: skip
+        assert set(group["targets"]) - set(packed) == vllm
         assert {k: group["weights"][k] for k in ("num_bits", "symmetric", "group_size", "strategy")} == {
             "num_bits": 4, "symmetric": True, "group_size": 32, "strategy": "group"}  # fmt: skip
 
@@ -172,7 +186,7 @@ def test_llm_compressor_writes_the_same_layout(cache, tmp_path):
                                                                           if k != "config_groups"}  # fmt: skip
         (mine,), (other,) = qc["config_groups"].values(), lc["config_groups"].values()
         assert other["targets"] == ["Linear"]
-        assert sorted(mine["targets"]) == sorted(k.removesuffix(".weight_packed") for k in header(path)
+        assert sorted(file_targets(mine["targets"])) == sorted(k.removesuffix(".weight_packed") for k in header(path)
                                                  if k.endswith(".weight_packed"))  # fmt: skip
         assert dict(mine["weights"], observer=None) == dict(other["weights"], observer=None)
         assert {k: v for k, v in mine.items() if k not in ("targets", "weights")} == {

@@ -16,8 +16,9 @@ What vLLM 0.32 does for a fused MoE layer (read in its source, asserted below):
     one rule per expert layer instead (`per_expert`) resolves to `bits`, as the readers line then says; and where the
     experts' shape is one its Marlin MoE kernel does not take (hidden size not a multiple of 128, or a group size
     that does not divide the intermediate size), its MoeWNA16 fallback (moe_wna16.py) reads the file's `bits` alone.
-  * mixtral (compressed-tensors): its MixtralForCausalLM names the experts' projections w1/w3/w2, so the lookup of
-    expert 0's scheme finds none of our targets and the fused experts are built unquantized.
+  * mixtral (compressed-tensors): its MixtralForCausalLM names the experts' projections w1/w3/w2 and looks up
+    expert 0's scheme by those names, which our export adds after each expert's target (exporters/ct_experts.py);
+    a file without them has its fused experts built unquantized.
 """
 
 from __future__ import annotations
@@ -72,7 +73,24 @@ def resolved(tmp_path_factory):
     export(small, "gptq_v2-64", "--bits-config", str(base / "tied.json"))
     mixtral = quick_quantize(tiny_moe(base / "mixtral", "mixtral"), base / "mixtral-q", bits=4, group_size=32)
     export(mixtral, "compressed-tensors-mixtral")
+    spec["compressed-tensors-mixtral-bare"] = str(without_aliases(spec["compressed-tensors-mixtral"], base / "bare"))
     return mixes, resolve(base, spec), spec
+
+
+def without_aliases(src: str, out: Path) -> Path:
+    """A copy of compressed-tensors export `src` without the vLLM spellings of its experts (`…experts.<e>.w1`, w3,
+    w2) in targets and `ignore`: a mixtral export as written before them."""
+    import shutil
+
+    shutil.copytree(src, out)
+    config = json.loads((out / "config.json").read_text())
+    qc = config["quantization_config"]
+    bare = lambda names: [n for n in names if not re.search(r"\.experts\.\d+\.w[123]$", n)]  # noqa: E731
+    for group in qc["config_groups"].values():
+        group["targets"] = bare(group["targets"])
+    qc["ignore"] = bare(qc["ignore"])
+    (out / "config.json").write_text(json.dumps(config))
+    return out
 
 
 def parent_name(shard: str) -> str:
@@ -163,16 +181,20 @@ def test_where_marlin_does_not_take_the_shape_the_rules_are_not_read(resolved):
             readers_of(spec, "gptq_v2-64"))  # fmt: skip
 
 
-def test_mixtrals_experts_are_looked_up_by_names_our_targets_do_not_have(resolved):
+def test_mixtrals_experts_are_looked_up_by_vllms_names_which_our_export_adds(resolved):
     """vLLM's Mixtral names expert e's projections w1/w3/w2 (mixtral.py `ckpt_names`); its compressed-tensors config
-    looks up `…experts.0.w1` (w3, w2), which our exact-name targets (`…experts.0.gate_proj`, ...) do not match (its
-    rename `.gate_proj.` → `.w1.` wants a dot after the name, which a target has not): each block's fused experts are
-    built unquantized, though every expert alone is 4-bit. The readers line says so."""
+    looks up `…experts.0.w1` (w3, w2), and its rename `.gate_proj.` → `.w1.` wants a dot after the name, which a
+    target has not. Our export follows each expert's target with that spelling, so each block's fused experts take
+    the file's 4 bits; the same file without those names (an export written before them) has them built
+    unquantized, though every expert alone is 4-bit, and its readers line says so."""
     _, found, spec = resolved
-    for i in range(2):
-        layer = found["compressed-tensors-mixtral"][f"model.layers.{i}.block_sparse_moe.experts"]
-        assert (layer["fused"], layer["method"]) == ("float", "UnquantizedFusedMoEMethod")
-        assert set(layer["shards"].values()) == {"4 bits, group 32, sym"} and len(layer["shards"]) == 12
-    line = readers_of(spec, "compressed-tensors-mixtral").split(" · not in ")[1]
+    for name, want in (("compressed-tensors-mixtral", ("4 bits, group 32, sym", "CompressedTensorsWNA16MoEMethod")),
+                       ("compressed-tensors-mixtral-bare", ("float", "UnquantizedFusedMoEMethod"))):
+        for i in range(2):
+            layer = found[name][f"model.layers.{i}.block_sparse_moe.experts"]
+            assert (layer["fused"], layer["method"]) == want, (name, layer)
+            assert set(layer["shards"].values()) == {"4 bits, group 32, sym"} and len(layer["shards"]) == 12
+    assert "vLLM 0.32 (it looks up" not in readers_of(spec, "compressed-tensors-mixtral")
+    line = readers_of(spec, "compressed-tensors-mixtral-bare").split(" · not in ")[1]
     assert ("vLLM 0.32 (it looks up the scheme of model.layers.0.block_sparse_moe.experts.0.{w1, w3, w2}, names that "
             "this file's targets") in line  # fmt: skip

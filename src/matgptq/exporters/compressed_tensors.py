@@ -179,7 +179,7 @@ def other_linears(config: dict, quantized: set[str], moe: CtMoE | None = None, f
         if isinstance(m, torch.nn.Linear) and n not in quantized or n in float_modules:
             names.append(n)
         names += [e for e in float_experts if e.rpartition(".")[0].rpartition(".")[0] == n]  # <n>.<e>.<proj>
-    names = [moe.file_name(n) for n in names] if moe else names
+    names = moe.aliases([moe.file_name(n) for n in names]) if moe else names
     return names or ["lm_head"]
 
 
@@ -215,6 +215,7 @@ def export_compressed_tensors(src, out, bits: int | None = None, bits_config=Non
     if ragged:
         _warn_ragged(ragged)
     actorder = "weight" if getattr(cfg, "act_order", False) else None  # GPTQ's column order: calibration only
+    groups = {scheme: moe.aliases(names) for scheme, names in groups.items()} if moe else groups
     qc = quantization_config(groups, other_linears(ckpt.config, set(widths), moe, float_experts), actorder)
     with atomic_output(out, overwrite) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "matgptq"})

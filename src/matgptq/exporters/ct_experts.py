@@ -16,6 +16,10 @@ matgptq quantizes expert e of `<p>.experts` as `<p>.experts.<e>.gate_up_proj` ([
   * mixtral: the block is saved as `block_sparse_moe` (transformers 5.17's save conversion, which llm-compressor's
     file shows), so every `<layer>.mlp.` tensor is written as `<layer>.block_sparse_moe.`: the router
     `block_sparse_moe.gate.weight` and the experts `block_sparse_moe.experts.<e>.gate_proj`, ...
+    vLLM 0.32's Mixtral names those projections w1, w3 and w2 and looks up the scheme of `…experts.0.w1` (w3, w2),
+    which no exact `…gate_proj` target matches (its rename `.gate_proj.` → `.w1.` needs a dot after the name), so
+    each target and `ignore` entry of an expert is followed by its vLLM spelling (`aliases`): a name no tensor has,
+    which compressed-tensors' decompressor never looks up (llm-compressor's own `Linear` target matches both).
 
 Rows are output features, each with its own scales and zeros, so every split is exact (the parts' codes, scales and
 zeros are rows of the parent's). The router (a transformers TopKRouter, not an nn.Linear) stays float and is listed
@@ -44,6 +48,19 @@ class CtMoE:
     block: str
     interleaved: bool
     transposed: bool
+    vllm_names: tuple[str, str, str] | None = None  # vLLM's names of gate, up and down where they differ
+
+    def aliases(self, names: list[str]) -> list[str]:
+        """`names` (file names of per-expert Linears and others), each expert's followed by vLLM's spelling."""
+        if self.vllm_names is None:
+            return names
+        rename = dict(zip(("gate_proj", "up_proj", "down_proj"), self.vllm_names))
+        out = []
+        for name in names:
+            out.append(name)
+            if (m := _PER_EXPERT.search(name)) is not None:
+                out.append(f"{name[: m.start(1)]}{rename[m.group(1)]}")
+        return out
 
     def file_name(self, name: str) -> str:
         """The file's name of model tensor or module `name` (mixtral: `.mlp.` → `.block_sparse_moe.`)."""
@@ -74,10 +91,11 @@ class CtMoE:
         return out, linears
 
 
+_PER_EXPERT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj)$")  # a per-expert Linear's file name
 _FUSED = re.compile(r"^(.+\.experts)\.(gate_up_proj|down_proj)$")  # a fused [E, ...] weight stored whole
 CT_MOE = {  # the types llm-compressor 0.14 linearizes this way (its moe/ modules), checked against its files
     "qwen3_moe": CtMoE("mlp", interleaved=False, transposed=False),
-    "mixtral": CtMoE("block_sparse_moe", interleaved=False, transposed=False),
+    "mixtral": CtMoE("block_sparse_moe", interleaved=False, transposed=False, vllm_names=("w1", "w3", "w2")),
     "gpt_oss": CtMoE("mlp", interleaved=True, transposed=True),
 }
 

@@ -47,8 +47,8 @@ compressed-tensors (§5), per config group (bits, symmetric, group size):
     leaves mixtral's and gpt_oss' fused experts unloaded, as it leaves llm-compressor's own files
     (tests/exporters/test_compressed_tensors_moe.py). vLLM builds one fused MoE layer per block with the scheme of
     expert 0's gate/up/down (its config code: test_vllm_config_moe.py; loading such a file: not tested); for mixtral
-    it looks up `…experts.0.w1` (w3, w2), which our exact-name targets do not match (llm-compressor's `Linear` target
-    matches any name), so it builds the experts unquantized: named as one vLLM does not run.
+    it looks up `…experts.0.w1` (w3, w2), which each expert's target is followed by (ct_experts.py); a file without
+    those names (written before them) has its experts built unquantized there: named as one vLLM does not run.
 """
 
 from __future__ import annotations
@@ -235,8 +235,9 @@ def _vllm_cpu_gptq(qc: dict, layers: dict[str, tuple[int, int, int]], g: int) ->
 
 _VLLM_MOE = "vLLM (expected where it serves llm-compressor's own MoE files: the same layout)"
 # vLLM 0.32's names for expert 0's gate, up and down where they are not gate_proj/up_proj/down_proj (mixtral.py's
-# RoutedExperts): the names its compressed-tensors config looks up, which our exact-name targets never are.
+# RoutedExperts): the names its compressed-tensors config looks up, which exports before the aliases lacked.
 _VLLM_EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2")}
+_VLLM_ALIAS = re.compile(r"\.experts\.\d+\.w[123]$")
 
 
 def _moe_blocks(qc: dict) -> dict[str, set[str]]:
@@ -257,7 +258,8 @@ def ct_readers(path: str | Path) -> Readers:
     asym = any(not w["symmetric"] for w in schemes)
     blocks, model_type = _moe_blocks(qc), config.get("model_type")
     widths = {t: g["weights"]["num_bits"] for g in qc["config_groups"].values() for t in g["targets"]}
-    split = _fused_split(config, widths)
+    aliases = {t for t in widths if _VLLM_ALIAS.search(t)}  # vLLM's spelling of an expert (ct_experts.py)
+    split = _fused_split(config, {t: b for t, b in widths.items() if t not in aliases})
     if blocks:  # per-expert Linears (ct_experts.py), which matgptq.load does not read
         runs, fails = ["compressed-tensors 0.19"], []
         if model_type != "qwen3_moe" or asym or len(schemes) > 1:  # experts transformers does not merge
@@ -268,7 +270,7 @@ def ct_readers(path: str | Path) -> Readers:
             fails.append(f"transformers ({why})")
         else:
             runs += ["transformers 5.17", "transformers 5.23"]
-        if model_type in _VLLM_EXPERT_NAMES:  # tests/integrations/test_vllm_config_moe.py
+        if model_type in _VLLM_EXPERT_NAMES and not aliases:  # tests/integrations/test_vllm_config_moe.py
             w = ", ".join(_VLLM_EXPERT_NAMES[model_type])
             split = (f"vLLM 0.32 (it looks up the scheme of {next(iter(blocks))}.0.{{{w}}}, names that this file's "
                      "targets, gate_proj, up_proj and down_proj, do not match, and builds each block's fused experts "
