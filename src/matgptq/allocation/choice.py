@@ -10,10 +10,10 @@ F(uniform; w) on each of the pool's n windows (the pool's scoring gives them: no
 
     mean(d) + MARGIN · sd(d) / √n < 0,
 
-a one-sided paired test. MARGIN = 2 is at least the one-sided 95% quantile of Student's t for n ≥ 7 windows
+a one-sided paired test. MARGIN = 2 is at least the one-sided 0.95 quantile of Student's t for n ≥ 7 windows
 (t₆ = 1.94; the search's default pool is 65 windows, the 10-minute recipe's 8), so a mix that is not better on
-average passes it in at most about 5% of pools. With fewer than 2 windows there is no spread, and the uniform slice
-stays.
+average passes it in at most about one pool in twenty. With fewer than 2 windows there is no spread, and the uniform
+slice stays.
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ def first_parent(fitness: Fitness, mixes: dict[str, Mix],
     """The search's first parent: the one-shot allocation with the lowest float32 KL on `windows` (the whole
     calibration pool), the knapsack mix on a tie (an additive model can misjudge a network far from linear; the search
     then never starts behind a plain slice or another allocator); and those per-window scores, which the report reuses.
-    The pool and not the sensitivity windows alone: one window can pick a start that is worse on every other (SmolLM2,
-    3.25 bits, seed 0: the gradient mix, 8% above the knapsack mix on the 8-window pool and on held-out text)."""
+    The pool and not the sensitivity windows alone: one window can pick a start that is worse on every other, on the
+    pool and on held-out text (docs/decisions/code-constants.md)."""
     per_window = pool_scores(fitness, mixes.values(), windows)
     kl_of = {m: statistics.fmean(v) for m, v in per_window.items()}
     label = min(mixes, key=lambda k: kl_of[mixes[k]])

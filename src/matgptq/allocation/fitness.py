@@ -100,8 +100,8 @@ class Fitness:
         self.body, self.head = body_and_head(model)
         self.device = self.head.weight.device  # windows go where the model is (search --device)
         # On a GPU the parent's codes move there once (a byte a weight for an 8-bit master), so that set_bits and the
-        # tables slice and dequantize on the device: sliced on the host and copied, a two-layer child's set_bits took
-        # 0.47 s on an 8B-shaped block, 8x its scoring (make gpu-check, H200, 2026-12-04)
+        # tables slice and dequantize on the device: sliced on the host and copied, a child's set_bits took longer
+        # than its scoring on an 8B-shaped block (docs/results/gpu.md, the search's set_bits)
         if self.device.type != "cpu":
             layers = model.matgptq.layers
             for name in self.names:

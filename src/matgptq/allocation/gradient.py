@@ -24,8 +24,8 @@ Memory: the backward pass goes one decoder block at a time (`_BlockPass`). A for
 each block's input; the head's gradient comes from the last block's output; then each block, last to first, is run
 again with a graph from its kept input and differentiated, and the ∂F/∂W_l of its layers are folded into their
 table rows (⟨∂F/∂W_l, W_l(r) − W_l(u)⟩ for every r) and dropped. So the pass holds one batch's block inputs, one
-block's graph and one block's gradients, not the whole model's graph and one gradient per layer (which cost
-SmolLM2-135M's 10-minute search 1.3 GB of peak memory: 3.4 against 2.15 GB, search_minutes at 50ce5e7). Every batch
+block's graph and one block's gradients, not the whole model's graph and one gradient per layer (which raised
+the peak memory of SmolLM2-135M's 10-minute search: docs/decisions/code-constants.md). Every batch
 of windows is folded in this way, so a slice is dequantized once per batch. The pass computes in float32 whatever
 `compute_dtype` the fitness scores in; the extra forward pass without a graph makes it about four scorings' compute.
 """

@@ -37,13 +37,12 @@ class ScoreDtype(str, Enum):
     def tables(self, scored: torch.dtype, time_limited: bool) -> torch.dtype:
         """Precision of the one-shot tables (allocators.tables) given `scored`, what `resolve` gave the candidates:
         AUTO scores them in float32 unless the run has a time limit. bfloat16's rounding of the forward pass moves a
-        one-layer KL increment by about as much as the increment itself at the wide widths (SmolLM2, one 256-token
-        window: 8.7e-5 RMS against a mean increment of 1.7e-4 at 6 bits, 8.5e-5 against 4.8e-5 at 7), so a bfloat16
-        table ranks those widths on rounding: float32 tables' knapsack mixes had 0.93x the held-out KL at 6 bits,
-        0.98x at 3 and 4, the same at 2.5-3.5 (docs/results/search_table_dtype.md), for 1.4x the table's seconds
-        on 2 cores. Without a time limit the tables are a small part of the run (search_long: minutes against
-        hours); under one they are most of it, and the candidates' precision stays theirs. An explicit dtype is
-        used as given."""
+        one-layer KL increment by about as much as the increment itself at the wide widths
+        (docs/decisions/code-constants.md), so a bfloat16 table ranks those widths on rounding:
+        float32 tables' knapsack mixes had a lower held-out KL at 3, 4 and 6 bits, the same at 2.5-3.5, for more of
+        the table's seconds (docs/guide/search.md, --score-dtype; docs/results/search_table_dtype.md). Without a time
+        limit the tables are a small part of the run (search_long: minutes against hours); under one they are most
+        of it, and the candidates' precision stays theirs. An explicit dtype is used as given."""
         return torch.float32 if self is ScoreDtype.AUTO and not time_limited else scored
 
 

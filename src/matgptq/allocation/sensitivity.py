@@ -26,10 +26,10 @@ Wide levels (`search --sensitivity-wide LEVEL:TOKENS`, `Wide`): the levels from 
 more of them, the narrow levels on the table's own W. Why: one window was too noisy a measurement at SmolLM2's
 middle widths (4, 5) to place the 5-bit mix, and two windows at every level cost the evolution a fifth of its
 generations (docs/results/search_ten_minutes_variants.md); two at the middle levels only, with the wider levels
-extrapolated, cost as many scorings as one at every level (docs/results/search_ten_minutes.md, 3 seeds: the
-10-minute recipe's table since 2026-12-05; the command's default stays one window, which the longer searches were
-measured with). The knapsack compares a layer's widths by their values, so every value must be on one scale: a wide
-level's value is its increment over the wide windows' own base added to the narrow windows' base,
+extrapolated, cost as many scorings as one at every level (docs/results/search_ten_minutes.md: the 10-minute
+recipe's table; the command's default stays one window, which the longer searches were measured with). The knapsack
+compares a layer's widths by their values, so every value must be on one scale: a wide level's value is its
+increment over the wide windows' own base added to the narrow windows' base,
       s_l(r) = F(top; W) + F(top, layer l at r; W') − F(top; W'),
 not its raw KL on W' (the bases differ between window sets, and that constant would favour the widths scored on the
 easier set). The extrapolation above the highest scored level works on the same increments.
@@ -60,9 +60,9 @@ class Sensitivity(str, Enum):
 
 # Scored tokens per measurement when `search --sensitivity-tokens` is not given: FULL scores one 256-token window,
 # PROBE nine (2,048 tokens; its one level carries every other). At these sizes FULL makes fewer window scorings for
-# the whole table than PROBE (SmolLM2-135M, levels 2..8: 210 layers × 6 levels against 210 × 9). On SmolLM2, in the
-# same 10-minute runs (docs/results/search_minutes.md, three seeds: `full knapsack` on 255 tokens against `knapsack`,
-# PROBE on 510), FULL's knapsack mix had the lower held-out KL at seven of eight budgets, so FULL is the default.
+# the whole table than PROBE (levels 2..8: six levels a layer on one window, PROBE's one on nine). On SmolLM2, in the
+# same 10-minute runs (docs/results/search_minutes.md: `full knapsack` on 255 tokens, `knapsack` PROBE on 510), FULL's
+# knapsack mix had the lower held-out KL at most budgets (docs/guide/search.md), so FULL is the default.
 DEFAULT_TOKENS = {Sensitivity.FULL: 255, Sensitivity.PROBE: 2048}
 
 

@@ -61,8 +61,8 @@ def native_bfloat16(device: torch.device) -> bool:
 def native_half(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether `device` multiplies `dtype` (bfloat16 or float16) matrices in hardware, so that the half dtype is
     faster there rather than emulated: CUDA (bfloat16 where the GPU has it), a CPU with AVX512-BF16 or AMX for
-    bfloat16, with AMX-FP16 for float16. On a plain AVX-512 or AVX2 CPU oneDNN converts (a 2-core AVX2 EPYC, torch
-    2.13, 2026-11-29: F.linear of [2048, 576] by [1536, 576] took 6.1x float32's time in float16, 7.2x in bfloat16)."""
+    bfloat16, with AMX-FP16 for float16. On a plain AVX-512 or AVX2 CPU oneDNN converts, several times slower than
+    float32 (docs/decisions/code-constants.md)."""
     if device.type == "cuda":
         return dtype is torch.float16 or torch.cuda.is_bf16_supported()
     if device.type != "cpu":
@@ -74,10 +74,9 @@ def native_half(dtype: torch.dtype, device: torch.device) -> bool:
 
 def compute_dtype(choice: str, stored: str | None, device: torch.device) -> torch.dtype | None:
     """The dtype a model whose config.json names `stored` computes in on `device` for `--dtype choice` (DTYPES);
-    None: its own. `auto` is the model's own, except for a bfloat16 or float16 model on a CPU without arithmetic in
-    that dtype (native_half): that one computes in float32, which holds every half value exactly. There the half
-    dtype is emulated, several times slower: SmolLM2's 4-bit g128 quantization (benchmarks/bench_pipeline.py,
-    64 x 512 tokens, the 2-core AVX2 EPYC) took 1098 CPU s calibrated in bfloat16 against 381 in float32."""
+    None: its own. `auto` is the model's own, except for a bfloat16 or float16 model on a CPU without arithmetic in that
+    dtype (native_half): that one computes in float32, which holds every half value exactly. There the half dtype is
+    emulated, several times slower, a whole quantization too (docs/decisions/code-constants.md)."""
     chosen = DTYPES[choice]
     half = DTYPES.get(stored) if stored in ("bfloat16", "float16") else None
     if chosen is None and half is not None and device.type == "cpu" and not native_half(half, device):

@@ -3,11 +3,10 @@
 glibc serves allocations below its mmap threshold from the heap, and that threshold rises to the size of every larger
 block freed (up to 32 MiB), so after the first big temporary, the many 1-32 MiB tensors of a block's forwards,
 Hessians and solver come from the heap; their freed pages stay with the process while anything above them is live.
-Quantizing SmolLM2-135M in float32 thus peaked at ~1.9 GB of resident memory for well under 1 GB of live tensors.
-`malloc_trim(0)` returns every whole free page of every arena (madvise), so calling it after each group of layers
-bounds what one group leaves behind: the same run peaked at 1.41 GB, in 214 CPU s against 213 without (one run
-each, 4-bit g128, 64 x 512 tokens). Fixing the threshold low instead (mallopt, 1 MiB) returned more (~1.0 GB) but made
-every new tensor fault in fresh pages: 299 CPU s.
+Quantizing SmolLM2-135M in float32 thus held more than twice its live tensors in resident memory. `malloc_trim(0)`
+returns every whole free page of every arena (madvise), so calling it after each group of layers bounds what one group
+leaves behind, at no measurable CPU time. Fixing the threshold low instead (mallopt, 1 MiB) returned more but made every
+new tensor fault in fresh pages, far slower (docs/decisions/code-constants.md).
 """
 
 from __future__ import annotations

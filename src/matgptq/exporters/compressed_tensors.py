@@ -17,17 +17,17 @@ first: still exact for float32 and float16 models, one more rounding for bfloat1
 Tensors per quantized Linear `<name>`; every other tensor as the source holds it:
   <name>.weight_packed      int32 [N, ceil(K·r/32)]  per row a little-endian bit stream: u[n, k] at stream bits
                                                     [k·r, (k+1)·r), stream bit j = bit j mod 32 of word j // 32
-                                                    (codes straddle words at 3/5/6/7 bits: ct >= 0.19's packing)
+                                                    (codes straddle words at 3/5/6/7 bits: CT_VERSION's packing)
   <name>.weight_scale       float32 [N, G]           G = K / group size (1 per channel)
   <name>.weight_zero_point  int32 [ceil(N·r/32), G]  asymmetric only: zp + 2^(r−1), packed the same way along dim 0
   <name>.weight_shape       int64 [2]                [N, K]
 
-Groups: compressed-tensors 0.19 has no g_idx (actorder "group" was removed) and no ragged groups (its decompressor
-needs K % group_size == 0). A layer whose groups are contiguous runs is written with the largest g' dividing K
-that keeps every block of g' columns inside one of our groups: our group size g when it divides K, else gcd(g, K)
-with each scale repeated g/g' times; a layer of one group is per channel (unless K = g: then group g, to share the
-config group of the other layers). Exact in every case. Act-order groups (g_idx decreasing somewhere) are refused.
-Config: `quantization_config` as compressed-tensors 0.19's ModelCompressor writes it; one config group per
+Groups: compressed-tensors at CT_VERSION has no g_idx (actorder "group" was removed) and no ragged groups (its
+decompressor needs K % group_size == 0). A layer whose groups are contiguous runs is written with the largest g'
+dividing K that keeps every block of g' columns inside one of our groups: our group size g when it divides K, else
+gcd(g, K) with each scale repeated g/g' times; a layer of one group is per channel (unless K = g: then group g, to share
+the config group of the other layers). Exact in every case. Act-order groups (g_idx decreasing somewhere) are refused.
+Config: `quantization_config` as compressed-tensors' ModelCompressor writes it (CT_VERSION); one config group per
 (width, symmetric, group size) with exact module names as targets (disjoint; exact names beat any other target);
 every other Linear (lm_head, `--skip` layers) in `ignore`.
 Mixture-of-experts parents (qwen3_moe, mixtral, gpt_oss): each expert's fused projections are written as the
@@ -140,7 +140,7 @@ def ct_layer(name: str, q: QuantizedWeight, group_size: int | None = None) -> Ct
 
 
 def weights_args(bits: int, sym: bool, group_size: int, actorder: str | None) -> dict:
-    """A `weights` QuantizationArgs dict, every field as compressed-tensors 0.19 serializes it."""
+    """A `weights` QuantizationArgs dict, every field as compressed-tensors (CT_VERSION) serializes it."""
     return {
         "num_bits": bits, "type": "int", "symmetric": sym, "group_size": None if group_size == -1 else group_size,
         "strategy": "channel" if group_size == -1 else "group", "block_structure": None, "dynamic": False,

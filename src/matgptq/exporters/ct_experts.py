@@ -1,6 +1,7 @@
-"""compressed-tensors names of fused mixture-of-experts layers: the layout llm-compressor 0.14 writes for qwen3_moe,
-mixtral and gpt_oss on transformers 5.17 (it linearizes the fused experts into per-expert Linears before
-quantizing; tests/exporters/test_compressed_tensors_moe.py compares its files with ours).
+"""compressed-tensors names of fused mixture-of-experts layers: the layout llm-compressor writes for qwen3_moe,
+mixtral and gpt_oss (it linearizes the fused experts into per-expert Linears before quantizing;
+tests/exporters/test_compressed_tensors_moe.py compares its files with ours; the versions read, LLM_COMPRESSOR on
+TRANSFORMERS: exporters/tested.py).
 
 matgptq quantizes expert e of `<p>.experts` as `<p>.experts.<e>.gate_up_proj` ([2I, H]) and `.down_proj` ([H, I])
 (models/experts.py). Written per expert as llm-compressor does, each a pack-quantized Linear (compressed_tensors.py):
@@ -13,10 +14,10 @@ matgptq quantizes expert e of `<p>.experts` as `<p>.experts.<e>.gate_up_proj` ([
     up = the odd ones (llm-compressor's GptOssExpertMLP: `gate_up[:, 0::2].T`); the fused biases [E, 2I] / [E, H]
     split the same way into `.gate_proj.bias`, `.up_proj.bias`, `.down_proj.bias` (float, as llm-compressor writes
     them). This is not the GPTQ export's split (Defuser's halves), which a reader of named gate/up would misread.
-  * mixtral: the block is saved as `block_sparse_moe` (transformers 5.17's save conversion, which llm-compressor's
-    file shows), so every `<layer>.mlp.` tensor is written as `<layer>.block_sparse_moe.`: the router
+  * mixtral: the block is saved as `block_sparse_moe` (the save conversion of transformers at TRANSFORMERS, which
+    llm-compressor's file shows), so every `<layer>.mlp.` tensor is written as `<layer>.block_sparse_moe.`: the router
     `block_sparse_moe.gate.weight` and the experts `block_sparse_moe.experts.<e>.gate_proj`, ...
-    vLLM 0.32's Mixtral names those projections w1, w3 and w2 and looks up the scheme of `…experts.0.w1` (w3, w2),
+    vLLM's Mixtral (VLLM) names those projections w1, w3 and w2 and looks up the scheme of `…experts.0.w1` (w3, w2),
     which no exact `…gate_proj` target matches (its rename `.gate_proj.` → `.w1.` needs a dot after the name), so
     each target and `ignore` entry of an expert is followed by its vLLM spelling (`aliases`): a name no tensor has,
     which compressed-tensors' decompressor never looks up (llm-compressor's own `Linear` target matches both).
@@ -93,7 +94,7 @@ class CtMoE:
 
 _PER_EXPERT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj)$")  # a per-expert Linear's file name
 _FUSED = re.compile(r"^(.+\.experts)\.(gate_up_proj|down_proj)$")  # a fused [E, ...] weight stored whole
-CT_MOE = {  # the types llm-compressor 0.14 linearizes this way (its moe/ modules), checked against its files
+CT_MOE = {  # the types llm-compressor linearizes this way (its moe/ modules), checked against its files
     "qwen3_moe": CtMoE("mlp", interleaved=False, transposed=False),
     "mixtral": CtMoE("block_sparse_moe", interleaved=False, transposed=False, vllm_names=("w1", "w3", "w2")),
     "gpt_oss": CtMoE("mlp", interleaved=True, transposed=True),

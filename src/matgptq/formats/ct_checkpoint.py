@@ -2,7 +2,7 @@
 `Checkpoint` of plain b-bit layers (shift 0), so `matgptq.load`, `eval` and the exporters take them like GPTQ ones.
 
 config.json's `quantization_config` (quant_method "compressed-tensors", status "compressed") maps config groups to
-`targets`. A Linear's scheme is resolved as compressed-tensors 0.19 resolves it (apply_quantization_config,
+`targets`. A Linear's scheme is resolved as compressed-tensors resolves it (apply_quantization_config,
 utils/match.py): it is quantized when a target matches it, by exact name, by `re:<regex>` (re.match, from the start of
 the name) or by class name ("Linear"), and no `ignore` entry matches it the same way; of several matching targets
 the exact names win, then the regexes, then the class names, each in sorted order; a target listed by two groups
@@ -16,7 +16,7 @@ Tensors per quantized Linear `<name>` (N out, K in features, b = num_bits in 2..
   <name>.weight_zero_point  int32 [ceil(N·b/32), G]  asymmetric group/channel: zp + 2^(b−1) packed the same way along
                                                     N; asymmetric "tensor": zp itself, one integer
   <name>.weight_shape       int [2]                  [N, K]
-  <name>.weight_g_idx       int32 [K]                only with actorder "group" (removed in compressed-tensors 0.19)
+  <name>.weight_g_idx       int32 [K]                only with actorder "group" (older compressed-tensors)
 dequantizing (compressed-tensors' `dequantize`) to
 
     W[n, k] = scale[n, g] · (q[n, k] − zp[n, g]) = scale[n, g] · (u[n, k] − (zp[n, g] + 2^(b−1))),  g = g_idx[k]
@@ -30,9 +30,10 @@ is refused otherwise; a g_idx holding −1 (never initialised) means column orde
 
 Refused in one line: other formats (int-/float-/naive-quantized, nvfp4, sparse ones), float or dynamic weights, block
 strategies, activation or KV-cache quantization, sparsity and transforms (rotations the weights need at run time),
-1-bit weights, 3/5/6/7 bits written before compressed-tensors 0.17 (32 // b codes per word, no straddling; 2/4/8
-bits are the same stream in both), and mixture-of-experts checkpoints (per-expert Linears `<p>.experts.<e>.*_proj`,
-exporters/ct_experts.py): matgptq runs fused experts and does not rejoin them from this layout.
+1-bit weights, 3/5/6/7 bits of a file whose `version` is below STRADDLING (32 // b codes per word, no straddling;
+2/4/8 bits are the same stream in both), and mixture-of-experts checkpoints (per-expert Linears
+`<p>.experts.<e>.*_proj`, exporters/ct_experts.py): matgptq runs fused experts and does not rejoin them from this
+layout.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ _PARAM = re.compile(rf"^(.+)\.({'|'.join(PARAMS)})$")
 _EXPERT = re.compile(r"\.experts\.\d+\.")
 LINEAR_CLASSES = ("Linear", "Module")  # what a packed module is (nn.Linear): the class names a target can match
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+STRADDLING = (0, 17)  # the `version` field (a file's data) from which 3/5/6/7-bit codes straddle int32 words
 
 
 def unpack_int32(words: np.ndarray, bits: int, n: int) -> np.ndarray:
@@ -264,12 +266,13 @@ def _in_order(names: set[str], targets: dict[str, Scheme]) -> list[str]:
 
 
 def _check_version(p: Path, qc: dict, bits: set[int]) -> None:
-    """Refuse 3/5/6/7 bits packed before compressed-tensors 0.17 (32 // b codes per word: module docstring)."""
+    """Refuse 3/5/6/7 bits packed before STRADDLING (32 // b codes per word: module docstring)."""
     m = re.match(r"^(\d+)\.(\d+)", str(qc.get("version") or ""))
     odd = sorted(bits - {2, 4, 8})
-    if m and (int(m.group(1)), int(m.group(2))) < (0, 17) and odd:
+    if m and (int(m.group(1)), int(m.group(2))) < STRADDLING and odd:
+        since = "%d.%d" % STRADDLING
         raise UserError(f"{p} was written by compressed-tensors {qc['version']}, whose {odd[0]}-bit packing (no codes "
-                        "across words) predates 0.17; re-save it with compressed-tensors >= 0.17")  # fmt: skip
+                        f"across words) predates {since}; re-save it with compressed-tensors >= {since}")  # fmt: skip
 
 
 def _meta(qc: dict, schemes: list[Scheme]) -> dict:

@@ -9,7 +9,7 @@ dequantizing to W[n, k] = scales[g, n] · (q[k, n] − z[g, n]) with g = g_idx[k
 biases, lm_head) is stored unquantized under its usual name.
 
 Odd shapes (e.g. an MLP width of 172): at 2/4/8 bits a packed axis that does not fill whole int32 words is
-stored as GPTQModel 7.6.0 writes it, ceil(K·b/32) / ceil(N·b/32) words with zero codes and zero (v2) zero points in
+stored as GPTQModel writes it, ceil(K·b/32) / ceil(N·b/32) words with zero codes and zero (v2) zero points in
 the unused fields of the last word; v1 zeros are then derived as GPTQModel does (word − 0x11111111 for 4-bit, …, so
 the unused fields borrow: 0xEEEF7777 for four real 4-bit fields), bit for bit its own output. GPTQModel's generic
 torch kernel, and transformers + optimum with it, load such files (faster kernels may not: docs/results/gptq_compat.md).

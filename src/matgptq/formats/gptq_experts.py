@@ -1,7 +1,7 @@
 """GPTQ names and per-expert layout of fused mixture-of-experts layers (models/experts.py; docs/formats.md §2.9).
 
 matgptq quantizes each expert of transformers 5's fused experts as its own layer, `<p>.experts.<e>.gate_up_proj`
-(weight [2I, H]) and `<p>.experts.<e>.down_proj` ([H, I]). GPTQModel 7.6 loads a quantized MoE model through
+(weight [2I, H]) and `<p>.experts.<e>.down_proj` ([H, I]). GPTQModel loads a quantized MoE model through
 Defuser, which gives every expert plain Linears `<p>.experts.<e>.gate_proj`, `.up_proj`, `.down_proj` (mixtral under
 `mlp`, as transformers 5 names its block, not `block_sparse_moe`), so a GPTQ export stores those:
 
@@ -26,7 +26,7 @@ import torch
 from ..errors import UserError
 from .quantized import QuantizedWeight
 
-# the MoE types whose GPTQ export GPTQModel 7.6 reads (tests/exporters/test_gptq_moe_interop.py)
+# the MoE types whose GPTQ export GPTQModel reads (tests/exporters/test_gptq_moe_interop.py)
 MOE_TYPES = ("gpt_oss", "mixtral", "qwen3_moe")
 _LAYER = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_up_proj|up_proj|down_proj)$")
 _BIAS = re.compile(r"^(.+\.experts)\.(gate_up_proj|down_proj)_bias$")

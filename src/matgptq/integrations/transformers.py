@@ -17,10 +17,10 @@ weights; the checkpoint's quantized tensors (`.codes`, `.scales`, …) are decla
 `MatGPTQConfig(bits=...)` overrides the stored widths only because transformers copies a passed config's loading
 attributes onto the checkpoint's for the config types in `transformers.quantizers.auto.
 LOADING_ATTRIBUTES_CONFIG_TYPES`, a module-level tuple read at call time; `register` appends MatGPTQConfig to it
-(tested on transformers 5.17 and 5.23). transformers then warns, as it does for its own GPTQ backends, that the
-checkpoint's config is used, "However, loading attributes (e.g. ['bits', 'packed']) will be overwritten with the one
-you passed". `save_pretrained` would write runtime buffers, not a checkpoint, so it is refused (`is_serializable`)
-with the command that writes a slice.
+(tested on both transformers versions of exporters/tested.py). transformers then warns, as it does for its own GPTQ
+backends, that the checkpoint's config is used, "However, loading attributes (e.g. ['bits', 'packed']) will be
+overwritten with the one you passed". `save_pretrained` would write runtime buffers, not a checkpoint, so it is refused
+(`is_serializable`) with the command that writes a slice.
 """
 
 from __future__ import annotations

@@ -193,8 +193,8 @@ def gemm(x, planes, scales, zeros, y, M, K, N, K32, BITS: tl.constexpr, C: tl.co
          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, HOIST: tl.constexpr):  # fmt: skip
     """BLOCK_M rows against BLOCK_N outputs; the word path makes one product per lane (j, b): x's columns
     32w + LB·j + b [BLOCK_M, BLOCK_K / 32] times that lane's weights [BLOCK_K / 32, BLOCK_N] (BLOCK_K ≥ 512). (Joining
-    the 32 lanes' tiles into one [BLOCK_K, BLOCK_N] product per block, x gathered to match, took 140 µs against 93 at
-    8192², batch 16, on an H200: docs/results/gpu.json's sweep of 2026-11-28.)"""
+    the 32 lanes' tiles into one [BLOCK_K, BLOCK_N] product per block, x gathered to match, was slower:
+    docs/decisions/code-constants.md.)"""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -26,8 +26,8 @@ one scale multiply per word instead of per weight (its rounding: |fl − exact| 
 tests/kernels/test_triton_nested.py). Every tensor is [BLOCK_K / 32, BLOCK_N] (one row per word): for each lane
 (b, j) the kernels gather x's columns 32w + LB·j + b, GEMV multiplying and adding, GEMM making one tl.dot of those
 columns (≥ 16 words, so BLOCK_K ≥ 512) with the lane's scaled weights. (A first version held the block as
-[words, LB, lanes, BLOCK_N] tensors and ran 5× slower on an H100: docs/results/gpu.json.) Other group sizes take the
-generic path, one bit per column and plane, with a K block of at most 64.
+[words, LB, lanes, BLOCK_N] tensors and was several times slower: docs/results/gpu.md, its first version.) Other group
+sizes take the generic path, one bit per column and plane, with a K block of at most 64.
 `split_k` > 1 lets GEMV's programs share K (float32 atomic adds into a zeroed buffer), for few output rows.
 
 Triton is imported on first use (the `kernels` extra); the interpreter is chosen by triton itself from
@@ -47,8 +47,8 @@ import torch
 from ..errors import UserError
 from .bitplanes import NestedLayout
 
-# Measured by make gpu-check (docs/results/gpu.json, H100): at 8192², 4 bits, GEMV takes 39 µs at one row and GEMM
-# 82 µs at 4 rows against GEMV's 113 (GEMV decodes the weight once per row); so GEMV serves one row only.
+# make gpu-check's sweeps: GEMV is the faster at one row and GEMM already at 4 rows (GEMV decodes the weight once per
+# row), so GEMV serves one row only (docs/decisions/code-constants.md).
 GEMV_MAX_ROWS = 1  # rows of x up to which Kernel.AUTO takes the GEMV kernel (one program per row and BLOCK_N)
 GENERIC_BLOCK_K = 64  # the generic path's K block at most (a GEMM tile [512, 32] needed 512 KB of shared memory)
 
@@ -96,8 +96,8 @@ class Tiles:
     hoist: bool = False  # word path: load each plane word once for all LB lane offsets, not once per offset
 
 
-# The fastest correct candidates of make gpu-check's sweeps (docs/results/gpu.json, 8192², 4 bits): GEMV on an H200
-# (split 1 at 8192²: 26.3 µs; the H100's (32, 256, split 4) took 33.9 there), GEMM on an H100 and on an H200
+# The fastest correct candidates of make gpu-check's sweeps at 8192², 4 bits (docs/results/gpu.md, launch parameters;
+# docs/decisions/code-constants.md): GEMV's the best on one of the two GPUs measured, GEMM's on both
 DEFAULT_TILES = {NestedKernel.GEMV: Tiles(32, 1024, split_k=0, hoist=True), NestedKernel.GEMM: Tiles(64, 512, 16)}
 
 

@@ -13,11 +13,11 @@ unused is spent on the side of m; s may be negative.
 MSE search (`mse=True`, on the shrink grid of IST-DASLab/gptq, p = 1, 0.99, …, 0.21): score ranges p·[xmin, xmax] by
 E(p) = Σ_j d_j·|ŵ_j − w_j|^2.4 in two passes, coarse to fine: every 4th grid point (p = 1, 0.96, …, 0.24), then, per
 row, the grid points within 2 steps of its two best coarse points (the first minimiser, then the next), and keep the
-grid point of smallest E among those (the largest p on ties). 30 scored points instead of IST-DASLab's 80; on
-SmolLM2's weights the chosen E is within 0.002% (symmetric) and 0.013% (asymmetric) of scoring all 80, in 0.4x the
-time (docs/results/mse_search.md). d_j = 1 (GPTQ's search), or, given column
-weights (`--mse-weighted`), d_j = H_jj: the input's mean square, the importance llama.cpp's imatrix quantizers weight
-their block-scale search by (llama.cpp ggml-quants.c, quantize_row_q4_0_impl; there also scaled by √(σ² + w_j²)).
+grid point of smallest E among those (the largest p on ties). 30 scored points instead of IST-DASLab's 80; on SmolLM2's
+weights the chosen E is close to scoring all 80, in well under half the time (docs/results/mse_search.md). d_j = 1
+(GPTQ's search), or, given column weights (`--mse-weighted`), d_j = H_jj: the input's mean square, the importance
+llama.cpp's imatrix quantizers weight their block-scale search by (llama.cpp ggml-quants.c, quantize_row_q4_0_impl;
+there also scaled by √(σ² + w_j²)).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ MSE_GRID = 100
 MSE_MAX_SHRINK = 0.8
 MSE_NORM = 2.4
 # [S, rows, n] elements per search chunk on the CPU (4 MB of float32: the chunk's ~9 elementwise passes stay in cache;
-# 16 MB took 1.25x as long on SmolLM2's layer shapes, same result bits); 64x on a GPU
+# larger chunks were slower, same result bits:
+# docs/decisions/code-constants.md); 64 times as many on a GPU
 SEARCH_ELEMENTS = 1 << 20
 
 
@@ -83,7 +84,7 @@ class NearestRounding:
     def column_into(self, w, scale, zero, d, codes, err) -> None:
         """codes[:] = codes(w), err[:] = residual(w, codes) / d: the very operations of the two methods and the
         division, written into the solver's buffers with one temporary instead of four and no copy (the CPU
-        solver's column loop is bound by per-operation overhead: 27 µs a 576-row column instead of 47)."""
+        solver's column loop is bound by per-operation overhead: docs/decisions/code-constants.md)."""
         q = torch.div(w, scale, out=codes).round_().add_(zero).clamp_(0, self.maxq)
         torch.sub(w, torch.sub(q, zero).mul_(scale), out=err).div_(d)
 
@@ -91,19 +92,18 @@ class NearestRounding:
         """|w − s·(q − z)|^norm in place on one buffer: q − z = clamp(round(w/s) + z, 0, maxq) − z is
         clamp(round(w/s), −z, maxq − z) exactly (small integers in float), and |a − b| = |b − a| exactly, so these
         are the bits of codes() followed by the subtraction, with two passes and one temporary fewer. `zero` may be a
-        number (a symmetric grid's): a clamp to numbers is ~15x faster than to broadcast tensors on a CPU."""
+        number (a symmetric grid's): a clamp to numbers is much faster than to broadcast tensors on a CPU."""
         q = torch.div(w, scale).round_().clamp_(min=-zero, max=self.maxq - zero)
         return abs_pow_(q.mul_(scale).sub_(w), norm)
 
 
 def abs_pow_(x: torch.Tensor, p: float) -> torch.Tensor:
-    """|x|^p in place. On a CPU as exp(p·ln|x|) (0 ↦ exp(−inf) = 0): torch's pow with a non-integer exponent costs
-    2.3x the three passes there (an [8, 576, 128] float32 block: 1.9 ms against 0.8). The two agree to
-    (1.5·|p·ln|x|| + 1) float32 ulp relative (tests/quantization/test_grid.py derives it), ~2e-6 for the weight errors
-    the search scores, below the differences between most grid points it compares; near-ties may flip (SmolLM2,
-    4-bit g128, 64 x 512 windows: the first changed choice, 22 codes of layer 4's up_proj, then changes every later
-    Hessian; the model scores 22.94 perplexity and 0.162 KL against pow's 22.89 and 0.160, inside the calibration
-    seeds' spread). On a GPU, where one pass of memory is the cost, pow itself."""
+    """|x|^p in place. On a CPU as exp(p·ln|x|) (0 ↦ exp(−inf) = 0): torch's pow with a non-integer exponent costs more
+    than the three passes there. The two agree to (1.5·|p·ln|x|| + 1) float32 ulp relative
+    (tests/quantization/test_grid.py derives it), ~2e-6 for the weight errors the search scores, below the differences
+    between most grid points it compares; near-ties may flip (a changed choice then changes every later Hessian), and
+    the model's perplexity and KL stayed inside the calibration seeds' spread
+    (docs/decisions/code-constants.md). On a GPU, where one pass of memory is the cost, pow itself."""
     if x.is_cuda:
         return x.abs_().pow_(p)
     return x.abs_().log_().mul_(p).exp_()
@@ -154,7 +154,7 @@ def find_params(w: torch.Tensor, rounding: Rounding, sym: bool, mse: bool, signe
     lo, hi = _range(w, signed)  # the same for every shrink: found once
     if not mse:
         return _params(lo, hi, rounding.bits, sym, 1.0, signed)
-    w = w.contiguous()  # the solver passes a transposed view: its rows scored from contiguous memory, ~1.2x faster
+    w = w.contiguous()  # the solver passes a transposed view: its rows scored from contiguous memory are faster
     grid = _shrinks(lo.dtype, lo.device)
     weights = None if col_weights is None else col_weights.to(w.dtype)
     coarse = _errors(w, rounding, lo, hi, sym, signed, weights, grid[:: search.coarse, None])  # [C, rows]

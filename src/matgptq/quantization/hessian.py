@@ -8,8 +8,8 @@ Inputs calibrated in bfloat16 on a CPU with bfloat16 arithmetic (execution.nativ
 bfloat16 products with float32 accumulation (`torch.backends.mkldnn.matmul.fp32_precision = "bf16"`), and the
 factor 2/n is applied to the product instead of to X (√(2/n)·X would no longer be bfloat16 values). That path rounds
 the operands to bfloat16, which changes nothing for operands that are bfloat16 values: the product of two 8-bit
-significands is exact in float32's 24, so each sum is float32 arithmetic as before, in another order. On SmolLM2's
-[1024, 1536] batches (2 AVX512-BF16 cores) it takes half the time (9.5 ms instead of 18).
+significands is exact in float32's 24, so each sum is float32 arithmetic as before, in another order, in about half
+the time (docs/decisions/code-constants.md).
 """
 
 from __future__ import annotations

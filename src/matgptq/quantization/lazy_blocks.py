@@ -95,15 +95,15 @@ def run_block(rounding: Rounding, wt, u, diag, err, codes, groups: tuple[int, in
 
 class BlockGraph:
     """A full block's column loop (`run_block`) on fixed buffers, captured once as a CUDA graph and replayed for every
-    full block of the layer: on a GPU the loop is some ten small kernels per column, whose launches cost more than
-    their work (gpu-anchors.md: 0.98 s eager, 0.09 s as one graph per block, for a 4096² layer). The replay runs the
-    same operations on the same values as the eager loop, so the codes are the eager ones. Only where every
-    operation is a device operation with no host round trip (`capturable`): nearest rounding, or MatGPTQ's per-width
-    rounding without the --mse search (the paper variant's code search and the search's codes run on the host), no
-    static groups or K-quant lattice, and groups that never cross a block (g divides the block, or one group per row,
-    whose parameters the caller finds first). `capture=False` runs the loop on the buffers without a graph (how the
-    CPU tests check the buffers' plumbing). With T tracks the weight buffers are [size, T·N], codes and parameters
-    per output row [.., N]."""
+    full block of the layer: on a GPU the loop is some ten small kernels per column, whose launches cost more than their
+    work (a 4096² layer's loop is an order of magnitude faster as one graph per block:
+    docs/decisions/code-constants.md). The replay runs the same operations on the same values as the
+    eager loop, so the codes are the eager ones. Only where every operation is a device operation with no host round
+    trip (`capturable`): nearest rounding, or MatGPTQ's per-width rounding without the --mse search (the paper variant's
+    code search and the search's codes run on the host), no static groups or K-quant lattice, and groups that never
+    cross a block (g divides the block, or one group per row, whose parameters the caller finds first). `capture=False`
+    runs the loop on the buffers without a graph (how the CPU tests check the buffers' plumbing). With T tracks the
+    weight buffers are [size, T·N], codes and parameters per output row [.., N]."""
 
     def __init__(self, wt, grid: GroupGrid, g: int, size: int, capture: bool = True):
         n, dev, dtype = wt.shape[1], wt.device, wt.dtype

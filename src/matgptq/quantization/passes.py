@@ -28,8 +28,8 @@ Four ways to cut the cost of those passes without changing a single result bit:
    (addition commutes exactly in IEEE arithmetic), i.e. the next block's inputs bit for bit, for one Linear instead of
    a whole block. The price is holding x ([tokens, intermediate]) instead of a second copy of the hidden states,
    in one buffer for all batches: kept batch by batch, the copies were interleaved on the heap with the pass's
-   freed temporaries, which could then not be handed back (quantizing SmolLM2 in float32, 2,048-token batches, one
-   run each: a peak of 1.07 GB of resident memory instead of 0.93).
+   freed temporaries, which could then not be handed back (a higher peak of resident memory:
+   docs/decisions/code-constants.md).
 
 tests/quantization/test_passes.py pins the equality of all four against the plain pipeline for every architecture.
 

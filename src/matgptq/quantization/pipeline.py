@@ -57,9 +57,9 @@ from .passes import (
 
 
 # Calibration tokens per forward batch (whole windows, at least one). Each batch's activations are a pass's
-# temporaries. `quantize` of SmolLM2-135M in float32 (GPTQ 4-bit g128, 64 x 512 tokens, 2 threads, one run each):
-# 4096 tokens: 314 CPU s, peak RSS 1.02 GB; 2048: 303 s, 0.92 GB; 1024: 297 s, 0.89 GB; 512: 302 s, 0.89 GB.
-# On a GPU larger batches keep the kernels busy: 4096 there (not measured).
+# temporaries. On the CPU 1024 had the least CPU time and, with 512, the lowest peak memory of the sizes tried
+# (docs/decisions/code-constants.md); on a GPU larger batches keep the kernels busy:
+# 4096 there (not measured).
 BATCH_TOKENS = 1024
 BATCH_TOKENS_GPU = 4096
 

@@ -70,10 +70,9 @@ def calibration_dtypes(model: Path, dtype: str, dev: torch.device, method: Metho
     - a bfloat16 or float16 model on a CPU without arithmetic in it (execution.compute_dtype) is loaded and
       calibrated in float32 and written in its own dtype: half values, held exactly in float32, round back exactly;
     - GPTQ of a float32 model on a CPU with bfloat16 arithmetic (execution.native_bfloat16) calibrates in bfloat16,
-      from the float32 weights, and writes float32 (narrow.py): on SmolLM2 (benchmarks/gptq_defaults.py, rows
-      ao-static-mse-w-refit in float32 → default in these passes, 3 seeds, g128) a tie in perplexity and KL at 3
-      and 4 bits (stories260K per channel: 3 bits 1.7% higher perplexity, 4 bits a tie), and end to end (benchmarks/bench_pipeline.py, 4-bit g128, 64 x 512 tokens, 2 AVX512-BF16 cores, median of 2
-      rounds) 132 CPU s against 223 in float32. MatGPTQ's parents were not measured so: they keep float32;
+      from the float32 weights, and writes float32 (narrow.py): a tie in perplexity and KL on SmolLM2, in less CPU
+      time (docs/guide/quantize.md#defaults, --dtype; docs/results/gptq_defaults.md, bench_pipeline.md). MatGPTQ's
+      parents were not measured so: they keep float32;
     - otherwise the model's own, throughout."""
     chosen = DTYPES[dtype]
     if chosen is not None:

@@ -1,6 +1,7 @@
 """A slice's weight on torch's int4 weight-only CPU matmul (`aten._weight_int4pack_mm_for_cpu`), the fast decode path.
 
-What the kernel computes (torch 2.13, checked by tests/runtime/test_int4_cpu.py against the formula below):
+What the kernel computes (on torch at TORCH, exporters/tested.py; checked by tests/runtime/test_int4_cpu.py against
+the formula below):
 
     y[m, n] = Σ_k x[m, k] · ((q[n, k] − 8) · SZ[k // gs, n, 0] + SZ[k // gs, n, 1]),   q ∈ [0, 15]
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import UserError
+from ..tested import GPTQMODEL
 
 _LLAMA_BLOCK = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -96,7 +97,7 @@ ARCHITECTURES = {
 # model types whose GGUF export is refused with a reason and an alternative (gguf_arch)
 REFUSED = {"gpt_oss": "GGUF export of gpt_oss is not supported: its llama.cpp graph (attention sinks, biased and "
                       "clamped SwiGLU experts with interleaved gate/up rows) is not mapped or tested here; use export "
-                      "--format gptq_v1/gptq_v2 (GPTQModel 7.6 and matgptq.load run it)"}  # fmt: skip
+                      f"--format gptq_v1/gptq_v2 ({GPTQMODEL} and matgptq.load run it)"}  # fmt: skip
 
 
 def gguf_arch(model_type: str | None) -> GGUFArch:

@@ -2,8 +2,9 @@
 the K-quant type its presets use there: Q6_K (gguf-py has no K-quant quantizer). The legacy types (Q8_0, Q4_0, ...)
 come from gguf-py's own `quants.quantize`.
 
-`quantize_q6_k` is ggml-quants.c `quantize_row_q6_K_ref` (llama-cpp-python 0.3.36's vendored llama.cpp), vectorised
-over sub-blocks with the same float32 operations in the same order:
+`quantize_q6_k` is ggml-quants.c `quantize_row_q6_K_ref` (llama-cpp-python's vendored llama.cpp, the version:
+LLAMA_CPP_PYTHON in exporters/tested.py), vectorised over sub-blocks with the same float32 operations in the same
+order:
 
     per 16 weights: scale = make_qx_quants(16, nmax = 32, x, rmse_type = 1): iscale = −32/max (max = the weight of
         largest |x|), l = clamp(nearest_int(iscale·x), −32, 31), weights w = x², scale = Σwxl / Σwl²; then the 18
