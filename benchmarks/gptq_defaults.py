@@ -72,7 +72,7 @@ def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Pa
                str(gs), "--calib", str(a.calib), "--calib-range", "0.5:1",
                *([] if ROWS[name] == AS_TYPED else ["--nsamples", str(a.nsamples), "--seqlen", str(a.seqlen)]),
                "--seed", str(seed), "--overwrite", "--quiet"]  # fmt: skip
-        cmd += options(ROWS[name]) if isinstance(ROWS[name], dict) else []
+        cmd += options(ROWS[name]) if isinstance(ROWS[name], dict) and not ROWS[name].get("as_typed") else []
     return {**measured_child(cmd, a.threads, log), "command": cmd[1:], "measured": measured_at()}
 
 

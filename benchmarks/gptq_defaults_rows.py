@@ -51,6 +51,19 @@ ROWS = {
     "matgptq-parent-gar-mse-w-refit": {"method": "matgptq", **GAR, "mse": True, "mse_weighted": True,
                                        "refit_scales": True},
     "matgptq-parent-gar-refit": {"method": "matgptq", **GAR, "refit_scales": True},  # without the scale search's cost
+    # the parent with GPTQ's default column order (act order, static groups), calibrating as `--dtype auto` does on a
+    # CPU with bfloat16 arithmetic (the `default` row's), without and with the weighted scale search (issue #102)
+    "matgptq-parent-ao-static-refit-bf16": {"method": "matgptq", "act_order": True, "static_groups": True,
+                                            "refit_scales": True, "dtype": "bfloat16"},
+    "matgptq-parent-ao-static-mse-w-refit-bf16": {"method": "matgptq", "act_order": True, "static_groups": True,
+                                                  "mse": True, "mse_weighted": True, "refit_scales": True,
+                                                  "dtype": "bfloat16"},
+    # the same with the master width's weight λ_8 lowered from its default 16 (λ_3 = λ_4 = 1): the trade-off between
+    # the narrow slices and the 8-bit one
+    **{f"matgptq-parent-ao-static-mse-w-refit-bf16-l{lam}": {
+        "method": "matgptq", "act_order": True, "static_groups": True, "mse": True, "mse_weighted": True,
+        "refit_scales": True, "dtype": "bfloat16", "bit_weights": f"1,1,{lam}"} for lam in (1, 4)},
+    "matgptq-default": {"method": "matgptq", "as_typed": True},  # --method matgptq and no option: its defaults
     "gptqmodel": "peer",
     "llmcompressor": "peer",
     "llmcompressor-g64": "peer",  # where it cannot run the row's group size: the largest it runs on SmolLM2 (576 columns)
@@ -72,7 +85,8 @@ def options(row: dict) -> list[str]:
     out = [f"--{'' if s[k] else 'no-'}{k.replace('_', '-')}" for k in ("group_act_order", "mse", "mse_weighted",
                                                                         "refit_scales", "act_order", "static_groups")]  # fmt: skip
     out += [] if s["true_sequential"] else ["--no-true-sequential"]
-    return out + ["--damp", str(s["damp"]), "--dtype", s["dtype"], *calibration]
+    weights = ["--bit-weights", row["bit_weights"]] if "bit_weights" in row else []
+    return out + ["--damp", str(s["damp"]), "--dtype", s["dtype"], *weights, *calibration]
 
 
 def is_parent(row: str) -> bool:

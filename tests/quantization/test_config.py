@@ -32,9 +32,7 @@ def test_the_defaults_table_is_read_from_the_configs():
     assert METHOD_DEFAULTS[Method.GPTQ] == {"group_size": 128, "act_order": True, "static_groups": True,
                                             "group_act_order": False, "mse": True, "mse_weighted": True,
                                             "refit_scales": True, "damp": 0.01}  # fmt: skip
-    parent = METHOD_DEFAULTS[Method.MATGPTQ]
-    assert (parent["mse"], parent["act_order"], parent["static_groups"], parent["group_act_order"]) == (
-        False, False, False, True)  # fmt: skip
+    assert METHOD_DEFAULTS[Method.MATGPTQ] == METHOD_DEFAULTS[Method.GPTQ]  # a parent takes GPTQ's options
     assert METHOD_DEFAULTS[Method.RTN] == {"group_size": 128, "act_order": False, "static_groups": False,
                                            "group_act_order": False, "mse": False, "mse_weighted": False,
                                            "refit_scales": False}  # fmt: skip
@@ -85,13 +83,15 @@ def test_target_gguf_refuses_what_llama_cpp_blocks_cannot_hold(options, message)
         GPTQConfig(bits=4, **{"target": "gguf", **options})
 
 
-def test_matgptq_defaults_group_act_order_and_refit_without_the_scale_search():
-    """A parent's defaults (benchmarks/gptq_defaults.py measured them): group act-order and the master's scale refit,
-    both free in CPU time; the scale search, which costs a parent ~2.8x, stays off, and so does its weighting even
-    when the search is asked for."""
-    cfg = MatGPTQConfig(bits=8, target_bits=(3, 4, 8))
-    assert (cfg.group_size, cfg.group_act_order, cfg.refit_scales, cfg.mse, cfg.mse_weighted) == (128, True, True, False, False)
-    assert MatGPTQConfig(bits=4, mse=True).mse_weighted is False and cfg.widths == (3, 4, 8)
+def test_matgptq_defaults_are_gptqs_with_a_master_weight_of_four():
+    """A parent's defaults (docs/decisions/matgptq-defaults.md): GPTQ's options (act order with static groups, the
+    weighted scale search, the refit) and λ = 1 for each target width but 4 for the master."""
+    cfg, gptq = MatGPTQConfig(bits=8, target_bits=(3, 4, 8)), GPTQConfig(bits=8)
+    options = ("group_size", "act_order", "static_groups", "group_act_order", "mse", "mse_weighted", "refit_scales")
+    assert [getattr(cfg, k) for k in options] == [getattr(gptq, k) for k in options] == [128, True, True, False, True,
+                                                                                         True, True]  # fmt: skip
+    assert cfg.bit_weights == (1.0, 1.0, 4.0) and cfg.widths == (3, 4, 8)
+    assert MatGPTQConfig(bits=8, target_bits=(3, 4, 8), variant="paper").bit_weights == (1.0, 1.0, 1.0)
 
 
 @pytest.mark.parametrize("build,message", [

@@ -87,7 +87,7 @@ def test_default_variant_stores_target_width_scales_and_each_variant_its_roundin
     from matgptq.quantization.layer import make_rounding
 
     default, paper = make_config("matgptq", (3, 4, 8)), make_config("matgptq", (3, 4, 8), variant="paper")
-    assert default.variant is Variant.PER_WIDTH_SCALES and default.bit_weights == (1.0, 1.0, 16.0)
+    assert default.variant is Variant.PER_WIDTH_SCALES and default.bit_weights == (1.0, 1.0, 4.0)
     assert paper.bit_weights == (1.0, 1.0, 1.0) and make_config("gptq", 4).widths == (4,)
     assert type(make_rounding(paper)) is MatryoshkaRounding and type(make_rounding(default)) is PerWidthRounding
     layers, reports, _ = quantize_model(tiny_model("llama"), windows(), default, progress=False)

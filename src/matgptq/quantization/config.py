@@ -47,7 +47,7 @@ class Target(str, Enum):
 GGUF_BLOCK = 32  # columns per block of llama.cpp's legacy types (Q4_0 ... Q8_0): --target gguf's group size
 DEFAULT_GROUP_SIZE = 128  # GPTQModel's and llm-compressor's
 MIN_BITS, MAX_BITS = 2, 8
-MASTER_BIT_WEIGHT = 16.0  # default λ_c of the per-width variants (MatGPTQConfig.default_bit_weight)
+MASTER_BIT_WEIGHT = 4.0  # default λ_c of the per-width variants (MatGPTQConfig.default_bit_weight)
 
 
 def _as_enum(cfg, name: str, kind: type[Enum], what: str) -> None:
@@ -195,8 +195,7 @@ class GPTQConfig(GridConfig):
 
     method: ClassVar[Method] = Method.GPTQ
     weight_search: ClassVar[bool] = True  # mse_weighted's default where the search is on
-    # act order with static groups by default: ahead of GAR at 3 and 4 bits on SmolLM2 g128 over 3 seeds
-    # (docs/results/gptq_defaults.md), with the plain layout GAR has
+    # act order with static groups by default, with the plain layout GAR has (docs/decisions/gptq-defaults.md)
     act_order_default: ClassVar[bool] = True
 
     def _resolve(self) -> None:
@@ -230,14 +229,11 @@ class GPTQConfig(GridConfig):
 class MatGPTQConfig(GPTQConfig):
     """MatGPTQ: one set of `bits`-bit codes whose top r bits are also good r-bit codes, for each r in R."""
 
-    mse: bool = False  # the scale search: ~2.8x the CPU time on a parent (docs/results/gptq_defaults.md)
     target_bits: tuple[int, ...] = ()  # R, sorted, containing the master width; () = (bits,)
     bit_weights: tuple[float, ...] = ()  # λ_r, one per width of R; () = default_bit_weight
     variant: Variant = Variant.PER_WIDTH_SCALES  # parents recorded before variants existed are PAPER
 
-    method: ClassVar[Method] = Method.MATGPTQ
-    weight_search: ClassVar[bool] = False  # off, as the scale search itself (docs/results/gptq_defaults.md)
-    act_order_default: ClassVar[bool] = False  # GAR: act order with static groups is not measured on a parent
+    method: ClassVar[Method] = Method.MATGPTQ  # GPTQ's defaults, and its own λ_c (docs/decisions/matgptq-defaults.md)
 
     def __post_init__(self) -> None:
         _as_enum(self, "variant", Variant, "MatGPTQ variant")
@@ -271,9 +267,9 @@ class MatGPTQConfig(GPTQConfig):
         return self.target_bits
 
     def default_bit_weight(self, width: int) -> float:
-        """λ_r when none is given: 1 (the paper), except the master's in the per-width variants: 16. A larger λ_c
-        pulls the shared codes towards the master width's own optimum, improving the widest slices at a small cost to
-        the narrow ones (docs/results/ablation*.md compare values)."""
+        """λ_r when none is given: 1 (the paper), except the master's in the per-width variants: MASTER_BIT_WEIGHT.
+        A larger λ_c pulls the shared codes towards the master width's own optimum, improving the widest slices at a
+        cost to the narrow ones (docs/decisions/matgptq-defaults.md)."""
         return MASTER_BIT_WEIGHT if self.variant is not Variant.PAPER and width == self.bits else 1.0
 
 
