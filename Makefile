@@ -10,7 +10,7 @@ TEXT    := $(SHARED)/data/tinystories/tinystories_val_head.txt
 PINS    := $(abspath .ci/constraints.txt)
 PIP     := PIP_CONSTRAINT=$(PINS) $(BIN)/pip install -q --disable-pip-version-check -c $(PINS)
 
-.PHONY: venv demo test interop compat llama-cpp-tools real-model real-model-table search-real-model bench-venv bench bench-pipeline results gpu-check gpu-carry vllm vllm-test clean
+.PHONY: venv demo test docs-check interop compat llama-cpp-tools real-model real-model-table search-real-model bench-venv bench bench-pipeline results gpu-check gpu-carry vllm vllm-test clean
 
 # torch is installed first and pinned (.ci/constraints.txt): 2.13.0 is a local CPU wheel; any other version
 # would pull gigabytes of CUDA wheels.
@@ -31,6 +31,11 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# Every generated page and README block equals its rendering from its JSON (benchmarks/render_docs.py): the docs'
+# own check, apart from the tests (which import no benchmark); CI runs it after `make test`.
+docs-check: venv
+	MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m benchmarks.render_docs --check
 
 # Everything on one GPU in one run of a few minutes (benchmarks/gpu_check.py): the machine's own python3 (torch, triton,
 # transformers), PYTHONPATH=src, no venv and no install; writes docs/results/gpu.{json,md}. Without CUDA it runs the

@@ -5,8 +5,8 @@ The page and its figure: gptq_defaults_report.py."""
 
 from __future__ import annotations
 
-from benchmarks.gptq_defaults_report import TASKS, cells_of
-from benchmarks.gptq_defaults_rows import ALL, AS_TYPED, PARENT_WIDTHS, PEER_LABELS, ROWS, is_parent
+from benchmarks.gptq_defaults_report import cells_of
+from benchmarks.gptq_defaults_rows import ALL, PARENT_WIDTHS, PEER_LABELS, ROWS, is_parent
 
 
 def _step(cells: dict, before: str, after: str, after_cells: dict | None = None) -> str:
@@ -39,10 +39,10 @@ def defaults_block(data: dict) -> str:
     """docs/guide/quantize.md's table of defaults: each method's value (METHOD_DEFAULTS, the code) and, for GPTQ, what
     the ablation measured for it on SmolLM2-135M-Instruct at g128 (docs/results/gptq_defaults.json)."""
     from matgptq.quantization.calibration import CalibConfig
-    from matgptq.quantization.config import CONFIGS, METHOD_DEFAULTS, Method
+    from matgptq.quantization.config import CONFIGS, MASTER_BIT_WEIGHT, METHOD_DEFAULTS, Method
 
     cells = cells_of(data)
-    gar = "gar-mse-w-refit"  # the defaults until 2026-12-01: GAR with the scale search, its weighting and the refit
+    gar = "gar-mse-w-refit"  # the defaults before act order: GAR with the scale search, its weighting and the refit
     show = lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v)  # noqa: E731
     # an option a method does not have (RTN's damping) shows as "-"
     value = lambda k: " / ".join(show(METHOD_DEFAULTS[m][k]) if k in METHOD_DEFAULTS[m] else "-"  # noqa: E731
@@ -62,10 +62,12 @@ def defaults_block(data: dict) -> str:
          "columns, so the layout stays the plain one: no g_idx, every export takes it); in place of GAR with the "
          "defaults' other options (scale search, weighting, refit), `" + gar + "` → `default`: "
          + _step(cells, gar, "default") + _cpu(cells, gar, "default") + "; with those options off, `gar` → "
-         "`ao-static`: " + _step(cells, "gar", "ao-static") + " (act order needs the scale search at 3 bits)"),
+         "`ao-static`: " + _step(cells, "gar", "ao-static") + " (act order needs the scale search at 3 bits); a "
+         "parent, `matgptq-parent-gar-refit` → `matgptq-parent-ao-static-refit-bf16` (calibrated in bfloat16): "
+         + _step(cells, "matgptq-parent-gar-refit", "matgptq-parent-ao-static-refit-bf16")),
         ("`--group-act-order`", value("group_act_order"), "GAR (whole groups, and the columns inside each, by "
-         "decreasing H_kk; GPTQModel's default): a parent's default, and GPTQ's until act order with static groups "
-         "replaced it; GPTQ, plain → `gar`: " + _step(cells, "plain", "gar")),
+         "decreasing H_kk; GPTQModel's default): GPTQ's and a parent's until act order with static groups replaced "
+         "it; GPTQ, plain → `gar`: " + _step(cells, "plain", "gar")),
         ("`--refit-scales`", value("refit_scales"), "the codes' scales refit by least squares; a parent, "
          "`matgptq-parent` → `matgptq-parent-gar-refit` (with group act-order): " + parent("matgptq-parent-gar-refit")),
         ("`--mse`, `--mse-weighted`", " / ".join(show(METHOD_DEFAULTS[m]["mse"] and METHOD_DEFAULTS[m]["mse_weighted"])
@@ -76,7 +78,13 @@ def defaults_block(data: dict) -> str:
          "→ `default` (with the refit): " + _step(cells, "ao-static", "default") + "; with GAR, `gar` → `" + gar
          + "`: " + _step(cells, "gar", gar) + "; the search (and its weighting) without and with the refit, GAR, "
          "`gar-refit` → `" + gar + "`: " + _step(cells, "gar-refit", gar) + "; a parent, `matgptq-parent` → "
-         "`matgptq-parent-gar-mse-w-refit` (off for a parent, for its CPU time): " + parent("matgptq-parent-gar-mse-w-refit")),
+         "`matgptq-parent-gar-mse-w-refit`: " + parent("matgptq-parent-gar-mse-w-refit") + "; with act order, "
+         "`matgptq-parent-ao-static-refit-bf16` → `matgptq-parent-ao-static-mse-w-refit-bf16`: "
+         + _step(cells, "matgptq-parent-ao-static-refit-bf16", "matgptq-parent-ao-static-mse-w-refit-bf16")
+         + " (the parent's slices against the default GPTQ: [matgptq defaults](../decisions/matgptq-defaults.md))"),
+        ("`--bit-weights`", f"- / 1 each, {MASTER_BIT_WEIGHT:g} for the master / -", "a parent's weight λ_r of each "
+         "target width's error: a larger master weight favours the widest slice over the narrow ones; the trade-off "
+         "measured: [matgptq defaults](../decisions/matgptq-defaults.md)"),
         ("`--damp`", value("damp"), "GPTQ's and llm-compressor's; GPTQModel's 0.05 instead, with GAR and the "
          f"defaults' other options (`{gar}` → `{gar}-damp0.05`): " + _step(cells, gar, f"{gar}-damp0.05")),
         ("true-sequential (`--no-true-sequential`)", field("true_sequential"), "each group of a block's Linears "
@@ -121,16 +129,18 @@ def _default_row(parent: bool) -> str | None:
                 None)  # fmt: skip
 
 
-def readme_block(data: dict, pipeline: dict) -> str:
-    """The README's comparison: `quantize --method gptq` with no options against the peers' defaults, seed means;
-    its cost from `pipeline` (bench_pipeline.json)."""
+def readme_block(data: dict) -> str:
+    """The README's comparison: `quantize --method gptq` and a parent, each with no options, against the peers'
+    defaults, seed means (the page gives CPU time, memory and zero-shot accuracy)."""
     cells = cells_of(data)
     peers = [p for p in ("gptqmodel", "llmcompressor", "llmcompressor-g64") if any(k[0] == p for k in cells)]
-    default_parent = _default_row(parent=True)
-    parent = any(k[0] == default_parent for k in cells)  # its slices, the parent made with no options either
+    # its slices, the parent made with no options either: run so (`matgptq-default`), or a row spelling its defaults
+    default_parent = "matgptq-default" if any(k[0] == "matgptq-default" for k in cells) else _default_row(parent=True)
+    parent = any(k[0] == default_parent for k in cells)
     head = ("| bits | matgptq, no options | " + f"MatGPTQ parent ({PARENT_WIDTHS}), its slice, no options | " * parent
             + " | ".join(PEER_LABELS[p] for p in peers) + " | ours / best peer |")  # fmt: skip
     lines = [head, "|---" * (3 + parent + len(peers)) + "|"]
+
     def fmt(r: dict | None) -> str:
         if r is None:
             return "not run"
@@ -147,86 +157,62 @@ def readme_block(data: dict, pipeline: dict) -> str:
                   if found else "-")  # fmt: skip
         mat = f"{fmt(cells.get((default_parent, bits)))} | " * parent
         lines.append(f"| {bits} | {fmt(ours)} | {mat}" + " | ".join(fmt(g) for g in got) + f" | {versus} |")
-    n = min((c["seeds"] for k, c in cells.items() if k[0] == "default"), default=0)
-    return "\n".join(lines) + (f"\n\nWikiText-2 perplexity ± its spread over {n} calibration seeds (and KL to the "
-                               "float model) of SmolLM2-135M-Instruct at group size 128, every tool on the same "
-                               "windows; llm-compressor cannot quantize its 576-column layers at 128, so it runs at 64 "
-                               "([gptq_defaults](docs/results/gptq_defaults.md): the ablation, CPU time, memory)."
-                               + (" The parent is one quantization serving every width; what GPTQ's scale options do "
-                                  "for it: [defaults](docs/guide/quantize.md#defaults)." if parent else "")
-                               + _tasks_sentence(data, cells, peers) + _own_size_sentence(cells)
-                               + _cost_sentence(pipeline))  # fmt: skip
+    return "\n".join(lines) + ("\n\nWikiText-2 perplexity ± its spread over calibration seeds (and KL to the float "
+                               "model) of SmolLM2-135M-Instruct at group size 128, every tool on the same windows "
+                               "(llm-compressor cannot quantize its 576-column layers at 128, so it runs at 64). The "
+                               "parent is one quantization serving every width. Time, memory and zero-shot accuracy: "
+                               "[gptq_defaults](docs/results/gptq_defaults.md).")  # fmt: skip
 
 
-def _own_size_sentence(cells: dict) -> str:
-    """What `quantize` gives with its own calibration size (the table gives every tool 64 × 512), where measured."""
-    from matgptq.quantization.calibration import CalibConfig
+# The parent's targets against the default GPTQ at each width (issue #102): (bits, what, limit of parent / GPTQ)
+PARENT_TARGETS = ((3, "ppl", 1.05), (3, "kl", 1.10), (4, "ppl", 1.05), (4, "kl", 1.10), (8, "kl", 2.0))
+LAMBDA_ROWS = {1: "matgptq-parent-ao-static-mse-w-refit-bf16-l1", 4: "matgptq-parent-ao-static-mse-w-refit-bf16-l4",
+               16: "matgptq-parent-ao-static-mse-w-refit-bf16"}  # fmt: skip
 
-    row = next((r for r, v in ROWS.items() if v == AS_TYPED), None)  # the command exactly as typed
-    got = [(b, c) for b in (3, 4) if (c := cells.get((row, b)))]
-    if not got:
+
+def parent_block(data: dict) -> str:
+    """docs/decisions/matgptq-defaults.md's tables: the default parent's slices against the default GPTQ at each
+    width (`matgptq-default` against `default`, both run with no option), the master weight's trade-off between the
+    widths, and the parent's cost against one GPTQ run and against the per-width runs it replaces."""
+    cells = cells_of(data)
+    lines = ["| width | measure | GPTQ, no options | parent's slice, no options | parent / GPTQ | target | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for bits, key, limit in PARENT_TARGETS:
+        g, p = cells.get(("default", bits)), cells.get(("matgptq-default", bits))
+        if not (g and p):
+            lines.append(f"| {bits} | {key} | not run | not run | | ≤ {limit:.2f}× | |")
+            continue
+        fmt = (lambda c: f"{c[key]:.2f} ± {c[key + '_spread']:.2f}") if key == "ppl" else \
+            (lambda c: f"{c[key]:.4f} ± {c[key + '_spread']:.4f}")  # fmt: skip
+        ratio = p[key] / g[key]
+        lines.append(f"| {bits} | {key.upper() if key == 'kl' else key} | {fmt(g)} | {fmt(p)} | {ratio:.3f}× | "
+                     f"≤ {limit:.2f}× | {'met' if ratio <= limit else 'missed'} |")  # fmt: skip
+    n = min((cells[(r, b)]["seeds"] for r in ("default", "matgptq-default") for b in (3, 4, 8) if (r, b) in cells),
+            default=0)  # fmt: skip
+    out = "\n".join(lines) + (f"\n\nSmolLM2-135M-Instruct, g128, `--bits 3,4,8` for the parent; seed means ± spread "
+                              f"(max − min) over {n} calibration seeds; KL to the float model.\n\n")  # fmt: skip
+    lam = ["| λ for 3, 4, 8 | 3-bit ppl | 3-bit KL | 4-bit ppl | 4-bit KL | 8-bit ppl | 8-bit KL | seeds |",
+           "|---|---|---|---|---|---|---|---|"]
+    for w, row in LAMBDA_ROWS.items():
+        got = [cells.get((row, b)) for b in (3, 4, 8)]
+        if all(got):
+            cols = " | ".join(f"{c['ppl']:.2f} | {c['kl']:.4f}" for c in got)
+            lam.append(f"| 1, 1, {w} | {cols} | {min(c['seeds'] for c in got)} |")
+    out += "\n".join(lam) + ("\n\nThe master weight λ_8 with the new defaults' other options (`" + LAMBDA_ROWS[16]
+                             + "` and its `-l4`, `-l1` rows), calibrated in bfloat16.")  # fmt: skip
+    return out + _parent_cost(cells)
+
+
+def _parent_cost(cells: dict) -> str:
+    """The default parent's CPU time and peak memory against one default GPTQ run and the sum of the three it
+    replaces (3, 4 and 8 bits), seed means of the runs on a quiet machine."""
+    p = cells.get(("matgptq-default", 3))
+    g = [cells.get(("default", b)) for b in (3, 4, 8)]
+    if not (p and all(g)) or "cpu_quiet" not in p or not all("cpu_quiet" in c for c in g):
         return ""
-    at = lambda b, c, k: (f", ×{c[k] / cells[('default', b)][k]:.2f} the table's" if ("default", b) in cells else "")  # noqa: E731
-    return (f" As typed, with its own calibration size ({CalibConfig.nsamples} windows of {CalibConfig.seqlen} tokens, "
-            "the same number of tokens), `quantize` gives: "
-            + "; ".join(f"{b} bits {c['ppl']:.1f} ± {c['ppl_spread']:.1f}{at(b, c, 'ppl')} (KL {c['kl']:.3f}"
-                        f"{at(b, c, 'kl')})" for b, c in got) + _cpu(cells, "default", row) + ".")  # fmt: skip
-
-
-def _tasks_sentence(data: dict, cells: dict, peers: list[str]) -> str:
-    """Zero-shot accuracy of `default` and the peers, per width, where every seed of both was scored, or nothing."""
-    runs = data["models"].get("SmolLM2-135M-Instruct", {}).get("runs", {})
-    fp = runs.get("fp32", {}).get("eval", {}).get("tasks", {})
-    acc = lambda c: " / ".join(f"{c[t]:.3f}" for t in TASKS)  # noqa: E731
-    full = lambda c: c and all(c.get(t + "_n") == c["seeds"] for t in TASKS)  # noqa: E731
-    parts = []
-    for bits in (3, 4):
-        shown = [("matgptq" if r == "default" else PEER_LABELS[r].replace(" (its defaults)", ""), cells.get((r, bits)))
-                 for r in ("default", *peers)]  # fmt: skip
-        shown = [(name, c) for name, c in shown if full(c)]
-        if len(shown) > 1:
-            parts.append(f"{bits} bits " + ", ".join(f"{name} {acc(c)}" for name, c in shown))
-    if not parts or not all(t in fp for t in TASKS):
-        return ""
-    limit = runs["fp32"]["eval"]["limit"]
-    return (f" Zero-shot accuracy, ARC-Easy / PIQA (the first {limit} questions of each; a task's standard error is "
-            f"up to {100 * (0.25 / limit) ** 0.5:.1f} points), seed means: " + "; ".join(parts)
-            + "; the float model " + " / ".join(f"{fp[t]['acc']:.3f}" for t in TASKS) + ".")  # fmt: skip
-
-
-PEER_NAMES = {"gptqmodel": "GPTQModel (its bfloat16 CPU default)", "gptqmodel-fp32": "GPTQModel in float32",
-              "llmcompressor": "llm-compressor"}  # bench_pipeline.py's peer rows
-
-
-def _cost_sentence(pipeline: dict) -> str:
-    """End to end CPU time and peak memory of the command a user types (in the model's float32, and calibrating in
-    bfloat16) over the fastest peer's and the leanest peer's, measured side by side in one run of
-    benchmarks/bench_pipeline.py (its `matgptq-cli` rows; over several rounds, the median ratio and its range), or
-    nothing where that run has none: the ablation's own CPU times come from runs spread over days and machine loads,
-    so they are not set side by side here."""
-    from benchmarks.bench_pipeline import ratio_cell, summary
-
-    runs = summary(pipeline) if pipeline.get("results") else {}
-    a = pipeline.get("args", {})
-    auto = next((r["calibrated_in"] for r in pipeline.get("results", []) if r["tool"] == "matgptq-cli"
-                 and "calibrated_in" in r), None)  # fmt: skip
-    how = "" if auto is None else f", which calibrated in {auto} there" + (
-        ": bfloat16 passes from the model's float32 weights" if auto == "bfloat16" else "")  # fmt: skip
-    rows = [("matgptq-cli", f"as typed (`--dtype auto`{how})"),
-            ("matgptq-cli-fp32", "calibrating in float32"), ("matgptq-cli-bf16", "with `--dtype bfloat16` (the "
-            "weights rounded to bfloat16 too: what a model stored in bfloat16 gets on a CPU with AVX512-BF16 or AMX, "
-            "and what GPTQModel does)")]  # fmt: skip
-    got = [(runs[t], what) for t, what in rows if t in runs and runs[t]["cpu_ratio"]]
-    if not got:
-        return ""
-    fast, lean = got[0][0]["peer_cpu"], got[0][0]["peer_rss"]
-    m = pipeline.get("machine")
-    where = f" on {m['cpu']}, {m['cores']} cores, at commit {m['commit']}" if m else ""
-    n = got[0][0]["runs"]
-    against = (f"the CPU time and peak memory of {PEER_NAMES[fast]}" if fast == lean else
-               f"the CPU time of {PEER_NAMES[fast]} (the fastest peer) and the peak memory of {PEER_NAMES[lean]} "
-               "(the leanest)")  # fmt: skip
-    return (f" At {a['bits']} bits g{a['group_size']}, end to end in one run{where}"
-            + (f", the median of {n} rounds" if n > 1 else "") + f" ([bench_pipeline](docs/results/bench_pipeline.md)), "
-            f"against {against}: " + "; ".join(f"{what} {ratio_cell(c['cpu_ratio'], '×')} and "
-                                               f"{ratio_cell(c['rss_ratio'], '×')}" for c, what in got) + ".")  # fmt: skip
+    one, total = g[0], sum(c["cpu_quiet"] for c in g)
+    return (f"\n\nCost, in the same run: the parent took {p['cpu_quiet']:.0f} CPU s and {p['rss_quiet']:.2f} GB peak "
+            f"RSS; one default GPTQ-3 run {one['cpu_quiet']:.0f} CPU s and {one['rss_quiet']:.2f} GB "
+            f"(×{p['cpu_quiet'] / one['cpu_quiet']:.2f} and ×{p['rss_quiet'] / one['rss_quiet']:.2f}); the three "
+            f"per-width runs it replaces (3, 4 and 8 bits) {total:.0f} CPU s together (×{p['cpu_quiet'] / total:.2f}),"
+            f" each at most {max(c['rss_quiet'] for c in g):.2f} GB.")  # fmt: skip

@@ -208,22 +208,3 @@ def page(res: dict) -> str:
     return "\n".join(lines)
 
 
-def readme_block(res: dict) -> str:
-    """The README's summary: the goals table, decode and quantize in one line each."""
-    dec = {(r["variant"], r["bits"], r["batch"]): r for r in res.get("decode", {}).get("rows", [])}
-    d1, d16 = dec.get(("slice", 4, 1)), dec.get(("slice", 4, 16))
-    q = next((r for r in res.get("quantize", {}).get("runs", []) if r.get("s_per_block")), None)
-    lines = [f"Measured by `make gpu-check` on an {res.get('device')} ({res.get('date')}; "
-             "[docs/results/gpu.md](docs/results/gpu.md)):", "", *_goals(res), ""]
-    if d1 and d16:
-        lines.append(f"Decode of Llama-3.1-8B-shaped blocks with 4-bit nested layers: {_f(d1['speedup_vs_fp16'], 2)}× "
-                     f"fp16's tokens/s at batch 1, {_f(d16['speedup_vs_fp16'], 2)}× at batch 16, in "
-                     f"{d1['block_bytes'] / 1e6:.0f} MB per block against fp16's "
-                     f"{dec[('fp16', 16, 1)]['block_bytes'] / 1e6:.0f}.")  # fmt: skip
-    if q:
-        lines.append(f"GPU quantize ({q['method']}, {q['nsamples']}×{q['seqlen']}): {_f(q['s_per_block'], 1)} s per "
-                     f"8B-shaped block over {q.get('n_blocks')} blocks with opening and writing, "
-                     f"{_f(q.get('second_block_s'), 2)} s for the second block alone "
-                     f"({_f(q.get('ratio_second_block'), 2)}× llm-compressor's {q.get('anchor_s')} s); the solver "
-                     f"{(q.get('shares') or {}).get('solver', 0) * 100:.0f}% of the blocks' time.")  # fmt: skip
-    return "\n".join(lines)

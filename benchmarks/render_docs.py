@@ -83,8 +83,6 @@ PAGES = (
     Page("search_ten_minutes", ("search_ten_minutes.json",), md="search_ten_minutes.md",
          about="SmolLM2-135M-Instruct: all eight budgets in one `search --time-limit 10` with guided mutations, "
                "against every one-shot allocation and random search on the same parent and calibration"),
-    Page("search_ten_minutes", ("search_ten_minutes.json",), block="README.md#search-minutes", render="readme_block",
-         about="the README's search result: all eight budgets in 10 minutes against the one-shot allocations"),
     Page("search_tie", ("search_tie.json",), md="search_tie.md",
          about="SmolLM2-135M-Instruct: what giving q/k/v and gate/up one width each (`search --tie`) costs, per seed"),
     Page("search_ten_minutes_variants", ("search_ten_minutes.json", "search_ten_minutes_variants/*.json"),
@@ -103,14 +101,9 @@ PAGES = (
     Page("search_long", ("search_long_wide.json",), md="search_long_wide.md", render="page_wide",
          about="SmolLM2-135M-Instruct: the same at the budgets the first record lacks, with the defaults of its day "
                "(float32 tables, mutations drawn from the table)"),
-    Page("search_long", ("search_long.json", "search_long_wide.json"), block="README.md#search-long",
-         render="readme_block",
-         about="the README's long-search result: the written mix against the best one-shot allocation"),
     Page("search_refined", ("search_refined.json",), md="search_refined.md",
          about="SmolLM2-135M-Instruct: the search's start refined by measured local steps, against every one-shot "
                "allocation of the same run, at the fractional budgets"),
-    Page("search_refined", ("search_refined.json",), block="README.md#search-refined", render="readme_block",
-         about="the README's refinement result: the written mix against the best one-shot allocation"),
     Page("search_generations", ("search_generations.json",), md="search_generations.md",
          about="SmolLM2-135M-Instruct: the 10-minute recipe's evolution run to 12 generations at 3.25 and 3.5 bits, "
                "its parent on held-out text every 3 generations, 3 seeds"),
@@ -144,15 +137,16 @@ PAGES = (
     Page("gpu_check_report", ("gpu.json",), md="gpu.md",
          about="make gpu-check on an H100: nested kernels and decode against fp16 and torch's int4, GPU quantize, "
                "the search against depth"),
-    Page("gpu_check_report", ("gpu.json",), block="README.md#gpu", render="readme_block",
-         about="the README's GPU status: the goals of issue #46 against what was measured"),
     Page("gptq_defaults_report", ("gptq_defaults.json",), md="gptq_defaults.md", png="gptq_defaults.png",
          about="which GPTQ options are the defaults: the ablation over seeds, GPTQModel and llm-compressor beside it"),
     Page("gptq_defaults_blocks", ("gptq_defaults.json",), block="docs/guide/quantize.md#defaults", render="defaults_block",
          about="the guide's table of defaults, each with what the ablation measured for it"),
-    Page("gptq_defaults_blocks", ("gptq_defaults.json", "bench_pipeline.json"), block="README.md#gptq-defaults",
+    Page("gptq_defaults_blocks", ("gptq_defaults.json",), block="README.md#gptq-defaults",
          render="readme_block",
          about="the README's default GPTQ against the peers' defaults"),
+    Page("gptq_defaults_blocks", ("gptq_defaults.json",), block="docs/decisions/matgptq-defaults.md#parent-defaults",
+         render="parent_block",
+         about="the default parent's slices against the default GPTQ per width, the master weight's trade-off, cost"),
     Page("real_model_table", ("real_model_table.json",), md="real_model_table.md", png="real_model_table.png",
          about="SmolLM2-135M-Instruct: RTN, GPTQ, MatGPTQ slices, GPTQModel and llm-compressor (`make real-model-table`)"),
     Page("search_real_model_report", ("search_real_model/run-*.json", "real_model_table.json"),

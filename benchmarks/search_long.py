@@ -204,34 +204,6 @@ def page_wide(wide: dict) -> str:
         "2026-12-03), where the first record's tables were bfloat16 and its mutations uniform draws.", ""))
 
 
-def _block_rows(data: dict) -> tuple[list[str], list[list[str]]]:
-    """(seeds, README rows): per budget of `data`, the written mix against the best one-shot allocation."""
-    seeds, runs, per = per_budget(data)
-    return seeds, [[b, f"{stats(kl['written'], 3)} ({verdict(kl['written'], kl[best])}, {written_ratio(kl, best)})",
-                    f"{best}: {stats(kl[best], 3)}",
-                    f"{statistics.mean(r['budgets'][b]['evolution_seconds'] for r in runs) / 60:.0f}"]
-                   for b, kl, best in per]  # fmt: skip
-
-
-def readme_block(data: dict, wide: dict) -> str:
-    """The README's long-search result: per budget of both records, the written mix against the best one-shot
-    allocation."""
-    seeds, rows = _block_rows(data)
-    wide_seeds, wide_rows = _block_rows(wide)
-    spread = ("mean ± standard deviation over the seeds, a tie: within the larger deviation; a lone seed has no "
-              "spread, so its `below` only says lower")  # fmt: skip
-    return "\n".join([
-        f"`python -m benchmarks.search_long` on SmolLM2-135M-Instruct, 2 cores, seeds {', '.join(seeds)}: the default "
-        "evolution (25 generations) from the `full` start, every one-shot allocation made in the same run. Held-out KL "
-        f"to the float model ({spread}) of the written mix against the best "
-        "one-shot allocation ([search_long](docs/results/search_long.md)); "
-        f"{', '.join(r[0] for r in wide_rows)} bits: a later record with the defaults of its day (float32 tables, "
-        f"mutations drawn from the table), seed{'s' * (len(wide_seeds) > 1)} {', '.join(wide_seeds)} "
-        "([search_long_wide](docs/results/search_long_wide.md)):", "",
-        format_table(["budget", "written mix", "best one-shot allocation", "evolution minutes"], rows + wide_rows),
-    ])  # fmt: skip
-
-
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(2)

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from pathlib import Path
 
 import torch
 
 from benchmarks._harness import header, write_results
-from benchmarks._search_setup import score_named, search_child, start, stats
-from benchmarks.search_baselines import verdict
-from benchmarks.search_long import ONE_SHOT, cost_rows, kl_rows, one_shot_mixes, usage_rows, written_ratio
+from benchmarks._search_setup import score_named, search_child, start
+from benchmarks.search_long import ONE_SHOT, cost_rows, kl_rows, one_shot_mixes, usage_rows
 from benchmarks.search_long import build_parser as long_parser
 from benchmarks.search_long import per_budget as long_per_budget
 from benchmarks.search_long import RECIPE_BEFORE as LONG_TABLES
@@ -94,26 +92,6 @@ def notes(seeds: list[str], runs: list[dict]) -> list[str]:
     """A remark per seed on what its numbers do not say (e.g. a machine shared with other work), under the tables."""
     lines = [f"- seed {s}: {r['note']}" for s, r in zip(seeds, runs) if r.get("note")]
     return [""] + lines if lines else []
-
-
-def readme_block(data: dict) -> str:
-    """The README's refinement result: per budget, the written (refined) mix against the best one-shot allocation."""
-    seeds, runs, per = per_budget(data)
-    rows = [[b, f"{stats(kl['written'], 3)} ({verdict(kl['written'], kl[best])}, {written_ratio(kl, best)})",
-             f"{best}: {stats(kl[best], 3)}",
-             f"{statistics.mean(r['budgets'][b]['refine_seconds'] for r in runs) / 60:.1f}"] for b, kl, best in per]
-    spread = ("mean ± standard deviation over the seeds; a tie: within the larger deviation" if len(seeds) > 1 else
-              "one seed: no spread yet, so `below` only says lower")  # fmt: skip
-    return "\n".join([
-        f"`python -m benchmarks.search_refined` on SmolLM2-135M-Instruct, 2 cores, seed{'s' * (len(seeds) > 1)} "
-        f"{', '.join(seeds)}: the "
-        "`full` table's start refined by the default measured steps, no evolution, every one-shot allocation made in "
-        f"the same run. Held-out KL to the float model ({spread}) of the written mix against the best one-shot "
-        "allocation ([search_refined](docs/results/search_refined.md)):", "",
-        format_table(["budget", "written mix", "best one-shot allocation", "refinement minutes"], rows),
-        *(["", "The minutes of seed " + ", ".join(s for s, r in zip(seeds, runs) if r.get("note")) + " are inflated: "
-           "its child shared the machine (the page says how)."] if any(r.get("note") for r in runs) else []),
-    ])  # fmt: skip
 
 
 if __name__ == "__main__":

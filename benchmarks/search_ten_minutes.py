@@ -232,41 +232,5 @@ def page(data: dict) -> str:
     ])  # fmt: skip
 
 
-def _cell(kl: dict[str, list[float]], kind: str, best: str) -> str:
-    """`kind`'s held-out KL, its verdict against `best` (lower/higher for one seed) and their ratio."""
-    word = verdict(kl[kind], kl[best])
-    if len(kl[kind]) == 1:
-        word = {"below": "lower", "above": "higher"}.get(word, word)
-    return f"{stats(kl[kind], 3)} ({word}, {statistics.mean(kl[kind]) / statistics.mean(kl[best]):.2f}×)"
-
-
-def readme_block(data: dict) -> str:
-    """The README's search result: the timed runs' wall time and each budget's written mix against the best one-shot
-    allocation (and the uniform-draw search's, where measured)."""
-    seeds = sorted(data["seeds"], key=int)
-    runs = [data["seeds"][s] for s in seeds]
-    uniform = all("uniform draws" in r["budgets"][b]["scores"] for r in runs for b in BUDGETS)
-    rows = []
-    for b in BUDGETS:
-        kl = {k: [r["budgets"][b]["scores"][k]["kl"] for r in runs] for k in (*ONE_SHOT, "written", "uniform draws")
-              if all(k in r["budgets"][b]["scores"] for r in runs)}  # fmt: skip
-        best = min(ONE_SHOT, key=lambda k: statistics.mean(kl[k]))
-        rows.append([b, _cell(kl, "written", best), *([_cell(kl, "uniform draws", best)] if uniform else []),
-                     f"{best}: {stats(kl[best], 3)}"])  # fmt: skip
-    walls = sorted(f"{r['usage']['wall']:.0f}" for r in runs)
-    spread = ("mean ± standard deviation over the seeds" if len(runs) > 1
-              else "one seed: no spread, so `lower`/`higher` say only which is the smaller number")  # fmt: skip
-    return "\n".join([
-        f"`python -m benchmarks.search_ten_minutes` on SmolLM2-135M-Instruct, 2 cores, seed{'s' * (len(seeds) > 1)} "
-        f"{', '.join(seeds)}: all eight budgets in one `matgptq search --time-limit {MINUTES}` run each "
-        f"({'-'.join(dict.fromkeys([walls[0], walls[-1]]))} s of wall time; "
-        "[search_ten_minutes](docs/results/search_ten_minutes.md) has the command, every baseline, the perplexities "
-        f"and the time split). Held-out KL to the float model ({spread}) of the mix each run writes, against the best "
-        "one-shot allocation made on the same parent and calibration (a tie: within the larger deviation):", "",
-        format_table(["budget", "written mix", *(["uniform draws' mix"] if uniform else []),
-                      "best one-shot allocation"], rows),
-    ])  # fmt: skip
-
-
 if __name__ == "__main__":
     main()

@@ -1,13 +1,11 @@
-"""The docs cannot drift: every generated page equals its rendering from its JSON (`python -m benchmarks.render_docs --check`), and
-every relative link in README.md and docs/**/*.md points at a file that exists (a moved page leaves no dangling link).
+"""Every relative link in README.md and docs/**/*.md points at a file that exists (a moved page leaves no dangling
+link). That every generated page equals its rendering from its JSON is `make docs-check`'s (benchmarks/render_docs.py),
+which CI runs beside the tests: no test imports or runs a benchmark.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -28,14 +26,6 @@ def relative_links(text: str) -> list[str]:
     text = CODE.sub("", FENCE.sub("", text))
     targets = INLINE.findall(text) + REFERENCE.findall(text)
     return [t for t in targets if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", t) and not t.startswith("#")]
-
-
-def test_generated_pages_match_their_json():
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_PROXY") and not k.endswith("_proxy")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", MPLBACKEND="Agg")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.render_docs", "--check"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, f"docs drifted from their JSON:\n{proc.stderr}{proc.stdout}"
 
 
 def test_relative_links_resolve():
