@@ -61,8 +61,12 @@ class MoECache:
 
     def source(self, model_type, kind):
         """kind "gptq4": method gptq, 4 bits, asymmetric, no act-order; "parent": matgptq 2,4,8, sym, act-order."""
+        # the parent with the scale search off and λ_8 = 16, the options before issue #102: with today's defaults
+        # GPTQModel's forward of gpt_oss' v2 mix leaves ours by 0.77 of the largest logit while every weight it
+        # loads equals ours, not yet explained (the #102 closing note)
         kw = dict(method="gptq", bits=4, sym=False) if kind == "gptq4" else dict(
-            method="matgptq", bits=(2, 4, 8), act_order=True, static_groups=False)  # fmt: skip
+            method="matgptq", bits=(2, 4, 8), act_order=True, static_groups=False, mse=False,
+            bit_weights=(1, 1, 16))  # fmt: skip
         return self._get(("src", model_type, kind), lambda: matgptq.quantize(
             self.model(model_type), self.base / f"{kind}-{model_type}", calib=CALIB, nsamples=4, seqlen=64,
             progress=False, group_size=GROUP, **kw)[0])  # fmt: skip
