@@ -13,7 +13,7 @@ from matgptq.integrations.transformers import IMPORT_LOGGERS
 from tests.conftest import STORIES, TINYSTORIES, make_tiny_llama
 
 
-@pytest.mark.parametrize("cmd", [[], ["quantize"], ["eval"], ["slice"], ["export"], ["search"]])
+@pytest.mark.parametrize("cmd", [[], ["quantize"], ["eval"], ["slice"], ["export"], ["search"], ["verify"]])
 def test_help_everywhere(cmd, capsys):
     with pytest.raises(SystemExit) as e:
         main(cmd + ["--help"])
@@ -225,7 +225,7 @@ def test_error_during_a_progress_bar_starts_its_own_line(tmp_path, capsys, monke
     assert err.count("matgptq: error") == 1
 
 
-@pytest.mark.parametrize("cmd", ["quantize", "eval", "slice", "export", "search"])
+@pytest.mark.parametrize("cmd", ["quantize", "eval", "slice", "export", "search", "verify"])
 def test_help_shows_every_default(cmd, capsys, monkeypatch):
     """Each option with a default says it in --help; flags and options without one (None, [], SUPPRESS) get no
     "(default: None)" noise."""
@@ -254,7 +254,7 @@ def test_help_shows_every_default(cmd, capsys, monkeypatch):
         shown = {str(d)} | ({f"{d:g}"} if isinstance(d, float) else set())
         assert any(re.search(rf"default:? {re.escape(s)}\b", entry) for s in shown), entry
         checked += 1
-    assert checked >= {"quantize": 10, "eval": 3, "slice": 0, "export": 3, "search": 10}[cmd]
+    assert checked >= {"quantize": 10, "eval": 3, "slice": 0, "export": 3, "search": 10, "verify": 0}[cmd]
     assert not re.search(r"default: (None|False|True|\[\])", text)
 
 

@@ -13,12 +13,13 @@ from .execution import DTYPES, resolve_device
 from .exporters import ExportFormat
 from .exporters import export as export_checkpoint
 from .formats import write_slice
+from .formats.checksums import trusted
 from .formats.mix import WidthSpec, width_spec
 from .formats.staged import SHARD_BYTES
 from .fsutil import check_output
 from .models import resolve_model
 from .quantization import CalibConfig, LayerReport, Method, MethodConfig, config_for, method_of
-from .quantization.run import run_quantization, unquantized_tensors
+from .quantization.run import finished_run, run_quantization, unquantized_tensors
 
 
 def parse_bits(bits: int | str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
@@ -64,7 +65,8 @@ def quantize(
     to float32 weights: quantization/run.py, calibration_dtypes; "bfloat16" is what GPTQModel uses on CPU).
     Hessians and the solver are float32 either way.
     `resume`: continue a killed run from its last finished block (quantization/resume.py); progress is kept beside
-    `out` until the checkpoint is written.
+    `out` until the checkpoint is written. A run that had finished returns its recorded reports and writes nothing
+    (quantization/run.py, finished_run).
     `device`: auto | cpu | cuda | cuda:i (execution/devices.py). `stream`: read each block from the model's files
     when it is
     quantized instead of loading the model whole (models/lazy.py); None = whenever the files allow it (the result is
@@ -82,17 +84,25 @@ def quantize(
         path=str(calib) if isinstance(calib, (str, Path)) else None, text_range=tuple(calib_range),
         nsamples=nsamples, seqlen=seqlen, seed=seed,
     )  # fmt: skip
-    check_output(out, overwrite)
+    finished = resume and not overwrite and Path(out).exists()  # --resume of a run that wrote its checkpoint
+    if not finished:
+        check_output(out, overwrite)
     source = resolve_model(model)  # a directory, or a Hugging Face id through its cache (models/hub.py)
+    if finished:  # its reports as recorded; refused as an existing output if made otherwise
+        return Path(out), finished_run(out, source, cfg, calib_cfg, calib, bits_config is not None)
     return run_quantization(source, out, cfg, calib_cfg, calib, bits_config, dtype, dev, resume=resume, stream=stream,
                             overwrite=overwrite, progress=progress, shard_bytes=shard_bytes)
 
 
 def export(src: str | Path, out: str | Path, format: ExportFormat | str, *, bits: int | None = None,
-           bits_config: WidthSpec | None = None, overwrite: bool = False, **gguf_options) -> Path:  # fmt: skip
+           bits_config: WidthSpec | None = None, overwrite: bool = False, verify: bool = True,
+           **gguf_options) -> Path:  # fmt: skip
     """Write the checkpoint `src` at `bits` (or the mix `bits_config`) as `format` (gptq_v1, gptq_v2,
-    compressed-tensors, gguf) to `out`, as `matgptq export`; `gguf_options`: qtype, float_type, embed_type."""
-    return export_checkpoint(src, out, format, bits=bits, bits_config=bits_config, overwrite=overwrite, **gguf_options)
+    compressed-tensors, gguf) to `out`, as `matgptq export`; `gguf_options`: qtype, float_type, embed_type.
+    `verify`: check a matgptq checkpoint's checksums first (False: a file you trust)."""
+    with trusted(not verify):
+        return export_checkpoint(src, out, format, bits=bits, bits_config=bits_config, overwrite=overwrite,
+                                 **gguf_options)  # fmt: skip
 
 
 def search(parent: str | Path, budgets: str | float | list, calib: str | Path, out: str | Path, *,
@@ -108,9 +118,11 @@ def search(parent: str | Path, budgets: str | float | list, calib: str | Path, o
     return run_search(request)
 
 
-def slice(parent: str | Path, bits: int, out: str | Path, overwrite: bool = False) -> Path:  # noqa: A001
-    """Write the `bits`-bit slice of a parent as its own checkpoint (only that width's data), as `matgptq slice`."""
-    return write_slice(parent, bits, out, overwrite)
+def slice(parent: str | Path, bits: int, out: str | Path, overwrite: bool = False,  # noqa: A001
+          verify: bool = True) -> Path:  # fmt: skip
+    """Write the `bits`-bit slice of a parent as its own checkpoint (only that width's data), as `matgptq slice`;
+    `verify`: check the parent's checksums first (False: a file you trust)."""
+    return write_slice(parent, bits, out, overwrite, verify)
 
 
 __all__ = ["quantize", "slice", "evaluate", "export", "search", "make_config", "parse_bits", "unquantized_tensors"]

@@ -1,13 +1,16 @@
-"""Files on disk: atomic outputs (written into a temporary sibling and renamed into place only when complete), and the
-tokenizer files every written checkpoint carries along."""
+"""Files on disk: atomic outputs (written into a temporary sibling and renamed into place only when complete), a full
+disk as one line naming the path and the space needed, and the tokenizer files every written checkpoint carries
+along."""
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +22,53 @@ TOKENIZER_FILES = (
 )  # fmt: skip
 
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # full disk, quota, file-size limit (RLIMIT_FSIZE)
+# safetensors' writer (Rust) reports the OS error in its message only; numpy's `tofile` (gguf-py's writer) reports a
+# short write as "N requested and M written", without the error number
+_NO_SPACE_TEXT = re.compile(r"No space left on device|Disk quota exceeded|File too large|\d+ requested and \d+ written")
+
+
+def out_of_space(e: BaseException) -> bool:
+    """Whether `e` says the filesystem (or a quota, or a file-size limit) had no room for a write."""
+    if isinstance(e, OSError) and e.errno in NO_SPACE:
+        return True
+    return isinstance(e, Exception) and _NO_SPACE_TEXT.search(str(e)) is not None
+
+
+def _mb(n: int) -> str:
+    return f"{n} bytes" if n < 10_000 else f"{n / 1e3:.0f} kB" if n < 10_000_000 else f"{n / 1e6:.0f} MB"
+
+
+def _free(path: Path) -> int:
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of a file, or of every file under a directory (0 if it is not there)."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def no_space(path: Path, written: int, needed: int | None = None, then: str = "run the same command again") -> UserError:
+    """The one line for a write of `path` that found no room after `written` bytes (`needed`: its whole size, when
+    known)."""
+    need = (f"it needs about {_mb(needed)}" if needed else f"it needs more than the {_mb(written)} written" if written
+            else "it found no room at all")  # fmt: skip
+    return UserError(f"no space left on the device writing {path} ({need}, {_mb(_free(path))} free there); nothing "
+                     f"was left of it: free space there (or write elsewhere) and {then}")  # fmt: skip
+
+
+def check_space(path: Path, needed: int) -> None:
+    """Refuse before writing `needed` bytes at `path` where its filesystem has less free space."""
+    free = _free(path)
+    if needed > free:
+        raise UserError(f"writing {path} needs about {_mb(needed)} and its filesystem has {_mb(free)} free; free "
+                        "space there or choose another output path")  # fmt: skip
+
+
 def check_output(path: str | Path, overwrite: bool) -> Path:
     """Fail early (before any work) if `path` exists and may not be replaced."""
     p = Path(path)
@@ -28,19 +78,46 @@ def check_output(path: str | Path, overwrite: bool) -> Path:
 
 
 @contextmanager
-def atomic_output(path: str | Path, overwrite: bool = False, directory: bool = True) -> Iterator[Path]:
-    """Yield a temporary directory (or file path) to write; on success it replaces `path`, on error it is removed."""
+def atomic_output(path: str | Path, overwrite: bool = False, directory: bool = True,
+                  size: int | None = None) -> Iterator[Path]:  # fmt: skip
+    """Yield a temporary directory (or file path) to write; on success it replaces `path`, on error it is removed
+    (the previous output, with `overwrite`, stays as it was). `size`: about how many bytes will be written, checked
+    against the free space first; a write that finds no room is one UserError naming `path` (no_space)."""
     final = check_output(path, overwrite)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    if size is not None:
+        check_space(final, size)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    except OSError as e:
+        raise no_space(final, 0, size) if out_of_space(e) else e from None
     try:
         target = tmp if directory else tmp / final.name
         yield target
         if target.exists():
             _usual_modes(target)
         _commit(target, final, overwrite)
+    except Exception as e:
+        if out_of_space(e):
+            raise no_space(final, tree_bytes(tmp), size) from None
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replace_file(path: Path, write: Callable[[Path], object], then: str) -> None:
+    """`write(tmp)` a temporary sibling of `path`, then rename it onto `path` (a reader sees the old file or the new
+    one); a write that finds no room removes the temporary file and is one UserError (no_space, ending with `then`)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except Exception as e:
+        if out_of_space(e):
+            written = tree_bytes(tmp)
+            tmp.unlink(missing_ok=True)
+            raise no_space(path, written, then=then) from None
+        raise
 
 
 def _usual_modes(target: Path) -> None:

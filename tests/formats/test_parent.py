@@ -73,7 +73,7 @@ def test_existing_output_refused_and_failed_write_leaves_nothing(tmp_path, monke
         raise OSError("No space left on device")
 
     monkeypatch.setattr("matgptq.formats.parent.save_file", disk_full)
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match=r"no space left on the device writing \S+/new \(it needs about \d+ bytes"):
         save_checkpoint(tmp_path / "new", {}, {}, {"x": _weight(4, False)}, {}, None)
     assert not (tmp_path / "new").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["ck"]
@@ -86,10 +86,10 @@ def _with_width_scales(q):
                             for r in range(2, q.bits)})  # fmt: skip
 
 
-def test_per_width_scales_round_trip_as_v2_and_slices_use_them(tmp_path):
+def test_per_width_scales_round_trip_and_slices_use_them(tmp_path):
     q = _with_width_scales(_weight(8, False))
     save_checkpoint(tmp_path / "ck", {}, {}, {"a.b": q}, {}, None)
-    assert json.loads((tmp_path / "ck" / "matgptq.json").read_text())["format_version"] == 2
+    assert json.loads((tmp_path / "ck" / "matgptq.json").read_text())["format_version"] == 4
     r = read_checkpoint(tmp_path / "ck").layers["a.b"]
     assert sorted(r.width_scales) == list(range(2, 8))
     for b in range(2, 8):
@@ -101,9 +101,9 @@ def test_per_width_scales_round_trip_as_v2_and_slices_use_them(tmp_path):
     assert torch.equal(r.slice(8).dequantize(), q.dequantize())  # the master keeps its own scale
 
 
-def test_parents_without_per_width_scales_stay_v1(tmp_path):
+def test_parents_without_per_width_scales_slice_on_the_master_scale(tmp_path):
     save_checkpoint(tmp_path / "ck", {}, {}, {"a.b": _weight(8, False)}, {}, None)
-    assert json.loads((tmp_path / "ck" / "matgptq.json").read_text())["format_version"] == 1
+    assert json.loads((tmp_path / "ck" / "matgptq.json").read_text())["format_version"] == 4
     r = read_checkpoint(tmp_path / "ck").layers["a.b"]
     assert r.width_scales is None and torch.equal(r.slice(3).scales, r.scales)
 
@@ -116,22 +116,25 @@ def test_damaged_per_width_scale_is_refused(tmp_path):
     raw = load_file(str(f))
     raw["a.b.scales.3"][0, 0] = float("nan")
     save_file(raw, str(f))
-    with pytest.raises(UserError, match="a.b.scales.3 holds zero, NaN or Inf"):
+    with pytest.raises(UserError, match="a.b.scales.3 does not match its checksum"):
         read_checkpoint(tmp_path / "ck")
+    with pytest.raises(UserError, match="a.b.scales.3 holds zero, NaN or Inf"):  # unverified: the value checks
+        read_checkpoint(tmp_path / "ck", verify=False)
     raw["a.b.scales.3"] = raw["a.b.scales.3"][:, :2].contiguous()
     save_file(raw, str(f))
     with pytest.raises(UserError, match="a.b.scales.3 is float16"):
-        read_checkpoint(tmp_path / "ck")
+        read_checkpoint(tmp_path / "ck", verify=False)
 
 
-def test_mixed_widths_round_trip_as_v3_and_damaged_widths_are_refused(tmp_path):
+def test_mixed_widths_round_trip_and_damaged_widths_are_refused(tmp_path):
     """GPTQ/RTN layers of several widths (quantize --bits-config): each stored and read back at its own width; the
-    file says v3 and lists every layer's width, so an older reader refuses it instead of unpacking it wrongly."""
+    file lists every layer's width (`layer_bits`, since v3), so an older reader refuses it instead of unpacking it
+    wrongly."""
     layers = {"model.layers.0.mlp.up_proj": _weight(4, False), "model.layers.0.mlp.down_proj": _weight(8, True),
               "model.layers.1.mlp.up_proj": _weight(3, False)}  # fmt: skip
     save_checkpoint(tmp_path / "ck", {"model_type": "llama"}, {}, layers, {}, None)
     meta = json.loads((tmp_path / "ck" / "matgptq.json").read_text())
-    assert meta["format_version"] == 3 and meta["stored_bits"] == 8
+    assert meta["format_version"] == 4 and meta["stored_bits"] == 8
     assert meta["layer_bits"] == {n: q.bits for n, q in layers.items()}
     ck = read_checkpoint(tmp_path / "ck")
     for name, q in layers.items():

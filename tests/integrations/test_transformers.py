@@ -98,7 +98,7 @@ def test_a_slice_and_a_mixed_width_gptq_checkpoint(parent, tiny_llama_dir, tmp_p
         from_pretrained(tmp_path / "s4", bits=3)
     names = list(read_checkpoint(parent).layers)
     mixed = quick_quantize(tiny_llama_dir, tmp_path / "mixed", bits_config={"*": 4, names[0]: 3}, group_size=32)
-    assert read_checkpoint(mixed).meta["format_version"] == 3
+    assert "layer_bits" in read_checkpoint(mixed).meta
     same_model(from_pretrained(mixed), matgptq.load(mixed))
 
 

@@ -53,11 +53,27 @@ TIED = {"*": 4, **{k: v for i in range(LAYERS) for k, v in block(i, dict.fromkey
 SHARDS = {"q_proj": 3, "k_proj": 4, "v_proj": 8, "gate_proj": 3, "up_proj": 8}
 UNTIED = {"*": 4, **{k: v for i in range(LAYERS) for k, v in block(i, SHARDS).items()}}
 SERVED = {"stored": None, "3": 3, "4": 4, "tied-mix": "MIXFILE", "untied-mix": UNTIED}  # name: bits asked for
-REFUSED = {"9": 9, "1": 1}  # widths a 3,4,8 parent cannot serve: resolve_bits' text
+REFUSED = {"9": 9, "1": 1, "damaged": 4}  # widths a 3,4,8 parent cannot serve: resolve_bits' text; a damaged copy
+DAMAGED = "model.layers.7.mlp.down_proj.codes"  # one bit flipped in it (damaged_copy)
 # vLLM's default: the engine core and its worker in processes of their own, here spawned (a fresh interpreter that
 # runs the entry point and unpickles the quantization config), not forked (vLLM's default on the CPU)
 SPAWNED = {"spawned-4": 4}
 SPAWN_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+
+
+def damaged_copy(parent: Path, out: Path) -> Path:
+    """`parent` with one bit of DAMAGED's data flipped (the middle byte of its data, read from the header)."""
+    out.mkdir()
+    for f in parent.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    index = out / "model.safetensors.index.json"
+    weights = out / (json.loads(index.read_text())["weight_map"][DAMAGED] if index.is_file() else "model.safetensors")
+    raw = bytearray(weights.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    begin, end = json.loads(raw[8 : 8 + n])[DAMAGED]["data_offsets"]
+    raw[8 + n + (begin + end) // 2] ^= 0x10
+    weights.write_bytes(bytes(raw))
+    return out
 
 
 def _child(base: Path, name: str, spec: dict, env: dict[str, str] | None = None) -> dict:
@@ -79,7 +95,8 @@ def served(tmp_path_factory, smol_parent):
     prompts = _windows()
     (base / "mix.json").write_text(json.dumps(TIED))
     asked = {n: str(base / "mix.json") if b == "MIXFILE" else b for n, b in {**SERVED, **REFUSED}.items()}
-    spec = {"parent": str(parent), "prompts": prompts, "max_tokens": GREEDY_TOKENS, "max_model_len": 256}
+    spec = {"parent": str(parent), "prompts": prompts, "max_tokens": GREEDY_TOKENS, "max_model_len": 256,
+            "parents": {"damaged": str(damaged_copy(parent, base / "damaged"))}}  # fmt: skip
     one = _child(base, "in-process", {**spec, "cases": asked})
     spawned = _child(base, "spawned", {**spec, "cases": SPAWNED}, SPAWN_ENV)
     return {"parent": parent, "prompts": prompts, "asked": {**asked, **SPAWNED}, "plugin": one["plugin"],
@@ -108,7 +125,14 @@ def test_negative_control_fails_the_same_check(served):
     assert failures(c)
 
 
-@pytest.mark.parametrize("name", list(REFUSED))
+def test_a_damaged_parent_is_refused_naming_the_tensor(served):
+    """One flipped bit in a quantized layer's codes: vLLM's load stops on the checksum, naming the tensor."""
+    said = served["results"]["damaged"].get("refused")
+    assert said is not None, "vLLM served a damaged parent"
+    assert f"tensor {DAMAGED} does not match its checksum" in said, said
+
+
+@pytest.mark.parametrize("name", [n for n in REFUSED if n != "damaged"])
 def test_a_width_the_parent_cannot_serve_is_one_clear_error(served, name):
     said = served["results"][name].get("refused")
     assert said is not None, f"vLLM served the parent at {name} bits"

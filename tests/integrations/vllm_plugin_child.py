@@ -5,7 +5,7 @@ tests/integrations/test_vllm_plugin.py with .venv-vllm's python (`make vllm-test
     python tests/integrations/vllm_plugin_child.py SPEC.json OUT.json
 
 SPEC: {"parent": directory, "prompts": [[token id, ...], ...], "max_tokens": n, "max_model_len": m,
-"cases": {name: bits}}, bits being what hf_overrides' quantization_config gets (a width, a mix file's path or a
+"cases": {name: bits}, "parents": {name: directory}} (a case's own parent; optional), bits being what hf_overrides' quantization_config gets (a width, a mix file's path or a
 {layer: bits} mix) or null for none (the stored widths). OUT: {"plugin": how this fresh interpreter saw the plugin,
 "cases": {name: result}}, a result as vllm_child.py's (prompt_logprobs and greedy tokens, or "refused").
 
@@ -69,7 +69,7 @@ def main(spec_path: str, out_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     out = {"plugin": plugin_seen(), "cases": {}}
     for name, bits in spec["cases"].items():
-        out["cases"][name] = serve(spec["parent"], bits, spec)
+        out["cases"][name] = serve(spec.get("parents", {}).get(name, spec["parent"]), bits, spec)
     Path(out_path).write_text(json.dumps(out))
     return 0
 

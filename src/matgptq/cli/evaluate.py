@@ -9,7 +9,7 @@ from ..api import evaluate
 from ..execution import DTYPES, format_table
 from ..formats.mix import width_specs
 from ..fsutil import atomic_output
-from .argtypes import DefaultsHelpFormatter, add_device_option, fraction_range
+from .argtypes import DefaultsHelpFormatter, add_device_option, add_verify_option, fraction_range
 
 
 def add_parser(sub) -> None:
@@ -38,13 +38,14 @@ def add_parser(sub) -> None:
                         "runs several times faster there)")  # fmt: skip
     e.add_argument("--json", help="write the results as JSON to this file")
     add_device_option(e, "the models are scored")
+    add_verify_option(e)
 
 
 def run(a: argparse.Namespace) -> None:
     report = evaluate(a.model, bits=width_specs(a.bits) if a.bits else None, text=a.text, text_range=a.text_range,
                       seqlen=a.seqlen, max_tokens=a.max_tokens, kl_to=a.kl_to, tasks=a.tasks, tasks_dir=a.tasks_dir,
                       limit=a.limit, batch_size=a.batch_size, task_batch_size=a.task_batch_size,
-                      device=a.device, dtype=a.dtype)  # fmt: skip
+                      device=a.device, dtype=a.dtype, verify=not a.no_verify)  # fmt: skip
     results, task_results = report.get("results", []), report.get("task_results", [])
     if results:
         headers = ["model", "bits", "tokens", "ppl"] + (["kl"] if a.kl_to else [])

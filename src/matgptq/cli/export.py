@@ -9,8 +9,9 @@ import warnings
 from ..api import export
 from ..exporters.gguf import GGUFExportWarning, export_gguf
 from ..exporters.readers import ct_readers, gguf_readers, gptq_readers
+from ..formats.checksums import trusted
 from ..formats.gguf import EMBED_TYPES
-from .argtypes import DefaultsHelpFormatter
+from .argtypes import DefaultsHelpFormatter, add_verify_option
 
 
 def add_parser(sub) -> None:
@@ -30,12 +31,18 @@ def add_parser(sub) -> None:
                         "keeps them exact; the block types re-quantize them as llama-quantize does")  # fmt: skip
     x.add_argument("--out", required=True, help="output directory (GPTQ, compressed-tensors) or .gguf file")
     x.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    add_verify_option(x)
     x.add_argument("--verbose", action="store_true",
                    help="gguf: also print every tensor's type, method, exactness and max |Δw| (one row per tensor; by "
                         "default only their summary)")  # fmt: skip
 
 
 def run(a: argparse.Namespace) -> None:
+    with trusted(a.no_verify):
+        _run(a)
+
+
+def _run(a: argparse.Namespace) -> None:
     if a.format == "gguf":
         _gguf(a)
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from ..api import quantize
 from ..execution import DTYPES, format_table, world
@@ -137,6 +138,7 @@ def method_default(option: str) -> str:
 
 def run(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
+    finished = a.resume and not a.overwrite and Path(a.out).exists()  # quantize returns it if it is this run's
     out, reports = quantize(
         a.model, a.out, calib=a.calib, method=a.method, bits=a.bits, bits_config=a.bits_config, master_bits=a.master_bits,
         bit_weights=a.bit_weights, calib_range=a.calib_range, nsamples=a.nsamples, seqlen=a.seqlen, seed=a.seed,
@@ -147,6 +149,9 @@ def run(a: argparse.Namespace) -> None:
         shard_bytes=int(a.shard_size * 2**20),
     )  # fmt: skip
     if world()[0] > 0:  # torchrun: the other ranks hold the same result; rank 0 reports it
+        return
+    if finished:
+        print(f"{out} is already complete; nothing to do")
         return
     widths = sorted({r for rep in reports for r in rep.rel_error})
     at = {r: [rep.rel_error[r] for rep in reports if r in rep.rel_error] for r in widths}  # a mix: its layers per width

@@ -43,13 +43,14 @@ def evaluate(model: str | Path, *, bits: WidthSpec | list[WidthSpec] | None = No
              text_range: tuple[float, float] = (0.0, 1.0), seqlen: int = 256, max_tokens: int | None = None,
              kl_to: str | Path | None = None, tasks: str | None = None, tasks_dir: str | Path | None = None,
              limit: int | None = None, batch_size: int | None = None, task_batch_size: int = 16,
-             device: str = "auto", dtype: str = "auto", progress: bool = True) -> dict:  # fmt: skip
+             device: str = "auto", dtype: str = "auto", progress: bool = True, verify: bool = True) -> dict:  # fmt: skip
     """Score `model` (a directory or Hugging Face id: unquantized, a matgptq parent/slice, a GPTQ or a
     compressed-tensors checkpoint) at each width of `bits` (one width spec or a list: formats/mix.py; None = as
     stored). Returns the report:
     `results` (perplexity rows, with `kl` when `kl_to` names the reference) and/or `task_results` (lm-eval).
     `dtype` (execution.DTYPES): what both models compute in; auto: each its own, except that a bfloat16 or float16
-    model on a CPU without arithmetic in it computes in float32 (execution.compute_dtype), several times faster."""
+    model on a CPU without arithmetic in it computes in float32 (execution.compute_dtype), several times faster.
+    `verify`: check a matgptq checkpoint's checksums (False: a file you trust)."""
     _check(text, tasks, kl_to, limit, task_batch_size, batch_size, dtype)
     dev = resolve_device(device)
     specs = resolve_tasks(tasks, tasks_dir) if tasks else []  # every file checked before any model is loaded
@@ -59,11 +60,11 @@ def evaluate(model: str | Path, *, bits: WidthSpec | list[WidthSpec] | None = No
     tokenizer = load_tokenizer(source.path)
     windows = eval_windows(tokenize(tokenizer, read_text(text, text_range)), seqlen, max_tokens) if text else None
     batch = batch_size or max(1, EVAL_TOKENS_PER_PASS // seqlen)
-    reference = _load(kl_to, None, dtype, dev) if kl_to else None
+    reference = _load(kl_to, None, dtype, dev, verify) if kl_to else None
     teacher = Teacher(reference, windows, batch, progress=progress) if reference is not None else None
     del reference  # the teacher keeps what it needs
     widths = bits if isinstance(bits, list) else [bits]
-    loaded = _load(source.path, widths[0], dtype, dev)
+    loaded = _load(source.path, widths[0], dtype, dev, verify)
     lm = wrap_model(loaded, tokenizer, task_batch_size) if specs else None
     if lm is not None:
         check_answers_fit(specs, lm.tok_encode, lm.max_length, limit)
@@ -87,7 +88,8 @@ def evaluate(model: str | Path, *, bits: WidthSpec | list[WidthSpec] | None = No
     return report
 
 
-def _load(model: str | Path, bits: WidthSpec | None, dtype: str, dev):
+def _load(model: str | Path, bits: WidthSpec | None, dtype: str, dev, verify: bool):
     """`model` (a directory or Hugging Face id) loaded dense on `dev` in the dtype `--dtype dtype` gives it there."""
     path = resolve_model(model).path
-    return load(path, bits=bits, dtype=compute_dtype(dtype, config_dtype(path), dev), packed=False).to(dev)
+    dtype = compute_dtype(dtype, config_dtype(path), dev)
+    return load(path, bits=bits, dtype=dtype, packed=False, verify=verify).to(dev)

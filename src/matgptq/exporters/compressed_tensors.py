@@ -217,7 +217,7 @@ def export_compressed_tensors(src, out, bits: int | None = None, bits_config=Non
     actorder = "weight" if getattr(cfg, "act_order", False) else None  # GPTQ's column order: calibration only
     groups = {scheme: moe.aliases(names) for scheme, names in groups.items()} if moe else groups
     qc = quantization_config(groups, other_linears(ckpt.config, set(widths), moe, float_experts), actorder)
-    with atomic_output(out, overwrite) as tmp:
+    with atomic_output(out, overwrite, size=sum(t.nbytes for t in tensors.values())) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "matgptq"})
         (tmp / "config.json").write_text(json.dumps(dict(ckpt.config, quantization_config=qc), indent=2, default=str))
         copy_tokenizer_files(ckpt.path, tmp)

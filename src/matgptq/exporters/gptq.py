@@ -168,7 +168,7 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
             "(backend=BACKEND.GPTQ_TORCH; in transformers: GPTQConfig(bits=..., backend=\"gptq_torch\")); kernels "
             "that need multiples of 16-128 do not (transformers' default 4-bit CPU kernel, ExLlama/Triton/Machete on "
             "GPU)", stacklevel=2)  # fmt: skip
-    with atomic_output(out, overwrite) as tmp:
+    with atomic_output(out, overwrite, size=sum(t.nbytes for t in tensors.values())) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "matgptq"})
         (tmp / "config.json").write_text(json.dumps(dict(ckpt.config, quantization_config=qc), indent=2, default=str))
         (tmp / "quantize_config.json").write_text(json.dumps(qc, indent=2))

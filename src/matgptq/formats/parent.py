@@ -19,14 +19,18 @@ and every unquantized tensor of the model under its usual name (embeddings, norm
 A parent with per-width scales is format v2 (a v1 reader would slice it on the master scale: wrong weights, so it
 must refuse). A GPTQ/RTN checkpoint of mixed widths (`quantize --bits-config`) is v3: `layer_bits` in matgptq.json
 gives each layer's stored width (`stored_bits` is the widest), so a v2 reader, which would unpack every layer at
-`stored_bits`, refuses it. Everything else is still written as v1, which this version reads as before.
+`stored_bits`, refuses it. Every checkpoint is now written as v4, which adds each tensor's checksum (a v3 reader
+would skip the check, so it refuses); v1-v3 files still read, unverified (`matgptq verify --add-checksums` upgrades
+one in place).
 `matgptq.json` records the format version, the method config (quantization/config.py), the stored width and shift (slices), the slicing rule,
-calibration settings and versions — everything needed to reproduce the weights bit-exactly.
+calibration settings and versions — everything needed to reproduce the weights bit-exactly — and (v4) every tensor's
+checksum (checksums.py), which the readers verify unless told the file is trusted.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +41,12 @@ from safetensors.torch import save_file
 
 from ..errors import UserError
 from ..fsutil import atomic_output, copy_tokenizer_files
-from ..untrusted import read_json, read_sharded, read_tensors, take
+from ..untrusted import read_header, read_json, read_sharded, read_tensors, take
+from . import checksums
 from .quantized import QuantizedWeight, width_scale_name, width_scale_tensors
 
 FORMAT = "matgptq"
-FORMAT_VERSION = 3  # highest version read; v2 adds <name>.scales.<r>, v3 `layer_bits` (mixed widths)
+FORMAT_VERSION = 4  # highest version read and the one written; v2 adds <name>.scales.<r>, v3 `layer_bits`, v4 checksums
 META_FILE = "matgptq.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # the sharded layout (Hugging Face's)
@@ -49,6 +54,7 @@ TENSOR_METADATA = {"format": "pt", "producer": FORMAT}
 SLICING_RULE = "msb_round_half_up_saturating"  # slicing.py
 # the name suffix of a quantized layer's tensors (`<name>.codes`, `<name>.scales.3`, ...; module docstring)
 LAYER_TENSOR = re.compile(r"\.(codes|zeros|g_idx|perm|scales(\.\d+)?)$")
+_FIX = "the checkpoint is damaged or incomplete, re-create it"
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -91,20 +97,17 @@ def layer_tensors(name: str, q: QuantizedWeight) -> dict[str, torch.Tensor]:
     return out
 
 
-def file_version(width_scales: bool, layer_bits: dict[str, int]) -> int:
-    """The lowest format version that holds a checkpoint: readers of a lower one would misread it."""
-    return 3 if len(set(layer_bits.values())) > 1 else 2 if width_scales else 1
-
-
 def write_dir(tmp: Path, config: dict, meta: dict, layers: dict[str, list[int]], layer_bits: dict[str, int],
-               shift: int, width_scales: bool, tokenizer_dir: str | Path | None) -> None:  # fmt: skip
-    bits, version = max(layer_bits.values()), file_version(width_scales, layer_bits)
+               shift: int, sums: dict, tokenizer_dir: str | Path | None) -> None:  # fmt: skip
+    """config.json, matgptq.json (`sums`: checksums.table of every tensor written) and the tokenizer files."""
+    bits = max(layer_bits.values())
     full_meta = {
-        "format": FORMAT, "format_version": version, "stored_bits": bits, "shift": shift,
+        "format": FORMAT, "format_version": FORMAT_VERSION, "stored_bits": bits, "shift": shift,
         "slicing": SLICING_RULE, **meta, "layers": layers,
     }  # fmt: skip
-    if version >= 3:
+    if len(set(layer_bits.values())) > 1:
         full_meta["layer_bits"] = layer_bits
+    full_meta[checksums.KEY] = sums
     hf_config = dict(config, quantization_config={"quant_method": FORMAT, "bits": bits})
     (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, default=str))
     (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2))
@@ -125,25 +128,26 @@ def save_checkpoint(
     out_tensors = {k: v.contiguous() for k, v in tensors.items()}
     for name, q in layers.items():
         out_tensors.update(layer_tensors(name, q))
-    with atomic_output(out, overwrite) as tmp:
+    with atomic_output(out, overwrite, size=sum(t.nbytes for t in out_tensors.values())) as tmp:
         save_file(out_tensors, str(tmp / WEIGHTS_FILE), metadata=TENSOR_METADATA)
         write_dir(tmp, config, meta, {name: list(q.shape) for name, q in layers.items()},
-                   {name: q.bits for name, q in layers.items()}, shift, any(q.width_scales for q in layers.values()),
+                   {name: q.bits for name, q in layers.items()}, shift, checksums.table(out_tensors),
                    tokenizer_dir)  # fmt: skip
     return Path(out)
 
 
-def write_slice(parent: str | Path, bits: int, out: str | Path, overwrite: bool = False) -> Path:
+def write_slice(parent: str | Path, bits: int, out: str | Path, overwrite: bool = False,
+                verify: bool | None = None) -> Path:  # fmt: skip
     """Write the `bits`-bit slice of the parent at `parent` as its own, smaller checkpoint (only that width's codes
-    and scales); it records the parent it came from."""
-    ckpt = read_checkpoint(parent)
+    and scales); it records the parent it came from. `verify`: as read_checkpoint's."""
+    ckpt = read_checkpoint(parent, verify=verify)
     if ckpt.layers and next(iter(ckpt.layers.values())).shift:
         raise UserError(f"{parent} is already a slice; slice the parent checkpoint")
     try:
         layers = {n: q.slice(bits) for n, q in ckpt.layers.items()}
     except ValueError as e:
         raise UserError(str(e)) from None
-    drop = ("stored_bits", "shift", "layers", "format", "format_version", "slicing")
+    drop = ("stored_bits", "shift", "layers", "format", "format_version", "slicing", "layer_bits", checksums.KEY)
     meta = {k: v for k, v in ckpt.meta.items() if k not in drop} | {"sliced_from": str(Path(parent).resolve())}
     return save_checkpoint(out, ckpt.config, ckpt.tensors, layers, meta, parent, overwrite)
 
@@ -233,7 +237,8 @@ def read_layer(where: Path, raw: dict, name: str, n: int, k: int, bits: int, shi
 class Layout:
     """What a checkpoint's matgptq.json says, checked, without reading a tensor: each quantized layer's [out, in]
     shape and stored width, the shift (a slice's c − r; 0 for a parent) and the HF config without its
-    quantization_config. For a reader that loads the tensors itself (vLLM, integrations/vllm.py)."""
+    quantization_config, and each tensor's checksum (v4; None for an older file). For a reader that loads the tensors
+    itself (vLLM, integrations/vllm.py)."""
 
     meta: dict
     config: dict
@@ -241,6 +246,7 @@ class Layout:
     widths: dict[str, int]
     shift: int
     path: Path
+    sums: dict[str, str] | None
 
 
 def read_layout(path: str | Path) -> Layout:
@@ -260,24 +266,56 @@ def read_layout(path: str | Path) -> Layout:
     shapes = _layer_shapes(meta_path, meta)
     widths = _layer_widths(meta_path, meta, shapes, bits, shift)
     _check_quantization(meta_path, meta)
+    sums = checksums.recorded(meta_path, meta) if meta["format_version"] >= 4 else None
     config.pop("quantization_config", None)
-    return Layout(meta, config, shapes, widths, shift, p)
+    return Layout(meta, config, shapes, widths, shift, p, sums)
 
 
-def read_checkpoint(path: str | Path, layers_only: bool = False) -> Checkpoint:
+def read_checkpoint(path: str | Path, layers_only: bool = False, verify: bool | None = None) -> Checkpoint:
     """A parent or slice directory, validated before use: any damage is one `UserError` naming the file.
-    `layers_only`: read the quantized layers' tensors only (`tensors` is then empty), for a reader that loads the
-    others itself (transformers' from_pretrained, integrations/transformers.py)."""
+    `layers_only`: keep the quantized layers' tensors only (`tensors` is then empty), for a reader that loads the
+    others itself (transformers' from_pretrained, integrations/transformers.py). `verify`: check every tensor of the
+    files against its recorded checksum (v4 files; checksums.py), those not kept included; None: unless inside
+    `checksums.trusted()`."""
     layout = read_layout(path)
     p, meta, config, shapes, widths, shift = (layout.path, layout.meta, layout.config, layout.shapes, layout.widths,
                                               layout.shift)  # fmt: skip
-    weights = p / WEIGHTS_FILE
-    fix = "the checkpoint is damaged or incomplete, re-create it"
+    sharded = (p / INDEX_FILE).is_file()
+    weights = p / (INDEX_FILE if sharded else WEIGHTS_FILE)
     keep = (lambda k: LAYER_TENSOR.search(k) is not None and LAYER_TENSOR.sub("", k) in shapes) if layers_only else None
-    if (p / INDEX_FILE).is_file():  # the sharded layout
-        weights = p / INDEX_FILE
-        raw = read_sharded(weights, fix, keep)
-    else:
-        raw = read_tensors(weights, fix, keep)
+    raw = (read_sharded if sharded else read_tensors)(weights, _FIX, keep)
+    if (checksums.wanted() if verify is None else verify) and layout.sums is not None:
+        _verify(weights, raw, layout.sums, sharded and read_json(weights, _FIX)["weight_map"])
     layers = {name: read_layer(weights, raw, name, n, k, widths[name], shift) for name, (n, k) in shapes.items()}
+    stray = next((k for k in raw if k.endswith(".codes")), None)  # a layer's codes whose layer `layers` lacks
+    if stray is not None:
+        raise UserError(f"{weights}: {stray} belongs to no layer of {META_FILE}'s `layers`; the checkpoint is damaged, "
+                        "re-create it")  # fmt: skip
     return Checkpoint(meta, config, layers, raw, p)
+
+
+def _verify(weights: Path, raw: dict[str, torch.Tensor], sums: dict[str, str], weight_map: dict | bool) -> None:
+    """The tensors read, then the files' others one at a time (a `layers_only` read), against their checksums; the
+    files must hold every tensor recorded."""
+    checksums.verify(weights, raw, sums)
+    files = {k: weights.parent / f for k, f in weight_map.items()} if weight_map else \
+        dict.fromkeys(read_header(weights, _FIX), weights)  # fmt: skip
+    checksums.complete(weights, files, sums)
+    for name in sorted(set(files) - set(raw)):
+        checksums.verify(files[name], read_tensors(files[name], _FIX, lambda k, n=name: k == n), sums)
+
+
+def add_checksums(path: str | Path) -> int:
+    """Record the checksums of a checkpoint written before them (v1-v3; its structure checked first), making it v4:
+    matgptq.json is replaced whole (a temporary file renamed), the tensors are untouched. The number of tensors."""
+    layout = read_layout(path)
+    if layout.sums is not None:
+        raise UserError(f"{layout.path} already records its checksums (format v{layout.meta['format_version']})")
+    read_checkpoint(path)
+    sharded = (layout.path / INDEX_FILE).is_file()
+    raw = (read_sharded if sharded else read_tensors)(layout.path / (INDEX_FILE if sharded else WEIGHTS_FILE), _FIX)
+    meta = dict(layout.meta, format_version=FORMAT_VERSION, **{checksums.KEY: checksums.table(raw)})
+    tmp = layout.path / f".{META_FILE}.tmp"
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, layout.path / META_FILE)
+    return len(raw)

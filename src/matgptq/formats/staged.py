@@ -17,7 +17,6 @@ block's tensors at a time (streamed.py writes a shard's header first, then one b
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -25,8 +24,9 @@ import torch
 from safetensors.torch import save_file
 
 from ..errors import UserError
-from ..fsutil import atomic_output
+from ..fsutil import atomic_output, replace_file
 from ..untrusted import read_header, read_tensors
+from . import checksums
 from .parent import INDEX_FILE, TENSOR_METADATA, WEIGHTS_FILE, read_layer, write_dir, layer_tensors
 from .quantized import QuantizedWeight
 from .streamed import Entry, Group, entries_of, write_streamed
@@ -55,9 +55,8 @@ class StagedCheckpoint:
         for name, q in layers.items():
             out.update(layer_tensors(name, q))
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / f".{self.path(block).name}.tmp"
-        save_file(out, str(tmp), metadata=TENSOR_METADATA)
-        os.replace(tmp, self.path(block))
+        replace_file(self.path(block), lambda tmp: save_file(out, str(tmp), metadata=TENSOR_METADATA),
+                     "run the same command with --resume to continue from the last finished block")  # fmt: skip
 
     def read_layers(self, block: int, width: Callable[[str], int]) -> dict[str, QuantizedWeight]:
         """The quantized layers of a written block (`width(name)`: a layer's stored width), checked as a
@@ -78,11 +77,16 @@ class StagedCheckpoint:
         if missing:
             raise UserError(f"{self.path(missing[0])} is missing: block {missing[0]} was never written; {self.fix}")
         headers = [read_header(self.path(i), self.fix) for i in range(n_blocks)]
-        width_scales = any(".scales." in k for h in headers for k in h)  # per-width scales: format v2
         outside = self._stored(tensors)
-        groups = [Group(entries_of(outside), lambda: outside)] + [
+        sums: dict[str, str] = {}  # each tensor's checksum, taken as it is written
+
+        def summed(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            sums.update({k: checksums.tensor_checksum(t) for k, t in tensors.items()})
+            return tensors
+
+        groups = [Group(entries_of(outside), lambda: summed(outside))] + [
             Group([Entry(k, dtype, shape) for k, (dtype, shape) in h.items()],
-                  lambda i=i: read_tensors(self.path(i), self.fix)) for i, h in enumerate(headers)]  # fmt: skip
+                  lambda i=i: summed(read_tensors(self.path(i), self.fix))) for i, h in enumerate(headers)]  # fmt: skip
         sizes = [sum(e.nbytes for e in g.entries) for g in groups]
         shards: list[list[int]] = []  # source 0 = `tensors`, source i + 1 = block i
         size = 0
@@ -96,12 +100,12 @@ class StagedCheckpoint:
             [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]  # fmt: skip
         weight_map: dict[str, str] = {}
         total = 0
-        with atomic_output(out, overwrite) as tmp:
+        with atomic_output(out, overwrite, size=sum(sizes)) as tmp:
             for name, sources in zip(names, shards):
                 total += write_streamed(tmp / name, [groups[s] for s in sources], TENSOR_METADATA)
                 weight_map.update({e.name: name for s in sources for e in groups[s].entries})
             if len(shards) > 1:
                 index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
                 (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2))
-            write_dir(tmp, config, meta, layers, layer_bits, 0, width_scales, tokenizer_dir)
+            write_dir(tmp, config, meta, layers, layer_bits, 0, checksums.record(sums), tokenizer_dir)
         return Path(out)

@@ -7,7 +7,8 @@ transformers (`register_quantization_config` / `register_quantizer`), active onc
     model = AutoModelForCausalLM.from_pretrained(PARENT, quantization_config=matgptq.MatGPTQConfig(bits=3))
 
 How it loads: transformers builds the model on the meta device and calls `_process_model_before_weight_loading`,
-which reads and checks the checkpoint (formats/parent.py) and puts a bias-only placeholder where each quantized
+which reads and checks the checkpoint (formats/parent.py: every tensor of its files against its checksum, those
+transformers loads included) and puts a bias-only placeholder where each quantized
 Linear is, so transformers loads every unquantized tensor itself and neither allocates nor initialises the quantized
 weights; the checkpoint's quantized tensors (`.codes`, `.scales`, …) are declared expected-unused. After loading,
 `_process_model_after_weight_loading` puts the Linears back and hands the model to `loader.attach`, the function

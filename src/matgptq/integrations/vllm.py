@@ -25,7 +25,9 @@ vLLM's loader hands each stored tensor to its placeholder's weight loader with t
 checkpoint reader reads it (formats.parent.read_layer: checked, codes unpacked), sliced to its own width and
 dequantized (QuantizedWeight.slice/dequantize, formats/slicing.py: the arithmetic of `matgptq.load`'s dense layers),
 and given to vLLM's weight loader of the dense weight with the same shard id, which places it (and narrows it to
-this rank's part under tensor parallelism). Shards of one fused layer may so take different widths. Then vLLM's
+this rank's part under tensor parallelism). Shards of one fused layer may so take different widths. The quantized
+layers' tensors are checked against the checksums the file records (formats/checksums.py); the others (embeddings,
+norms) are read by vLLM alone, unchecked. Then vLLM's
 unquantized path takes over: on the CPU its oneDNN GEMM, on a GPU its dense GEMM (F.linear).
 
 GPU: the weights are dequantized there too (on the GPU itself), not served by the nested Triton kernels of
@@ -44,7 +46,8 @@ import torch
 
 from ..errors import UserError
 from ..formats import Checkpoint, QuantizedWeight
-from ..formats.parent import META_FILE, WEIGHTS_FILE, Layout, read_layer, read_layout
+from ..formats import checksums
+from ..formats.parent import LAYER_TENSOR, META_FILE, WEIGHTS_FILE, Layout, read_layer, read_layout
 from ..runtime import resolve_bits
 
 METHOD = "matgptq"
@@ -117,9 +120,13 @@ def quantized_names(config, prefix: str, other: str | None) -> list[str] | None:
 
 def dense_shard(raw: dict, layout: Layout, name: str, bits: int, dtype: torch.dtype, device) -> torch.Tensor:
     """Layer `name` of the checkpoint from its stored tensors in `raw`, read and checked as the checkpoint reader
-    does, at `bits` and in `dtype` on `device` (the arithmetic of matgptq.load's dense layers)."""
+    does (its checksums included), at `bits` and in `dtype` on `device` (the arithmetic of matgptq.load's dense
+    layers)."""
     n, k = layout.shapes[name]
-    q = read_layer(layout.path / WEIGHTS_FILE, raw, name, n, k, layout.widths[name], layout.shift)
+    where = layout.path / WEIGHTS_FILE
+    if layout.sums is not None and checksums.wanted():
+        checksums.verify(where, {key: t for key, t in raw.items() if LAYER_TENSOR.sub("", key) == name}, layout.sums)
+    q = read_layer(where, raw, name, n, k, layout.widths[name], layout.shift)
     return q.to(device).slice(bits).dequantize(dtype)
 
 

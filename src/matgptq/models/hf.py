@@ -90,8 +90,14 @@ def load_fp_model(path: str | Path, dtype: torch.dtype | None = None):
         read_header(shard, fix)
     try:
         with loader_quiet():
-            model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or "auto", use_safetensors=True)
+            model, info = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or "auto", use_safetensors=True,
+                                                               output_loading_info=True)  # fmt: skip
     except LOAD_ERRORS as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"cannot load the {config.get('model_type', 'unknown')} model in {p} ({first}); {fix}") from None
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers would leave them randomly initialised
+        raise UserError(f"{p} has no tensor {missing[0]} (and {len(missing) - 1} more) that its config.json's model "
+                        "needs: an incomplete download, or a quantized checkpoint whose config.json lost its "
+                        f"`quantization_config`; {fix}")  # fmt: skip
     return model.eval()

@@ -329,7 +329,7 @@ def _restore(model, spec, state: BlockState | None, sink: BlockSink | None, sour
              width: Callable[[str], int], n_blocks: int, inputs: Inputs, reports: list) -> int:  # fmt: skip
     """Continue a killed run: its reports, the next block's inputs (in place) and, for a model in memory, its
     finished layers written back into the model (read from the sink); returns the first block to quantize."""
-    restored = state.load(n_blocks, len(inputs)) if state is not None else None
+    restored = state.load(n_blocks, len(inputs), like=[x for x, _ in inputs]) if state is not None else None
     if restored is None:
         return 0
     for b, hidden in enumerate(restored.hidden):

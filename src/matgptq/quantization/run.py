@@ -4,6 +4,7 @@ every checkpoint records, and the torchrun split (only rank 0 writes)."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -20,16 +21,18 @@ from ..errors import UserError
 from ..execution import DTYPES, compute_dtype, dist_backend, init_from_env, native_bfloat16, world
 from ..formats.mix import WidthSpec, read_mix
 from ..formats.staged import StagedCheckpoint
+from ..fsutil import check_output
 from ..models import (
     ModelSource, arch_spec, calibration_windows, config_dtype, file_sha256, get_blocks, load_fp_model, load_tokenizer,
     quantized_layer_names, read_text, require_model_dir, tokenize, weight_keys,
 )  # fmt: skip
 from ..models.lazy import LazyModel
+from ..untrusted import read_json
 from .calibration import CalibConfig
 from .config import Method, MethodConfig
 from .layer import LayerReport
 from .pipeline import batch_tokens_on, quantize_model
-from .resume import BlockState
+from .resume import BlockState, resume_dir
 
 EXPERT_POLICY = "an expert with n < K routed tokens (K: input width) gets H = (n·H_own + (K − n)·H_mean) / K"
 
@@ -174,6 +177,40 @@ def run_quantization(source: ModelSource, out: str | Path, cfg: MethodConfig, ca
     if state is not None:
         state.finish()
     return Path(out), reports
+
+
+def finished_run(out: str | Path, source: ModelSource, cfg: MethodConfig, calib_cfg: CalibConfig, calib,
+                 mixed: bool) -> list[LayerReport]:  # fmt: skip
+    """`quantize --resume` where `out` exists: a run that finished (its checkpoint renamed into place, its resume
+    state deleted, or left by a kill between the two: deleted now); its layers' reports as recorded. `out` must be a
+    checkpoint of `source` made with `cfg` (its per-layer widths not compared when `mixed`) and this calibration
+    (its text by hash); anything else is refused as any existing output is (fsutil.check_output)."""
+    ours, reports = _recorded_settings(cfg.to_json(), calib_cfg, calib, source, mixed), None
+    try:
+        meta = read_json(Path(out) / "matgptq.json")
+        theirs = _recorded_settings(meta["quantization"], meta["calibration"], None, meta["source_model"], mixed)
+        reports = [LayerReport(r["name"], tuple(r["shape"]), {int(k): v for k, v in r["rel_error"].items()},
+                               r["damp"], r["seconds"], r.get("tokens"), r.get("starved")) for r in meta["report"]]
+    except (UserError, KeyError, TypeError, ValueError, AttributeError):
+        theirs = None
+    if theirs != ours or reports is None:
+        check_output(out, overwrite=False)  # it exists: refused
+        raise UserError(f"{out} was removed while it was read; run again")
+    shutil.rmtree(resume_dir(out), ignore_errors=True)
+    return reports
+
+
+def _recorded_settings(quantization: dict, calibration, calib, source, mixed: bool) -> dict:
+    """What finished_run compares, from this run's arguments or from a checkpoint's matgptq.json."""
+    if isinstance(calibration, CalibConfig):
+        sha = file_sha256(calib) if isinstance(calib, (str, Path)) else None
+        calibration = {**asdict(calibration), "text_range": list(calibration.text_range), "sha256": sha}
+    keep = ("text_range", "nsamples", "seqlen", "seed", "sha256")
+    return json.loads(json.dumps({
+        "quantization": {k: v for k, v in quantization.items() if not (mixed and k == "layer_bits")},
+        "calibration": {k: calibration[k] for k in keep},
+        "source_model": source if isinstance(source, str) else source.spec,
+    }))
 
 
 class _Discard:

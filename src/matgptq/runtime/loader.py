@@ -10,6 +10,7 @@ NESTED (the default on a GPU), NestedLinear modules holding bit planes for the n
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
@@ -29,6 +30,7 @@ except ImportError:
 from ..errors import UserError
 from ..execution import resolve_device
 from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_ct_checkpoint, read_gptq_checkpoint
+from ..formats.checksums import trusted
 from ..formats.mix import WidthSpec, read_mix
 from ..untrusted import read_json
 from ..models import (
@@ -152,6 +154,19 @@ def _config(ckpt: Checkpoint):
     return config
 
 
+_BLOCK = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")  # a decoder block's index in a tensor or layer name
+
+
+def _check_depth(ckpt: Checkpoint, config) -> None:
+    """config.json's block count against the blocks the checkpoint stores, before a model that deep is built (a
+    damaged count would build, and allocate, for as long as it says)."""
+    declared = getattr(config, "num_hidden_layers", None)
+    stored = {int(m.group(1)) for name in (*ckpt.layers, *ckpt.tensors) if (m := _BLOCK.search(name))}
+    if isinstance(declared, int) and stored and declared > max(stored) + 1:
+        raise UserError(f"{ckpt.path}/config.json says {declared} blocks, but the checkpoint stores {max(stored) + 1}; "
+                        "one of them is damaged, re-create the checkpoint")  # fmt: skip
+
+
 def packed_wins(dtype: torch.dtype) -> bool:
     """Whether `load` packs by default: bfloat16 on a machine without CUDA, where PackedLinear runs torch's int4 CPU
     kernel (runtime/int4_cpu.py) on 4 or 8 bits per weight instead of 16 (benchmarks/bench_packed_cpu.py compares the
@@ -221,6 +236,7 @@ def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dt
     dtype = dtype or getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
+    _check_depth(ckpt, config)
     try:
         with loader_quiet(), no_init_weights():  # every weight is overwritten below: skip the random init
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -243,6 +259,11 @@ def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dt
     check_layers(ckpt, model, spec)
     model.load_state_dict(ckpt.tensors, strict=False)
     model.tie_weights()
+    head = ckpt.tensors.get("lm_head.weight")
+    if tied and head is not None and not torch.equal(model.get_output_embeddings().weight, head.to(dtype)):
+        raise UserError(f"{ckpt.path}/config.json ties lm_head to the embeddings (`tie_word_embeddings`), but the "
+                        "checkpoint stores an lm_head.weight of its own; one of them is damaged, re-create the "
+                        "checkpoint")  # fmt: skip
     attach(model, ckpt, bits, default_packing(packed, dtype, spec.conv1d, device), resident)
     return model.to(device).eval()
 
@@ -268,7 +289,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint | None:
 
 
 def load(path: str | Path, bits: WidthSpec | None = None, dtype: torch.dtype | None = None, packed: bool | None = None,
-         device: str | torch.device | None = None, resident: Resident | str | None = None):  # fmt: skip
+         device: str | torch.device | None = None, resident: Resident | str | None = None,
+         verify: bool = True):  # fmt: skip
     """A transformers causal LM (eval mode) from a matgptq parent/slice, a GPTQ or compressed-tensors (pack-quantized)
     checkpoint or an unquantized model:
     a local directory or a Hugging Face id `org/name[@revision]` (models/hub.py).
@@ -285,6 +307,8 @@ def load(path: str | Path, bits: WidthSpec | None = None, dtype: torch.dtype | N
     `resident` (GPU, packed layers only): "slice" (default) holds the loaded width's planes alone, about r bits per
     weight (`set_bits` rebuilds the layers from the parent in memory); "parent" holds all the parent's planes, so
     `set_bits` switches any width in place without copying a weight.
+    `verify`: check a matgptq checkpoint's tensors against their recorded checksums (formats/checksums.py); False
+    for a file you trust.
     """
     target = resolve_device(device or "cpu")
     resident = None if resident is None else resident_choice(resident)
@@ -295,7 +319,8 @@ def load(path: str | Path, bits: WidthSpec | None = None, dtype: torch.dtype | N
     path = resolve_model(path).path  # a Hugging Face id (org/name[@revision]) is resolved through its cache
     if not path.exists():
         raise UserError(f"{path} does not exist; give a model or checkpoint directory, or a Hugging Face id org/name")
-    ckpt = open_checkpoint(path)
+    with trusted(not verify):
+        ckpt = open_checkpoint(path)
     if ckpt is None:
         if bits is not None or packed or resident is not None:
             raise UserError(f"{path} is not quantized; --bits, packed and resident apply to matgptq/GPTQ checkpoints "

@@ -266,10 +266,12 @@ def _write(path: Path, report: GGUFExport, entries: list[Entry], hp: dict, name:
             writer.add_tensor(row.name, stored)
         else:
             writer.add_tensor(row.name, stored, raw_dtype=getattr(gguf.GGMLQuantizationType, row.ggml_type))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:  # also when the disk fills: the file is closed before its temporary directory is removed
+        writer.close()
 
 
 def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
