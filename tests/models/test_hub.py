@@ -113,3 +113,86 @@ def test_the_cli_takes_an_id_from_the_environment(tmp_path):
     missing = run("probe/not-cached")
     assert missing.returncode == 2 and missing.stderr.strip().count("\n") == 0, missing.stderr
     assert missing.stderr.startswith("matgptq: error: probe/not-cached is not a local directory"), missing.stderr
+
+
+# --- Hub failures: one line naming the fix, exit 2, nothing written (#99 item 5) ------------------------------------
+
+
+def _http_error(status: int, code: str, url: str) -> Exception:
+    """The exception huggingface_hub raises for this Hub response (its own hf_raise_for_status builds it)."""
+    import httpx2  # huggingface_hub's HTTP client
+    from huggingface_hub.utils import hf_raise_for_status
+
+    response = httpx2.Response(status, headers={"X-Error-Code": code}, request=httpx2.Request("GET", url))
+    try:
+        hf_raise_for_status(response)
+    except Exception as e:  # noqa: BLE001 — whatever type it builds is the one under test
+        return e
+    raise AssertionError(f"hf_raise_for_status accepted {status} {code}")
+
+
+def _broken_download() -> Exception:
+    import httpx2
+
+    # what huggingface_hub's http_get re-raises once its retries of a stream that broke off are spent
+    return httpx2.RemoteProtocolError("peer closed connection without sending complete message body (incomplete "
+                                      "chunked read)")  # fmt: skip
+
+
+API = "https://huggingface.co/api/models"
+HUB_FAILURES = {  # id -> (spec, the exception snapshot_download raises (None: the offline cache's own), phrases)
+    "not-in-the-offline-cache": ("probe/not-cached", None, ["not in the cache", "hf download"]),
+    "revision-does-not-exist": (f"{REPO}@v9", lambda: _http_error(404, "RevisionNotFound", f"{API}/{REPO}/revision/v9"),
+                                ["has no revision 'v9'", "give a branch, tag or commit it has"]),
+    "gated-without-a-token": ("probe/gated", lambda: _http_error(403, "GatedRepo", f"{API}/probe/gated/revision/main"),
+                              ["is gated", "accept its terms at https://huggingface.co/probe/gated", "hf auth login"]),
+    "download-interrupted": ("probe/big", _broken_download, ["broke off", "run the command again, which resumes it"]),
+    "download-wrong-size": ("probe/big", lambda: OSError(
+        "Consistency check failed: file should be of size 1000 but has size 10 (model.safetensors).\nThis is usually "
+        "due to network issues while downloading the file. Please retry with `force_download=True`."),
+        ["arrived with the wrong size", "hf download probe/big --force-download"]),
+    "hub-unreachable": ("probe/remote", lambda: _connect_error(), ["Hub cannot be reached", "check the network"]),
+}  # fmt: skip
+
+
+def _connect_error() -> Exception:
+    import httpx2
+
+    return httpx2.ConnectError("[Errno 111] Connection refused")
+
+
+def _fail_with(monkeypatch, make) -> None:
+    import huggingface_hub
+
+    def snapshot_download(*args, **kwargs):
+        raise make()
+
+    if make is not None:
+        monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+
+
+@pytest.mark.parametrize("case", HUB_FAILURES)
+def test_a_hub_failure_is_one_line_naming_the_fix(hub_cache, monkeypatch, case):
+    spec, make, phrases = HUB_FAILURES[case]
+    _fail_with(monkeypatch, make)
+    with pytest.raises(UserError) as e:
+        resolve_model(spec)
+    msg = str(e.value)
+    assert "\n" not in msg and all(p in msg for p in phrases), msg
+
+
+@pytest.mark.parametrize("case", HUB_FAILURES)
+def test_a_hub_failure_exits_2_and_writes_nothing(hub_cache, monkeypatch, tmp_path, capsys, record_property, case):
+    """`quantize ID --out OUT --resume`: exit 2, one line on stderr, and neither OUT nor its resume state exists."""
+    from matgptq.cli import main
+
+    spec, make, phrases = HUB_FAILURES[case]
+    _fail_with(monkeypatch, make)
+    work = tmp_path / "work"
+    work.mkdir()
+    code = main(["quantize", spec, "--out", str(work / "out"), "--method", "rtn", "--bits", "4", "--resume"])
+    err = capsys.readouterr().err
+    record_property("message", err.strip())
+    assert code == 2 and err.startswith("matgptq: error: ") and err.count("\n") == 1, err
+    assert all(p in err for p in phrases), err
+    assert list(work.iterdir()) == [], "something was written"

@@ -325,10 +325,10 @@ GGUF_TESTED_IN_TRANSFORMERS = ("llama",)  # architectures test_transformers_gguf
 
 def gguf_readers(path: str | Path) -> Readers:
     """The readers line of a GGUF file (module docstring)."""
-    import gguf
+    from ..formats.gguf.reader import read_gguf
 
-    fields = gguf.GGUFReader(str(path)).fields
-    arch = fields["general.architecture"].contents()
+    fields = read_gguf(path).fields  # checked: a damaged file is one UserError
+    arch = fields.get("general.architecture")
     runs, untested = [f"llama.cpp ({LLAMA_CPP_PYTHON})"], []
     reader = "transformers' GGUF reader (dequantized to float)"
     moe = f"{arch}.expert_count" in fields  # Mixtral is a `llama` file with experts (test_gguf_moe.py: llama.cpp only)

@@ -57,6 +57,8 @@ _PARAM = re.compile(rf"^(.+)\.({'|'.join(PARAMS)})$")
 _EXPERT = re.compile(r"\.experts\.\d+\.")
 LINEAR_CLASSES = ("Linear", "Module")  # what a packed module is (nn.Linear): the class names a target can match
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# integer tensors (shapes, zero points, g_idx) as compressed-tensors writes them; torch compares no wider unsigned ones
+INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 STRADDLING = (0, 17)  # the `version` field (a file's data) from which 3/5/6/7-bit codes straddle int32 words
 
 
@@ -175,7 +177,7 @@ def _shape(p: Path, name: str, raw: dict, s: Scheme) -> tuple[int, int]:
     packed, shape = raw.get(f"{name}.weight_packed"), raw.get(f"{name}.weight_shape")
     if packed is None or packed.dtype != torch.int32 or packed.dim() != 2:
         raise UserError(f"{p}: {name}.weight_packed must be a 2-D int32 tensor; {FIX}")
-    if shape is None or shape.is_floating_point() or shape.shape != (2,) or bool((shape < 1).any()):
+    if shape is None or shape.dtype not in INT_DTYPES or shape.shape != (2,) or bool((shape < 1).any()):
         raise UserError(f"{p}: {name}.weight_shape must hold the layer's two positive sizes [out, in]; {FIX}")
     n, k = (int(v) for v in shape.tolist())
     if packed.shape != (n, -(-k * s.bits // 32)):
@@ -210,10 +212,10 @@ def _zeros(p: Path, name: str, zp: torch.Tensor | None, n: int, groups: int, s: 
     """uint8 [N, G] zero points on the unsigned grid: zp + 2^(b−1) (2^(b−1) when symmetric)."""
     mid = 1 << (s.bits - 1)
     if s.symmetric:
-        if zp is not None and (zp.is_floating_point() or zp.numel() not in (1, n * groups) or bool(zp.any())):
+        if zp is not None and (zp.dtype not in INT_DTYPES or zp.numel() not in (1, n * groups) or bool(zp.any())):
             raise UserError(f"{p}: {name} is symmetric but stores non-zero zero points; {FIX}")
         return torch.full((n, groups), mid, dtype=torch.uint8)
-    if zp is None or zp.is_floating_point():
+    if zp is None or zp.dtype not in INT_DTYPES:
         raise UserError(f"{p}: {name} is asymmetric but has no integer weight_zero_point; {FIX}")
     if s.strategy == "tensor":
         if zp.numel() != 1 or not -mid <= int(zp.flatten()[0]) < mid:
@@ -233,9 +235,12 @@ def _g_idx(p: Path, name: str, g_idx: torch.Tensor | None, k: int, groups: int, 
     if s.strategy != "group":
         return torch.zeros(k, dtype=torch.int32)
     trivial = torch.arange(k, dtype=torch.int32) // s.group_size
+    if g_idx is not None and g_idx.dtype not in INT_DTYPES:
+        raise UserError(f"{p}: {name}.weight_g_idx is {str(g_idx.dtype).removeprefix('torch.')}, not an integer "
+                        f"tensor; {FIX}")  # fmt: skip
     if g_idx is None or bool((g_idx == -1).any()):  # −1: never initialised, column order (compressed-tensors)
         return trivial
-    if g_idx.is_floating_point() or g_idx.shape != (k,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
+    if g_idx.shape != (k,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
         raise UserError(f"{p}: {name}.weight_g_idx must give each of its {k} columns one of {groups} groups; {FIX}")
     if bool((torch.bincount(g_idx.long(), minlength=groups) != s.group_size).any()):
         raise UserError(f"{p}: {name}.weight_g_idx gives its groups other than {s.group_size} columns each, which "

@@ -39,7 +39,7 @@ from .quantized import QuantizedWeight
 
 def trivial_g_idx(k: int, group_size: int) -> torch.Tensor:
     """g_idx[k] = k // group_size (−1: one group): the g_idx of a checkpoint without act-order."""
-    return torch.arange(k, dtype=torch.int32) // (k if group_size == -1 else group_size)
+    return torch.arange(k, dtype=torch.int32) // (max(k, 1) if group_size == -1 or group_size > k else group_size)
 
 
 FIX = "the GPTQ checkpoint is damaged or incomplete; re-download or re-export it"
@@ -56,32 +56,40 @@ def _read_config(p: Path) -> tuple[dict, dict]:
     return config, dict(qc)
 
 
+def _is_group_size(g) -> bool:
+    return isinstance(g, int) and not isinstance(g, bool) and (g == -1 or g > 0)
+
+
 def _settings(p: Path, qc: dict) -> tuple[int, int, dict]:
     """bits, group_size and `dynamic` of a GPTQ config, type- and range-checked."""
     bits, group_size, dynamic = qc.get("bits"), qc.get("group_size", 128), qc.get("dynamic") or {}
-    if not isinstance(bits, int) or isinstance(bits, bool) or bits not in SUPPORTED_BITS:
-        raise UserError(f"{p}: the GPTQ config's `bits` is {bits!r}; matgptq reads {sorted(SUPPORTED_BITS)}-bit GPTQ")
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size == 0 or group_size < -1:
-        raise UserError(f"{p}: the GPTQ config's `group_size` is {group_size!r}, expected -1 or a positive integer")
-    ok = isinstance(dynamic, dict) and all(isinstance(v, dict) and (not isinstance(v.get("bits", bits), bool))
-                                           and v.get("bits", bits) in SUPPORTED_BITS for v in dynamic.values())  # fmt: skip
+    width = lambda b: isinstance(b, int) and not isinstance(b, bool) and b in SUPPORTED_BITS  # noqa: E731
+    if not width(bits):
+        raise UserError(f"{p}: the GPTQ config's `bits` is {bits!r:.60}; matgptq reads "
+                        f"{sorted(SUPPORTED_BITS)}-bit GPTQ")  # fmt: skip
+    if not _is_group_size(group_size):
+        raise UserError(f"{p}: the GPTQ config's `group_size` is {group_size!r:.60}, expected -1 or a positive integer")
+    ok = isinstance(dynamic, dict) and all(isinstance(v, dict) and width(v.get("bits", bits))
+                                           and _is_group_size(v.get("group_size", group_size))
+                                           for v in dynamic.values())  # fmt: skip
     if not ok:
-        raise UserError(f"{p}: the GPTQ config's `dynamic` must map patterns to {{\"bits\": 2|3|4|8}}; {FIX}")
+        raise UserError(f"{p}: the GPTQ config's `dynamic` must map patterns to {{\"bits\": 2|3|4|8}} (and an optional "
+                        f"group_size); {FIX}")  # fmt: skip
     for pattern in dynamic:
         try:
             re.compile(pattern[2:] if pattern[:2] in ("-:", "+:") else pattern)
         except re.error:
-            raise UserError(f"{p}: `dynamic` pattern {pattern!r} is not a regular expression; {FIX}") from None
+            raise UserError(f"{p}: `dynamic` pattern {pattern!r:.60} is not a regular expression; {FIX}") from None
     return bits, group_size, dynamic
 
 
-def _layer_bits(name: str, base: int, dynamic: dict) -> int | None:
-    """Width of `name` under GPTQModel `dynamic` rules (first match wins; "-:" = not quantized → None)."""
+def _layer_settings(name: str, base: int, group_size: int, dynamic: dict) -> tuple[int, int] | None:
+    """(bits, group_size) of `name` under GPTQModel `dynamic` rules (first match wins; "-:" = not quantized → None)."""
     for pattern, override in dynamic.items():
         negative, raw = pattern.startswith("-:"), pattern[2:] if pattern[:2] in ("-:", "+:") else pattern
         if re.match(raw, name):
-            return None if negative else int(override.get("bits", base))
-    return base
+            return None if negative else (override.get("bits", base), override.get("group_size", group_size))
+    return base, group_size
 
 
 def _holds(words: int, length: int, bits: int) -> bool:
@@ -126,6 +134,18 @@ def _in_features(qweight: torch.Tensor, g_idx: torch.Tensor | None, bits: int) -
     return qweight.shape[0] * 32 // bits if g_idx is None else g_idx.shape[0]
 
 
+def _check_groups(p: Path, name: str, g_idx: torch.Tensor, groups: int, group_size: int) -> None:
+    """GPTQ's groups, with or without act-order: ceil(K / group_size) of them, each of group_size columns but the last
+    (g_idx permutes which columns, never how many): a group size that disagrees with the tensors is damage."""
+    k = g_idx.shape[0]
+    size = max(k, 1) if group_size == -1 else group_size
+    count = -(-k // size)
+    want = [size] * (count - 1) + [k - size * (count - 1)] if count else []
+    if groups != count or torch.bincount(g_idx.long(), minlength=groups).tolist() != want:
+        raise UserError(f"{p}: {name}'s {groups} groups (g_idx) are not the groups of {size} of its {k} inputs that "
+                        f"the config's group_size {group_size} makes; {FIX}")  # fmt: skip
+
+
 def _layer(p: Path, name: str, raw: dict, r: int, zeros: np.ndarray, group_size: int) -> QuantizedWeight:
     qweight, scales, g_idx = raw.pop(f"{name}.qweight"), raw.pop(f"{name}.scales", None), raw.pop(f"{name}.g_idx", None)
     k, n = _in_features(qweight, g_idx, r), qweight.shape[1]
@@ -140,6 +160,7 @@ def _layer(p: Path, name: str, raw: dict, r: int, zeros: np.ndarray, group_size:
         raise UserError(f"{p}: {name}.scales hold NaN or Inf; the checkpoint is corrupt")
     if k and (int(g_idx.min()) < 0 or int(g_idx.max()) >= zeros.shape[0]):
         raise UserError(f"{p}: {name}.g_idx points outside its {zeros.shape[0]} groups; the checkpoint is corrupt")
+    _check_groups(p, name, g_idx, zeros.shape[0], group_size)
     half = scales.to(torch.float16)
     if not torch.equal(half.to(scales.dtype), scales):
         raise UserError(f"{p}: {name} has {scales.dtype} scales that float16 cannot hold exactly; matgptq keeps fp16")
@@ -148,6 +169,32 @@ def _layer(p: Path, name: str, raw: dict, r: int, zeros: np.ndarray, group_size:
         scales=half.T.contiguous(), zeros=torch.from_numpy(np.ascontiguousarray(zeros.T.astype(np.uint8))),
         g_idx=g_idx.contiguous(), bits=r,
     )  # fmt: skip
+
+
+def _stored_layers(p: Path, raw: dict, base: int, group_size: int, dynamic: dict) -> tuple[dict, dict, dict]:
+    """({layer: bits}, {layer: group size}, {layer: stored zero fields}) of every `<layer>.qweight`, its packing
+    checked."""
+    widths, groups, stored = {}, {}, {}
+    for name in [k[: -len(".qweight")] for k in raw if k.endswith(".qweight")]:
+        settings = _layer_settings(name, base, group_size, dynamic)
+        if settings is None:
+            raise UserError(f"{p}: {name} is stored quantized but the config's `dynamic` excludes it; fix the config")
+        r, groups[name] = settings
+        qweight, qzeros = raw[f"{name}.qweight"], raw.get(f"{name}.qzeros")
+        if qweight.dtype != torch.int32 or qweight.dim() != 2 or qzeros is None or qzeros.dtype != torch.int32:
+            raise UserError(f"{p}: {name} needs int32 2-D qweight and int32 qzeros tensors; {FIX}")
+        rows, n = qweight.shape
+        g_idx = raw.get(f"{name}.g_idx")
+        if g_idx is not None and (g_idx.dim() != 1 or g_idx.is_floating_point()):
+            raise UserError(f"{p}: {name}.g_idx must be a 1-D integer tensor; {FIX}")
+        k = _in_features(qweight, g_idx, r)
+        if not _holds(rows, k, r):
+            raise UserError(f"{p}: {name} has qweight {(rows, n)} for {k} inputs, which is not {r}-bit GPTQ")
+        try:
+            widths[name], stored[name] = r, unpack_cols(qzeros.numpy(), r, n, pad=True)
+        except (KeyError, ValueError) as e:
+            raise UserError(f"{p}: {name} has no valid {r}-bit qzeros ({e}); the checkpoint is corrupt") from None
+    return widths, groups, stored
 
 
 def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
@@ -161,35 +208,21 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
     if str(qc.get("pack_dtype", "int32")) != "int32":
         raise UserError(f"{p} packs into {qc['pack_dtype']} words; matgptq reads int32-packed GPTQ only")
     base, group_size, dynamic = _settings(p, qc)
-    quantizers = (qc.get("meta") or {}).get("quantizer") or []
+    meta = qc.get("meta")
+    quantizers = (meta.get("quantizer") if isinstance(meta, dict) else None) or []
     by_gptqmodel = any(str(s).lower().startswith("gptqmodel:") for s in np.atleast_1d(quantizers))
     raw = read_model_weights(p, FIX)
-    widths, stored = {}, {}
-    for name in [k[: -len(".qweight")] for k in raw if k.endswith(".qweight")]:
-        r = _layer_bits(name, base, dynamic)
-        if r is None:
-            raise UserError(f"{p}: {name} is stored quantized but the config's `dynamic` excludes it; fix the config")
-        qweight, qzeros = raw[f"{name}.qweight"], raw.get(f"{name}.qzeros")
-        if qweight.dtype != torch.int32 or qweight.dim() != 2 or qzeros is None or qzeros.dtype != torch.int32:
-            raise UserError(f"{p}: {name} needs int32 2-D qweight and int32 qzeros tensors; {FIX}")
-        rows, n = qweight.shape
-        g_idx = raw.get(f"{name}.g_idx")
-        if g_idx is not None and (g_idx.dim() != 1 or g_idx.is_floating_point()):
-            raise UserError(f"{p}: {name}.g_idx must be a 1-D integer tensor; {FIX}")
-        k = _in_features(raw[f"{name}.qweight"], raw.get(f"{name}.g_idx"), r)
-        if not _holds(rows, k, r):
-            raise UserError(f"{p}: {name} has qweight {(rows, n)} for {k} inputs, which is not {r}-bit GPTQ")
-        try:
-            widths[name], stored[name] = r, unpack_cols(raw[f"{name}.qzeros"].numpy(), r, n, pad=True)
-        except (KeyError, ValueError) as e:
-            raise UserError(f"{p}: {name} has no valid {r}-bit qzeros ({e}); the checkpoint is corrupt") from None
+    widths, groups, stored = _stored_layers(p, raw, base, group_size, dynamic)
     v2 = _is_v2(p, label, stored, widths)
     layers = {}
     for name, r in widths.items():
         qzeros = raw.pop(f"{name}.qzeros")
         n = raw[f"{name}.qweight"].shape[1]
         zeros = stored[name] if v2 else _v1_to_true(qzeros, r, n, by_gptqmodel)
-        layers[name] = _layer(p, name, raw, r, zeros, group_size)
+        layers[name] = _layer(p, name, raw, r, zeros, groups[name])
+    stray = next((k for k in raw if k.rpartition(".")[2] in ("qweight", "qzeros", "scales", "g_idx")), None)
+    if stray is not None:  # e.g. a layer whose qweight's name was damaged
+        raise UserError(f"{p}: {stray} belongs to no quantized layer (no {stray.rpartition('.')[0]}.qweight); {FIX}")
     quant = {"method": "gptq", "bits": base, "group_size": group_size, "sym": bool(qc.get("sym", True)),
              "act_order": bool(qc.get("desc_act", False))}  # fmt: skip
     meta = {"format": "gptq", "checkpoint_format": "gptq_v2" if v2 else "gptq", "quantization": quant}

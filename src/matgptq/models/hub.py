@@ -49,19 +49,50 @@ def resolve_model(spec: str | Path) -> ModelSource:
     return ModelSource(snapshot, repo, snapshot.name)
 
 
+# What huggingface_hub's HTTP client raises, by class name (requests in older huggingface_hub releases, an httpx in
+# newer ones): the connection never opened, or a download broke off (huggingface_hub retries a broken
+# download, then raises the last error; a file of the wrong size is an OSError saying "Consistency check failed").
+_UNREACHABLE = {"ConnectError", "ConnectTimeout", "PoolTimeout", "ProxyError", "SSLError"}
+_INTERRUPTED = {"RemoteProtocolError", "ReadTimeout", "ReadError", "WriteError", "WriteTimeout", "ChunkedEncodingError",
+                "IncompleteRead", "ProtocolError"}  # fmt: skip
+
+
+def _http_failure(e: Exception) -> str | None:
+    """The kind of a failed download: unreachable, interrupted or incomplete (a file of the wrong size); else None."""
+    names = {c.__name__ for c in type(e).__mro__}
+    if isinstance(e, OSError) and "Consistency check failed" in str(e):
+        return "incomplete"
+    return "interrupted" if names & _INTERRUPTED else "unreachable" if names & _UNREACHABLE else None
+
+
 def _hub_error(spec: str, repo: str, revision: str | None, e: Exception) -> str:
     """One line for why `repo` could not be resolved, with the way out."""
     from huggingface_hub import errors
 
-    fetch = f"download it with `hf download {repo} --local-dir DIR` and give DIR"
+    rev = f" --revision {revision}" if revision else ""
+    fetch = f"download it with `hf download {repo}{rev} --local-dir DIR` and give DIR"
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
     if isinstance(e, errors.LocalEntryNotFoundError | errors.OfflineModeIsEnabled):
         return (f"{spec} is not a local directory, and the Hugging Face model {repo} is not in the cache while the "
                 f"network is off (HF_HUB_OFFLINE); {fetch}, or allow downloads")  # fmt: skip
     if isinstance(e, errors.RevisionNotFoundError):
         return f"the Hugging Face model {repo} has no revision {revision!r}; give a branch, tag or commit it has"
-    if isinstance(e, errors.RepositoryNotFoundError):  # also a gated or private repository without a token
+    if isinstance(e, errors.GatedRepoError):  # a RepositoryNotFoundError too: checked first
+        return (f"the Hugging Face model {repo} is gated and this machine has no access to it: accept its terms at "
+                f"https://huggingface.co/{repo}, then log in with `hf auth login` (or set HF_TOKEN) as that "
+                "account")  # fmt: skip
+    if isinstance(e, errors.RepositoryNotFoundError):  # also a private repository without a token
         return (f"{spec} is not a local directory, and {repo} is not a Hugging Face model this account can read "
-                "(check the name; for a gated or private model, log in with `hf auth login`)")  # fmt: skip
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+                "(check the name; for a private model, log in with `hf auth login`)")  # fmt: skip
+    failure = _http_failure(e)
+    if failure == "interrupted":
+        return (f"the download of the Hugging Face model {repo} broke off ({first}); run the command again, which "
+                f"resumes it from the cache, or {fetch}")  # fmt: skip
+    if failure == "incomplete":
+        return (f"a file of the Hugging Face model {repo} arrived with the wrong size ({first}); fetch it afresh with "
+                f"`hf download {repo}{rev} --force-download`, then run the command again")  # fmt: skip
+    if failure == "unreachable":
+        return (f"{spec} is not a local directory, and the Hugging Face Hub cannot be reached to fetch {repo} "
+                f"({first}); check the network, or {fetch}")  # fmt: skip
     return (f"{spec} is not a local directory, and the Hugging Face model {repo} cannot be fetched ({first}); check "
             f"the network, or {fetch}")  # fmt: skip
