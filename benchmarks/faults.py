@@ -108,7 +108,7 @@ def page(checksums: dict, kills: dict | None = None, fuzzed: dict | None = None)
               *(f"| `{what}` | {_spread(checksums['seconds'][key])} | {_spread(checksums['seconds'][key + '_verified'])} "
                 f"| {med[key + '_verified'] - med[key]:+.3f} |" for what, key in (("read_checkpoint", "read"),
                                                                                    ("matgptq.load", "load"))),
-              "", "The medians with the slowest and fastest run in brackets. Verifying is one pass of CRC-32 over the "
+              "", "Medians, with the fastest and slowest run in brackets. Verifying is one pass of CRC-32 over the "
               "bytes: a few times a bare tensor read (which maps the file and copies it), and within the run-to-run "
               "spread of a whole `matgptq.load`.",
               "", f"CRC-32 alone runs at {checksums['crc_gb_per_s']:.1f} GB/s here. `--no-verify` (`verify=False`) "
