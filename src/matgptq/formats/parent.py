@@ -30,7 +30,6 @@ checksum (checksums.py), which the readers verify unless told the file is truste
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..errors import UserError
-from ..fsutil import atomic_output, copy_tokenizer_files
+from ..fsutil import atomic_output, copy_tokenizer_files, replace_file
 from ..untrusted import read_header, read_json, read_sharded, read_tensors, take
 from . import checksums
 from .quantized import QuantizedWeight, width_scale_name, width_scale_tensors
@@ -315,7 +314,5 @@ def add_checksums(path: str | Path) -> int:
     sharded = (layout.path / INDEX_FILE).is_file()
     raw = (read_sharded if sharded else read_tensors)(layout.path / (INDEX_FILE if sharded else WEIGHTS_FILE), _FIX)
     meta = dict(layout.meta, format_version=FORMAT_VERSION, **{checksums.KEY: checksums.table(raw)})
-    tmp = layout.path / f".{META_FILE}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, layout.path / META_FILE)
+    replace_file(layout.path / META_FILE, lambda tmp: tmp.write_text(json.dumps(meta, indent=2)), "run it again")
     return len(raw)
