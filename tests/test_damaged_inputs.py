@@ -6,7 +6,7 @@ for every damage hypothesis draws (truncation at any offset, byte flips in safet
 renamed / reshaped / retyped tensors, JSON values replaced by out-of-range or ill-typed ones): the reader either works
 (the damage was harmless) or raises `UserError` with a one-line message — never another exception, never a hang.
 The CLI cases below also check exit status 2, one line on stderr and no output written; each records its message, and
-`benchmarks/bad_input_table.py` renders them into docs/results/bad_input.md.
+`benchmarks/robustness/bad_input.py` renders them into docs/results/bad_input.md.
 """
 
 from __future__ import annotations

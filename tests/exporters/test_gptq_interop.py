@@ -2,7 +2,7 @@
 
 Run with the peers installed, e.g.  GPTQMODEL_CPU_WORKERS=2 python -m pytest -m interop tests/exporters/test_gptq_interop.py
 (a missing peer skips, or fails under MATGPTQ_REQUIRE_PEERS=1). Each check records its measured differences with
-`record_property`; benchmarks/gptq_compat_table.py turns the junit XML into docs/results/gptq_compat.md.
+`record_property`; benchmarks/interop/gptq_compat.py turns the junit XML into docs/results/gptq_compat.md.
 
 What is asserted, and why it holds on every CPU (no observed tolerance anywhere):
   * weights: every quantized layer the peer dequantizes equals our weight cast to float16, bit for bit;
@@ -25,7 +25,7 @@ Odd shapes: the real stories260K (MLP width 172, which fills no whole int32 word
 GPTQModel pads it, with the same checks; its 4-bit files need the torch kernel in transformers (the default 4-bit
 CPU kernel requires out_features % 16 == 0, asserted below so a peer upgrade that lifts it shows up).
 
-This module holds every test benchmarks/gptq_compat_table.py reads (TESTS there); helpers and the cache are in
+This module holds every test benchmarks/interop/gptq_compat.py reads (TESTS there); helpers and the cache are in
 gptq_interop_helpers.py, the fixtures in conftest.py (built once for this module and test_gptq_interop_limits.py:
 the negative control, transformers' default-kernel limits and signed scales).
 """

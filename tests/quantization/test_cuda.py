@@ -23,7 +23,7 @@ It cannot be tighter: with the MSE scale grid (the default since 2026-11-29), a 
 scale when the solve reaches it, the argmin over the grid of the error-updated weights, and a near-tie there flips
 under a float-order perturbation and moves every code of that row's group: on an H200 (make gpu-check, 2026-12-04)
 14.8% of this test's act-order codes differed (2.5% on an H100 before the grid), while the default (static groups:
-scales from the unchanged weights, before the solve) had 4.6% differing in benchmarks/gpu_bench_quantize.py.
+scales from the unchanged weights, before the solve) had 4.6% differing in benchmarks/gpu/_quantize.py.
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ def test_block_graphs_replay_the_eager_loop(monkeypatch):
     codes may differ by a tie (this module's derivation gives ~6e-3 per weight at 8 bits, far less at 4)."""
     import functools
 
-    from matgptq.quantization import solver
-    from matgptq.quantization.grid import NearestRounding
+    from matgptq.quantization.algorithm import solver
+    from matgptq.quantization.algorithm.grid import NearestRounding
 
     g = torch.Generator().manual_seed(0)
     w = torch.randn(512, 1024, generator=g)
@@ -101,8 +101,8 @@ def test_per_width_block_graphs_replay_the_eager_loop(monkeypatch):
     (module doc) and moving the row's later columns with it: at most 2% of the codes may differ."""
     import functools
 
-    from matgptq.quantization import lazy_blocks, solver
-    from matgptq.quantization.multibit import PerWidthRounding
+    from matgptq.quantization.algorithm import lazy_blocks, solver
+    from matgptq.quantization.algorithm.multibit import PerWidthRounding
 
     g = torch.Generator().manual_seed(1)
     w = torch.randn(512, 1024, generator=g)
