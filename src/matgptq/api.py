@@ -7,91 +7,63 @@ from __future__ import annotations
 from pathlib import Path
 
 from .allocation import EvoConfig, SearchRequest, run_search
-from .errors import UserError
 from .evaluation.run import evaluate
-from .execution import DTYPES, resolve_device
+from .execution import resolve_device
 from .exporters import ExportFormat
 from .exporters import export as export_checkpoint
 from .formats import write_slice
 from .formats.checksums import trusted
-from .formats.mix import WidthSpec, width_spec
-from .formats.staged import SHARD_BYTES
+from .formats.mix import WidthSpec
 from .fsutil import check_output
 from .models import resolve_model
-from .quantization import CalibConfig, LayerReport, Method, MethodConfig, config_for, method_of
+from .quantization import LayerReport, MethodConfig
+from .quantization.options import make_config, parse_bits, settings
 from .quantization.run import finished_run, run_quantization, unquantized_tensors
 
 
-def parse_bits(bits: int | str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
-    if isinstance(bits, int):
-        return (bits,)
-    if isinstance(bits, str):
-        return tuple(int(b) for b in bits.split(",") if b.strip())
-    return tuple(int(b) for b in bits)
-
-
-def make_config(method: str | Method = "gptq", bits=4, master_bits: int | None = None,
-                bit_weights: tuple[float, ...] | None = None, **options) -> MethodConfig:  # fmt: skip
-    """The method's typed config (quantization/config.py) from user-level arguments: `bits` is one width, or the
-    target set R for MatGPTQ (its master width `master_bits`, default the widest); `options` as `quantize`'s."""
-    method = method_of(method)
-    widths = parse_bits(bits)
-    if method is Method.MATGPTQ:
-        master = master_bits or max(widths)
-        return config_for(method, bits=master, target_bits=widths, bit_weights=tuple(bit_weights or ()), **options)
-    if len(widths) != 1:
-        raise UserError(f"--method {method.value} takes one width, got {list(widths)}; use --method matgptq for several")
-    return config_for(method, bits=widths[0], **options)
-
-
-def quantize(
-    model: str | Path, out: str | Path, *, calib: str | Path | list[str] | None = None, method: str = "gptq",
-    bits=None, bits_config: WidthSpec | None = None, master_bits: int | None = None, bit_weights=None,
-    calib_range: tuple[float, float] = (0.0, 1.0),
-    nsamples: int = CalibConfig.nsamples, seqlen: int = CalibConfig.seqlen, seed: int = 0, overwrite: bool = False, progress: bool = True,
-    dtype: str = "auto", resume: bool = False, device: str = "auto", stream: bool | None = None,
-    shard_bytes: int = SHARD_BYTES, **options,
-) -> tuple[Path, list[LayerReport]]:  # fmt: skip
+def quantize(model: str | Path, out: str | Path, config: MethodConfig | None = None, *,
+             calib: str | Path | list[str] | None = None, **options) -> tuple[Path, list[LayerReport]]:  # fmt: skip
     """Quantize the HF model `model` (a local directory, or a Hugging Face id `org/name[@revision]` resolved through
     the Hugging Face cache) and write a matgptq checkpoint to `out` (atomically).
 
-    `bits`: the width (default 4), for MatGPTQ the target set. `bits_config` instead (GPTQ/RTN): each layer's own
-    width, a {layer: bits} mix or its JSON file (formats/mix.py), e.g. a `matgptq search` result, so the mix found on
-    a parent is solved again with every layer a dedicated GPTQ run at its width.
-    `calib`: a UTF-8 text file (cut to `calib_range` by characters) or a list of strings; not needed for RTN.
-    `dtype`: the model's dtype while calibrating, and that of the unquantized tensors written ("auto": its own, from
-    config.json, except that a bfloat16 or float16 model calibrates in float32 on a CPU that emulates that dtype,
-    and GPTQ of a float32 model runs its calibration passes in bfloat16 on a CPU with bfloat16 arithmetic, from and
-    to float32 weights: quantization/run.py, calibration_dtypes; "bfloat16" is what GPTQModel uses on CPU).
-    Hessians and the solver are float32 either way.
+    The method and its settings: `config`, a method config (matgptq.GPTQConfig, MatGPTQConfig or RTNConfig, as
+    `quantize(model, out, GPTQConfig(bits=4, group_size=64), calib=...)`; a checkpoint's record read back by
+    `quantization.config_from_json` makes the same codes again), or instead the short keywords: `method` (gptq, rtn,
+    matgptq), `bits` (the width, default 4; for MatGPTQ the target set R, its stored width `master_bits` the widest
+    by default) and any field of those configs (`group_size=64`, `act_order=False`, `bit_weights=(1, 1, 4)`, ...),
+    None meaning the method's default. Not both: a config with method keywords is a TypeError.
+    `bits_config`, with either: each layer's own width (GPTQ/RTN), a {layer: bits} mix or its JSON file
+    (formats/mix.py), e.g. a `matgptq search` result, so the mix found on a parent is solved again with every layer a
+    dedicated GPTQ run at its width; instead of `bits`.
+    `calib`: a UTF-8 text file (cut to `calib_range` by characters) or a list of strings; not needed for RTN;
+    `nsamples` windows of `seqlen` tokens drawn with `seed` (quantization/calibration.py, CalibConfig).
+    The run (quantization/options.py, RunConfig): `dtype`, the model's dtype while calibrating, and that of the
+    unquantized tensors written ("auto": its own, from config.json, except that a bfloat16 or float16 model
+    calibrates in float32 on a CPU that emulates that dtype, and GPTQ of a float32 model runs its calibration passes
+    in bfloat16 on a CPU with bfloat16 arithmetic, from and to float32 weights: quantization/run.py,
+    calibration_dtypes; "bfloat16" is what GPTQModel uses on CPU); Hessians and the solver are float32 either way.
     `resume`: continue a killed run from its last finished block (quantization/resume.py); progress is kept beside
     `out` until the checkpoint is written. A run that had finished returns its recorded reports and writes nothing
-    (quantization/run.py, finished_run).
-    `device`: auto | cpu | cuda | cuda:i (execution/devices.py). `stream`: read each block from the model's files
-    when it is
-    quantized instead of loading the model whole (models/lazy.py); None = whenever the files allow it (the result is
-    the same either way), False = load it whole, True = required. Finished blocks always go to disk at once
-    (formats/staged.py); `shard_bytes` caps each file of the written checkpoint.
+    (quantization/run.py, finished_run). `device`: auto | cpu | cuda | cuda:i (execution/devices.py). `stream`: read
+    each block from the model's files when it is quantized instead of loading the model whole (models/lazy.py);
+    None = whenever the files allow it (the result is the same either way), False = load it whole, True = required.
+    Finished blocks always go to disk at once (formats/staged.py); `shard_bytes` caps each file of the written
+    checkpoint. `overwrite`: replace `out`; `progress`: show progress bars.
+    Each keyword sets fields of those configs (quantization/options.py, KEYWORDS); each flag of `matgptq quantize`
+    gives one keyword.
     """
-    if dtype not in DTYPES:
-        raise UserError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}")
-    if shard_bytes < 1:
-        raise UserError(f"--shard-size must be positive, got {shard_bytes} bytes")
-    dev = resolve_device(device)
-    width_spec(bits, bits_config)  # one of them
-    cfg = make_config(method, 4 if bits is None else bits, master_bits, bit_weights, **options)
-    calib_cfg = CalibConfig(
-        path=str(calib) if isinstance(calib, (str, Path)) else None, text_range=tuple(calib_range),
-        nsamples=nsamples, seqlen=seqlen, seed=seed,
-    )  # fmt: skip
-    finished = resume and not overwrite and Path(out).exists()  # --resume of a run that wrote its checkpoint
+    s = settings(config, calib=calib, **options)
+    run = s.run
+    dev = resolve_device(run.device)
+    finished = run.resume and not run.overwrite and Path(out).exists()  # --resume of a run that wrote its checkpoint
     if not finished:
-        check_output(out, overwrite)
+        check_output(out, run.overwrite)
     source = resolve_model(model)  # a directory, or a Hugging Face id through its cache (models/hub.py)
     if finished:  # its reports as recorded; refused as an existing output if made otherwise
-        return Path(out), finished_run(out, source, cfg, calib_cfg, calib, bits_config is not None)
-    return run_quantization(source, out, cfg, calib_cfg, calib, bits_config, dtype, dev, resume=resume, stream=stream,
-                            overwrite=overwrite, progress=progress, shard_bytes=shard_bytes)
+        return Path(out), finished_run(out, source, s.method, s.calibration, calib, s.bits_config is not None)
+    return run_quantization(source, out, s.method, s.calibration, calib, s.bits_config, run.dtype, dev,
+                            resume=run.resume, stream=run.stream, overwrite=run.overwrite, progress=run.progress,
+                            shard_bytes=run.shard_bytes)  # fmt: skip
 
 
 def export(src: str | Path, out: str | Path, format: ExportFormat | str, *, bits: int | None = None,
@@ -109,12 +81,13 @@ def search(parent: str | Path, budgets: str | float | list, calib: str | Path, o
            evo: EvoConfig | None = None, **options) -> list[dict]:  # fmt: skip
     """Search the best per-layer widths of the MatGPTQ `parent` under each bit budget (e.g. "3.0,2.5" or [3.0, 2.5])
     on the calibration text `calib`, writing `out`/mix-<budget>.json, as `matgptq search`; returns one summary row
-    per budget. `evo`: the EvoPress settings (generations, offspring, stages, seed); `options`: the fields of
-    allocation.request.SearchRequest (levels, kind, seqlen, sensitivity_tokens, calib_tokens, reference, text, ...)."""
+    per budget. `evo`: the EvoPress settings (generations, offspring, stages, seed); `options`: those of
+    allocation.request.SearchRequest.of (levels, kind, seqlen, sensitivity_tokens, calib_tokens, baselines, reference,
+    text, time_limit, ...)."""
     spelled = budgets.split(",") if isinstance(budgets, str) else budgets if isinstance(budgets, (list, tuple)) \
         else [budgets]  # fmt: skip
-    request = SearchRequest(parent=Path(parent), budgets=tuple(str(b).strip() for b in spelled), calib=Path(calib),
-                            out=Path(out), evo=evo or EvoConfig(), **options)  # fmt: skip
+    request = SearchRequest.of(parent, tuple(str(b).strip() for b in spelled), calib, out, evo=evo or EvoConfig(),
+                               **options)  # fmt: skip
     return run_search(request)
 
 

@@ -166,7 +166,7 @@ def test_from_pretrained_runs_the_nested_kernels(kernels, parent, monkeypatch):
 
     if DEVICE == "cpu":
         monkeypatch.setattr(route, "default_packing", lambda *a: Packing.NESTED)
-    config = matgptq.MatGPTQConfig(bits=3)
+    config = matgptq.MatGPTQQuantizationConfig(bits=3)
     model = AutoModelForCausalLM.from_pretrained(parent, device_map=DEVICE, quantization_config=config)
     ref = nested_model(parent, 3, Resident.SLICE)
     assert [type(m).__name__ for m in model.modules()] == [type(m).__name__ for m in ref.modules()]

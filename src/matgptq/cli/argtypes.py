@@ -41,10 +41,15 @@ def ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 3,4,8, got {text!r}") from None
 
 
-def add_device_option(parser: argparse.ArgumentParser, what: str) -> None:
+def device_help(what: str) -> str:
+    """--device's help: where `what` happens, and the choices."""
     from ..execution import CHOICES_HELP
 
-    parser.add_argument("--device", default="auto", help=f"where {what}: {CHOICES_HELP}")
+    return f"where {what}: {CHOICES_HELP}"
+
+
+def add_device_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--device", default="auto", help=device_help(what))
 
 
 def add_verify_option(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """The width spec: which width each quantized layer takes, in the one form `quantize`, `load`, `set_bits`, `eval`,
-`export` and transformers' `MatGPTQConfig` take it: a width (an int: every layer), a per-layer mix `{layer: bits}`, or
-the path of a mix JSON file, as `matgptq search` writes it.
+`export` and transformers' `MatGPTQQuantizationConfig` take it: a width (an int: every layer), a per-layer mix
+`{layer: bits}`, or the path of a mix JSON file, as `matgptq search` writes it.
 
 JSON `{layer: bits}` with full module names (e.g. "model.layers.0.self_attn.q_proj"); "*" gives the width of every
 layer not named; a search's mix file nests the mapping under "bits".

@@ -4,7 +4,8 @@ transformers (`register_quantization_config` / `register_quantizer`), active onc
     import matgptq
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(PARENT)                                  # as stored
-    model = AutoModelForCausalLM.from_pretrained(PARENT, quantization_config=matgptq.MatGPTQConfig(bits=3))
+    config = matgptq.MatGPTQQuantizationConfig(bits=3)                                     # another width
+    model = AutoModelForCausalLM.from_pretrained(PARENT, quantization_config=config)
 
 How it loads: transformers builds the model on the meta device and calls `_process_model_before_weight_loading`,
 which reads and checks the checkpoint (formats/parent.py: every tensor of its files against its checksum, those
@@ -15,17 +16,19 @@ weights; the checkpoint's quantized tensors (`.codes`, `.scales`, …) are decla
 `matgptq.load` ends with, so both give the same modules (packed where `load` packs) and the same logits, and
 `matgptq.set_bits` switches widths on either.
 
-`MatGPTQConfig(bits=...)` overrides the stored widths only because transformers copies a passed config's loading
-attributes onto the checkpoint's for the config types in `transformers.quantizers.auto.
-LOADING_ATTRIBUTES_CONFIG_TYPES`, a module-level tuple read at call time; `register` appends MatGPTQConfig to it
-(tested on both transformers versions of exporters/tested.py). transformers then warns, as it does for its own GPTQ
-backends, that the checkpoint's config is used, "However, loading attributes (e.g. ['bits', 'packed']) will be
-overwritten with the one you passed". `save_pretrained` would write runtime buffers, not a checkpoint, so it is refused
-(`is_serializable`) with the command that writes a slice.
+`MatGPTQQuantizationConfig(bits=...)` (named apart from the method config `matgptq.MatGPTQConfig`, which quantizes;
+transformers knows it by its `quant_method`, "matgptq", which is what config.json stores) overrides the stored widths
+only because transformers copies a passed config's loading attributes onto the checkpoint's for the config types in
+`transformers.quantizers.auto.LOADING_ATTRIBUTES_CONFIG_TYPES`, a module-level tuple read at call time; `register`
+appends MatGPTQQuantizationConfig to it (tested on both transformers versions of exporters/tested.py). transformers
+then warns, as it does for its own GPTQ backends, that the checkpoint's config is used, "However, loading attributes
+(e.g. ['bits', 'packed']) will be overwritten with the one you passed". `save_pretrained` would write runtime
+buffers, not a checkpoint, so it is refused (`is_serializable`) with the command that writes a slice.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -74,7 +77,7 @@ def _checkpoint_dir(checkpoint_files: list[str] | None, config) -> Path:
 def _config_class():
     from transformers.utils.quantization_config import QuantizationConfigMixin
 
-    class MatGPTQConfig(QuantizationConfigMixin):
+    class MatGPTQQuantizationConfig(QuantizationConfigMixin):
         """Loading options for a matgptq checkpoint in `from_pretrained`: `bits` is one width for every layer (2 up to
         the stored width), a {layer: bits} mix ("*" = default) or the path of a mix JSON file (as `matgptq search`
         writes); None keeps the stored widths. `packed` as in `matgptq.load` (None: packed where that wins)."""
@@ -96,7 +99,7 @@ def _config_class():
         def get_loading_attributes(self) -> dict:
             return {"bits": self.bits, "packed": self.packed}
 
-    return MatGPTQConfig
+    return MatGPTQQuantizationConfig
 
 
 def _expect_fused_missing(model, checkpoint, spec) -> None:
@@ -109,7 +112,7 @@ def _expect_fused_missing(model, checkpoint, spec) -> None:
 
 
 def _quantizer_class():
-    from transformers.quantizers import HfQuantizer
+    from transformers.quantizers.base import HfQuantizer
 
     class MatGPTQHfQuantizer(HfQuantizer):
         """Loads matgptq parents and slices (module docstring); it never quantizes."""
@@ -182,15 +185,17 @@ IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")
 def register():
     """Register the method with transformers (once per process); the config class, or None where this transformers
     has no registration API (before 4.47): then `from_pretrained` refuses matgptq checkpoints as before."""
-    try:
+    try:  # the module itself: this runs right after it is first imported, inside its package's __init__ (__init__.py)
         with quiet_loggers(*IMPORT_LOGGERS):
-            from transformers.quantizers import auto, register_quantization_config, register_quantizer
+            auto = importlib.import_module("transformers.quantizers.auto")
     except ImportError:
+        return None
+    if not hasattr(auto, "register_quantizer"):
         return None
     if METHOD in auto.AUTO_QUANTIZATION_CONFIG_MAPPING:
         return auto.AUTO_QUANTIZATION_CONFIG_MAPPING[METHOD]
-    config = register_quantization_config(METHOD)(_config_class())
-    register_quantizer(METHOD)(_quantizer_class())
+    config = auto.register_quantization_config(METHOD)(_config_class())
+    auto.register_quantizer(METHOD)(_quantizer_class())
     if hasattr(auto, "LOADING_ATTRIBUTES_CONFIG_TYPES"):
         auto.LOADING_ATTRIBUTES_CONFIG_TYPES = (*auto.LOADING_ATTRIBUTES_CONFIG_TYPES, config)
     return config

@@ -7,12 +7,13 @@ a quantization method named "matgptq" that vLLM's plugin entry point registers (
     llm = LLM(PARENT, quantization="matgptq",
               hf_overrides={"quantization_config": {"quant_method": "matgptq", "bits": 3}})  # or "mix.json", {...}
 
-`bits` takes what `matgptq.load` and transformers' `MatGPTQConfig` take: one width, a {layer: bits} mix ("*" =
-default) or the path of a mix JSON file (`matgptq search` writes one); `matgptq.MatGPTQConfig(bits=3).to_dict()`
-is such a dict too. hf_overrides is vLLM's way to change a checkpoint's config.json: the dict replaces its
-quantization_config, `{"quant_method": "matgptq", "bits": stored}` (formats/parent.py), which is read as the stored
-widths (so a mixed-width GPTQ checkpoint's own config is not read as "every layer at its widest"). A width a layer
-cannot take is one `UserError` out of `LLM(...)`, naming the widths that exist (runtime.loader.resolve_bits).
+`bits` takes what `matgptq.load` and transformers' `MatGPTQQuantizationConfig` take: one width, a {layer: bits} mix
+("*" = default) or the path of a mix JSON file (`matgptq search` writes one);
+`matgptq.MatGPTQQuantizationConfig(bits=3).to_dict()` is such a dict too. hf_overrides is vLLM's way to change a
+checkpoint's config.json: the dict replaces its quantization_config, `{"quant_method": "matgptq", "bits": stored}`
+(formats/parent.py), which is read as the stored widths (so a mixed-width GPTQ checkpoint's own config is not read as
+"every layer at its widest"). A width a layer cannot take is one `UserError` out of `LLM(...)`, naming the widths
+that exist (runtime.loader.resolve_bits).
 
 How it loads: `MatGPTQVllmConfig.maybe_update_config` reads the parent's matgptq.json (formats.parent.read_layout: no
 tensor is read) and resolves the widths, in the process that builds vLLM's config. For each Linear vLLM builds

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from ..errors import UserError
 from ..formats.gguf import KQuantType
-from .kquant_scales import LATTICES, check_group_size
+from .algorithm.kquant_scales import LATTICES, check_group_size
 
 
 class Method(str, Enum):
@@ -86,7 +86,8 @@ class GridConfig:
         self._check()
 
     def _resolve(self) -> None:
-        """The None fields, from the others."""
+        """The None fields, from the others; `skip` as a tuple (one pattern or any sequence of them)."""
+        object.__setattr__(self, "skip", (self.skip,) if isinstance(self.skip, str) else tuple(self.skip))
         gguf = self.target is Target.GGUF
         if self.group_size is None:
             object.__setattr__(self, "group_size", GGUF_BLOCK if gguf and self.kquant is None else DEFAULT_GROUP_SIZE)
@@ -275,7 +276,7 @@ class MatGPTQConfig(GPTQConfig):
 
 MethodConfig = RTNConfig | GPTQConfig | MatGPTQConfig
 CONFIGS: dict[Method, type[GridConfig]] = {Method.GPTQ: GPTQConfig, Method.MATGPTQ: MatGPTQConfig, Method.RTN: RTNConfig}
-OPTIONS = frozenset(f.name for f in fields(MatGPTQConfig))  # every method's options together
+OPTIONS = frozenset(f.name for cls in CONFIGS.values() for f in fields(cls))  # every method's options together
 
 
 def method_of(method: str | Method) -> Method:
