@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,9 @@ QUICK = ["--calib", str(TINYSTORIES), "--calib-range", "0.6:0.7", "--levels", "2
          "--offspring", "4", "--stages", "126:2,504:1", "--seqlen", "64", "--sensitivity-tokens", "126", "--quiet"]  # fmt: skip
 
 
+BASELINES = ("--baselines", "uniform,error,gradient")  # the three the search ran before baselines were opt-in
+
+
 def search(parent, out, *extra):
     return ["search", str(parent), "--out", str(out), *QUICK, *extra]
 
@@ -33,7 +37,7 @@ def search(parent, out, *extra):
 def searched(stories_parent, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "mixes"
     assert main(search(stories_parent, out, "--budget", "3.0,2.5", "--text", str(TINYSTORIES), "--text-range",
-                       "0:0.01", "--seqlen", "64", "--plot")) == 0  # fmt: skip
+                       "0:0.01", "--seqlen", "64", "--plot", *BASELINES)) == 0  # fmt: skip
     return out
 
 
@@ -117,7 +121,7 @@ def test_a_gguf_budget_is_kept_by_the_file_export_writes(stories_parent, tmp_pat
 
 def test_resume_of_a_finished_search_rewrites_the_same_mix(searched, stories_parent):
     before = json.loads((searched / "mix-3.0.json").read_text())["bits"]
-    assert main(search(stories_parent, searched, "--budget", "3.0", "--resume")) == 0
+    assert main(search(stories_parent, searched, "--budget", "3.0", "--resume", *BASELINES)) == 0
     assert json.loads((searched / "mix-3.0.json").read_text())["bits"] == before
 
 
@@ -228,7 +232,7 @@ def test_too_little_calibration_text_names_the_numbers(stories_parent, tmp_path,
 
 
 def test_the_written_mix_is_the_best_candidate(searched):
-    """Every one-shot allocation of --baselines (default: the knapsack start, the uniform slice, the imatrix-weighted
+    """Every one-shot allocation (the knapsack start and the --baselines given: the uniform slice, the imatrix-weighted
     error, the first-order raise), the refined start and the evolved mix are scored on the whole calibration pool; the written mix is
     the lowest of them, or the uniform slice where that is not shown better, and each allocation's widths are in the
     file beside its score."""
@@ -258,8 +262,9 @@ def test_the_written_mix_is_the_best_candidate(searched):
 
 
 def test_the_gradient_baseline_raises_layers_from_the_uniform_slice(searched):
-    """With --levels 2,4,8 the 2.5- and 3.0-bit budgets sit above the uniform 2-bit slice, and the default first-order
-    allocation raises layers from it within the budget; the file holds its widths and its score."""
+    """With --levels 2,4,8 the 2.5- and 3.0-bit budgets sit above the uniform 2-bit slice, and the first-order
+    allocation (--baselines gradient) raises layers from it within the budget; the file holds its widths and its
+    score."""
     for budget in ("3.0", "2.5"):
         mix = json.loads((searched / f"mix-{budget}.json").read_text())
         gradient, uniform = mix["baseline_bits"]["gradient"], mix["baseline_bits"]["uniform 2"]
@@ -279,30 +284,34 @@ def test_the_plot_shows_each_width_against_its_sensitivity(searched):
         assert delta == [mix["sensitivity"][n]["2"] - mix["sensitivity"][n]["8"] for n in names]
 
 
-def test_a_time_limit_stops_the_generations_and_every_mix_file_records_the_split(stories_parent, tmp_path):
+def test_a_spent_time_limit_still_writes_every_budget_its_uniform_slice(stories_parent, tmp_path):
     """A limit already spent when the run begins (one minute, all of it `time_spent` before, as the command counts
-    its process's start-up) leaves every budget its start, chosen among the one-shot allocations, with no generation
-    run (a generation never starts past its budget's share), and the measured additive table only its lowest level
-    (the one level it always scores); the rows and the files say so. Without a limit the same settings run every
-    generation and score every level."""
-    args = ["--budget", "3.0,2.5", "--generations", "3", "--sensitivity", "full"]
+    its process's start-up) leaves no time for the table's lowest width nor any scoring: every budget still gets its
+    mix file, the budget's uniform slice (oracle: the widest width whose uniform mix fits, from the cost model), with
+    no generation, its KLs unscored (None) and `cut` naming what was left out; the file loads. Without a limit the
+    same settings run every generation and score every level."""
+    from matgptq.allocation import BudgetKind, CostModel
+    from matgptq.formats import read_checkpoint
+
+    cost = CostModel.from_checkpoint(read_checkpoint(stories_parent), (2, 4, 8))
     rows = matgptq.search(stories_parent, "3.0,2.5", TINYSTORIES, tmp_path / "limited", calib_range=(0.6, 0.7),
                           levels=(2, 4, 8), seqlen=64, sensitivity_tokens=126, progress=False, time_limit=1.0,
                           time_spent=60.0, sensitivity=Sensitivity.FULL,
                           evo=EvoConfig(generations=3, offspring=4, stages=parse_stages("126:2,504:1")))  # fmt: skip
-    assert [r["generations"] for r in rows] == [0, 0]
-    assert [r["sensitivity_levels"] for r in rows] == [[2], [2]]
+    assert [r["generations"] for r in rows] == [0, 0] and [r["sensitivity_levels"] for r in rows] == [[], []]
     for r in rows:
         mix = json.loads((tmp_path / "limited" / f"mix-{r['budget']}.json").read_text())
-        assert mix["summary"]["generations"] == 0 and mix["summary"]["time_limit"] == 1.0
-        assert mix["search_bits"] == mix["start_bits"]
-        assert {"teacher_seconds", "tables_seconds", "search_seconds", "report_seconds",
-                "report_guess_seconds"} <= set(mix["summary"])
-    assert rows[0]["tables_seconds"] > 0 and rows[1]["tables_seconds"] == rows[1]["teacher_seconds"] == 0
+        widest = max(w for w in (2, 4, 8) if cost.fits((w,) * len(cost.names), Fraction(r["budget"]), BudgetKind.CODE))
+        assert set(mix["bits"].values()) == {widest} and mix["summary"]["chosen"] == "search"
+        assert mix["summary"]["kl"] is None and mix["summary"]["time_limit"] == 1.0
+        assert "the start's table (the uniform slice instead)" in mix["summary"]["cut"]
+        assert "report_guess_seconds" not in mix["summary"]
+        assert matgptq.load(stories_parent, bits=tmp_path / "limited" / f"mix-{r['budget']}.json").matgptq.bits == mix["bits"]
+    args = ["--budget", "3.0,2.5", "--generations", "3", "--sensitivity", "full"]
     assert main(search(stories_parent, tmp_path / "free", *args)) == 0
     for budget in ("3.0", "2.5"):
         summary = json.loads((tmp_path / "free" / f"mix-{budget}.json").read_text())["summary"]
-        assert summary["generations"] == 3 and summary["sensitivity_levels"] == [2, 4]
+        assert summary["generations"] == 3 and summary["sensitivity_levels"] == [2, 4] and summary["cut"] == []
 
 
 def test_wide_levels_are_scored_on_their_windows_and_recorded(stories_parent, tmp_path):

@@ -2,18 +2,38 @@
 
 from pathlib import Path
 
+import pytest
+
 from matgptq.allocation import SearchRequest
 from matgptq.allocation.sensitivity import Sensitivity
 
 
 def request(**options) -> SearchRequest:
-    return SearchRequest(parent=Path("p"), budgets=("3.0",), calib=Path("c.txt"), out=Path("o"), **options)
+    return SearchRequest.of(Path("p"), ("3.0",), Path("c.txt"), Path("o"), **options)
 
 
 def test_the_default_table_is_full_on_one_window_and_probe_keeps_its_nine():
-    assert request().sensitivity is Sensitivity.FULL and request().sensitivity_tokens == 255  # one 256-token window
-    assert request(sensitivity=Sensitivity.PROBE).sensitivity_tokens == 2048  # ceil(2048 / 255) = 9 windows
-    assert request(sensitivity=Sensitivity.PROBE, sensitivity_tokens=126).sensitivity_tokens == 126
+    assert request().start.sensitivity is Sensitivity.FULL and request().start.tokens == 255  # one 256-token window
+    assert request(sensitivity=Sensitivity.PROBE).start.tokens == 2048  # ceil(2048 / 255) = 9 windows
+    assert request(sensitivity=Sensitivity.PROBE, sensitivity_tokens=126).start.tokens == 126
+    assert request().start.baselines == ()  # no baseline unless asked for
+
+
+def test_the_flat_options_of_the_api_land_in_their_groups():
+    """SearchRequest.of sorts the Python API's flat names into the groups, as the command fills them."""
+    from matgptq.allocation.allocators import Allocator
+    from matgptq.allocation.request import HeldOut, PoolConfig, StartConfig, TimeLimit
+
+    clock = lambda: 0.0  # noqa: E731
+    req = request(calib_range=(0.1, 0.2), seqlen=64, calib_tokens=100, batch_size=2, sensitivity_top=4,
+                  sensitivity_wide=(3, 9), baselines=(Allocator.ERROR,), text="t.txt", text_range=(0.0, 0.5),
+                  text_tokens=7, time_limit=2.0, time_spent=3.0, clock=clock, tie=True)  # fmt: skip
+    assert req.pool == PoolConfig((0.1, 0.2), 64, 100, 2) and req.tie
+    assert req.start == StartConfig(Sensitivity.FULL, 255, 4, (3, 9), (Allocator.ERROR,))
+    assert req.held_out == HeldOut(Path("t.txt"), (0.0, 0.5), 7) and req.time_limit == TimeLimit(2.0, 3.0, clock)
+    assert request().held_out is None and request().time_limit is None
+    with pytest.raises(TypeError):
+        request(sensitivty=Sensitivity.PROBE)
 
 
 def test_auto_scores_the_tables_in_float32_without_a_time_limit(stories_parent, tmp_path, monkeypatch):

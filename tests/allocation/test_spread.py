@@ -31,8 +31,7 @@ def torchrun_search(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
 
 def mix(out: Path, budget: str) -> dict:
     body = json.loads((out / f"mix-{budget}.json").read_text())
-    for timing in ("seconds", "teacher_seconds", "tables_seconds", "search_seconds", "refine_seconds", "report_seconds",
-                   "report_guess_seconds"):
+    for timing in ("seconds", "teacher_seconds", "tables_seconds", "search_seconds", "refine_seconds", "report_seconds"):
         body["summary"].pop(timing)
     for h in body["history"]:
         h.pop("seconds")

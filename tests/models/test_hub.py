@@ -83,7 +83,7 @@ def test_quantize_eval_and_the_search_reference_take_an_id(hub_cache, tmp_path):
     """quantize records `org/name@commit`; load and the search's reference resolve it; the quantized weights and the
     float model equal those made from the local directory."""
     from matgptq.formats import read_checkpoint
-    from matgptq.allocation.runner import _reference
+    from matgptq.allocation.inputs import reference_model as _reference
 
     kw = dict(method="rtn", bits=4, progress=False)
     by_id, _ = matgptq.quantize(REPO, tmp_path / "by-id", **kw)

@@ -41,6 +41,7 @@ from .budget import BudgetKind, CostModel
 from .fitness import Fitness, Mix
 from .gradient import FloorTables, first_order_table, floor_mix
 from .sensitivity import Sensitivity, Table, Wide, knapsack_mix, measure_table, probe_of, relative_errors
+from .timing import Deadline, OutOfTime
 
 ALPHA_MIN, ALPHA_MAX, ALPHA_DEFAULT = 0.5, 4.0, 2.0
 
@@ -176,19 +177,21 @@ def lacking(allocators, floors: tuple[int, ...], have: dict) -> tuple[tuple[Allo
 def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], allocators, seed: int = 0,
            progress: bool = False, floors: tuple[int, ...] = (), deadline: float | None = None,
            highest: int | None = None, have: dict[Allocator, Filled] | None = None,
-           wide: Wide | None = None) -> dict[Allocator, Filled]:
+           wide: Wide | None = None, cutoff: Deadline | None = None) -> dict[Allocator, Filled]:
     """{allocator: Filled} for the table-based allocators among `allocators`; GRADIENT's table is one table per width
     of `floors` (raise_floors of the budgets). ADDITIVE is filled last, and stops at `deadline` (time.perf_counter();
     sensitivity.measure_table) or after the level `highest`: the other tables are cheap and fixed, its widths can be
     traded for time; the levels of `wide` it scores on that one's windows. PROBE, asked for beside ADDITIVE, is read
     off ADDITIVE's lowest width (sensitivity.probe_of: no scoring of its own). `have`: tables made before on the same
     windows (resume.py), kept as they are and returned with the rest; only what they lack is scored (`lacking`), a
-    GRADIENT floor they lack added to theirs."""
+    GRADIENT floor they lack added to theirs. `cutoff` (timing.Deadline): PROBE's and ADDITIVE's scorings stop there
+    (measure_table); where that leaves no table, it is not among those returned."""
     out = dict(have or {})
     todo, new_floors = lacking(allocators, floors, out)
-    fill = {Allocator.PROBE: lambda: measure_table(fitness, levels, windows, Sensitivity.PROBE, progress),
+    fill = {Allocator.PROBE: lambda: measure_table(fitness, levels, windows, Sensitivity.PROBE, progress,
+                                                   cutoff=cutoff),
             Allocator.ADDITIVE: lambda: measure_table(fitness, levels, windows, Sensitivity.FULL, progress, deadline,
-                                                      highest, wide),
+                                                      highest, wide, cutoff),
             Allocator.NOISE: lambda: noise_table(fitness, levels, windows, seed, progress),
             Allocator.ERROR: lambda: error_table(fitness, levels, windows),
             Allocator.GRADIENT: lambda: {u: first_order_table(fitness, levels, windows, u)
@@ -198,7 +201,11 @@ def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], 
         if derived and a is Allocator.PROBE:
             continue
         t0 = time.perf_counter()
-        table = fill[a]()
+        try:
+            table = fill[a]()
+        except OutOfTime:  # not even its lowest width in time
+            derived = False
+            continue
         seconds = time.perf_counter() - t0
         if a is Allocator.GRADIENT and a in out:  # the floors of the run before, and the new ones
             table, seconds = {**out[a].table, **table}, out[a].seconds + seconds
@@ -225,12 +232,17 @@ def allocate(cost_model: CostModel, table: list[list[float]] | FloorTables | Non
 def baseline_mixes(cost_model: CostModel, filled: dict, own: Allocator, others: tuple[Allocator, ...],
                    budget: Fraction, kind: BudgetKind) -> dict[str, Mix]:  # fmt: skip
     """{label: mix} of the allocations at one budget: the search's own knapsack start first ("knapsack", from the
-    `own` table), then each of `others` ("uniform R" for UNIFORM, else the allocator's name)."""
-    mixes = {"knapsack": allocate(cost_model, filled[own][0], budget, kind)}
+    `own` table; where `filled` lacks it, the uniform slice in its place), then each of `others` ("uniform R" for
+    UNIFORM, else the allocator's name) that `filled` holds a table of."""
+    if own in filled:
+        mixes = {"knapsack": allocate(cost_model, filled[own][0], budget, kind)}
+    else:
+        uniform = uniform_mix(cost_model, budget, kind)
+        mixes = {f"uniform {uniform[0]}": uniform}
     for a in others:
         if a is Allocator.UNIFORM:
             mix = uniform_mix(cost_model, budget, kind)
             mixes[f"uniform {mix[0]}"] = mix
-        elif a is not own:
+        elif a is not own and a in filled:
             mixes[a.value] = allocate(cost_model, filled[a][0], budget, kind)
     return mixes

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from ..untrusted import read_json
 from .fitness import Fitness, Mix
 from .mutation import Guide, Levels, mutate
 from .spread import from_rank0, is_writer, score_all
-from .timing import past
+from .timing import Deadline, OutOfTime, past
 
 STATE_FORMAT = "matgptq-search-state"
 STATE_VERSION = 1
@@ -199,18 +200,44 @@ def _initial_state(start: Mix, config: EvoConfig, state_path: Path, settings: di
     return from_rank0(state)
 
 
+def _generation(fitness: Fitness, parent: Mix, costs: list[list[int]], limit: int, rng: np.random.Generator,
+                config: EvoConfig, guide: Guide | None, weights: int | None, bar, stop: Deadline | None,
+                convert) -> tuple[list[Mix], float | None]:  # fmt: skip
+    """One generation from `parent` (module docstring): (the survivors of the last stage, best first; its best KL)."""
+    to_levels, to_mix = convert
+    n_windows, seqlen = fitness.windows.shape
+    survivors = [to_mix(c) for c in offspring(to_levels(parent), costs, limit, rng, config, guide)]
+    best_kl = None
+    for s, stage in enumerate(config.stages):
+        windows = draw_windows(rng, n_windows, seqlen, stage.tokens)
+        last = s == len(config.stages) - 1
+        pool = survivors + ([parent] if last else [])
+        if not pool:
+            break
+        cache = fitness.prefix_cache(parent, windows) if config.prefix_cache else None
+        scores = score_all(fitness, pool, windows, cache, deadline=stop)
+        order = sorted(range(len(pool)), key=lambda i: (scores[i], i))[: stage.survivors]
+        survivors, best_kl = [pool[i] for i in order], scores[order[0]]
+        shown = {"stage": f"{s + 1}/{len(config.stages)}", "kl": f"{best_kl:.4g}"}
+        if weights:
+            shown["bits"] = f"{sum(costs[i][lv] for i, lv in enumerate(to_levels(survivors[0]))) / weights:.4f}"
+        bar.set_postfix(shown)
+    return survivors, best_kl
+
+
 def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, start: Mix,
            config: EvoConfig, state_path: Path, settings: dict, resume: bool = False, progress: bool = False,
            stop_after: int | None = None, weights: int | None = None, deadline: float | None = None,
            refined: dict | None = None, table: list[list[float]] | None = None,
-           per_window: float = 0.0) -> EvoState:  # fmt: skip
+           per_window: float = 0.0, clock: Callable[[], float] | None = None) -> EvoState:  # fmt: skip
     """Run (or continue) the search from `start` to `config.generations` (`refined`: how `start` was made, kept in
     the state; `table`: the loss table v[l][i] over `levels` that guides the mutations, guide_of); `stop_after` ends
     early after that generation (as a kill would, for tests). `weights` (Σ N·K): the progress bar then shows the
-    parent's bits per weight. `deadline` (a time.perf_counter() value): no generation starts that would end after
-    it, judged by the mean time of this call's generations so far, the first by `per_window` seconds per window
-    scoring (`generation_windows` of them; a full float32 pass, an overestimate of a cached one, as refine.py's first
-    step; 0: the first starts if the deadline has not passed)."""
+    parent's bits per weight. `deadline` (on `clock`, default time.perf_counter): no generation starts that would end
+    after it, judged by the longer of the mean time of this call's generations so far and the last one's, the first
+    by `per_window` seconds per window scoring (`generation_windows` of them; a full float32 pass, an overestimate of
+    a cached one, as refine.py's first step; 0: the first starts if the deadline has not passed); a generation whose
+    next scoring would end past it is dropped (the state stays that of the one before)."""
     index = {r: i for i, r in enumerate(levels)}
     to_levels = lambda mix: tuple(index[r] for r in mix)  # noqa: E731
     to_mix = lambda lv: tuple(levels[i] for i in lv)  # noqa: E731
@@ -220,33 +247,25 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
     n_windows, seqlen = fitness.windows.shape
     bar = tqdm(total=config.generations, initial=min(state.generation, config.generations), desc="search",
                unit="gen", disable=not progress, leave=False)  # fmt: skip
-    began, done, guide = time.perf_counter(), 0, guide_of(table, config)
+    clock = clock or time.perf_counter
+    began, done, guide, last = clock(), 0, guide_of(table, config), 0.0
     first = per_window * generation_windows(config, n_windows, seqlen)
+    stop = None if deadline is None else Deadline(deadline, clock)
     while state.generation < config.generations:
-        if deadline is not None and from_rank0(past(deadline, began, done, first)):  # every rank stops together
+        if deadline is not None and from_rank0(past(deadline, began, done, first, last, clock())):
+            break  # every rank stops together
+        t0, evals0, tokens0 = clock(), fitness.evaluations, fitness.tokens
+        try:
+            survivors, best_kl = _generation(fitness, state.parent, costs, limit, rng, config, guide, weights, bar,
+                                             stop, (to_levels, to_mix))  # fmt: skip
+        except OutOfTime:
             break
-        t0, evals0, tokens0 = time.perf_counter(), fitness.evaluations, fitness.tokens
-        survivors = [to_mix(c) for c in offspring(to_levels(state.parent), costs, limit, rng, config, guide)]
-        best_kl = None
-        for s, stage in enumerate(config.stages):
-            windows = draw_windows(rng, n_windows, seqlen, stage.tokens)
-            last = s == len(config.stages) - 1
-            pool = survivors + ([state.parent] if last else [])
-            if not pool:
-                break
-            cache = fitness.prefix_cache(state.parent, windows) if config.prefix_cache else None
-            scores = score_all(fitness, pool, windows, cache)
-            order = sorted(range(len(pool)), key=lambda i: (scores[i], i))[: stage.survivors]
-            survivors, best_kl = [pool[i] for i in order], scores[order[0]]
-            shown = {"stage": f"{s + 1}/{len(config.stages)}", "kl": f"{best_kl:.4g}"}
-            if weights:
-                shown["bits"] = f"{sum(costs[i][lv] for i, lv in enumerate(to_levels(survivors[0]))) / weights:.4f}"
-            bar.set_postfix(shown)
+        last = clock() - t0
         state.parent = tuple(survivors[0]) if survivors else state.parent
         state.generation += 1
         state.evaluations += fitness.evaluations - evals0
         state.tokens += fitness.tokens - tokens0
-        state.seconds += time.perf_counter() - t0
+        state.seconds += last
         state.rng = rng.bit_generator.state
         state.history.append({"generation": state.generation, "kl": best_kl, "evaluations": state.evaluations,
                               "tokens": state.tokens, "seconds": round(state.seconds, 3),

@@ -115,6 +115,7 @@ class Fitness:
         self.tokens = 0  # predicted positions scored so far
         self._terms: dict[int, WindowTerms] = {}  # per calibration window, within cache_limit bytes
         self._terms_bytes = 0
+        self.derived: dict = {}  # values of the parent alone, computed once (sensitivity.relative_errors)
 
     def apply(self, mix: Mix) -> None:
         set_bits(self.model, self.units.widths(mix))

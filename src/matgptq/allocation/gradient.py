@@ -15,7 +15,7 @@ Only raising a layer above the floor is predicted (r ≥ u), and the mix is the 
 good guide where a layer's error shrinks; where it grows (r < u) F is convex in the error and a linear term
 misjudges it, even in sign. For the same reason the table is only as good as the uniform slice is close to the
 teacher: around a slice that has lost the model (a 2-bit one, say) a first-order step says little. The search
-scores this mix against its other starts (runner._start), so a poor one costs a scoring, not the result.
+scores this mix against its other starts (choice.first_parent), so a poor one costs a scoring, not the result.
 
 At a budget whose uniform slice leaves no room to raise a layer (most integer budgets), the mix is the uniform slice
 and no pass is made (allocators.raise_floors).

@@ -1,6 +1,6 @@
 """Why the search chose what it chose: per layer, the written width against the measured cost of lowering it.
 
-`series(mix)` reads a mix file's `bits` and `sensitivity` (the knapsack start's table, runner.py): for each layer in
+`series(mix)` reads a mix file's `bits` and `sensitivity` (the knapsack start's table, record.py): for each layer in
 the file's order, its width and Δ_l = s_l(lowest) − s_l(top), the KL the start's table predicts the layer would add at
 the lowest width. `plot_mix` draws them (`matgptq search --plot`): bars for the widths, Δ on a log axis beside them,
 so layers the search kept wide should be the ones whose Δ is high. Needs matplotlib (`pip install 'matgptq[plot]'`).

@@ -22,6 +22,7 @@ Deterministic in the seed and the scores; under torchrun the scorings are dealt 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +31,7 @@ from ..errors import UserError
 from .fitness import Fitness, Mix
 from .knapsack import solve
 from .spread import from_rank0, score_all
-from .timing import past
+from .timing import Deadline, OutOfTime, past
 
 CHECK_WINDOWS = 7  # at most this many check windows C (1,785 tokens at --seqlen 256): one pool scoring's worth
 
@@ -72,17 +73,19 @@ def check_windows(fitness: Fitness, measure: tuple[int, ...]) -> tuple[int, ...]
 
 
 def local_step(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, mix: Mix,
-               group: list[int], windows: tuple[int, ...]) -> tuple[Mix, float, float]:  # fmt: skip
-    """(M', F(M; W), the predicted F(M'; W)) of one step on `group` (the module docstring)."""
+               group: list[int], windows: tuple[int, ...],
+               deadline: Deadline | None = None) -> tuple[Mix, float, float]:  # fmt: skip
+    """(M', F(M; W), the predicted F(M'; W)) of one step on `group` (the module docstring); OutOfTime where a scoring
+    would end past `deadline`."""
     cache = fitness.prefix_cache(mix, windows)
-    base = score_all(fitness, [mix], windows, cache)[0]
+    base = score_all(fitness, [mix], windows, cache, deadline=deadline)[0]
     options = []  # per layer of the group: [(width, cost)], its current width first
     for l in group:
         i = levels.index(mix[l])
         options.append([(levels[j], costs[l][j]) for j in (i, i - 1, i + 1) if 0 <= j < len(levels)])
     moves = [(k, width) for k, opts in enumerate(options) for width, _ in opts[1:]]
     children = [mix[: group[k]] + (width,) + mix[group[k] + 1 :] for k, width in moves]
-    scores = iter(score_all(fitness, children, windows, cache))
+    scores = iter(score_all(fitness, children, windows, cache, deadline=deadline))
     values = [[0.0] + [next(scores) - base for _ in opts[1:]] for opts in options]
     held = set(range(len(mix))) - set(group)
     fixed = sum(costs[l][levels.index(mix[l])] for l in held)  # the bits of the layers outside the group
@@ -101,24 +104,33 @@ def step_windows(n_layers: int, config: RefineConfig, windows: tuple[int, ...], 
 
 def refine(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, start: Mix,
            windows: tuple[int, ...], config: RefineConfig, deadline: float | None = None,
-           per_window: float = 0.0) -> Refined:  # fmt: skip
+           per_window: float = 0.0, clock: Callable[[], float] | None = None) -> Refined:  # fmt: skip
     """Refine `start` (which must fit `limit`) by measured local steps on `windows` (the module docstring). With a
-    `deadline` (time.perf_counter()), no step starts that would end after it, judged by the mean step so far, the
-    first by `per_window` seconds per window scoring (a full float32 pass: an overestimate of a cached one)."""
+    `deadline` (on `clock`, default time.perf_counter), no step starts that would end after it, judged by the longer
+    of the mean step so far and the last, the first by `per_window` seconds per window scoring (a full float32 pass:
+    an overestimate of a cached one); a step whose next scoring would end past it is dropped."""
+    clock = clock or time.perf_counter
     out = Refined(tuple(start))
     checks = check_windows(fitness, windows)
     if config.steps == 0 or not checks:
         return out
     groups = groups_of(len(start), config)
-    checked = score_all(fitness, [out.mix], checks)[0]
     first = per_window * step_windows(len(start), config, windows, checks)  # the first step's price
-    began, rejected = time.perf_counter(), 0
+    if deadline is not None and from_rank0(past(deadline, 0.0, 0, first + per_window * len(checks), now=clock())):
+        return out  # not even the first step and the start's check scoring in time
+    checked = score_all(fitness, [out.mix], checks)[0]
+    stop = None if deadline is None else Deadline(deadline, clock)
+    began, rejected, last = clock(), 0, 0.0
     while out.steps < config.steps and rejected < len(groups):
-        if deadline is not None and from_rank0(past(deadline, began, out.steps, first)):  # every rank stops together
+        if deadline is not None and from_rank0(past(deadline, began, out.steps, first, last, clock())):
+            break  # every rank stops together
+        group, t0 = groups[out.steps % len(groups)], clock()
+        try:
+            mix, measured, predicted = local_step(fitness, levels, costs, limit, out.mix, group, windows, stop)
+            after = score_all(fitness, [mix], checks, deadline=stop)[0] if mix != out.mix else checked
+        except OutOfTime:
             break
-        group = groups[out.steps % len(groups)]
-        mix, measured, predicted = local_step(fitness, levels, costs, limit, out.mix, group, windows)
-        after = score_all(fitness, [mix], checks)[0] if mix != out.mix else checked
+        last = clock() - t0
         kept = after < checked
         out.history.append({"step": out.steps + 1, "measured_kl": measured, "predicted_kl": predicted,
                             "check_kl_before": checked, "check_kl_after": after, "kept": kept,
@@ -129,5 +141,5 @@ def refine(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
             out.accepted += 1
         else:
             rejected += 1
-    out.seconds = time.perf_counter() - began
+    out.seconds = clock() - began
     return out

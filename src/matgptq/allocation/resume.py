@@ -1,9 +1,10 @@
 """What `search --resume` takes from the run before, besides each budget's search state (evopress.py): the budgets
 it finished, and the one-shot allocators' tables.
 
-Finished budgets. A budget whose mix file was written with exactly this run's settings (runner._settings) after at
-least this run's --generations is not searched again: its summary row is read back (`finished_row`). Anything else
-(no mix file, a damaged one, other settings, fewer generations) is searched on from its state and the mix rewritten.
+Finished budgets. A budget whose mix file was written with exactly this run's settings (record.settings_of) after at
+least this run's --generations is not searched again: its summary row is read back (`finished_row`, `kept_rows`).
+Anything else (no mix file, a damaged one, other settings, fewer generations) is searched on from its state and the
+mix rewritten; a state made with other settings is refused before anything is computed (`check_states`).
 
 Tables. After the teacher, the tables (allocators.tables) are the costliest shared part of a search: a full table is
 layers × (levels − 1) scorings (hours for a large model). They are written atomically (fsutil.atomic_output) as
@@ -26,6 +27,11 @@ from ..errors import UserError
 from ..fsutil import atomic_output
 from ..untrusted import read_json
 from .allocators import Allocator, Filled
+from .evopress import read_state
+from .plot import plot_mix
+from .record import OBSOLETE
+from .request import mix_path, state_path
+from .spread import from_rank0, is_writer
 
 TABLES_FORMAT = "matgptq-search-tables"
 TABLES_VERSION = 2  # 1 keyed the whole file on the allocators and floors
@@ -33,7 +39,7 @@ TABLES_VERSION = 2  # 1 keyed the whole file on the allocators and floors
 
 def finished_row(mix_file: Path, settings: dict, generations: int) -> dict | None:
     """The summary row of `mix_file` if it was written with exactly `settings` after at least `generations`
-    generations, else None (searched again)."""
+    generations, else None (searched again); the fields this version no longer writes dropped (record.OBSOLETE)."""
     if not mix_file.is_file():
         return None
     try:
@@ -42,14 +48,37 @@ def finished_row(mix_file: Path, settings: dict, generations: int) -> dict | Non
         done = body.get("settings") == settings and int(row["generations"]) >= generations
     except (UserError, KeyError, TypeError, ValueError):
         return None
-    return dict(row) if done and isinstance(row, dict) else None
+    return {k: v for k, v in row.items() if k not in OBSOLETE} if done and isinstance(row, dict) else None
+
+
+def kept_rows(req, budgets, settings: dict | None) -> dict[str, dict]:
+    """With --resume, the budgets a run before finished with these settings and --generations (`finished_row`):
+    their summary rows as rank 0 reads them, marked `kept`, their plots redrawn with --plot. Not with --text: the
+    held-out scores are not among the settings, so every budget is scored on the text given now."""
+    if not req.resume or req.held_out is not None:
+        return {}
+    rows = {}
+    for label, _ in budgets:
+        row = finished_row(mix_path(req.out, label), settings[label], req.evo.generations) if is_writer() else None
+        if row is not None:
+            rows[label] = {**row, "kept": True}
+            if req.plot:
+                plot_mix(mix_path(req.out, label), mix_path(req.out, label).with_suffix(".png"))
+    return from_rank0(rows)
+
+
+def check_states(req, budgets, settings: dict, units: int) -> None:
+    """With --resume, a saved state made with other settings fails now, not after the teacher and the tables."""
+    for label, _ in budgets:
+        if state_path(req.out, label).exists():
+            read_state(state_path(req.out, label), settings[label], units)
 
 
 def tables_path(out: Path) -> Path:
     return out / ".tables.json"
 
 
-# the evolution's and the refinement's own settings (runner._settings), on which no table depends; the seed is not
+# the evolution's and the refinement's own settings (record.settings_of), on which no table depends; the seed is not
 # among them: NOISE draws its noise from it
 SEARCH_ONLY = ("offspring", "stages", "max_flips", "temperature", "refine_steps", "refine_groups")
 

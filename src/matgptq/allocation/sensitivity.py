@@ -51,6 +51,7 @@ from .budget import BudgetKind, CostModel
 from .fitness import Fitness, Mix
 from .knapsack import solve
 from .spread import from_rank0, score_all
+from .timing import Deadline, OutOfTime
 
 
 class Sensitivity(str, Enum):
@@ -71,8 +72,12 @@ def probe_level(levels: tuple[int, ...]) -> int:
 
 
 def relative_errors(fitness: Fitness, levels: tuple[int, ...]) -> list[list[float]]:
-    """t[l][i] = ‖W_l(levels[i]) − W_l(top)‖² / ‖W_l(top)‖² from the loaded parent's in-memory layers."""
-    return weight_errors(fitness.model.matgptq.layers, fitness.names, levels, fitness.units.members)
+    """t[l][i] = ‖W_l(levels[i]) − W_l(top)‖² / ‖W_l(top)‖² from the loaded parent's in-memory layers (computed once
+    per levels: every slice dequantized, work a time limit prices before the tables, start.shared_tables)."""
+    key = ("relative_errors", tuple(levels))
+    if key not in fitness.derived:
+        fitness.derived[key] = weight_errors(fitness.model.matgptq.layers, fitness.names, levels, fitness.units.members)
+    return fitness.derived[key]
 
 
 def weight_errors(layers, names, levels: tuple[int, ...],
@@ -114,13 +119,17 @@ def measure(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
 def measure_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
                   kind: Sensitivity = Sensitivity.FULL, progress: bool = False,
                   deadline: float | None = None, highest: int | None = None,
-                  wide: Wide | None = None) -> Table:  # fmt: skip
+                  wide: Wide | None = None, cutoff: Deadline | None = None) -> Table:  # fmt: skip
     """The table, scored one level at a time from the lowest (every layer at that level, then the next level up).
-    With a `deadline` (time.perf_counter()), FULL stops before a level whose scoring would end past it, at the pace
-    per window of the level before; with `highest`, after that level; the lowest level is always scored. A level not
-    scored comes from the highest scored one below it by the linearity theorem (the module docstring's probe formula,
-    p that level): PROBE is the table stopped after its first level, FULL the table never stopped. With `wide`, its
-    levels are scored on its windows, each stored as an increment over their base (module docstring)."""
+    With a `deadline` (on `cutoff`'s clock, else time.perf_counter), FULL stops before a level whose scoring would
+    end past it, at the pace per window of the level before; with `highest`, after that level; the lowest level is
+    always begun. With a `cutoff` (timing.Deadline) a level is also stopped mid-way, before a scoring that would end
+    past the cutoff or, above the lowest level, past `deadline`: that level is dropped, and the lowest one dropped
+    raises OutOfTime. A level not scored comes from the highest scored one below it by the linearity theorem (the
+    module docstring's probe formula, p that level): PROBE is the table stopped after its first level, FULL the table
+    never stopped. With `wide`, its levels are scored on its windows, each stored as an increment over their base
+    (module docstring)."""
+    clock = time.perf_counter if cutoff is None else cutoff.clock
     top, windows = fitness.uniform(levels[-1]), tuple(windows)
     wanted = levels[:-1] if kind is Sensitivity.FULL else (probe_level(levels),)
     if highest is not None:
@@ -137,16 +146,29 @@ def measure_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int,
         if on[r] != cache.windows:  # the first wide level: its windows' cache replaces the narrow one
             cache = fitness.prefix_cache(top, on[r])
             shift = base - fitness.kl(top, on[r], cache)
-        t0 = time.perf_counter()
+        t0 = clock()
         mixes = [top[:layer] + (r,) + top[layer + 1 :] for layer in range(len(top))]
-        scores = score_all(fitness, mixes, on[r], cache, lambda: bar.update(1))  # dealt across ranks
+        try:  # dealt across ranks
+            scores = score_all(fitness, mixes, on[r], cache, lambda: bar.update(1), _stop(cutoff, deadline, i))
+        except OutOfTime:
+            bar.close()
+            if i == 0:
+                raise
+            break
         measured[r] = scores if on[r] == windows else [s + shift for s in scores]
-        pace = (time.perf_counter() - t0) / len(on[r])
+        pace = (clock() - t0) / len(on[r])
         if deadline is not None and r != wanted[-1] and from_rank0(
-                time.perf_counter() + pace * len(on[wanted[i + 1]]) > deadline):  # fmt: skip
+                clock() + pace * len(on[wanted[i + 1]]) > deadline):  # fmt: skip
             break
     bar.close()
     return Table(_fill(fitness, levels, base, measured), tuple(measured))
+
+
+def _stop(cutoff: Deadline | None, deadline: float | None, level: int) -> Deadline | None:
+    """Where the scorings of the `level`-th level stop: the cutoff, and above the lowest level the deadline too."""
+    if cutoff is None or level == 0 or deadline is None:
+        return cutoff
+    return Deadline(min(cutoff.at, deadline), cutoff.clock)
 
 
 def probe_of(fitness: Fitness, levels: tuple[int, ...], table: Table) -> Table:

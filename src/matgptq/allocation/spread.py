@@ -23,25 +23,38 @@ import torch.distributed as dist
 
 from ..execution import world
 from .fitness import Fitness, Mix, PrefixCache
+from .timing import Deadline, OutOfTime
 
 
 def score_all(fitness: Fitness, mixes: Sequence[Mix], windows: tuple[int, ...], cache: PrefixCache | None = None,
-              on_scored: Callable[[], None] | None = None) -> list[float]:  # fmt: skip
-    """F(mix; windows) for every mix, each computed on one rank and known to all; `on_scored` after each local one."""
-    return [statistics.fmean(row) for row in score_windows(fitness, mixes, windows, cache, on_scored)]
+              on_scored: Callable[[], None] | None = None, deadline: Deadline | None = None) -> list[float]:  # fmt: skip
+    """F(mix; windows) for every mix, each computed on one rank and known to all; `on_scored` after each local one;
+    `deadline` as `score_windows`'."""
+    return [statistics.fmean(row) for row in score_windows(fitness, mixes, windows, cache, on_scored, deadline)]
 
 
 def score_windows(fitness: Fitness, mixes: Sequence[Mix], windows: tuple[int, ...], cache: PrefixCache | None = None,
-                  on_scored: Callable[[], None] | None = None) -> list[list[float]]:  # fmt: skip
-    """F(mix; {w}) for every mix and each window w (Fitness.window_kls), dealt across ranks as `score_all`."""
+                  on_scored: Callable[[], None] | None = None, deadline: Deadline | None = None,
+                  first: float = 0.0) -> list[list[float]]:  # fmt: skip
+    """F(mix; {w}) for every mix and each window w (Fitness.window_kls), dealt across ranks as `score_all`. With a
+    `deadline`, OutOfTime where the next scoring would end past it (priced at the last one's seconds, the first at
+    `first`; under torchrun rank 0's clock decides, once before the ranks' scorings)."""
     rank, size = world()
     if size == 1:
-        scores = []
+        scores, last = [], first
         for m in mixes:
+            if deadline is not None:
+                if deadline.passes(last):
+                    raise OutOfTime
+                t0 = deadline.clock()
             scores.append(fitness.window_kls(m, windows, cache))
+            if deadline is not None:
+                last = deadline.clock() - t0
             if on_scored:
                 on_scored()
         return scores
+    if deadline is not None and from_rank0(deadline.passes(first)):
+        raise OutOfTime
     box = torch.zeros(len(mixes), len(windows), dtype=torch.float64, device=fitness.device)
     mine = range(rank, len(mixes), size)
     for i in mine:
