@@ -11,7 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first importe
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from matgptq.quantization.grid import NearestRounding  # noqa: E402
+from matgptq.quantization.algorithm.grid import NearestRounding  # noqa: E402
 from tests.conftest import require_peer  # noqa: E402
 
 require_peer("triton")
@@ -49,7 +49,7 @@ def test_fused_per_width_column_is_the_torch_operations(widths, lambdas):
     `_search_all`, then residual_tracks and the division): codes and errors bit for bit. Tracks apart by up to a few
     grid steps (as per-width error feedback leaves them), weights beyond both ends of the grid (clamped cells), and
     equal tracks on every sixteenth of a step (where codes tie exactly and the first, the lowest, must win)."""
-    from matgptq.quantization.multibit import PerWidthRounding
+    from matgptq.quantization.algorithm.multibit import PerWidthRounding
 
     rounding = PerWidthRounding(widths[-1], widths, lambdas)
     g = torch.Generator().manual_seed(len(widths))

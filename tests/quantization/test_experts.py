@@ -13,8 +13,8 @@ from matgptq.api import make_config
 from matgptq.models.arch import arch_spec
 from matgptq.quantization import pipeline
 from matgptq.quantization.experts import expert_hessians
-from matgptq.quantization.grid import NearestRounding
-from matgptq.quantization.solver import gptq_quantize
+from matgptq.quantization.algorithm.grid import NearestRounding
+from matgptq.quantization.algorithm.solver import gptq_quantize
 
 SIZES = dict(vocab_size=96, hidden_size=32, intermediate_size=16, num_hidden_layers=1, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64, head_dim=8, num_experts_per_tok=2)  # fmt: skip

@@ -17,8 +17,8 @@ from matgptq.models.arch import arch_spec, get_blocks, set_weight_matrix, weight
 from matgptq.quantization.passes import PassTimes, capture_block_inputs, collect_hessians, trace_groups
 from matgptq.quantization.layer import make_rounding
 from matgptq.quantization.pipeline import quantize_model
-from matgptq.quantization.refit import refit_master
-from matgptq.quantization.solver import gptq_quantize
+from matgptq.quantization.algorithm.refit import refit_master
+from matgptq.quantization.algorithm.solver import gptq_quantize
 from tests.quantization.test_pipeline import CONFIGS, tiny_model, windows
 
 

@@ -83,7 +83,7 @@ def test_matgptq_propagates_master_width_and_reports_every_target():
 
 def test_default_variant_stores_target_width_scales_and_each_variant_its_rounding():
     from matgptq.quantization.config import Variant
-    from matgptq.quantization.multibit import MatryoshkaRounding, PerWidthRounding
+    from matgptq.quantization.algorithm.multibit import MatryoshkaRounding, PerWidthRounding
     from matgptq.quantization.layer import make_rounding
 
     default, paper = make_config("matgptq", (3, 4, 8)), make_config("matgptq", (3, 4, 8), variant="paper")

@@ -14,7 +14,7 @@ Tensors, per quantized layer `<name>` (the Linear's module path; weights as [out
   <name>.g_idx   int32  [K]                  group of each input column
   <name>.perm    int32  [K]                  act-order processing order (only with act-order, no static groups)
   <name>.scales.<r> float16 [N, G]           v2: the r-bit slice's own scales, r = 2..bits−1 (per-width-scales
-                                             parents, quantization/refit.py); a slice without one uses `scales`
+                                             parents, quantization/algorithm/refit.py); a slice without one uses `scales`
 and every unquantized tensor of the model under its usual name (embeddings, norms, biases, untied lm_head).
 A parent with per-width scales is format v2 (a v1 reader would slice it on the master scale: wrong weights, so it
 must refuse). A GPTQ/RTN checkpoint of mixed widths (`quantize --bits-config`) is v3: `layer_bits` in matgptq.json

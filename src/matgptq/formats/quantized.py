@@ -5,7 +5,7 @@
 A GPTQ/RTN layer and a MatGPTQ parent have shift = 0. An r-bit slice of a c-bit parent keeps the parent's zero and
 has codes S(q, r) with shift = c − r (slicing.py), so every slice is exact, including asymmetric ones whose zero is not
 a multiple of 2^(c−r). Its scale is the parent's, or, where the parent holds per-width scales (`width_scales`, the
-least-squares refit of quantization/refit.py), the r-bit ones. Scales are float16 values; the product above is exact
+least-squares refit of quantization/algorithm/refit.py), the r-bit ones. Scales are float16 values; the product above is exact
 in float32.
 """
 

@@ -7,7 +7,7 @@ generalised from its hard-coded 8-bit storage to any master width c:
     S(q, c) = q                                                          saturating at the top code)
 
 and a slice is dequantized on the master grid with the master zero z and the master scale s — or, in a parent with
-per-width scales (format v2, quantization/refit.py), that width's own s_r:
+per-width scales (format v2, quantization/algorithm/refit.py), that width's own s_r:
 
     deq_r(q) = s_r · (S(q, r) · 2^(c−r) − z),   s_r = s unless the parent stores one for r.
 

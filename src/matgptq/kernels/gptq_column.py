@@ -1,4 +1,4 @@
-"""One GPTQ column step in one kernel launch (the solver's inner loop on a GPU, quantization/lazy_blocks.py): nearest
+"""One GPTQ column step in one kernel launch (the solver's inner loop on a GPU, quantization/algorithm/lazy_blocks.py): nearest
 rounding (`column_step`) and MatGPTQ's per-width rounding (`per_width_step`).
 
 For column j of the ordered weights with nearest rounding, GPTQ computes its codes and the error it feeds forward,

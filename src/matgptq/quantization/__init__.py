@@ -1,7 +1,7 @@
-"""Model → parent: the integer grid (grid), GPTQ/RTN on one matrix (solver), MatGPTQ's multi-width code choice
-(multibit), per-width scales (refit), the typed settings per method (config) and of the calibration windows
-(calibration), one layer solved from them (layer), the block-by-block pass over a model (pipeline) and what a whole
-run does around it (run)."""
+"""Model → parent. The algorithm on one matrix is algorithm/ (start with algorithm/reference.py, GPTQ on one
+screen); around it, the pipeline: the typed settings per method (config) and of a run (options) and of the
+calibration windows (calibration), one layer solved (layer), the block-by-block pass over a model (passes, pipeline),
+the resume state (resume) and what a whole run does (run)."""
 
 from .calibration import CalibConfig
 from .config import (
@@ -9,7 +9,8 @@ from .config import (
     config_from_json, method_of,
 )  # fmt: skip
 from .layer import LayerReport
+from .options import RunConfig
 from .pipeline import quantize_model
 
 __all__ = ["CalibConfig", "GridConfig", "RTNConfig", "GPTQConfig", "MatGPTQConfig", "MethodConfig", "Method", "Target",
-           "Variant", "config_for", "config_from_json", "method_of", "LayerReport", "quantize_model"]
+           "Variant", "config_for", "config_from_json", "method_of", "LayerReport", "quantize_model", "RunConfig"]

@@ -10,11 +10,11 @@ import torch
 
 from ..formats import QuantizedWeight
 from .config import GPTQConfig, MatGPTQConfig, MethodConfig, Variant
-from .grid import NearestRounding, Rounding
-from .kquant_scales import ScaleLattice, lattice_for
-from .multibit import MatryoshkaRounding, PerWidthRounding
-from .refit import refit_master, refit_scales
-from .solver import QuantResult, gptq_quantize, rtn_quantize
+from .algorithm.grid import NearestRounding, Rounding
+from .algorithm.kquant_scales import ScaleLattice, lattice_for
+from .algorithm.multibit import MatryoshkaRounding, PerWidthRounding
+from .algorithm.refit import refit_master, refit_scales
+from .algorithm.solver import QuantResult, gptq_quantize, rtn_quantize
 
 
 @dataclass

@@ -49,7 +49,7 @@ from torch import nn
 from ..errors import UserError
 from ..models import ArchSpec, get_blocks
 from ..models.experts import FusedExperts, parse
-from .hessian import Accumulator
+from .algorithm.hessian import Accumulator
 
 Inputs = list[tuple[torch.Tensor, dict]]  # per batch of windows: (hidden states, keyword arguments of the block)
 

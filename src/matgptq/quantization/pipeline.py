@@ -44,7 +44,7 @@ from ..formats import QuantizedWeight
 from ..models import ArchSpec, arch_spec, get_blocks, set_layer_weight, set_weight_matrix, weight_keys, weight_matrix
 from ..models.experts import calibration_experts
 from .config import GPTQConfig, MethodConfig
-from .grid import Rounding
+from .algorithm.grid import Rounding
 from .experts import expert_hessians
 from .layer import LayerReport, make_rounding, solve_layer
 from ..execution import combine_hessians, release_free_memory, share, shard, world

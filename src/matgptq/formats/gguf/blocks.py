@@ -163,7 +163,7 @@ def _subparam(x: ArrayLike, rows: int, k: int, name: str, sub: int = 16) -> NDAr
 def _exact_fit(s: NDArray[np.float64], lo: int, hi: int) -> tuple[NDArray[np.float16], NDArray[np.int16],
                                                                     NDArray[np.bool_]]:  # fmt: skip
     """Where one exists, an fp16 d and integers sc in [lo, hi] with fp32(d)·sc == s exactly, per super-block of
-    `s` [R, nsb, n]; the mask says where. Scales put on the K-quant lattice by quantization/kquant_scales.py have one
+    `s` [R, nsb, n]; the mask says where. Scales put on the K-quant lattice by quantization/algorithm/kquant_scales.py have one
     (d = the largest |s| / its sc); tries d = max|s| / j for j from the grid's end down (a few steps for those)."""
     flat = s.reshape(-1, s.shape[-1])
     pivot = np.abs(flat).max(-1)

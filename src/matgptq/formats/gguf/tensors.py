@@ -12,7 +12,7 @@ columns; 16 for the sub-scales of K-quants) lies inside one quantization group, 
 
 Legacy types are bit-exact. K-quants store each sub-block's D as fp32(d)·sc, one fp16 d per 256 columns and a small
 integer sc (and the min likewise): exact when a super-block's scales are equal (per channel) or lie on the K-quant
-lattice (`quantize --kquant`, quantization/kquant_scales.py; formats/gguf/blocks.py finds the exact d), otherwise D
+lattice (`quantize --kquant`, quantization/algorithm/kquant_scales.py; formats/gguf/blocks.py finds the exact d), otherwise D
 is rounded onto that grid and the error is measured and reported.
 
 `auto` takes, per layer, the smallest of Q2_K, Q3_K, Q4_0, Q4_K, Q4_1, Q5_0, Q5_K, Q5_1, Q6_K, Q8_0 that keeps the

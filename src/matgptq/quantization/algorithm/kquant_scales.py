@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats.gguf import KQuantType
+from ...formats.gguf import KQuantType
 
 SUPER_BLOCK = 256
 F16_SIGNIFICAND = 11  # bits, including the implicit one

@@ -1,8 +1,8 @@
-"""quantization/hessian.py: the running Hessian against float64 arithmetic."""
+"""quantization/algorithm/hessian.py: the running Hessian against float64 arithmetic."""
 
 import torch
 
-from matgptq.quantization.hessian import GRAM_BLOCK, Accumulator, add_gram, bfloat16_products
+from matgptq.quantization.algorithm.hessian import GRAM_BLOCK, Accumulator, add_gram, bfloat16_products
 
 
 def test_add_gram_is_the_gram_matrix_from_its_upper_blocks():

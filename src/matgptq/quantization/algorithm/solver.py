@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import UserError
+from ...errors import UserError
 from .grid import Rounding, find_params
 from .kquant_scales import ScaleLattice
 from .lazy_blocks import BlockGraph, GroupGrid, run_block

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..kernels import gptq_column
+from ...kernels import gptq_column
 from .grid import NearestRounding, Rounding, find_params
 from .kquant_scales import ScaleLattice
 from .multibit import PerWidthRounding

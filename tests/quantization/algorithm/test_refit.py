@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from matgptq.formats.slicing import positions
-from matgptq.quantization.multibit import PerWidthRounding
-from matgptq.quantization.grid import NearestRounding
-from matgptq.quantization.refit import damped_hessian, refit_master, refit_scales, row_error_change
-from matgptq.quantization.solver import gptq_quantize
+from matgptq.quantization.algorithm.multibit import PerWidthRounding
+from matgptq.quantization.algorithm.grid import NearestRounding
+from matgptq.quantization.algorithm.refit import damped_hessian, refit_master, refit_scales, row_error_change
+from matgptq.quantization.algorithm.solver import gptq_quantize
 
 
 def random_problem(n, k, seed):

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from matgptq.formats.slicing import position_table
-from matgptq.quantization.multibit import (
+from matgptq.quantization.algorithm.multibit import (
     MatryoshkaRounding, PerWidthRounding, brute_force_codes, envelope, multibit_loss,
 )
 

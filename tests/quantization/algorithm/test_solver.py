@@ -1,61 +1,17 @@
-"""GPTQ/RTN solver against a slow, plainly written reference (column by column, no lazy batches, no tricks)."""
+"""GPTQ/RTN solver against the slow, plainly written reference (quantization/algorithm/reference.py: column by column,
+no lazy batches, no tricks)."""
 
-import math
 
 import pytest
 import torch
 
-from matgptq.quantization.grid import NearestRounding, find_params
+from matgptq.quantization.algorithm.grid import NearestRounding, find_params
 from matgptq.formats.slicing import position_table
-from matgptq.quantization.multibit import MatryoshkaRounding, PerWidthRounding
-from matgptq.quantization.solver import group_aware_order, gptq_quantize, rtn_quantize
+from matgptq.quantization.algorithm.multibit import MatryoshkaRounding, PerWidthRounding
+from matgptq.quantization.algorithm.reference import group_order as reference_group_order, reference_gptq
+from matgptq.quantization.algorithm.solver import group_aware_order, gptq_quantize, rtn_quantize
 
 from tests.conftest import require_peer
-
-
-def reference_group_order(diag, g):
-    """GAR's order written out: whole groups by decreasing max diag(H) (Python's sort is stable), each group's columns
-    by decreasing diag(H), a ragged last group last."""
-    k = len(diag)
-    groups = [list(range(a, min(a + g, k))) for a in range(0, k, g)]
-    full, tail = [c for c in groups if len(c) == g], [c for c in groups if len(c) < g]
-    full.sort(key=lambda cols: -max(float(diag[c]) for c in cols))
-    return torch.tensor([c for cols in full + tail for c in sorted(cols, key=lambda c: -float(diag[c]))])
-
-
-def reference_gptq(w, h, rounding, group_size, sym, act_order, static_groups, damp, group_order=False):
-    """The GPTQ recursion as written in the paper: one column at a time, full inverse-Hessian rows, float64."""
-    w, h = w.double().clone(), h.double().clone()
-    k = w.shape[1]
-    g = k if group_size == -1 else group_size
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1
-    w[:, dead] = 0
-    statics = {}
-    if static_groups:
-        for gid in range(math.ceil(k / g)):
-            statics[gid] = find_params(w[:, gid * g : (gid + 1) * g], rounding, sym, False)
-    order = torch.argsort(torch.diag(h), descending=True, stable=True) if act_order else torch.arange(k)
-    if group_order and not act_order:
-        order = reference_group_order(torch.diag(h), g)
-    w, h = w[:, order], h[order][:, order]
-    h = h + damp * torch.diag(h).mean() * torch.eye(k, dtype=h.dtype)
-    u = torch.linalg.cholesky(torch.linalg.inv(h), upper=True)
-    codes = torch.zeros_like(w)
-    deq = torch.zeros_like(w)
-    for j in range(k):
-        if static_groups:
-            scale, zero = statics[int(order[j]) // g]
-        elif j % g == 0:
-            scale, zero = find_params(w[:, j : j + g], rounding, sym, False)
-        q = rounding.codes(w[:, j], scale, zero)
-        codes[:, j] = q
-        deq[:, j] = w[:, j] - rounding.residual(w[:, j], q, scale, zero)
-        err = rounding.residual(w[:, j], q, scale, zero) / u[j, j]
-        for c in range(j, k):  # plain loop over the remaining columns
-            w[:, c] -= err * u[j, c]
-    inv = torch.argsort(order)
-    return codes[:, inv], deq[:, inv]
 
 
 def random_problem(n, k, seed, outliers=True):
@@ -108,7 +64,7 @@ def test_block_buffers_run_the_same_loop(monkeypatch, group_size, act_order, gro
     for bit (the same operations on the same values)."""
     import functools
 
-    from matgptq.quantization import lazy_blocks, solver
+    from matgptq.quantization.algorithm import lazy_blocks, solver
 
     w, h, _ = random_problem(24, 300, seed=group_size + 3)
     rounding = NearestRounding(4)
@@ -178,7 +134,7 @@ def test_per_width_block_buffers_run_the_same_loop(monkeypatch, group_size, grou
     (codes from the host) the layer keeps the plain loop."""
     import functools
 
-    from matgptq.quantization import lazy_blocks, solver
+    from matgptq.quantization.algorithm import lazy_blocks, solver
 
     w, h, _ = random_problem(16, 80, seed=5)
     rounding = PerWidthRounding(8, (3, 4, 8), (1.0, 1.0, 2.0))
@@ -299,7 +255,7 @@ def test_static_groups_without_act_order_use_original_weights():
 
 
 def test_signed_scale_grid_puts_the_extreme_weight_on_code_zero():
-    from matgptq.quantization.grid import minmax_params
+    from matgptq.quantization.algorithm.grid import minmax_params
 
     w = torch.tensor([[0.5, -0.25, 1.5, -1.0], [-2.0, 0.5, 1.0, 1.75]])
     scale, zero = minmax_params(w, 4, sym=True, signed=True)
@@ -311,17 +267,14 @@ def test_signed_scale_grid_puts_the_extreme_weight_on_code_zero():
 
 
 @pytest.mark.parametrize("act_order", [False, True])
-def test_gptq_with_signed_scale_matches_reference(act_order):
-    import matgptq.quantization.grid as grid
+def test_gptq_with_signed_scale_matches_reference(act_order, monkeypatch):
+    import matgptq.quantization.algorithm.reference as reference
 
     w, h, _ = random_problem(16, 48, seed=7)
     r = NearestRounding(4)
     res = gptq_quantize(w, h, r, group_size=16, act_order=act_order, signed=True)
-    original = grid.find_params
-    try:  # the reference calls find_params(w, rounding, sym, mse): make it the signed grid
-        globals()["find_params"] = lambda w_, r_, s_, m_: original(w_, r_, s_, m_, signed=True)
-        codes_ref, deq_ref = reference_gptq(w, h, r, 16, True, act_order, False, 0.01)
-    finally:
-        globals()["find_params"] = original
+    original = reference.find_params  # the reference calls find_params(w, rounding, sym, mse): the signed grid
+    monkeypatch.setattr(reference, "find_params", lambda w_, r_, s_, m_: original(w_, r_, s_, m_, signed=True))
+    codes_ref, deq_ref = reference_gptq(w, h, r, 16, True, act_order, False, 0.01)
     assert torch.equal(res.codes.double(), codes_ref)
     assert bool((res.scales < 0).any())  # negative scales occur and survive

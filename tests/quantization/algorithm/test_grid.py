@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from matgptq.quantization import grid
-from matgptq.quantization.grid import MSE_GRID, MSE_MAX_SHRINK, MSE_NORM, MSE_SEARCH, NearestRounding, find_params
-from matgptq.quantization.solver import gptq_quantize
+from matgptq.quantization.algorithm import grid
+from matgptq.quantization.algorithm.grid import MSE_GRID, MSE_MAX_SHRINK, MSE_NORM, MSE_SEARCH, NearestRounding, find_params
+from matgptq.quantization.algorithm.solver import gptq_quantize
 
 
 def coarse_to_fine(error):

@@ -100,7 +100,7 @@ class NearestRounding:
 def abs_pow_(x: torch.Tensor, p: float) -> torch.Tensor:
     """|x|^p in place. On a CPU as exp(p·ln|x|) (0 ↦ exp(−inf) = 0): torch's pow with a non-integer exponent costs more
     than the three passes there. The two agree to (1.5·|p·ln|x|| + 1) float32 ulp relative
-    (tests/quantization/test_grid.py derives it), ~2e-6 for the weight errors the search scores, below the differences
+    (tests/quantization/algorithm/test_grid.py derives it), ~2e-6 for the weight errors the search scores, below the differences
     between most grid points it compares; near-ties may flip (a changed choice then changes every later Hessian), and
     the model's perplexity and KL stayed inside the calibration seeds' spread
     (docs/decisions/code-constants.md). On a GPU, where one pass of memory is the cost, pow itself."""

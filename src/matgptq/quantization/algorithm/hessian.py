@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..execution import native_bfloat16
+from ...execution import native_bfloat16
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The K-quant scale lattice (quantization/kquant_scales.py): its arithmetic claims checked by enumeration, and GPTQ
+"""The K-quant scale lattice (quantization/algorithm/kquant_scales.py): its arithmetic claims checked by enumeration, and GPTQ
 with it against the plain column-by-column recursion of test_solver with the same snapping step."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import torch
 
 from matgptq.errors import UserError
 from matgptq.quantization import GPTQConfig, config_from_json
-from matgptq.quantization.grid import NearestRounding, find_params
+from matgptq.quantization.algorithm.grid import NearestRounding, find_params
 from matgptq.formats.gguf import KQuantType
-from matgptq.quantization.kquant_scales import LATTICES, SUPER_BLOCK, lattice_for
-from matgptq.quantization.solver import gptq_quantize, rtn_quantize
+from matgptq.quantization.algorithm.kquant_scales import LATTICES, SUPER_BLOCK, lattice_for
+from matgptq.quantization.algorithm.solver import gptq_quantize, rtn_quantize
 
-from tests.quantization.test_solver import dequant, output_error, random_problem
+from tests.quantization.algorithm.test_solver import dequant, output_error, random_problem
 
 TYPES = list(KQuantType)
 

@@ -42,7 +42,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ..formats import position_table
+from ...formats import position_table
 from .grid import abs_pow_
 
 

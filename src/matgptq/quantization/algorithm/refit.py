@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats.slicing import positions
+from ...formats.slicing import positions
 
 # bytes of one row chunk's [rows, K] products: big enough for efficient GEMMs, small enough to bound the memory
 # (benchmarks/bench_multibit.py times the refit)
