@@ -37,7 +37,8 @@ def parent(tiny_llama_dir, tmp_path_factory):
 
 def from_pretrained(path, **kw):
     if "bits" in kw or "packed" in kw:
-        kw["quantization_config"] = matgptq.MatGPTQConfig(bits=kw.pop("bits", None), packed=kw.pop("packed", None))
+        kw["quantization_config"] = matgptq.MatGPTQQuantizationConfig(bits=kw.pop("bits", None),
+                                                                      packed=kw.pop("packed", None))
     return AutoModelForCausalLM.from_pretrained(path, **kw)
 
 
@@ -150,7 +151,32 @@ def test_a_hub_id_loads_from_the_cache(parent, hub_cache):  # noqa: F811 — the
 
 
 def test_registration_happens_once():
-    assert register() is matgptq.MatGPTQConfig
+    assert register() is matgptq.MatGPTQQuantizationConfig
+
+
+@pytest.mark.parametrize("first", ["matgptq", "transformers"])
+def test_import_matgptq_is_light_and_still_registers(parent, first):
+    """In a fresh interpreter: `import matgptq` imports neither torch, transformers nor Triton; whichever of matgptq
+    and transformers' quantizer registry is imported first, from_pretrained of a parent then goes through matgptq's
+    quantizer and gives `matgptq.load`'s logits."""
+    import subprocess
+    import sys
+
+    code = f"""import sys
+if {first!r} == "transformers":
+    import transformers.quantizers.auto
+import matgptq
+if {first!r} == "matgptq":
+    assert not {{"torch", "transformers", "triton"}} & set(sys.modules), sorted(sys.modules)
+import torch
+from transformers import AutoModelForCausalLM
+m = AutoModelForCausalLM.from_pretrained({str(parent)!r})
+assert type(m.hf_quantizer).__name__ == "MatGPTQHfQuantizer", type(m.hf_quantizer)
+x = torch.arange(12)[None]
+assert torch.equal(m(x).logits, matgptq.load({str(parent)!r})(x).logits)
+print("ok")"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-1500:]
 
 
 def test_without_import_matgptq_transformers_misreads_a_parent_loudly(parent):
