@@ -8,6 +8,7 @@ or moved-aside sibling is left behind, and a writer that lost got a UserError (n
 
 import multiprocessing as mp
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -131,3 +132,38 @@ def test_a_quantized_checkpoint_is_readable_by_others(tmp_path, umask):
                  "--seqlen", "32", "--quiet"]) == 0  # fmt: skip
     modes = _modes(out)
     assert modes.pop(".") == 0o750 and "model.safetensors" in modes and set(modes.values()) == {0o640}, modes
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped), so no process on this host has it for now."""
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)
+
+
+def test_what_a_killed_writer_left_is_cleared_by_the_next(tmp_path):
+    """A writer SIGKILLed inside atomic_output leaves its temporary copy, and, killed between an --overwrite's two
+    renames, the old output moved aside with the new one not yet in place. The next writer of the same path removes
+    the first and puts the second back before deciding anything (so a plain write still refuses the existing output);
+    a running writer's files (this process's) and other paths' are left alone."""
+    host = socket.gethostname().replace("-", "_")
+    dead = _dead_pid()
+    out = tmp_path / "out"
+    left = tmp_path / f".out.tmp-{dead}@{host}-abc123"
+    (left / "sub").mkdir(parents=True)
+    aside = tmp_path / f".out.old-{dead}@{host}-0011aa22"
+    aside.mkdir()
+    (aside / "model.safetensors").write_bytes(b"old")
+    running = tmp_path / f".out.tmp-{os.getpid()}@{host}-def456"
+    running.mkdir()
+    other = [tmp_path / f".out2.tmp-{dead}@{host}-x1", tmp_path / f".out.tmp-{dead}@elsewhere-x2"]
+    for p in other:
+        p.mkdir()
+    with pytest.raises(UserError, match="already exists"):
+        with atomic_output(out):
+            pass
+    assert (out / "model.safetensors").read_bytes() == b"old"  # put back, and kept (no --overwrite)
+    assert not left.exists() and not aside.exists() and running.exists() and all(p.exists() for p in other)
+    with atomic_output(out, overwrite=True) as tmp:
+        (tmp / "model.safetensors").write_bytes(b"new")
+    assert (out / "model.safetensors").read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", running.name, *(p.name for p in other)])

@@ -4,10 +4,14 @@ along."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
+import glob
 import os
 import re
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -83,12 +87,14 @@ def atomic_output(path: str | Path, overwrite: bool = False, directory: bool = T
     """Yield a temporary directory (or file path) to write; on success it replaces `path`, on error it is removed
     (the previous output, with `overwrite`, stays as it was). `size`: about how many bytes will be written, checked
     against the free space first; a write that finds no room is one UserError naming `path` (no_space)."""
-    final = check_output(path, overwrite)
+    final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
+    clear_stale(final)
+    check_output(final, overwrite)
     if size is not None:
         check_space(final, size)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{_writer()}-", dir=final.parent))
     except OSError as e:
         raise no_space(final, 0, size) if out_of_space(e) else e from None
     try:
@@ -103,6 +109,51 @@ def atomic_output(path: str | Path, overwrite: bool = False, directory: bool = T
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# Who writes: the temporary copy and the output moved aside are named `.NAME.tmp-PID@HOST-…` and `.NAME.old-PID@HOST-…`,
+# so that the next writer of NAME can tell what a killed writer left (its process gone on this host) from what a
+# running one is writing.
+def _writer() -> str:
+    return f"{os.getpid()}@{_host()}"
+
+
+def _host() -> str:
+    return socket.gethostname().replace("-", "_")
+
+
+_LEFT = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)@(?P<host>[^-]+)-[^-]+")
+
+
+def scratch_sibling(final: Path) -> Path:
+    """A private path beside `final` for work files, named as atomic_output's temporary copies are (so the next writer
+    of `final` clears it if this process is killed)."""
+    return final.parent / f".{final.name}.tmp-{_writer()}-{uuid.uuid4().hex[:8]}"
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists on this host (one of another user's counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clear_stale(final: Path) -> None:
+    """Clear what a writer of `final` killed on this host left beside it: its temporary copy is removed, and an output
+    it had moved aside (killed between the two renames of an --overwrite) is put back where `final` is missing, so a
+    kill loses nothing and leaves nothing behind for long. Another host's or a running process's files stay."""
+    for p in final.parent.glob(f".{glob.escape(final.name)}.*-*@*-*"):
+        m = _LEFT.fullmatch(p.name)
+        if not m or m["name"] != final.name or m["host"] != _host() or _running(int(m["pid"])):
+            continue
+        if m["kind"] == "old" and not final.exists():
+            os.rename(p, final)
+        else:
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
 def replace_file(path: Path, write: Callable[[Path], object], then: str) -> None:
@@ -140,9 +191,10 @@ def _commit(target: Path, final: Path, overwrite: bool) -> None:
 
     Another process may write the same path at the same time. Without `overwrite` nothing that appeared meanwhile is
     replaced: a directory is renamed onto `final` (which fails if `final` is a non-empty directory or a file) and a file
-    is hard-linked to it (which fails if anything is there). With `overwrite` the old output is first moved aside; if
-    another writer's output lands in between, the rename fails. Either way one complete output stays, never a mix,
-    and the loser gets a UserError.
+    is hard-linked to it (which fails if anything is there). With `overwrite` the old and the new output are swapped in
+    one step where the system can (Linux), else the old one is first moved aside (a kill between the two renames
+    leaves it aside; clear_stale puts it back); if another writer's output lands in between, the rename fails. Either
+    way one complete output stays, never a mix, and the loser gets a UserError.
     """
     lost = UserError(f"{final} was written by another process while this one was writing it; it was kept as it is "
                      "(run again with --overwrite to replace it, or choose another output path)")  # fmt: skip
@@ -155,7 +207,9 @@ def _commit(target: Path, final: Path, overwrite: bool) -> None:
         except OSError:
             raise lost from None
         return
-    old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+    if _exchange(target, final):  # the old output now lies at `target`, inside the temporary directory
+        return
+    old = final.parent / f".{final.name}.old-{_writer()}-{uuid.uuid4().hex[:8]}"
     try:
         os.rename(final, old)
     except FileNotFoundError:
@@ -167,6 +221,27 @@ def _commit(target: Path, final: Path, overwrite: bool) -> None:
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap `a` and `b` in one step (Linux's renameat2 with RENAME_EXCHANGE), so that a reader of `b` sees the old or
+    the new at every instant; False where that is not possible (no such call or flag, `b` missing, a filesystem
+    without it), and the caller moves `b` aside first instead."""
+    renameat2 = getattr(_libc(), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2  # <fcntl.h>, <linux/fs.h>
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOENT, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def copy_tokenizer_files(src: str | Path, dst: str | Path) -> None:

@@ -5,10 +5,8 @@ every checkpoint records, and the torchrun split (only rank 0 writes)."""
 from __future__ import annotations
 
 import json
-import os
 import platform
 import shutil
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import NamedTuple
@@ -21,7 +19,7 @@ from ..errors import UserError
 from ..execution import DTYPES, compute_dtype, dist_backend, init_from_env, native_bfloat16, world
 from ..formats.mix import WidthSpec, read_mix
 from ..formats.staged import StagedCheckpoint
-from ..fsutil import check_output
+from ..fsutil import check_output, scratch_sibling
 from ..models import (
     ModelSource, arch_spec, calibration_windows, config_dtype, file_sha256, get_blocks, load_fp_model, load_tokenizer,
     quantized_layer_names, read_text, require_model_dir, tokenize, weight_keys,
@@ -155,7 +153,7 @@ def run_quantization(source: ModelSource, out: str | Path, cfg: MethodConfig, ca
     settings["compute_dtype"] = str(passes)  # `auto` depends on the CPU (calibration_dtypes)
     state = BlockState(out, settings, resume) if size == 1 else None
     # finished blocks: in the resume directory, else a private sibling of `out` (created by the first block written)
-    scratch = Path(out).resolve().parent / f".{Path(out).name}.blocks-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    scratch = scratch_sibling(Path(out).resolve())
     stored = dtypes.stored
     stage = StagedCheckpoint(state.dir if state is not None else scratch, stored) if rank == 0 else _Discard()
     try:
