@@ -63,75 +63,172 @@ class Page:
 
 SMOL = "SmolLM2-135M-Instruct"
 PAGES = (
-    Page("quality.overview", ("real_model_table.json", "search_real_model/run-2.json", "gguf_vs_llamacpp_real.json"),
-         f"the README's overview: quality against bits on {SMOL}, drawn from three claims' JSON",
-         "python -m benchmarks.quality.overview", png="overview.png", block="README.md#overview",
-         load="load_sources", render="render", plot="plot"),
-    Page("quality.gptq_defaults", ("gptq_defaults.json",),
-         f"{SMOL}: the default GPTQ and the default MatGPTQ parent against GPTQModel's and llm-compressor's defaults, "
-         "and which GPTQ options are the defaults (the ablation over seeds)",
-         "python -m benchmarks.quality.gptq_defaults", md="gptq_defaults.md", png="gptq_defaults.png",
-         renderer="quality._gptq_defaults_page"),
-    Page("quality.gptq_defaults", ("gptq_defaults.json",), "the README's default GPTQ against the peers' defaults",
-         "python -m benchmarks.quality.gptq_defaults", block="README.md#gptq-defaults",
-         renderer="quality._gptq_defaults_blocks", render="readme_block"),
-    Page("quality.gptq_defaults", ("gptq_defaults.json",),
-         "the guide's table of defaults, each with what the ablation measured for it",
-         "python -m benchmarks.quality.gptq_defaults", block="docs/guide/quantize.md#defaults",
-         renderer="quality._gptq_defaults_blocks", render="defaults_block"),
-    Page("quality.gptq_defaults", ("gptq_defaults.json",),
-         "the default parent's slices against the default GPTQ per width, the master weight's trade-off, cost",
-         "python -m benchmarks.quality.gptq_defaults", block="docs/decisions/matgptq-defaults.md#parent-defaults",
-         renderer="quality._gptq_defaults_blocks", render="parent_block"),
-    Page("quality.real_model_table", ("real_model_table.json",),
-         f"{SMOL}: the paper's Table 1: RTN, GPTQ, MatGPTQ slices, GPTQModel and llm-compressor",
-         "make real-model-table", md="real_model_table.md", png="real_model_table.png"),
-    Page("search.real_model", ("search_real_model/run-*.json", "real_model_table.json"),
-         f"{SMOL}: the searched mix at every budget against the parent's uniform slices, the knapsack start, random "
-         "search and per-width GPTQ", "make search-real-model", md="search_real_model.md", png="search_real_model.png",
-         renderer="search._real_model_page"),
-    Page("search.ten_minutes", ("search_ten_minutes.json",),
-         f"{SMOL}: all eight budgets in one `search --time-limit 10`, against every one-shot allocation and random "
-         "search on the same parent and calibration, 3 seeds", "python -m benchmarks.search.ten_minutes",
-         md="search_ten_minutes.md"),
-    Page("search.long", ("search_long.json", "search_long_wide.json"),
-         f"{SMOL}: the default search given time (25 generations) against every one-shot allocation of the same run, "
-         "3 seeds", "python -m benchmarks.search.long", md="search_long.md"),
-    Page("gguf.default", ("gguf_default.json",),
-         f"{SMOL}: the GGUF path a new user types (GPTQ g32, `export --type q4_0`) against llama.cpp's Q4_0 with and "
-         "without imatrix, 3 calibration seeds", "python -m benchmarks.gguf.default", md="gguf_default.md"),
-    Page("gguf.default", ("gguf_default.json",), "the README's GGUF quickstart result",
-         "python -m benchmarks.gguf.default", block="README.md#gguf-default", render="readme_block"),
-    Page("gguf.presets", ("gguf_vs_llamacpp_real.json",),
-         f"{SMOL}: our GGUF files against llama.cpp's presets (Q4_0, Q4_K_M, Q3_K_M) at no more tensor bytes, scored "
-         "by llama.cpp, 3 calibration seeds", "python -m benchmarks.gguf.presets [--seed S]",
-         md="gguf_vs_llamacpp_real.md", renderer="gguf._presets_page"),
-    Page("speed.pipeline", ("bench_pipeline.json",),
-         f"{SMOL}: end-to-end quantization time and memory against GPTQModel and llm-compressor on the same windows",
-         "make bench-pipeline", md="bench_pipeline.md"),
-    Page("speed.eval", ("bench_eval.json",),
-         "`matgptq eval --kl-to`: the streamed teacher against the all-at-once baseline (time and memory)",
-         "python -m benchmarks.speed.eval CHECKPOINT --kl-to MODEL --text FILE", md="bench_eval.md"),
-    Page("speed.moe_block", ("bench_moe_block.json",),
-         "the time to quantize a mixture-of-experts block against a dense one of the same active parameters",
-         "python -m benchmarks.speed.moe_block", md="bench_moe_block.md"),
-    Page("gpu.check", ("gpu.json",),
-         "one GPU: nested kernels and decode against fp16 and torch's int4, GPU quantize, the search's scoring and "
-         "its cost against depth (on a GPU machine)", "make gpu-check", md="gpu.md", renderer="gpu._report"),
-    Page("interop.compressed_tensors", ("ct_vs_llmcompressor.json",),
-         "stories260K: compressed-tensors exports against llm-compressor 0.14's checkpoints of the same scheme",
-         "PYTHONPATH=src .venv-bench/bin/python -m benchmarks.interop.compressed_tensors", md="ct_vs_llmcompressor.md"),
-    Page("interop.gptq_compat", ("gptq_compat.json",),
-         "GPTQ exports loaded by GPTQModel and transformers + optimum (tests/exporters/test_gptq_interop.py, in "
-         "`make interop`'s venv)", "python -m benchmarks.interop.gptq_compat", md="gptq_compat.md"),
-    Page("robustness.faults", ("faults_checksums.json", "faults_kill.json", "faults_fuzz.json",
-                                "faults_kill_steps.json"),
-         "kills resumed exactly, damaged inputs at volume, and the price of the checksums",
-         "python -m benchmarks.robustness.faults; python -m benchmarks.robustness.faults_kill --kills 100 [--at steps]",
-         md="faults.md"),
-    Page("robustness.bad_input", ("bad_input.json",),
-         "damaged and bad input: what `matgptq` says (tests/test_damaged_inputs.py's named cases)",
-         "python -m benchmarks.robustness.bad_input", md="bad_input.md"),
+    Page(
+        "quality.overview",
+        ("real_model_table.json", "search_real_model/run-2.json", "gguf_vs_llamacpp_real.json"),
+        f"the README's overview: quality against bits on {SMOL}, drawn from three claims' JSON",
+        "python -m benchmarks.quality.overview",
+        png="overview.png",
+        block="README.md#overview",
+        load="load_sources",
+        render="render",
+        plot="plot",
+    ),
+    Page(
+        "quality.gptq_defaults",
+        ("gptq_defaults.json",),
+        f"{SMOL}: the default GPTQ and the default MatGPTQ parent against GPTQModel's and llm-compressor's defaults, "
+        "and which GPTQ options are the defaults (the ablation over seeds)",
+        "python -m benchmarks.quality.gptq_defaults",
+        md="gptq_defaults.md",
+        png="gptq_defaults.png",
+        renderer="quality._gptq_defaults_page",
+    ),
+    Page(
+        "quality.gptq_defaults",
+        ("gptq_defaults.json",),
+        "the README's default GPTQ against the peers' defaults",
+        "python -m benchmarks.quality.gptq_defaults",
+        block="README.md#gptq-defaults",
+        renderer="quality._gptq_defaults_blocks",
+        render="readme_block",
+    ),
+    Page(
+        "quality.gptq_defaults",
+        ("gptq_defaults.json",),
+        "the guide's table of defaults, each with what the ablation measured for it",
+        "python -m benchmarks.quality.gptq_defaults",
+        block="docs/guide/quantize.md#defaults",
+        renderer="quality._gptq_defaults_blocks",
+        render="defaults_block",
+    ),
+    Page(
+        "quality.gptq_defaults",
+        ("gptq_defaults.json",),
+        "the default parent's slices against the default GPTQ per width, the master weight's trade-off, cost",
+        "python -m benchmarks.quality.gptq_defaults",
+        block="docs/decisions/matgptq-defaults.md#parent-defaults",
+        renderer="quality._gptq_defaults_blocks",
+        render="parent_block",
+    ),
+    Page(
+        "quality.real_model_table",
+        ("real_model_table.json",),
+        f"{SMOL}: the paper's Table 1: RTN, GPTQ, MatGPTQ slices, GPTQModel and llm-compressor",
+        "make real-model-table",
+        md="real_model_table.md",
+        png="real_model_table.png",
+    ),
+    Page(
+        "search.real_model",
+        ("search_real_model/run-*.json", "real_model_table.json"),
+        f"{SMOL}: the searched mix at every budget against the parent's uniform slices, the knapsack start, random "
+        "search and per-width GPTQ",
+        "make search-real-model",
+        md="search_real_model.md",
+        png="search_real_model.png",
+        renderer="search._real_model_page",
+    ),
+    Page(
+        "search.ten_minutes",
+        ("search_ten_minutes.json",),
+        f"{SMOL}: all eight budgets in one `search --time-limit 10`, against every one-shot allocation and random "
+        "search on the same parent and calibration, 3 seeds",
+        "python -m benchmarks.search.ten_minutes",
+        md="search_ten_minutes.md",
+    ),
+    Page(
+        "search.long",
+        ("search_long.json", "search_long_wide.json"),
+        f"{SMOL}: the default search given time (25 generations) against every one-shot allocation of the same run, "
+        "3 seeds",
+        "python -m benchmarks.search.long",
+        md="search_long.md",
+    ),
+    Page(
+        "gguf.default",
+        ("gguf_default.json",),
+        f"{SMOL}: the GGUF path a new user types (GPTQ g32, `export --type q4_0`) against llama.cpp's Q4_0 with and "
+        "without imatrix, 3 calibration seeds",
+        "python -m benchmarks.gguf.default",
+        md="gguf_default.md",
+    ),
+    Page(
+        "gguf.default",
+        ("gguf_default.json",),
+        "the README's GGUF quickstart result",
+        "python -m benchmarks.gguf.default",
+        block="README.md#gguf-default",
+        render="readme_block",
+    ),
+    Page(
+        "gguf.presets",
+        ("gguf_vs_llamacpp_real.json",),
+        f"{SMOL}: our GGUF files against llama.cpp's presets (Q4_0, Q4_K_M, Q3_K_M) at no more tensor bytes, scored "
+        "by llama.cpp, 3 calibration seeds",
+        "python -m benchmarks.gguf.presets [--seed S]",
+        md="gguf_vs_llamacpp_real.md",
+        renderer="gguf._presets_page",
+    ),
+    Page(
+        "speed.pipeline",
+        ("bench_pipeline.json",),
+        f"{SMOL}: end-to-end quantization time and memory against GPTQModel and llm-compressor on the same windows",
+        "make bench-pipeline",
+        md="bench_pipeline.md",
+    ),
+    Page(
+        "speed.eval",
+        ("bench_eval.json",),
+        "`matgptq eval --kl-to`: the streamed teacher against the all-at-once baseline (time and memory)",
+        "python -m benchmarks.speed.eval CHECKPOINT --kl-to MODEL --text FILE",
+        md="bench_eval.md",
+    ),
+    Page(
+        "speed.moe_block",
+        ("bench_moe_block.json",),
+        "the time to quantize a mixture-of-experts block against a dense one of the same active parameters",
+        "python -m benchmarks.speed.moe_block",
+        md="bench_moe_block.md",
+    ),
+    Page(
+        "gpu.check",
+        ("gpu.json",),
+        "one GPU: nested kernels and decode against fp16 and torch's int4, GPU quantize, the search's scoring and "
+        "its cost against depth (on a GPU machine)",
+        "make gpu-check",
+        md="gpu.md",
+        renderer="gpu._report",
+    ),
+    Page(
+        "interop.compressed_tensors",
+        ("ct_vs_llmcompressor.json",),
+        "stories260K: compressed-tensors exports against llm-compressor 0.14's checkpoints of the same scheme",
+        "PYTHONPATH=src .venv-bench/bin/python -m benchmarks.interop.compressed_tensors",
+        md="ct_vs_llmcompressor.md",
+    ),
+    Page(
+        "interop.gptq_compat",
+        ("gptq_compat.json",),
+        "GPTQ exports loaded by GPTQModel and transformers + optimum (tests/exporters/test_gptq_interop.py, in "
+        "`make interop`'s venv)",
+        "python -m benchmarks.interop.gptq_compat",
+        md="gptq_compat.md",
+    ),
+    Page(
+        "robustness.faults",
+        ("faults_checksums.json", "faults_kill.json", "faults_fuzz.json", "faults_kill_steps.json"),
+        "kills resumed exactly, damaged inputs at volume, and the price of the checksums",
+        "python -m benchmarks.robustness.faults; python -m benchmarks.robustness.faults_kill --kills 100 [--at steps]",
+        md="faults.md",
+    ),
+    Page(
+        "robustness.bad_input",
+        ("bad_input.json",),
+        "damaged and bad input: what `matgptq` says (tests/test_damaged_inputs.py's named cases)",
+        "python -m benchmarks.robustness.bad_input",
+        md="bad_input.md",
+    ),
 )
 INDEX = RESULTS / "README.md"  # the claims and their pages (its block `pages`, rendered from PAGES); the rest by hand
 
@@ -141,14 +238,20 @@ def _glob(pattern: str) -> bool:
 
 
 def missing_inputs(page: Page) -> list[str]:
-    return [f"docs/results/{i}" for i in page.inputs if not (sorted(RESULTS.glob(i)) if _glob(i) else (RESULTS / i).is_file())]
+    return [
+        f"docs/results/{i}"
+        for i in page.inputs
+        if not (sorted(RESULTS.glob(i)) if _glob(i) else (RESULTS / i).is_file())
+    ]
 
 
 def arguments(page: Page, module) -> tuple:
     if page.load:
         return (getattr(module, page.load)(),)
-    return tuple({f.name: load_json(f) for f in sorted(RESULTS.glob(i))} if _glob(i) else load_json(RESULTS / i)
-                 for i in page.inputs)  # fmt: skip
+    return tuple(
+        {f.name: load_json(f) for f in sorted(RESULTS.glob(i))} if _glob(i) else load_json(RESULTS / i)
+        for i in page.inputs
+    )
 
 
 def text_target(page: Page) -> tuple[str, Path, str | None] | None:
@@ -177,24 +280,31 @@ def index() -> str:
     import os
 
     def link(path: Path) -> str:
-        return f"[{path.relative_to(RESULTS) if path.is_relative_to(RESULTS) else path.name}]" \
-               f"({Path(os.path.relpath(path, RESULTS)).as_posix()})"  # fmt: skip
+        return (
+            f"[{path.relative_to(RESULTS) if path.is_relative_to(RESULTS) else path.name}]"
+            f"({Path(os.path.relpath(path, RESULTS)).as_posix()})"
+        )
 
     rows = []
     for e in PAGES:
         target = text_target(e)
         page = link(target[1]) + (f" (block `{target[2]}`)" if target and target[2] else "") if target else ""
         data = [link(f) for i in e.inputs for f in (sorted(RESULTS.glob(i)) if _glob(i) else [RESULTS / i])]
-        rows.append(f"| {e.about} | {page} | {link(RESULTS / e.png) if e.png else ''} | {', '.join(data)} | "
-                    f"[{e.path}](../../{e.path}): `{e.command}` |")  # fmt: skip
+        rows.append(
+            f"| {e.about} | {page} | {link(RESULTS / e.png) if e.png else ''} | {', '.join(data)} | "
+            f"[{e.path}](../../{e.path}): `{e.command}` |"
+        )
     return "\n".join(["| claim | page | figure | data | measured by |", "|---|---|---|---|---|", *rows])
 
 
 def unregistered() -> list[str]:
     """Files under docs/results/ that are neither a JSON nor the output of an entry."""
     outputs = {RESULTS / p for e in PAGES for p in (e.md, e.png) if p} | {INDEX}
-    return [str(f.relative_to(ROOT)) for f in sorted(RESULTS.rglob("*"))
-            if f.is_file() and f.suffix != ".json" and f not in outputs]  # fmt: skip
+    return [
+        str(f.relative_to(ROOT))
+        for f in sorted(RESULTS.rglob("*"))
+        if f.is_file() and f.suffix != ".json" and f not in outputs
+    ]
 
 
 def run(check: bool, plots: bool) -> list[str]:
@@ -224,8 +334,11 @@ def run(check: bool, plots: bool) -> list[str]:
                         continue
                 if old != text:
                     if check:
-                        how = "does not exist" if old is None else "differs from its rendering, first at " + \
-                            first_difference(old, text)  # fmt: skip
+                        how = (
+                            "does not exist"
+                            if old is None
+                            else "differs from its rendering, first at " + first_difference(old, text)
+                        )
                         problems.append(f"{label} ({page.path} from {', '.join(page.inputs)}) {how}")
                     elif block is None:
                         write_page(file, text)
@@ -236,7 +349,9 @@ def run(check: bool, plots: bool) -> list[str]:
             if page.png:
                 png = RESULTS / page.png
                 if check and not png.is_file():
-                    problems.append(f"docs/results/{page.png} does not exist (python -m benchmarks.render_docs --plots)")
+                    problems.append(
+                        f"docs/results/{page.png} does not exist (python -m benchmarks.render_docs --plots)"
+                    )
                 elif not check and (plots or not png.is_file()):
                     getattr(module, page.plot)(*args, png)
                     print(f"drew docs/results/{page.png}")
@@ -247,14 +362,18 @@ def run(check: bool, plots: bool) -> list[str]:
         problems.append("docs/results/README.md has no <!-- pages:start --> / <!-- pages:end --> (its table of claims)")
     elif old != text:
         if check:
-            problems.append("docs/results/README.md (block pages, the table of claims) differs from PAGES, first at "
-                            + first_difference(old, text))  # fmt: skip
+            problems.append(
+                "docs/results/README.md (block pages, the table of claims) differs from PAGES, first at "
+                + first_difference(old, text)
+            )
         else:
             write_block(INDEX, "pages", text)
             print("wrote docs/results/README.md (block pages)")
     if check:
-        problems += [f"{f}: no entry of benchmarks/render_docs.py renders it (a page needs a JSON and an entry)"
-                     for f in unregistered()]  # fmt: skip
+        problems += [
+            f"{f}: no entry of benchmarks/render_docs.py renders it (a page needs a JSON and an entry)"
+            for f in unregistered()
+        ]
     return problems
 
 
@@ -269,8 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr)
     if problems:
         if a.check:
-            print(f"\n{len(problems)} generated page(s) out of date: `python -m benchmarks.render_docs` re-renders them "
-                  f"from their JSON", file=sys.stderr)  # fmt: skip
+            print(
+                f"\n{len(problems)} generated page(s) out of date: `python -m benchmarks.render_docs` re-renders them "
+                f"from their JSON",
+                file=sys.stderr,
+            )
         return 1
     if a.check:
         print(f"{len(PAGES)} entries: every page equals its rendering")

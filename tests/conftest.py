@@ -22,7 +22,6 @@ import torch  # noqa: E402
 
 from matgptq.formats import QuantizedWeight  # noqa: E402
 
-
 # ../shared beside the checkout; MATGPTQ_SHARED names a copy elsewhere (make gpu-check carries one: no ../shared there)
 SHARED = Path(os.environ.get("MATGPTQ_SHARED") or Path(__file__).resolve().parents[1].parent / "shared")
 STORIES = SHARED / "models" / "stories260K"
@@ -53,9 +52,18 @@ def make_tiny_llama(path: Path, hidden=64, intermediate=128, layers=2, heads=4, 
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256,
-                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():  # larger-than-init weights so quantization error is visible but the model stays sane
         for p in model.parameters():
@@ -78,11 +86,20 @@ def make_bpe_tokenizer(path: Path, vocab_size: int = 384, chars: int = 60_000, p
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizer or pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([TINYSTORIES.read_text(encoding="utf-8")[:chars], extra_text], trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                   unk_token="<|endoftext|>", pad_token="<|im_end|>")  # fmt: skip
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|im_end|>",
+    )
     fast.save_pretrained(path)
     return fast
 
@@ -93,9 +110,19 @@ def make_tiny_bpe_llama(path: Path, seed: int = 0, **tokenizer_options) -> Path:
 
     tok = make_bpe_tokenizer(path, **tokenizer_options)
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=2, tie_word_embeddings=True)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+    )
     model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():  # larger-than-init weights: quantization visibly changes the scores
         for name, p in model.named_parameters():

@@ -47,9 +47,43 @@ def damaged_bytes(ops: list) -> set[int] | None:
 # --- values a damaged field takes ------------------------------------------------------------------------------------
 
 HUGE = [2**31 - 1, 2**31, 2**32, 2**32 + 1, 2**40, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1]
-JSON_VALUES = [None, True, False, 0, -1, 1, 2, 3, 7, 8, 9, 16, 31, 33, 64, -(2**63), 10**30, 1e308, 1.5, 0.0,
-               math.nan, math.inf, "", "x", "float16", "bfloat16", "gptq", "re:.*", [], [1], [0, 0], [-1, 2**40],
-               {}, {"a": 1}, *HUGE]  # fmt: skip
+JSON_VALUES = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    2,
+    3,
+    7,
+    8,
+    9,
+    16,
+    31,
+    33,
+    64,
+    -(2**63),
+    10**30,
+    1e308,
+    1.5,
+    0.0,
+    math.nan,
+    math.inf,
+    "",
+    "x",
+    "float16",
+    "bfloat16",
+    "gptq",
+    "re:.*",
+    [],
+    [1],
+    [0, 0],
+    [-1, 2**40],
+    {},
+    {"a": 1},
+    *HUGE,
+]
 
 
 def _json_paths(obj, prefix=()):
@@ -114,8 +148,24 @@ def json_damage(rng: random.Random, raw: bytes) -> tuple[str, list]:
     return kind, splice(raw, new)
 
 
-ST_DTYPES = ["F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64", "BOOL", "F8_E4M3",
-             "X9", ""]  # fmt: skip
+ST_DTYPES = [
+    "F64",
+    "F32",
+    "F16",
+    "BF16",
+    "I64",
+    "I32",
+    "I16",
+    "I8",
+    "U8",
+    "U16",
+    "U32",
+    "U64",
+    "BOOL",
+    "F8_E4M3",
+    "X9",
+    "",
+]
 
 
 def _header(raw: bytes) -> tuple[int, dict]:
@@ -124,8 +174,19 @@ def _header(raw: bytes) -> tuple[int, dict]:
 
 
 def _shape_edit(rng: random.Random, shape: list):
-    options = [list(reversed(shape)), shape[:-1], shape + [1], [0], [rng.choice(HUGE)], [-1], ["a"], None,
-               [s + rng.choice([-1, 1]) for s in shape], [math.prod(shape)], shape + [rng.choice(HUGE)]]  # fmt: skip
+    options = [
+        list(reversed(shape)),
+        shape[:-1],
+        shape + [1],
+        [0],
+        [rng.choice(HUGE)],
+        [-1],
+        ["a"],
+        None,
+        [s + rng.choice([-1, 1]) for s in shape],
+        [math.prod(shape)],
+        shape + [rng.choice(HUGE)],
+    ]
     return rng.choice(options)
 
 
@@ -140,8 +201,9 @@ def _header_edit(rng: random.Random, head: dict) -> dict:
     elif op == "offsets":
         b, e = entry["data_offsets"]
         huge = rng.choice(HUGE)
-        entry["data_offsets"] = rng.choice([[e, b], [b + 1, e + 1], [b, e - 1], [b, huge], [huge, huge + 8],
-                                            [0, e - b], [-8, e], [b]])  # fmt: skip
+        entry["data_offsets"] = rng.choice(
+            [[e, b], [b + 1, e + 1], [b, e - 1], [b, huge], [huge, huge + 8], [0, e - b], [-8, e], [b]]
+        )
     elif op == "drop":
         del head[name]
     elif op == "rename":
@@ -210,8 +272,11 @@ def gguf_fields(raw: bytes) -> tuple[list[tuple[int, int]], int]:
     for _ in range(n_tensors):
         string()
         n_dims = struct.unpack_from("<I", raw, at)[0]
-        out.extend([(at, 4)] + [(at + 4 + 8 * i, 8) for i in range(n_dims)] + [(at + 4 + 8 * n_dims, 4),
-                                                                                (at + 12 + 8 * n_dims, 8)])  # fmt: skip
+        out.extend(
+            [(at, 4)]
+            + [(at + 4 + 8 * i, 8) for i in range(n_dims)]
+            + [(at + 4 + 8 * n_dims, 4), (at + 12 + 8 * n_dims, 8)]
+        )
         at += 16 + 8 * n_dims
     return out, at
 

@@ -44,8 +44,9 @@ def st_ranges(raw: bytes) -> tuple[int, dict[str, tuple[int, int]]]:
     """The header's end and each tensor's [begin, end) in a safetensors file's bytes."""
     n = struct.unpack("<Q", raw[:8])[0]
     head = json.loads(raw[8 : 8 + n])
-    return 8 + n, {k: (8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1]) for k, v in head.items()
-                   if k != "__metadata__"}  # fmt: skip
+    return 8 + n, {
+        k: (8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1]) for k, v in head.items() if k != "__metadata__"
+    }
 
 
 def data_damage(recipe: dict, raw: bytes, data_file: str) -> dict[str, int]:
@@ -63,8 +64,9 @@ def data_damage(recipe: dict, raw: bytes, data_file: str) -> dict[str, int]:
 def components(ckpt) -> dict[tuple[str, str], torch.Tensor]:
     out = {}
     for name, q in ckpt.layers.items():
-        out.update({(name, "codes"): q.codes, (name, "scales"): q.scales, (name, "zeros"): q.zeros,
-                    (name, "g_idx"): q.g_idx})  # fmt: skip
+        out.update(
+            {(name, "codes"): q.codes, (name, "scales"): q.scales, (name, "zeros"): q.zeros, (name, "g_idx"): q.g_idx}
+        )
         if q.perm is not None:
             out[(name, "perm")] = q.perm
         out.update({(name, f"scales.{r}"): s for r, s in (q.width_scales or {}).items()})
@@ -76,9 +78,11 @@ def signature(ckpt, recorded: bool) -> dict:
     """Structural properties; `recorded`: with the bits and group size the checkpoint records (those of a foreign
     format are read from its config; a matgptq checkpoint's live in matgptq.json, outside its checksums)."""
     quant = ckpt.meta.get("quantization") or {}
-    return {"components": {k: (tuple(t.shape), t.dtype) for k, t in components(ckpt).items()},
-            "widths": {n: (q.bits, q.shift) for n, q in ckpt.layers.items()},
-            "recorded": (quant.get("bits"), quant.get("group_size")) if recorded else None}  # fmt: skip
+    return {
+        "components": {k: (tuple(t.shape), t.dtype) for k, t in components(ckpt).items()},
+        "widths": {n: (q.bits, q.shift) for n, q in ckpt.layers.items()},
+        "recorded": (quant.get("bits"), quant.get("group_size")) if recorded else None,
+    }
 
 
 def _first_difference(a: dict, b: dict) -> str:
@@ -92,9 +96,16 @@ def _first_difference(a: dict, b: dict) -> str:
 
 
 # stored tensor suffix -> the decoded component it feeds, and whether it is int32-packed
-FEEDS = {"qweight": ("codes", True), "qzeros": ("zeros", True), "scales": ("scales", False), "g_idx": ("g_idx", False),
-         "weight_packed": ("codes", True), "weight_zero_point": ("zeros", True), "weight_scale": ("scales", False),
-         "weight_g_idx": ("g_idx", False)}  # fmt: skip
+FEEDS = {
+    "qweight": ("codes", True),
+    "qzeros": ("zeros", True),
+    "scales": ("scales", False),
+    "g_idx": ("g_idx", False),
+    "weight_packed": ("codes", True),
+    "weight_zero_point": ("zeros", True),
+    "weight_scale": ("scales", False),
+    "weight_g_idx": ("g_idx", False),
+}
 
 
 def _allowed(base, damage: dict[str, int]) -> dict[tuple[str, str], int]:
@@ -157,15 +168,21 @@ def _bytes_confined(got: np.ndarray, want: np.ndarray, start: int, pos: set[int]
 def gguf_judge(res, base, recipe, raw) -> str | None:
     shape = lambda f: [(t.name, t.type, t.shape) for t in f.tensors.values()]  # noqa: E731
     if shape(res) != shape(base):
-        return "tensors changed: " + str(next((a, b) for a, b in zip(shape(res) + [None], shape(base) + [None])
-                                              if a != b))  # fmt: skip
+        return "tensors changed: " + str(
+            next((a, b) for a, b in zip(shape(res) + [None], shape(base) + [None]) if a != b)
+        )
     pos = damaged_bytes(recipe["ops"]) or set()
     for name, t in res.tensors.items():
         if not _bytes_confined(t.data, base.tensors[name].data, t.offset, pos):
             return f"tensor {name} differs outside the damaged bytes"
     keys = set(res.fields) | set(base.fields)
-    changed = [k for k in keys if k not in res.fields or k not in base.fields or not np.array_equal(
-        np.asarray(res.fields[k], dtype=object), np.asarray(base.fields[k], dtype=object))]  # fmt: skip
+    changed = [
+        k
+        for k in keys
+        if k not in res.fields
+        or k not in base.fields
+        or not np.array_equal(np.asarray(res.fields[k], dtype=object), np.asarray(base.fields[k], dtype=object))
+    ]
     if len(changed) > 2 * len(pos):
         return f"{len(changed)} metadata fields changed (e.g. {sorted(changed)[:2]})"
     return None
@@ -203,8 +220,15 @@ def _rebuild(report: dict):
     from matgptq.quantization.layer import LayerReport
 
     r = report
-    return LayerReport(r["name"], tuple(r["shape"]), {int(k): v for k, v in r["rel_error"].items()}, r["damp"],
-                       r["seconds"], r.get("tokens"), r.get("starved"))  # fmt: skip
+    return LayerReport(
+        r["name"],
+        tuple(r["shape"]),
+        {int(k): v for k, v in r["rel_error"].items()},
+        r["damp"],
+        r["seconds"],
+        r.get("tokens"),
+        r.get("starved"),
+    )
 
 
 def resume_judge(res, base, recipe, raw) -> str | None:
@@ -214,8 +238,10 @@ def resume_judge(res, base, recipe, raw) -> str | None:
     except Exception as e:  # noqa: BLE001 — what the pipeline would meet after load() returned
         return f"a restored report cannot be rebuilt ({type(e).__name__}: {str(e)[:80]})"
     if res.done != base.done or len(res.reports) != len(base.reports) or len(res.hidden) != len(base.hidden):
-        return (f"restored {res.done} blocks and {len(res.reports)} reports; the state holds {base.done}, "
-                f"{len(base.reports)}")  # fmt: skip
+        return (
+            f"restored {res.done} blocks and {len(res.reports)} reports; the state holds {base.done}, "
+            f"{len(base.reports)}"
+        )
     if recipe["file"].endswith(".safetensors") and res.reports != base.reports:
         return "the reports changed, though only the hidden states were damaged"
     damage = data_damage(recipe, raw, recipe["file"]) if recipe["file"].endswith(".safetensors") else {}

@@ -12,8 +12,15 @@ from typing import Any, Callable
 import torch
 
 from tests.fuzz_damage import gguf_damage, json_damage, safetensors_damage
-from tests.fuzz_oracles import (checkpoint_judge, config_judge, gguf_judge, mix_judge, resume_judge,
-                                safetensors_judge, same_model_judge)  # fmt: skip
+from tests.fuzz_oracles import (
+    checkpoint_judge,
+    config_judge,
+    gguf_judge,
+    mix_judge,
+    resume_judge,
+    safetensors_judge,
+    same_model_judge,
+)
 
 
 @dataclass
@@ -35,8 +42,9 @@ def _build(root: Path) -> dict[str, Path]:
 
     hf = make_tiny_llama(root / "hf", hidden=32, intermediate=64, layers=1, heads=2, kv_heads=1)
     # with act-order permutations and per-width scales (every tensor kind a parent stores)
-    parent = quick_quantize(hf, root / "parent", method="matgptq", bits="3,4,8", group_size=16, act_order=True,
-                            static_groups=False)  # fmt: skip
+    parent = quick_quantize(
+        hf, root / "parent", method="matgptq", bits="3,4,8", group_size=16, act_order=True, static_groups=False
+    )
     matgptq.slice(parent, 3, root / "slice")
     plain = quick_quantize(hf, root / "plain", method="matgptq", bits="3,4,8", group_size=32)  # what exports take
     export_gptq(plain, root / "gptq_v1", "gptq_v1", bits=4)
@@ -70,11 +78,15 @@ def _resume_source(root: Path) -> list[torch.Tensor]:
 
     state = BlockState(root / "resume" / "out", RESUME_SETTINGS, resume=True)
     state.dir.mkdir(parents=True)
-    save_file({"model.layers.0.mlp.up_proj.codes": torch.zeros(4, 4, dtype=torch.uint8)},
-              str(state.dir / "block-0.safetensors"))  # fmt: skip
+    save_file(
+        {"model.layers.0.mlp.up_proj.codes": torch.zeros(4, 4, dtype=torch.uint8)},
+        str(state.dir / "block-0.safetensors"),
+    )
     hidden = [torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(b)) for b in range(2)]
-    reports = [LayerReport(f"model.layers.0.{p}", (32, 32), {4: 0.01 * i}, 0.01, 0.5) for i, p in
-               enumerate(["self_attn.q_proj", "mlp.down_proj"])]  # fmt: skip
+    reports = [
+        LayerReport(f"model.layers.0.{p}", (32, 32), {4: 0.01 * i}, 0.01, 0.5)
+        for i, p in enumerate(["self_attn.q_proj", "mlp.down_proj"])
+    ]
     state.save(1, reports, hidden)
     return hidden
 
@@ -126,20 +138,37 @@ def targets(root: Path) -> dict[str, Target]:
         "slice": Target("slice", src["slice"], ckpt_files, read_checkpoint, same_model_judge),
         "gptq_v1": Target("gptq_v1", root / "gptq_v1", gptq_files, _foreign, checkpoint_judge),
         "gptq_v2": Target("gptq_v2", root / "gptq_v2", gptq_files, _foreign, checkpoint_judge),
-        "compressed_tensors": Target("compressed_tensors", root / "ct", {"model.safetensors": (4, st),
-                                     "config.json": (2, js)}, _foreign, checkpoint_judge),  # fmt: skip
-        "gguf": Target("gguf", root / "gguf", {"m.gguf": (1, gguf_damage)}, lambda d: read_gguf(d / "m.gguf"),
-                       gguf_judge),  # fmt: skip
+        "compressed_tensors": Target(
+            "compressed_tensors",
+            root / "ct",
+            {"model.safetensors": (4, st), "config.json": (2, js)},
+            _foreign,
+            checkpoint_judge,
+        ),
+        "gguf": Target(
+            "gguf", root / "gguf", {"m.gguf": (1, gguf_damage)}, lambda d: read_gguf(d / "m.gguf"), gguf_judge
+        ),
         "mix": Target("mix", root / "mix", {"mix.json": (1, js)}, lambda d: read_mix(d / "mix.json", names), mix_judge),
-        "config": Target("config", src["parent"], {"config.json": (1, js)},
-                         _config_reader(read_checkpoint(src["parent"])), config_judge),  # fmt: skip
-        "safetensors": Target("safetensors", root / "st", {"model.safetensors": (1, st)},
-                              lambda d: (read_header(d / "model.safetensors"), read_tensors(d / "model.safetensors")),
-                              safetensors_judge),  # fmt: skip
-        "resume": Target("resume", root / "resume", {f"{resume_dir}/state.json": (1, js),
-                                                     f"{resume_dir}/hidden-1.safetensors": (1, st)},
-                         lambda d: BlockState(d / "out", RESUME_SETTINGS, resume=True).load(2, 2, like=like),
-                         resume_judge),  # fmt: skip
+        "config": Target(
+            "config",
+            src["parent"],
+            {"config.json": (1, js)},
+            _config_reader(read_checkpoint(src["parent"])),
+            config_judge,
+        ),
+        "safetensors": Target(
+            "safetensors",
+            root / "st",
+            {"model.safetensors": (1, st)},
+            lambda d: (read_header(d / "model.safetensors"), read_tensors(d / "model.safetensors")),
+            safetensors_judge,
+        ),
+        "resume": Target(
+            "resume",
+            root / "resume",
+            {f"{resume_dir}/state.json": (1, js), f"{resume_dir}/hidden-1.safetensors": (1, st)},
+            lambda d: BlockState(d / "out", RESUME_SETTINGS, resume=True).load(2, 2, like=like),
+            resume_judge,
+        ),
     }
     return out
-

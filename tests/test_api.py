@@ -96,8 +96,11 @@ def bfloat16_valued(src, dst):
 
     shutil.copytree(src, dst)
     tensors = load_file(str(src / "model.safetensors"))
-    save_file({k: t.to(torch.bfloat16).float() for k, t in tensors.items()}, str(dst / "model.safetensors"),
-              metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        {k: t.to(torch.bfloat16).float() for k, t in tensors.items()},
+        str(dst / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     return dst
 
 
@@ -118,7 +121,9 @@ def test_auto_gptq_calibrates_a_float32_model_in_bfloat16_where_the_cpu_has_it(t
     monkeypatch.setattr(devices, "native_half", lambda dtype, dev: native)
     auto = quick_quantize(src, tmp_path / "auto")
     same = quick_quantize(src, tmp_path / "same", dtype="bfloat16" if native else "float32")
-    assert json.loads((auto / "matgptq.json").read_text())["calibration"]["dtype"] == ("bfloat16" if native else "float32")
+    assert json.loads((auto / "matgptq.json").read_text())["calibration"]["dtype"] == (
+        "bfloat16" if native else "float32"
+    )
     assert json.loads((auto / "config.json").read_text())["dtype"] == "float32"
     got, want, source = (load_file(str(d / "model.safetensors")) for d in (auto, same, src))
     assert set(got) == set(want)
@@ -148,8 +153,13 @@ def test_bfloat16_passes_keep_the_float32_weights_they_do_not_quantize(tmp_path,
     assert "model.layers.1.mlp.down_proj.weight" in kept and "model.norm.weight" in kept
     for k in kept:
         assert got[k].dtype == torch.float32 and torch.equal(got[k], source[k]), k
-    assert source["model.layers.1.mlp.down_proj.weight"].to(torch.bfloat16).float().ne(
-        source["model.layers.1.mlp.down_proj.weight"]).any()  # the check can fail: the source is not bfloat16-valued
+    assert (
+        source["model.layers.1.mlp.down_proj.weight"]
+        .to(torch.bfloat16)
+        .float()
+        .ne(source["model.layers.1.mlp.down_proj.weight"])
+        .any()
+    )  # the check can fail: the source is not bfloat16-valued
 
 
 def test_unknown_dtype_is_a_clear_error(tmp_path):
@@ -168,8 +178,9 @@ def same_tensors(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def parent(tiny_llama_dir, tmp_path_factory):
-    return quick_quantize(tiny_llama_dir, tmp_path_factory.mktemp("api") / "parent", method="matgptq", bits="3,4,8",
-                          group_size=32)  # fmt: skip
+    return quick_quantize(
+        tiny_llama_dir, tmp_path_factory.mktemp("api") / "parent", method="matgptq", bits="3,4,8", group_size=32
+    )
 
 
 def test_slice_evaluate_export_and_search_are_the_commands(parent, tmp_path):
@@ -192,8 +203,29 @@ def test_slice_evaluate_export_and_search_are_the_commands(parent, tmp_path):
 
     kw = dict(text=str(TINYSTORIES), text_range=(0.0, 0.05), seqlen=64, max_tokens=2048)
     report = matgptq.evaluate(parent, bits=[3, {"*": 4}], kl_to=parent, progress=False, **kw)
-    assert main(["eval", str(parent), "--bits", "3", "--text", str(TINYSTORIES), "--text-range", "0:0.05", "--seqlen",
-                 "64", "--max-tokens", "2048", "--kl-to", str(parent), "--json", str(tmp_path / "e.json")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "eval",
+                str(parent),
+                "--bits",
+                "3",
+                "--text",
+                str(TINYSTORIES),
+                "--text-range",
+                "0:0.05",
+                "--seqlen",
+                "64",
+                "--max-tokens",
+                "2048",
+                "--kl-to",
+                str(parent),
+                "--json",
+                str(tmp_path / "e.json"),
+            ]
+        )
+        == 0
+    )
     from_cli = json.loads((tmp_path / "e.json").read_text())
     assert from_cli["results"][0] == report["results"][0] and report["results"][1]["bits"] == "4"
     assert 0 < report["results"][1]["kl"] < report["results"][0]["kl"]  # 4 bits are nearer the 8-bit reference than 3
@@ -208,8 +240,35 @@ def test_slice_evaluate_export_and_search_are_the_commands(parent, tmp_path):
     quick = dict(calib_range=(0.6, 0.7), levels=(2, 4, 8), seqlen=64, sensitivity_tokens=126, progress=False)
     evo = EvoConfig(generations=2, offspring=4, stages=parse_stages("126:2,504:1"))
     rows = matgptq.search(parent, "3.0", TINYSTORIES, tmp_path / "m1", evo=evo, **quick)
-    assert main(["search", str(parent), "--budget", "3.0", "--calib", str(TINYSTORIES), "--calib-range", "0.6:0.7",
-                 "--levels", "2,4,8", "--generations", "2", "--offspring", "4", "--stages", "126:2,504:1",
-                 "--seqlen", "64", "--sensitivity-tokens", "126", "--quiet", "--out", str(tmp_path / "m2")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "search",
+                str(parent),
+                "--budget",
+                "3.0",
+                "--calib",
+                str(TINYSTORIES),
+                "--calib-range",
+                "0.6:0.7",
+                "--levels",
+                "2,4,8",
+                "--generations",
+                "2",
+                "--offspring",
+                "4",
+                "--stages",
+                "126:2,504:1",
+                "--seqlen",
+                "64",
+                "--sensitivity-tokens",
+                "126",
+                "--quiet",
+                "--out",
+                str(tmp_path / "m2"),
+            ]
+        )
+        == 0
+    )
     written = [json.loads((tmp_path / m / "mix-3.0.json").read_text()) for m in ("m1", "m2")]
     assert written[0]["bits"] == written[1]["bits"] and rows[0]["budget"] == "3.0"

@@ -44,8 +44,11 @@ def gaps(keywords: dict, dests: set[str]) -> list[str]:
         parts = [p for p in Part if configs_of(p) == classes]
         set_here = {f for kw in keywords.values() if kw.part in parts for f in kw.fields}
         out += [f"field {f} of {names} has no keyword" for f in choices_of(parts[0]) if f not in set_here]
-        out += [f"a keyword sets {f}, which {names} lack" for f in set_here
-                if f not in choices_of(parts[0]) and not any(hasattr(cls, f) for cls in classes)]  # fmt: skip
+        out += [
+            f"a keyword sets {f}, which {names} lack"
+            for f in set_here
+            if f not in choices_of(parts[0]) and not any(hasattr(cls, f) for cls in classes)
+        ]
     out += [f"keyword {k} has no flag" for k in keywords if k not in dests]
     out += [f"flag for {d} gives no keyword" for d in dests if d not in keywords and d not in positional_parameters()]
     return out
@@ -64,8 +67,9 @@ def test_a_field_added_to_a_config_is_a_keyword_and_fails_until_it_has_a_flag(mo
     """The check above, on a method config with one more field: the API takes it at once, the CLI lacks it (and on
     a flag more)."""
     assert gaps(KEYWORDS, parser_dests() | {"stray"}) == ["flag for stray gives no keyword"]
-    grown = dataclasses.make_dataclass("GrownConfig", [("new_option", int, dataclasses.field(default=1))],
-                                       bases=(GPTQConfig,), frozen=True)  # fmt: skip
+    grown = dataclasses.make_dataclass(
+        "GrownConfig", [("new_option", int, dataclasses.field(default=1))], bases=(GPTQConfig,), frozen=True
+    )
     monkeypatch.setitem(opts.CONFIGS, next(iter(opts.CONFIGS)), grown)
     keywords = opts.derive_keywords()
     assert keywords["new_option"] == opts.Keyword(Part.METHOD, ("new_option",))
@@ -95,30 +99,105 @@ def handed(monkeypatch):
     return calls
 
 
-RUN_FLAGS = ["--calib-range", "0.5:1", "--nsamples", "7", "--seqlen", "33", "--seed", "3", "--dtype", "float32",
-             "--device", "cpu", "--no-stream", "--shard-size", "0.5", "--quiet", "--overwrite"]  # fmt: skip
-RUN_KEYWORDS = dict(calib_range=(0.5, 1), nsamples=7, seqlen=33, seed=3, dtype="float32", device="cpu", stream=False,
-                    shard_bytes=2**19, progress=False, overwrite=True)  # fmt: skip
+RUN_FLAGS = [
+    "--calib-range",
+    "0.5:1",
+    "--nsamples",
+    "7",
+    "--seqlen",
+    "33",
+    "--seed",
+    "3",
+    "--dtype",
+    "float32",
+    "--device",
+    "cpu",
+    "--no-stream",
+    "--shard-size",
+    "0.5",
+    "--quiet",
+    "--overwrite",
+]
+RUN_KEYWORDS = dict(
+    calib_range=(0.5, 1),
+    nsamples=7,
+    seqlen=33,
+    seed=3,
+    dtype="float32",
+    device="cpu",
+    stream=False,
+    shard_bytes=2**19,
+    progress=False,
+    overwrite=True,
+)
 CASES = [  # the flags, the same as keywords, the same as a config (the oracle: the configs' own constructors)
     ([], {}, GPTQConfig()),
-    (["--method", "rtn", "--bits", "3", "--group-size", "64", "--asym", "--mse"],
-     dict(method="rtn", bits=3, group_size=64, sym=False, mse=True),
-     RTNConfig(bits=3, group_size=64, sym=False, mse=True)),
-    (["--method", "matgptq", "--bits", "3,4,8", "--bit-weights", "1,2,4", "--variant", "paper", "--no-mse"],
-     dict(method="matgptq", bits=(3, 4, 8), bit_weights=(1, 2, 4), variant="paper", mse=False),
-     MatGPTQConfig(bits=8, target_bits=(3, 4, 8), bit_weights=(1.0, 2.0, 4.0), variant=Variant.PAPER, mse=False)),
-    (["--method", "matgptq", "--bits", "2,3,4", "--master-bits", "4", "--kquant", "q3_k", "--group-size", "16"],
-     dict(method="matgptq", bits="2,3,4", master_bits=4, kquant="q3_k", group_size=16),
-     MatGPTQConfig(bits=4, target_bits=(2, 3, 4), kquant="q3_k", group_size=16)),
-    (["--bits", "3", "--group-act-order", "--damp", "0.05", "--block-size", "32", "--no-true-sequential", "--skip",
-      "mlp", "--skip", "o_proj", "--target", "gguf", "--no-refit-scales", "--no-mse-weighted", "--signed-scale"],
-     dict(bits=3, group_act_order=True, damp=0.05, block_size=32, true_sequential=False, skip=["mlp", "o_proj"],
-          target="gguf", refit_scales=False, mse_weighted=False, signed_scale=True),
-     GPTQConfig(bits=3, group_act_order=True, damp=0.05, block_size=32, true_sequential=False, skip=("mlp", "o_proj"),
-                target="gguf", refit_scales=False, mse_weighted=False, signed_scale=True)),
-    (["--act-order", "--no-static-groups", "--resume"], dict(act_order=True, static_groups=False, resume=True),
-     GPTQConfig(act_order=True, static_groups=False)),
-]  # fmt: skip
+    (
+        ["--method", "rtn", "--bits", "3", "--group-size", "64", "--asym", "--mse"],
+        dict(method="rtn", bits=3, group_size=64, sym=False, mse=True),
+        RTNConfig(bits=3, group_size=64, sym=False, mse=True),
+    ),
+    (
+        ["--method", "matgptq", "--bits", "3,4,8", "--bit-weights", "1,2,4", "--variant", "paper", "--no-mse"],
+        dict(method="matgptq", bits=(3, 4, 8), bit_weights=(1, 2, 4), variant="paper", mse=False),
+        MatGPTQConfig(bits=8, target_bits=(3, 4, 8), bit_weights=(1.0, 2.0, 4.0), variant=Variant.PAPER, mse=False),
+    ),
+    (
+        ["--method", "matgptq", "--bits", "2,3,4", "--master-bits", "4", "--kquant", "q3_k", "--group-size", "16"],
+        dict(method="matgptq", bits="2,3,4", master_bits=4, kquant="q3_k", group_size=16),
+        MatGPTQConfig(bits=4, target_bits=(2, 3, 4), kquant="q3_k", group_size=16),
+    ),
+    (
+        [
+            "--bits",
+            "3",
+            "--group-act-order",
+            "--damp",
+            "0.05",
+            "--block-size",
+            "32",
+            "--no-true-sequential",
+            "--skip",
+            "mlp",
+            "--skip",
+            "o_proj",
+            "--target",
+            "gguf",
+            "--no-refit-scales",
+            "--no-mse-weighted",
+            "--signed-scale",
+        ],
+        dict(
+            bits=3,
+            group_act_order=True,
+            damp=0.05,
+            block_size=32,
+            true_sequential=False,
+            skip=["mlp", "o_proj"],
+            target="gguf",
+            refit_scales=False,
+            mse_weighted=False,
+            signed_scale=True,
+        ),
+        GPTQConfig(
+            bits=3,
+            group_act_order=True,
+            damp=0.05,
+            block_size=32,
+            true_sequential=False,
+            skip=("mlp", "o_proj"),
+            target="gguf",
+            refit_scales=False,
+            mse_weighted=False,
+            signed_scale=True,
+        ),
+    ),
+    (
+        ["--act-order", "--no-static-groups", "--resume"],
+        dict(act_order=True, static_groups=False, resume=True),
+        GPTQConfig(act_order=True, static_groups=False),
+    ),
+]
 
 
 @pytest.mark.parametrize("flags,keywords,config", CASES)
@@ -129,8 +208,21 @@ def test_the_command_the_keywords_and_a_config_build_the_same_run(tmp_path, hand
     out = tmp_path / "out"
     extra = dict(RUN_KEYWORDS) if run else {}
     rest = {k: v for k, v in keywords.items() if KEYWORDS[k].part is not Part.METHOD}
-    assert matgptq.cli.main(["quantize", str(STORIES), "--out", str(out), "--calib", str(TINYSTORIES), *flags,
-                             *(RUN_FLAGS if run else [])]) == 0  # fmt: skip
+    assert (
+        matgptq.cli.main(
+            [
+                "quantize",
+                str(STORIES),
+                "--out",
+                str(out),
+                "--calib",
+                str(TINYSTORIES),
+                *flags,
+                *(RUN_FLAGS if run else []),
+            ]
+        )
+        == 0
+    )
     matgptq.quantize(STORIES, out, calib=str(TINYSTORIES), **keywords, **extra)
     matgptq.quantize(STORIES, out, config, calib=str(TINYSTORIES), **rest, **extra)
     cli, api, obj = handed
@@ -150,28 +242,52 @@ def test_a_mix_is_the_same_from_the_flag_the_keyword_and_a_config(tmp_path, hand
     mix = tmp_path / "mix.json"
     mix.write_text(json.dumps({"*": 4, "model.layers.0.mlp.up_proj": 3}))
     out = tmp_path / "out"
-    assert matgptq.cli.main(["quantize", str(STORIES), "--out", str(out), "--calib", str(TINYSTORIES), "--group-size",
-                             "32", "--bits-config", str(mix)]) == 0  # fmt: skip
+    assert (
+        matgptq.cli.main(
+            [
+                "quantize",
+                str(STORIES),
+                "--out",
+                str(out),
+                "--calib",
+                str(TINYSTORIES),
+                "--group-size",
+                "32",
+                "--bits-config",
+                str(mix),
+            ]
+        )
+        == 0
+    )
     matgptq.quantize(STORIES, out, calib=str(TINYSTORIES), group_size=32, bits_config=str(mix))
     matgptq.quantize(STORIES, out, GPTQConfig(group_size=32), calib=str(TINYSTORIES), bits_config=str(mix))
     assert handed[0] == handed[1] == handed[2]
     assert handed[0][0] == GPTQConfig(group_size=32) and handed[0][3] == str(mix)
-    recorded = GPTQConfig(bits=4, group_size=32, layer_bits=(("model.layers.0.mlp.up_proj", 3),
-                                                             ("model.layers.1.mlp.up_proj", 4)))  # fmt: skip
+    recorded = GPTQConfig(
+        bits=4, group_size=32, layer_bits=(("model.layers.0.mlp.up_proj", 3), ("model.layers.1.mlp.up_proj", 4))
+    )
     matgptq.quantize(STORIES, out, recorded, calib=TINYSTORIES)
     assert handed[3][0] == recorded
     assert handed[3][3] == {"*": 4, "model.layers.0.mlp.up_proj": 3, "model.layers.1.mlp.up_proj": 4}
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda q: q(GPTQConfig(bits=4), method="gptq"), "either as config= or as keywords, not both: got "
-                                                     "config=GPTQConfig(...) and method"),
-    (lambda q: q(GPTQConfig(bits=4), group_size=64, nsamples=8), "not both: got config=GPTQConfig(...) and group_size"),
-    (lambda q: q(method="gptq", dampening=0.1), "unknown option(s) dampening (did you mean damp?)"),
-    (lambda q: q({"method": "gptq"}), "config must be a method config (matgptq.GPTQConfig"),
-    (lambda q: q(matgptq.MatGPTQQuantizationConfig(bits=3)), "got MatGPTQQuantizationConfig"),
-    (lambda q: q(GPTQConfig(bits=4, layer_bits=(("a", 4),)), bits_config="mix.json"), "per-layer widths twice"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            lambda q: q(GPTQConfig(bits=4), method="gptq"),
+            "either as config= or as keywords, not both: got config=GPTQConfig(...) and method",
+        ),
+        (
+            lambda q: q(GPTQConfig(bits=4), group_size=64, nsamples=8),
+            "not both: got config=GPTQConfig(...) and group_size",
+        ),
+        (lambda q: q(method="gptq", dampening=0.1), "unknown option(s) dampening (did you mean damp?)"),
+        (lambda q: q({"method": "gptq"}), "config must be a method config (matgptq.GPTQConfig"),
+        (lambda q: q(matgptq.MatGPTQQuantizationConfig(bits=3)), "got MatGPTQQuantizationConfig"),
+        (lambda q: q(GPTQConfig(bits=4, layer_bits=(("a", 4),)), bits_config="mix.json"), "per-layer widths twice"),
+    ],
+)
 def test_a_config_with_method_keywords_or_an_unknown_keyword_is_a_type_error(tmp_path, handed, call, message):
     with pytest.raises(TypeError, match=re.escape(message)):
         call(lambda *a, **kw: matgptq.quantize(STORIES, tmp_path / "out", *a, calib=TINYSTORIES, **kw))

@@ -83,7 +83,7 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
         state[node] = "open"
         for d in sorted(g.get(node, ())):
             if state.get(d) == "open":
-                found.append(path[path.index(d):] + [d])
+                found.append(path[path.index(d) :] + [d])
             elif d not in state:
                 walk(d, path + [d])
         state[node] = "done"

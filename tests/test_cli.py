@@ -22,8 +22,20 @@ def test_help_everywhere(cmd, capsys):
 
 
 def quantize_args(tmp_path, model=STORIES, calib=TINYSTORIES, *extra):
-    return ["quantize", str(model), "--out", str(tmp_path / "out"), "--calib", str(calib), "--nsamples", "2",
-            "--seqlen", "32", "--quiet", *extra]  # fmt: skip
+    return [
+        "quantize",
+        str(model),
+        "--out",
+        str(tmp_path / "out"),
+        "--calib",
+        str(calib),
+        "--nsamples",
+        "2",
+        "--seqlen",
+        "32",
+        "--quiet",
+        *extra,
+    ]
 
 
 def run_error(args, capsys):
@@ -52,14 +64,17 @@ def test_bad_options(tmp_path, capsys, extra, message):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("extra,mix,message", [
-    (["--bits", "4"], {"*": 4}, "either --bits or --bits-config"),
-    (["--method", "matgptq"], {"*": 4}, "already holds every width"),
-    ([], {"*": 4, "model.layers.9.mlp.up_proj": 3}, "unknown layers"),
-    ([], {"model.layers.0.mlp.up_proj": 3}, "misses 34 layers"),
-    ([], {"*": 9}, "widths are 2..8"),
-    ([], {"*": "4"}, "must be integers"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "extra,mix,message",
+    [
+        (["--bits", "4"], {"*": 4}, "either --bits or --bits-config"),
+        (["--method", "matgptq"], {"*": 4}, "already holds every width"),
+        ([], {"*": 4, "model.layers.9.mlp.up_proj": 3}, "unknown layers"),
+        ([], {"model.layers.0.mlp.up_proj": 3}, "misses 34 layers"),
+        ([], {"*": 9}, "widths are 2..8"),
+        ([], {"*": "4"}, "must be integers"),
+    ],
+)
 def test_bad_width_mixes(tmp_path, capsys, extra, mix, message):
     (tmp_path / "mix.json").write_text(json.dumps(mix))
     args = quantize_args(tmp_path, STORIES, TINYSTORIES, "--bits-config", str(tmp_path / "mix.json"), *extra)
@@ -74,8 +89,23 @@ def test_a_mix_that_splits_a_fused_group_says_vllm_cannot_load_it(tmp_path, caps
     tied = {"*": 4, **{f"model.layers.1.self_attn.{p}_proj": 3 for p in "qkv"}}
     for name, mix in (("split", split), ("tied", tied)):
         (tmp_path / f"{name}.json").write_text(json.dumps(mix))
-        args = ["quantize", str(STORIES), "--out", str(tmp_path / name), "--calib", str(TINYSTORIES), "--nsamples",
-                "2", "--seqlen", "32", "--quiet", "--method", "rtn", "--bits-config", str(tmp_path / f"{name}.json")]
+        args = [
+            "quantize",
+            str(STORIES),
+            "--out",
+            str(tmp_path / name),
+            "--calib",
+            str(TINYSTORIES),
+            "--nsamples",
+            "2",
+            "--seqlen",
+            "32",
+            "--quiet",
+            "--method",
+            "rtn",
+            "--bits-config",
+            str(tmp_path / f"{name}.json"),
+        ]
         assert main(args) == 0
         out = capsys.readouterr().out
         if name == "split":
@@ -107,8 +137,10 @@ def test_calibration_text_shorter_than_all_windows_refused(tmp_path, capsys):
     assert 32 < n < 2 * 32, n  # one window fits, two do not
     (tmp_path / "short.txt").write_text(text, encoding="utf-8")
     err = run_error(quantize_args(tmp_path, STORIES, tmp_path / "short.txt"), capsys)
-    assert err == (f"matgptq: error: the calibration text has {n} tokens, fewer than the 64 that --nsamples 2 × "
-                   "--seqlen 32 ask for; give more text (or a wider --calib-range) or lower --nsamples/--seqlen\n")
+    assert err == (
+        f"matgptq: error: the calibration text has {n} tokens, fewer than the 64 that --nsamples 2 × "
+        "--seqlen 32 ask for; give more text (or a wider --calib-range) or lower --nsamples/--seqlen\n"
+    )
     assert not (tmp_path / "out").exists() and not (tmp_path / ".out.resume").exists()
 
 
@@ -138,13 +170,47 @@ def test_console_script_prints_no_traceback(tmp_path):
 
 def test_quantize_then_eval_end_to_end(tmp_path, capsys):
     out = tmp_path / "q"
-    args = ["quantize", str(STORIES), "--out", str(out), "--method", "gptq", "--bits", "4", "--calib", str(TINYSTORIES),
-            "--calib-range", "0.6:1", "--nsamples", "16", "--seqlen", "128", "--quiet"]  # fmt: skip
+    args = [
+        "quantize",
+        str(STORIES),
+        "--out",
+        str(out),
+        "--method",
+        "gptq",
+        "--bits",
+        "4",
+        "--calib",
+        str(TINYSTORIES),
+        "--calib-range",
+        "0.6:1",
+        "--nsamples",
+        "16",
+        "--seqlen",
+        "128",
+        "--quiet",
+    ]
     assert main(args) == 0
     assert "wrote" in capsys.readouterr().out
     js = tmp_path / "eval.json"
-    assert main(["eval", str(out), "--text", str(TINYSTORIES), "--text-range", "0:0.6", "--max-tokens", "4096",
-                 "--kl-to", str(STORIES), "--json", str(js)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "eval",
+                str(out),
+                "--text",
+                str(TINYSTORIES),
+                "--text-range",
+                "0:0.6",
+                "--max-tokens",
+                "4096",
+                "--kl-to",
+                str(STORIES),
+                "--json",
+                str(js),
+            ]
+        )
+        == 0
+    )
     import json
 
     row = json.loads(js.read_text())["results"][0]
@@ -152,12 +218,19 @@ def test_quantize_then_eval_end_to_end(tmp_path, capsys):
 
 
 def test_signed_scale_and_skip_validation(tmp_path, capsys):
-    assert "symmetric grid" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--asym", "--signed-scale"), capsys)
-    assert "not a valid regular expression" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--skip", "("), capsys)
-    assert "nothing would be quantized" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--skip", "."), capsys)
+    assert "symmetric grid" in run_error(
+        quantize_args(tmp_path, STORIES, TINYSTORIES, "--asym", "--signed-scale"), capsys
+    )
+    assert "not a valid regular expression" in run_error(
+        quantize_args(tmp_path, STORIES, TINYSTORIES, "--skip", "("), capsys
+    )
+    assert "nothing would be quantized" in run_error(
+        quantize_args(tmp_path, STORIES, TINYSTORIES, "--skip", "."), capsys
+    )
     assert not (tmp_path / ".out.resume").exists()
-    assert "drop --no-mse" in run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--no-mse", "--mse-weighted"),
-                                        capsys)  # fmt: skip
+    assert "drop --no-mse" in run_error(
+        quantize_args(tmp_path, STORIES, TINYSTORIES, "--no-mse", "--mse-weighted"), capsys
+    )
     for flags in (["--mse", "--mse-weighted"], ["--refit-scales"]):
         err = run_error(quantize_args(tmp_path, STORIES, TINYSTORIES, "--method", "rtn", *flags), capsys)
         assert "RTN does not collect" in err
@@ -181,8 +254,10 @@ def test_ctrl_c_after_a_block_says_how_to_resume(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     resume = tmp_path / ".out.resume"
     assert "quantize" in err.split("\n")[-3]  # the bar, ended
-    assert err.split("\n")[-2:] == [f"matgptq: interrupted; the progress is kept in {resume}; run the same command "
-                                    "with --resume to continue", ""]  # fmt: skip
+    assert err.split("\n")[-2:] == [
+        f"matgptq: interrupted; the progress is kept in {resume}; run the same command with --resume to continue",
+        "",
+    ]
     assert (resume / "state.json").is_file() and not (tmp_path / "out").exists()
     monkeypatch.undo()
     assert main([*args, "--resume"]) == 0
@@ -271,13 +346,15 @@ def test_third_party_warnings_are_silenced_matgptq_ones_are_not(tmp_path, monkey
     (tmp_path / "fake_peer.py").write_text(
         "import warnings\nwarnings.warn('peer: deprecated at import', FutureWarning)\n\ndef use():\n"
         "    for c in (DeprecationWarning, FutureWarning, UserWarning):\n"
-        "        warnings.warn(f'peer: {c.__name__}', c)\n")  # fmt: skip
+        "        warnings.warn(f'peer: {c.__name__}', c)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "fake_peer", raising=False)
     monkeypatch.setattr(sys, "warnoptions", [])  # no -W / PYTHONWARNINGS from whoever runs the tests
     ours = types.ModuleType("matgptq._fake_warner")  # a module of the package: its warnings are the user's
-    exec("import warnings\ndef warn():\n    warnings.warn('matgptq: a warning of our own', UserWarning)\n",
-         ours.__dict__)  # fmt: skip
+    exec(
+        "import warnings\ndef warn():\n    warnings.warn('matgptq: a warning of our own', UserWarning)\n", ours.__dict__
+    )
     logged: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: logged.append(record.getMessage())
@@ -314,11 +391,22 @@ def test_a_command_prints_no_peer_notes(tmp_path):
 
     if importlib.util.find_spec("torchao") is None:
         pytest.skip("torchao is not installed: nothing to silence")
-    control = subprocess.run([sys.executable, "-c", "import transformers.modeling_utils"], capture_output=True,
-                             text=True)  # fmt: skip
+    control = subprocess.run(
+        [sys.executable, "-c", "import transformers.modeling_utils"], capture_output=True, text=True
+    )
     assert "torchao" in control.stderr or "register_constant" in control.stderr, control.stderr  # the noise exists
-    cmd = [sys.executable, "-m", "matgptq", "quantize", str(STORIES), "--method", "rtn", "--out", str(tmp_path / "q"),
-           "--quiet"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "matgptq",
+        "quantize",
+        str(STORIES),
+        "--method",
+        "rtn",
+        "--out",
+        str(tmp_path / "q"),
+        "--quiet",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == "", r.stderr
 
@@ -327,11 +415,19 @@ def test_our_warnings_are_one_line_of_our_own(tmp_path):
     """A matgptq warning reaches the user as `matgptq: warning: ...`, one line, not Python's file:line and source excerpt
     (stories260K's 172-wide MLP does not fill whole int32 words at 4 bits, so the GPTQ export warns that it pads)."""
     base = [sys.executable, "-m", "matgptq"]
-    q = subprocess.run([*base, "quantize", str(STORIES), "--method", "rtn", "--out", str(tmp_path / "q"), "--quiet"],
-                       capture_output=True, text=True)  # fmt: skip
+    q = subprocess.run(
+        [*base, "quantize", str(STORIES), "--method", "rtn", "--out", str(tmp_path / "q"), "--quiet"],
+        capture_output=True,
+        text=True,
+    )
     assert q.returncode == 0, q.stderr
-    r = subprocess.run([*base, "export", str(tmp_path / "q"), "--format", "gptq_v2", "--out", str(tmp_path / "g")],
-                       capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        [*base, "export", str(tmp_path / "q"), "--format", "gptq_v2", "--out", str(tmp_path / "g")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("matgptq: warning: 15 layer(s) have features that do not fill"), lines
+    assert len(lines) == 1 and lines[0].startswith("matgptq: warning: 15 layer(s) have features that do not fill"), (
+        lines
+    )

@@ -33,8 +33,13 @@ from matgptq.models import load_tokenizer
 from tests.conftest import TINYSTORIES, quick_quantize
 
 # 20 draws per reader and damage kind in CI (~1 min); MATGPTQ_FUZZ_EXAMPLES=500 for a longer hunt.
-SETTINGS = settings(max_examples=int(os.environ.get("MATGPTQ_FUZZ_EXAMPLES", 20)), deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+SETTINGS = settings(
+    max_examples=int(os.environ.get("MATGPTQ_FUZZ_EXAMPLES", 20)),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 HANG_SECONDS = 120  # a tiny model loads in < 1 s; anything near this is a hang
 
 
@@ -55,8 +60,15 @@ def no_hang(seconds: int = HANG_SECONDS):
 @pytest.fixture(scope="module")
 def sources(tiny_llama_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("damage")
-    parent = quick_quantize(tiny_llama_dir, root / "parent", method="matgptq", bits="3,4,8", group_size=32,
-                            act_order=True, static_groups=False)  # fmt: skip
+    parent = quick_quantize(
+        tiny_llama_dir,
+        root / "parent",
+        method="matgptq",
+        bits="3,4,8",
+        group_size=32,
+        act_order=True,
+        static_groups=False,
+    )
     gptq = export_gptq(parent, root / "gptq", "gptq_v2", bits=4)
     return {"parent": parent, "gptq": gptq, "hf": tiny_llama_dir}
 
@@ -158,11 +170,20 @@ def test_dropped_renamed_reshaped_retyped_tensors(sources, tmp_path_factory, kin
 
 
 JSON_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.integers(-3, 12), st.floats(allow_nan=True),
-    st.text(max_size=4), st.lists(st.integers(-2, 9), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-)  # fmt: skip
-JSON_FILES = {"parent": ["matgptq.json", "config.json"], "gptq": ["config.json", "quantize_config.json"],
-              "hf": ["config.json"]}
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.integers(-3, 12),
+    st.floats(allow_nan=True),
+    st.text(max_size=4),
+    st.lists(st.integers(-2, 9), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+JSON_FILES = {
+    "parent": ["matgptq.json", "config.json"],
+    "gptq": ["config.json", "quantize_config.json"],
+    "hf": ["config.json"],
+}
 
 
 def _json_paths(obj, prefix=()):
@@ -250,28 +271,82 @@ LAYER = "model.layers.0.mlp.down_proj"
 CASES = [  # (id, source, damage, command after the source path; OUT is the output path)
     ("hf-truncated-weights", "hf", _truncate("model.safetensors"), ["quantize", "--out", "OUT", "--calib", "CALIB"]),
     ("hf-config-not-json", "hf", _write("config.json", "{not json"), ["quantize", "--out", "OUT", "--calib", "CALIB"]),
-    ("hf-config-bad-size", "hf", _edit_json("config.json", ("hidden_size",), -64),
-     ["quantize", "--out", "OUT", "--calib", "CALIB"]),
+    (
+        "hf-config-bad-size",
+        "hf",
+        _edit_json("config.json", ("hidden_size",), -64),
+        ["quantize", "--out", "OUT", "--calib", "CALIB"],
+    ),
     ("hf-tokenizer-truncated", "hf", _truncate("tokenizer.json"), ["quantize", "--out", "OUT", "--calib", "CALIB"]),
-    ("parent-truncated-weights (eval)", "parent", _truncate("model.safetensors"), ["eval", "--bits", "4", "--text", "CALIB"]),
-    ("parent-truncated-weights (export)", "parent", _truncate("model.safetensors"),
-     ["export", "--format", "gptq_v2", "--bits", "4", "--out", "OUT"]),
-    ("parent-missing-g_idx", "parent", _edit_tensor(f"{LAYER}.g_idx", lambda t: None), ["eval", "--bits", "4", "--text", "CALIB"]),
-    ("parent-scales-retyped", "parent", _edit_tensor(".scales", lambda t: t.float()), ["slice", "--bits", "3", "--out", "OUT"]),
-    ("parent-g_idx-out-of-range", "parent", _edit_tensor(".g_idx", lambda t: t + 100), ["slice", "--bits", "3", "--out", "OUT"]),
-    ("parent-perm-not-a-permutation", "parent", _edit_tensor(".perm", torch.zeros_like), ["slice", "--bits", "3", "--out", "OUT"]),
-    ("parent-stored-bits-out-of-range", "parent", _edit_json("matgptq.json", ("stored_bits",), 99),
-     ["export", "--format", "gguf", "--bits", "4", "--out", "OUT.gguf"]),
-    ("parent-layer-shape-mismatch", "parent", _edit_json("matgptq.json", ("layers", f"{LAYER}"), [64, 999]),
-     ["eval", "--bits", "4", "--text", "CALIB"]),
-    ("parent-newer-format", "parent", _edit_json("matgptq.json", ("format_version",), 99), ["eval", "--bits", "4", "--text", "CALIB"]),
-    ("parent-config-other-size", "parent", _edit_json("config.json", ("intermediate_size",), 96),
-     ["eval", "--bits", "4", "--text", "CALIB"]),
+    (
+        "parent-truncated-weights (eval)",
+        "parent",
+        _truncate("model.safetensors"),
+        ["eval", "--bits", "4", "--text", "CALIB"],
+    ),
+    (
+        "parent-truncated-weights (export)",
+        "parent",
+        _truncate("model.safetensors"),
+        ["export", "--format", "gptq_v2", "--bits", "4", "--out", "OUT"],
+    ),
+    (
+        "parent-missing-g_idx",
+        "parent",
+        _edit_tensor(f"{LAYER}.g_idx", lambda t: None),
+        ["eval", "--bits", "4", "--text", "CALIB"],
+    ),
+    (
+        "parent-scales-retyped",
+        "parent",
+        _edit_tensor(".scales", lambda t: t.float()),
+        ["slice", "--bits", "3", "--out", "OUT"],
+    ),
+    (
+        "parent-g_idx-out-of-range",
+        "parent",
+        _edit_tensor(".g_idx", lambda t: t + 100),
+        ["slice", "--bits", "3", "--out", "OUT"],
+    ),
+    (
+        "parent-perm-not-a-permutation",
+        "parent",
+        _edit_tensor(".perm", torch.zeros_like),
+        ["slice", "--bits", "3", "--out", "OUT"],
+    ),
+    (
+        "parent-stored-bits-out-of-range",
+        "parent",
+        _edit_json("matgptq.json", ("stored_bits",), 99),
+        ["export", "--format", "gguf", "--bits", "4", "--out", "OUT.gguf"],
+    ),
+    (
+        "parent-layer-shape-mismatch",
+        "parent",
+        _edit_json("matgptq.json", ("layers", f"{LAYER}"), [64, 999]),
+        ["eval", "--bits", "4", "--text", "CALIB"],
+    ),
+    (
+        "parent-newer-format",
+        "parent",
+        _edit_json("matgptq.json", ("format_version",), 99),
+        ["eval", "--bits", "4", "--text", "CALIB"],
+    ),
+    (
+        "parent-config-other-size",
+        "parent",
+        _edit_json("config.json", ("intermediate_size",), 96),
+        ["eval", "--bits", "4", "--text", "CALIB"],
+    ),
     ("gptq-missing-scales", "gptq", _edit_tensor(f"{LAYER}.scales", lambda t: None), ["eval", "--text", "CALIB"]),
     ("gptq-bits-unsupported", "gptq", _edit_json("quantize_config.json", ("bits",), 5), ["eval", "--text", "CALIB"]),
-    ("gptq-truncated-weights", "gptq", _truncate("model.safetensors", 0.9),
-     ["export", "--format", "gguf", "--out", "OUT.gguf"]),
-]  # fmt: skip
+    (
+        "gptq-truncated-weights",
+        "gptq",
+        _truncate("model.safetensors", 0.9),
+        ["export", "--format", "gguf", "--out", "OUT.gguf"],
+    ),
+]
 
 
 @pytest.mark.parametrize("case,kind,damage,args", CASES, ids=[c[0] for c in CASES])
@@ -279,8 +354,9 @@ def test_cli_one_line_and_nothing_written(sources, tmp_path_factory, capsys, rec
     d = copy(sources, kind, tmp_path_factory)
     damage(d)
     out = d.parent / "out"
-    argv = [args[0], str(d)] + [str(out) + a[3:] if a.startswith("OUT") else str(TINYSTORIES) if a == "CALIB" else a
-                                for a in args[1:]]  # fmt: skip
+    argv = [args[0], str(d)] + [
+        str(out) + a[3:] if a.startswith("OUT") else str(TINYSTORIES) if a == "CALIB" else a for a in args[1:]
+    ]
     if args[0] == "eval":
         argv += ["--seqlen", "32", "--max-tokens", "64"]
     if args[0] == "quantize":

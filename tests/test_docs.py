@@ -42,6 +42,8 @@ def test_relative_links_resolve():
 
 
 def test_link_finder_sees_links_and_skips_code():
-    text = ("see [a](docs/a.md#x), ![fig](b.png \"t\"), [web](https://x.org), [top](#top)\n"
-            "[ref]: c.json\n`[not](code.md)`\n```\n[nor](block.md)\n```\n")  # fmt: skip
+    text = (
+        'see [a](docs/a.md#x), ![fig](b.png "t"), [web](https://x.org), [top](#top)\n'
+        "[ref]: c.json\n`[not](code.md)`\n```\n[nor](block.md)\n```\n"
+    )
     assert relative_links(text) == ["docs/a.md#x", "b.png", "c.json"]

@@ -75,8 +75,9 @@ def test_two_cli_slices_to_one_out(tmp_path):
     import matgptq
 
     parent = tmp_path / "parent"
-    matgptq.quantize(STORIES, parent, calib=TINYSTORIES, method="matgptq", bits=(3, 8), nsamples=2, seqlen=32,
-                     progress=False)  # fmt: skip
+    matgptq.quantize(
+        STORIES, parent, calib=TINYSTORIES, method="matgptq", bits=(3, 8), nsamples=2, seqlen=32, progress=False
+    )
     out = tmp_path / "slice"
     cmd = [sys.executable, "-m", "matgptq", "slice", str(parent), "--bits", "3", "--out", str(out)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
@@ -102,9 +103,11 @@ def _modes(root):
     return {str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in [root, *root.rglob("*")]}
 
 
-@pytest.mark.parametrize("mask,dir_mode,file_mode",
-                         [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600), (0o002, 0o775, 0o664)],
-                         ids=["umask022", "umask077", "umask002"])  # fmt: skip
+@pytest.mark.parametrize(
+    "mask,dir_mode,file_mode",
+    [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600), (0o002, 0o775, 0o664)],
+    ids=["umask022", "umask077", "umask002"],
+)
 def test_outputs_get_the_usual_modes(tmp_path, umask, mask, dir_mode, file_mode):
     """Not mkdtemp's 0700, nor a writer's 0600 (safetensors creates its files so): what open() and mkdir() give under
     the umask, for a directory output (and what is in it) and a single-file output."""
@@ -115,8 +118,13 @@ def test_outputs_get_the_usual_modes(tmp_path, umask, mask, dir_mode, file_mode)
             os.close(os.open(f, os.O_CREAT | os.O_WRONLY, 0o600))
         (tmp / "tokenizer.json").write_text("{}")
         (tmp / "tokenizer.json").chmod(0o444)  # copied with copy2 from a read-only source
-    assert _modes(tmp_path / "ckpt") == {".": dir_mode, "sub": dir_mode, "model.safetensors": file_mode,
-                                         "sub/x.json": file_mode, "tokenizer.json": file_mode}  # fmt: skip
+    assert _modes(tmp_path / "ckpt") == {
+        ".": dir_mode,
+        "sub": dir_mode,
+        "model.safetensors": file_mode,
+        "sub/x.json": file_mode,
+        "tokenizer.json": file_mode,
+    }
     with atomic_output(tmp_path / "m.gguf", directory=False) as f:
         os.close(os.open(f, os.O_CREAT | os.O_WRONLY, 0o600))
     assert stat.S_IMODE((tmp_path / "m.gguf").stat().st_mode) == file_mode
@@ -128,8 +136,24 @@ def test_a_quantized_checkpoint_is_readable_by_others(tmp_path, umask):
 
     umask(0o027)
     out = tmp_path / "q"
-    assert main(["quantize", str(STORIES), "--out", str(out), "--calib", str(TINYSTORIES), "--nsamples", "2",
-                 "--seqlen", "32", "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "quantize",
+                str(STORIES),
+                "--out",
+                str(out),
+                "--calib",
+                str(TINYSTORIES),
+                "--nsamples",
+                "2",
+                "--seqlen",
+                "32",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     modes = _modes(out)
     assert modes.pop(".") == 0o750 and "model.safetensors" in modes and set(modes.values()) == {0o640}, modes
 

@@ -32,8 +32,13 @@ class SmallDisk:
     def __init__(self, root: Path) -> None:
         self.dir = root / "disk"
         self.dir.mkdir()
-        self.tmpfs = not os.environ.get("MATGPTQ_TEST_NO_MOUNT") and subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={PAGE}", "tmpfs", str(self.dir)], capture_output=True).returncode == 0
+        self.tmpfs = (
+            not os.environ.get("MATGPTQ_TEST_NO_MOUNT")
+            and subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={PAGE}", "tmpfs", str(self.dir)], capture_output=True
+            ).returncode
+            == 0
+        )
         self.limit: int | None = None
 
     def set_limit(self, n: int | None) -> None:
@@ -54,8 +59,13 @@ class SmallDisk:
         def fsize_limit() -> None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-        p = subprocess.run([sys.executable, "-m", "matgptq", *args], capture_output=True, text=True, timeout=600,
-                           preexec_fn=fsize_limit)  # fmt: skip
+        p = subprocess.run(
+            [sys.executable, "-m", "matgptq", *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            preexec_fn=fsize_limit,
+        )
         return p.returncode, p.stderr
 
     def close(self) -> None:
@@ -86,8 +96,23 @@ def full_disk_refusal(disk: SmallDisk, args: list[str], out: Path) -> str:
     return lines[0]
 
 
-QUANTIZE = ["quantize", str(STORIES), "--method", "gptq", "--bits", "4", "--calib", str(TINYSTORIES),
-            "--calib-range", "0.6:0.7", "--nsamples", "8", "--seqlen", "64", "--quiet"]  # fmt: skip
+QUANTIZE = [
+    "quantize",
+    str(STORIES),
+    "--method",
+    "gptq",
+    "--bits",
+    "4",
+    "--calib",
+    str(TINYSTORIES),
+    "--calib-range",
+    "0.6:0.7",
+    "--nsamples",
+    "8",
+    "--seqlen",
+    "64",
+    "--quiet",
+]
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +142,12 @@ def test_writers_leave_nothing_and_keep_the_previous_output(disk, reference, kin
     """Each writer into half the room its output takes: refused, nothing left; with room for one output but not
     two (an --overwrite writes the new one beside the old), the old output stays whole."""
     out = disk.dir / ("out.gguf" if kind == "gguf" else "out")
-    args = (["slice", str(reference), "--bits", "4"] if kind == "slice" else  # a GPTQ checkpoint slices at its width
-            ["export", str(reference), "--format", kind])  # fmt: skip
+    args = (
+        ["slice", str(reference), "--bits", "4"]
+        if kind == "slice"
+        # a GPTQ checkpoint slices at its width
+        else ["export", str(reference), "--format", kind]
+    )
     args = [*args, "--out", str(out)]
     disk.set_limit(None)
     assert disk.run(args)[0] == 0
@@ -148,12 +177,48 @@ def test_eval_json_and_search_mixes(disk, parent):
     (disk.dir / "filler").write_bytes(b"\0" * (PAGE if disk.tmpfs else 0))
     disk.set_limit(PAGE if disk.tmpfs else 64)
     report = disk.dir / "eval.json"
-    full_disk_refusal(disk, ["eval", str(parent), "--bits", "4", "--text", str(TINYSTORIES), "--text-range",
-                             "0:0.01", "--seqlen", "64", "--json", str(report)], report)  # fmt: skip
+    full_disk_refusal(
+        disk,
+        [
+            "eval",
+            str(parent),
+            "--bits",
+            "4",
+            "--text",
+            str(TINYSTORIES),
+            "--text-range",
+            "0:0.01",
+            "--seqlen",
+            "64",
+            "--json",
+            str(report),
+        ],
+        report,
+    )
     mixes = disk.dir / "mixes"
-    rc, err = disk.run(["search", str(parent), "--budget", "3.0", "--out", str(mixes), "--calib", str(TINYSTORIES),
-                        "--calib-range", "0.6:0.7", "--levels", "2,4", "--generations", "0", "--seqlen", "64",
-                        "--sensitivity-tokens", "126", "--quiet"])  # fmt: skip
+    rc, err = disk.run(
+        [
+            "search",
+            str(parent),
+            "--budget",
+            "3.0",
+            "--out",
+            str(mixes),
+            "--calib",
+            str(TINYSTORIES),
+            "--calib-range",
+            "0.6:0.7",
+            "--levels",
+            "2,4",
+            "--generations",
+            "0",
+            "--seqlen",
+            "64",
+            "--sensitivity-tokens",
+            "126",
+            "--quiet",
+        ]
+    )
     assert rc == 2 and len([x for x in re.split(r"[\r\n]", err) if "matgptq: error" in x]) == 1, err
     assert "no space left" in err or "needs about" in err, err
     assert not list(mixes.glob("mix-*.json")) if mixes.exists() else True

@@ -190,8 +190,18 @@ def _report(failures: list[tuple[str, dict]], tmp: Path) -> str:
     return f"{len(failures)} failing cases (recipes in {saved}):\n" + "\n".join(lines)
 
 
-READERS = ["parent", "slice", "gptq_v1", "gptq_v2", "compressed_tensors", "gguf", "mix", "config", "safetensors",
-           "resume"]  # fmt: skip
+READERS = [
+    "parent",
+    "slice",
+    "gptq_v1",
+    "gptq_v2",
+    "compressed_tensors",
+    "gguf",
+    "mix",
+    "config",
+    "safetensors",
+    "resume",
+]
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -257,8 +267,9 @@ def test_a_hang_an_allocation_and_another_exception_are_failures(fuzz, monkeypat
         del block
 
     for read, expected in ((spin, "no answer"), (hog, "peak memory"), (lambda d: {}["x"], "KeyError")):
-        failure = run_case(Target("mix", target.root, target.files, read, target.judge), work, originals, baseline,
-                           recipe)  # fmt: skip
+        failure = run_case(
+            Target("mix", target.root, target.files, read, target.judge), work, originals, baseline, recipe
+        )
         assert failure and failure.startswith(expected) or expected == "peak memory" and _peak_rss() is None, failure
 
 

@@ -16,19 +16,25 @@ SRC = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
 # The layers, lowest first: a folder (subpackage) or top-level module → rank ("" = matgptq/__init__.py).
 RANK: dict[str, int] = {
-    "errors": 0, "fsutil": 0, "untrusted": 0, "_version": 0,  # base: import nothing above
+    "errors": 0,
+    "fsutil": 0,
+    "untrusted": 0,
+    "_version": 0,  # base: import nothing above
     "execution": 1,  # devices, torch.distributed helpers, tables: used by every stage (imports only errors)
-    "models": 1, "formats": 1,  # the Hugging Face side; bytes on disk (each with its reader and writer)
+    "models": 1,
+    "formats": 1,  # the Hugging Face side; bytes on disk (each with its reader and writer)
     "kernels": 2,  # GPU layouts and Triton kernels for a parent (reads formats only; runtime serves with them)
-    "quantization": 3, "runtime": 3,  # model → parent; parent or slice → a model that runs
+    "quantization": 3,
+    "runtime": 3,  # model → parent; parent or slice → a model that runs
     "evaluation": 4,  # scores of a loaded model, and the tables that report them
     "integrations": 4,  # matgptq inside other engines (transformers' from_pretrained): uses runtime
     "exporters": 5,  # GPTQ / GGUF writers (their reports use evaluation's tables)
     "allocation": 5,  # per-layer mixes of a parent under a budget (scores candidates with evaluation's KL)
     "api": 6,  # the Python API: one function per command, each calling its runner
     "cli": 7,  # the command line: parses, calls the API, prints
-    "__main__": 8, "": 8,  # `python -m matgptq` and the package itself
-}  # fmt: skip
+    "__main__": 8,
+    "": 8,  # `python -m matgptq` and the package itself
+}
 
 Edge = tuple[str, str, int]  # (importer, imported, line)
 
@@ -92,8 +98,10 @@ def upward_imports(edges: list[Edge], modules: dict[str, Path], rank: dict[str, 
     bad = []
     for src, dst, line in edges:
         if folder(src) != folder(dst) and rank[unit(dst)] >= rank[unit(src)]:
-            bad.append(f"{src} (line {line}) imports {dst}: {unit(src) or PACKAGE} has rank {rank[unit(src)]}, "
-                       f"{unit(dst) or PACKAGE} rank {rank[unit(dst)]}")  # fmt: skip
+            bad.append(
+                f"{src} (line {line}) imports {dst}: {unit(src) or PACKAGE} has rank {rank[unit(src)]}, "
+                f"{unit(dst) or PACKAGE} rank {rank[unit(dst)]}"
+            )
     return bad
 
 
@@ -232,8 +240,9 @@ def test_the_checks_catch_what_they_should(tmp_path):
     ]
     up = upward_imports(edges, modules)
     assert len(up) == 1 and up[0].startswith(f"{PACKAGE}.formats.parent (line 3) imports {PACKAGE}.runtime.loader")
-    assert shadowed(modules) == [f"{PACKAGE}.runtime binds 'load' (from {PACKAGE}.runtime.loader) over its submodule "
-                                 f"{PACKAGE}.runtime.load"]  # fmt: skip
+    assert shadowed(modules) == [
+        f"{PACKAGE}.runtime binds 'load' (from {PACKAGE}.runtime.loader) over its submodule {PACKAGE}.runtime.load"
+    ]
 
 
 def test_no_private_name_crosses_a_module():

@@ -24,26 +24,70 @@ from safetensors.torch import load_file
 from matgptq.cli import main
 from tests.conftest import STORIES, TINYSTORIES
 
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
-       "OMP_NUM_THREADS": "1",
-       "TORCHDYNAMO_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+ENV = {
+    **os.environ,
+    "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+    "OMP_NUM_THREADS": "1",
+    "TORCHDYNAMO_DISABLE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 TIMEOUT = 600
 # the JSON fields that record durations ("*": any key or index), and the one a resumed search sets (it read the
 # tables back): the only differences allowed
-ALLOWED = (("report", "*", "seconds"), ("history", "*", "seconds"), ("state", "seconds"),
-           ("state", "history", "*", "seconds"), ("state", "refine", "seconds"), ("tables", "*", "seconds"),
-           *(("summary", k) for k in ("seconds", "teacher_seconds", "tables_seconds", "search_seconds",
-                                      "report_seconds", "refine_seconds", "tables_reused")))
+ALLOWED = (
+    ("report", "*", "seconds"),
+    ("history", "*", "seconds"),
+    ("state", "seconds"),
+    ("state", "history", "*", "seconds"),
+    ("state", "refine", "seconds"),
+    ("tables", "*", "seconds"),
+    *(
+        ("summary", k)
+        for k in (
+            "seconds",
+            "teacher_seconds",
+            "tables_seconds",
+            "search_seconds",
+            "report_seconds",
+            "refine_seconds",
+            "tables_reused",
+        )
+    ),
+)
 QUANTIZE = ["--calib", str(TINYSTORIES), "--calib-range", "0.6:1", "--nsamples", "16", "--seqlen", "64", "--quiet"]
 COMMANDS = {  # name: (arguments, the output's name, resumable); PARENT: the MatGPTQ run's output
     "quantize-gptq": (["quantize", str(STORIES), *QUANTIZE], "out", True),
     "quantize-matgptq": (["quantize", str(STORIES), "--method", "matgptq", "--bits", "2,3,4", *QUANTIZE], "out", True),
-    "search": (["search", "PARENT", "--budget", "2.5,3.5", "--calib", str(TINYSTORIES), "--calib-range", "0.6:0.7",
-                "--generations", "3", "--offspring", "4", "--stages", "126:2,504:1", "--seqlen", "64",
-                "--sensitivity-tokens", "126", "--calib-tokens", "1008", "--quiet"], "out", True),
+    "search": (
+        [
+            "search",
+            "PARENT",
+            "--budget",
+            "2.5,3.5",
+            "--calib",
+            str(TINYSTORIES),
+            "--calib-range",
+            "0.6:0.7",
+            "--generations",
+            "3",
+            "--offspring",
+            "4",
+            "--stages",
+            "126:2,504:1",
+            "--seqlen",
+            "64",
+            "--sensitivity-tokens",
+            "126",
+            "--calib-tokens",
+            "1008",
+            "--quiet",
+        ],
+        "out",
+        True,
+    ),
     "export": (["export", "PARENT", "--format", "gguf", "--bits", "3"], "out.gguf", False),
     "slice": (["slice", "PARENT", "--bits", "3"], "out", False),
-}  # fmt: skip
+}
 
 
 def _args(name: str, out: Path, parent: Path) -> list[str]:
@@ -56,8 +100,7 @@ def _argv(name: str, out: Path, parent: Path) -> list[str]:
 
 def _run(argv: list[str], kill_at: float | None = None) -> int:
     """The exit status of `argv` (−9 where it was SIGKILLed, with its process group, after `kill_at` seconds)."""
-    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         return proc.wait(timeout=TIMEOUT if kill_at is None else kill_at)
     except subprocess.TimeoutExpired:
@@ -202,7 +245,7 @@ STEP_TARGETS = {  # command: the steps to kill at, as (call, a regular expressio
     "search": [("rename", r"WORK/out/mix-2\.5\.json")],
     "export": [("link", r'"WORK/out\.gguf"')],
     "slice-overwrite": [("renameat2", r'"WORK/out"')],
-}  # fmt: skip
+}
 
 
 @pytest.mark.skipif(not _strace_works(), reason="strace is not installed or may not trace here")
@@ -219,8 +262,13 @@ def test_killed_inside_a_write_or_rename_resumes_to_the_uninterrupted_output(ref
     traced.mkdir()
     prepare(traced / ref.name)
     argv = _argv(base, traced / ref.name, parent) + extra
-    assert subprocess.run(["strace", "-f", "-qq", "-y", "-o", str(tmp_path / "t"), "-e", f"trace={STEP_CALLS}", "--",
-                           *argv], env={**ENV, "PYTHONDONTWRITEBYTECODE": "1"}).returncode == 0  # fmt: skip
+    assert (
+        subprocess.run(
+            ["strace", "-f", "-qq", "-y", "-o", str(tmp_path / "t"), "-e", f"trace={STEP_CALLS}", "--", *argv],
+            env={**ENV, "PYTHONDONTWRITEBYTECODE": "1"},
+        ).returncode
+        == 0
+    )
     steps = _steps(tmp_path / "t", traced)
     for k, (call, pattern) in enumerate(STEP_TARGETS[name]):
         nth = next(n for c, n, text in steps if c == call and re.search(pattern, text))
@@ -228,8 +276,19 @@ def test_killed_inside_a_write_or_rename_resumes_to_the_uninterrupted_output(ref
         work.mkdir()
         out = work / ref.name
         prepare(out)
-        kill = ["strace", "-f", "-qq", "-y", "-o", str(work / "t"), "-e", f"trace={call}", "-e",
-                f"inject={call}:signal=KILL:when={nth}", "--"]  # fmt: skip
+        kill = [
+            "strace",
+            "-f",
+            "-qq",
+            "-y",
+            "-o",
+            str(work / "t"),
+            "-e",
+            f"trace={call}",
+            "-e",
+            f"inject={call}:signal=KILL:when={nth}",
+            "--",
+        ]
         assert _run(kill + _argv(base, out, parent) + extra) in (-signal.SIGKILL, 128 + signal.SIGKILL)
         last = _steps(work / "t", work)[-1]
         assert last[0] == call and re.search(pattern, last[2]), last

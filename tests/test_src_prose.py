@@ -35,12 +35,16 @@ PATTERNS = {
     # (not a setting's: "3 bits against 4")
     "comparison": re.compile(r"\d(?: (?!bits?\b|layers?\b|levels?\b)[A-Za-zµ]+)? (?:against|instead of) ~?\d"),
     # a measured memory peak: "peaked at 1.41 GB", "peak RSS 1.02 GB", "1.3 GB of peak memory"
-    "memory": re.compile(r"(?:\bpeak(?:ed)?|\bRSS)\D{0,20}\d+(?:\.\d+)? ?(?:GB|GiB|MB|MiB)\b"
-                         r"|\d+(?:\.\d+)? ?(?:GB|GiB|MB|MiB) of (?:peak|resident)"),
-    "peer version": re.compile(r"\b(?:transformers|vLLM|vllm(?:-cpu)?|compressed-tensors|GPTQModel|gptqmodel|"
-                               r"llm-compressor|llmcompressor|llama\.cpp|llama-cpp-python|optimum|gguf(?:-py)?|"
-                               r"torch|PyTorch|Triton|triton|lm-eval|lm_eval|safetensors|accelerate)(?:'s)? v?\d+\.\d+"),
-}  # fmt: skip
+    "memory": re.compile(
+        r"(?:\bpeak(?:ed)?|\bRSS)\D{0,20}\d+(?:\.\d+)? ?(?:GB|GiB|MB|MiB)\b"
+        r"|\d+(?:\.\d+)? ?(?:GB|GiB|MB|MiB) of (?:peak|resident)"
+    ),
+    "peer version": re.compile(
+        r"\b(?:transformers|vLLM|vllm(?:-cpu)?|compressed-tensors|GPTQModel|gptqmodel|"
+        r"llm-compressor|llmcompressor|llama\.cpp|llama-cpp-python|optimum|gguf(?:-py)?|"
+        r"torch|PyTorch|Triton|triton|lm-eval|lm_eval|safetensors|accelerate)(?:'s)? v?\d+\.\d+"
+    ),
+}
 
 # (path under src/matgptq, kind, a substring of the line) -> why it may stay. Kept small; reword before adding here.
 # An entry whose line no longer trips its pattern fails test_every_allowed_and_skipped_entry_is_still_needed.
@@ -48,7 +52,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {}
 
 # Files this test does not read, each with why.
 SKIPPED: dict[str, str] = {
-    "exporters/tested.py": "the one home of the peer versions the readers lines print (checked against the pins below)",
+    "exporters/tested.py": "the one home of the peer versions the readers lines print (checked against the pins below)"
 }
 
 
@@ -61,18 +65,17 @@ def findings(root: Path = SRC) -> list[str]:
             continue
         for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             for kind, pattern in PATTERNS.items():
-                if pattern.search(line) and not any(
-                    (r, k) == (rel, kind) and s in line for r, k, s in ALLOWED
-                ):  # fmt: skip
+                if pattern.search(line) and not any((r, k) == (rel, kind) and s in line for r, k, s in ALLOWED):
                     out.append(f"src/matgptq/{rel}:{no}: {kind}: {line.strip()}")
     return out
 
 
 def test_src_holds_no_figure_date_machine_or_peer_version():
     found = findings()
-    assert not found, ("a measured figure, date, machine or peer version in src/ (put the figure in docs/results, "
-                       "the reason in docs/guide, a printed peer version in exporters/tested.py):\n"
-                       + "\n".join(found))  # fmt: skip
+    assert not found, (
+        "a measured figure, date, machine or peer version in src/ (put the figure in docs/results, "
+        "the reason in docs/guide, a printed peer version in exporters/tested.py):\n" + "\n".join(found)
+    )
 
 
 def test_every_allowed_and_skipped_entry_is_still_needed():
@@ -83,24 +86,57 @@ def test_every_allowed_and_skipped_entry_is_still_needed():
         assert any(s in line and PATTERNS[kind].search(line) for line in lines), f"stale ALLOWED entry {rel}: {s!r}"
 
 
-@pytest.mark.parametrize(("text", "kind"), [
-    ("since 2026-12-05", "date"), ("took 2.3x the passes", "ratio"), ("ran 5× slower", "ratio"),
-    ("0.47 s on a block", "time"), ("1.9 ms against 0.8", "time"), ("took 39 µs", "time"),
-    ("132 CPU s against 223", "time"), ("within 0.013% of", "percentage"), ("an H100", "machine"),
-    ("over 3 seeds", "seeds"), ("9.5 ms instead of 18", "comparison"), ("3.4 against 2.15 GB", "comparison"),
-    ("the run peaked at 1.41 GB", "memory"), ("peak RSS 1.02 GB", "memory"), ("1.3 GB of peak memory", "memory"), ("vLLM 0.32 on CPU", "peer version"), ("transformers 5.17's save", "peer version"),
-    ("llama-cpp-python 0.3.36", "peer version"), ("torch 2.13, checked", "peer version"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("since 2026-12-05", "date"),
+        ("took 2.3x the passes", "ratio"),
+        ("ran 5× slower", "ratio"),
+        ("0.47 s on a block", "time"),
+        ("1.9 ms against 0.8", "time"),
+        ("took 39 µs", "time"),
+        ("132 CPU s against 223", "time"),
+        ("within 0.013% of", "percentage"),
+        ("an H100", "machine"),
+        ("over 3 seeds", "seeds"),
+        ("9.5 ms instead of 18", "comparison"),
+        ("3.4 against 2.15 GB", "comparison"),
+        ("the run peaked at 1.41 GB", "memory"),
+        ("peak RSS 1.02 GB", "memory"),
+        ("1.3 GB of peak memory", "memory"),
+        ("vLLM 0.32 on CPU", "peer version"),
+        ("transformers 5.17's save", "peer version"),
+        ("llama-cpp-python 0.3.36", "peer version"),
+        ("torch 2.13, checked", "peer version"),
+    ],
+)
 def test_patterns_catch_the_kinds(text, kind):
     assert PATTERNS[kind].search(text)
 
 
-@pytest.mark.parametrize("text", [
-    "eps = 1e-5", "x = 0.5 * y", "weight [2I, H]", "64 x 512 tokens", 'r"<0x[0-9A-Fa-f]{2}>"', "int4 torch.bfloat16",
-    "k32 % (block_k // 32) == 0", "f\"{100 * p:.1f}%\"", "8192² words", "the 10-minute recipe", "float16 and bfloat16",
-    "compressed-tensors {CT_VERSION}", "2 bits", "n % 16 == 0", "a 4x4 tile", "up to 512 MB by default",
-    "3 bits against 4 bits", "(64 MB in float32)",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [
+        "eps = 1e-5",
+        "x = 0.5 * y",
+        "weight [2I, H]",
+        "64 x 512 tokens",
+        'r"<0x[0-9A-Fa-f]{2}>"',
+        "int4 torch.bfloat16",
+        "k32 % (block_k // 32) == 0",
+        'f"{100 * p:.1f}%"',
+        "8192² words",
+        "the 10-minute recipe",
+        "float16 and bfloat16",
+        "compressed-tensors {CT_VERSION}",
+        "2 bits",
+        "n % 16 == 0",
+        "a 4x4 tile",
+        "up to 512 MB by default",
+        "3 bits against 4 bits",
+        "(64 MB in float32)",
+    ],
+)
 def test_patterns_leave_ordinary_code_alone(text):
     assert not [kind for kind, p in PATTERNS.items() if p.search(text)]
 
@@ -136,9 +172,13 @@ def pins() -> dict[str, dict[str, str]]:
 def constants_of_tested() -> dict[str, str]:
     """tested.py's module-level string constants, read with ast (nothing imported)."""
     tree = ast.parse(TESTED.read_text(encoding="utf-8"))
-    return {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
-            for t in node.targets if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)}  # fmt: skip
+    return {
+        t.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    }
 
 
 def test_tested_versions_agree_with_the_pins():

@@ -45,9 +45,13 @@ def gguf_vocabulary(path: Path) -> dict:
         f = fields.get(key)
         return None if f is None else f.contents()
 
-    return {"model": value("tokenizer.ggml.model"), "tokens": value("tokenizer.ggml.tokens"),
-            "merges": len(value("tokenizer.ggml.merges") or ()), "bos_token_id": value("tokenizer.ggml.bos_token_id"),
-            "eos_token_id": value("tokenizer.ggml.eos_token_id")}  # fmt: skip
+    return {
+        "model": value("tokenizer.ggml.model"),
+        "tokens": value("tokenizer.ggml.tokens"),
+        "merges": len(value("tokenizer.ggml.merges") or ()),
+        "bos_token_id": value("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": value("tokenizer.ggml.eos_token_id"),
+    }
 
 
 def _has_byte_level(component: dict | None) -> bool:
@@ -69,8 +73,10 @@ def check_byte_level_tokenizer(model_dir: str | Path, eos_token: str, vocabulary
     model = tj.get("model", {})
     problems = []
     if model.get("type") != "BPE" or model.get("byte_fallback"):
-        problems.append(f"model {model.get('type')} with byte_fallback={model.get('byte_fallback')} "
-                        "(expected byte-level BPE, byte_fallback false)")  # fmt: skip
+        problems.append(
+            f"model {model.get('type')} with byte_fallback={model.get('byte_fallback')} "
+            "(expected byte-level BPE, byte_fallback false)"
+        )
     if not (_has_byte_level(tj.get("pre_tokenizer")) and _has_byte_level(tj.get("decoder"))):
         problems.append("no ByteLevel pre-tokenizer and decoder")
     try:
@@ -80,8 +86,13 @@ def check_byte_level_tokenizer(model_dir: str | Path, eos_token: str, vocabulary
     if tok.eos_token != eos_token:
         problems.append(f"eos token {tok.eos_token!r} (expected {eos_token!r})")
     for kind in ("bos", "eos"):
-        if config.get(f"{kind}_token_id") is not None and getattr(tok, f"{kind}_token_id") != config[f"{kind}_token_id"]:
-            problems.append(f"{kind} id {getattr(tok, f'{kind}_token_id')} (config.json says {config[f'{kind}_token_id']})")
+        if (
+            config.get(f"{kind}_token_id") is not None
+            and getattr(tok, f"{kind}_token_id") != config[f"{kind}_token_id"]
+        ):
+            problems.append(
+                f"{kind} id {getattr(tok, f'{kind}_token_id')} (config.json says {config[f'{kind}_token_id']})"
+            )
     if len(tok) != config.get("vocab_size"):
         problems.append(f"{len(tok)} tokens (config.json says vocab_size {config.get('vocab_size')})")
     decoded = tok.decode(tok(ROUND_TRIP, add_special_tokens=False)["input_ids"])
@@ -96,11 +107,15 @@ def check_byte_level_tokenizer(model_dir: str | Path, eos_token: str, vocabulary
             problems.append(f"{len(model.get('merges', []))} merges (the GGUF has {vocabulary['merges']})")
         for kind in ("bos", "eos"):
             if vocabulary[f"{kind}_token_id"] != config.get(f"{kind}_token_id"):
-                problems.append(f"config.json {kind}_token_id {config.get(f'{kind}_token_id')} (the GGUF says "
-                                f"{vocabulary[f'{kind}_token_id']})")  # fmt: skip
+                problems.append(
+                    f"config.json {kind}_token_id {config.get(f'{kind}_token_id')} (the GGUF says "
+                    f"{vocabulary[f'{kind}_token_id']})"
+                )
     if problems:
-        raise UserError(f"the tokenizer written to {d} is not the original byte-level BPE: {'; '.join(problems)}; "
-                        "use the transformers version pinned in .ci/constraints.txt")  # fmt: skip
+        raise UserError(
+            f"the tokenizer written to {d} is not the original byte-level BPE: {'; '.join(problems)}; "
+            "use the transformers version pinned in .ci/constraints.txt"
+        )
 
 
 def check_config(model_dir: str | Path, expected: dict) -> None:
@@ -110,8 +125,9 @@ def check_config(model_dir: str | Path, expected: dict) -> None:
         raise UserError(f"the converted config.json is not the expected model: {', '.join(wrong)}")
 
 
-def import_gguf(gguf_file: str | Path, out: str | Path, expected_config: dict, eos_token: str,
-                overwrite: bool = False) -> Path:  # fmt: skip
+def import_gguf(
+    gguf_file: str | Path, out: str | Path, expected_config: dict, eos_token: str, overwrite: bool = False
+) -> Path:
     """Dequantize `gguf_file` to float32 and write a verified HF model directory to `out` (atomically)."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer

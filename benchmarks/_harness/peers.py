@@ -45,8 +45,11 @@ def worker(tool: str, model_dir: str, ids_file: str, out: str, bits: int, group_
         # a group size that does not divide every layer's columns (SmolLM2's 576 at g128): llm-compressor's own way
         # out, named in its error message; it quantizes the ragged last group, but compressed-tensors cannot pack
         # it, so the fake-quantized weights are saved dense (they are exactly the dequantized codes)
-        recipe = GPTQModifier(config_groups={"g": {"targets": ["Linear"], "weights": weights}}, ignore=["lm_head"],
-                              bypass_divisibility_checks=ragged)  # fmt: skip
+        recipe = GPTQModifier(
+            config_groups={"g": {"targets": ["Linear"], "weights": weights}},
+            ignore=["lm_head"],
+            bypass_divisibility_checks=ragged,
+        )
         oneshot(model=model, dataset=data, recipe=recipe, max_seq_length=ids.shape[1], num_calibration_samples=len(ids))
         model.save_pretrained(out, save_compressed=not ragged)
         AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
@@ -63,8 +66,11 @@ def matgptq_worker(tool: str, model_dir: str, ids, out: str, bits: int, group_si
     from matgptq.quantization.pipeline import quantize_model
     from matgptq.quantization.run import calibration_dtypes
 
-    cfg = make_config("matgptq", (3, 4, 8), group_size=group_size) if "348" in tool else \
-        make_config("gptq", bits, group_size=group_size)  # fmt: skip
+    cfg = (
+        make_config("matgptq", (3, 4, 8), group_size=group_size)
+        if "348" in tool
+        else make_config("gptq", bits, group_size=group_size)
+    )
     t0 = time.perf_counter()
     dtype = "bfloat16" if tool.endswith("bf16") else "auto"  # auto: what `quantize --dtype auto` computes in
     dtypes = calibration_dtypes(Path(model_dir), dtype, torch.device("cpu"), cfg.method)
@@ -78,9 +84,17 @@ def matgptq_worker(tool: str, model_dir: str, ids, out: str, bits: int, group_si
     save_checkpoint(out, model.config.to_dict(), unquantized_tensors(model, layers), layers, meta, model_dir, True)
     t_save = time.perf_counter() - t0
     accounted = times.forward + times.hessian + times.solver + times.report
-    return {"load": t_load, "first-block inputs + other": t_quant - accounted, "block forwards": times.forward,
-            "Hessians": times.hessian, "solver": times.solver, "error report": times.report, "save": t_save,
-            "block runs": times.forward_passes, "threads": torch.get_num_threads()}  # fmt: skip
+    return {
+        "load": t_load,
+        "first-block inputs + other": t_quant - accounted,
+        "block forwards": times.forward,
+        "Hessians": times.hessian,
+        "solver": times.solver,
+        "error report": times.report,
+        "save": t_save,
+        "block runs": times.forward_passes,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def main() -> None:

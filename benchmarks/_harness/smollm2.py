@@ -22,16 +22,33 @@ BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 DEFAULT_MODEL = Path(os.environ.get("MATGPTQ_CACHE", Path.home() / ".cache" / "matgptq")) / "SmolLM2-135M-Instruct"
 
 
-def peer_command(tool: str, model: str | Path, ids_file: Path, out: Path, bits: int, group_size: int,
-                 report: Path) -> list[str]:  # fmt: skip
+def peer_command(
+    tool: str, model: str | Path, ids_file: Path, out: Path, bits: int, group_size: int, report: Path
+) -> list[str]:
     """The child that quantizes `model` with the peer `tool` (peers.TOOLS) on the token ids in `ids_file` into `out`,
     its stage seconds into `report`, run by the bench venv's python."""
-    return [str(BENCH_PYTHON), "-m", "benchmarks._harness.peers", tool, str(model), "--ids", str(ids_file),
-            "--out-model", str(out), "--bits", str(bits), "--group-size", str(group_size), "--report", str(report)]
+    return [
+        str(BENCH_PYTHON),
+        "-m",
+        "benchmarks._harness.peers",
+        tool,
+        str(model),
+        "--ids",
+        str(ids_file),
+        "--out-model",
+        str(out),
+        "--bits",
+        str(bits),
+        "--group-size",
+        str(group_size),
+        "--report",
+        str(report),
+    ]
 
 
-def evaluate(path: Path | str, widths, windows, teacher, specs, limit: int, tokenizer,
-             parent: bool | None = None) -> dict:  # fmt: skip
+def evaluate(
+    path: Path | str, widths, windows, teacher, specs, limit: int, tokenizer, parent: bool | None = None
+) -> dict:
     """Perplexity, KL and zero-shot accuracy (`specs`' tasks, their first `limit` questions) of every width of one
     checkpoint, after one load. `parent`: slice `widths` (widths or mix files) out of it; default: when there are
     several."""
@@ -52,6 +69,11 @@ def evaluate(path: Path | str, widths, windows, teacher, specs, limit: int, toke
         t0 = time.perf_counter()
         sc = score(model, windows, teacher, batch_size=1, progress=True, desc=f"{Path(path).name} {bits}")
         tasks = with_average(score_tasks(lm, specs, limit)) if specs else {}
-        out[str(bits)] = {"ppl": sc.ppl, "kl": sc.kl, "tokens": sc.tokens, "tasks": tasks,
-                          "eval_seconds": time.perf_counter() - t0}  # fmt: skip
+        out[str(bits)] = {
+            "ppl": sc.ppl,
+            "kl": sc.kl,
+            "tokens": sc.tokens,
+            "tasks": tasks,
+            "eval_seconds": time.perf_counter() - t0,
+        }
     return out

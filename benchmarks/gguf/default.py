@@ -41,26 +41,78 @@ GOAL = 0.7
 # ours: row -> options beyond `--method gptq --bits 4 --group-size 32`; llama.cpp's rows: "llama:" + what follows
 OURS = {"default": [], "target-gguf": ["--target", "gguf"]}
 LLAMA = {"llama:Q4_0": [], "llama:Q4_0+im": ["--imatrix"]}
-LABEL = {"default": "ours: `quantize --method gptq --bits 4 --group-size 32`",
-         "target-gguf": "ours: the same `--target gguf`",
-         "llama:Q4_0": "llama.cpp Q4_0", "llama:Q4_0+im": "llama.cpp Q4_0 + imatrix"}  # fmt: skip
+LABEL = {
+    "default": "ours: `quantize --method gptq --bits 4 --group-size 32`",
+    "target-gguf": "ours: the same `--target gguf`",
+    "llama:Q4_0": "llama.cpp Q4_0",
+    "llama:Q4_0+im": "llama.cpp Q4_0 + imatrix",
+}
 
 
 def settings(a, nsamples: int, seqlen: int) -> dict:
-    return {"model": str(Path(a.model).resolve()), "nsamples": nsamples, "seqlen": seqlen,
-            "wiki_chunks": a.wiki_chunks, "ts_chunks": a.ts_chunks, "ctx": 512, "ours": OURS}  # fmt: skip
+    return {
+        "model": str(Path(a.model).resolve()),
+        "nsamples": nsamples,
+        "seqlen": seqlen,
+        "wiki_chunks": a.wiki_chunks,
+        "ts_chunks": a.ts_chunks,
+        "ctx": 512,
+        "ours": OURS,
+    }
 
 
 def ours(row: str, seed: int, a, seed_dir: Path, out: Path) -> None:
     """Quantize and export one of our rows."""
     ckpt = seed_dir / f"{row}-ckpt"
     if not (ckpt / "config.json").is_file():
-        run([sys.executable, "-m", "matgptq", "quantize", a.model, "--out", ckpt, "--method", "gptq", "--bits", "4",
-             "--group-size", "32", *OURS[row], "--calib", WIKI, "--calib-range", "0.5:1", "--seed", str(seed),
-             "--overwrite", "--resume", "--quiet"], seed_dir / f"{row}.quantize.log", child_env(a.threads))  # fmt: skip
+        run(
+            [
+                sys.executable,
+                "-m",
+                "matgptq",
+                "quantize",
+                a.model,
+                "--out",
+                ckpt,
+                "--method",
+                "gptq",
+                "--bits",
+                "4",
+                "--group-size",
+                "32",
+                *OURS[row],
+                "--calib",
+                WIKI,
+                "--calib-range",
+                "0.5:1",
+                "--seed",
+                str(seed),
+                "--overwrite",
+                "--resume",
+                "--quiet",
+            ],
+            seed_dir / f"{row}.quantize.log",
+            child_env(a.threads),
+        )
     tmp = out.with_suffix(".tmp.gguf")
-    run([sys.executable, "-m", "matgptq", "export", ckpt, "--format", "gguf", "--type", "q4_0", "--out", tmp,
-         "--overwrite"], seed_dir / f"{row}.export.log", child_env(a.threads))  # fmt: skip
+    run(
+        [
+            sys.executable,
+            "-m",
+            "matgptq",
+            "export",
+            ckpt,
+            "--format",
+            "gguf",
+            "--type",
+            "q4_0",
+            "--out",
+            tmp,
+            "--overwrite",
+        ],
+        seed_dir / f"{row}.export.log",
+        child_env(a.threads),
+    )
     tmp.replace(out)
 
 
@@ -75,8 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line: model, work dir, seeds, rows, threads and scored chunks."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the fp32 HF model directory (make real-model)")
-    p.add_argument("--work", type=Path, default=Path.home() / ".cache" / "matgptq" / "gguf_default",
-                   help="where the files, logs and llama.cpp's saved logits are kept")
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=Path.home() / ".cache" / "matgptq" / "gguf_default",
+        help="where the files, logs and llama.cpp's saved logits are kept",
+    )
     p.add_argument("--seeds", default="0,1,2", help="calibration seeds (GPTQ and imatrix redrawn for each)")
     p.add_argument("--rows", default=",".join([*OURS, *LLAMA]), help="rows to compute (default all)")
     p.add_argument("--threads", type=int, default=2, help="threads for llama.cpp's tools and the quantizer")
@@ -120,9 +176,26 @@ def run_seed(a: argparse.Namespace, state: dict, rows: list[str], f32: Path, see
     cells = state["runs"].setdefault(str(seed), {})
     imatrix = seed_dir / "imatrix.gguf"
     if "llama:Q4_0+im" in rows and not imatrix.is_file():
-        run([TOOLS / "llama-imatrix", "-m", f32, "-f", calib_text(a.model, seed_dir, a), "-c", str(a.seqlen),
-             "-b", str(a.seqlen), "--chunks", str(a.nsamples), "-t", str(a.threads), "-o", imatrix],
-            seed_dir / "imatrix.log")  # fmt: skip
+        run(
+            [
+                TOOLS / "llama-imatrix",
+                "-m",
+                f32,
+                "-f",
+                calib_text(a.model, seed_dir, a),
+                "-c",
+                str(a.seqlen),
+                "-b",
+                str(a.seqlen),
+                "--chunks",
+                str(a.nsamples),
+                "-t",
+                str(a.threads),
+                "-o",
+                imatrix,
+            ],
+            seed_dir / "imatrix.log",
+        )
     for row in rows:
         if row == "llama:Q4_0" and seed != 0:  # no calibration: made and scored once, with seed 0
             continue
@@ -161,6 +234,7 @@ def main() -> int:
     print(page(state))
     return 0
 
+
 def _cells(state: dict, row: str) -> list[dict]:
     """The row's finished cells, one per seed (llama.cpp's plain Q4_0: seed 0's only)."""
     return [c[row] for c in state["runs"].values() if all(ds in c.get(row, {}) for ds in DATASETS)]
@@ -191,29 +265,43 @@ def _verdict(ratios: list[float], goal: float, strict: bool) -> str:
 def page(state: dict) -> str:
     s = state["settings"]
     seeds = sorted(state["runs"], key=int)
-    lines = [header("benchmarks/gguf/default.py", "gguf_default.json"),
-             f"SmolLM2-135M-Instruct, 4 bits at group size 32 (Q4_0's block). Calibration: {s['nsamples']} × "
-             f"{s['seqlen']} tokens of WikiText-2 test's second half (`quantize`'s defaults; llama-imatrix gets the "
-             f"same windows), seeds {', '.join(seeds)}. Scored by `llama-perplexity -c 512` on {s['wiki_chunks'] * 256} "
-             f"WikiText-2 and {s['ts_chunks'] * 256} TinyStories positions; KL(F32 ‖ file). Mean over seeds ± spread "
-             "(max − min); llama.cpp's plain Q4_0 uses no calibration, so it is one file.", "",
-             "| file | seeds | tensor bytes | " + " | ".join(f"{n} ppl | {n} KL" for n in DATASETS.values())
-             + " |", "|---" * (3 + 2 * len(DATASETS)) + "|"]  # fmt: skip
+    lines = [
+        header("benchmarks/gguf/default.py", "gguf_default.json"),
+        f"SmolLM2-135M-Instruct, 4 bits at group size 32 (Q4_0's block). Calibration: {s['nsamples']} × "
+        f"{s['seqlen']} tokens of WikiText-2 test's second half (`quantize`'s defaults; llama-imatrix gets the "
+        f"same windows), seeds {', '.join(seeds)}. Scored by `llama-perplexity -c 512` on {s['wiki_chunks'] * 256} "
+        f"WikiText-2 and {s['ts_chunks'] * 256} TinyStories positions; KL(F32 ‖ file). Mean over seeds ± spread "
+        "(max − min); llama.cpp's plain Q4_0 uses no calibration, so it is one file.",
+        "",
+        "| file | seeds | tensor bytes | " + " | ".join(f"{n} ppl | {n} KL" for n in DATASETS.values()) + " |",
+        "|---" * (3 + 2 * len(DATASETS)) + "|",
+    ]
     f32 = state.get("f32", {})
     if all(ds in f32 for ds in DATASETS):
-        lines.append("| F32 (convert_hf_to_gguf) | – | – | " + " | ".join(
-            f"{f32[ds]['ppl']:.3f} | 0" for ds in DATASETS) + " |")  # fmt: skip
+        lines.append(
+            "| F32 (convert_hf_to_gguf) | – | – | " + " | ".join(f"{f32[ds]['ppl']:.3f} | 0" for ds in DATASETS) + " |"
+        )
     for row in [*LLAMA, *OURS]:
         cells = _cells(state, row)
         if not cells:
             continue
-        lines.append(f"| {LABEL[row]} | {len(cells)} | {cells[0]['tensor_bytes']} | " + " | ".join(
-            f"{_spread([c[ds]['ppl'] for c in cells], 3)} | {_spread([c[ds]['kl'] for c in cells], 4)}"
-            for ds in DATASETS) + " |")  # fmt: skip
-    lines += ["", f"Goal: KL ≤ {GOAL} × llama.cpp's plain Q4_0's, and below Q4_0 + imatrix's. Ratios per seed (in "
-              "seed order), then their mean ± spread; met when every seed meets it, missed when none does, else a "
-              "tie.", "", "| ours | against | goal | " + " | ".join(f"{n} KL ratio" for n in DATASETS.values())
-              + " | verdict |", "|---" * (4 + len(DATASETS)) + "|"]  # fmt: skip
+        lines.append(
+            f"| {LABEL[row]} | {len(cells)} | {cells[0]['tensor_bytes']} | "
+            + " | ".join(
+                f"{_spread([c[ds]['ppl'] for c in cells], 3)} | {_spread([c[ds]['kl'] for c in cells], 4)}"
+                for ds in DATASETS
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        f"Goal: KL ≤ {GOAL} × llama.cpp's plain Q4_0's, and below Q4_0 + imatrix's. Ratios per seed (in "
+        "seed order), then their mean ± spread; met when every seed meets it, missed when none does, else a "
+        "tie.",
+        "",
+        "| ours | against | goal | " + " | ".join(f"{n} KL ratio" for n in DATASETS.values()) + " | verdict |",
+        "|---" * (4 + len(DATASETS)) + "|",
+    ]
     for row in OURS:
         for ref, goal, strict in (("llama:Q4_0", GOAL, False), ("llama:Q4_0+im", 1.0, True)):
             ratios = {ds: _ratios(state, row, ref, ds) for ds in DATASETS}
@@ -221,8 +309,11 @@ def page(state: dict) -> str:
                 continue
             cols = [f"{' / '.join(f'{r:.3f}' for r in v)} ({_spread(v, 3)})" if v else "–" for v in ratios.values()]
             verdict = _verdict([r for v in ratios.values() for r in v], goal, strict)
-            lines.append(f"| {LABEL[row]} | {LABEL[ref]} | {'≤' if not strict else '<'} {goal:g}× | "
-                         + " | ".join(cols) + f" | {verdict} |")  # fmt: skip
+            lines.append(
+                f"| {LABEL[row]} | {LABEL[ref]} | {'≤' if not strict else '<'} {goal:g}× | "
+                + " | ".join(cols)
+                + f" | {verdict} |"
+            )
     return "\n".join(lines)
 
 
@@ -234,10 +325,12 @@ def readme_block(state: dict) -> str:
     if not (plain and im and cells):
         return "Not measured yet: `python -m benchmarks.gguf.default`."
     kl = [c["wiki"]["kl"] for c in cells]
-    return (f"On SmolLM2-135M-Instruct this file's KL to the F32 model (WikiText-2, scored by llama.cpp) is "
-            f"{_spread(kl, 3)} over {len(cells)} calibration seeds: {_spread(plain, 2)}× that of llama.cpp's own "
-            f"Q4_0 and {_spread(im, 2)}× that of its Q4_0 with an importance matrix from the same calibration text, "
-            f"in no more tensor bytes ([gguf_default](docs/results/gguf_default.md)).")
+    return (
+        f"On SmolLM2-135M-Instruct this file's KL to the F32 model (WikiText-2, scored by llama.cpp) is "
+        f"{_spread(kl, 3)} over {len(cells)} calibration seeds: {_spread(plain, 2)}× that of llama.cpp's own "
+        f"Q4_0 and {_spread(im, 2)}× that of its Q4_0 with an importance matrix from the same calibration text, "
+        f"in no more tensor bytes ([gguf_default](docs/results/gguf_default.md))."
+    )
 
 
 if __name__ == "__main__":

@@ -57,8 +57,20 @@ from typing import IO
 from benchmarks._harness import child_env, load_json, write_atomic
 from benchmarks._harness.llamacpp import DEFAULT_MODEL, TOOLS, WIKI, calib_text, f32_gguf, file_info, run, score
 from benchmarks.gguf._presets_page import STATE, publish
-from benchmarks.gguf._presets_rows import (CKPTS, DATASETS, EMBED_BLOCK_BYTES, EMBED_OF, GPTQ_FLAGS, HW,
-                                           ISSUE_PRESETS, OURS, PRESETS, QUANTIZE, RESOLVE, SEARCH_OF)  # fmt: skip
+from benchmarks.gguf._presets_rows import (
+    CKPTS,
+    DATASETS,
+    EMBED_BLOCK_BYTES,
+    EMBED_OF,
+    GPTQ_FLAGS,
+    HW,
+    ISSUE_PRESETS,
+    OURS,
+    PRESETS,
+    QUANTIZE,
+    RESOLVE,
+    SEARCH_OF,
+)
 
 
 def search_budget(f32: Path, preset_bytes: int, embed: str, kind: str) -> str:
@@ -84,26 +96,44 @@ def search_budget(f32: Path, preset_bytes: int, embed: str, kind: str) -> str:
 
 
 def settings(a: argparse.Namespace) -> dict:
-    return {"model": str(Path(a.model).resolve()), "nsamples": a.nsamples, "seqlen": a.seqlen, "seed": a.seed,
-            "wiki_chunks": a.wiki_chunks, "ts_chunks": a.ts_chunks, "ctx": 512, "gptq_flags": GPTQ_FLAGS}  # fmt: skip
+    return {
+        "model": str(Path(a.model).resolve()),
+        "nsamples": a.nsamples,
+        "seqlen": a.seqlen,
+        "seed": a.seed,
+        "wiki_chunks": a.wiki_chunks,
+        "ts_chunks": a.ts_chunks,
+        "ctx": 512,
+        "gptq_flags": GPTQ_FLAGS,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: model, work dir, threads, scored chunks, calibration size and seed, rows to compute."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the fp32 HF model directory (make real-model)")
-    p.add_argument("--work", type=Path, default=Path.home() / ".cache" / "matgptq" / "gguf_vs_llamacpp_real",
-                   help="GGUF files, checkpoints, saved F32 logits and logs (~3 GB)")  # fmt: skip
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=Path.home() / ".cache" / "matgptq" / "gguf_vs_llamacpp_real",
+        help="GGUF files, checkpoints, saved F32 logits and logs (~3 GB)",
+    )
     p.add_argument("--threads", type=int, default=1, help="threads for llama.cpp's tools and GPTQ")
     p.add_argument("--wiki-chunks", type=int, default=24, help="512-token chunks of WikiText-2 scored")
     p.add_argument("--ts-chunks", type=int, default=16, help="512-token chunks of TinyStories scored")
     p.add_argument("--nsamples", type=int, default=64, help="calibration windows (GPTQ and imatrix)")
     p.add_argument("--seqlen", type=int, default=512, help="tokens per calibration window")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the calibration draw (GPTQ and imatrix); a seed other than 0 keeps its files in "
-                        "WORK/seedS and its results under its seed in docs/results/gguf_vs_llamacpp_real.json, and the "
-                        "report adds each seed's goal ratios (use --only to limit the rows)")  # fmt: skip
-    p.add_argument("--only", default="", help="comma list of rows to compute (default all): f32, llama:PRESET[+im], gptq4…")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the calibration draw (GPTQ and imatrix); a seed other than 0 keeps its files in "
+        "WORK/seedS and its results under its seed in docs/results/gguf_vs_llamacpp_real.json, and the "
+        "report adds each seed's goal ratios (use --only to limit the rows)",
+    )
+    p.add_argument(
+        "--only", default="", help="comma list of rows to compute (default all): f32, llama:PRESET[+im], gptq4…"
+    )
     p.add_argument("--render-only", action="store_true", help="only re-render the page from the JSONs")
     return p
 
@@ -146,9 +176,34 @@ class Job:
         a, work = self.a, self.work
         if not (ckpt / "config.json").is_file():
             t0 = time.time()
-            run([sys.executable, "-m", "matgptq", "quantize", a.model, "--out", ckpt, *options, *GPTQ_FLAGS, "--calib",
-                 WIKI, "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen", str(a.seqlen), "--seed",
-                 str(a.seed), "--overwrite", "--resume", "--quiet"], work / f"{key}.quantize.log", child_env(a.threads))  # fmt: skip
+            run(
+                [
+                    sys.executable,
+                    "-m",
+                    "matgptq",
+                    "quantize",
+                    a.model,
+                    "--out",
+                    ckpt,
+                    *options,
+                    *GPTQ_FLAGS,
+                    "--calib",
+                    WIKI,
+                    "--calib-range",
+                    "0.5:1",
+                    "--nsamples",
+                    str(a.nsamples),
+                    "--seqlen",
+                    str(a.seqlen),
+                    "--seed",
+                    str(a.seed),
+                    "--overwrite",
+                    "--resume",
+                    "--quiet",
+                ],
+                work / f"{key}.quantize.log",
+                child_env(a.threads),
+            )
             self.state.setdefault("quantize_seconds", {})[key] = round(time.time() - t0, 1)
 
 
@@ -157,8 +212,10 @@ def load_job(a: argparse.Namespace) -> Job:
     runs = load_json(STATE)["seeds"] if STATE.is_file() else {}
     state = runs.get(str(a.seed)) or {"settings": settings(a), "files": {}, "scores": {}}
     if state["settings"] != settings(a):
-        sys.exit(f"gguf_vs_llamacpp_real: error: {STATE} holds a run of seed {a.seed} with other settings; move it "
-                 "away or match them")  # fmt: skip
+        sys.exit(
+            f"gguf_vs_llamacpp_real: error: {STATE} holds a run of seed {a.seed} with other settings; move it "
+            "away or match them"
+        )
     return Job(a, state)
 
 
@@ -180,8 +237,10 @@ def open_work(job: Job) -> None:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        sys.exit(f"gguf_vs_llamacpp_real: error: another run of seed {a.seed} is writing {STATE}; wait for it to end "
-                 "(two runs of one seed would overwrite each other's results)")  # fmt: skip
+        sys.exit(
+            f"gguf_vs_llamacpp_real: error: another run of seed {a.seed} is writing {STATE}; wait for it to end "
+            "(two runs of one seed would overwrite each other's results)"
+        )
     if a.seed:  # the F32 file and its saved logits do not depend on the calibration seed: seed 0's are reused
         for f in ("f32.gguf", f"base-wiki-{a.wiki_chunks}.kld", f"base-ts-{a.ts_chunks}.kld"):
             if (a.work / f).is_file() and not (work / f).exists():
@@ -198,8 +257,26 @@ def make_presets(job: Job) -> Path:
     state["files"]["f32"] = file_info(f32)
     imatrix = work / "imatrix.gguf"
     if not imatrix.is_file():
-        run([TOOLS / "llama-imatrix", "-m", f32, "-f", calib_text(a.model, work, a), "-c", str(a.seqlen), "-b",
-             str(a.seqlen), "--chunks", str(a.nsamples), "-t", str(a.threads), "-o", imatrix], work / "imatrix.log")  # fmt: skip
+        run(
+            [
+                TOOLS / "llama-imatrix",
+                "-m",
+                f32,
+                "-f",
+                calib_text(a.model, work, a),
+                "-c",
+                str(a.seqlen),
+                "-b",
+                str(a.seqlen),
+                "--chunks",
+                str(a.nsamples),
+                "-t",
+                str(a.threads),
+                "-o",
+                imatrix,
+            ],
+            work / "imatrix.log",
+        )
     for preset in PRESETS:
         for im in (False, True):
             name = f"llama:{preset}" + ("+im" if im else "")
@@ -207,8 +284,18 @@ def make_presets(job: Job) -> Path:
             if not out.is_file():
                 tmp = out.with_suffix(".tmp.gguf")
                 qtype, options = QUANTIZE[preset]
-                run([TOOLS / "llama-quantize", *(["--imatrix", imatrix] if im else []), *options, f32, tmp, qtype,
-                     str(a.threads)], out.with_suffix(".log"))  # fmt: skip
+                run(
+                    [
+                        TOOLS / "llama-quantize",
+                        *(["--imatrix", imatrix] if im else []),
+                        *options,
+                        f32,
+                        tmp,
+                        qtype,
+                        str(a.threads),
+                    ],
+                    out.with_suffix(".log"),
+                )
                 tmp.replace(out)
             job.files[name] = out
             state["files"][name] = file_info(out)
@@ -221,9 +308,11 @@ def make_presets(job: Job) -> Path:
 
 def search_budgets(job: Job, f32: Path) -> dict:
     """The search budget of every searched row: (parent, preset, embed) -> the preset's tensor bytes as a budget."""
-    return {(ck, *w[1:3]): search_budget(f32, job.state["files"][f"llama:{w[1]}"]["tensor_bytes"], w[2],
-                                         SEARCH_OF[ck][0])
-            for ck, w, _ in OURS.values() if isinstance(w, tuple)}  # (parent, preset, embed) -> budget  # fmt: skip
+    return {
+        (ck, *w[1:3]): search_budget(f32, job.state["files"][f"llama:{w[1]}"]["tensor_bytes"], w[2], SEARCH_OF[ck][0])
+        for ck, w, _ in OURS.values()
+        if isinstance(w, tuple)
+    }  # (parent, preset, embed) -> budget
 
 
 def searched_mix(job: Job, name: str, ck: str, ckpt: Path, width: tuple) -> tuple[Path, list, str]:
@@ -232,17 +321,47 @@ def searched_mix(job: Job, name: str, ck: str, ckpt: Path, width: tuple) -> tupl
     embed, budget = width[2], budget_of[(ck, *width[1:3])]
     sdir = work / f"{ck}-search"
     if not (sdir / f"mix-{budget}.json").is_file():  # one search for every budget of this parent:
-        todo = list(dict.fromkeys(  # one teacher, one sensitivity pass
-            budget_of[(c, *w[1:3])] for n, (c, w, _) in OURS.items()
-            if c == ck and isinstance(w, tuple) and job.want(n)
-            and not (sdir / f"mix-{budget_of[(c, *w[1:3])]}.json").is_file()))  # fmt: skip
+        todo = list(
+            dict.fromkeys(  # one teacher, one sensitivity pass
+                budget_of[(c, *w[1:3])]
+                for n, (c, w, _) in OURS.items()
+                if c == ck
+                and isinstance(w, tuple)
+                and job.want(n)
+                and not (sdir / f"mix-{budget_of[(c, *w[1:3])]}.json").is_file()
+            )
+        )
         t0 = time.time()
         kind, levels = SEARCH_OF[ck]
-        run([sys.executable, "-m", "matgptq", "search", ckpt, "--budget", ",".join(todo),
-             "--budget-kind", kind, "--levels", levels, "--calib", WIKI, "--calib-range",
-             "0.5:1", "--seed", str(a.seed), "--out", sdir, "--resume", "--quiet",
-             "--sensitivity", "probe"],  # the recorded seeds' start (the default until 2026-11-28)
-            work / f"{ck}.search.log", child_env(a.threads))  # fmt: skip
+        run(
+            [
+                sys.executable,
+                "-m",
+                "matgptq",
+                "search",
+                ckpt,
+                "--budget",
+                ",".join(todo),
+                "--budget-kind",
+                kind,
+                "--levels",
+                levels,
+                "--calib",
+                WIKI,
+                "--calib-range",
+                "0.5:1",
+                "--seed",
+                str(a.seed),
+                "--out",
+                sdir,
+                "--resume",
+                "--quiet",
+                "--sensitivity",
+                "probe",
+            ],  # the recorded seeds' start (the default until 2026-11-28)
+            work / f"{ck}.search.log",
+            child_env(a.threads),
+        )
         state.setdefault("search_seconds", {})[",".join(todo)] = round(time.time() - t0, 1)
     state.setdefault("search_budgets", {})[name] = budget
     # each row names its candidate; the command's own output ("bits") is the lower-KL of the two
@@ -271,8 +390,27 @@ def make_ours(job: Job, name: str, ck: str, width, out: Path) -> None:
         sel = ["--bits-config", work / f"{name}.mix.json"]
     elif width is not None:
         sel = ["--bits", str(width)]
-    run([sys.executable, "-m", "matgptq", "export", ckpt, *sel, "--format", "gguf", "--type", "auto",
-         "--embed-type", embed, "--out", out, "--overwrite"], work / f"{name}.export.log", child_env(a.threads))  # fmt: skip
+    run(
+        [
+            sys.executable,
+            "-m",
+            "matgptq",
+            "export",
+            ckpt,
+            *sel,
+            "--format",
+            "gguf",
+            "--type",
+            "auto",
+            "--embed-type",
+            embed,
+            "--out",
+            out,
+            "--overwrite",
+        ],
+        work / f"{name}.export.log",
+        child_env(a.threads),
+    )
 
 
 def ours_row(job: Job, name: str, ck: str, width, vs: tuple) -> None:
@@ -311,6 +449,7 @@ def main() -> int:
                     job.score_all(ref, job.files[ref])
     publish(echo=True)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -36,7 +36,9 @@ def _note(kind, **kw):
     print("@@progress " + json.dumps({"kind": kind, **kw}), file=sys.stderr, flush=True)
 """
 
-QUANT_CHILD = _PREFIX + """
+QUANT_CHILD = (
+    _PREFIX
+    + """
 model, out, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 device = opts.pop("device")
 CUDA = device.startswith("cuda")
@@ -117,8 +119,11 @@ print("@@result " + json.dumps({
     "peak_reserved": torch.cuda.max_memory_reserved() if CUDA else None,
     "rss": _rss(), "device_name": _device_name(), "torch": torch.__version__}), flush=True)
 """
+)
 
-AGREE_CHILD = _PREFIX + """
+AGREE_CHILD = (
+    _PREFIX
+    + """
 model, work, calib, opts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 device = opts.pop("device")
 CUDA = device.startswith("cuda")
@@ -152,8 +157,11 @@ for method, bits in (("gptq", 4), ("matgptq", [3, 4, 8])):
         found[method] = {"ok": False, "error": traceback.format_exc()[-1500:], "device": device}
 print("@@result " + json.dumps({"runs": found, "device_name": _device_name()}), flush=True)
 """
+)
 
-SCORE_CHILD = _PREFIX + """
+SCORE_CHILD = (
+    _PREFIX
+    + """
 parent, calib, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 import faulthandler
 faulthandler.dump_traceback_later(opts["stack_dump_s"], exit=False)  # where it was, in the tail of a timeout
@@ -225,6 +233,7 @@ print("@@result " + json.dumps({
     "peak_gpu": torch.cuda.max_memory_allocated() if CUDA else None, "rss": _rss(),
     "device_name": _device_name(), "torch": torch.__version__}), flush=True)
 """
+)
 
 CLI_CHILD = """
 import runpy, sys

@@ -45,8 +45,11 @@ class Block(nn.Module):
         d, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
         self.s = s
         self.q, self.k, self.v, self.o = linear(q, d), linear(kv, d), linear(kv, d), linear(d, q)
-        self.gate, self.up, self.down = linear(s["intermediate"], d), linear(s["intermediate"], d), \
-            linear(d, s["intermediate"])  # fmt: skip
+        self.gate, self.up, self.down = (
+            linear(s["intermediate"], d),
+            linear(s["intermediate"], d),
+            linear(d, s["intermediate"]),
+        )
         self.register_buffer("n1", torch.ones(d, dtype=torch.float16))
         self.register_buffer("n2", torch.ones(d, dtype=torch.float16))
 
@@ -77,8 +80,10 @@ class Decoder(nn.Module):
         nn.init.normal_(self.head.weight, std=0.02)
         self.to(device)
         kv = (batch, s["kv_heads"], CACHE, s["head_dim"])
-        self.caches = [(torch.zeros(kv, dtype=torch.float16, device=device),
-                        torch.zeros(kv, dtype=torch.float16, device=device)) for _ in range(blocks)]  # fmt: skip
+        self.caches = [
+            (torch.zeros(kv, dtype=torch.float16, device=device), torch.zeros(kv, dtype=torch.float16, device=device))
+            for _ in range(blocks)
+        ]
         inv = 1.0 / (500000.0 ** (torch.arange(0, s["head_dim"], 2, device=device).float() / s["head_dim"]))
         ang = torch.arange(CACHE, device=device).float()[:, None] * inv[None, :]
         self.cos, self.sin = torch.cat([ang.cos()] * 2, -1).half(), torch.cat([ang.sin()] * 2, -1).half()
@@ -106,10 +111,13 @@ def linear_factory(kind: str, bits: int, device: str):
             nn.init.normal_(lin.weight, std=0.02)
             return lin
         g = k // GROUP
-        q = QuantizedWeight(torch.randint(0, 256, (n, k), generator=gen, device=device, dtype=torch.uint8),
-                            torch.full((n, g), 2e-4, device=device, dtype=torch.float16),
-                            torch.randint(96, 160, (n, g), generator=gen, device=device, dtype=torch.uint8),
-                            torch.arange(k, dtype=torch.int32, device=device) // GROUP, 8)  # fmt: skip
+        q = QuantizedWeight(
+            torch.randint(0, 256, (n, k), generator=gen, device=device, dtype=torch.uint8),
+            torch.full((n, g), 2e-4, device=device, dtype=torch.float16),
+            torch.randint(96, 160, (n, g), generator=gen, device=device, dtype=torch.uint8),
+            torch.arange(k, dtype=torch.int32, device=device) // GROUP,
+            8,
+        )
         return NestedLinear(q, bits, None, torch.float16, Resident(kind))
 
     return make
@@ -132,12 +140,25 @@ def measure(tiny: bool) -> dict:
         for kind, bits in VARIANTS:
             torch.cuda.empty_cache() if not tiny else None
             model = Decoder(s, blocks, linear_factory(kind, bits, device), batch, device)
-            layer_bytes = sum(t.numel() * t.element_size() for blk in model.blocks
-                              for t in list(blk.parameters()) + list(blk.buffers()))  # fmt: skip
+            layer_bytes = sum(
+                t.numel() * t.element_size()
+                for blk in model.blocks
+                for t in list(blk.parameters()) + list(blk.buffers())
+            )
             sec = step_seconds(model, tiny)
-            rows.append({"variant": kind, "bits": bits, "batch": batch, "blocks": blocks, "step_ms": sec * 1e3,
-                         "tokens_per_s": batch / sec, "block_ms": (sec - base) * 1e3 / blocks,
-                         "block_bytes": layer_bytes / blocks, "head_and_embed_ms": base * 1e3})  # fmt: skip
+            rows.append(
+                {
+                    "variant": kind,
+                    "bits": bits,
+                    "batch": batch,
+                    "blocks": blocks,
+                    "step_ms": sec * 1e3,
+                    "tokens_per_s": batch / sec,
+                    "block_ms": (sec - base) * 1e3 / blocks,
+                    "block_bytes": layer_bytes / blocks,
+                    "head_and_embed_ms": base * 1e3,
+                }
+            )
             del model
     for r in rows:
         fp16 = next(x for x in rows if x["variant"] == "fp16" and x["batch"] == r["batch"])

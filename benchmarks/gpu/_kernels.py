@@ -36,20 +36,28 @@ GROUP = 128
 # 01:50) loaded each plane word once (hoist): (32, 1024, split 1) 26.3 µs against 29.4 without, (16, 1024, split 1)
 # 26.9, (32, 512, split 4) 28.0 (27.9 without); GEMM (64, 512) 94.4 against 93.3 without, and one product per K block
 # of the 32 lanes' joined tiles 140 (removed). split_k = 0: chosen from the shape (triton_nested.auto_split).
-GEMV_TILES = [Tiles(32, 1024, split_k=0, hoist=True), Tiles(32, 1024, split_k=1, hoist=True),
-              Tiles(16, 1024, split_k=1, hoist=True), Tiles(32, 2048, split_k=1, hoist=True),
-              Tiles(32, 1024, split_k=1, hoist=True, num_warps=8), Tiles(32, 512, split_k=4, hoist=True),
-              Tiles(32, 512, split_k=2)]  # fmt: skip
-GEMM_TILES = [Tiles(64, 512, 16), Tiles(128, 512, 16, num_warps=8), Tiles(32, 512, 16)]  # fmt: skip
+GEMV_TILES = [
+    Tiles(32, 1024, split_k=0, hoist=True),
+    Tiles(32, 1024, split_k=1, hoist=True),
+    Tiles(16, 1024, split_k=1, hoist=True),
+    Tiles(32, 2048, split_k=1, hoist=True),
+    Tiles(32, 1024, split_k=1, hoist=True, num_warps=8),
+    Tiles(32, 512, split_k=4, hoist=True),
+    Tiles(32, 512, split_k=2),
+]
+GEMM_TILES = [Tiles(64, 512, 16), Tiles(128, 512, 16, num_warps=8), Tiles(32, 512, 16)]
 
 
 def random_parent(n: int, k: int, device: str, seed: int = 0) -> QuantizedWeight:
     g = torch.Generator(device=device).manual_seed(seed)
     groups = k // GROUP
-    return QuantizedWeight(torch.randint(0, 256, (n, k), generator=g, device=device, dtype=torch.uint8),
-                           (torch.rand(n, groups, generator=g, device=device) * 2e-4 + 1e-4).to(torch.float16),
-                           torch.randint(0, 256, (n, groups), generator=g, device=device, dtype=torch.uint8),
-                           torch.arange(k, dtype=torch.int32, device=device) // GROUP, 8)  # fmt: skip
+    return QuantizedWeight(
+        torch.randint(0, 256, (n, k), generator=g, device=device, dtype=torch.uint8),
+        (torch.rand(n, groups, generator=g, device=device) * 2e-4 + 1e-4).to(torch.float16),
+        torch.randint(0, 256, (n, groups), generator=g, device=device, dtype=torch.uint8),
+        torch.arange(k, dtype=torch.int32, device=device) // GROUP,
+        8,
+    )
 
 
 def graph_us(calls: list, tiny: bool, replays: int = REPLAYS, warmups: int = 1) -> float:
@@ -109,8 +117,10 @@ def rel_error(y: torch.Tensor, x: torch.Tensor, layout: NestedLayout, bits: int)
 
 def layouts(n: int, k: int, bits: int, device: str) -> dict[str, list[NestedLayout]]:
     parents = [random_parent(n, k, device, seed) for seed in range(COPIES)]
-    return {"slice": [NestedLayout.build(q.slice(bits)) for q in parents],
-            "parent": [NestedLayout.build(q) for q in parents]}  # fmt: skip
+    return {
+        "slice": [NestedLayout.build(q.slice(bits)) for q in parents],
+        "parent": [NestedLayout.build(q) for q in parents],
+    }
 
 
 def sweep(n: int, k: int, batch: int, candidates: list, device: str, tiny: bool) -> tuple[list, list[dict]]:
@@ -155,21 +165,36 @@ def measure(tiny: bool) -> dict:
         t0 = time.perf_counter()
         ranked[batch], rows = sweep(*shapes[0], batch, candidates_for(batch, ranked, tiny), device, tiny)
         kern, tiles = ranked[batch][0]
-        out["sweep"][str(batch)] = {"chosen": {"kernel": kern.value, **asdict(tiles)}, "candidates": rows,
-                                    "seconds": time.perf_counter() - t0}  # fmt: skip
+        out["sweep"][str(batch)] = {
+            "chosen": {"kernel": kern.value, **asdict(tiles)},
+            "candidates": rows,
+            "seconds": time.perf_counter() - t0,
+        }
         for n, k in shapes:
             x = torch.randn(batch, k, device=device, dtype=torch.float16 if not tiny else torch.float32)
             w16 = [torch.randn(n, k, device=device, dtype=x.dtype) * 0.02 for _ in range(COPIES)]
             fp16 = graph_us([lambda w=w: torch.matmul(x, w.t()) for w in w16], tiny)
             del w16
             i4, why = int4_us(x, n, k, tiny)
-            out["baselines"].append({"shape": [n, k], "batch": batch, "fp16_us": fp16, "int4_tinygemm_us": i4,
-                                     "int4_error": why})  # fmt: skip
+            out["baselines"].append(
+                {"shape": [n, k], "batch": batch, "fp16_us": fp16, "int4_tinygemm_us": i4, "int4_error": why}
+            )
             for bits in widths:
                 for kind, lays in layouts(n, k, bits, device).items():
                     y = nested_matmul(x, lays[0], bits, kern, tiles)
                     us = graph_us([lambda lay=lay: nested_matmul(x, lay, bits, kern, tiles) for lay in lays], tiny)
-                    out["gemv"].append({"shape": [n, k], "batch": batch, "bits": bits, "layout": kind, "us": us,
-                                        "fp16_us": fp16, "speedup_vs_fp16": fp16 / us, "int4_us": i4,
-                                        "kernel": kern.value, "rel_error": rel_error(y, x, lays[0], bits)})  # fmt: skip
+                    out["gemv"].append(
+                        {
+                            "shape": [n, k],
+                            "batch": batch,
+                            "bits": bits,
+                            "layout": kind,
+                            "us": us,
+                            "fp16_us": fp16,
+                            "speedup_vs_fp16": fp16 / us,
+                            "int4_us": i4,
+                            "kernel": kern.value,
+                            "rel_error": rel_error(y, x, lays[0], bits),
+                        }
+                    )
     return out

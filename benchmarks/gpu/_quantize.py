@@ -59,14 +59,30 @@ RUNS = (("gptq", (4,), 512), ("gptq", (4,), 2048), ("matgptq", (3, 4, 8), 512), 
 # calib: the share of the text tokenized (from its start), ≥ 1.15x the tokens drawn: 0.3 ≈ 90k tokens, 1.0 ≈ 302k
 # cap_s: a MatGPTQ run's own limit (its per-column host round trips make it the slowest; killed, it still reports the
 # layers it finished), so that it cannot starve the runs after it
-FULL = dict(shape="llama-3.1-8b", nsamples=128, budget_s=140.0, min_start_s=20.0, seqlen={512: 512, 2048: 2048},
-            calib={512: 0.3, 2048: 1.0}, cap_s={"gptq": 120.0, "matgptq": 60.0}, agree_cap_s=30.0,
-            score_timeout_s=90.0)  # fmt: skip
+FULL = dict(
+    shape="llama-3.1-8b",
+    nsamples=128,
+    budget_s=140.0,
+    min_start_s=20.0,
+    seqlen={512: 512, 2048: 2048},
+    calib={512: 0.3, 2048: 1.0},
+    cap_s={"gptq": 120.0, "matgptq": 60.0},
+    agree_cap_s=30.0,
+    score_timeout_s=90.0,
+)
 # TINY measures nothing (a CPU dry run of the same code): its limits only catch a hang, so they are 5x what an idle
 # 2-core machine needs; at 45 s / 20 s each run of `make gpu-check` timed out on a loaded one (load 7, issue #101)
-TINY = dict(shape="llama-tiny", nsamples=4, budget_s=240.0, min_start_s=6.0, seqlen={512: 32, 2048: 64},
-            calib={512: 0.02, 2048: 0.02}, cap_s={"gptq": 150.0, "matgptq": 150.0}, agree_cap_s=100.0,
-            score_timeout_s=200.0)  # fmt: skip
+TINY = dict(
+    shape="llama-tiny",
+    nsamples=4,
+    budget_s=240.0,
+    min_start_s=6.0,
+    seqlen={512: 32, 2048: 64},
+    calib={512: 0.02, 2048: 0.02},
+    cap_s={"gptq": 150.0, "matgptq": 150.0},
+    agree_cap_s=100.0,
+    score_timeout_s=200.0,
+)
 BLOCKS = 2
 QUANT_DIR = "quantize"  # under `work`: the outputs kept for the search scoring
 
@@ -124,8 +140,14 @@ def _child(code: str, args: list[str], timeout: float) -> dict:
     t0 = time.perf_counter()
     timed_out = False
     try:
-        done = subprocess.run([sys.executable, "-c", code, *args], env=_env(), cwd=ROOT, capture_output=True,
-                              text=True, timeout=max(1.0, timeout))  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            env=_env(),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=max(1.0, timeout),
+        )
         rc, out, err = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as e:
         rc, out, err, timed_out = None, _text(e.stdout), _text(e.stderr), True
@@ -137,8 +159,13 @@ def _child(code: str, args: list[str], timeout: float) -> dict:
         error = f"timed out after {timeout:.0f} s (killed); stderr tail:\n{tail}"
     elif rc != 0 or result is None:
         error = f"exit status {rc}; stderr tail:\n{tail or out[-2500:]}"
-    return {"result": result, "progress": progress, "error": error, "timed_out": timed_out,
-            "seconds": time.perf_counter() - t0}  # fmt: skip
+    return {
+        "result": result,
+        "progress": progress,
+        "error": error,
+        "timed_out": timed_out,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 # -------------------------------------------------------------------------------------------------------- quantize
@@ -148,24 +175,58 @@ def _label(method: str, bits, nsamples: int, seqlen: int) -> str:
     return f"{method}-{','.join(map(str, bits))}-{nsamples}x{seqlen}"
 
 
-def _empty_run(method: str, bits, nsamples: int, seqlen: int, anchor_seqlen: int, tiny: bool, cfg: dict,
-               device: str) -> dict:  # fmt: skip
+def _empty_run(
+    method: str, bits, nsamples: int, seqlen: int, anchor_seqlen: int, tiny: bool, cfg: dict, device: str
+) -> dict:
     """A run's dict with every key (values None until measured)."""
     return {
-        "label": _label(method, bits, nsamples, seqlen), "method": method, "bits": list(bits),
-        "nsamples": nsamples, "seqlen": seqlen, "tokens": nsamples * seqlen, "group_size": 128, "tiny": tiny,
-        "calib_range": [0.0, cfg["calib"][anchor_seqlen]], "started_at_s": None,
-        "model": f"random {cfg['shape']}, {BLOCKS} blocks, bf16", "model_gib": None, "n_blocks": BLOCKS,
-        "device": device, "device_name": None, "torch": None, "build_s": None,
-        "ok": False, "error": None, "skipped": None, "timed_out": False,
-        "wall_s": None, "process_s": None, "s_per_block": None, "steady_s_per_block": None, "second_block_s": None,
-        "block_s": [], "solver_s_per_block": None, "stages_s": {}, "stage_times": {}, "shares": {},
-        "peak_gpu_gib": None, "peak_reserved_gib": None, "peak_rss_gib": None,
-        "anchor_seqlen": anchor_seqlen, "anchor_s": ANCHORS[anchor_seqlen], "ratio_per_block": None,
-        "ratio_steady": None, "ratio_second_block": None, "meets_half_per_block": None,
-        "meets_half_second_block": None, "layers": [], "partial": False, "codes_vs_cpu": None, "out": None,
+        "label": _label(method, bits, nsamples, seqlen),
+        "method": method,
+        "bits": list(bits),
+        "nsamples": nsamples,
+        "seqlen": seqlen,
+        "tokens": nsamples * seqlen,
+        "group_size": 128,
+        "tiny": tiny,
+        "calib_range": [0.0, cfg["calib"][anchor_seqlen]],
+        "started_at_s": None,
+        "model": f"random {cfg['shape']}, {BLOCKS} blocks, bf16",
+        "model_gib": None,
+        "n_blocks": BLOCKS,
+        "device": device,
+        "device_name": None,
+        "torch": None,
+        "build_s": None,
+        "ok": False,
+        "error": None,
+        "skipped": None,
+        "timed_out": False,
+        "wall_s": None,
+        "process_s": None,
+        "s_per_block": None,
+        "steady_s_per_block": None,
+        "second_block_s": None,
+        "block_s": [],
+        "solver_s_per_block": None,
+        "stages_s": {},
+        "stage_times": {},
+        "shares": {},
+        "peak_gpu_gib": None,
+        "peak_reserved_gib": None,
+        "peak_rss_gib": None,
+        "anchor_seqlen": anchor_seqlen,
+        "anchor_s": ANCHORS[anchor_seqlen],
+        "ratio_per_block": None,
+        "ratio_steady": None,
+        "ratio_second_block": None,
+        "meets_half_per_block": None,
+        "meets_half_second_block": None,
+        "layers": [],
+        "partial": False,
+        "codes_vs_cpu": None,
+        "out": None,
         "instruments": [],
-    }  # fmt: skip
+    }
 
 
 def _fill(run: dict, child: dict) -> None:
@@ -175,8 +236,9 @@ def _fill(run: dict, child: dict) -> None:
     r = child["result"]
     if r is None:  # what the child finished before it failed or was killed
         run["block_s"] = [p["seconds"] for p in child["progress"] if p["kind"] == "block"]
-        run["layers"] = [{k: p[k] for k in ("name", "shape", "seconds", "wall")} for p in child["progress"]
-                         if p["kind"] == "layer"]  # fmt: skip
+        run["layers"] = [
+            {k: p[k] for k in ("name", "shape", "seconds", "wall")} for p in child["progress"] if p["kind"] == "layer"
+        ]
         run["partial"] = bool(run["block_s"] or run["layers"])
         if len(run["block_s"]) > 1:
             run["second_block_s"] = run["block_s"][1]
@@ -185,24 +247,35 @@ def _fill(run: dict, child: dict) -> None:
     n = max(1, len(r["blocks"]) or BLOCKS)
     stages, times = r["stages"], r["times"]
     fixed = sum(stages.get(k, 0.0) for k in ("windows", "open", "capture", "assemble"))
-    run.update(ok=True, device_name=r["device_name"], torch=r["torch"], wall_s=round(r["wall"], 3),
-               s_per_block=r["wall"] / BLOCKS, steady_s_per_block=(r["wall"] - fixed) / BLOCKS,
-               block_s=r["blocks"], second_block_s=r["blocks"][1] if len(r["blocks"]) > 1 else None,
-               solver_s_per_block=sum(x["seconds"] for x in r["layers"]) / n,
-               stages_s={k: round(v, 4) for k, v in sorted(stages.items())},
-               stage_times={k: round(v, 4) if isinstance(v, float) else v for k, v in times.items()},
-               peak_gpu_gib=None if r["peak_gpu"] is None else r["peak_gpu"] / gib,
-               peak_reserved_gib=None if r["peak_reserved"] is None else r["peak_reserved"] / gib,
-               peak_rss_gib=None if r["rss"] is None else r["rss"] / gib, layers=r["layers"],
-               instruments=r["instruments"])  # fmt: skip
+    run.update(
+        ok=True,
+        device_name=r["device_name"],
+        torch=r["torch"],
+        wall_s=round(r["wall"], 3),
+        s_per_block=r["wall"] / BLOCKS,
+        steady_s_per_block=(r["wall"] - fixed) / BLOCKS,
+        block_s=r["blocks"],
+        second_block_s=r["blocks"][1] if len(r["blocks"]) > 1 else None,
+        solver_s_per_block=sum(x["seconds"] for x in r["layers"]) / n,
+        stages_s={k: round(v, 4) for k, v in sorted(stages.items())},
+        stage_times={k: round(v, 4) if isinstance(v, float) else v for k, v in times.items()},
+        peak_gpu_gib=None if r["peak_gpu"] is None else r["peak_gpu"] / gib,
+        peak_reserved_gib=None if r["peak_reserved"] is None else r["peak_reserved"] / gib,
+        peak_rss_gib=None if r["rss"] is None else r["rss"] / gib,
+        layers=r["layers"],
+        instruments=r["instruments"],
+    )
     in_blocks = sum(r["blocks"])
     if in_blocks > 0 and times:
         shares = {k: times.get(k, 0.0) / in_blocks for k in ("forward", "hessian", "solver", "report")}
         shares["other"] = 1.0 - sum(shares.values())
         run["shares"] = {k: round(v, 4) for k, v in shares.items()}
     a = run["anchor_s"]
-    for key, value in (("ratio_per_block", run["s_per_block"]), ("ratio_steady", run["steady_s_per_block"]),
-                       ("ratio_second_block", run["second_block_s"])):  # fmt: skip
+    for key, value in (
+        ("ratio_per_block", run["s_per_block"]),
+        ("ratio_steady", run["steady_s_per_block"]),
+        ("ratio_second_block", run["second_block_s"]),
+    ):
         run[key] = None if value is None else value / a
     run["meets_half_per_block"] = run["ratio_per_block"] <= GOAL
     run["meets_half_second_block"] = None if run["ratio_second_block"] is None else run["ratio_second_block"] <= GOAL
@@ -211,15 +284,25 @@ def _fill(run: dict, child: dict) -> None:
 def _agreement(model: Path, calib: Path, device: str, work: Path, timeout: float) -> dict:
     """{method: codes of a small float32 Llama quantized on `device` against the CPU's} (tests/quantization/
     test_cuda.py's bounds), or {method: error}."""
-    opts = {"device": device, "calib_range": [0.0, 0.02], "nsamples": 16, "seqlen": 64, "group_size": 32,
-            "dtype": "float32"}  # fmt: skip
+    opts = {
+        "device": device,
+        "calib_range": [0.0, 0.02],
+        "nsamples": 16,
+        "seqlen": 64,
+        "group_size": 32,
+        "dtype": "float32",
+    }
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         child = _child(AGREE_CHILD, [str(model), tmp, str(calib), json.dumps(opts)], timeout)
     if child["result"] is None:
-        return {m: {"ok": False, "error": child["error"], "device": device, "process_s": child["seconds"]}
-                for m in ("gptq", "matgptq")}  # fmt: skip
-    return {m: {**v, "device_name": child["result"]["device_name"], "process_s": child["seconds"]}
-            for m, v in child["result"]["runs"].items()}  # fmt: skip
+        return {
+            m: {"ok": False, "error": child["error"], "device": device, "process_s": child["seconds"]}
+            for m in ("gptq", "matgptq")
+        }
+    return {
+        m: {**v, "device_name": child["result"]["device_name"], "process_s": child["seconds"]}
+        for m, v in child["result"]["runs"].items()
+    }
 
 
 def _build(cfg: dict, work: Path, tok: Path, device: str, blocks: int = BLOCKS) -> tuple[Path, float, float]:
@@ -228,8 +311,9 @@ def _build(cfg: dict, work: Path, tok: Path, device: str, blocks: int = BLOCKS) 
     from benchmarks.gpu._random_llama import build, weight_bytes
 
     t0 = time.perf_counter()
-    model = build(cfg["shape"], out=work / f"random-{cfg['shape']}-{blocks}l", layers=blocks, tokenizer=tok,
-                  device=device)  # on the GPU: its random numbers drawn there, in seconds
+    model = build(
+        cfg["shape"], out=work / f"random-{cfg['shape']}-{blocks}l", layers=blocks, tokenizer=tok, device=device
+    )  # on the GPU: its random numbers drawn there, in seconds
     build_s, model_gib = time.perf_counter() - t0, weight_bytes(model) / 2.0**30
     if device == "cuda":
         import torch
@@ -238,8 +322,9 @@ def _build(cfg: dict, work: Path, tok: Path, device: str, blocks: int = BLOCKS) 
     return model, build_s, model_gib
 
 
-def measure_quantize(work: Path, tiny: bool, budget_s: float | None = None,
-                     methods: tuple[str, ...] | None = None) -> list[dict]:  # fmt: skip
+def measure_quantize(
+    work: Path, tiny: bool, budget_s: float | None = None, methods: tuple[str, ...] | None = None
+) -> list[dict]:
     """One dict per run of RUNS (module docstring): with `tiny` a small random Llama on the CPU, else the
     Llama-3.1-8B-shaped one on CUDA. Runs start while the `budget_s` seconds (default: 140 full, 45 tiny; the model's
     build and the code agreement included) leave at least a minimum; each gets the rest (at most its method's cap)
@@ -264,8 +349,11 @@ def measure_quantize(work: Path, tiny: bool, budget_s: float | None = None,
         return runs
     from benchmarks.gpu._random_llama import build
 
-    small = model if tiny else build(TINY["shape"], out=work / f"random-{TINY['shape']}-{BLOCKS}l", layers=BLOCKS,
-                                     tokenizer=tok)  # fmt: skip
+    small = (
+        model
+        if tiny
+        else build(TINY["shape"], out=work / f"random-{TINY['shape']}-{BLOCKS}l", layers=BLOCKS, tokenizer=tok)
+    )
     left = lambda: budget - (time.perf_counter() - t_start)  # noqa: E731
     agree = _agreement(small, calib, device, work, min(cfg["agree_cap_s"], max(1.0, left())))
     out_dir = work / QUANT_DIR
@@ -282,8 +370,16 @@ def measure_quantize(work: Path, tiny: bool, budget_s: float | None = None,
             continue
         out = out_dir / run["label"]
         run["started_at_s"] = round(time.perf_counter() - t_start, 2)
-        opts = {"device": device, "calib": str(calib), "calib_range": run["calib_range"], "method": run["method"],
-                "bits": run["bits"], "nsamples": run["nsamples"], "seqlen": run["seqlen"], "group_size": 128}
+        opts = {
+            "device": device,
+            "calib": str(calib),
+            "calib_range": run["calib_range"],
+            "method": run["method"],
+            "bits": run["bits"],
+            "nsamples": run["nsamples"],
+            "seqlen": run["seqlen"],
+            "group_size": 128,
+        }
         timeout = min(left(), cfg["cap_s"][run["method"]])
         _fill(run, _child(QUANT_CHILD, [str(model), str(out), json.dumps(opts)], timeout))
         if run["ok"] and run["method"] not in kept:  # the first of each method stays, for the search's scoring

@@ -23,21 +23,54 @@ from tqdm import tqdm
 CACHE = Path.home() / ".cache" / "matgptq"
 TOKENIZER = CACHE / "SmolLM2-135M-Instruct"
 SHAPES = {  # the published configs' shapes (meta-llama/Llama-3.2-1B, meta-llama/Llama-3.1-8B config.json)
-    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                         num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True,
-                         rope_theta=500000.0, max_position_embeddings=131072),  # fmt: skip
-    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                         num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False,
-                         rope_theta=500000.0, max_position_embeddings=131072),  # fmt: skip
-    "llama-tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=32, vocab_size=49152, tie_word_embeddings=False,
-                       rope_theta=500000.0, max_position_embeddings=2048),  # fmt: skip
+    "llama-3.2-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+    ),
+    "llama-3.1-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+    ),
+    "llama-tiny": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=49152,
+        tie_word_embeddings=False,
+        rope_theta=500000.0,
+        max_position_embeddings=2048,
+    ),
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
-def build(name: str, out: Path | None = None, layers: int | None = None, seed: int = 0,
-          tokenizer: Path | None = None, device: str = "cpu") -> Path:  # fmt: skip
+def build(
+    name: str,
+    out: Path | None = None,
+    layers: int | None = None,
+    seed: int = 0,
+    tokenizer: Path | None = None,
+    device: str = "cpu",
+) -> Path:
     """The model directory (built once; an existing complete one is reused); its tokenizer files come from
     `tokenizer` (default: SmolLM2's in ~/.cache/matgptq). `device`: where the random numbers are drawn ("cuda": in
     seconds instead of a minute for an 8B shape; other values than the CPU's for the same seed)."""
@@ -68,21 +101,30 @@ def build(name: str, out: Path | None = None, layers: int | None = None, seed: i
             tensors = outside
         else:
             p = f"model.layers.{k - 1}."
-            tensors = {p + "self_attn.q_proj.weight": normal(q, h), p + "self_attn.k_proj.weight": normal(kv, h),
-                       p + "self_attn.v_proj.weight": normal(kv, h), p + "self_attn.o_proj.weight": normal(h, q),
-                       p + "mlp.gate_proj.weight": normal(f, h), p + "mlp.up_proj.weight": normal(f, h),
-                       p + "mlp.down_proj.weight": normal(h, f),
-                       p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-                       p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16)}  # fmt: skip
+            tensors = {
+                p + "self_attn.q_proj.weight": normal(q, h),
+                p + "self_attn.k_proj.weight": normal(kv, h),
+                p + "self_attn.v_proj.weight": normal(kv, h),
+                p + "self_attn.o_proj.weight": normal(h, q),
+                p + "mlp.gate_proj.weight": normal(f, h),
+                p + "mlp.up_proj.weight": normal(f, h),
+                p + "mlp.down_proj.weight": normal(h, f),
+                p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+                p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+            }
         save_file(tensors, str(tmp / files[k]), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, files[k]))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
         del tensors
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    config = LlamaConfig(**{k: val for k, val in shape.items() if k != "rope_theta"}, dtype="bfloat16",
-                         rope_parameters={"rope_type": "default", "rope_theta": shape["rope_theta"]},
-                         bos_token_id=1, eos_token_id=2)  # fmt: skip
+    config = LlamaConfig(
+        **{k: val for k, val in shape.items() if k != "rope_theta"},
+        dtype="bfloat16",
+        rope_parameters={"rope_type": "default", "rope_theta": shape["rope_theta"]},
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     config.save_pretrained(tmp)
     for file in TOKENIZER_FILES:
         if (Path(tokenizer or TOKENIZER) / file).is_file():

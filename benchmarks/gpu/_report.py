@@ -10,8 +10,12 @@ from __future__ import annotations
 import math
 from statistics import median
 
-KERNEL_GOALS = [((8192, 8192), 1, 4, 3.3), ((8192, 8192), 1, 3, 4.0), ((8192, 8192), 1, 2, 5.0),
-                ((8192, 8192), 16, 4, 1.5)]  # fmt: skip
+KERNEL_GOALS = [
+    ((8192, 8192), 1, 4, 3.3),
+    ((8192, 8192), 1, 3, 4.0),
+    ((8192, 8192), 1, 2, 5.0),
+    ((8192, 8192), 16, 4, 1.5),
+]
 QUANTIZE_GOAL = 0.5
 
 
@@ -32,21 +36,27 @@ def _goals(res: dict) -> list[str]:
         got = r["speedup_vs_fp16"] if r else None
         int4 = f"{r['fp16_us'] / r['int4_us']:.2f}× (4-bit)" if r and r.get("int4_us") else "–"
         met = "not measured" if got is None else "met" if got >= goal else "missed"
-        out.append(f"| {shape[0]}×{shape[1]}, batch {batch}, {bits}-bit ≥ {goal}× fp16 | "
-                   f"{_f(got, 2)}× ({r['layout'] if r else '–'} layout) | {int4} | {met} |")  # fmt: skip
+        out.append(
+            f"| {shape[0]}×{shape[1]}, batch {batch}, {bits}-bit ≥ {goal}× fp16 | "
+            f"{_f(got, 2)}× ({r['layout'] if r else '–'} layout) | {int4} | {met} |"
+        )
     for q in res.get("quantize", {}).get("runs", []):
         ratio = q.get("ratio_per_block")
-        goal = (f"quantize {q.get('method')} {q.get('nsamples')}×{q.get('seqlen')} ≤ {QUANTIZE_GOAL}× "
-                f"llm-compressor's {q.get('anchor_s')} s per block")  # fmt: skip
+        goal = (
+            f"quantize {q.get('method')} {q.get('nsamples')}×{q.get('seqlen')} ≤ {QUANTIZE_GOAL}× "
+            f"llm-compressor's {q.get('anchor_s')} s per block"
+        )
         if ratio is None:
             why = "skipped (time budget)" if q.get("skipped") else "timed out" if q.get("timed_out") else "failed"
             out.append(f"| {goal} | not measured: {why} | | not measured |")
             continue
         met = "met" if ratio <= QUANTIZE_GOAL else "missed"
         second = q.get("ratio_second_block")
-        out.append(f"| {goal} | {ratio:.2f}× ({_f(q.get('s_per_block'), 2)} s per block over {q.get('n_blocks')} "
-                   f"blocks, opening and writing included; the second block alone {_f(q.get('second_block_s'), 2)} s: "
-                   f"{_f(second, 2)}×) | | {met} |")  # fmt: skip
+        out.append(
+            f"| {goal} | {ratio:.2f}× ({_f(q.get('s_per_block'), 2)} s per block over {q.get('n_blocks')} "
+            f"blocks, opening and writing included; the second block alone {_f(q.get('second_block_s'), 2)} s: "
+            f"{_f(second, 2)}×) | | {met} |"
+        )
     return out
 
 
@@ -54,18 +64,24 @@ def _kernels(res: dict) -> list[str]:
     k = res.get("kernels", {})
     if k.get("error"):
         return [f"Kernels: failed: `{k['error'][:300]}`"]
-    out = ["| N×K | batch | bits | layout | kernel | µs | fp16 µs | × fp16 | int4 (tinygemm) µs | rel. error |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| N×K | batch | bits | layout | kernel | µs | fp16 µs | × fp16 | int4 (tinygemm) µs | rel. error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in k.get("gemv", []):
-        out.append(f"| {r['shape'][0]}×{r['shape'][1]} | {r['batch']} | {r['bits']} | {r['layout']} | {r['kernel']} "
-                   f"| {_f(r['us'])} | {_f(r['fp16_us'])} | {_f(r['speedup_vs_fp16'], 2)} | {_f(r.get('int4_us'))} "
-                   f"| {r['rel_error']:.1e} |")  # fmt: skip
+        out.append(
+            f"| {r['shape'][0]}×{r['shape'][1]} | {r['batch']} | {r['bits']} | {r['layout']} | {r['kernel']} "
+            f"| {_f(r['us'])} | {_f(r['fp16_us'])} | {_f(r['speedup_vs_fp16'], 2)} | {_f(r.get('int4_us'))} "
+            f"| {r['rel_error']:.1e} |"
+        )
     errs = {b.get("int4_error") for b in k.get("baselines", []) if b.get("int4_error")}
     out += [f"\ntorch int4 baseline: {e}" for e in errs]
     first = _best(res.get("kernels_first_version", {}).get("gemv", []), (8192, 8192), 1, 4)
     if first:
-        out.append(f"\nThe first version of the kernels ({res['kernels_first_version']['note']}): "
-                   f"{first['us']:.0f} µs at 8192×8192, batch 1, 4 bits.")  # fmt: skip
+        out.append(
+            f"\nThe first version of the kernels ({res['kernels_first_version']['note']}): "
+            f"{first['us']:.0f} µs at 8192×8192, batch 1, 4 bits."
+        )
     chosen = [f"batch {b}: {v['chosen']}" for b, v in k.get("sweep", {}).items()]
     return out + ["", "Launch parameters (fastest correct candidate at 8192×8192, 4 bits): " + "; ".join(chosen)]
 
@@ -74,12 +90,16 @@ def _decode(res: dict) -> list[str]:
     d = res.get("decode", {})
     if d.get("error"):
         return [f"Decode: failed: `{d['error'][:300]}`"]
-    out = ["| layers | bits | batch | tokens/s | step ms | × fp16 | ms per block | block × fp16 | MB per block |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| layers | bits | batch | tokens/s | step ms | × fp16 | ms per block | block × fp16 | MB per block |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in d.get("rows", []):
-        out.append(f"| {r['variant']} | {r['bits']} | {r['batch']} | {_f(r['tokens_per_s'])} | {_f(r['step_ms'], 2)} "
-                   f"| {_f(r['speedup_vs_fp16'], 2)} | {_f(r['block_ms'], 3)} | {_f(r['block_speedup_vs_fp16'], 2)} "
-                   f"| {r['block_bytes'] / 1e6:.0f} |")  # fmt: skip
+        out.append(
+            f"| {r['variant']} | {r['bits']} | {r['batch']} | {_f(r['tokens_per_s'])} | {_f(r['step_ms'], 2)} "
+            f"| {_f(r['speedup_vs_fp16'], 2)} | {_f(r['block_ms'], 3)} | {_f(r['block_speedup_vs_fp16'], 2)} "
+            f"| {r['block_bytes'] / 1e6:.0f} |"
+        )
     return out
 
 
@@ -87,26 +107,39 @@ def _quantize(res: dict) -> list[str]:
     q = res.get("quantize", {})
     if q.get("error"):
         return [f"Quantize: failed: `{q['error'][:300]}`"]
-    out = ["| method | calibration | s per block | second block s | solver s per block | forward / Hessian / solver | "
-           "peak GPU GiB | × llm-compressor | codes vs CPU | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| method | calibration | s per block | second block s | solver s per block | forward / Hessian / solver | "
+        "peak GPU GiB | × llm-compressor | codes vs CPU | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in q.get("runs", []):
         sh = r.get("shares") or {}
-        shares = " / ".join(_f(sh.get(k) * 100 if sh.get(k) is not None else None, 0) + "%"
-                            for k in ("forward", "hessian", "solver"))  # fmt: skip
+        shares = " / ".join(
+            _f(sh.get(k) * 100 if sh.get(k) is not None else None, 0) + "%" for k in ("forward", "hessian", "solver")
+        )
         agree = r.get("codes_vs_cpu") or {}
-        agree = (f"{'ok' if agree.get('ok') else 'OFF'}: {agree.get('differ_frac', 0) * 100:.2f}% differ, max step "
-                 f"{agree.get('max_step')}" if agree.get("codes") else agree.get("error") or "–")  # fmt: skip
+        agree = (
+            f"{'ok' if agree.get('ok') else 'OFF'}: {agree.get('differ_frac', 0) * 100:.2f}% differ, max step "
+            f"{agree.get('max_step')}"
+            if agree.get("codes")
+            else agree.get("error") or "–"
+        )
         note = r.get("error") or ("skipped" if r.get("skipped") else "timed out" if r.get("timed_out") else "")
-        out.append(f"| {r.get('method')} {r.get('bits')} | {r.get('nsamples')}×{r.get('seqlen')} | "
-                   f"{_f(r.get('s_per_block'), 2)} | {_f(r.get('second_block_s'), 2)} | "
-                   f"{_f(r.get('solver_s_per_block'), 2)} | {shares} | {_f(r.get('peak_gpu_gib'), 2)} | "
-                   f"{_f(r.get('ratio_per_block'), 2)} | {agree} "
-                   f"| {str(note)[:120]} |")  # fmt: skip
+        out.append(
+            f"| {r.get('method')} {r.get('bits')} | {r.get('nsamples')}×{r.get('seqlen')} | "
+            f"{_f(r.get('s_per_block'), 2)} | {_f(r.get('second_block_s'), 2)} | "
+            f"{_f(r.get('solver_s_per_block'), 2)} | {shares} | {_f(r.get('peak_gpu_gib'), 2)} | "
+            f"{_f(r.get('ratio_per_block'), 2)} | {agree} "
+            f"| {str(note)[:120]} |"
+        )
     s = res.get("search", {})
     out.append("")
-    out.append(f"Search scoring ({s.get('score_dtype')}): {_f(s.get('tokens_per_s'), 0)} tokens/s "
-               f"({_f(s.get('tokens_per_s_with_apply'), 0)} with set_bits)" if s.get("tokens_per_s")
-               else f"Search scoring: {s.get('error', 'not measured')}")  # fmt: skip
+    out.append(
+        f"Search scoring ({s.get('score_dtype')}): {_f(s.get('tokens_per_s'), 0)} tokens/s "
+        f"({_f(s.get('tokens_per_s_with_apply'), 0)} with set_bits)"
+        if s.get("tokens_per_s")
+        else f"Search scoring: {s.get('error', 'not measured')}"
+    )
     return out
 
 
@@ -114,16 +147,22 @@ def _search_run(s: dict | None) -> list[str]:
     """`matgptq search` on the device (benchmarks/gpu/_search.py measure_search_run): a row per budget."""
     if not s:
         return ["not measured"]
-    out = [f"`{s.get('command', 'matgptq search')}`: {_f(s.get('wall_s'), 1)} s wall for the "
-           f"{len(s.get('budgets', '').split(','))} budgets ({s.get('time_limit_min')} min asked)"
-           + (f"; {s['error'][:300]}" if s.get("error") else "") + ".", "",
-           "| budget | chosen | calib. KL | generations | evaluations | s | teacher s | tables s | search s | "
-           "report s |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        f"`{s.get('command', 'matgptq search')}`: {_f(s.get('wall_s'), 1)} s wall for the "
+        f"{len(s.get('budgets', '').split(','))} budgets ({s.get('time_limit_min')} min asked)"
+        + (f"; {s['error'][:300]}" if s.get("error") else "")
+        + ".",
+        "",
+        "| budget | chosen | calib. KL | generations | evaluations | s | teacher s | tables s | search s | report s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in s.get("rows", []):
-        out.append(f"| {r['budget']} | {r.get('chosen')} | {_f(r.get('kl'), 4)} | {r.get('generations')} | "
-                   f"{r.get('evaluations')} | {_f(r.get('seconds'))} | {_f(r.get('teacher_seconds'))} | "
-                   f"{_f(r.get('tables_seconds'))} | {_f(r.get('search_seconds'))} | "
-                   f"{_f(r.get('report_seconds'))} |")  # fmt: skip
+        out.append(
+            f"| {r['budget']} | {r.get('chosen')} | {_f(r.get('kl'), 4)} | {r.get('generations')} | "
+            f"{r.get('evaluations')} | {_f(r.get('seconds'))} | {_f(r.get('teacher_seconds'))} | "
+            f"{_f(r.get('tables_seconds'))} | {_f(r.get('search_seconds'))} | "
+            f"{_f(r.get('report_seconds'))} |"
+        )
     return out
 
 
@@ -139,10 +178,14 @@ def _depth(d: dict) -> dict:
     budget's search (its final choice and refinement: search seconds less its generations)."""
     first = max(d["rows"], key=lambda r: r.get("tables_seconds") or 0.0)
     gens = [r for r in d["rows"] if r.get("s_per_generation")]
-    return {"blocks": d["blocks"], "teacher": first["teacher_seconds"], "tables": first["tables_seconds"],
-            "cells": d["layers"] * len(first.get("sensitivity_levels") or []),
-            "gen": median(r["s_per_generation"] for r in gens),
-            "rest": median(r["search_seconds"] - r["generations"] * r["s_per_generation"] for r in gens)}  # fmt: skip
+    return {
+        "blocks": d["blocks"],
+        "teacher": first["teacher_seconds"],
+        "tables": first["tables_seconds"],
+        "cells": d["layers"] * len(first.get("sensitivity_levels") or []),
+        "gen": median(r["s_per_generation"] for r in gens),
+        "rest": median(r["search_seconds"] - r["generations"] * r["s_per_generation"] for r in gens),
+    }
 
 
 def _line(a: dict, b: dict, key: str, x: str, at: float) -> float:
@@ -157,15 +200,25 @@ def _search_scale(res: dict) -> list[str]:
     if not sc:
         return []
     done = [d for d in sc["depths"] if any(r.get("s_per_generation") for r in d.get("rows", []))]
-    out = ["", f"Against depth ({sc['device']}, {sc['date']}; benchmarks/gpu/search_scale.py):", "",
-           "| blocks | --time-limit min | teacher s | tables s | table cells | s per cell | s per generation | "
-           "rest of a budget s |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        "",
+        f"Against depth ({sc['device']}, {sc['date']}; benchmarks/gpu/search_scale.py):",
+        "",
+        "| blocks | --time-limit min | teacher s | tables s | table cells | s per cell | s per generation | "
+        "rest of a budget s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     pts = [_depth(d) for d in done]
     for p, d in zip(pts, done):
-        out.append(f"| {p['blocks']} | {d['time_limit_min']} | {_f(p['teacher'])} | {_f(p['tables'])} | {p['cells']} "
-                   f"| {_f(p['tables'] / p['cells'], 3)} | {_f(p['gen'], 2)} | {_f(p['rest'])} |")  # fmt: skip
-    out += [f"- {d['blocks']} blocks: no generation measured: {str(d.get('error'))[:300]}"
-            for d in sc["depths"] if d not in done]  # fmt: skip
+        out.append(
+            f"| {p['blocks']} | {d['time_limit_min']} | {_f(p['teacher'])} | {_f(p['tables'])} | {p['cells']} "
+            f"| {_f(p['tables'] / p['cells'], 3)} | {_f(p['gen'], 2)} | {_f(p['rest'])} |"
+        )
+    out += [
+        f"- {d['blocks']} blocks: no generation measured: {str(d.get('error'))[:300]}"
+        for d in sc["depths"]
+        if d not in done
+    ]
     if len({p["blocks"] for p in pts}) < 2:
         return out
     a, b = min(pts, key=lambda p: p["blocks"]), max(pts, key=lambda p: p["blocks"])
@@ -173,11 +226,14 @@ def _search_scale(res: dict) -> list[str]:
     teacher, tables = _line(a, b, "teacher", "blocks", n), _line(a, b, "tables", "cells", cells)
     gen, rest = _line(a, b, "gen", "blocks", n), _line(a, b, "rest", "blocks", n)
     per_budget = (600 - teacher - tables) / 8
-    out += ["", f"A straight line through {a['blocks']} and {b['blocks']} blocks (teacher, generation and rest "
-            f"against blocks, tables against cells), at 32 blocks (Llama-3.1-8B; not measured): teacher "
-            f"{_f(teacher)} s, tables {_f(tables)} s ({cells} cells), {_f(gen, 2)} s a generation and {_f(rest)} s "
-            f"for the rest of each budget, so that `--time-limit 10` leaves eight budgets "
-            f"{_f((per_budget - rest) / gen, 0)} generations each."]  # fmt: skip
+    out += [
+        "",
+        f"A straight line through {a['blocks']} and {b['blocks']} blocks (teacher, generation and rest "
+        f"against blocks, tables against cells), at 32 blocks (Llama-3.1-8B; not measured): teacher "
+        f"{_f(teacher)} s, tables {_f(tables)} s ({cells} cells), {_f(gen, 2)} s a generation and {_f(rest)} s "
+        f"for the rest of each budget, so that `--time-limit 10` leaves eight budgets "
+        f"{_f((per_budget - rest) / gen, 0)} generations each.",
+    ]
     return out
 
 
@@ -195,16 +251,36 @@ def _runs(res: dict) -> list[str]:
 
 def page(res: dict) -> str:
     runs = _runs(res)
-    lines = [f"# GPU check ({res.get('device')}, torch {res.get('torch')}, triton {res.get('triton')}, "
-             f"transformers {res.get('transformers')}, {res.get('date')})", "",
-             "Written by `make gpu-check` (benchmarks/gpu/check.py); every figure below is from docs/results/gpu.json.",
-             *(["", "Runs:", *runs] if runs else []),
-             "", "## Goals (issue #46)", "", *_goals(res), "", *_tests(res), "",
-             "## Nested kernels against fp16 torch.matmul (CUDA graphs, weights read from HBM)", "", *_kernels(res),
-             "", "## Decode, Llama-3.1-8B-shaped blocks (CUDA graph per step)", "", *_decode(res), "",
-             "## Quantize on the GPU, per Llama-3.1-8B-shaped block", "", *_quantize(res), "",
-             "## The search on the GPU (the MatGPTQ parent above, issue #44's budgets)", "",
-             *_search_run(res.get("search_run")), *_more(res), *_search_scale(res), ""]  # fmt: skip
+    lines = [
+        f"# GPU check ({res.get('device')}, torch {res.get('torch')}, triton {res.get('triton')}, "
+        f"transformers {res.get('transformers')}, {res.get('date')})",
+        "",
+        "Written by `make gpu-check` (benchmarks/gpu/check.py); every figure below is from docs/results/gpu.json.",
+        *(["", "Runs:", *runs] if runs else []),
+        "",
+        "## Goals (issue #46)",
+        "",
+        *_goals(res),
+        "",
+        *_tests(res),
+        "",
+        "## Nested kernels against fp16 torch.matmul (CUDA graphs, weights read from HBM)",
+        "",
+        *_kernels(res),
+        "",
+        "## Decode, Llama-3.1-8B-shaped blocks (CUDA graph per step)",
+        "",
+        *_decode(res),
+        "",
+        "## Quantize on the GPU, per Llama-3.1-8B-shaped block",
+        "",
+        *_quantize(res),
+        "",
+        "## The search on the GPU (the MatGPTQ parent above, issue #44's budgets)",
+        "",
+        *_search_run(res.get("search_run")),
+        *_more(res),
+        *_search_scale(res),
+        "",
+    ]
     return "\n".join(lines)
-
-

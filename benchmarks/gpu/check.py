@@ -51,8 +51,13 @@ SHARED = ROOT.parent / "shared"
 SHARED_FILES = ("data/tinystories/tinystories_val_head.txt", "models/stories260K")
 RESULT = ROOT / "docs" / "results" / "gpu.json"
 PARTS = ("kernels", "decode", "quantize", "search", "tests", "search_run")
-TESTS = ["tests/kernels", "tests/runtime/test_nested.py", "tests/quantization/test_cuda.py",
-         "tests/allocation/test_cuda.py", "tests/execution/test_devices.py"]
+TESTS = [
+    "tests/kernels",
+    "tests/runtime/test_nested.py",
+    "tests/quantization/test_cuda.py",
+    "tests/allocation/test_cuda.py",
+    "tests/execution/test_devices.py",
+]
 TESTS_TIMEOUT_S, QUANTIZE_BUDGET_S, SEARCH_TIMEOUT_S, SEARCH_RUN_TIMEOUT_S = 150, 170, 90, 120
 # issue #46: the whole check in at most 8 minutes. The parts before search_run took 367 s on an H200 (2026-12-04), so
 # search_run, last, gets what is left of CHECK_S (at most SEARCH_RUN_TIMEOUT_S, at least MIN_SEARCH_RUN_S), and its
@@ -78,8 +83,12 @@ def prepare() -> None:
 
 
 def run_tests(out: Path | None) -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT),
-           "MATGPTQ_SHARED": str(CARRY / "shared")}  # fmt: skip
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "0",
+        "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT),
+        "MATGPTQ_SHARED": str(CARRY / "shared"),
+    }
     t0 = time.perf_counter()
     workers = ["-n", "8"] if importlib.util.find_spec("xdist") else []  # compiling kernels dominates: in parallel
     try:
@@ -93,8 +102,12 @@ def run_tests(out: Path | None) -> dict:
         (out / "gpu_tests.log").write_text(log)
     lines = log.splitlines()
     summary = next((line.strip("= ") for line in reversed(lines) if re.search(r"\d+ (passed|failed|error)", line)), "")
-    return {"returncode": code, "summary": summary, "seconds": time.perf_counter() - t0,
-            "failures": [line for line in lines if line.startswith(("FAILED", "ERROR"))]}  # fmt: skip
+    return {
+        "returncode": code,
+        "summary": summary,
+        "seconds": time.perf_counter() - t0,
+        "failures": [line for line in lines if line.startswith(("FAILED", "ERROR"))],
+    }
 
 
 def adopt_tiles(kernels: dict) -> dict:
@@ -130,8 +143,14 @@ def run_part(name: str, work: Path, out: Path | None, results: dict, methods: tu
         return {"runs": _quantize.measure_quantize(work, tiny, None if tiny else QUANTIZE_BUDGET_S, methods)}
     from benchmarks.gpu import _search
 
-    parent = next((Path(r["out"]) for r in results.get("quantize", {}).get("runs", [])
-                   if r.get("method") == "matgptq" and r.get("ok") and r.get("out")), None)  # fmt: skip
+    parent = next(
+        (
+            Path(r["out"])
+            for r in results.get("quantize", {}).get("runs", [])
+            if r.get("method") == "matgptq" and r.get("ok") and r.get("out")
+        ),
+        None,
+    )
     if name == "search_run":
         if tiny:  # a hang guard only (_quantize.TINY's comment)
             return _search.measure_search_run(work, parent, tiny, TINY_SEARCH_RUN_TIMEOUT_S)
@@ -151,10 +170,14 @@ def triton_version() -> str | None:
 def header() -> dict:
     import transformers
 
-    return {"device": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__,
-            "triton": triton_version(), "transformers": transformers.__version__,
-            "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+    return {
+        "device": torch.cuda.get_device_name() if CUDA else "cpu",
+        "torch": torch.__version__,
+        "triton": triton_version(),
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
 
 
 def save(results: dict, out: Path | None) -> None:
@@ -171,8 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     ap.add_argument("--out", type=Path, help="also copy gpu.json and the logs here (the device tool's $OUT)")
-    ap.add_argument("--work", type=Path, help="scratch folder for models (default: /tmp/matgptq-gpu-check on a GPU, "
-                    "where a later call's parts reuse it; a fresh temporary one, removed after, for the CPU dry run)")
+    ap.add_argument(
+        "--work",
+        type=Path,
+        help="scratch folder for models (default: /tmp/matgptq-gpu-check on a GPU, "
+        "where a later call's parts reuse it; a fresh temporary one, removed after, for the CPU dry run)",
+    )
     ap.add_argument("--prepare", action="store_true", help="fill .gpu-carry/ from ../shared and exit")
     ap.add_argument("--methods", help="quantize part: only these methods, comma-separated (default: gptq,matgptq)")
     a = ap.parse_args(argv)
@@ -189,8 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: unknown method in --methods {a.methods}; use gptq, matgptq or both", file=sys.stderr)
         return 2
     if triton_version() is None:
-        print("unmeasured: no Triton, so neither the GPU nor its interpreter can run the kernels; "
-              "pip install 'matgptq[kernels]'" + ("" if CUDA else " (and no CUDA device)"))  # fmt: skip
+        print(
+            "unmeasured: no Triton, so neither the GPU nor its interpreter can run the kernels; "
+            "pip install 'matgptq[kernels]'" + ("" if CUDA else " (and no CUDA device)")
+        )
         return 0 if not CUDA else 1
     if a.work is None and not CUDA:  # the dry run reads nothing an earlier run left (#101)
         with tempfile.TemporaryDirectory(prefix="matgptq-gpu-check-") as work:

@@ -43,9 +43,28 @@ def _parent(work: Path, blocks: int, tiny: bool, timeout_s: float) -> tuple[Path
     device = "cpu" if tiny else "cuda"
     model, build_s, _ = _build(TINY if tiny else FULL, work, tok, device, blocks)
     parent = work / f"parent-{blocks}l"
-    cmd = ["quantize", str(model), "--method", "matgptq", "--bits", "3,4,8", "--calib", str(calib), "--calib-range",
-           "0:0.3", "--nsamples", "4" if tiny else "64", "--seqlen", "32" if tiny else "512", "--device", device,
-           "--out", str(parent), "--overwrite", "--quiet"]  # fmt: skip
+    cmd = [
+        "quantize",
+        str(model),
+        "--method",
+        "matgptq",
+        "--bits",
+        "3,4,8",
+        "--calib",
+        str(calib),
+        "--calib-range",
+        "0:0.3",
+        "--nsamples",
+        "4" if tiny else "64",
+        "--seqlen",
+        "32" if tiny else "512",
+        "--device",
+        device,
+        "--out",
+        str(parent),
+        "--overwrite",
+        "--quiet",
+    ]
     child = _child(CLI_CHILD, cmd, timeout_s)
     if child["error"]:
         raise RuntimeError(f"quantize: {child['error']}")
@@ -59,11 +78,17 @@ def _from_mixes(folder: Path) -> list[dict]:
         mix = json.loads(path.read_text())
         s, history = mix.get("summary", {}), mix.get("history", [])
         gens = len(history)
-        rows.append({"budget": s.get("budget"), "code_bits": s.get("code_bits"),
-                     "sensitivity_levels": s.get("sensitivity_levels"), "generations": gens,
-                     "evaluations": history[-1]["evaluations"] if gens else 0,
-                     "s_per_generation": round(history[-1]["seconds"] / gens, 3) if gens else None,
-                     "tokens_per_generation": round(history[-1]["tokens"] / gens) if gens else None})  # fmt: skip
+        rows.append(
+            {
+                "budget": s.get("budget"),
+                "code_bits": s.get("code_bits"),
+                "sensitivity_levels": s.get("sensitivity_levels"),
+                "generations": gens,
+                "evaluations": history[-1]["evaluations"] if gens else 0,
+                "s_per_generation": round(history[-1]["seconds"] / gens, 3) if gens else None,
+                "tokens_per_generation": round(history[-1]["tokens"] / gens) if gens else None,
+            }
+        )
     return sorted(rows, key=lambda r: r["code_bits"] or 0.0)
 
 
@@ -78,9 +103,17 @@ def measure_depth(work: Path, blocks: int, tiny: bool, minutes: float) -> dict:
     run = measure_search_run(work / f"d{blocks}", parent, tiny, minutes * 60 + 60, minutes)
     mixes = {r["budget"]: r for r in _from_mixes(work / f"d{blocks}" / "search-run")}
     rows = [{**r, **mixes.get(r["budget"], {})} for r in run["rows"]]
-    return {**res, **made, "ok": run["ok"], "error": run["error"], "search_wall_s": run["wall_s"],
-            "time_limit_min": run["time_limit_min"], "command": run.get("command"), "rows": rows,
-            "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    return {
+        **res,
+        **made,
+        "ok": run["ok"],
+        "error": run["error"],
+        "search_wall_s": run["wall_s"],
+        "time_limit_min": run["time_limit_min"],
+        "command": run.get("command"),
+        "rows": rows,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,9 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--blocks needs depths of at least 1 block, and --minutes a positive number")
     import transformers
 
-    result = {"device": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__,
-              "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "minutes": a.minutes, "depths": []}  # fmt: skip
+    result = {
+        "device": torch.cuda.get_device_name() if CUDA else "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "minutes": a.minutes,
+        "depths": [],
+    }
     a.out = a.out or a.work
     a.work.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)

@@ -28,8 +28,11 @@ from benchmarks._harness import RESULTS, ROOT, header, write_page
 
 STORIES = ROOT.parent / "shared" / "models" / "stories260K"
 SCHEMES = [  # (bits, symmetric, group size or -1 = per channel)
-    (4, True, 32), (3, False, 32), (8, True, -1), (6, False, -1),
-]  # fmt: skip
+    (4, True, 32),
+    (3, False, 32),
+    (8, True, -1),
+    (6, False, -1),
+]
 
 
 def llmcompressor_checkpoint(out: Path, bits: int, sym: bool, group: int) -> Path:
@@ -42,8 +45,9 @@ def llmcompressor_checkpoint(out: Path, bits: int, sym: bool, group: int) -> Pat
     strategy = dict(strategy="group", group_size=group) if group > 0 else dict(strategy="channel")
     weights = QuantizationArgs(num_bits=bits, type="int", symmetric=sym, **strategy)
     ignore = ["lm_head"] + (["re:.*down_proj$"] if group > 0 and 172 % group else [])
-    recipe = QuantizationModifier(config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=weights)},
-                                  ignore=ignore)  # fmt: skip
+    recipe = QuantizationModifier(
+        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=weights)}, ignore=ignore
+    )
     oneshot(model=model, recipe=recipe)
     model.save_pretrained(out, save_compressed=True)
     AutoTokenizer.from_pretrained(STORIES).save_pretrained(out)
@@ -55,8 +59,16 @@ def matgptq_checkpoint(out: Path, bits: int, sym: bool, group: int) -> Path:
     from matgptq.exporters.compressed_tensors import export_compressed_tensors
 
     skip = ("down_proj$",) if group > 0 and 172 % group else ()
-    parent, _ = matgptq.quantize(STORIES, out.with_name(out.name + "-parent"), method="rtn", bits=bits, sym=sym,
-                                 group_size=group, skip=skip, progress=False)  # fmt: skip
+    parent, _ = matgptq.quantize(
+        STORIES,
+        out.with_name(out.name + "-parent"),
+        method="rtn",
+        bits=bits,
+        sym=sym,
+        group_size=group,
+        skip=skip,
+        progress=False,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the reader notes on asymmetric layers (the test file checks them)
         return export_compressed_tensors(parent, out)
@@ -110,16 +122,20 @@ def compare(base: Path, bits: int, sym: bool, group: int) -> dict:
         "same_tensor_keys": sorted(t_theirs) == sorted(t_ours),
         "only_llmcompressor": sorted(set(t_theirs) - set(t_ours)),
         "only_matgptq": sorted(set(t_ours) - set(t_theirs)),
-        "dtype_or_shape_differs": {k: {"llmcompressor": t_theirs[k], "matgptq": t_ours[k]}
-                                   for k in sorted(set(t_theirs) & set(t_ours))
-                                   if t_theirs[k] != t_ours[k]},  # fmt: skip
+        "dtype_or_shape_differs": {
+            k: {"llmcompressor": t_theirs[k], "matgptq": t_ours[k]}
+            for k in sorted(set(t_theirs) & set(t_ours))
+            if t_theirs[k] != t_ours[k]
+        },
         "tensors_per_layer": {k.rsplit(".", 1)[1]: v for k, v in t_ours.items() if ".layers.0.mlp.up_proj." in k},
         "config_differences": diff_json(normalised(qc_theirs), normalised(qc_ours)),
         "model_config_differences": diff_json(cfg_theirs, cfg_ours),
         "targets": {"llmcompressor": targets, "matgptq": ours_targets},
         "same_ignore": sorted(qc_theirs["ignore"]) == sorted(qc_ours["ignore"]),
-        "files": {"llmcompressor": sorted(p.name for p in theirs.iterdir()),
-                  "matgptq": sorted(p.name for p in ours.iterdir())},  # fmt: skip
+        "files": {
+            "llmcompressor": sorted(p.name for p in theirs.iterdir()),
+            "matgptq": sorted(p.name for p in ours.iterdir()),
+        },
         "transformers_reads": {"llmcompressor": transformers_reads(theirs), "matgptq": transformers_reads(ours)},
     }
 
@@ -127,22 +143,32 @@ def compare(base: Path, bits: int, sym: bool, group: int) -> dict:
 def page(data: dict) -> str:
     """The results page, from the JSON `main` writes."""
     v = data["versions"]
-    lines = [header("benchmarks/interop/compressed_tensors.py", "ct_vs_llmcompressor.json"),
-             "# compressed-tensors export against llm-compressor's own checkpoints", "",
-             f"{data['what']}; llm-compressor {v['llmcompressor']}, compressed-tensors {v['compressed_tensors']}, "
-             f"transformers {v['transformers']}. Round-to-nearest on both sides (the weights differ: each side chose "
-             "its own scales); compared: tensor keys, dtypes and shapes, `quantization_config`, `ignore`, and whether "
-             "transformers loads each checkpoint.", "",
-             "| scheme | same tensor keys | dtype or shape differs | same ignore | quantization_config differs | "
-             "transformers reads llm-compressor's / ours |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        header("benchmarks/interop/compressed_tensors.py", "ct_vs_llmcompressor.json"),
+        "# compressed-tensors export against llm-compressor's own checkpoints",
+        "",
+        f"{data['what']}; llm-compressor {v['llmcompressor']}, compressed-tensors {v['compressed_tensors']}, "
+        f"transformers {v['transformers']}. Round-to-nearest on both sides (the weights differ: each side chose "
+        "its own scales); compared: tensor keys, dtypes and shapes, `quantization_config`, `ignore`, and whether "
+        "transformers loads each checkpoint.",
+        "",
+        "| scheme | same tensor keys | dtype or shape differs | same ignore | quantization_config differs | "
+        "transformers reads llm-compressor's / ours |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in data["rows"]:
         reads = r["transformers_reads"]
         diffs = "; ".join(r["config_differences"]) or "none"
-        lines.append(f"| {r['scheme']} | {r['same_tensor_keys']} | {len(r['dtype_or_shape_differs']) or 'none'} | "
-                     f"{r['same_ignore']} | {diffs} | {reads['llmcompressor']} / {reads['matgptq']} |")  # fmt: skip
-    lines += ["", "Targets differ by design: llm-compressor writes `[\"Linear\"]`, matgptq the exact module names (one "
-              "config group per width for mixes). config.json outside `quantization_config` differs as the parent's "
-              "own config.json does (transformers' full dump)."]  # fmt: skip
+        lines.append(
+            f"| {r['scheme']} | {r['same_tensor_keys']} | {len(r['dtype_or_shape_differs']) or 'none'} | "
+            f"{r['same_ignore']} | {diffs} | {reads['llmcompressor']} / {reads['matgptq']} |"
+        )
+    lines += [
+        "",
+        'Targets differ by design: llm-compressor writes `["Linear"]`, matgptq the exact module names (one '
+        "config group per width for mixes). config.json outside `quantization_config` differs as the parent's "
+        "own config.json does (transformers' full dump).",
+    ]
     return "\n".join(lines)
 
 
@@ -161,19 +187,26 @@ def main() -> None:
         rows = [compare(Path(tmp), *s) for s in SCHEMES]
     result = {
         "what": "compressed-tensors pack-quantized checkpoints of stories260K: llm-compressor RTN vs matgptq export",
-        "versions": {"llmcompressor": llmcompressor.__version__, "compressed_tensors": compressed_tensors.__version__,
-                     "transformers": transformers.__version__, "torch": torch.__version__,
-                     "matgptq": matgptq.__version__, "python": platform.python_version()},  # fmt: skip
+        "versions": {
+            "llmcompressor": llmcompressor.__version__,
+            "compressed_tensors": compressed_tensors.__version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "matgptq": matgptq.__version__,
+            "python": platform.python_version(),
+        },
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     write_page(RESULTS / "ct_vs_llmcompressor.md", page(result))
     for r in rows:
-        print(f"{r['scheme']:>18}: same keys {r['same_tensor_keys']}, "
-              f"dtype/shape diffs {len(r['dtype_or_shape_differs'])}"
-              f", quantization_config diffs {r['config_differences']}, other config.json diffs "
-              f"{r['model_config_differences']}, same ignore {r['same_ignore']}, reads {r['transformers_reads']}")
+        print(
+            f"{r['scheme']:>18}: same keys {r['same_tensor_keys']}, "
+            f"dtype/shape diffs {len(r['dtype_or_shape_differs'])}"
+            f", quantization_config diffs {r['config_differences']}, other config.json diffs "
+            f"{r['model_config_differences']}, same ignore {r['same_ignore']}, reads {r['transformers_reads']}"
+        )
     print(f"wrote {args.out}")
 
 

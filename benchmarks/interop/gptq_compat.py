@@ -156,8 +156,13 @@ def render_mixes(results: dict[str, dict]) -> list[str]:
 
 def render_peer_checkpoints(results: dict[str, dict]) -> list[str]:
     """GPTQModel's own checkpoints read back by `matgptq.load`."""
-    lines = ["", "## GPTQModel's own checkpoints read by `matgptq.load`", "",
-              "| GPTQModel quantize config | result (Δ16 vs GPTQModel's logits) |", "|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        "## GPTQModel's own checkpoints read by `matgptq.load`",
+        "",
+        "| GPTQModel quantize config | result (Δ16 vs GPTQModel's logits) |",
+        "|---|---|",
+    ]
     for name, res in sorted(results.items()):
         m = re.fullmatch(r"test_we_read_gptqmodel_checkpoints\[(\d)bit-(\w+)-(\w+)-(\w+)\]", name)
         if m:
@@ -168,14 +173,25 @@ def render_peer_checkpoints(results: dict[str, dict]) -> list[str]:
 
 def render_packing(results: dict[str, dict]) -> list[str]:
     """Our packed bytes against GPTQModel's packers fed the same weights."""
-    lines = ["", "## Packing identical to GPTQModel's packer", "",
-              "`qweight`/`qzeros` bytes of our exports vs GPTQModel `TorchLinear.pack_block` and `pack_original` fed the",
-              "same weights, scales, zeros and g_idx (v1: after GPTQModel's `convert_gptq_v2_to_v1_format_module`).", "",
-              "| bits | sym | asym |", "|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        "## Packing identical to GPTQModel's packer",
+        "",
+        "`qweight`/`qzeros` bytes of our exports vs GPTQModel `TorchLinear.pack_block` and `pack_original` fed the",
+        "same weights, scales, zeros and g_idx (v1: after GPTQModel's `convert_gptq_v2_to_v1_format_module`).",
+        "",
+        "| bits | sym | asym |",
+        "|---|---|---|",
+    ]
     for bits in (2, 3, 4, 8):
         r = [results.get(f"test_packing_matches_gptqmodel_packer[{bits}-{s}]") for s in ("sym", "asym")]
-        lines.append(f"| {bits} | " + " | ".join("✅ identical" if x and x["outcome"] == "pass" else
-                                                  (x["outcome"] if x else "not run") for x in r) + " |")  # fmt: skip
+        lines.append(
+            f"| {bits} | "
+            + " | ".join(
+                "✅ identical" if x and x["outcome"] == "pass" else (x["outcome"] if x else "not run") for x in r
+            )
+            + " |"
+        )
     return lines
 
 
@@ -193,10 +209,12 @@ def render_stories(results: dict[str, dict]) -> list[str]:
         "",
         "| bits | GPTQModel.load gptq_v1 | GPTQModel.load gptq_v2 | transformers + optimum (gptq_v1) |",
         "|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for bits in (2, 4, 8):
-        gm = [cell(results.get(f"test_gptqmodel_loads_padded_stories_export[{bits}bit-sym-{f}-plain]"))
-              for f in ("gptq_v1", "gptq_v2")]  # fmt: skip
+        gm = [
+            cell(results.get(f"test_gptqmodel_loads_padded_stories_export[{bits}bit-sym-{f}-plain]"))
+            for f in ("gptq_v1", "gptq_v2")
+        ]
         res = results.get(f"test_transformers_optimum_loads_padded_stories_export[{bits}]")
         hf = cell(res)
         if res and res["outcome"] == "pass":
@@ -204,16 +222,27 @@ def render_stories(results: dict[str, dict]) -> list[str]:
             if res.get("default_kernel"):
                 hf += f"; default kernel {res['default_kernel']}"
         lines.append(f"| {bits} | {gm[0]} | {gm[1]} | {hf} |")
-    lines += ["", "Packing identical to GPTQModel's packer (`pack_block`, falling back to `pack_original` for these shapes as",
-              "GPTQModel's `pack_module` does; v1 through its converter), same codes:", "",
-              "| bits | padded layers | qweight / qzeros |", "|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "Packing identical to GPTQModel's packer (`pack_block`, falling back to `pack_original` for these shapes as",
+        "GPTQModel's `pack_module` does; v1 through its converter), same codes:",
+        "",
+        "| bits | padded layers | qweight / qzeros |",
+        "|---|---|---|",
+    ]
     for bits in (2, 4, 8):
         res = results.get(f"test_padded_stories_packing_matches_gptqmodel_packer[{bits}]")
         word = "✅ identical" if res and res["outcome"] == "pass" else (res["outcome"] if res else "not run")
         lines.append(f"| {bits} | {15 if bits in (2, 4) else 0} | {word} |")
-    lines += ["", "GPTQModel's own padded stories260K checkpoints (its quantizer, group size 32) read by `matgptq.load`; the",
-              "symmetric one re-exported by `matgptq export` in the same format gives GPTQModel's quantized tensors byte",
-              "for byte:", "", "| GPTQModel quantize config | result (Δ16 vs GPTQModel's logits) |", "|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "GPTQModel's own padded stories260K checkpoints (its quantizer, group size 32) read by `matgptq.load`; the",
+        "symmetric one re-exported by `matgptq export` in the same format gives GPTQModel's quantized tensors byte",
+        "for byte:",
+        "",
+        "| GPTQModel quantize config | result (Δ16 vs GPTQModel's logits) |",
+        "|---|---|",
+    ]
     for name, res in sorted(results.items()):
         m = re.fullmatch(r"test_we_read_gptqmodel_padded_stories_checkpoints\[(\d)bit-(\w+)-(\w+)-(\w+)\]", name)
         if m:
@@ -230,7 +259,7 @@ def render_stories(results: dict[str, dict]) -> list[str]:
         "",
         "Kernels: transformers' default 4-bit CPU kernel (`TorchAtenLinear`) rejects out_features 172 at the first",
         "forward (`_convert_weight_to_int4pack_cpu` needs N % 16 == 0, for GPTQModel's own files too): load 4-bit",
-        "exports of such models with `GPTQConfig(bits=4, backend=\"gptq_torch\")`. GPU kernels that declare multiples of",
+        'exports of such models with `GPTQConfig(bits=4, backend="gptq_torch")`. GPU kernels that declare multiples of',
         "32 or more (ExLlama v2, Triton, Machete) cannot run these layers either (from their declarations, not tested).",
     ]
     return lines
@@ -239,7 +268,9 @@ def render_stories(results: dict[str, dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--junit", type=Path, help="read this junit XML instead of running the tests")
-    p.add_argument("--out", type=Path, default=RESULTS / "gptq_compat.md", help="markdown file; its JSON goes beside it")
+    p.add_argument(
+        "--out", type=Path, default=RESULTS / "gptq_compat.md", help="markdown file; its JSON goes beside it"
+    )
     a = p.parse_args(argv)
     junit = a.junit
     if junit is None:

@@ -6,8 +6,17 @@ from __future__ import annotations
 # Every GPTQ option the ablation turns, at its value before the ablation (all off, damping 0.01, float32: the rows
 # ran `--dtype auto`, float32 for these float32 models until auto calibrated GPTQ in bfloat16 on a CPU with bfloat16
 # arithmetic; `default` has that).
-ALL = {"group_act_order": False, "act_order": False, "static_groups": False, "damp": 0.01, "mse": False,
-       "mse_weighted": False, "refit_scales": False, "true_sequential": True, "dtype": "float32"}  # fmt: skip
+ALL = {
+    "group_act_order": False,
+    "act_order": False,
+    "static_groups": False,
+    "damp": 0.01,
+    "mse": False,
+    "mse_weighted": False,
+    "refit_scales": False,
+    "true_sequential": True,
+    "dtype": "float32",
+}
 GAR = {"group_act_order": True}
 AS_TYPED = "as typed"  # a row with no option at all, not even the script's calibration size: quantize's own
 ROWS = {
@@ -25,53 +34,116 @@ ROWS = {
     "gar-not-seq": {**GAR, "true_sequential": False},
     # the defaults with one more option turned: damping, and the whole block's inputs at once (not true-sequential)
     "gar-mse-w-refit-damp0.05": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "damp": 0.05},
-    "gar-mse-w-refit-not-seq": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True,
-                                "true_sequential": False},
+    "gar-mse-w-refit-not-seq": {
+        **GAR,
+        "mse": True,
+        "mse_weighted": True,
+        "refit_scales": True,
+        "true_sequential": False,
+    },
     # the defaults' options with another calibration size than the script's --nsamples x --seqlen: the CLI's own
     # default (the same tokens in shorter windows), and twice the tokens in longer windows or in more of them
-    "gar-mse-w-refit-128x256": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "nsamples": 128,
-                                "seqlen": 256},
-    "gar-mse-w-refit-128x512": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "nsamples": 128,
-                                "seqlen": 512},
-    "gar-mse-w-refit-256x256": {**GAR, "mse": True, "mse_weighted": True, "refit_scales": True, "nsamples": 256,
-                                "seqlen": 256},
+    "gar-mse-w-refit-128x256": {
+        **GAR,
+        "mse": True,
+        "mse_weighted": True,
+        "refit_scales": True,
+        "nsamples": 128,
+        "seqlen": 256,
+    },
+    "gar-mse-w-refit-128x512": {
+        **GAR,
+        "mse": True,
+        "mse_weighted": True,
+        "refit_scales": True,
+        "nsamples": 128,
+        "seqlen": 512,
+    },
+    "gar-mse-w-refit-256x256": {
+        **GAR,
+        "mse": True,
+        "mse_weighted": True,
+        "refit_scales": True,
+        "nsamples": 256,
+        "seqlen": 256,
+    },
     "gar-bf16": {**GAR, "dtype": "bfloat16"},
     "ao-static": {"act_order": True, "static_groups": True},
     "ao-static-damp0.05": {"act_order": True, "static_groups": True, "damp": 0.05},
     # act order with static groups in place of GAR, the defaults' other options kept (scale search, its weighting, refit)
-    "ao-static-mse-w-refit": {"act_order": True, "static_groups": True, "mse": True, "mse_weighted": True,
-                              "refit_scales": True},
+    "ao-static-mse-w-refit": {
+        "act_order": True,
+        "static_groups": True,
+        "mse": True,
+        "mse_weighted": True,
+        "refit_scales": True,
+    },
     # the same calibrating in bfloat16: what `--dtype auto` gives a model stored in bfloat16 (SmolLM2 as published) on
     # a CPU with bfloat16 arithmetic, and what GPTQModel does with any model on a CPU
-    "ao-static-mse-w-refit-bf16": {"act_order": True, "static_groups": True, "mse": True, "mse_weighted": True,
-                                   "refit_scales": True, "dtype": "bfloat16"},
+    "ao-static-mse-w-refit-bf16": {
+        "act_order": True,
+        "static_groups": True,
+        "mse": True,
+        "mse_weighted": True,
+        "refit_scales": True,
+        "dtype": "bfloat16",
+    },
     # one MatGPTQ parent per seed (target widths PARENT_WIDTHS), each width scored as its slice: `matgptq-parent` with
     # the plain options (MatGPTQ's defaults), then with GPTQ's scale choice (`--method matgptq` re-checked, item 2)
     "matgptq-parent": {"method": "matgptq"},
-    "matgptq-parent-gar-mse-w-refit": {"method": "matgptq", **GAR, "mse": True, "mse_weighted": True,
-                                       "refit_scales": True},
+    "matgptq-parent-gar-mse-w-refit": {
+        "method": "matgptq",
+        **GAR,
+        "mse": True,
+        "mse_weighted": True,
+        "refit_scales": True,
+    },
     "matgptq-parent-gar-refit": {"method": "matgptq", **GAR, "refit_scales": True},  # without the scale search's cost
     # the parent with GPTQ's default column order (act order, static groups), calibrating as `--dtype auto` does on a
     # CPU with bfloat16 arithmetic (the `default` row's), without and with the weighted scale search (issue #102)
-    "matgptq-parent-ao-static-refit-bf16": {"method": "matgptq", "act_order": True, "static_groups": True,
-                                            "refit_scales": True, "dtype": "bfloat16"},
-    "matgptq-parent-ao-static-mse-w-refit-bf16": {"method": "matgptq", "act_order": True, "static_groups": True,
-                                                  "mse": True, "mse_weighted": True, "refit_scales": True,
-                                                  "dtype": "bfloat16"},
+    "matgptq-parent-ao-static-refit-bf16": {
+        "method": "matgptq",
+        "act_order": True,
+        "static_groups": True,
+        "refit_scales": True,
+        "dtype": "bfloat16",
+    },
+    "matgptq-parent-ao-static-mse-w-refit-bf16": {
+        "method": "matgptq",
+        "act_order": True,
+        "static_groups": True,
+        "mse": True,
+        "mse_weighted": True,
+        "refit_scales": True,
+        "dtype": "bfloat16",
+    },
     # the same with the master width's weight λ_8 lowered from its default 16 (λ_3 = λ_4 = 1): the trade-off between
     # the narrow slices and the 8-bit one
-    **{f"matgptq-parent-ao-static-mse-w-refit-bf16-l{lam}": {
-        "method": "matgptq", "act_order": True, "static_groups": True, "mse": True, "mse_weighted": True,
-        "refit_scales": True, "dtype": "bfloat16", "bit_weights": f"1,1,{lam}"} for lam in (1, 4)},
+    **{
+        f"matgptq-parent-ao-static-mse-w-refit-bf16-l{lam}": {
+            "method": "matgptq",
+            "act_order": True,
+            "static_groups": True,
+            "mse": True,
+            "mse_weighted": True,
+            "refit_scales": True,
+            "dtype": "bfloat16",
+            "bit_weights": f"1,1,{lam}",
+        }
+        for lam in (1, 4)
+    },
     "matgptq-default": {"method": "matgptq", "as_typed": True},  # --method matgptq and no option: its defaults
     "gptqmodel": "peer",
     "llmcompressor": "peer",
     "llmcompressor-g64": "peer",  # where it cannot run the row's group size: the largest it runs on SmolLM2 (576 columns)
-}  # fmt: skip
+}
 PEER_GROUP = {"llmcompressor-g64": 64}
 PARENT_WIDTHS = "3,4,8"
-PEER_LABELS = {"gptqmodel": "GPTQModel 7.6.0 (its defaults)", "llmcompressor": "llm-compressor 0.14 (its defaults)",
-               "llmcompressor-g64": "llm-compressor 0.14 (its defaults) at g64"}
+PEER_LABELS = {
+    "gptqmodel": "GPTQModel 7.6.0 (its defaults)",
+    "llmcompressor": "llm-compressor 0.14 (its defaults)",
+    "llmcompressor-g64": "llm-compressor 0.14 (its defaults) at g64",
+}
 
 
 CALIBRATION = ("nsamples", "seqlen")  # a row that sets these replaces the script's own
@@ -82,8 +154,10 @@ def options(row: dict) -> list[str]:
     the last occurrence of an option is the one the command takes)."""
     s = {**ALL, **{k: v for k, v in row.items() if k != "method" and k not in CALIBRATION}}
     calibration = [x for k in CALIBRATION if k in row for x in (f"--{k}", str(row[k]))]
-    out = [f"--{'' if s[k] else 'no-'}{k.replace('_', '-')}" for k in ("group_act_order", "mse", "mse_weighted",
-                                                                        "refit_scales", "act_order", "static_groups")]  # fmt: skip
+    out = [
+        f"--{'' if s[k] else 'no-'}{k.replace('_', '-')}"
+        for k in ("group_act_order", "mse", "mse_weighted", "refit_scales", "act_order", "static_groups")
+    ]
     out += [] if s["true_sequential"] else ["--no-true-sequential"]
     weights = ["--bit-weights", row["bit_weights"]] if "bit_weights" in row else []
     return out + ["--damp", str(s["damp"]), "--dtype", s["dtype"], *weights, *calibration]

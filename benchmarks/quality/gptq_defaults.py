@@ -41,14 +41,17 @@ import sys
 from pathlib import Path
 
 from benchmarks._harness import RESULTS, ROOT, load_json, measured_child, write_atomic, write_block, write_page
+from benchmarks._harness.smollm2 import BENCH_PYTHON, DEFAULT_MODEL, WIKI, ZERO_SHOT, peer_command
 from benchmarks.quality._gptq_defaults_blocks import defaults_block, parent_block, readme_block
 from benchmarks.quality._gptq_defaults_page import page
 from benchmarks.quality._gptq_defaults_rows import AS_TYPED, PARENT_WIDTHS, PEER_GROUP, ROWS, is_parent, options
-from benchmarks._harness.smollm2 import BENCH_PYTHON, DEFAULT_MODEL, WIKI, ZERO_SHOT, peer_command
 
 OUT = RESULTS / "gptq_defaults.json"
-BLOCKS = {"README.md#gptq-defaults": readme_block, "docs/guide/quantize.md#defaults": defaults_block,
-          "docs/decisions/matgptq-defaults.md#parent-defaults": parent_block}  # render_docs lists them too
+BLOCKS = {
+    "README.md#gptq-defaults": readme_block,
+    "docs/guide/quantize.md#defaults": defaults_block,
+    "docs/decisions/matgptq-defaults.md#parent-defaults": parent_block,
+}  # render_docs lists them too
 # A re-quantized run is the recorded model when its perplexity is within this relative distance of the recorded one.
 # Measured: stories260K's default row quantized again on the same machine came back within 6e-9 of its record (the
 # same codes; only summation order moves); GPTQModel's SmolLM2 3-bit seed 0, quantized again on another machine than
@@ -62,15 +65,41 @@ def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Pa
     # a killed run's state (quantization/resume.py): start afresh, so that CPU s counts the whole run
     shutil.rmtree(out.parent / f".{out.name}.resume", ignore_errors=True)
     if ROWS[name] == "peer":
-        cmd = peer_command(name.split("-")[0], a.model, ids_file, out, bits, PEER_GROUP.get(name, gs),
-                           out.parent / f"{out.name}.report.json")
+        cmd = peer_command(
+            name.split("-")[0],
+            a.model,
+            ids_file,
+            out,
+            bits,
+            PEER_GROUP.get(name, gs),
+            out.parent / f"{out.name}.report.json",
+        )
     else:
         parent = is_parent(name)
-        cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(out), "--method",
-               "matgptq" if parent else "gptq", "--bits", PARENT_WIDTHS if parent else str(bits), "--group-size",
-               str(gs), "--calib", str(a.calib), "--calib-range", "0.5:1",
-               *([] if ROWS[name] == AS_TYPED else ["--nsamples", str(a.nsamples), "--seqlen", str(a.seqlen)]),
-               "--seed", str(seed), "--overwrite", "--quiet"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "matgptq",
+            "quantize",
+            a.model,
+            "--out",
+            str(out),
+            "--method",
+            "matgptq" if parent else "gptq",
+            "--bits",
+            PARENT_WIDTHS if parent else str(bits),
+            "--group-size",
+            str(gs),
+            "--calib",
+            str(a.calib),
+            "--calib-range",
+            "0.5:1",
+            *([] if ROWS[name] == AS_TYPED else ["--nsamples", str(a.nsamples), "--seqlen", str(a.seqlen)]),
+            "--seed",
+            str(seed),
+            "--overwrite",
+            "--quiet",
+        ]
         cmd += options(ROWS[name]) if isinstance(ROWS[name], dict) and not ROWS[name].get("as_typed") else []
     return {**measured_child(cmd, a.threads, log), "command": cmd[1:], "measured": measured_at()}
 
@@ -96,8 +125,9 @@ def dense_model(path: Path, bits: int | None = None):
         from transformers import AutoModelForCausalLM
         from transformers.utils.quantization_config import CompressedTensorsConfig
 
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                    quantization_config=CompressedTensorsConfig(dequantize=True))  # fmt: skip
+        return AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, quantization_config=CompressedTensorsConfig(dequantize=True)
+        )
     from matgptq.runtime import load
 
     return load(path, bits=bits, dtype=torch.float32)
@@ -120,8 +150,15 @@ def wants_tasks(run: dict, a) -> bool:
 
 
 def settings(a) -> dict:
-    return {"model": str(Path(a.model).resolve()), "calib": str(Path(a.calib).resolve()), "nsamples": a.nsamples, "seqlen": a.seqlen,
-            "eval_windows": a.eval_windows, "eval_seqlen": a.eval_seqlen, "threads": a.threads}  # fmt: skip
+    return {
+        "model": str(Path(a.model).resolve()),
+        "calib": str(Path(a.calib).resolve()),
+        "nsamples": a.nsamples,
+        "seqlen": a.seqlen,
+        "eval_windows": a.eval_windows,
+        "eval_seqlen": a.eval_seqlen,
+        "threads": a.threads,
+    }
 
 
 def main() -> None:
@@ -136,10 +173,18 @@ def main() -> None:
     p.add_argument("--seqlen", type=int, default=512, help="tokens per calibration window")
     p.add_argument("--eval-windows", type=int, default=8, help="windows of --eval-seqlen tokens scored")
     p.add_argument("--eval-seqlen", type=int, default=2048, help="tokens per scored window")
-    p.add_argument("--limit", type=int, default=0, help="questions per zero-shot task (0: no zero-shot); runs "
-                   "scored without it are quantized again to add it")
-    p.add_argument("--redo", action="store_true", help="drop the recorded runs of --rows x --group-sizes x --bits x "
-                   "--seeds and measure them again (rows measured at an older commit)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=0,
+        help="questions per zero-shot task (0: no zero-shot); runs scored without it are quantized again to add it",
+    )
+    p.add_argument(
+        "--redo",
+        action="store_true",
+        help="drop the recorded runs of --rows x --group-sizes x --bits x "
+        "--seeds and measure them again (rows measured at an older commit)",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads of every process")
     p.add_argument("--work", help="checkpoints and measurements (default runs/gptq-defaults/<model name>)")
     p.add_argument("--keep", action="store_true", help="keep the checkpoints (default: deleted once scored)")
@@ -150,11 +195,12 @@ def main() -> None:
     if not (Path(a.model) / "config.json").is_file():
         sys.exit(f"gptq_defaults: error: no model at {a.model}; run `make real-model` first")
     if any(r.startswith("llmcompressor") for r in rows) and importlib.util.find_spec("compressed_tensors") is None:
-        sys.exit("gptq_defaults: error: scoring llm-compressor's checkpoints needs compressed-tensors in this venv: "
-                 "pip install -c .ci/constraints.txt compressed-tensors")  # fmt: skip
+        sys.exit(
+            "gptq_defaults: error: scoring llm-compressor's checkpoints needs compressed-tensors in this venv: "
+            "pip install -c .ci/constraints.txt compressed-tensors"
+        )
     a.widths = [int(b) for b in a.bits.split(",")]
-    run(a, rows, a.widths, [int(g) for g in a.group_sizes.split(",")],
-        [int(s) for s in a.seeds.split(",")])  # fmt: skip
+    run(a, rows, a.widths, [int(g) for g in a.group_sizes.split(",")], [int(s) for s in a.seeds.split(",")])
 
 
 def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: list[int]) -> None:
@@ -182,8 +228,9 @@ def run(a, rows: list[str], widths: list[int], group_sizes: list[int], seeds: li
 
     torch.set_num_threads(a.threads)
     tokenizer = load_tokenizer(a.model)
-    windows = eval_windows(tokenize(tokenizer, read_text(a.calib, (0.0, 0.5))), a.eval_seqlen,
-                           a.eval_seqlen * a.eval_windows)  # fmt: skip
+    windows = eval_windows(
+        tokenize(tokenizer, read_text(a.calib, (0.0, 0.5))), a.eval_seqlen, a.eval_seqlen * a.eval_windows
+    )
     specs = resolve_tasks("arc_easy,piqa", ZERO_SHOT) if a.limit else []
     calib_ids = tokenize(tokenizer, read_text(a.calib, (0.5, 1.0)))
     teacher = Teacher(load(a.model), windows, batch_size=1, progress=True)
@@ -235,8 +282,11 @@ def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple
         return
     parent = is_parent(row)  # one parent per (row, group, seed), each width scored as its slice
     out = work / (f"{row}-g{gs}-seed{seed}" if parent else key.replace("/", "-"))
-    widths = {int(k.split("/")[2]): r for k, r in state["runs"].items()  # this parent's widths so far
-              if parent and k.startswith(f"{row}/g{gs}/") and k.endswith(f"/seed{seed}")}  # fmt: skip
+    widths = {
+        int(k.split("/")[2]): r
+        for k, r in state["runs"].items()  # this parent's widths so far
+        if parent and k.startswith(f"{row}/g{gs}/") and k.endswith(f"/seed{seed}")
+    }
     # a checkpoint on disk counts only where a record says it was finished (a killed run leaves a partial one); a
     # parent's record may sit in another width's entry
     made = next(filter(None, (this_pass(r, "eval" in done) for r in {**widths, bits: done}.values())), None)
@@ -248,8 +298,10 @@ def run_one(key: str, state: dict, a, work: Path, ids_file: Path, scoring: tuple
     else:
         done = state["runs"][key] = {"quant": made}
     q = done.get("requant", done["quant"])
-    print(f"  {key}: {'ok' if q['ok'] else 'FAILED: ' + q['error']} CPU {q['cpu']:.0f} s, peak RSS {q['rss_gb']:.2f} GB",
-          flush=True)  # fmt: skip
+    print(
+        f"  {key}: {'ok' if q['ok'] else 'FAILED: ' + q['error']} CPU {q['cpu']:.0f} s, peak RSS {q['rss_gb']:.2f} GB",
+        flush=True,
+    )
     if q["ok"]:
         scored = evaluate(out, *scoring[:3], a, scoring[3], bits if parent else None)
         if "eval" in done and abs(scored["ppl"] / done["eval"]["ppl"] - 1) <= SAME_MODEL:  # the recorded model again

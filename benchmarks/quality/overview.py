@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from benchmarks._harness import RESULTS, ROOT
+
 SEEDS = (0, 1, 2)
 # GGUF rows: the preset, llama.cpp's file names (without / with importance matrix) and our file of <= its bytes
 GGUF_ROWS = (
@@ -54,7 +55,9 @@ def series(src: dict) -> dict[str, list[tuple[float, float]]]:
         "GPTQ (matgptq, plain options), one model per width": [(b, _ppl(t[f"gptq{b}"], b)) for b in (3, 4, 6, 8)],
         "GPTQModel 7.6.0, one model per width": [(b, _ppl(t[f"gptqmodel{b}"], b)) for b in (3, 4)],
         "MatGPTQ parent: uniform slices": [(b, ev[f"uniform-{b}"]["ppl"]) for b in (2, 3, 4, 6, 8)],
-        "MatGPTQ parent: searched mixes": sorted((mixes[k]["summary"]["code_bits"], ev[f"mix-{k}"]["ppl"]) for k in mixes),
+        "MatGPTQ parent: searched mixes": sorted(
+            (mixes[k]["summary"]["code_bits"], ev[f"mix-{k}"]["ppl"]) for k in mixes
+        ),
     }
 
 
@@ -68,8 +71,17 @@ def gguf_points(src: dict) -> list[dict]:
             b = min(kl[f"llama:{preset}"], kl[f"llama:{preset}+im"])
             best.append(b), mine.append(kl[ours]), ratio.append(kl[ours] / b)
         files = src["gguf"][0]["files"]
-        rows.append({"preset": preset, "what": what, "bpw_llama": files[f"llama:{preset}+im"]["bpw"],
-                     "bpw_ours": files[ours]["bpw"], "kl_llama": best, "kl_ours": mine, "ratio": ratio})  # fmt: skip
+        rows.append(
+            {
+                "preset": preset,
+                "what": what,
+                "bpw_llama": files[f"llama:{preset}+im"]["bpw"],
+                "bpw_ours": files[ours]["bpw"],
+                "kl_llama": best,
+                "kl_ours": mine,
+                "ratio": ratio,
+            }
+        )
     return rows
 
 
@@ -81,7 +93,10 @@ def render(src: dict) -> str:
     """The README block: the left panel's key rows and the right panel's ratios, as markdown."""
     s = series(src)
     slices, mixes = dict(s["MatGPTQ parent: uniform slices"]), dict(s["MatGPTQ parent: searched mixes"])
-    gptq, peer = dict(s["GPTQ (matgptq, plain options), one model per width"]), dict(s["GPTQModel 7.6.0, one model per width"])
+    gptq, peer = (
+        dict(s["GPTQ (matgptq, plain options), one model per width"]),
+        dict(s["GPTQModel 7.6.0, one model per width"]),
+    )
     lines = [
         "| bits per weight | MatGPTQ parent, searched mix | its uniform slice | GPTQ (matgptq, plain options) | GPTQModel 7.6.0 |",
         "|---|---|---|---|---|",
@@ -110,9 +125,12 @@ def plot(src: dict, path: Path) -> None:
     plt = pyplot()
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    styles = {"GPTQ (matgptq, plain options), one model per width": ("s", "tab:gray"),
-              "GPTQModel 7.6.0, one model per width": ("^", "tab:orange"),
-              "MatGPTQ parent: uniform slices": ("o", "tab:blue"), "MatGPTQ parent: searched mixes": ("D", "tab:green")}  # fmt: skip
+    styles = {
+        "GPTQ (matgptq, plain options), one model per width": ("s", "tab:gray"),
+        "GPTQModel 7.6.0, one model per width": ("^", "tab:orange"),
+        "MatGPTQ parent: uniform slices": ("o", "tab:blue"),
+        "MatGPTQ parent: searched mixes": ("D", "tab:green"),
+    }
     s = series(src)
     ax.axhline(s["fp32"][0][1], color="black", ls=":", lw=1, label="fp32")
     for name, (marker, color) in styles.items():
@@ -129,10 +147,22 @@ def plot(src: dict, path: Path) -> None:
     for r in gguf_points(src):
         for who, color, marker in (("llama", "tab:orange", "^"), ("ours", "tab:green", "D")):
             kl = r[f"kl_{who}"]
-            ax2.errorbar(r[f"bpw_{who}"], statistics.mean(kl), yerr=statistics.stdev(kl), color=color, marker=marker,
-                         capsize=3, label=("llama.cpp preset, best of ± imatrix" if who == "llama" else "matgptq"))  # fmt: skip
-        ax2.annotate(r["preset"], (r["bpw_llama"], statistics.mean(r["kl_llama"])), textcoords="offset points",
-                     xytext=(6, 4), fontsize=8)  # fmt: skip
+            ax2.errorbar(
+                r[f"bpw_{who}"],
+                statistics.mean(kl),
+                yerr=statistics.stdev(kl),
+                color=color,
+                marker=marker,
+                capsize=3,
+                label=("llama.cpp preset, best of ± imatrix" if who == "llama" else "matgptq"),
+            )
+        ax2.annotate(
+            r["preset"],
+            (r["bpw_llama"], statistics.mean(r["kl_llama"])),
+            textcoords="offset points",
+            xytext=(6, 4),
+            fontsize=8,
+        )
     handles, labels = ax2.get_legend_handles_labels()
     ax2.legend(handles[:2], labels[:2], fontsize=7)
     ax2.set_yscale("log")

@@ -34,34 +34,71 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks._harness import (RESULTS, ROOT, format_table, header, measured_child, pyplot, save_figure,
-                                 write_atomic, write_page)  # fmt: skip
+from benchmarks._harness import (
+    RESULTS,
+    ROOT,
+    format_table,
+    header,
+    measured_child,
+    pyplot,
+    save_figure,
+    write_atomic,
+    write_page,
+)
 from benchmarks._harness.smollm2 import BENCH_PYTHON, DEFAULT_MODEL, WIKI, ZERO_SHOT, evaluate, peer_command
 
 # name: (tool, quantization widths, widths evaluated)
 QUANTS = {
-    "rtn3": ("rtn", (3,), (3,)), "rtn4": ("rtn", (4,), (4,)),
-    "gptq3": ("gptq", (3,), (3,)), "gptq4": ("gptq", (4,), (4,)), "gptq6": ("gptq", (6,), (6,)),
-    "gptq8": ("gptq", (8,), (8,)), "gptq4-bf16": ("gptq-bf16", (4,), (4,)),
-    "gptq3-ao": ("gptq-ao", (3,), (3,)), "gptq4-ao": ("gptq-ao", (4,), (4,)),
-    "matgptq348-paper": ("matgptq-paper", (3, 4, 8), (3, 4, 6, 8)), "matgptq348": ("matgptq", (3, 4, 8), (3, 4, 6, 8)),
-    "gptqmodel3": ("gptqmodel", (3,), (3,)), "gptqmodel4": ("gptqmodel", (4,), (4,)),
-    "llmcompressor3": ("llmcompressor", (3,), (3,)), "llmcompressor4": ("llmcompressor", (4,), (4,)),
-}  # fmt: skip
-LABELS = {"rtn": "RTN", "gptq": "GPTQ (matgptq, plain options)", "gptq-bf16": "GPTQ (matgptq, plain options, bf16 calibration)",
-          "gptq-ao": "GPTQ (matgptq, --act-order --static-groups --damp 0.05)",
-          "matgptq-paper": "MatGPTQ slice (one parent, --variant paper)",
-          "matgptq": "MatGPTQ slice (one parent, default per-width-scales)", "gptqmodel": "GPTQModel 7.6.0", "llmcompressor": "llm-compressor 0.14"}  # fmt: skip
+    "rtn3": ("rtn", (3,), (3,)),
+    "rtn4": ("rtn", (4,), (4,)),
+    "gptq3": ("gptq", (3,), (3,)),
+    "gptq4": ("gptq", (4,), (4,)),
+    "gptq6": ("gptq", (6,), (6,)),
+    "gptq8": ("gptq", (8,), (8,)),
+    "gptq4-bf16": ("gptq-bf16", (4,), (4,)),
+    "gptq3-ao": ("gptq-ao", (3,), (3,)),
+    "gptq4-ao": ("gptq-ao", (4,), (4,)),
+    "matgptq348-paper": ("matgptq-paper", (3, 4, 8), (3, 4, 6, 8)),
+    "matgptq348": ("matgptq", (3, 4, 8), (3, 4, 6, 8)),
+    "gptqmodel3": ("gptqmodel", (3,), (3,)),
+    "gptqmodel4": ("gptqmodel", (4,), (4,)),
+    "llmcompressor3": ("llmcompressor", (3,), (3,)),
+    "llmcompressor4": ("llmcompressor", (4,), (4,)),
+}
+LABELS = {
+    "rtn": "RTN",
+    "gptq": "GPTQ (matgptq, plain options)",
+    "gptq-bf16": "GPTQ (matgptq, plain options, bf16 calibration)",
+    "gptq-ao": "GPTQ (matgptq, --act-order --static-groups --damp 0.05)",
+    "matgptq-paper": "MatGPTQ slice (one parent, --variant paper)",
+    "matgptq": "MatGPTQ slice (one parent, default per-width-scales)",
+    "gptqmodel": "GPTQModel 7.6.0",
+    "llmcompressor": "llm-compressor 0.14",
+}
 PEERS = ("gptqmodel", "llmcompressor")
 
 
 def settings(a: argparse.Namespace) -> dict:
-    return {"model": str(Path(a.model).resolve()), "group_size": a.group_size, "nsamples": a.nsamples,
-            "seqlen": a.seqlen, "seed": a.seed, "eval_windows": a.eval_windows, "limit": a.limit, "threads": a.threads}  # fmt: skip
+    return {
+        "model": str(Path(a.model).resolve()),
+        "group_size": a.group_size,
+        "nsamples": a.nsamples,
+        "seqlen": a.seqlen,
+        "seed": a.seed,
+        "eval_windows": a.eval_windows,
+        "limit": a.limit,
+        "threads": a.threads,
+    }
 
 
-def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path | None, out: Path | None = None,
-             bits: tuple[int, ...] | None = None) -> dict:  # fmt: skip
+def quantize(
+    name: str,
+    a: argparse.Namespace,
+    work: Path,
+    ids_file: Path | None,
+    out: Path | None = None,
+    bits: tuple[int, ...] | None = None,
+) -> dict:
     """One end-to-end quantization in a child process into `out` (default work/name); returns its wall, CPU and peak
     RSS (or the failure line). `bits`: other target widths than the row's (a MatGPTQ parent with another R)."""
     tool, row_bits, _ = QUANTS[name]
@@ -70,13 +107,44 @@ def quantize(name: str, a: argparse.Namespace, work: Path, ids_file: Path | None
     if tool in PEERS:
         cmd = peer_command(tool, a.model, ids_file, out, bits[0], a.group_size, work / f"{name}.report.json")
     else:
-        method = {"rtn": "rtn", "gptq": "gptq", "gptq-bf16": "gptq", "gptq-ao": "gptq", "matgptq": "matgptq",
-                  "matgptq-paper": "matgptq"}[tool]  # fmt: skip
-        cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(out), "--method", method,
-               "--bits", ",".join(map(str, bits)), "--group-size", str(a.group_size), "--overwrite", "--quiet"]  # fmt: skip
+        method = {
+            "rtn": "rtn",
+            "gptq": "gptq",
+            "gptq-bf16": "gptq",
+            "gptq-ao": "gptq",
+            "matgptq": "matgptq",
+            "matgptq-paper": "matgptq",
+        }[tool]
+        cmd = [
+            sys.executable,
+            "-m",
+            "matgptq",
+            "quantize",
+            a.model,
+            "--out",
+            str(out),
+            "--method",
+            method,
+            "--bits",
+            ",".join(map(str, bits)),
+            "--group-size",
+            str(a.group_size),
+            "--overwrite",
+            "--quiet",
+        ]
         if method != "rtn":
-            cmd += ["--calib", str(WIKI), "--calib-range", "0.5:1", "--nsamples", str(a.nsamples), "--seqlen",
-                    str(a.seqlen), "--seed", str(a.seed)]  # fmt: skip
+            cmd += [
+                "--calib",
+                str(WIKI),
+                "--calib-range",
+                "0.5:1",
+                "--nsamples",
+                str(a.nsamples),
+                "--seqlen",
+                str(a.seqlen),
+                "--seed",
+                str(a.seed),
+            ]
         if tool == "matgptq-paper":
             cmd += ["--variant", "paper"]
         if tool == "gptq-bf16":
@@ -117,7 +185,11 @@ def main() -> None:
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     state_file = work / "state.json"
-    state = json.loads(state_file.read_text()) if state_file.is_file() else {"settings": settings(a), "quant": {}, "eval": {}}
+    state = (
+        json.loads(state_file.read_text())
+        if state_file.is_file()
+        else {"settings": settings(a), "quant": {}, "eval": {}}
+    )
     if state["settings"] != settings(a):
         sys.exit(f"real_model_table: error: {work} holds a run with other settings; pass --work DIR or remove it")
 
@@ -148,10 +220,15 @@ def measure(a, rows: list[str], work: Path, state: dict, save) -> None:
     save_file({"ids": ids.contiguous()}, str(ids_file))
     windows = eval_windows(tokenize(tokenizer, read_text(WIKI, (0.0, 0.5))), 2048, 2048 * a.eval_windows)
     specs = resolve_tasks("arc_easy,piqa", ZERO_SHOT)
-    print(f"{a.model}: g{a.group_size} sym, calibration {a.nsamples} x {a.seqlen} tokens, perplexity on "
-          f"{windows.numel()} tokens, {a.limit} questions per task, {a.threads} threads", flush=True)  # fmt: skip
+    print(
+        f"{a.model}: g{a.group_size} sym, calibration {a.nsamples} x {a.seqlen} tokens, perplexity on "
+        f"{windows.numel()} tokens, {a.limit} questions per task, {a.threads} threads",
+        flush=True,
+    )
     todo = [r for r in rows if str(QUANTS[r][2][-1]) not in state["eval"].get(r, {})]
-    teacher = Teacher(load(a.model), windows, batch_size=1, progress=True) if todo or "fp32" not in state["eval"] else None
+    teacher = (
+        Teacher(load(a.model), windows, batch_size=1, progress=True) if todo or "fp32" not in state["eval"] else None
+    )
     if "fp32" not in state["eval"]:
         state["eval"]["fp32"] = evaluate(a.model, [32], windows, teacher, specs, a.limit, tokenizer)
         save()
@@ -164,8 +241,11 @@ def measure(a, rows: list[str], work: Path, state: dict, save) -> None:
             state["quant"][name] = quantize(name, a, work, ids_file)
             save()
         q = state["quant"][name]
-        print(f"  {name}: {'ok' if q['ok'] else 'FAILED: ' + q['error']} wall {q['wall']:.0f} s, CPU {q['cpu']:.0f} s, "
-              f"peak RSS {q['rss_gb']:.2f} GB", flush=True)  # fmt: skip
+        print(
+            f"  {name}: {'ok' if q['ok'] else 'FAILED: ' + q['error']} wall {q['wall']:.0f} s, CPU {q['cpu']:.0f} s, "
+            f"peak RSS {q['rss_gb']:.2f} GB",
+            flush=True,
+        )
         if q["ok"]:
             state["eval"][name] = evaluate(work / name, list(widths), windows, teacher, specs, a.limit, tokenizer)
             save()
@@ -184,8 +264,14 @@ def table_rows(state: dict) -> list[dict]:
             row = {"key": name, "method": LABELS.get(tool, "fp32"), "tool": tool, "bits": bits}
             if e:
                 t = e["tasks"]
-                row.update(ppl=e["ppl"], kl=e["kl"], arc_easy=t["arc_easy"]["acc"], piqa=t["piqa"]["acc"],
-                           avg_acc=t["average"]["acc"], avg_acc_norm=t["average"]["acc_norm"])  # fmt: skip
+                row.update(
+                    ppl=e["ppl"],
+                    kl=e["kl"],
+                    arc_easy=t["arc_easy"]["acc"],
+                    piqa=t["piqa"]["acc"],
+                    avg_acc=t["average"]["acc"],
+                    avg_acc_norm=t["average"]["acc_norm"],
+                )
             if q:  # a parent's time and memory are paid once, for all its widths
                 row.update({k: q[k] for k in ("wall", "cpu", "rss_gb", "ok")}, error=q.get("error"))
             out.append(row)
@@ -209,18 +295,44 @@ def page(data: dict) -> str:
     s = data["settings"]
     fmt = lambda r, k, f: (f % r[k]) if r.get(k) is not None else "-"  # noqa: E731
     table = format_table(
-        ["method", "bits", "WikiText-2 ppl", "KL to fp32", "ARC-e acc", "PIQA acc", "avg acc", "avg acc_norm",
-         "quantize wall s", "CPU s", "peak RSS GB"],
-        [[r["method"], r["bits"], fmt(r, "ppl", "%.3f"), fmt(r, "kl", "%.4f"), fmt(r, "arc_easy", "%.3f"),
-          fmt(r, "piqa", "%.3f"), fmt(r, "avg_acc", "%.4f"), fmt(r, "avg_acc_norm", "%.4f"), fmt(r, "wall", "%.0f"),
-          fmt(r, "cpu", "%.0f"), fmt(r, "rss_gb", "%.2f")] for r in rows],
-    )  # fmt: skip
+        [
+            "method",
+            "bits",
+            "WikiText-2 ppl",
+            "KL to fp32",
+            "ARC-e acc",
+            "PIQA acc",
+            "avg acc",
+            "avg acc_norm",
+            "quantize wall s",
+            "CPU s",
+            "peak RSS GB",
+        ],
+        [
+            [
+                r["method"],
+                r["bits"],
+                fmt(r, "ppl", "%.3f"),
+                fmt(r, "kl", "%.4f"),
+                fmt(r, "arc_easy", "%.3f"),
+                fmt(r, "piqa", "%.3f"),
+                fmt(r, "avg_acc", "%.4f"),
+                fmt(r, "avg_acc_norm", "%.4f"),
+                fmt(r, "wall", "%.0f"),
+                fmt(r, "cpu", "%.0f"),
+                fmt(r, "rss_gb", "%.2f"),
+            ]
+            for r in rows
+        ],
+    )
     failed = [f"- {r['method']} {r['bits']}-bit failed: `{r['error']}`" for r in rows if r.get("ok") is False]
     ratios = peer_ratios(rows)
-    head = (f"SmolLM2-135M-Instruct, g{s['group_size']} symmetric, calibration {s['nsamples']} x {s['seqlen']} tokens "
-            f"(seed {s['seed']}, second half of WikiText-2 test), perplexity on the first {s['eval_windows']} x 2048 "
-            f"tokens of the first half, zero-shot on the first {s['limit']} questions of ARC-Easy and PIQA, "
-            f"{s['threads']} threads per process.")  # fmt: skip
+    head = (
+        f"SmolLM2-135M-Instruct, g{s['group_size']} symmetric, calibration {s['nsamples']} x {s['seqlen']} tokens "
+        f"(seed {s['seed']}, second half of WikiText-2 test), perplexity on the first {s['eval_windows']} x 2048 "
+        f"tokens of the first half, zero-shot on the first {s['limit']} questions of ARC-Easy and PIQA, "
+        f"{s['threads']} threads per process."
+    )
     body = "\n\n".join(x for x in [head, table, "\n".join(failed), ratios] if x)
     return header("benchmarks/quality/real_model_table.py", "real_model_table.json") + "\n" + body + "\n"
 
@@ -235,13 +347,17 @@ def peer_ratios(rows: list[dict]) -> str:
             continue
         best, fastest = min(peers, key=lambda r: r["ppl"]), min(peers, key=lambda r: r["cpu"])
         for r in ours:
-            lines.append(f"| {bits} | {r['method']} | {r['ppl']:.3f} / {best['ppl']:.3f} ({best['method']}) = "
-                         f"{r['ppl'] / best['ppl']:.3f} | {r['cpu']:.0f} / {fastest['cpu']:.0f} s = "
-                         f"{r['cpu'] / fastest['cpu']:.2f} | {r['rss_gb'] / min(p['rss_gb'] for p in peers):.2f} |")  # fmt: skip
+            lines.append(
+                f"| {bits} | {r['method']} | {r['ppl']:.3f} / {best['ppl']:.3f} ({best['method']}) = "
+                f"{r['ppl'] / best['ppl']:.3f} | {r['cpu']:.0f} / {fastest['cpu']:.0f} s = "
+                f"{r['cpu'] / fastest['cpu']:.2f} | {r['rss_gb'] / min(p['rss_gb'] for p in peers):.2f} |"
+            )
     if not lines:
         return ""
-    return ("| bits | ours | ppl / best peer's (goal ≤ 1) | CPU s / fastest peer's (goal ≤ 0.5) | RSS / lowest peer's |\n"
-            "|---|---|---|---|---|\n" + "\n".join(lines))  # fmt: skip
+    return (
+        "| bits | ours | ppl / best peer's (goal ≤ 1) | CPU s / fastest peer's (goal ≤ 0.5) | RSS / lowest peer's |\n"
+        "|---|---|---|---|---|\n" + "\n".join(lines)
+    )
 
 
 def plot_page(data: dict, path: Path) -> None:

@@ -12,10 +12,14 @@ from safetensors.torch import load_file
 # JSON fields that record a duration, as paths ("*": any key or index); nothing else may differ
 TIMING = (
     ("report", "*", "seconds"),  # matgptq.json: each layer's solve
-    *(("summary", k) for k in ("seconds", "teacher_seconds", "tables_seconds", "search_seconds", "report_seconds",
-                               "refine_seconds")),  # mix-<budget>.json
+    *(
+        ("summary", k)
+        for k in ("seconds", "teacher_seconds", "tables_seconds", "search_seconds", "report_seconds", "refine_seconds")
+    ),  # mix-<budget>.json
     ("history", "*", "seconds"),  # mix-<budget>.json: per generation
-    ("state", "seconds"), ("state", "history", "*", "seconds"), ("state", "refine", "seconds"),  # .state-<budget>.json
+    ("state", "seconds"),
+    ("state", "history", "*", "seconds"),
+    ("state", "refine", "seconds"),  # .state-<budget>.json
     ("tables", "*", "seconds"),  # .tables.json
 )
 RESUME_RECORDS = (("summary", "tables_reused"),)  # true where a resumed search read the tables back
@@ -38,8 +42,9 @@ def tensors_equal(a: Path, b: Path) -> bool:
     """The same tensor names, each of the same dtype and shape and the same bytes."""
     ta, tb = load_file(str(a)), load_file(str(b))
     raw = lambda t: t.contiguous().reshape(-1).view(torch.uint8)  # noqa: E731
-    return sorted(ta) == sorted(tb) and all(ta[k].dtype == tb[k].dtype and ta[k].shape == tb[k].shape
-                                            and raw(ta[k]).equal(raw(tb[k])) for k in ta)  # fmt: skip
+    return sorted(ta) == sorted(tb) and all(
+        ta[k].dtype == tb[k].dtype and ta[k].shape == tb[k].shape and raw(ta[k]).equal(raw(tb[k])) for k in ta
+    )
 
 
 def compare_file(a: Path, b: Path) -> tuple[list[str], list[str]]:
@@ -49,8 +54,9 @@ def compare_file(a: Path, b: Path) -> tuple[list[str], list[str]]:
     if a.suffix == ".json":
         diffs = [d for d in json_diff(json.loads(a.read_text()), json.loads(b.read_text())) if not _matches(d, TIMING)]
         records = [d for d in diffs if _matches(d, RESUME_RECORDS)]
-        return [f"{a.name}: {'.'.join(map(str, d))}" for d in diffs if d not in records], \
-            [f"{a.name}: {'.'.join(map(str, d))}" for d in records]  # fmt: skip
+        return [f"{a.name}: {'.'.join(map(str, d))}" for d in diffs if d not in records], [
+            f"{a.name}: {'.'.join(map(str, d))}" for d in records
+        ]
     return ([] if a.read_bytes() == b.read_bytes() else [f"{a.name}: bytes"]), []
 
 

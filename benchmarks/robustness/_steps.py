@@ -11,8 +11,24 @@ from pathlib import Path
 # the run seldom land in one. strace delivers SIGKILL on entering the N-th call of a system call instead (its
 # injection counts calls per call and per thread: the main thread's, which does every write here), so each
 # file-system step of the uninterrupted run can be hit in turn: the step is entered and not done.
-STEP_CALLS = ("write", "pwrite64", "writev", "ftruncate", "fsync", "fdatasync", "rename", "renameat", "renameat2",
-              "link", "linkat", "unlink", "unlinkat", "rmdir", "mkdir", "mkdirat")  # fmt: skip
+STEP_CALLS = (
+    "write",
+    "pwrite64",
+    "writev",
+    "ftruncate",
+    "fsync",
+    "fdatasync",
+    "rename",
+    "renameat",
+    "renameat2",
+    "link",
+    "linkat",
+    "unlink",
+    "unlinkat",
+    "rmdir",
+    "mkdir",
+    "mkdirat",
+)
 _TRACED = re.compile(r"^(\d+)\s+(\w+)\((.*)$")
 
 
@@ -30,10 +46,15 @@ def strace(trace: Path, calls) -> list[str]:
 def _kind(call: str, args: str, work: Path) -> str | None:
     """`call` with the paths under `work` it names (strace -y writes a descriptor's path in <>), as a pattern: the
     random part of a temporary name, a pid, a host and every number generalised; None if it names none."""
-    paths = [q[len(str(work)) + 1:] for q in re.findall(r'["<](/[^">]*)[">]', args)
-             if q.startswith(f"{work}/") and q[len(str(work)) + 1:] not in ("run.log", "run.trace")]  # the harness's
-    general = [re.sub(r"\d+", "#", re.sub(r"\.(tmp|old)-[^/]*", r".\1-*", re.sub(r"/\.tmp\w{6,}", "/.tmp*", "/" + q)))[1:]
-               for q in paths]  # fmt: skip
+    paths = [
+        q[len(str(work)) + 1 :]
+        for q in re.findall(r'["<](/[^">]*)[">]', args)
+        if q.startswith(f"{work}/") and q[len(str(work)) + 1 :] not in ("run.log", "run.trace")
+    ]  # the harness's
+    general = [
+        re.sub(r"\d+", "#", re.sub(r"\.(tmp|old)-[^/]*", r".\1-*", re.sub(r"/\.tmp\w{6,}", "/.tmp*", "/" + q)))[1:]
+        for q in paths
+    ]
     return f"{call} {' '.join(general)}" if general else None
 
 

@@ -29,8 +29,14 @@ def read_cases(junit: Path) -> list[tuple[str, str, str]]:
         name = tc.get("name", "")
         if not name.startswith(CLI_TEST + "["):
             continue
-        outcome = next((w for tag, w in (("failure", "FAIL"), ("error", "ERROR"), ("skipped", "skipped"))
-                        if tc.find(tag) is not None), "pass")  # fmt: skip
+        outcome = next(
+            (
+                w
+                for tag, w in (("failure", "FAIL"), ("error", "ERROR"), ("skipped", "skipped"))
+                if tc.find(tag) is not None
+            ),
+            "pass",
+        )
         props = {p.get("name"): p.get("value") for p in tc.iter("property")}
         rows.append((name[len(CLI_TEST) + 1 : -1], outcome, props.get("message", "")))
     return rows
@@ -42,8 +48,10 @@ def case_commands(source: str) -> dict[str, str]:
     skipped; the id, the kind and the arguments are literals."""
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CASES" for t in node.targets):
-            rows = [(ast.literal_eval(e.elts[0]), ast.literal_eval(e.elts[1]), ast.literal_eval(e.elts[3]))
-                    for e in node.value.elts]  # fmt: skip
+            rows = [
+                (ast.literal_eval(e.elts[0]), ast.literal_eval(e.elts[1]), ast.literal_eval(e.elts[3]))
+                for e in node.value.elts
+            ]
             return {case: " ".join(["matgptq", args[0], kind.upper()] + args[1:]) for case, kind, args in rows}
     raise SystemExit(f"bad_input: error: {TESTS} has no CASES table; update benchmarks/robustness/bad_input.py")
 
@@ -52,8 +60,15 @@ def cases(rows: list[tuple[str, str, str]]) -> list[dict]:
     """The JSON's cases: each row with its command (from the test's own table) and the message without the test's
     temporary directory."""
     commands = case_commands((ROOT / TESTS).read_text(encoding="utf-8"))
-    return [{"case": case, "command": commands.get(case, "?"), "result": outcome,
-             "message": re.sub(r"/\S*?/case\d+/", "…/", message)} for case, outcome, message in rows]  # fmt: skip
+    return [
+        {
+            "case": case,
+            "command": commands.get(case, "?"),
+            "result": outcome,
+            "message": re.sub(r"/\S*?/case\d+/", "…/", message),
+        }
+        for case, outcome, message in rows
+    ]
 
 
 def page(data: dict) -> str:
@@ -88,8 +103,12 @@ FUZZ = (
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--junit", type=Path, help="read this junit XML instead of running the tests")
-    p.add_argument("--out", type=Path, default=RESULTS / "bad_input.md",
-                   help="markdown file to write; its JSON goes beside it (.json)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS / "bad_input.md",
+        help="markdown file to write; its JSON goes beside it (.json)",
+    )
     a = p.parse_args(argv)
     junit = a.junit
     if junit is None:

@@ -46,9 +46,27 @@ TIMEOUT = 600  # seconds any one child may take
 RESUMES = 3  # runs with --resume after a kill before a trial counts as failed
 
 QUANTIZE = ["--calib", TEXT, "--calib-range", "0.6:1", "--nsamples", "32", "--seqlen", "64", "--quiet"]
-SEARCH = ["--budget", "2.5,3.5", "--calib", TEXT, "--calib-range", "0.6:0.7", "--generations", "4", "--offspring", "4",
-          "--stages", "126:2,504:1", "--seqlen", "64", "--sensitivity-tokens", "126", "--calib-tokens", "1008",
-          "--quiet"]  # fmt: skip
+SEARCH = [
+    "--budget",
+    "2.5,3.5",
+    "--calib",
+    TEXT,
+    "--calib-range",
+    "0.6:0.7",
+    "--generations",
+    "4",
+    "--offspring",
+    "4",
+    "--stages",
+    "126:2,504:1",
+    "--seqlen",
+    "64",
+    "--sensitivity-tokens",
+    "126",
+    "--calib-tokens",
+    "1008",
+    "--quiet",
+]
 
 
 @dataclass(frozen=True)
@@ -67,16 +85,22 @@ class Command:
 
 COMMANDS = (
     Command("quantize-gptq", ["quantize", MODEL, "--out", None, *QUANTIZE], True, True),
-    Command("quantize-matgptq", ["quantize", MODEL, "--out", None, "--method", "matgptq", "--bits", "2,3,4",
-                                 *QUANTIZE], True, True),  # fmt: skip
+    Command(
+        "quantize-matgptq",
+        ["quantize", MODEL, "--out", None, "--method", "matgptq", "--bits", "2,3,4", *QUANTIZE],
+        True,
+        True,
+    ),
     Command("search", ["search", "PARENT", "--out", None, *SEARCH], True, False),
-    Command("export-gguf", ["export", "PARENT", "--format", "gguf", "--bits", "3", "--out", None], False, True,
-            ".gguf"),
+    Command(
+        "export-gguf", ["export", "PARENT", "--format", "gguf", "--bits", "3", "--out", None], False, True, ".gguf"
+    ),
     Command("slice", ["slice", "PARENT", "--bits", "3", "--out", None], False, True),
 )
 # with --overwrite: the old output is moved aside and the new one renamed into place, two renames a kill can split
-OVERWRITE = Command("slice-overwrite", ["slice", "PARENT", "--bits", "3", "--out", None, "--overwrite"], False, True,
-                    prefilled=True)  # fmt: skip
+OVERWRITE = Command(
+    "slice-overwrite", ["slice", "PARENT", "--bits", "3", "--out", None, "--overwrite"], False, True, prefilled=True
+)
 
 
 def run_child(argv: list[str], log: Path, kill: float | Step | None = None) -> tuple[int, float]:
@@ -85,11 +109,20 @@ def run_child(argv: list[str], log: Path, kill: float | Step | None = None) -> t
     of the step's call is then `log` with the suffix .trace); status then −9, or its own where it ended first."""
     t0 = time.monotonic()
     if isinstance(kill, Step):
-        argv = strace(log.with_suffix(".trace"), (kill.call,)) + ["-e", f"inject={kill.call}:signal=KILL:when="
-                                                                  f"{kill.nth}", "--", *argv]  # fmt: skip
+        argv = strace(log.with_suffix(".trace"), (kill.call,)) + [
+            "-e",
+            f"inject={kill.call}:signal=KILL:when={kill.nth}",
+            "--",
+            *argv,
+        ]
     with open(log, "ab") as f:
-        proc = subprocess.Popen(argv, env=child_env(1, PYTHONDONTWRITEBYTECODE="1"), stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            env=child_env(1, PYTHONDONTWRITEBYTECODE="1"),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             proc.wait(timeout=kill if isinstance(kill, float) else TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -116,11 +149,21 @@ def after_kill(cmd: Command, out: Path, ref: Path) -> tuple[str, list[str]]:
         diffs = compare(out, ref)[0] if placed else []
     else:
         placed = sorted(out.glob("[!.]*")) if out.is_dir() else []
-        diffs = [d for p in placed for d in (compare_file(p, ref / p.name)[0] if (ref / p.name).is_file()
-                                             else [f"{p.name}: extra"])]  # fmt: skip
+        diffs = [
+            d
+            for p in placed
+            for d in (compare_file(p, ref / p.name)[0] if (ref / p.name).is_file() else [f"{p.name}: extra"])
+        ]
     left = [p.name for p in out.parent.rglob("*") if p.name not in ("run.log", "run.trace")]
-    where = "write" if any(".tmp" in n for n in left) else "output" if placed else \
-        "state" if any(n.startswith(".") for n in left) else "none"  # fmt: skip
+    where = (
+        "write"
+        if any(".tmp" in n for n in left)
+        else "output"
+        if placed
+        else "state"
+        if any(n.startswith(".") for n in left)
+        else "none"
+    )
     return where, diffs
 
 
@@ -180,18 +223,23 @@ def tally(cmd: Command, wall: float, rows: list[dict], instants: list[float]) ->
     return {
         "command": " ".join(["python", *(_shown(a) for a in cmd.argv(Path(f"$OUT{cmd.suffix}"), Path("$PARENT"))[1:])]),
         "resumed_with": "--resume" if cmd.resumable else "the same command (where the kill left no output)",
-        "uninterrupted_wall_s": round(wall, 2), "killed": len(killed), "ended_before_kill": len(rows) - len(killed),
+        "uninterrupted_wall_s": round(wall, 2),
+        "killed": len(killed),
+        "ended_before_kill": len(rows) - len(killed),
         "ended_before_kill_failed": sum(not r["killed"] and r["rc"] != 0 for r in rows),
-        "kill_instants_s": [round(t, 3) for t, r in zip(instants, rows) if r["killed"]], "landed": landed,
-        "exact": len(exact), "exact_but_resume_record": sum(bool(r["records"]) for r in exact),
-        "mismatches": sum(bool(r["diffs"]) for r in killed if r["ok"]), "failed": sum(not r["ok"] for r in killed),
+        "kill_instants_s": [round(t, 3) for t, r in zip(instants, rows) if r["killed"]],
+        "landed": landed,
+        "exact": len(exact),
+        "exact_but_resume_record": sum(bool(r["records"]) for r in exact),
+        "mismatches": sum(bool(r["diffs"]) for r in killed if r["ok"]),
+        "failed": sum(not r["ok"] for r in killed),
         "partial_after_kill": sum(bool(r["partial"]) for r in killed),
         "reruns": sum(len(r["runs"]) for r in killed),
         "said_already_complete": sum(r["already_complete"] for r in killed),
         "litter_after_kill": sum(bool(r["litter_after_kill"]) for r in killed),
         "litter_left": sum(bool(r["litter_left"]) for r in killed),
         "examples": _examples(killed),
-    }  # fmt: skip
+    }
 
 
 def _shown(arg: str) -> str:
@@ -202,18 +250,32 @@ def _shown(arg: str) -> str:
 def _examples(killed: list[dict]) -> dict:
     """The first few of each kind of finding, for the record."""
     pick = lambda key: [r[key] for r in killed if r.get(key)][:3]  # noqa: E731
-    return {k: v for k, v in {"diffs": pick("diffs"), "resume_records": pick("records"), "partial": pick("partial"),
-                              "errors": pick("error"), "litter_after_kill": pick("litter_after_kill"),
-                              "litter_left": pick("litter_left")}.items() if v}  # fmt: skip
+    return {
+        k: v
+        for k, v in {
+            "diffs": pick("diffs"),
+            "resume_records": pick("records"),
+            "partial": pick("partial"),
+            "errors": pick("error"),
+            "litter_after_kill": pick("litter_after_kill"),
+            "litter_left": pick("litter_left"),
+        }.items()
+        if v
+    }
 
 
 def run(kills: int, seed: int, names: list[str]) -> dict:
     rng = np.random.Generator(np.random.PCG64(seed))
     t0 = time.monotonic()
-    result = {"protocol": __doc__.split("Protocol. ", 1)[1].strip(), "kills_per_command": kills, "seed": seed,
-              "timing_fields": [".".join(map(str, p)) for p in TIMING],
-              "resume_records": [".".join(map(str, p)) for p in RESUME_RECORDS], "machine": machine(),
-              "commands": {}}  # fmt: skip
+    result = {
+        "protocol": __doc__.split("Protocol. ", 1)[1].strip(),
+        "kills_per_command": kills,
+        "seed": seed,
+        "timing_fields": [".".join(map(str, p)) for p in TIMING],
+        "resume_records": [".".join(map(str, p)) for p in RESUME_RECORDS],
+        "machine": machine(),
+        "commands": {},
+    }
     with tempfile.TemporaryDirectory(prefix="faults_kill-") as tmp:
         work = Path(tmp)
         refs = references(work)
@@ -222,8 +284,11 @@ def run(kills: int, seed: int, names: list[str]) -> dict:
             rows, instants = [], []
             while sum(r["killed"] for r in rows) < kills and len(rows) < 3 * kills:
                 instants.append(float(rng.uniform(0, wall)))
-                rows.append(trial(cmd, work / "trials" / f"{cmd.name}-{len(rows)}", ref, refs["quantize-matgptq"][0],
-                                  instants[-1]))  # fmt: skip
+                rows.append(
+                    trial(
+                        cmd, work / "trials" / f"{cmd.name}-{len(rows)}", ref, refs["quantize-matgptq"][0], instants[-1]
+                    )
+                )
             result["commands"][cmd.name] = tally(cmd, wall, rows, instants)
             print(_line(cmd.name, result["commands"][cmd.name]), flush=True)
     result["wall_s"] = round(time.monotonic() - t0, 1)
@@ -247,9 +312,13 @@ def traced_steps(cmd: Command, work: Path, parent: Path) -> list[Step]:
 def run_steps(most: int, names: list[str]) -> dict:
     """Kills at file-system steps (STEP_CALLS) of each command, as `run` kills at instants."""
     t0 = time.monotonic()
-    result = {"protocol": "as faults_kill.json's, but each kill is delivered by strace on entering one file-system "
-              "step of the uninterrupted run (the first and the last of each kind of step)", "machine": machine(),
-              "timing_fields": [".".join(map(str, p)) for p in TIMING], "commands": {}}  # fmt: skip
+    result = {
+        "protocol": "as faults_kill.json's, but each kill is delivered by strace on entering one file-system "
+        "step of the uninterrupted run (the first and the last of each kind of step)",
+        "machine": machine(),
+        "timing_fields": [".".join(map(str, p)) for p in TIMING],
+        "commands": {},
+    }
     with tempfile.TemporaryDirectory(prefix="faults_steps-") as tmp:
         work = Path(tmp)
         refs = references(work)
@@ -257,14 +326,21 @@ def run_steps(most: int, names: list[str]) -> dict:
             ref, wall = refs[cmd.name.removesuffix("-overwrite")]
             steps = traced_steps(cmd, work / "traced" / cmd.name, refs["quantize-matgptq"][0])
             picks = chosen(steps, most)
-            rows = [trial(cmd, work / "trials" / f"{cmd.name}-{i}", ref, refs["quantize-matgptq"][0], step)
-                    for i, step in enumerate(picks)]  # fmt: skip
+            rows = [
+                trial(cmd, work / "trials" / f"{cmd.name}-{i}", ref, refs["quantize-matgptq"][0], step)
+                for i, step in enumerate(picks)
+            ]
             c = tally(cmd, wall, rows, [0.0] * len(rows))
             del c["kill_instants_s"]
-            c.update(old_kept=sum(bool(r.get("old_kept")) for r in rows), steps=len(steps), kinds=len({s.kind for s in steps}), chosen=len(picks),
-                     on_target=sum(r["landed_step"] == r["step"] for r in rows),
-                     kinds_hit=sorted({r["landed_step"] for r in rows if r["killed"] and r["landed_step"]}),
-                     off_target=[[r["step"], r["landed_step"]] for r in rows if r["landed_step"] != r["step"]][:5])
+            c.update(
+                old_kept=sum(bool(r.get("old_kept")) for r in rows),
+                steps=len(steps),
+                kinds=len({s.kind for s in steps}),
+                chosen=len(picks),
+                on_target=sum(r["landed_step"] == r["step"] for r in rows),
+                kinds_hit=sorted({r["landed_step"] for r in rows if r["killed"] and r["landed_step"]}),
+                off_target=[[r["step"], r["landed_step"]] for r in rows if r["landed_step"] != r["step"]][:5],
+            )
             result["commands"][cmd.name] = c
             print(_line(cmd.name, c) + f"  steps {c['chosen']}/{c['steps']} on target {c['on_target']}", flush=True)
     result["wall_s"] = round(time.monotonic() - t0, 1)
@@ -272,20 +348,29 @@ def run_steps(most: int, names: list[str]) -> dict:
 
 
 def _line(name: str, c: dict) -> str:
-    return (f"{name:17} killed {c['killed']:3}  exact {c['exact']:3} (resume record differs "
-            f"{c['exact_but_resume_record']})  mismatches {c['mismatches']}  failed {c['failed']}  partial "
-            f"{c['partial_after_kill']}  litter left {c['litter_left']}  already complete "
-            f"{c['said_already_complete']}  landed {c['landed']}  T {c['uninterrupted_wall_s']} s")
+    return (
+        f"{name:17} killed {c['killed']:3}  exact {c['exact']:3} (resume record differs "
+        f"{c['exact_but_resume_record']})  mismatches {c['mismatches']}  failed {c['failed']}  partial "
+        f"{c['partial_after_kill']}  litter left {c['litter_left']}  already complete "
+        f"{c['said_already_complete']}  landed {c['landed']}  T {c['uninterrupted_wall_s']} s"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kills", type=int, default=100, help="killed runs per command (--at steps: at most; 0 all)")
-    p.add_argument("--at", choices=("instants", "steps"), default="instants",
-                   help="kill at random instants, or on entering file-system steps (needs strace)")
+    p.add_argument(
+        "--at",
+        choices=("instants", "steps"),
+        default="instants",
+        help="kill at random instants, or on entering file-system steps (needs strace)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the kill instants")
-    p.add_argument("--commands", default=",".join(c.name for c in COMMANDS),
-                   help=f"comma-separated subset (--at steps also {OVERWRITE.name})")
+    p.add_argument(
+        "--commands",
+        default=",".join(c.name for c in COMMANDS),
+        help=f"comma-separated subset (--at steps also {OVERWRITE.name})",
+    )
     p.add_argument("--out", type=Path, help="the JSON record (default: docs/results/faults_kill[_steps].json)")
     a = p.parse_args(argv)
     out = a.out or (OUT if a.at == "instants" else OUT.with_name("faults_kill_steps.json"))

@@ -36,13 +36,21 @@ def run_rows(state: dict) -> list[dict]:
         summary = state["mixes"][budget]["summary"]
         row = {"kind": kind, **state["eval"][key], "bits": float(budget)}
         if kind == "mix":
-            row.update(model=f"EvoPress mix (from {summary.get('start', 'knapsack')}) @ {budget}",
-                       bits=summary["search_code_bits"], storage_bits=summary["search_storage_bits"],
-                       search_s=summary["seconds"], evaluations=summary["evaluations"])  # fmt: skip
+            row.update(
+                model=f"EvoPress mix (from {summary.get('start', 'knapsack')}) @ {budget}",
+                bits=summary["search_code_bits"],
+                storage_bits=summary["search_storage_bits"],
+                search_s=summary["seconds"],
+                evaluations=summary["evaluations"],
+            )
         elif kind == "random":
             rnd = state["random"][budget]
-            row.update(model=f"random search @ {budget}", bits=rnd["code_bits"], search_s=rnd["seconds"],
-                       evaluations=rnd["evaluations"])  # fmt: skip
+            row.update(
+                model=f"random search @ {budget}",
+                bits=rnd["code_bits"],
+                search_s=rnd["seconds"],
+                evaluations=rnd["evaluations"],
+            )
         else:
             row.update(model=f"knapsack (DP) mix @ {budget}")
         rows.append(row)
@@ -79,40 +87,108 @@ def page(runs: dict[str, dict], table: dict) -> str:
     rows = {name: run_rows(state) for name, state in runs.items()}
     f = lambda r, k, fmt: (fmt % r[k]) if r.get(k) is not None else ""  # noqa: E731
     text = format_table(
-        ["run", "model", "code bits", "storage bits", "WikiText-2 ppl", "KL to fp32", "ARC-e", "PIQA", "avg acc",
-         "search s", "evaluations"],
-        [[name, r["model"], f(r, "bits", "%.4g"), f(r, "storage_bits", "%.3f"), f(r, "ppl", "%.3f"),
-          f(r, "kl", "%.4f"), f(r["tasks"]["arc_easy"], "acc", "%.3f"), f(r["tasks"]["piqa"], "acc", "%.3f"),
-          f(r["tasks"]["average"], "acc", "%.4f"), f(r, "search_s", "%.0f"), f(r, "evaluations", "%d")]
-         for name, rs in [("table", base), *rows.items()] for r in rs],
-    )  # fmt: skip
+        [
+            "run",
+            "model",
+            "code bits",
+            "storage bits",
+            "WikiText-2 ppl",
+            "KL to fp32",
+            "ARC-e",
+            "PIQA",
+            "avg acc",
+            "search s",
+            "evaluations",
+        ],
+        [
+            [
+                name,
+                r["model"],
+                f(r, "bits", "%.4g"),
+                f(r, "storage_bits", "%.3f"),
+                f(r, "ppl", "%.3f"),
+                f(r, "kl", "%.4f"),
+                f(r["tasks"]["arc_easy"], "acc", "%.3f"),
+                f(r["tasks"]["piqa"], "acc", "%.3f"),
+                f(r["tasks"]["average"], "acc", "%.4f"),
+                f(r, "search_s", "%.0f"),
+                f(r, "evaluations", "%d"),
+            ]
+            for name, rs in [("table", base), *rows.items()]
+            for r in rs
+        ],
+    )
     goals = [[name, *g] for name, state in runs.items() for g in goal_rows(base, state)]
-    goal_text = format_table(
-        ["run", "budget", "written", "code bits", "ppl", "uniform line ppl", "KL", "uniform line KL", "beats line",
-         "≤ knapsack ppl", "< random search ppl", "GPTQ ppl (floor width)"], goals) if goals else ""  # fmt: skip
+    goal_text = (
+        format_table(
+            [
+                "run",
+                "budget",
+                "written",
+                "code bits",
+                "ppl",
+                "uniform line ppl",
+                "KL",
+                "uniform line KL",
+                "beats line",
+                "≤ knapsack ppl",
+                "< random search ppl",
+                "GPTQ ppl (floor width)",
+            ],
+            goals,
+        )
+        if goals
+        else ""
+    )
     machine = f", {table['machine']}" if table.get("machine") else ""
-    usage = [f"- table: fp32 and per-width GPTQ from [real_model_table.json](real_model_table.json) (`make "
-             f"real-model-table`{machine})"]  # fmt: skip
+    usage = [
+        f"- table: fp32 and per-width GPTQ from [real_model_table.json](real_model_table.json) (`make "
+        f"real-model-table`{machine})"
+    ]
     for name, state in runs.items():
         usage.append(f"- run {name}: {state['machine']}, parent sha256 {state['parent_sha256'][:12]}…")
         if state.get("quant"):
             q = state["quant"]
             widths = ",".join(map(str, PARENTS[state.get("parent", "matgptq348")]))
-            usage.append(f"  - parent (quantize, c = 8, R = {{{widths}}}): wall {q['wall']:.0f} s, CPU {q['cpu']:.0f} s, "
-                         f"peak RSS {q['rss_gb']:.2f} GB")  # fmt: skip
-        usage += [f"  - search process for budgets {k}: wall {u['wall']:.0f} s, CPU {u['cpu']:.0f} s, peak RSS "
-                  f"{u['rss_gb']:.2f} GB" for k, u in state["search"].items()]  # fmt: skip
+            usage.append(
+                f"  - parent (quantize, c = 8, R = {{{widths}}}): wall {q['wall']:.0f} s, CPU {q['cpu']:.0f} s, "
+                f"peak RSS {q['rss_gb']:.2f} GB"
+            )
+        usage += [
+            f"  - search process for budgets {k}: wall {u['wall']:.0f} s, CPU {u['cpu']:.0f} s, peak RSS "
+            f"{u['rss_gb']:.2f} GB"
+            for k, u in state["search"].items()
+        ]
         usage += [f"  - mix @ {b}: {m['note']}" for b, m in state["mixes"].items() if m.get("note")]
-    curves = [f"- run {name}, {b} bits: " + ", ".join(f"gen {p['generation']} ({p['evaluations']} evals) {p['kl']:.4f}"
-                                                       for p in c)
-              for name, state in runs.items() for b, c in state["curve"].items()]  # fmt: skip
-    md = [header("benchmarks/search/_real_model_page.py", "search_real_model/run-*.json", "real_model_table.json"),
-          "# Mix'n'Match search on SmolLM2-135M-Instruct", "", PROTOCOL.split("\n\n")[1].strip(), "",
-          PROTOCOL.split("\n\n")[2].strip(), "", text, "", *usage, "",
-          "The mix `matgptq search` writes (the lowest calibration KL of its knapsack start, its start and the evolved "
-          "mix: `written`) against the straight line between the neighbouring uniform slices of the same parent, the "
-          "search's knapsack start, and per-width GPTQ at the budget's floor width:", "", goal_text, "",
-          "Fitness vs evaluations (KL on 16 fixed windows of 256 tokens from the end of the calibration text; generation 0 is the search's start):", "", *curves, ""]  # fmt: skip
+    curves = [
+        f"- run {name}, {b} bits: "
+        + ", ".join(f"gen {p['generation']} ({p['evaluations']} evals) {p['kl']:.4f}" for p in c)
+        for name, state in runs.items()
+        for b, c in state["curve"].items()
+    ]
+    md = [
+        header("benchmarks/search/_real_model_page.py", "search_real_model/run-*.json", "real_model_table.json"),
+        "# Mix'n'Match search on SmolLM2-135M-Instruct",
+        "",
+        PROTOCOL.split("\n\n")[1].strip(),
+        "",
+        PROTOCOL.split("\n\n")[2].strip(),
+        "",
+        text,
+        "",
+        *usage,
+        "",
+        "The mix `matgptq search` writes (the lowest calibration KL of its knapsack start, its start and the evolved "
+        "mix: `written`) against the straight line between the neighbouring uniform slices of the same parent, the "
+        "search's knapsack start, and per-width GPTQ at the budget's floor width:",
+        "",
+        goal_text,
+        "",
+        "Fitness vs evaluations (KL on 16 fixed windows of 256 tokens from the end of the calibration text; generation 0 is the search's start):",
+        "",
+        *curves,
+        "",
+    ]
     return "\n".join(md)
 
 
@@ -137,12 +213,21 @@ def goal_rows(base: list[dict], state: dict) -> list[list]:
         line_ppl = uniform_line({r: e["ppl"] for r, e in uniform.items()}, bits)
         line_kl = uniform_line({r: e["kl"] for r, e in uniform.items()}, bits)
         floor = max((r for r in gptq if r <= bits), default=None)
-        out.append([budget, chosen, round(bits, 4), round(written["ppl"], 3), round(line_ppl, 3),
-                    round(written["kl"], 4), round(line_kl, 4),
-                    "yes" if written["ppl"] < line_ppl and written["kl"] < line_kl else "NO",
-                    "yes" if written["ppl"] <= dp["ppl"] else f"NO ({dp['ppl']:.3f})",
-                    (("yes" if written["ppl"] < rnd["ppl"] else "NO") + f" ({rnd['ppl']:.3f})") if rnd else "",
-                    f"{gptq[floor]['ppl']:.3f} (GPTQ-{floor})" if floor else ""])  # fmt: skip
+        out.append(
+            [
+                budget,
+                chosen,
+                round(bits, 4),
+                round(written["ppl"], 3),
+                round(line_ppl, 3),
+                round(written["kl"], 4),
+                round(line_kl, 4),
+                "yes" if written["ppl"] < line_ppl and written["kl"] < line_kl else "NO",
+                "yes" if written["ppl"] <= dp["ppl"] else f"NO ({dp['ppl']:.3f})",
+                (("yes" if written["ppl"] < rnd["ppl"] else "NO") + f" ({rnd['ppl']:.3f})") if rnd else "",
+                f"{gptq[floor]['ppl']:.3f} (GPTQ-{floor})" if floor else "",
+            ]
+        )
     return out
 
 
@@ -155,19 +240,30 @@ def plot_page(runs: dict[str, dict], table: dict, path: Path) -> None:
     plt = pyplot()
 
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.2))
-    styles = {"uniform": ("o-", "gray", "uniform slices"), "dp": ("s", "tab:blue", "knapsack start"),
-              "random": ("x", "tab:purple", "random search"), "mix": ("*", "tab:red", "EvoPress mix")}  # fmt: skip
+    styles = {
+        "uniform": ("o-", "gray", "uniform slices"),
+        "dp": ("s", "tab:blue", "knapsack start"),
+        "random": ("x", "tab:purple", "random search"),
+        "mix": ("*", "tab:red", "EvoPress mix"),
+    }
     value = lambda r, key: r["tasks"]["average"]["acc"] if key == "acc" else r[key]  # noqa: E731
-    for ax, (key, ylabel) in zip(axes, (("ppl", "WikiText-2 perplexity"), ("kl", "KL to fp32"),
-                                        ("acc", "zero-shot accuracy (ARC-e + PIQA)"))):  # fmt: skip
+    for ax, (key, ylabel) in zip(
+        axes, (("ppl", "WikiText-2 perplexity"), ("kl", "KL to fp32"), ("acc", "zero-shot accuracy (ARC-e + PIQA)"))
+    ):
         gptq = sorted((r["bits"], value(r, key)) for r in base if r.get("kind") == "gptq")
         ax.plot(*zip(*gptq), "D", color="tab:green", label="per-width GPTQ")
         for i, (name, rs) in enumerate(rows.items()):
             for kind, (marker, color, label) in styles.items():
                 pts = sorted((r["bits"], value(r, key)) for r in rs if r.get("kind") == kind)
                 if pts:
-                    ax.plot(*zip(*pts), marker, color=color, mfc=color if i == 0 else "none",
-                            ms=10 if kind == "mix" else 6, label=f"{label} (run {name})")  # fmt: skip
+                    ax.plot(
+                        *zip(*pts),
+                        marker,
+                        color=color,
+                        mfc=color if i == 0 else "none",
+                        ms=10 if kind == "mix" else 6,
+                        label=f"{label} (run {name})",
+                    )
         if key != "kl":  # the fp32 model's KL to itself is 0
             ax.axhline(value(base[0], key), color="k", ls=":", label="fp32")
         ax.set_xlabel("code bits per weight")

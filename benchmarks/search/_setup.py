@@ -29,8 +29,9 @@ LEVELS = tuple(range(2, 9))
 RANDOM_STAGES = "255:2,510:1"  # the 10-minute recipe's --stages, through which random search's candidates go
 
 
-def start(work: Path, out: Path, recipe: tuple[str, ...], protocol: str,
-          same: tuple[tuple[str, ...], ...] = ()) -> tuple[Path, dict]:  # fmt: skip
+def start(
+    work: Path, out: Path, recipe: tuple[str, ...], protocol: str, same: tuple[tuple[str, ...], ...] = ()
+) -> tuple[Path, dict]:
     """The parent (made once in `work`) and the results at `out` of `recipe`: a fresh record where they were made
     with another (seeds of another recipe are not averaged with these); the protocol is the script's docstring now
     (the recipe is the same; the docstring may describe parts added since). `same`: older spellings of the same
@@ -49,8 +50,10 @@ def start(work: Path, out: Path, recipe: tuple[str, ...], protocol: str,
 
 def comma_list(kind):
     """An argparse type: comma-separated values of `kind` (argparse names the option and exits 2 otherwise)."""
+
     def parse(text: str) -> list:
         return [kind(x) for x in text.split(",") if x]
+
     parse.__name__ = f"comma-separated {kind.__name__} list"
     return parse
 
@@ -58,8 +61,9 @@ def comma_list(kind):
 def seed_parser(doc: str, out: str) -> argparse.ArgumentParser:
     """The options every seeded search benchmark takes (record_seeds reads them); `out`: its JSON's name."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=comma_list(int), default="0,1,2",
-                    help="search seeds (each also moves the calibration text)")
+    ap.add_argument(
+        "--seeds", type=comma_list(int), default="0,1,2", help="search seeds (each also moves the calibration text)"
+    )
     ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"), help="the parent and the mix files")
     ap.add_argument("--out", default=str(RESULTS / out), help="the JSON; its page beside it")
     ap.add_argument("--from-json", action="store_true", help="only re-render the page from --out")
@@ -80,8 +84,14 @@ def folder_suffix(parts) -> str:
     return re.sub(r"[^\w.]+", "-", "-" + "-".join(map(str, parts))) if parts else ""
 
 
-def record_seeds(name: str, a, recipe: tuple[str, ...], protocol: str,
-                 measure: Callable[[Path, Path, int], dict], page: Callable[[dict], str]) -> None:  # fmt: skip
+def record_seeds(
+    name: str,
+    a,
+    recipe: tuple[str, ...],
+    protocol: str,
+    measure: Callable[[Path, Path, int], dict],
+    page: Callable[[dict], str],
+) -> None:
     """The main of a seeded search benchmark `name` (its options `a`: --seeds, --work, --out, --from-json): unless
     --from-json, each seed measured (`measure(parent, work, seed)`) into the JSON at --out, written with its page after
     every seed (a stopped run keeps the rest); then the page rendered from that JSON, and printed."""
@@ -103,22 +113,59 @@ def make_parent(work: Path) -> Path:
 
     parent = work / "parent"
     if not (parent / "matgptq.json").is_file():
-        matgptq.quantize(MODEL, parent, calib=TEXT, calib_range=(0.5, 1.0), method="matgptq", bits=(3, 4, 8),
-                         group_size=128, nsamples=64, seqlen=512, seed=0, overwrite=True, resume=True)  # fmt: skip
+        matgptq.quantize(
+            MODEL,
+            parent,
+            calib=TEXT,
+            calib_range=(0.5, 1.0),
+            method="matgptq",
+            bits=(3, 4, 8),
+            group_size=128,
+            nsamples=64,
+            seqlen=512,
+            seed=0,
+            overwrite=True,
+            resume=True,
+        )
     return parent
 
 
-def search_child(parent: Path, work: Path, seed: int, recipe: list[str], name: str,
-                 minutes: float | None = None, budgets: tuple[str, ...] = BUDGETS) -> dict:  # fmt: skip
+def search_child(
+    parent: Path,
+    work: Path,
+    seed: int,
+    recipe: list[str],
+    name: str,
+    minutes: float | None = None,
+    budgets: tuple[str, ...] = BUDGETS,
+) -> dict:
     """One measured `matgptq search` child of `budgets` of seed `seed` (under --time-limit `minutes`, when given)
     into work/name; its usage and mix files."""
     import torch
 
     mixes = work / name
     limit = [] if minutes is None else ["--time-limit", f"{minutes:g}"]
-    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(budgets), "--calib", str(TEXT),
-           "--calib-range", calib_range(seed), *limit, "--seed", str(seed), "--out", str(mixes), "--quiet",
-           "--overwrite", *recipe]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "matgptq",
+        "search",
+        str(parent),
+        "--budget",
+        ",".join(budgets),
+        "--calib",
+        str(TEXT),
+        "--calib-range",
+        calib_range(seed),
+        *limit,
+        "--seed",
+        str(seed),
+        "--out",
+        str(mixes),
+        "--quiet",
+        "--overwrite",
+        *recipe,
+    ]
     usage = measured_child(cmd, torch.get_num_threads(), work / f"{name}.log")
     if not usage["ok"]:
         raise SystemExit(f"the search {name} failed: {usage['error']}")
@@ -191,12 +238,18 @@ def search_fitness(parent: Path, model: Path, calib: Path, calib_range: tuple[fl
     windows = tokenize(tok, read_text(calib, calib_range))[: 65 * 256].view(65, 256)
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
     dtype = ScoreDtype.AUTO.resolve(torch.device("cpu"))
-    return Fitness(matgptq.load(parent, bits=8, packed=False), Teacher(matgptq.load(model), windows, 8), windows,
-                   cost.names, compute_dtype=dtype), cost  # fmt: skip
+    return Fitness(
+        matgptq.load(parent, bits=8, packed=False),
+        Teacher(matgptq.load(model), windows, 8),
+        windows,
+        cost.names,
+        compute_dtype=dtype,
+    ), cost
 
 
-def random_search(fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, evaluations: int, config,
-                  seed: int) -> tuple[int, ...]:  # fmt: skip
+def random_search(
+    fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, evaluations: int, config, seed: int
+) -> tuple[int, ...]:
     """The baseline the search must beat at equal fitness evaluations: one generation of distinct random
     budget-filling mixes (mutation.random_mix: all layers at the lowest level, then random one-level raises while one
     fits) through the search's own multi-stage selection (config.stages, windows drawn as evolve draws them), so the
@@ -220,7 +273,9 @@ def random_search(fitness, levels: tuple[int, ...], costs: list[list[int]], limi
     n_windows, seqlen = fitness.windows.shape
     for stage in config.stages:
         scores = score_all(fitness, survivors, draw_windows(rng, n_windows, seqlen, stage.tokens))
-        survivors = [survivors[i] for i in sorted(range(len(survivors)), key=lambda i: (scores[i], i))[: stage.survivors]]
+        survivors = [
+            survivors[i] for i in sorted(range(len(survivors)), key=lambda i: (scores[i], i))[: stage.survivors]
+        ]
     return survivors[0]
 
 
@@ -241,16 +296,28 @@ def random_mixes(parent: Path, seed: int, evaluations: dict[str, int], seconds: 
     pool = calib_windows(seed, 8)
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
     teacher = Teacher(matgptq.load(MODEL), pool)
-    fit = Fitness(matgptq.load(parent, bits=8, packed=False), teacher, pool, cost.names,
-                  compute_dtype=ScoreDtype.AUTO.resolve(torch.device("cpu")))  # fmt: skip
+    fit = Fitness(
+        matgptq.load(parent, bits=8, packed=False),
+        teacher,
+        pool,
+        cost.names,
+        compute_dtype=ScoreDtype.AUTO.resolve(torch.device("cpu")),
+    )
     config = EvoConfig(offspring=8, stages=parse_stages(RANDOM_STAGES), seed=seed)
     generation = sum(stage_pools(config))  # one generation's evaluations
     out = {}
     try:
         for b in BUDGETS:
             t0 = time.perf_counter()
-            mix = random_search(fit, LEVELS, cost.table(BudgetKind.CODE), cost.limit(Fraction(b), BudgetKind.CODE),
-                                max(evaluations[b], generation), config, seed)  # fmt: skip
+            mix = random_search(
+                fit,
+                LEVELS,
+                cost.table(BudgetKind.CODE),
+                cost.limit(Fraction(b), BudgetKind.CODE),
+                max(evaluations[b], generation),
+                config,
+                seed,
+            )
             seconds[b] = round(time.perf_counter() - t0, 1)
             out[b] = dict(zip(cost.names, mix))
     finally:

@@ -43,8 +43,17 @@ import statistics
 from fractions import Fraction
 from pathlib import Path
 
-from benchmarks._harness import (RESULTS, ROOT, format_table, header, load_json, machine, machine_lines,
-                                 write_atomic, write_page)  # fmt: skip
+from benchmarks._harness import (
+    RESULTS,
+    ROOT,
+    format_table,
+    header,
+    load_json,
+    machine,
+    machine_lines,
+    write_atomic,
+    write_page,
+)
 from benchmarks.search._setup import LEVELS, comma_list, score_named, search_child, start, stats, verdict
 
 BUDGETS = ("2.5", "2.75", "3.25", "3.5")
@@ -52,8 +61,14 @@ WIDE = "search_long_wide.json"  # the budgets the first record lacks, measured l
 WIDE_COMMAND = f"python -m benchmarks.search.long --budgets 3.5,4,5,6 --out docs/results/{WIDE}"
 # The seeds were measured before the search refined its start (allocation/refine.py): spelled out so that the
 # command still means what was measured; RECIPE_BEFORE, the same command then, is recorded as RECIPE from now on
-RECIPE_BEFORE = ("--sensitivity", "full", "--sensitivity-tokens", "255", "--baselines",
-                 "uniform,probe,noise,error,gradient")  # fmt: skip
+RECIPE_BEFORE = (
+    "--sensitivity",
+    "full",
+    "--sensitivity-tokens",
+    "255",
+    "--baselines",
+    "uniform,probe,noise,error,gradient",
+)
 RECIPE = (*RECIPE_BEFORE, "--refine-steps", "0")
 ONE_SHOT = ("uniform", "additive", "probe", "noise", "error", "gradient")
 KINDS = (*ONE_SHOT, "evolved", "written")
@@ -62,10 +77,17 @@ KINDS = (*ONE_SHOT, "evolved", "written")
 def build_parser(doc: str = __doc__, out: str = "search_long.json") -> argparse.ArgumentParser:
     """The options of this script (`doc` and the JSON `out`: its defaults)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=comma_list(int), default="0,1,2", help="search seeds (each also moves the calibration text)")
-    ap.add_argument("--budgets", type=comma_list(float), default=",".join(BUDGETS), help="budgets searched, in one child per seed")
-    ap.add_argument("--work", default=str(ROOT / "runs" / "search-minutes"),
-                    help="where the parent and the searches go (ten_minutes.py's parent is reused)")
+    ap.add_argument(
+        "--seeds", type=comma_list(int), default="0,1,2", help="search seeds (each also moves the calibration text)"
+    )
+    ap.add_argument(
+        "--budgets", type=comma_list(float), default=",".join(BUDGETS), help="budgets searched, in one child per seed"
+    )
+    ap.add_argument(
+        "--work",
+        default=str(ROOT / "runs" / "search-minutes"),
+        help="where the parent and the searches go (ten_minutes.py's parent is reused)",
+    )
     ap.add_argument("--out", default=str(RESULTS / out), help="the JSON; its page goes beside it")
     return ap
 
@@ -87,12 +109,21 @@ def measure_seed(parent: Path, work: Path, seed: int, budgets: list[str]) -> dic
     done = search_child(parent, work, seed, [*RECIPE, "--resume"], f"long-seed-{seed}", budgets=tuple(budgets))
     named = one_shot_mixes(parent, done["bodies"], evolved="search_bits", written="bits")
     scores = score_named(parent, named)
-    return {"usage": done["usage"], "resumed": resumed, "machine": machine(),
-            "budgets": {b: {"scores": scores[b], "chosen": body["summary"]["chosen"],
-                            "evolution_seconds": body["history"][-1]["seconds"] if body["history"] else 0.0,
-                            "tables_seconds": tables_seconds(body, work / f"long-seed-{seed}"),
-                            **{k: body["summary"][k] for k in ("generations", "evaluations")}}
-                        for b, body in done["bodies"].items()}}  # fmt: skip
+    return {
+        "usage": done["usage"],
+        "resumed": resumed,
+        "machine": machine(),
+        "budgets": {
+            b: {
+                "scores": scores[b],
+                "chosen": body["summary"]["chosen"],
+                "evolution_seconds": body["history"][-1]["seconds"] if body["history"] else 0.0,
+                "tables_seconds": tables_seconds(body, work / f"long-seed-{seed}"),
+                **{k: body["summary"][k] for k in ("generations", "evaluations")},
+            }
+            for b, body in done["bodies"].items()
+        },
+    }
 
 
 def one_shot_mixes(parent: Path, bodies: dict[str, dict], **more: str) -> dict[str, dict[str, dict[str, int]]]:
@@ -103,9 +134,15 @@ def one_shot_mixes(parent: Path, bodies: dict[str, dict], **more: str) -> dict[s
     from matgptq.formats import read_checkpoint
 
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
-    return {b: {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
-                "additive": body["dp_bits"], **{k: body["baseline_bits"][k] for k in ONE_SHOT[2:]},
-                **{kind: body[key] for kind, key in more.items()}} for b, body in bodies.items()}  # fmt: skip
+    return {
+        b: {
+            "uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
+            "additive": body["dp_bits"],
+            **{k: body["baseline_bits"][k] for k in ONE_SHOT[2:]},
+            **{kind: body[key] for kind, key in more.items()},
+        }
+        for b, body in bodies.items()
+    }
 
 
 def tables_seconds(body: dict, mixes: Path) -> float:
@@ -137,25 +174,42 @@ def kl_rows(runs: list[dict], rows: list[tuple], kinds: tuple[str, ...]) -> tupl
     """The pages' two tables of `per_budget`'s rows: held-out KL of each kind with the written mix's verdict against
     the best one-shot allocation, and held-out perplexity."""
     one = " (1 seed, no spread)" * (len(runs) == 1)
-    quality = [[b, *(stats(kl[k]) for k in kinds), best, verdict(kl["written"], kl[best]) + one, written_ratio(kl, best)]
-               for b, kl, best in rows]  # fmt: skip
-    perplexity = [[b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in kinds)]
-                  for b, _, _ in rows]  # fmt: skip
+    quality = [
+        [b, *(stats(kl[k]) for k in kinds), best, verdict(kl["written"], kl[best]) + one, written_ratio(kl, best)]
+        for b, kl, best in rows
+    ]
+    perplexity = [
+        [b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in kinds)] for b, _, _ in rows
+    ]
     return quality, perplexity
 
 
 def cost_rows(runs: list[dict], rows, sep: str, cell, seconds: str) -> list[list[str]]:
     """Per budget: `cell` of each seed's budget record joined by `sep`, the mean of its `seconds`, the chosen mixes."""
-    return [[b, sep.join(cell(r["budgets"][b]) for r in runs),
-             f"{statistics.mean(r['budgets'][b][seconds] for r in runs):.0f}",
-             ", ".join(r["budgets"][b]["chosen"] for r in runs)] for b, _, _ in rows]  # fmt: skip
+    return [
+        [
+            b,
+            sep.join(cell(r["budgets"][b]) for r in runs),
+            f"{statistics.mean(r['budgets'][b][seconds] for r in runs):.0f}",
+            ", ".join(r["budgets"][b]["chosen"] for r in runs),
+        ]
+        for b, _, _ in rows
+    ]
 
 
 def usage_rows(seeds: list[str], runs: list[dict], budgets: list[str]) -> list[list[str]]:
     """Per seed's child: wall, CPU, peak RSS, the shared tables' seconds (in the first budget) and the load."""
-    return [[s, f"{r['usage']['wall']:.0f}", f"{r['usage']['cpu']:.0f}", f"{r['usage']['rss_gb']:.2f}",
-             f"{r['budgets'][budgets[0]]['tables_seconds']:.0f}", f"{r['usage']['load_average']:.1f}"]
-            for s, r in zip(seeds, runs)]  # fmt: skip
+    return [
+        [
+            s,
+            f"{r['usage']['wall']:.0f}",
+            f"{r['usage']['cpu']:.0f}",
+            f"{r['usage']['rss_gb']:.2f}",
+            f"{r['budgets'][budgets[0]]['tables_seconds']:.0f}",
+            f"{r['usage']['load_average']:.1f}",
+        ]
+        for s, r in zip(seeds, runs)
+    ]
 
 
 def record_lines(data: dict) -> list[str]:
@@ -171,37 +225,58 @@ def record_lines(data: dict) -> list[str]:
     recipe = RECIPE if data["recipe"] == list(RECIPE_BEFORE) else data["recipe"]  # the command that repeats it now
     protocol = protocol.replace("{RECIPE}", " ".join(recipe))
     return [
-        "```", protocol, "```", "",
+        "```",
+        protocol,
+        "```",
+        "",
         f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds (one seed: its value)."
-        " More seeds: `--seeds 1,2` adds them to the JSON.", "",
-        "Held-out KL to the float32 model; `written vs best`: the written mix against the best one-shot "
-        "allocation:", "",
-        format_table(["budget", *KINDS, "best one-shot", "written vs best", "written / best"], quality), "",
-        "Held-out perplexity of the same mixes:", "",
-        format_table(["budget", *KINDS], perplexity), "",
-        "What each budget's evolution cost (its generations' seconds, kept across a resume):", "",
-        format_table(["budget", "generations per seed", "evolution s (mean)", "chosen per seed"], cost), "",
-        "Each child (one per seed, all budgets; tables: the shared tables' seconds, in the first budget):", "",
-        format_table(["seed", "wall s", "CPU s", "peak RSS GB", "tables s", "load", "resumed"], usage), "",
+        " More seeds: `--seeds 1,2` adds them to the JSON.",
+        "",
+        "Held-out KL to the float32 model; `written vs best`: the written mix against the best one-shot allocation:",
+        "",
+        format_table(["budget", *KINDS, "best one-shot", "written vs best", "written / best"], quality),
+        "",
+        "Held-out perplexity of the same mixes:",
+        "",
+        format_table(["budget", *KINDS], perplexity),
+        "",
+        "What each budget's evolution cost (its generations' seconds, kept across a resume):",
+        "",
+        format_table(["budget", "generations per seed", "evolution s (mean)", "chosen per seed"], cost),
+        "",
+        "Each child (one per seed, all budgets; tables: the shared tables' seconds, in the first budget):",
+        "",
+        format_table(["seed", "wall s", "CPU s", "peak RSS GB", "tables s", "load", "resumed"], usage),
+        "",
         "A resumed child (`search --resume` after a kill: finished budgets kept, tables read back) reports the wall "
         "and CPU of its own part only; the evolution seconds come from the search states, kept across resumes, and "
         "the tables' from the run that measured them.",
         *([""] + notes if notes else []),
-    ]  # fmt: skip
+    ]
 
 
 def page(data: dict, wide: dict | None = None) -> str:
     """docs/results/search_long.md from search_long.json and, where there is one, the record of the budgets it lacks
     (search_long_wide.json, WIDE_COMMAND), measured later with that day's defaults."""
-    lines = [header("benchmarks/search/long.py", "search_long.json", *([WIDE] if wide else [])),
-             "# The search given time", "", *record_lines(data)]
+    lines = [
+        header("benchmarks/search/long.py", "search_long.json", *([WIDE] if wide else [])),
+        "# The search given time",
+        "",
+        *record_lines(data),
+    ]
     if wide:
         commits = sorted({r["machine"]["commit"] for r in wide["seeds"].values()})
-        lines += ["", "## The budgets the first record lacks", "",
-                  f"In a record of their own ({WIDE}, `{WIDE_COMMAND}`), measured at commit {', '.join(commits)}: "
-                  "the same command, whose defaults then scored the one-shot tables in float32 (since 1524422) and "
-                  "drew the mutations from the start's table (`--mutation-temperature 0.5`, since 2026-12-03), where "
-                  "the first record's tables were bfloat16 and its mutations uniform draws.", "", *record_lines(wide)]
+        lines += [
+            "",
+            "## The budgets the first record lacks",
+            "",
+            f"In a record of their own ({WIDE}, `{WIDE_COMMAND}`), measured at commit {', '.join(commits)}: "
+            "the same command, whose defaults then scored the one-shot tables in float32 (since 1524422) and "
+            "drew the mutations from the start's table (`--mutation-temperature 0.5`, since 2026-12-03), where "
+            "the first record's tables were bfloat16 and its mutations uniform draws.",
+            "",
+            *record_lines(wide),
+        ]
     return "\n".join(lines)
 
 

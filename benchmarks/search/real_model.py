@@ -46,7 +46,6 @@ from benchmarks._harness.smollm2 import DEFAULT_MODEL, WIKI, ZERO_SHOT, evaluate
 from benchmarks.search._real_model_page import PARENTS, RUNS, TABLE_JSON, publish
 from benchmarks.search._setup import random_search, search_fitness
 
-
 # the one-shot allocations the record's searches ran (the search's default before baselines became opt-in)
 BASELINES = ("--baselines", "uniform,error,gradient")
 
@@ -71,15 +70,27 @@ def parent_digest(parent: Path) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", default=str(DEFAULT_MODEL), help="the fp32 model directory (make real-model)")
-    p.add_argument("--budgets", default="3.0,2.5,3.5,4.0,2.25,2.75,3.25",
-                   help="code bits per weight, searched in this order (a killed run resumes where it stopped)")
+    p.add_argument(
+        "--budgets",
+        default="3.0,2.5,3.5,4.0,2.25,2.75,3.25",
+        help="code bits per weight, searched in this order (a killed run resumes where it stopped)",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads of every process")
     p.add_argument("--limit", type=int, default=300, help="questions per zero-shot task")
-    p.add_argument("--parent", default="matgptq348", choices=PARENTS,
-                   help="the parent's target widths R: {3,4,8} as the Table-1 row, or {2,3,4,8}")
-    p.add_argument("--random-budgets", default="3.0",
-                   help="budgets that also get the random-search baseline (as many evaluations as the search made)")
-    p.add_argument("--run", default="2", help="the run to continue or start (docs/results/search_real_model/run-RUN.json)")
+    p.add_argument(
+        "--parent",
+        default="matgptq348",
+        choices=PARENTS,
+        help="the parent's target widths R: {3,4,8} as the Table-1 row, or {2,3,4,8}",
+    )
+    p.add_argument(
+        "--random-budgets",
+        default="3.0",
+        help="budgets that also get the random-search baseline (as many evaluations as the search made)",
+    )
+    p.add_argument(
+        "--run", default="2", help="the run to continue or start (docs/results/search_real_model/run-RUN.json)"
+    )
     p.add_argument("--work", help="mix files and measurements (default: runs/search-real-model/RUN)")
     p.add_argument("--render-only", action="store_true", help="only re-render the page and figure from the JSONs")
     p.add_argument("--no-render", action="store_true", help="measure only; leave the page and figure as they are")
@@ -96,8 +107,10 @@ def main() -> None:
     state.setdefault("mixes", {})
     state.setdefault("random", {})
     if state.setdefault("parent", a.parent) != a.parent:
-        sys.exit(f"search_real_model: error: run {a.run} searches the {state['parent']} parent, not {a.parent}; start "
-                 f"a new run beside it with --run NAME")  # fmt: skip
+        sys.exit(
+            f"search_real_model: error: run {a.run} searches the {state['parent']} parent, not {a.parent}; start "
+            f"a new run beside it with --run NAME"
+        )
     state.setdefault("machine", cpu_name())
 
     def save() -> None:
@@ -126,9 +139,11 @@ def ensure_parent(a, work: Path, state: dict, save) -> Path:
         save()
     digest = parent_digest(parent)
     if state.setdefault("parent_sha256", digest) != digest:
-        sys.exit(f"search_real_model: error: {parent} is not the parent run {a.run} was measured on (its tensors "
-                 f"hash differently: another machine rounds differently); start a new run beside it with "
-                 f"--run NAME (make search-real-model RUN=NAME)")  # fmt: skip
+        sys.exit(
+            f"search_real_model: error: {parent} is not the parent run {a.run} was measured on (its tensors "
+            f"hash differently: another machine rounds differently); start a new run beside it with "
+            f"--run NAME (make search-real-model RUN=NAME)"
+        )
     save()
     return parent
 
@@ -137,10 +152,33 @@ def quantize_parent(a, work: Path, parent: Path) -> dict:
     """The Table-1 row's parent (benchmarks/quality/real_model_table.py's `matgptq348` row: its command and the
     settings real_model_table.json records), with the target widths of --parent, into `parent`; its usage."""
     s = json.loads(TABLE_JSON.read_text())["settings"]
-    cmd = [sys.executable, "-m", "matgptq", "quantize", a.model, "--out", str(parent), "--method", "matgptq",
-           "--bits", ",".join(map(str, PARENTS[a.parent])), "--group-size", str(s["group_size"]), "--overwrite",
-           "--quiet", "--calib", str(WIKI), "--calib-range", "0.5:1", "--nsamples", str(s["nsamples"]), "--seqlen",
-           str(s["seqlen"]), "--seed", str(s["seed"])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "matgptq",
+        "quantize",
+        a.model,
+        "--out",
+        str(parent),
+        "--method",
+        "matgptq",
+        "--bits",
+        ",".join(map(str, PARENTS[a.parent])),
+        "--group-size",
+        str(s["group_size"]),
+        "--overwrite",
+        "--quiet",
+        "--calib",
+        str(WIKI),
+        "--calib-range",
+        "0.5:1",
+        "--nsamples",
+        str(s["nsamples"]),
+        "--seqlen",
+        str(s["seqlen"]),
+        "--seed",
+        str(s["seed"]),
+    ]
     return measured_child(cmd, a.threads, work / "matgptq348.log")
 
 
@@ -159,9 +197,26 @@ def search_budgets(a, work: Path, parent: Path, budgets: list[str], state: dict,
     todo = [b for b in budgets if b not in state["mixes"]]
     if not todo:
         return
-    cmd = [sys.executable, "-m", "matgptq", "search", str(parent), "--budget", ",".join(todo), "--calib",
-           str(WIKI), "--calib-range", "0.5:1", "--kl-to", a.model, "--out", str(work), "--resume", "--quiet",
-           *BASELINES]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "matgptq",
+        "search",
+        str(parent),
+        "--budget",
+        ",".join(todo),
+        "--calib",
+        str(WIKI),
+        "--calib-range",
+        "0.5:1",
+        "--kl-to",
+        a.model,
+        "--out",
+        str(work),
+        "--resume",
+        "--quiet",
+        *BASELINES,
+    ]
     with ThreadPoolExecutor(1) as pool:
         search = pool.submit(run_measured, cmd, child_env(a.threads), work / f"search-{'_'.join(todo)}.log")
         while not search.done():
@@ -214,8 +269,8 @@ def random_baseline(a, parent: Path, budget: str, evaluations: int) -> dict:
 
     import torch
 
-    from matgptq.models import load_tokenizer
     from matgptq.allocation import BudgetKind, EvoConfig
+    from matgptq.models import load_tokenizer
 
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
@@ -223,8 +278,12 @@ def random_baseline(a, parent: Path, budget: str, evaluations: int) -> dict:
     limit = cost.limit(Fraction(budget), BudgetKind.CODE)
     mix = random_search(fit, cost.levels, cost.table(BudgetKind.CODE), limit, evaluations, EvoConfig(), seed=0)
     fit.teacher.close()
-    return {"bits": dict(zip(cost.names, mix)), "code_bits": cost.average(mix, BudgetKind.CODE),
-            "evaluations": fit.evaluations, "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    return {
+        "bits": dict(zip(cost.names, mix)),
+        "code_bits": cost.average(mix, BudgetKind.CODE),
+        "evaluations": fit.evaluations,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def score_slices(a, parent: Path, jobs: list[tuple[str, object]], done) -> None:
@@ -251,17 +310,22 @@ def score_slices(a, parent: Path, jobs: list[tuple[str, object]], done) -> None:
 
 def curve(a, parent: Path, mix_file: Path, every: int = 5) -> list[dict]:
     """KL of the search's parent at its start and after generation every, 2·every, … on 16 fixed windows."""
+    from matgptq.allocation.fitness import Fitness
     from matgptq.evaluation.teacher import Teacher
     from matgptq.models import eval_windows, load_tokenizer, read_text, tokenize
     from matgptq.runtime import load
-    from matgptq.allocation.fitness import Fitness
 
     mix = json.loads(mix_file.read_text())
     names = tuple(mix["bits"])
-    windows = eval_windows(tokenize(load_tokenizer(a.model), read_text(WIKI, (0.5, 1.0))), 256)[-16:]  # the text's last windows
+    windows = eval_windows(tokenize(load_tokenizer(a.model), read_text(WIKI, (0.5, 1.0))), 256)[
+        -16:
+    ]  # the text's last windows
     points = [(0, 0, tuple(mix.get("start_bits", mix["dp_bits"])[n] for n in names))]
-    points += [(h["generation"], h["evaluations"], tuple(h["parent"])) for h in mix["history"]
-               if h["generation"] % every == 0 or h is mix["history"][-1]]  # fmt: skip
+    points += [
+        (h["generation"], h["evaluations"], tuple(h["parent"]))
+        for h in mix["history"]
+        if h["generation"] % every == 0 or h is mix["history"][-1]
+    ]
     with Teacher(load(a.model), windows) as teacher:
         fitness = Fitness(load(parent, bits=8, packed=False), teacher, windows, names)
         all_w = tuple(range(windows.shape[0]))

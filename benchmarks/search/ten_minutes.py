@@ -45,8 +45,19 @@ from fractions import Fraction
 from pathlib import Path
 
 from benchmarks._harness import format_table, header, load_json, machine, machine_lines
-from benchmarks.search._setup import (BUDGETS, LEVELS, folder_suffix, random_mixes, record_seeds, score_named,
-                                      search_child, seed_parser, split_options, stats, verdict)  # fmt: skip
+from benchmarks.search._setup import (
+    BUDGETS,
+    LEVELS,
+    folder_suffix,
+    random_mixes,
+    record_seeds,
+    score_named,
+    search_child,
+    seed_parser,
+    split_options,
+    stats,
+    verdict,
+)
 
 MINUTES = 10
 POOL = ("--calib-tokens", "2040", "--stages", "255:2,510:1", "--offspring", "8")  # random_mixes' stages too
@@ -64,11 +75,19 @@ REPORT = ("report_seconds", "report_guess_seconds")  # the guess: in the record'
 def build_parser() -> argparse.ArgumentParser:
     ap = seed_parser(__doc__, "search_ten_minutes.json")
     ap.add_argument("--uniform-draws", action="store_true", help="also the timed search with uniform draws")
-    ap.add_argument("--reuse-slow", action="store_true", help="the slow baselines' mixes and usage from their files "
-                    "in --work, not run again (for a change to the timed search alone)")
-    ap.add_argument("--search-options", default=shlex.join(TABLE), metavar="OPTIONS",
-                    help="the timed search's table options, after the pool and generations (default: the record's, "
-                    "%(default)r); another value measures a variant, e.g. '' (every width on one window)")
+    ap.add_argument(
+        "--reuse-slow",
+        action="store_true",
+        help="the slow baselines' mixes and usage from their files "
+        "in --work, not run again (for a change to the timed search alone)",
+    )
+    ap.add_argument(
+        "--search-options",
+        default=shlex.join(TABLE),
+        metavar="OPTIONS",
+        help="the timed search's table options, after the pool and generations (default: the record's, "
+        "%(default)r); another value measures a variant, e.g. '' (every width on one window)",
+    )
     return ap
 
 
@@ -77,16 +96,21 @@ def main() -> None:
     a = ap.parse_args()
     extra = list(split_options(ap, a.search_options))
     if extra != list(TABLE) and Path(a.out).resolve() == Path(ap.get_default("out")).resolve():
-        raise SystemExit("search_ten_minutes: error: --search-options measures another recipe, which would replace "
-                         "the record at --out; give it its own --out")  # fmt: skip
+        raise SystemExit(
+            "search_ten_minutes: error: --search-options measures another recipe, which would replace "
+            "the record at --out; give it its own --out"
+        )
     recipe, variant = (*RECIPE, *extra), folder_suffix(extra)
-    measure = lambda parent, work, seed: measure_seed(parent, work, seed, a.uniform_draws, a.reuse_slow,  # noqa: E731
-                                                      recipe, variant)  # fmt: skip
+
+    def measure(parent, work, seed):
+        return measure_seed(parent, work, seed, a.uniform_draws, a.reuse_slow, recipe, variant)
+
     record_seeds("search_ten_minutes", a, recipe, __doc__, measure, page)
 
 
-def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, reuse_slow: bool,
-                 recipe: tuple[str, ...], variant: str) -> dict:  # fmt: skip
+def measure_seed(
+    parent: Path, work: Path, seed: int, uniform_draws: bool, reuse_slow: bool, recipe: tuple[str, ...], variant: str
+) -> dict:
     """The timed search of `recipe` (its folder's name ending in `variant`), the slow baselines (the run before's,
     with `reuse_slow`) and random search of one seed, every mix scored on the held-out text."""
     from matgptq.allocation import BudgetKind, CostModel
@@ -95,33 +119,52 @@ def measure_seed(parent: Path, work: Path, seed: int, uniform_draws: bool, reuse
 
     done = search_child(parent, work, seed, list(recipe), f"ten-seed-{seed}{variant}", MINUTES)
     # --no-tie: noise probes layers alone, and the record's slow run (made before `search --tie`) was layer-wise
-    slow = reused_slow(work, seed) if reuse_slow else search_child(parent, work, seed, [*SLOW, "--no-tie"],
-                                                                   f"ten-seed-{seed}-slow")  # fmt: skip
+    slow = (
+        reused_slow(work, seed)
+        if reuse_slow
+        else search_child(parent, work, seed, [*SLOW, "--no-tie"], f"ten-seed-{seed}-slow")
+    )
     cost = CostModel.from_checkpoint(read_checkpoint(parent), LEVELS)
-    named = {b: {"uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
-                 "additive": body["dp_bits"], "additive 510": slow["bodies"][b]["dp_bits"],
-                 "noise": slow["bodies"][b]["baseline_bits"]["noise"],
-                 **{k: body["baseline_bits"][k] for k in ("probe", "error", "gradient")},
-                 "evolved": body["search_bits"], "written": body["bits"]}
-             for b, body in done["bodies"].items()}  # fmt: skip
+    named = {
+        b: {
+            "uniform": dict(zip(cost.names, uniform_mix(cost, Fraction(b), BudgetKind.CODE))),
+            "additive": body["dp_bits"],
+            "additive 510": slow["bodies"][b]["dp_bits"],
+            "noise": slow["bodies"][b]["baseline_bits"]["noise"],
+            **{k: body["baseline_bits"][k] for k in ("probe", "error", "gradient")},
+            "evolved": body["search_bits"],
+            "written": body["bits"],
+        }
+        for b, body in done["bodies"].items()
+    }
     random_seconds: dict[str, float] = {}
     evaluations = {b: body["summary"]["evaluations"] for b, body in done["bodies"].items()}
     for b, mix in random_mixes(parent, seed, evaluations, random_seconds).items():
         named[b]["random"] = mix
-    record = {"usage": done["usage"], "slow_usage": slow["usage"], "random_seconds": random_seconds,
-              "slow_reused": reuse_slow, "machine": machine()}
+    record = {
+        "usage": done["usage"],
+        "slow_usage": slow["usage"],
+        "random_seconds": random_seconds,
+        "slow_reused": reuse_slow,
+        "machine": machine(),
+    }
     if uniform_draws:
-        plain = search_child(parent, work, seed, [*recipe, "--mutation-temperature", "0"],
-                             f"ten-seed-{seed}{variant}-uniform", MINUTES)  # fmt: skip
+        plain = search_child(
+            parent, work, seed, [*recipe, "--mutation-temperature", "0"], f"ten-seed-{seed}{variant}-uniform", MINUTES
+        )
         for b, body in plain["bodies"].items():
             named[b]["uniform draws"] = body["bits"]
         record["uniform_usage"] = plain["usage"]
     scores = score_named(parent, named)
-    record["budgets"] = {b: {"scores": scores[b], "chosen": body["summary"]["chosen"],
-                             "sensitivity_levels": body["summary"]["sensitivity_levels"],
-                             **{k: body["summary"].get(k) for k in ("generations", "evaluations", "refine_steps", *TIMES,
-                                                                     *REPORT)}}
-                         for b, body in done["bodies"].items()}  # fmt: skip
+    record["budgets"] = {
+        b: {
+            "scores": scores[b],
+            "chosen": body["summary"]["chosen"],
+            "sensitivity_levels": body["summary"]["sensitivity_levels"],
+            **{k: body["summary"].get(k) for k in ("generations", "evaluations", "refine_steps", *TIMES, *REPORT)},
+        }
+        for b, body in done["bodies"].items()
+    }
     return record
 
 
@@ -131,8 +174,10 @@ def record_folder(work: Path, seed: int, script: str) -> Path:
     folder = work / f"ten-seed-{seed}{folder_suffix(TABLE)}"
     missing = [b for b in BUDGETS if not (folder / f"mix-{b}.json").is_file()]
     if missing:
-        raise SystemExit(f"{script}: error: no mix-{missing[0]}.json in {folder}; run `python -m "
-                         f"benchmarks.search.ten_minutes --seeds {seed}` first (or give its --work)")  # fmt: skip
+        raise SystemExit(
+            f"{script}: error: no mix-{missing[0]}.json in {folder}; run `python -m "
+            f"benchmarks.search.ten_minutes --seeds {seed}` first (or give its --work)"
+        )
     return folder
 
 
@@ -150,8 +195,9 @@ def reused_slow(work: Path, seed: int) -> dict:
     mixes, usage = work / f"ten-seed-{seed}-slow", work / f"ten-seed-{seed}-slow.usage.json"
     missing = [b for b in BUDGETS if not (mixes / f"mix-{b}.json").is_file()]
     if missing or not usage.is_file() or not load_json(usage).get("ok"):
-        raise SystemExit(f"search_ten_minutes: error: --reuse-slow: seed {seed} has no finished slow run in {mixes}; "
-                         "run without it")  # fmt: skip
+        raise SystemExit(
+            f"search_ten_minutes: error: --reuse-slow: seed {seed} has no finished slow run in {mixes}; run without it"
+        )
     return {"usage": load_json(usage), "bodies": {b: load_json(mixes / f"mix-{b}.json") for b in BUDGETS}}
 
 
@@ -164,8 +210,9 @@ def quality_rows(runs: list[dict], kinds: list[str]) -> tuple[list[list], list[l
         ratio = statistics.mean(kl["written"]) / statistics.mean(kl[best])
         one = " (1 seed)" * (len(runs) == 1)
         paired = " ".join(f"{w / o:.3f}" for w, o in zip(kl["written"], kl[best]))  # the same seed's text
-        quality.append([b, *(stats(kl[k]) for k in kinds), best, verdict(kl["written"], kl[best]) + one,
-                        f"{ratio:.3f}×", paired])  # fmt: skip
+        quality.append(
+            [b, *(stats(kl[k]) for k in kinds), best, verdict(kl["written"], kl[best]) + one, f"{ratio:.3f}×", paired]
+        )
         perplexity.append([b, *(stats([r["budgets"][b]["scores"][k]["ppl"] for r in runs], 2) for k in kinds)])
     return quality, perplexity
 
@@ -174,14 +221,21 @@ def time_rows(runs: list[dict]) -> list[list]:
     """Per budget: the timed search's mean seconds (teacher and tables carried by the first budget; its report's and
     their guess, "-" in records made before they were), its generations and refinement steps, and the chosen mix,
     per seed."""
+
     def mean(b: str, k: str) -> str:
         values = [r["budgets"][b][k] for r in runs if k in r["budgets"][b]]
         return f"{statistics.mean(values):.1f}" if len(values) == len(runs) else "-"
 
-    return [[b, *(mean(b, k) for k in (*TIMES, *REPORT)),
-             "/".join(str(r["budgets"][b]["generations"]) for r in runs),
-             "/".join(str(r["budgets"][b]["refine_steps"]) for r in runs),
-             ", ".join(r["budgets"][b]["chosen"] for r in runs)] for b in BUDGETS]  # fmt: skip
+    return [
+        [
+            b,
+            *(mean(b, k) for k in (*TIMES, *REPORT)),
+            "/".join(str(r["budgets"][b]["generations"]) for r in runs),
+            "/".join(str(r["budgets"][b]["refine_steps"]) for r in runs),
+            ", ".join(r["budgets"][b]["chosen"] for r in runs),
+        ]
+        for b in BUDGETS
+    ]
 
 
 def usage_rows(seeds: list[str], runs: list[dict]) -> list[list]:
@@ -204,31 +258,68 @@ def page(data: dict) -> str:
     runs = [data["seeds"][s] for s in seeds]
     kinds = [k for k in KINDS if all(k in r["budgets"][b]["scores"] for r in runs for b in BUDGETS)]
     quality, perplexity = quality_rows(runs, kinds)
-    protocol = data["protocol"].strip().replace(
-        "{RECIPE}", f"matgptq search PARENT --budget {','.join(BUDGETS)} --calib wiki.test --time-limit {MINUTES} "
-        + " ".join(data["recipe"])).replace("{SLOW}", "matgptq search PARENT ... " + " ".join(SLOW))  # fmt: skip
+    protocol = (
+        data["protocol"]
+        .strip()
+        .replace(
+            "{RECIPE}",
+            f"matgptq search PARENT --budget {','.join(BUDGETS)} --calib wiki.test --time-limit {MINUTES} "
+            + " ".join(data["recipe"]),
+        )
+        .replace("{SLOW}", "matgptq search PARENT ... " + " ".join(SLOW))
+    )
     levels = sorted({tuple(r["budgets"][BUDGETS[0]]["sensitivity_levels"]) for r in runs})
-    return "\n".join([
-        header("benchmarks/search/ten_minutes.py", "search_ten_minutes.json"), "# All eight budgets in ten minutes",
-        "", "```", protocol, "```", "",
-        f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds.", "",
-        "Held-out KL to the float32 model; `written vs best`: the written mix against the best one-shot allocation, "
-        "a tie within the larger spread; `ratio`: their mean KLs; `per seed`: their KLs seed by seed (each seed's "
-        "calibration text, the spread's main source, is the same for both):", "",
-        format_table(["budget", *kinds, "best one-shot", "written vs best", "ratio", "per seed"], quality), "",
-        "Held-out perplexity of the same mixes:", "", format_table(["budget", *kinds], perplexity), "",
-        "Where the timed search's seconds went per budget (means over the seeds; the first budget carries the teacher "
-        "and the shared tables; `search`: the start's choice, refinement, evolution and the choice on the pool; "
-        "`report`: that choice, and the time the search set aside for it), "
-        "its generations and refinement steps per seed, and the mix each seed wrote. Widths its table scored: "
-        + "; ".join(", ".join(map(str, lv)) for lv in levels) + ":", "",
-        format_table(["budget", "teacher s", "tables s", "search s", "budget s", "report s", "report guessed s",
-                      "generations", "refine steps", "chosen"], time_rows(runs)), "",
-        "Each child process (wall and CPU seconds, peak RSS; load: the 1-minute load average when it ended; random: "
-        "its seconds in the scoring process):", "",
-        format_table(["seed", "run", "wall s", "CPU s", "peak RSS GB", "load"], usage_rows(seeds, runs)),
-        *(["", *lines] if (lines := machine_lines(seeds, runs)) else []),
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            header("benchmarks/search/ten_minutes.py", "search_ten_minutes.json"),
+            "# All eight budgets in ten minutes",
+            "",
+            "```",
+            protocol,
+            "```",
+            "",
+            f"Seeds {', '.join(seeds)}; each cell: mean ± sample standard deviation over the seeds.",
+            "",
+            "Held-out KL to the float32 model; `written vs best`: the written mix against the best one-shot allocation, "
+            "a tie within the larger spread; `ratio`: their mean KLs; `per seed`: their KLs seed by seed (each seed's "
+            "calibration text, the spread's main source, is the same for both):",
+            "",
+            format_table(["budget", *kinds, "best one-shot", "written vs best", "ratio", "per seed"], quality),
+            "",
+            "Held-out perplexity of the same mixes:",
+            "",
+            format_table(["budget", *kinds], perplexity),
+            "",
+            "Where the timed search's seconds went per budget (means over the seeds; the first budget carries the teacher "
+            "and the shared tables; `search`: the start's choice, refinement, evolution and the choice on the pool; "
+            "`report`: that choice, and the time the search set aside for it), "
+            "its generations and refinement steps per seed, and the mix each seed wrote. Widths its table scored: "
+            + "; ".join(", ".join(map(str, lv)) for lv in levels)
+            + ":",
+            "",
+            format_table(
+                [
+                    "budget",
+                    "teacher s",
+                    "tables s",
+                    "search s",
+                    "budget s",
+                    "report s",
+                    "report guessed s",
+                    "generations",
+                    "refine steps",
+                    "chosen",
+                ],
+                time_rows(runs),
+            ),
+            "",
+            "Each child process (wall and CPU seconds, peak RSS; load: the 1-minute load average when it ended; random: "
+            "its seconds in the scoring process):",
+            "",
+            format_table(["seed", "run", "wall s", "CPU s", "peak RSS GB", "load"], usage_rows(seeds, runs)),
+            *(["", *lines] if (lines := machine_lines(seeds, runs)) else []),
+        ]
+    )
 
 
 if __name__ == "__main__":

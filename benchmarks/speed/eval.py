@@ -47,11 +47,15 @@ def main() -> None:
     widths = a.widths or ["4", "3,4,6,8"]
     with tempfile.TemporaryDirectory(prefix="bench-eval-") as tmp:
         base_tree = Path(tmp) / "baseline"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base_tree), a.baseline],
-                       check=True)  # fmt: skip
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base_tree), a.baseline], check=True
+        )
         try:
-            runs = [(version, src, w) for w in widths for version, src in
-                    (("baseline " + a.baseline, base_tree / "src"), ("this checkout", ROOT / "src"))]  # fmt: skip
+            runs = [
+                (version, src, w)
+                for w in widths
+                for version, src in (("baseline " + a.baseline, base_tree / "src"), ("this checkout", ROOT / "src"))
+            ]
             results = [measure(*run, a, Path(tmp) / f"run{i}.json") for i, run in enumerate(runs)]
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_tree)], check=False)
@@ -64,41 +68,80 @@ def main() -> None:
 
 def page(data: dict) -> str:
     """docs/results/bench_eval.md from its JSON."""
-    return "\n".join([header("benchmarks/speed/eval.py", "bench_eval.json"),
-                      "# `matgptq eval --kl-to`: the streamed teacher against the all-at-once baseline", "",
-                      tables(data)])  # fmt: skip
+    return "\n".join(
+        [
+            header("benchmarks/speed/eval.py", "bench_eval.json"),
+            "# `matgptq eval --kl-to`: the streamed teacher against the all-at-once baseline",
+            "",
+            tables(data),
+        ]
+    )
 
 
 def tables(data: dict) -> str:
     """The run's settings, one row per (code, --bits) run, and the ratios now / baseline."""
     a, results = data["args"], data["results"]
     load = f", load average {data['load_average']:.2f}" if "load_average" in data else ""
-    lines = [f"{a['checkpoint']} vs {a['kl_to']}: {a['max_tokens']} tokens of {a['text']} [{a['text_range']}], "
-             f"seqlen {a['seqlen']}, batch {a['batch_size']}, {a['threads']} threads{load}", "",
-             "| code | --bits | wall s | CPU s | peak RSS GB | per width: ppl / KL |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"{a['checkpoint']} vs {a['kl_to']}: {a['max_tokens']} tokens of {a['text']} [{a['text_range']}], "
+        f"seqlen {a['seqlen']}, batch {a['batch_size']}, {a['threads']} threads{load}",
+        "",
+        "| code | --bits | wall s | CPU s | peak RSS GB | per width: ppl / KL |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results:
         scores = "; ".join(f"{s['bits']}: {s['ppl']:.4f} / {s['kl']:.6f}" for s in r["scores"])
-        lines.append(f"| {r['version']} | {r['widths']} | {r['wall']:.0f} | {r['cpu']:.0f} | {r['rss_gb']:.2f} | {scores} |")
-    lines += ["", "| --bits | wall: now / baseline | CPU: now / baseline | peak RSS: now / baseline | max rel. KL "
-              "difference |", "|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {r['version']} | {r['widths']} | {r['wall']:.0f} | {r['cpu']:.0f} | {r['rss_gb']:.2f} | {scores} |"
+        )
+    lines += [
+        "",
+        "| --bits | wall: now / baseline | CPU: now / baseline | peak RSS: now / baseline | max rel. KL difference |",
+        "|---|---|---|---|---|",
+    ]
     for old, new in zip(results[::2], results[1::2]):
         dkl = max(abs(n["kl"] - o["kl"]) / o["kl"] for o, n in zip(old["scores"], new["scores"]))
-        lines.append(f"| {new['widths']} | {new['wall'] / old['wall']:.2f} | {new['cpu'] / old['cpu']:.2f} | "
-                     f"{new['rss_gb'] / old['rss_gb']:.3f} | {dkl:.1e} |")  # fmt: skip
+        lines.append(
+            f"| {new['widths']} | {new['wall'] / old['wall']:.2f} | {new['cpu'] / old['cpu']:.2f} | "
+            f"{new['rss_gb'] / old['rss_gb']:.3f} | {dkl:.1e} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def measure(version: str, src: Path, widths: str, a: argparse.Namespace, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "matgptq", "eval", a.checkpoint, "--bits", widths, "--kl-to", a.kl_to, "--text", a.text,
-           "--text-range", a.text_range, "--seqlen", str(a.seqlen), "--max-tokens", str(a.max_tokens),
-           "--batch-size", str(a.batch_size), "--json", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "matgptq",
+        "eval",
+        a.checkpoint,
+        "--bits",
+        widths,
+        "--kl-to",
+        a.kl_to,
+        "--text",
+        a.text,
+        "--text-range",
+        a.text_range,
+        "--seqlen",
+        str(a.seqlen),
+        "--max-tokens",
+        str(a.max_tokens),
+        "--batch-size",
+        str(a.batch_size),
+        "--json",
+        str(out),
+    ]
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": str(a.threads)}
     usage = run_measured(cmd, env, out.with_suffix(".log"))
     if not usage["ok"]:  # the child's last line (matgptq's own one-line error, or the exception) names the problem
         lines = [ln for ln in out.with_suffix(".log").read_text(errors="replace").splitlines() if ln.strip()]
         sys.exit(f"bench_eval: {version}, --bits {widths} failed: {lines[-1] if lines else 'no output'}")
-    print(f"  {version}, --bits {widths}: wall {usage['wall']:.0f} s, CPU {usage['cpu']:.0f} s, "
-          f"peak RSS {usage['rss_gb']:.2f} GB", flush=True)  # fmt: skip
+    print(
+        f"  {version}, --bits {widths}: wall {usage['wall']:.0f} s, CPU {usage['cpu']:.0f} s, "
+        f"peak RSS {usage['rss_gb']:.2f} GB",
+        flush=True,
+    )
     return {"version": version, "widths": widths, **usage, "scores": json.loads(out.read_text())["results"]}
 
 

@@ -36,12 +36,28 @@ def build(path: Path, model_type: str, a: argparse.Namespace) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    common = dict(vocab_size=512, hidden_size=a.hidden, num_hidden_layers=a.blocks, num_attention_heads=8,
-                  num_key_value_heads=4, head_dim=a.hidden // 8, max_position_embeddings=a.seqlen, bos_token_id=1,
-                  eos_token_id=2, pad_token_id=0)  # fmt: skip
-    extra = (dict(num_experts=a.experts, num_experts_per_tok=a.top_k, moe_intermediate_size=a.moe_width,
-                  intermediate_size=a.top_k * a.moe_width) if model_type == "qwen3_moe"
-             else dict(intermediate_size=a.top_k * a.moe_width))  # fmt: skip
+    common = dict(
+        vocab_size=512,
+        hidden_size=a.hidden,
+        num_hidden_layers=a.blocks,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=a.hidden // 8,
+        max_position_embeddings=a.seqlen,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    extra = (
+        dict(
+            num_experts=a.experts,
+            num_experts_per_tok=a.top_k,
+            moe_intermediate_size=a.moe_width,
+            intermediate_size=a.top_k * a.moe_width,
+        )
+        if model_type == "qwen3_moe"
+        else dict(intermediate_size=a.top_k * a.moe_width)
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **common, **extra))
     model.save_pretrained(path, safe_serialization=True)
@@ -54,9 +70,32 @@ def quantize(model: Path, out: Path, a: argparse.Namespace) -> dict:
     """One measured `matgptq quantize` of `model`: wall, CPU, peak RSS, the solver's seconds, the layer count."""
     import sys
 
-    cmd = [sys.executable, "-m", "matgptq", "quantize", str(model), "--out", str(out), "--method", "gptq", "--bits",
-           "4", "--group-size", "128", "--calib", str(TEXT), "--calib-range", "0.6:1", "--nsamples", str(a.nsamples),
-           "--seqlen", str(a.seqlen), "--seed", "0", "--quiet"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "matgptq",
+        "quantize",
+        str(model),
+        "--out",
+        str(out),
+        "--method",
+        "gptq",
+        "--bits",
+        "4",
+        "--group-size",
+        "128",
+        "--calib",
+        str(TEXT),
+        "--calib-range",
+        "0.6:1",
+        "--nsamples",
+        str(a.nsamples),
+        "--seqlen",
+        str(a.seqlen),
+        "--seed",
+        "0",
+        "--quiet",
+    ]
     log = out.with_suffix(".log")
     usage = run_measured(cmd, child_env(a.threads), log)
     if not usage["ok"]:
@@ -84,8 +123,7 @@ def main() -> None:
             rows[kind] = quantize(model, Path(tmp) / f"{kind}-q", a)
     import os
 
-    data = {"args": {k: v for k, v in vars(a).items() if k != "json"}, "load_average": os.getloadavg()[0],
-            "rows": rows}  # fmt: skip
+    data = {"args": {k: v for k, v in vars(a).items() if k != "json"}, "load_average": os.getloadavg()[0], "rows": rows}
     Path(a.json).write_text(json.dumps(data, indent=1))
     write_page(Path(a.json).with_suffix(".md"), page(data))
     print(page(data))
@@ -96,21 +134,40 @@ def page(data: dict) -> str:
     a, rows = data["args"], data["rows"]
     d, m = rows["dense"], rows["moe"]
     blocks = a["blocks"]
-    table = [[k, r["layers"], f"{r['wall'] / blocks:.2f}", f"{r['cpu'] / blocks:.2f}",
-              f"{r['solver'] / blocks:.2f}", f"{r['rss_gb']:.2f}"] for k, r in rows.items()]  # fmt: skip
-    return "\n".join([
-        header("benchmarks/speed/moe_block.py", "bench_moe_block.json"),
-        "# Quantizing a mixture-of-experts block against a dense block of the same active parameters", "",
-        "```", __doc__.strip(), "```", "",
-        f"qwen3_moe: {a['experts']} experts of width {a['moe_width']}, top-{a['top_k']}; qwen3: intermediate width "
-        f"{a['top_k'] * a['moe_width']}; hidden {a['hidden']}, {blocks} blocks; {a['nsamples']} x {a['seqlen']} "
-        f"calibration tokens; {a['threads']} threads; load average {data['load_average']:.2f} at the end.", "",
-        format_table(["model", "quantized layers", "wall s / block", "CPU s / block", "solver s / block",
-                      "peak RSS GB"], table),  # fmt: skip
-        "",
-        f"MoE / dense per block: wall {m['wall'] / d['wall']:.2f}x, CPU {m['cpu'] / d['cpu']:.2f}x, solver "
-        f"{m['solver'] / d['solver']:.2f}x.",
-    ])
+    table = [
+        [
+            k,
+            r["layers"],
+            f"{r['wall'] / blocks:.2f}",
+            f"{r['cpu'] / blocks:.2f}",
+            f"{r['solver'] / blocks:.2f}",
+            f"{r['rss_gb']:.2f}",
+        ]
+        for k, r in rows.items()
+    ]
+    return "\n".join(
+        [
+            header("benchmarks/speed/moe_block.py", "bench_moe_block.json"),
+            "# Quantizing a mixture-of-experts block against a dense block of the same active parameters",
+            "",
+            "```",
+            __doc__.strip(),
+            "```",
+            "",
+            f"qwen3_moe: {a['experts']} experts of width {a['moe_width']}, top-{a['top_k']}; qwen3: intermediate width "
+            f"{a['top_k'] * a['moe_width']}; hidden {a['hidden']}, {blocks} blocks; {a['nsamples']} x {a['seqlen']} "
+            f"calibration tokens; {a['threads']} threads; load average {data['load_average']:.2f} at the end.",
+            "",
+            format_table(
+                ["model", "quantized layers", "wall s / block", "CPU s / block", "solver s / block", "peak RSS GB"],
+                table,
+            ),
+            "",
+            f"MoE / dense per block: wall {m['wall'] / d['wall']:.2f}x, CPU {m['cpu'] / d['cpu']:.2f}x, solver "
+            f"{m['solver'] / d['solver']:.2f}x.",
+        ]
+    )
+
 
 if __name__ == "__main__":
     main()

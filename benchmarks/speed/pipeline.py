@@ -58,30 +58,85 @@ from pathlib import Path
 
 from benchmarks._harness import child_env, format_table, header, load_json, machine, run_measured, write_page
 
-TOOLS = ("matgptq-cli", "matgptq-cli-bf16", "matgptq-cli-fp32", "matgptq", "matgptq-bf16", "matgptq-348",
-         "matgptq-348-bf16", "gptqmodel", "gptqmodel-fp32", "llmcompressor")  # fmt: skip
+TOOLS = (
+    "matgptq-cli",
+    "matgptq-cli-bf16",
+    "matgptq-cli-fp32",
+    "matgptq",
+    "matgptq-bf16",
+    "matgptq-348",
+    "matgptq-348-bf16",
+    "gptqmodel",
+    "gptqmodel-fp32",
+    "llmcompressor",
+)
 PEERS = ("gptqmodel", "gptqmodel-fp32", "llmcompressor")
 
 
 def cli_command(args, tool: str, out: Path) -> list[str]:
     """The command line a user types (tool matgptq-cli[-bf16|-fp32])."""
-    return [sys.executable, "-m", "matgptq", "quantize", args.model, "--out", str(out), "--method", "gptq", "--bits",
-            str(args.bits), "--group-size", str(args.group_size), "--calib", args.calib, "--calib-range",
-            args.calib_range, "--nsamples", str(args.nsamples), "--seqlen", str(args.seqlen), "--seed", str(args.seed),
-            "--overwrite", "--quiet"] + {"bf16": ["--dtype", "bfloat16"], "fp32": ["--dtype", "float32"]}.get(
-                tool.rpartition("-")[2], [])  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "matgptq",
+        "quantize",
+        args.model,
+        "--out",
+        str(out),
+        "--method",
+        "gptq",
+        "--bits",
+        str(args.bits),
+        "--group-size",
+        str(args.group_size),
+        "--calib",
+        args.calib,
+        "--calib-range",
+        args.calib_range,
+        "--nsamples",
+        str(args.nsamples),
+        "--seqlen",
+        str(args.seqlen),
+        "--seed",
+        str(args.seed),
+        "--overwrite",
+        "--quiet",
+    ] + {"bf16": ["--dtype", "bfloat16"], "fp32": ["--dtype", "float32"]}.get(tool.rpartition("-")[2], [])
 
 
 def run_child(args, tool: str, ids_file: Path, work: Path) -> dict:
     out = work / tool
     report = work / f"{tool}.json"
-    cmd = [sys.executable, "-m", "benchmarks._harness.peers", tool, args.model, "--ids", str(ids_file),
-           "--out-model", str(out), "--bits", str(args.bits), "--group-size", str(args.group_size), "--report", str(report)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks._harness.peers",
+        tool,
+        args.model,
+        "--ids",
+        str(ids_file),
+        "--out-model",
+        str(out),
+        "--bits",
+        str(args.bits),
+        "--group-size",
+        str(args.group_size),
+        "--report",
+        str(report),
+    ]
     cli = tool.startswith("matgptq-cli")
     usage = run_measured(cli_command(args, tool, out) if cli else cmd, child_env(args.threads), work / f"{tool}.log")
-    made = {"calibrated_in": json.loads((out / "matgptq.json").read_text())["calibration"]["dtype"]} \
-        if usage["ok"] and cli else {}  # fmt: skip
-    return {"tool": tool, **usage, **made, "breakdown": json.loads(report.read_text()) if usage["ok"] and not cli else {}}
+    made = (
+        {"calibrated_in": json.loads((out / "matgptq.json").read_text())["calibration"]["dtype"]}
+        if usage["ok"] and cli
+        else {}
+    )
+    return {
+        "tool": tool,
+        **usage,
+        **made,
+        "breakdown": json.loads(report.read_text()) if usage["ok"] and not cli else {},
+    }
 
 
 def main() -> None:
@@ -94,8 +149,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the window draw")
     p.add_argument("--bits", type=int, default=4, help="GPTQ width")
     p.add_argument("--group-size", type=int, default=128, help="columns per scale group")
-    p.add_argument("--tools", default="matgptq-cli,matgptq-cli-bf16,matgptq,matgptq-bf16,gptqmodel,llmcompressor",
-                   help=f"comma-separated, from {', '.join(TOOLS)}")
+    p.add_argument(
+        "--tools",
+        default="matgptq-cli,matgptq-cli-bf16,matgptq,matgptq-bf16,gptqmodel,llmcompressor",
+        help=f"comma-separated, from {', '.join(TOOLS)}",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads per tool (OMP_NUM_THREADS)")
     p.add_argument("--repeat", type=int, default=1, help="rounds of every tool in turn (medians and ranges over them)")
     p.add_argument("--work", help="keep outputs and logs here (default: a temporary directory, removed)")
@@ -109,26 +167,43 @@ def main() -> None:
     tools = args.tools.split(",")
     unknown = set(tools) - set(TOOLS)
     if unknown or not args.calib or args.repeat < 1:
-        p.error(f"unknown tools {sorted(unknown)}" if unknown else "--repeat must be at least 1" if args.calib else
-                "--calib FILE is required")  # fmt: skip
+        p.error(
+            f"unknown tools {sorted(unknown)}"
+            if unknown
+            else "--repeat must be at least 1"
+            if args.calib
+            else "--calib FILE is required"
+        )
     a, b = (float(x) for x in args.calib_range.split(":"))
-    ids = calibration_windows(tokenize(load_tokenizer(args.model), read_text(args.calib, (a, b))), args.nsamples,
-                              args.seqlen, args.seed)  # fmt: skip
+    ids = calibration_windows(
+        tokenize(load_tokenizer(args.model), read_text(args.calib, (a, b))), args.nsamples, args.seqlen, args.seed
+    )
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-pipeline-"))
     work.mkdir(parents=True, exist_ok=True)
     save_file({"ids": ids.contiguous()}, str(work / "ids.safetensors"))
     load_start = os.getloadavg()[0]
-    print(f"{args.model}: {args.nsamples} x {args.seqlen} tokens, GPTQ {args.bits}-bit g{args.group_size} sym, "
-          f"{args.threads} threads per tool, load average {load_start:.2f}", flush=True)  # fmt: skip
+    print(
+        f"{args.model}: {args.nsamples} x {args.seqlen} tokens, GPTQ {args.bits}-bit g{args.group_size} sym, "
+        f"{args.threads} threads per tool, load average {load_start:.2f}",
+        flush=True,
+    )
     results = []
     for round_ in range(args.repeat):
         for tool in tools:
             results.append({**run_child(args, tool, work / "ids.safetensors", work), "round": round_})
             r = results[-1]
-            print(f"  {tool}: {'ok' if r['ok'] else 'FAILED (see ' + str(work / (tool + '.log')) + ')'} "
-                  f"wall {r['wall']:.0f} s, CPU {r['cpu']:.0f} s, peak RSS {r['rss_gb']:.2f} GB", flush=True)
-    data = {"args": vars(args), "machine": machine(), "load_average_start": load_start, "load_average": os.getloadavg(),
-            "results": results}  # fmt: skip
+            print(
+                f"  {tool}: {'ok' if r['ok'] else 'FAILED (see ' + str(work / (tool + '.log')) + ')'} "
+                f"wall {r['wall']:.0f} s, CPU {r['cpu']:.0f} s, peak RSS {r['rss_gb']:.2f} GB",
+                flush=True,
+            )
+    data = {
+        "args": vars(args),
+        "machine": machine(),
+        "load_average_start": load_start,
+        "load_average": os.getloadavg(),
+        "results": results,
+    }
     print("\n" + tables(data))
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=2))
@@ -144,12 +219,18 @@ def page(data: dict) -> str:
     load += [f"{data['load_average'][0]:.2f} at the end"] if data.get("load_average") else []
     m = data.get("machine")
     where = f" Measured on {m['cpu']} ({m['cores']} cores) at commit {m['commit']}." if m else ""
-    return "\n".join([header("benchmarks/speed/pipeline.py", "bench_pipeline.json"),
-                      "# End-to-end quantization: matgptq against GPTQModel and llm-compressor", "",
-                      f"{a['model']}: {a['nsamples']} x {a['seqlen']} tokens (seed {a['seed']}, {a['calib']} "
-                      f"[{a['calib_range']}]), GPTQ {a['bits']}-bit g{a['group_size']} sym, {a['threads']} threads per "
-                      f"tool{', load average ' if load else ''}{' and '.join(load)}.{where}", "",
-                      tables(data)])  # fmt: skip
+    return "\n".join(
+        [
+            header("benchmarks/speed/pipeline.py", "bench_pipeline.json"),
+            "# End-to-end quantization: matgptq against GPTQModel and llm-compressor",
+            "",
+            f"{a['model']}: {a['nsamples']} x {a['seqlen']} tokens (seed {a['seed']}, {a['calib']} "
+            f"[{a['calib_range']}]), GPTQ {a['bits']}-bit g{a['group_size']} sym, {a['threads']} threads per "
+            f"tool{', load average ' if load else ''}{' and '.join(load)}.{where}",
+            "",
+            tables(data),
+        ]
+    )
 
 
 def summary(data: dict) -> dict[str, dict]:
@@ -189,19 +270,35 @@ def tables(data: dict) -> str:
     results = data["results"]
     runs = summary(data)
     rounds = max((s["runs"] for s in runs.values()), default=1)
-    rows = [[tool, f"{s['wall']:.0f}", f"{s['cpu']:.0f}", f"{s['rss_gb']:.2f}", ratio_cell(s["cpu_ratio"]),
-             ratio_cell(s["rss_ratio"])] for tool, s in runs.items()]  # fmt: skip
+    rows = [
+        [
+            tool,
+            f"{s['wall']:.0f}",
+            f"{s['cpu']:.0f}",
+            f"{s['rss_gb']:.2f}",
+            ratio_cell(s["cpu_ratio"]),
+            ratio_cell(s["rss_ratio"]),
+        ]
+        for tool, s in runs.items()
+    ]
     out = [f"Medians over {rounds} rounds (ratios: the median of each round's, with their range).\n"] * (rounds > 1)
     out += [format_table(["tool", "wall s", "CPU s", "peak RSS GB", "CPU / fastest peer", "RSS / lowest peer"], rows)]
     failed = [r["tool"] for r in results if not r["ok"]]
-    out += [f"- {t}: FAILED" + (f" ({failed.count(t)} of {rounds} rounds)" if rounds > 1 else "")
-            for t in dict.fromkeys(failed)]  # fmt: skip
-    parts = [r for r in results if r["tool"].startswith("matgptq") and r["ok"] and r["breakdown"]
-             and r.get("round", 0) == 0]  # the CLI has none; the first round's
+    out += [
+        f"- {t}: FAILED" + (f" ({failed.count(t)} of {rounds} rounds)" if rounds > 1 else "")
+        for t in dict.fromkeys(failed)
+    ]
+    parts = [
+        r for r in results if r["tool"].startswith("matgptq") and r["ok"] and r["breakdown"] and r.get("round", 0) == 0
+    ]  # the CLI has none; the first round's
     if parts:
         keys = list(parts[0]["breakdown"])
-        out += ["", format_table(["seconds"] + [r["tool"] for r in parts],
-                                 [[k] + [_fmt(r["breakdown"][k]) for r in parts] for k in keys])]  # fmt: skip
+        out += [
+            "",
+            format_table(
+                ["seconds"] + [r["tool"] for r in parts], [[k] + [_fmt(r["breakdown"][k]) for r in parts] for k in keys]
+            ),
+        ]
     return "\n".join(out) + "\n"
 
 

@@ -20,8 +20,20 @@ _WHERE = {  # name: the module that defines it
     **dict.fromkeys(("GPTQConfig", "MatGPTQConfig", "RTNConfig"), ".quantization"),
 }
 
-__all__ = ["quantize", "load", "set_bits", "slice", "evaluate", "export", "search", "GPTQConfig", "MatGPTQConfig",
-           "RTNConfig", "MatGPTQQuantizationConfig", "__version__"]
+__all__ = [
+    "quantize",
+    "load",
+    "set_bits",
+    "slice",
+    "evaluate",
+    "export",
+    "search",
+    "GPTQConfig",
+    "MatGPTQConfig",
+    "RTNConfig",
+    "MatGPTQQuantizationConfig",
+    "__version__",
+]
 
 
 def _register_with_transformers():

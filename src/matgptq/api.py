@@ -21,8 +21,14 @@ from .quantization.options import make_config, parse_bits, settings
 from .quantization.run import finished_run, run_quantization, unquantized_tensors
 
 
-def quantize(model: str | Path, out: str | Path, config: MethodConfig | None = None, *,
-             calib: str | Path | list[str] | None = None, **options) -> tuple[Path, list[LayerReport]]:  # fmt: skip
+def quantize(
+    model: str | Path,
+    out: str | Path,
+    config: MethodConfig | None = None,
+    *,
+    calib: str | Path | list[str] | None = None,
+    **options,
+) -> tuple[Path, list[LayerReport]]:
     """Quantize the HF model `model` (a local directory, or a Hugging Face id `org/name[@revision]` resolved through
     the Hugging Face cache) and write a matgptq checkpoint to `out` (atomically).
 
@@ -61,38 +67,73 @@ def quantize(model: str | Path, out: str | Path, config: MethodConfig | None = N
     source = resolve_model(model)  # a directory, or a Hugging Face id through its cache (models/hub.py)
     if finished:  # its reports as recorded; refused as an existing output if made otherwise
         return Path(out), finished_run(out, source, s.method, s.calibration, calib, s.bits_config is not None)
-    return run_quantization(source, out, s.method, s.calibration, calib, s.bits_config, run.dtype, dev,
-                            resume=run.resume, stream=run.stream, overwrite=run.overwrite, progress=run.progress,
-                            shard_bytes=run.shard_bytes)  # fmt: skip
+    return run_quantization(
+        source,
+        out,
+        s.method,
+        s.calibration,
+        calib,
+        s.bits_config,
+        run.dtype,
+        dev,
+        resume=run.resume,
+        stream=run.stream,
+        overwrite=run.overwrite,
+        progress=run.progress,
+        shard_bytes=run.shard_bytes,
+    )
 
 
-def export(src: str | Path, out: str | Path, format: ExportFormat | str, *, bits: int | None = None,
-           bits_config: WidthSpec | None = None, overwrite: bool = False, verify: bool = True,
-           **gguf_options) -> Path:  # fmt: skip
+def export(
+    src: str | Path,
+    out: str | Path,
+    format: ExportFormat | str,
+    *,
+    bits: int | None = None,
+    bits_config: WidthSpec | None = None,
+    overwrite: bool = False,
+    verify: bool = True,
+    **gguf_options,
+) -> Path:
     """Write the checkpoint `src` at `bits` (or the mix `bits_config`) as `format` (gptq_v1, gptq_v2,
     compressed-tensors, gguf) to `out`, as `matgptq export`; `gguf_options`: qtype, float_type, embed_type.
     `verify`: check a matgptq checkpoint's checksums first (False: a file you trust)."""
     with trusted(not verify):
-        return export_checkpoint(src, out, format, bits=bits, bits_config=bits_config, overwrite=overwrite,
-                                 **gguf_options)  # fmt: skip
+        return export_checkpoint(
+            src, out, format, bits=bits, bits_config=bits_config, overwrite=overwrite, **gguf_options
+        )
 
 
-def search(parent: str | Path, budgets: str | float | list, calib: str | Path, out: str | Path, *,
-           evo: EvoConfig | None = None, **options) -> list[dict]:  # fmt: skip
+def search(
+    parent: str | Path,
+    budgets: str | float | list,
+    calib: str | Path,
+    out: str | Path,
+    *,
+    evo: EvoConfig | None = None,
+    **options,
+) -> list[dict]:
     """Search the best per-layer widths of the MatGPTQ `parent` under each bit budget (e.g. "3.0,2.5" or [3.0, 2.5])
     on the calibration text `calib`, writing `out`/mix-<budget>.json, as `matgptq search`; returns one summary row
     per budget. `evo`: the EvoPress settings (generations, offspring, stages, seed); `options`: those of
     allocation.request.SearchRequest.of (levels, kind, seqlen, sensitivity_tokens, calib_tokens, baselines, reference,
     text, time_limit, ...)."""
-    spelled = budgets.split(",") if isinstance(budgets, str) else budgets if isinstance(budgets, (list, tuple)) \
-        else [budgets]  # fmt: skip
-    request = SearchRequest.of(parent, tuple(str(b).strip() for b in spelled), calib, out, evo=evo or EvoConfig(),
-                               **options)  # fmt: skip
+    spelled = (
+        budgets.split(",") if isinstance(budgets, str) else budgets if isinstance(budgets, (list, tuple)) else [budgets]
+    )
+    request = SearchRequest.of(
+        parent, tuple(str(b).strip() for b in spelled), calib, out, evo=evo or EvoConfig(), **options
+    )
     return run_search(request)
 
 
-def slice(parent: str | Path, bits: int, out: str | Path, overwrite: bool = False,  # noqa: A001
-          verify: bool = True) -> Path:  # fmt: skip
+def slice(
+    parent: str | Path,
+    bits: int,
+    out: str | Path,
+    overwrite: bool = False,  # noqa: A001
+    verify: bool = True,
+) -> Path:
     """Write the `bits`-bit slice of a parent as its own checkpoint (only that width's data), as `matgptq slice`;
     `verify`: check the parent's checksums first (False: a file you trust)."""
     return write_slice(parent, bits, out, overwrite, verify)

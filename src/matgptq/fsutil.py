@@ -21,9 +21,16 @@ from pathlib import Path
 from .errors import UserError
 
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
-    "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json",
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # full disk, quota, file-size limit (RLIMIT_FSIZE)
@@ -56,21 +63,32 @@ def tree_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
-def no_space(path: Path, written: int, needed: int | None = None, then: str = "run the same command again") -> UserError:
+def no_space(
+    path: Path, written: int, needed: int | None = None, then: str = "run the same command again"
+) -> UserError:
     """The one line for a write of `path` that found no room after `written` bytes (`needed`: its whole size, when
     known)."""
-    need = (f"it needs about {_mb(needed)}" if needed else f"it needs more than the {_mb(written)} written" if written
-            else "it found no room at all")  # fmt: skip
-    return UserError(f"no space left on the device writing {path} ({need}, {_mb(_free(path))} free there); nothing "
-                     f"was left of it: free space there (or write elsewhere) and {then}")  # fmt: skip
+    need = (
+        f"it needs about {_mb(needed)}"
+        if needed
+        else f"it needs more than the {_mb(written)} written"
+        if written
+        else "it found no room at all"
+    )
+    return UserError(
+        f"no space left on the device writing {path} ({need}, {_mb(_free(path))} free there); nothing "
+        f"was left of it: free space there (or write elsewhere) and {then}"
+    )
 
 
 def check_space(path: Path, needed: int) -> None:
     """Refuse before writing `needed` bytes at `path` where its filesystem has less free space."""
     free = _free(path)
     if needed > free:
-        raise UserError(f"writing {path} needs about {_mb(needed)} and its filesystem has {_mb(free)} free; free "
-                        "space there or choose another output path")  # fmt: skip
+        raise UserError(
+            f"writing {path} needs about {_mb(needed)} and its filesystem has {_mb(free)} free; free "
+            "space there or choose another output path"
+        )
 
 
 def check_output(path: str | Path, overwrite: bool) -> Path:
@@ -82,8 +100,9 @@ def check_output(path: str | Path, overwrite: bool) -> Path:
 
 
 @contextmanager
-def atomic_output(path: str | Path, overwrite: bool = False, directory: bool = True,
-                  size: int | None = None) -> Iterator[Path]:  # fmt: skip
+def atomic_output(
+    path: str | Path, overwrite: bool = False, directory: bool = True, size: int | None = None
+) -> Iterator[Path]:
     """Yield a temporary directory (or file path) to write; on success it replaces `path`, on error it is removed
     (the previous output, with `overwrite`, stays as it was). `size`: about how many bytes will be written, checked
     against the free space first; a write that finds no room is one UserError naming `path` (no_space)."""
@@ -196,8 +215,10 @@ def _commit(target: Path, final: Path, overwrite: bool) -> None:
     leaves it aside; clear_stale puts it back); if another writer's output lands in between, the rename fails. Either
     way one complete output stays, never a mix, and the loser gets a UserError.
     """
-    lost = UserError(f"{final} was written by another process while this one was writing it; it was kept as it is "
-                     "(run again with --overwrite to replace it, or choose another output path)")  # fmt: skip
+    lost = UserError(
+        f"{final} was written by another process while this one was writing it; it was kept as it is "
+        "(run again with --overwrite to replace it, or choose another output path)"
+    )
     if not overwrite:
         try:
             if target.is_dir():

@@ -8,10 +8,9 @@ that what was read is what the caller expects (present, dtype, shape) before any
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
-
-import json
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -41,8 +40,9 @@ def _damaged(path: Path, err: BaseException, fix: str) -> UserError:
     return UserError(f"{path} is not a complete safetensors file ({reason}); {fix}")
 
 
-def read_tensors(path: str | Path, fix: str = "re-create or re-download it",
-                 keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+def read_tensors(
+    path: str | Path, fix: str = "re-create or re-download it", keep: Callable[[str], bool] | None = None
+) -> dict[str, torch.Tensor]:
     """All tensors of one safetensors file, or only those whose name `keep` accepts (the others are not read)."""
     p = Path(path)
     if not p.is_file():
@@ -68,16 +68,20 @@ def read_header(path: str | Path, fix: str = "re-create or re-download it") -> d
         raise _damaged(p, e, fix) from None
 
 
-def read_sharded(index: str | Path, fix: str = "re-create or re-download it",
-                 keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+def read_sharded(
+    index: str | Path, fix: str = "re-create or re-download it", keep: Callable[[str], bool] | None = None
+) -> dict[str, torch.Tensor]:
     """All tensors (or those `keep` accepts) of a sharded safetensors directory: Hugging Face's
     `*.safetensors.index.json`, whose `weight_map` names each tensor's file. Every named file must be a plain
     .safetensors name in the index's directory and hold exactly the tensors mapped to it: a missing, extra or moved
     tensor is damage, never a silent mix of files."""
     p = Path(index)
     weight_map = read_json(p, fix).get("weight_map")
-    ok = isinstance(weight_map, dict) and weight_map and all(
-        isinstance(f, str) and Path(f).name == f and f.endswith(".safetensors") for f in weight_map.values())  # fmt: skip
+    ok = (
+        isinstance(weight_map, dict)
+        and weight_map
+        and all(isinstance(f, str) and Path(f).name == f and f.endswith(".safetensors") for f in weight_map.values())
+    )
     if not ok:
         raise UserError(f"{p}: `weight_map` must map tensor names to .safetensors files in its directory; {fix}")
     out: dict[str, torch.Tensor] = {}
@@ -103,8 +107,14 @@ def read_model_weights(directory: str | Path, fix: str = "re-create or re-downlo
     return {k: v for f in files for k, v in read_tensors(p / f, fix).items()}
 
 
-def take(raw: dict[str, torch.Tensor], key: str, dtype: torch.dtype, shape: tuple[int | None, ...], where: Path,
-         optional: bool = False) -> torch.Tensor | None:  # fmt: skip
+def take(
+    raw: dict[str, torch.Tensor],
+    key: str,
+    dtype: torch.dtype,
+    shape: tuple[int | None, ...],
+    where: Path,
+    optional: bool = False,
+) -> torch.Tensor | None:
     """Remove `key` from `raw` and check its dtype and shape (None: any positive size on that axis); a missing tensor
     is an error unless `optional`."""
     t = raw.pop(key, None)

@@ -10,8 +10,17 @@ from tests.conftest import STORIES, TINYSTORIES
 def stories_parent(tmp_path_factory):
     """stories260K as a MatGPTQ parent with R = {2,3,4,6,8} (c = 8), calibrated on 32 × 128 TinyStories tokens."""
     out = tmp_path_factory.mktemp("search") / "stories-parent"
-    matgptq.quantize(STORIES, out, calib=TINYSTORIES, calib_range=(0.6, 1.0), method="matgptq", bits=(2, 3, 4, 6, 8),
-                     nsamples=32, seqlen=128, progress=False)  # fmt: skip
+    matgptq.quantize(
+        STORIES,
+        out,
+        calib=TINYSTORIES,
+        calib_range=(0.6, 1.0),
+        method="matgptq",
+        bits=(2, 3, 4, 6, 8),
+        nsamples=32,
+        seqlen=128,
+        progress=False,
+    )
     return out
 
 
@@ -34,6 +43,18 @@ def stories_fitness(stories_parent):
 def grouped_parent(tiny_llama_dir, tmp_path_factory):
     """A tiny parent with 32-column groups and act-order (so its slices store `perm`)."""
     out = tmp_path_factory.mktemp("search") / "grouped-parent"
-    matgptq.quantize(tiny_llama_dir, out, calib=TINYSTORIES, calib_range=(0.9, 1.0), method="matgptq", bits=(3, 4, 8),
-                     nsamples=8, seqlen=64, group_size=32, act_order=True, static_groups=False, progress=False)  # fmt: skip
+    matgptq.quantize(
+        tiny_llama_dir,
+        out,
+        calib=TINYSTORIES,
+        calib_range=(0.9, 1.0),
+        method="matgptq",
+        bits=(3, 4, 8),
+        nsamples=8,
+        seqlen=64,
+        group_size=32,
+        act_order=True,
+        static_groups=False,
+        progress=False,
+    )
     return out

@@ -9,8 +9,17 @@ import torch
 
 import matgptq
 from matgptq.allocation.allocators import (
-    ALPHA_DEFAULT, ALPHA_MAX, Allocator, allocate, error_table, noise, noise_table, power_law, tables, uniform_mix,
-)  # fmt: skip
+    ALPHA_DEFAULT,
+    ALPHA_MAX,
+    Allocator,
+    allocate,
+    error_table,
+    noise,
+    noise_table,
+    power_law,
+    tables,
+    uniform_mix,
+)
 from matgptq.allocation.budget import BudgetKind, CostModel
 from matgptq.formats import read_checkpoint
 
@@ -70,8 +79,10 @@ def test_noise_table_is_the_law_through_its_probes(setup):
         name = fitness.names[layer]
         w = {r: slice_weight(parent, fitness.names, name, r).double() for r in LEVELS}
         rfn = {r: float((w[r] - w[8]).norm() / w[8].norm()) for r in LEVELS}
-        d = [fitness.kl(top, windows, None, (layer, noise(w[8].float(), rfn[r], 3 + 2 * layer + i))) - base
-             for i, r in enumerate(LEVELS[:2])]  # fmt: skip
+        d = [
+            fitness.kl(top, windows, None, (layer, noise(w[8].float(), rfn[r], 3 + 2 * layer + i))) - base
+            for i, r in enumerate(LEVELS[:2])
+        ]
         s, alpha = power_law(rfn[2], d[0], rfn[3], d[1])
         # rfn from the float32 module weights vs the parent's float64 dequantization: ~1e-7 relative
         assert table[layer] == pytest.approx([base + s * rfn[r] ** alpha for r in LEVELS], rel=1e-5, abs=1e-9)

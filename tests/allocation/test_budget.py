@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from matgptq.allocation.budget import BudgetKind, CostModel, LayerSize, parse_budget
 from matgptq.errors import UserError
 from matgptq.formats import read_checkpoint, save_checkpoint
-from matgptq.allocation.budget import BudgetKind, CostModel, LayerSize, parse_budget
 from matgptq.untrusted import read_header
 
 BYTES = {"U8": 1, "F16": 2, "I32": 4}
@@ -20,12 +20,14 @@ def test_storage_bits_are_the_bytes_of_a_sliced_checkpoint(parent_name, request,
     ckpt = read_checkpoint(request.getfixturevalue(parent_name))
     model = CostModel.from_checkpoint(ckpt, (2, 3, 5, 8))
     for r in model.levels:
-        out = save_checkpoint(tmp_path / f"s{r}", ckpt.config, {}, {n: q.slice(r) for n, q in ckpt.layers.items()},
-                              {}, None)  # fmt: skip
+        out = save_checkpoint(
+            tmp_path / f"s{r}", ckpt.config, {}, {n: q.slice(r) for n, q in ckpt.layers.items()}, {}, None
+        )
         header = read_header(out / "model.safetensors")
         for layer in model.layers:
-            held = sum(BYTES[dt] * _numel(shape) for key, (dt, shape) in header.items()
-                       if key.rpartition(".")[0] == layer.name)  # fmt: skip
+            held = sum(
+                BYTES[dt] * _numel(shape) for key, (dt, shape) in header.items() if key.rpartition(".")[0] == layer.name
+            )
             assert layer.bits(r, BudgetKind.STORAGE) == 8 * held, (layer.name, r)
             assert layer.bits(r, BudgetKind.CODE) == layer.rows * layer.cols * r
 
@@ -61,14 +63,30 @@ def test_gguf_bits_are_the_tensor_bytes_gguf_py_reads_back(parent_name, request,
         mix = tuple(levels[(i + shift) % len(levels)] for i in range(len(model.layers)))
         (tmp_path / "mix.json").write_text(json.dumps({"bits": dict(zip(model.names, mix))}))
         out = tmp_path / f"m{shift}.gguf"
-        assert main(["export", str(parent), "--format", "gguf", "--bits-config", str(tmp_path / "mix.json"), "--out",
-                     str(out)]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "export",
+                    str(parent),
+                    "--format",
+                    "gguf",
+                    "--bits-config",
+                    str(tmp_path / "mix.json"),
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         tensors = [t for t in GGUFReader(out).tensors if t.name.startswith("blk.") and "norm" not in t.name]
         assert len(tensors) == len(model.layers)
         assert 8 * sum(int(t.n_bytes) for t in tensors) == model.cost(mix, BudgetKind.GGUF)
         seen_types |= {t.tensor_type.name for t in tensors}
-    want = {"grouped_parent": {"Q8_0"}, "stories_parent": {"Q4_0", "Q5_0", "Q8_0", "F32"},
-            "lattice_parent": {"Q4_0", "Q5_0", "Q6_K", "Q8_0"}}[parent_name]  # fmt: skip
+    want = {
+        "grouped_parent": {"Q8_0"},
+        "stories_parent": {"Q4_0", "Q5_0", "Q8_0", "F32"},
+        "lattice_parent": {"Q4_0", "Q5_0", "Q6_K", "Q8_0"},
+    }[parent_name]
     assert want <= seen_types, seen_types
 
 
@@ -109,8 +127,10 @@ def test_budgets_outside_the_levels_are_refused():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40), st.integers(1, 4)), min_size=1, max_size=6),
-       st.lists(st.integers(2, 8), min_size=1, max_size=5, unique=True))  # fmt: skip
+@given(
+    st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40), st.integers(1, 4)), min_size=1, max_size=6),
+    st.lists(st.integers(2, 8), min_size=1, max_size=5, unique=True),
+)
 def test_storage_never_below_code_bits(shapes, levels):
     m = CostModel(tuple(LayerSize(f"l{i}", n, k, g) for i, (n, k, g) in enumerate(shapes)), tuple(sorted(levels)))
     for layer in m.layers:

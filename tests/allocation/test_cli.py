@@ -22,8 +22,25 @@ from matgptq.execution import native_bfloat16
 from tests.conftest import STORIES, TINYSTORIES
 from tests.test_cli import run_error
 
-QUICK = ["--calib", str(TINYSTORIES), "--calib-range", "0.6:0.7", "--levels", "2,4,8", "--generations", "2",
-         "--offspring", "4", "--stages", "126:2,504:1", "--seqlen", "64", "--sensitivity-tokens", "126", "--quiet"]  # fmt: skip
+QUICK = [
+    "--calib",
+    str(TINYSTORIES),
+    "--calib-range",
+    "0.6:0.7",
+    "--levels",
+    "2,4,8",
+    "--generations",
+    "2",
+    "--offspring",
+    "4",
+    "--stages",
+    "126:2,504:1",
+    "--seqlen",
+    "64",
+    "--sensitivity-tokens",
+    "126",
+    "--quiet",
+]
 
 
 BASELINES = ("--baselines", "uniform,error,gradient")  # the three the search ran before baselines were opt-in
@@ -36,8 +53,25 @@ def search(parent, out, *extra):
 @pytest.fixture(scope="module")
 def searched(stories_parent, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "mixes"
-    assert main(search(stories_parent, out, "--budget", "3.0,2.5", "--text", str(TINYSTORIES), "--text-range",
-                       "0:0.01", "--seqlen", "64", "--plot", *BASELINES)) == 0  # fmt: skip
+    assert (
+        main(
+            search(
+                stories_parent,
+                out,
+                "--budget",
+                "3.0,2.5",
+                "--text",
+                str(TINYSTORIES),
+                "--text-range",
+                "0:0.01",
+                "--seqlen",
+                "64",
+                "--plot",
+                *BASELINES,
+            )
+        )
+        == 0
+    )
     return out
 
 
@@ -48,23 +82,45 @@ def test_mix_files_are_read_by_load_eval_and_export(searched, stories_parent, tm
         model = matgptq.load(stories_parent, bits=searched / f"mix-{budget}.json")
         assert model.matgptq.bits == mix["bits"]
     path = searched / "mix-2.5.json"
-    assert main(["eval", str(stories_parent), "--bits", str(path), "--text", str(TINYSTORIES), "--text-range", "0:0.01"]) == 0
+    assert (
+        main(["eval", str(stories_parent), "--bits", str(path), "--text", str(TINYSTORIES), "--text-range", "0:0.01"])
+        == 0
+    )
     assert "mix" in capsys.readouterr().out
     out = tmp_path / "gptq"
-    assert main(["export", str(stories_parent), "--format", "gptq_v2", "--bits-config", str(path), "--out", str(out)]) == 0
+    assert (
+        main(["export", str(stories_parent), "--format", "gptq_v2", "--bits-config", str(path), "--out", str(out)]) == 0
+    )
     exported = matgptq.load(out)
     reference = matgptq.load(stories_parent, bits=path)
     name = next(iter(mix["bits"]))
-    assert torch.equal(exported.get_submodule(name).weight.data.float(), reference.get_submodule(name).weight.data.float())
+    assert torch.equal(
+        exported.get_submodule(name).weight.data.float(), reference.get_submodule(name).weight.data.float()
+    )
     # and as GGUF, each layer in the block type of its own width, read back by gguf-py
     from matgptq.exporters.gguf import read_gguf_weights
 
-    assert main(["export", str(stories_parent), "--format", "gguf", "--bits-config", str(path), "--out",
-                 str(tmp_path / "mix.gguf")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "export",
+                str(stories_parent),
+                "--format",
+                "gguf",
+                "--bits-config",
+                str(path),
+                "--out",
+                str(tmp_path / "mix.gguf"),
+            ]
+        )
+        == 0
+    )
     weights = read_gguf_weights(tmp_path / "mix.gguf")
     for name in mix["bits"]:
         if name.endswith(("up_proj", "gate_proj", "o_proj", "v_proj")):  # 64 columns: whole Q4_0/Q8_0 blocks, exact
-            assert torch.equal(torch.from_numpy(weights[f"{name}.weight"]), reference.get_submodule(name).weight.data), name
+            assert torch.equal(
+                torch.from_numpy(weights[f"{name}.weight"]), reference.get_submodule(name).weight.data
+            ), name
 
 
 def test_the_written_mix_is_the_candidate_with_the_lowest_calibration_kl(searched, stories_parent):
@@ -84,9 +140,12 @@ def test_the_written_mix_is_the_candidate_with_the_lowest_calibration_kl(searche
         for budget in ("3.0", "2.5"):
             mix = json.loads((searched / f"mix-{budget}.json").read_text())
             s = mix["summary"]
-            candidates = {"search": (mix["search_bits"], s["search_kl"]), "refined": (mix["start_bits"], s["start_kl"]),
-                          "knapsack": (mix["dp_bits"], s["dp_kl"]),
-                          s["start"]: (mix["baseline_bits"][s["start"]], s["baseline_kl"][s["start"]])}  # fmt: skip
+            candidates = {
+                "search": (mix["search_bits"], s["search_kl"]),
+                "refined": (mix["start_bits"], s["start_kl"]),
+                "knapsack": (mix["dp_bits"], s["dp_kl"]),
+                s["start"]: (mix["baseline_bits"][s["start"]], s["baseline_kl"][s["start"]]),
+            }
             assert candidates[s["chosen"]] == (mix["bits"], s["kl"])
             assert s["kl"] == min(kl for _, kl in candidates.values())
             assert s["uniform_gap"]["shown"]  # the 2-bit slice (--levels 2,4,8) is far behind at 2.5 and 3 bits
@@ -102,18 +161,34 @@ def test_a_gguf_budget_is_kept_by_the_file_export_writes(stories_parent, tmp_pat
     the file `export` writes, stay within the budget (halfway between the lowest and the highest level's size)."""
     from gguf import GGUFReader
 
-    from matgptq.formats import read_checkpoint
     from matgptq.allocation import BudgetKind, CostModel
+    from matgptq.formats import read_checkpoint
 
     cost = CostModel.from_checkpoint(read_checkpoint(stories_parent), (2, 4, 8), gguf=True)
     lo, hi = (cost.average(tuple(r for _ in cost.names), BudgetKind.GGUF) for r in (2, 8))
     budget = f"{(lo + hi) / 2:.3f}"
     assert main(search(stories_parent, tmp_path / "mixes", "--budget", budget, "--budget-kind", "gguf")) == 0
     mix_file = tmp_path / "mixes" / f"mix-{budget}.json"
-    assert main(["export", str(stories_parent), "--format", "gguf", "--bits-config", str(mix_file), "--out",
-                 str(tmp_path / "m.gguf")]) == 0  # fmt: skip
-    layer_bytes = sum(int(t.n_bytes) for t in GGUFReader(tmp_path / "m.gguf").tensors
-                      if t.name.startswith("blk.") and "norm" not in t.name)  # fmt: skip
+    assert (
+        main(
+            [
+                "export",
+                str(stories_parent),
+                "--format",
+                "gguf",
+                "--bits-config",
+                str(mix_file),
+                "--out",
+                str(tmp_path / "m.gguf"),
+            ]
+        )
+        == 0
+    )
+    layer_bytes = sum(
+        int(t.n_bytes)
+        for t in GGUFReader(tmp_path / "m.gguf").tensors
+        if t.name.startswith("blk.") and "norm" not in t.name
+    )
     summary = json.loads(mix_file.read_text())["summary"]
     assert 8 * layer_bytes == round(summary["gguf_bits"] * cost.total_weights)
     assert 8 * layer_bytes <= float(budget) * cost.total_weights
@@ -132,8 +207,12 @@ def test_a_search_killed_with_sigkill_resumes_to_the_same_mix(stories_parent, tm
     assert main(search(stories_parent, tmp_path / "whole", *args)) == 0
     killed = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "matgptq", *search(stories_parent, killed, *args)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "matgptq", *search(stories_parent, killed, *args)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     state, generation = killed / ".state-3.0.json", 0
     deadline = time.monotonic() + 300
     while generation < 2 and proc.poll() is None and time.monotonic() < deadline:
@@ -159,22 +238,43 @@ def test_bad_input(searched, stories_parent, tmp_path, capsys):
         (search(stories_parent, out, "--budget", "3", "--stages", "504:1,126:1"), "non-decreasing"),
         (search(stories_parent, out, "--budget", "3", "--time-limit", "0"), "positive number of minutes"),
         (search(stories_parent, out, "--budget", "3", "--sensitivity-top", "8"), "not a level below the top one"),
-        (search(stories_parent, out, "--budget", "3", "--levels", "2,3,4", "--sensitivity-top", "6"),
-         "levels are 2, 3, 4"),
-        (search(stories_parent, out, "--budget", "3", "--sensitivity", "probe", "--sensitivity-top", "4"),
-         "probe scores one level"),
+        (
+            search(stories_parent, out, "--budget", "3", "--levels", "2,3,4", "--sensitivity-top", "6"),
+            "levels are 2, 3, 4",
+        ),
+        (
+            search(stories_parent, out, "--budget", "3", "--sensitivity", "probe", "--sensitivity-top", "4"),
+            "probe scores one level",
+        ),
         (search(stories_parent, out, "--budget", "3", "--sensitivity-wide", "8:252"), "not a level below the top one"),
         (search(stories_parent, out, "--budget", "3", "--sensitivity-wide", "4:0"), "the tokens must be ≥ 1"),
-        (search(stories_parent, out, "--budget", "3", "--sensitivity", "probe", "--sensitivity-wide", "4:252"),
-         "probe scores one level"),
-        (search(stories_parent, out, "--budget", "3", "--calib-range", "0.6:0.61", "--calib-tokens", "126",
-                "--sensitivity-wide", "4:100000"), "--sensitivity-wide"),
+        (
+            search(stories_parent, out, "--budget", "3", "--sensitivity", "probe", "--sensitivity-wide", "4:252"),
+            "probe scores one level",
+        ),
+        (
+            search(
+                stories_parent,
+                out,
+                "--budget",
+                "3",
+                "--calib-range",
+                "0.6:0.61",
+                "--calib-tokens",
+                "126",
+                "--sensitivity-wide",
+                "4:100000",
+            ),
+            "--sensitivity-wide",
+        ),
         (search(stories_parent, searched, "--budget", "3.0"), "--overwrite"),
         (search(stories_parent, searched, "--budget", "3.0", "--resume", "--seed", "7"), "other settings"),
-        (search(stories_parent, searched, "--budget", "3.0", "--resume", "--sensitivity-wide", "4:252"),
-         "other settings"),
+        (
+            search(stories_parent, searched, "--budget", "3.0", "--resume", "--sensitivity-wide", "4:252"),
+            "other settings",
+        ),
         (search(stories_parent, searched, "--budget", "3.0", "--resume", "--score-dtype", other_dtype), "score_dtype"),
-    ]  # fmt: skip
+    ]
     for args, message in cases:
         assert message in run_error(args, capsys), args
     with pytest.raises(SystemExit) as usage:  # argparse's own usage error
@@ -183,8 +283,9 @@ def test_bad_input(searched, stories_parent, tmp_path, capsys):
     assert not out.exists()
     bad_mix = tmp_path / "bad.json"
     bad_mix.write_text(json.dumps({"bits": {"model.layers.9.mlp.up_proj": 3, "*": 4}}))
-    assert "unknown layers" in run_error(["eval", str(stories_parent), "--bits", str(bad_mix), "--text",
-                                          str(TINYSTORIES)], capsys)  # fmt: skip
+    assert "unknown layers" in run_error(
+        ["eval", str(stories_parent), "--bits", str(bad_mix), "--text", str(TINYSTORIES)], capsys
+    )
 
 
 def test_a_slice_has_no_levels(stories_parent, tmp_path, capsys):
@@ -208,8 +309,9 @@ def test_ctrl_c_keeps_the_search_state_and_says_how_to_resume(stories_parent, tm
     args = search(stories_parent, tmp_path / "mixes", "--budget", "3.0")
     assert main(args) == 130
     state = tmp_path / "mixes" / ".state-3.0.json"
-    assert capsys.readouterr().err == (f"matgptq: interrupted; the progress is kept in {state}; run the same command "
-                                       "with --resume to continue\n")  # fmt: skip
+    assert capsys.readouterr().err == (
+        f"matgptq: interrupted; the progress is kept in {state}; run the same command with --resume to continue\n"
+    )
     assert json.loads(state.read_text())["state"]["generation"] == 1
     assert not (tmp_path / "mixes" / "mix-3.0.json").exists()
     monkeypatch.undo()
@@ -222,9 +324,11 @@ def test_too_little_calibration_text_names_the_numbers(stories_parent, tmp_path,
     args = search(stories_parent, tmp_path / "none", "--budget", "3", "--calib-range", "0.6:0.6005")
     err = run_error(args, capsys)
     # QUICK: --seqlen 64 and the default --calib-tokens 16384 (above --sensitivity-tokens 126 and the last stage's 504)
-    pattern = (r"the calibration text \(.*tinystories_val_head\.txt, --calib-range 0\.6:0\.6005\) has \d+ tokens, "
-               r"fewer than the 16,704 the search needs for --calib-tokens 16384 \(261 windows of --seqlen 64, 63 "
-               r"scored tokens each\); give more text \(or a wider --calib-range\) or lower --calib-tokens")
+    pattern = (
+        r"the calibration text \(.*tinystories_val_head\.txt, --calib-range 0\.6:0\.6005\) has \d+ tokens, "
+        r"fewer than the 16,704 the search needs for --calib-tokens 16384 \(261 windows of --seqlen 64, 63 "
+        r"scored tokens each\); give more text \(or a wider --calib-range\) or lower --calib-tokens"
+    )
     assert re.search(pattern, err), err
     err = run_error([*args, "--calib-tokens", "100", "--sensitivity-tokens", "200"], capsys)
     assert "needs for --stages 126:2,504:1 (8 windows" in err and err.strip().endswith("lower --stages")
@@ -294,10 +398,21 @@ def test_a_spent_time_limit_still_writes_every_budget_its_uniform_slice(stories_
     from matgptq.formats import read_checkpoint
 
     cost = CostModel.from_checkpoint(read_checkpoint(stories_parent), (2, 4, 8))
-    rows = matgptq.search(stories_parent, "3.0,2.5", TINYSTORIES, tmp_path / "limited", calib_range=(0.6, 0.7),
-                          levels=(2, 4, 8), seqlen=64, sensitivity_tokens=126, progress=False, time_limit=1.0,
-                          time_spent=60.0, sensitivity=Sensitivity.FULL,
-                          evo=EvoConfig(generations=3, offspring=4, stages=parse_stages("126:2,504:1")))  # fmt: skip
+    rows = matgptq.search(
+        stories_parent,
+        "3.0,2.5",
+        TINYSTORIES,
+        tmp_path / "limited",
+        calib_range=(0.6, 0.7),
+        levels=(2, 4, 8),
+        seqlen=64,
+        sensitivity_tokens=126,
+        progress=False,
+        time_limit=1.0,
+        time_spent=60.0,
+        sensitivity=Sensitivity.FULL,
+        evo=EvoConfig(generations=3, offspring=4, stages=parse_stages("126:2,504:1")),
+    )
     assert [r["generations"] for r in rows] == [0, 0] and [r["sensitivity_levels"] for r in rows] == [[], []]
     for r in rows:
         mix = json.loads((tmp_path / "limited" / f"mix-{r['budget']}.json").read_text())
@@ -306,7 +421,10 @@ def test_a_spent_time_limit_still_writes_every_budget_its_uniform_slice(stories_
         assert mix["summary"]["kl"] is None and mix["summary"]["time_limit"] == 1.0
         assert "the start's table (the uniform slice instead)" in mix["summary"]["cut"]
         assert "report_guess_seconds" not in mix["summary"]
-        assert matgptq.load(stories_parent, bits=tmp_path / "limited" / f"mix-{r['budget']}.json").matgptq.bits == mix["bits"]
+        assert (
+            matgptq.load(stories_parent, bits=tmp_path / "limited" / f"mix-{r['budget']}.json").matgptq.bits
+            == mix["bits"]
+        )
     args = ["--budget", "3.0,2.5", "--generations", "3", "--sensitivity", "full"]
     assert main(search(stories_parent, tmp_path / "free", *args)) == 0
     for budget in ("3.0", "2.5"):

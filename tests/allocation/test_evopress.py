@@ -8,17 +8,16 @@ import numpy as np
 import pytest
 
 import matgptq
-from matgptq.errors import UserError
-from matgptq.evaluation.teacher import Teacher
-from matgptq.formats import read_checkpoint
-from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
-from matgptq.allocation import timing
+from matgptq.allocation import evopress, timing
 from matgptq.allocation.budget import BudgetKind, CostModel
-from matgptq.allocation import evopress
 from matgptq.allocation.evopress import EvoConfig, Stage, evolve, generation_windows, parse_stages
 from matgptq.allocation.fitness import Fitness
 from matgptq.allocation.mutation import random_mix
 from matgptq.allocation.sensitivity import knapsack_mix, measure
+from matgptq.errors import UserError
+from matgptq.evaluation.teacher import Teacher
+from matgptq.formats import read_checkpoint
+from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
 from tests.conftest import STORIES, TINYSTORIES
 
 LEVELS = (2, 3, 4, 6, 8)
@@ -70,12 +69,22 @@ def test_resume_after_a_stop_ends_with_the_uninterrupted_result(problem, tmp_pat
     assert [h["kl"] for h in resumed.history] == [h["kl"] for h in whole.history]
     assert resumed.evaluations == whole.evaluations
     # the prefix cache changes no score, so neither the path nor the result
-    uncached = run(problem, tmp_path / "c.json", config=EvoConfig(**{**SHORT.__dict__, "prefix_cache": False}),
-                   table=table)  # fmt: skip
+    uncached = run(
+        problem, tmp_path / "c.json", config=EvoConfig(**{**SHORT.__dict__, "prefix_cache": False}), table=table
+    )
     assert uncached.parent == whole.parent
     with pytest.raises(UserError, match="other settings"):
-        evolve(problem[1](), LEVELS, problem[0].table(BudgetKind.CODE), 0, problem[2], CONFIG, tmp_path / "b.json",
-               {"test": "other"}, resume=True)  # fmt: skip
+        evolve(
+            problem[1](),
+            LEVELS,
+            problem[0].table(BudgetKind.CODE),
+            0,
+            problem[2],
+            CONFIG,
+            tmp_path / "b.json",
+            {"test": "other"},
+            resume=True,
+        )
 
 
 @pytest.mark.parametrize("guided", [False, True])
@@ -91,7 +100,9 @@ def test_search_beats_its_start_and_random_search(problem, tmp_path, guided):
     # per evaluation than most of the search's), keep the best
     rng = np.random.default_rng(0)
     costs, limit = model.table(BudgetKind.CODE), model.limit(BUDGET, BudgetKind.CODE)
-    best = min(f.kl(tuple(LEVELS[i] for i in random_mix(costs, limit, rng)), everything) for _ in range(state.evaluations))
+    best = min(
+        f.kl(tuple(LEVELS[i] for i in random_mix(costs, limit, rng)), everything) for _ in range(state.evaluations)
+    )
     assert searched < best
 
 
@@ -147,6 +158,16 @@ def test_the_first_generation_is_priced_by_its_window_scorings(problem, tmp_path
     costs, limit = model.table(BudgetKind.CODE), model.limit(BUDGET, BudgetKind.CODE)
     n = per.pop()
     for room, generations in ((n - 0.5, 0), (n + 0.5, 1)):
-        out = evolve(f, LEVELS, costs, limit, start, SHORT, tmp_path / f"{room}.json", SETTINGS,
-                     deadline=f.tokens / rows + room, per_window=1.0)  # fmt: skip
+        out = evolve(
+            f,
+            LEVELS,
+            costs,
+            limit,
+            start,
+            SHORT,
+            tmp_path / f"{room}.json",
+            SETTINGS,
+            deadline=f.tokens / rows + room,
+            per_window=1.0,
+        )
         assert out.generation == generations, room

@@ -7,15 +7,21 @@ import torch
 import torch.nn.functional as F
 
 import matgptq
+from matgptq.allocation import sensitivity
+from matgptq.allocation.budget import BudgetKind, CostModel
+from matgptq.allocation.fitness import Fitness
+from matgptq.allocation.sensitivity import (
+    Sensitivity,
+    Wide,
+    knapsack_mix,
+    measure,
+    measure_table,
+    probe_level,
+    probe_of,
+)
 from matgptq.evaluation.teacher import Teacher
 from matgptq.formats import read_checkpoint
 from matgptq.models import calibration_windows, load_tokenizer, read_text, tokenize
-from matgptq.allocation.budget import BudgetKind, CostModel
-from matgptq.allocation.fitness import Fitness
-from matgptq.allocation import sensitivity
-from matgptq.allocation.sensitivity import (
-    Sensitivity, Wide, knapsack_mix, measure, measure_table, probe_level, probe_of,
-)  # fmt: skip
 from tests.conftest import STORIES, TINYSTORIES
 
 
@@ -131,8 +137,7 @@ def test_each_cache_part_is_kept_only_within_the_limit(setup):
     assert window_bytes < blocks_bytes  # stories260K: 5 blocks × 64 wide against 63 rows of 66 float64 terms
     mix = tuple(2 if i % 4 == 3 else 4 for i in range(n))
     for limit, held, outputs in ((window_bytes, 1, False), (blocks_bytes, 2, True)):
-        small = Fitness(fitness.model, fitness.teacher, fitness.windows, fitness.names, batch_size=4,
-                        cache_limit=limit)  # fmt: skip
+        small = Fitness(fitness.model, fitness.teacher, fitness.windows, fitness.names, batch_size=4, cache_limit=limit)
         cache = small.prefix_cache(tuple(4 for _ in range(n)), windows)
         assert (cache.outputs is not None) == outputs
         assert small.kl(mix, windows, cache) == small.kl(mix, windows) == fitness.kl(mix, windows)
@@ -194,13 +199,15 @@ def test_a_full_table_stopped_by_its_deadline_extrapolates_from_its_highest_scor
     leaves every level scored. Any of them holds the PROBE table (probe_of)."""
     fitness, _, _, parent = setup
     levels, windows, n = (2, 3, 4, 8), (0, 1), len(fitness.names)
-    monkeypatch.setattr(sensitivity, "time", type("Clock", (), {"perf_counter": staticmethod(
-        lambda: float(fitness.evaluations))}))  # fmt: skip
+    monkeypatch.setattr(
+        sensitivity, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: float(fitness.evaluations))})
+    )
     start = fitness.evaluations  # the base scoring comes first, then a level costs n
     stopped = measure_table(fitness, levels, windows, Sensitivity.FULL, deadline=start + 1 + 2 * n)
     assert stopped.measured == (2, 3)
-    assert measure_table(fitness, levels, windows, Sensitivity.FULL, deadline=0.0).values == \
-        measure(fitness, levels, windows, Sensitivity.PROBE)  # fmt: skip
+    assert measure_table(fitness, levels, windows, Sensitivity.FULL, deadline=0.0).values == measure(
+        fitness, levels, windows, Sensitivity.PROBE
+    )
     full = measure_table(fitness, levels, windows, Sensitivity.FULL)
     assert full.measured == (2, 3, 4)
     probe = measure_table(fitness, levels, windows, Sensitivity.PROBE)
@@ -229,8 +236,9 @@ def test_a_full_table_given_its_highest_level_scores_up_to_it_and_extrapolates_a
         assert capped.values[layer][:2] == full.values[layer][:2]  # the same scorings
         slope = max(0.0, full.values[layer][1] - base) / t[3]
         # t from the model's float32 weights vs the float64 dequantization: ~1e-7 relative (as the PROBE test)
-        assert capped.values[layer][2:4] == pytest.approx([base + slope * t[4], base + slope * t[6]], rel=1e-6,
-                                                          abs=1e-9)  # fmt: skip
+        assert capped.values[layer][2:4] == pytest.approx(
+            [base + slope * t[4], base + slope * t[6]], rel=1e-6, abs=1e-9
+        )
         assert capped.values[layer][4] == base
     lowest = measure_table(fitness, levels, windows, Sensitivity.FULL, highest=2)
     assert lowest.values == measure(fitness, levels, windows, Sensitivity.PROBE) and lowest.measured == (2,)
@@ -254,8 +262,7 @@ def test_wide_levels_are_the_wide_windows_table_moved_onto_the_narrow_base(setup
     assert hybrid.measured == (2, 3, 4)
     for layer in range(n):
         assert hybrid.values[layer][:2] == low.values[layer][:2]
-        assert hybrid.values[layer][2:] == pytest.approx([v + shift for v in high.values[layer][2:]], rel=0,
-                                                         abs=1e-15)  # fmt: skip
+        assert hybrid.values[layer][2:] == pytest.approx([v + shift for v in high.values[layer][2:]], rel=0, abs=1e-15)
 
 
 def test_a_deadline_prices_the_next_level_by_its_windows(setup, monkeypatch):
@@ -265,8 +272,9 @@ def test_a_deadline_prices_the_next_level_by_its_windows(setup, monkeypatch):
     that leaves 3n plus the wide base's 3 windows admits level 3 and stops before level 4 (3n more again)."""
     fitness, _, _, _ = setup
     levels, n, rows = (2, 3, 4, 8), len(fitness.names), fitness.windows.shape[1] - 1
-    monkeypatch.setattr(sensitivity, "time", type("Clock", (), {"perf_counter": staticmethod(
-        lambda: fitness.tokens / rows)}))  # fmt: skip
+    monkeypatch.setattr(
+        sensitivity, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: fitness.tokens / rows)})
+    )
     wide = Wide(3, (1, 2, 3))
     start = fitness.tokens / rows  # the narrow base (1 window), then level 2 (n windows)
     short = measure_table(fitness, levels, (0,), Sensitivity.FULL, deadline=start + 1 + 4 * n - 1, wide=wide)
@@ -276,10 +284,13 @@ def test_a_deadline_prices_the_next_level_by_its_windows(setup, monkeypatch):
     assert enough.measured == (2, 3)
 
 
-@pytest.mark.parametrize("attr,value,post", [
-    ("final_logit_softcapping", 3.0, lambda z: 3.0 * torch.tanh(z / 3.0)),  # Gemma 2/3: not affine, scored directly
-    ("logits_scaling", 4.0, lambda z: z / 4.0),  # Granite: affine, folded into the teacher terms
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "attr,value,post",
+    [
+        ("final_logit_softcapping", 3.0, lambda z: 3.0 * torch.tanh(z / 3.0)),  # Gemma 2/3: not affine, scored directly
+        ("logits_scaling", 4.0, lambda z: z / 4.0),  # Granite: affine, folded into the teacher terms
+    ],
+)
 def test_post_processed_logits_enter_the_kl(setup, attr, value, post):
     """A model whose forward post-processes its logits (evaluation/teacher.py Head) is scored on the processed ones:
     the Llama fixture given the setting (its own forward ignores it) against the formula applied by hand."""

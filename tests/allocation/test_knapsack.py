@@ -19,10 +19,16 @@ def brute_force(costs, values, limit):
     return best
 
 
-instances = st.integers(1, 6).flatmap(lambda n: st.tuples(
-    st.lists(st.lists(st.tuples(st.integers(0, 50), st.floats(0, 10, allow_nan=False)), min_size=1, max_size=4),
-             min_size=n, max_size=n),
-    st.integers(0, 250)))  # fmt: skip
+instances = st.integers(1, 6).flatmap(
+    lambda n: st.tuples(
+        st.lists(
+            st.lists(st.tuples(st.integers(0, 50), st.floats(0, 10, allow_nan=False)), min_size=1, max_size=4),
+            min_size=n,
+            max_size=n,
+        ),
+        st.integers(0, 250),
+    )
+)
 
 
 @settings(max_examples=300, deadline=None)

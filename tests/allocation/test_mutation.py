@@ -15,15 +15,21 @@ from matgptq.allocation.mutation import Guide, mutate, random_mix
 
 @st.composite
 def problems(draw):
-    shapes = draw(st.lists(st.tuples(st.integers(1, 64), st.integers(1, 64), st.integers(1, 4), st.booleans()),
-                           min_size=1, max_size=8))  # fmt: skip
+    shapes = draw(
+        st.lists(
+            st.tuples(st.integers(1, 64), st.integers(1, 64), st.integers(1, 4), st.booleans()), min_size=1, max_size=8
+        )
+    )
     levels = tuple(sorted(draw(st.lists(st.integers(2, 8), min_size=1, max_size=5, unique=True))))
     kind = draw(st.sampled_from(list(BudgetKind)))
     # GGUF sizes: any non-decreasing bits per level (block types tie, e.g. 6 and 8 bits both Q8_0 on 576-wide rows)
-    steps = [draw(st.lists(st.integers(0, 9 * n * k), min_size=len(levels), max_size=len(levels))) for n, k, _, _ in shapes]
+    steps = [
+        draw(st.lists(st.integers(0, 9 * n * k), min_size=len(levels), max_size=len(levels))) for n, k, _, _ in shapes
+    ]
     gguf = [tuple(zip(levels, itertools.accumulate(s))) for s in steps]
-    model = CostModel(tuple(LayerSize(f"l{i}", n, k, g, a, u) for i, ((n, k, g, a), u) in enumerate(zip(shapes, gguf))),
-                      levels)  # fmt: skip
+    model = CostModel(
+        tuple(LayerSize(f"l{i}", n, k, g, a, u) for i, ((n, k, g, a), u) in enumerate(zip(shapes, gguf))), levels
+    )
     lo = Fraction(model.cost(tuple(levels[0] for _ in shapes), kind), model.total_weights)
     hi = Fraction(model.cost(tuple(levels[-1] for _ in shapes), kind), model.total_weights)
     budget = lo + (hi - lo) * Fraction(draw(st.integers(0, 1000)), 1000)
@@ -61,7 +67,9 @@ def test_nothing_the_search_makes_exceeds_the_budget(problem):
 def test_a_lowering_frees_bits_that_smaller_layers_use():
     """One 4096-weight layer down 8→6 frees 8192 bits; the two 1024-weight layers spend all of them in single-level
     raises (2→3 and 3→4 cost 1024 bits each, 4→6 and 6→8 2048), in whichever random order."""
-    model = CostModel((LayerSize("big", 64, 64, 1), LayerSize("a", 32, 32, 1), LayerSize("b", 32, 32, 1)), (2, 3, 4, 6, 8))
+    model = CostModel(
+        (LayerSize("big", 64, 64, 1), LayerSize("a", 32, 32, 1), LayerSize("b", 32, 32, 1)), (2, 3, 4, 6, 8)
+    )
     costs = model.table(BudgetKind.CODE)
     parent = (4, 0, 0)  # 8, 2, 2 bits
     limit = model.cost((8, 2, 2), BudgetKind.CODE)
@@ -124,5 +132,6 @@ def test_a_flat_table_draws_uniformly():
     parent = (2, 1, 3, 0, 2, 1)
     limit = sum(c[i] for c, i in zip(costs, parent))
     a, b = np.random.default_rng(7), np.random.default_rng(7)
-    assert [mutate(parent, costs, limit, a, guide=Guide(flat)) for _ in range(30)] == \
-        [mutate(parent, costs, limit, b) for _ in range(30)]  # fmt: skip
+    assert [mutate(parent, costs, limit, a, guide=Guide(flat)) for _ in range(30)] == [
+        mutate(parent, costs, limit, b) for _ in range(30)
+    ]

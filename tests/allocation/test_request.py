@@ -25,9 +25,22 @@ def test_the_flat_options_of_the_api_land_in_their_groups():
     from matgptq.allocation.request import HeldOut, PoolConfig, StartConfig, TimeLimit
 
     clock = lambda: 0.0  # noqa: E731
-    req = request(calib_range=(0.1, 0.2), seqlen=64, calib_tokens=100, batch_size=2, sensitivity_top=4,
-                  sensitivity_wide=(3, 9), baselines=(Allocator.ERROR,), text="t.txt", text_range=(0.0, 0.5),
-                  text_tokens=7, time_limit=2.0, time_spent=3.0, clock=clock, tie=True)  # fmt: skip
+    req = request(
+        calib_range=(0.1, 0.2),
+        seqlen=64,
+        calib_tokens=100,
+        batch_size=2,
+        sensitivity_top=4,
+        sensitivity_wide=(3, 9),
+        baselines=(Allocator.ERROR,),
+        text="t.txt",
+        text_range=(0.0, 0.5),
+        text_tokens=7,
+        time_limit=2.0,
+        time_spent=3.0,
+        clock=clock,
+        tie=True,
+    )
     assert req.pool == PoolConfig((0.1, 0.2), 64, 100, 2) and req.tie
     assert req.start == StartConfig(Sensitivity.FULL, 255, 4, (3, 9), (Allocator.ERROR,))
     assert req.held_out == HeldOut(Path("t.txt"), (0.0, 0.5), 7) and req.time_limit == TimeLimit(2.0, 3.0, clock)

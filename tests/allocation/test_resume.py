@@ -6,21 +6,21 @@ from pathlib import Path
 
 import pytest
 
-from matgptq.allocation import runner
-from matgptq.allocation import allocators
+from matgptq.allocation import allocators, runner
 from matgptq.allocation.allocators import Allocator, Filled, lacking
 from matgptq.allocation.evopress import EvoConfig
-from matgptq.allocation.resume import (
-    SEARCH_ONLY, finished_row, read_tables, tables_path, tables_settings, write_tables,
-)  # fmt: skip
+from matgptq.allocation.resume import SEARCH_ONLY, finished_row, read_tables, tables_path, tables_settings, write_tables
 from matgptq.cli import main
 from tests.allocation.test_cli import search
 
-SETTINGS = tables_settings({"parent": "/p", "levels": [2, 4, 8], "budget": "3.0", "seed": 0,
-                            "baselines": ["uniform", "gradient"]})  # fmt: skip
+SETTINGS = tables_settings(
+    {"parent": "/p", "levels": [2, 4, 8], "budget": "3.0", "seed": 0, "baselines": ["uniform", "gradient"]}
+)
 # values JSON must carry exactly: a float64 that is no short decimal, the extremes, a gradient table's None
-FILLED = {Allocator.ADDITIVE: Filled([[0.1 + 0.2, 1e-300, 5.0], [2.0**-40, float("inf"), 5.0]], 12.5, (2, 4)),
-          Allocator.GRADIENT: Filled({2: [[None, 1 / 3, 7.0], [None, -0.0, 7.0]]}, 3.25)}  # fmt: skip
+FILLED = {
+    Allocator.ADDITIVE: Filled([[0.1 + 0.2, 1e-300, 5.0], [2.0**-40, float("inf"), 5.0]], 12.5, (2, 4)),
+    Allocator.GRADIENT: Filled({2: [[None, 1 / 3, 7.0], [None, -0.0, 7.0]]}, 3.25),
+}
 
 
 def test_tables_read_back_exactly(tmp_path):
@@ -39,10 +39,27 @@ def test_the_evolutions_own_settings_are_not_settings_of_the_tables():
     """Generation sizes, mutations and the refinement change no table (the tables are scored before them, from the
     parent and the calibration windows): a resume with others reads the same file. Every evolution setting but the
     seed, which NOISE draws from, is among them."""
-    evo = {"offspring": 4, "stages": [[252, 2], [504, 1]], "max_flips": 2, "temperature": 0.0, "refine_steps": 3,
-           "refine_groups": 2}  # fmt: skip
-    assert tables_settings({"parent": "/p", "levels": [2, 4, 8], "budget": "3.0", "seed": 0, **evo,
-                            "baselines": ["uniform", "gradient"]}) == SETTINGS  # fmt: skip
+    evo = {
+        "offspring": 4,
+        "stages": [[252, 2], [504, 1]],
+        "max_flips": 2,
+        "temperature": 0.0,
+        "refine_steps": 3,
+        "refine_groups": 2,
+    }
+    assert (
+        tables_settings(
+            {
+                "parent": "/p",
+                "levels": [2, 4, 8],
+                "budget": "3.0",
+                "seed": 0,
+                **evo,
+                "baselines": ["uniform", "gradient"],
+            }
+        )
+        == SETTINGS
+    )
     assert set(EvoConfig().settings()) - {"seed"} <= set(SEARCH_ONLY)
 
 
@@ -105,9 +122,11 @@ def test_resume_reads_the_tables_back_instead_of_scoring_them(stories_parent, tm
 
 def _counted(calls: list, name: str, real):
     """`real`, appending its name (and the floor width, for the gradient's) to `calls` at each call."""
+
     def call(*a, **k):
         calls.append(f"{name} {a[3]}" if name == "first_order_table" else name)
         return real(*a, **k)
+
     return call
 
 
@@ -155,9 +174,12 @@ def test_a_resume_with_another_teacher_is_refused(stories_parent, tmp_path, caps
     out = tmp_path / "mixes"
     assert main(search(stories_parent, out, "--budget", "3.0", "--generations", "1", "--kl-to", str(STORIES))) == 0
     other = shutil.copytree(STORIES, tmp_path / "other-teacher")
-    assert "reference" in run_error(search(stories_parent, out, "--budget", "3.0", "--resume", "--kl-to", str(other)),
-                                    capsys)  # fmt: skip
+    assert "reference" in run_error(
+        search(stories_parent, out, "--budget", "3.0", "--resume", "--kl-to", str(other)), capsys
+    )
     link = tmp_path / "link"
     link.symlink_to(Path(STORIES).resolve(), target_is_directory=True)
-    assert main(search(stories_parent, out, "--budget", "3.0", "--generations", "2", "--resume", "--kl-to",
-                       str(link))) == 0  # fmt: skip
+    assert (
+        main(search(stories_parent, out, "--budget", "3.0", "--generations", "2", "--resume", "--kl-to", str(link)))
+        == 0
+    )

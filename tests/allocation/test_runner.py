@@ -30,12 +30,20 @@ def evo(seed: int, generations: int = 2) -> EvoConfig:
 CASES = {
     "seed0": ("3.0,2.5", dict(levels=(2, 4, 8), evo=evo(0), baselines=BEFORE)),
     "seed1": ("3.0,2.5", dict(levels=(2, 4, 8), evo=evo(1, 4), baselines=BEFORE)),
-    "seed2-probe-noise": ("3.0", dict(levels=(2, 4, 8), evo=evo(2), baselines=(*BEFORE, Allocator.NOISE),
-                                      sensitivity=Sensitivity.PROBE, sensitivity_tokens=2048)),
+    "seed2-probe-noise": (
+        "3.0",
+        dict(
+            levels=(2, 4, 8),
+            evo=evo(2),
+            baselines=(*BEFORE, Allocator.NOISE),
+            sensitivity=Sensitivity.PROBE,
+            sensitivity_tokens=2048,
+        ),
+    ),
     "seed0-tie": ("3.0", dict(levels=(2, 4, 8), evo=evo(0), baselines=BEFORE, tie=True)),
     "seed0-none": ("3.0,2.5", dict(levels=(2, 4, 8), evo=evo(0), baselines=())),
     "seed3-levels5": ("3.5", dict(evo=evo(3), baselines=BEFORE)),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -78,8 +86,7 @@ class SlowingClock:
 LIMIT_SLACK = 1.05  # "the limit plus a few percent": what one piece of work past a deadline may add
 
 
-def test_a_time_limit_holds_on_a_clock_that_slows_down_tenfold_after_the_tables(stories_parent, tmp_path,
-                                                                                 monkeypatch):  # fmt: skip
+def test_a_time_limit_holds_on_a_clock_that_slows_down_tenfold_after_the_tables(stories_parent, tmp_path, monkeypatch):
     """Every price the run measured before the tables is ten times too low after them, as on a machine that
     another job starts to share: the run still ends within the limit plus a few percent of the clock's time
     (one piece of work past a deadline is the most a step may overrun), every budget has its mix file, which loads,
@@ -94,8 +101,17 @@ def test_a_time_limit_holds_on_a_clock_that_slows_down_tenfold_after_the_tables(
 
     monkeypatch.setattr(runner, "shared_tables", tables_then_slow)
     minutes, budgets = 0.5, ("2.5", "3.0", "3.5", "4.0")
-    rows = matgptq.search(stories_parent, ",".join(budgets), TINYSTORIES, tmp_path / "mixes", **QUICK,
-                          levels=(2, 3, 4, 6, 8), evo=evo(0, 10**6), time_limit=minutes, clock=clock)  # fmt: skip
+    rows = matgptq.search(
+        stories_parent,
+        ",".join(budgets),
+        TINYSTORIES,
+        tmp_path / "mixes",
+        **QUICK,
+        levels=(2, 3, 4, 6, 8),
+        evo=evo(0, 10**6),
+        time_limit=minutes,
+        clock=clock,
+    )
     assert clock.factor == 10.0
     assert clock() <= 60 * minutes * LIMIT_SLACK
     assert clock() >= 60 * minutes / 2  # it used its time: the limit, not the work, ended it
@@ -111,8 +127,16 @@ def test_a_tiny_time_limit_holds_on_the_wall_clock(stories_parent, tmp_path):
     plus a few percent, counted from the call, with a mix file for every budget."""
     minutes = 0.2
     t0 = time.perf_counter()
-    rows = matgptq.search(stories_parent, "2.5,3.0,3.5,4.0", TINYSTORIES, tmp_path / "mixes", **QUICK,
-                          levels=(2, 3, 4, 6, 8), evo=evo(0, 10**6), time_limit=minutes)  # fmt: skip
+    rows = matgptq.search(
+        stories_parent,
+        "2.5,3.0,3.5,4.0",
+        TINYSTORIES,
+        tmp_path / "mixes",
+        **QUICK,
+        levels=(2, 3, 4, 6, 8),
+        evo=evo(0, 10**6),
+        time_limit=minutes,
+    )
     assert time.perf_counter() - t0 <= 60 * minutes * LIMIT_SLACK
     assert all((tmp_path / "mixes" / f"mix-{r['budget']}.json").is_file() for r in rows) and len(rows) == 4
 
@@ -144,10 +168,25 @@ def test_old_mix_files_are_read_by_every_reader(stories_parent, tmp_path, capsys
     names = list(body["bits"])
     assert read_mix(old, names) == body["bits"]
     assert matgptq.load(stories_parent, bits=old).matgptq.bits == body["bits"]
-    assert main(["eval", str(stories_parent), "--bits", str(old), "--text", str(TINYSTORIES), "--text-range",
-                 "0:0.002"]) == 0  # fmt: skip
-    assert main(["export", str(stories_parent), "--format", "gptq_v2", "--bits-config", str(old), "--out",
-                 str(tmp_path / "g")]) == 0  # fmt: skip
+    assert (
+        main(["eval", str(stories_parent), "--bits", str(old), "--text", str(TINYSTORIES), "--text-range", "0:0.002"])
+        == 0
+    )
+    assert (
+        main(
+            [
+                "export",
+                str(stories_parent),
+                "--format",
+                "gptq_v2",
+                "--bits-config",
+                str(old),
+                "--out",
+                str(tmp_path / "g"),
+            ]
+        )
+        == 0
+    )
     name = names[0]
     exported, reference = matgptq.load(tmp_path / "g"), matgptq.load(stories_parent, bits=body["bits"])
     assert (exported.get_submodule(name).weight.data.float() == reference.get_submodule(name).weight.data.float()).all()
@@ -161,9 +200,26 @@ def test_help_lists_the_users_options_first_and_groups_the_rest(capsys):
         main(["search", "--help"])
     text = capsys.readouterr().out
     head, _, rest = text.partition("\noptions:\n")[2].partition("\ncalibration and held-out text:\n")
-    first = {o for line in head.splitlines() if line.startswith("  -") for o in re.findall(r"--[a-z-]+", line.split("  ")[1])}
-    assert first == {"--help", "--budget", "--calib", "--out", "--time-limit", "--levels", "--budget-kind", "--tie",
-                     "--no-tie", "--text", "--plot", "--resume", "--overwrite", "--quiet", "--device"}
+    first = {
+        o for line in head.splitlines() if line.startswith("  -") for o in re.findall(r"--[a-z-]+", line.split("  ")[1])
+    }
+    assert first == {
+        "--help",
+        "--budget",
+        "--calib",
+        "--out",
+        "--time-limit",
+        "--levels",
+        "--budget-kind",
+        "--tie",
+        "--no-tie",
+        "--text",
+        "--plot",
+        "--resume",
+        "--overwrite",
+        "--quiet",
+        "--device",
+    }
     for group in ("start: the one-shot tables and baselines:", "refinement and evolution:"):
         assert f"\n{group}\n" in rest
     for option in ("--baselines", "--seed", "--generations", "--sensitivity-wide", "--calib-range", "--kl-to"):

@@ -24,14 +24,30 @@ ARGS = ["--budget", "3.0,2.5", "--generations", "4", "--offspring", "5", "--stag
 
 def torchrun_search(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "matgptq", *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "matgptq",
+        *args,
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def mix(out: Path, budget: str) -> dict:
     body = json.loads((out / f"mix-{budget}.json").read_text())
-    for timing in ("seconds", "teacher_seconds", "tables_seconds", "search_seconds", "refine_seconds", "report_seconds"):
+    for timing in (
+        "seconds",
+        "teacher_seconds",
+        "tables_seconds",
+        "search_seconds",
+        "refine_seconds",
+        "report_seconds",
+    ):
         body["summary"].pop(timing)
     for h in body["history"]:
         h.pop("seconds")

@@ -17,7 +17,9 @@ TICK = 0.01  # /proc/self/stat's start time is in clock ticks (100 per second on
 def test_process_seconds_counts_from_the_process_start():
     """A child sleeps 0.5 s after its imports, then reads its own age: at least the sleep, at most the wall time its
     parent saw from before the spawn to after the exit (plus one tick of rounding)."""
-    code = "import time; time.sleep(0.5); from matgptq.allocation.timing import process_seconds; print(process_seconds())"
+    code = (
+        "import time; time.sleep(0.5); from matgptq.allocation.timing import process_seconds; print(process_seconds())"
+    )
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     wall = time.perf_counter() - t0

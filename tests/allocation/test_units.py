@@ -82,8 +82,10 @@ def test_a_tied_table_scores_each_unit_lowered_as_a_whole(both):
 def test_tied_error_and_gradient_tables_add_their_layers_terms(both):
     layerwise, tied = both
     windows = (0, 1)
-    makers = {"error": lambda f: error_table(f, LEVELS, windows),
-              "gradient": lambda f: first_order_table(f, LEVELS, windows, 4)}  # fmt: skip
+    makers = {
+        "error": lambda f: error_table(f, LEVELS, windows),
+        "gradient": lambda f: first_order_table(f, LEVELS, windows, 4),
+    }
     for name, make in makers.items():
         rows, units = make(layerwise), make(tied)
         base = rows[0][LEVELS.index(4)] if name == "gradient" else 0.0  # gradient: F(u), every row's value at u
@@ -118,8 +120,10 @@ def test_search_ties_the_fused_groups_and_keeps_the_budget(stories_parent, tmp_p
     ckpt = read_checkpoint(stories_parent)
     names = tuple(ckpt.layers)
     groups = [g for g in fused_groups(ckpt.config, names) if len(g) > 1]
-    assert {tuple(n.rpartition(".")[2] for n in g) for g in groups} == {("q_proj", "k_proj", "v_proj"),
-                                                                         ("gate_proj", "up_proj")}  # fmt: skip
+    assert {tuple(n.rpartition(".")[2] for n in g) for g in groups} == {
+        ("q_proj", "k_proj", "v_proj"),
+        ("gate_proj", "up_proj"),
+    }
     assert main(search(stories_parent, tmp_path / "tied", "--budget", "3.0,2.5", "--tie")) == 0
     assert "tied: each of the 10 groups" in capsys.readouterr().out  # stories260K: 5 blocks × (q/k/v, gate/up)
     cost = CostModel.from_checkpoint(ckpt, LEVELS)

@@ -87,8 +87,14 @@ def test_peak_memory_does_not_grow_with_tokens(tmp_path):
     28 × 255 × 32000 × 4 bytes ≈ 0.9 GB more for the larger run; streamed, the peak must stay within 0.1 of that."""
     script = tmp_path / "peak.py"
     script.write_text(PEAK)
-    peaks = [int(subprocess.run([sys.executable, str(script), str(n)], capture_output=True, text=True, check=True)
-                 .stdout.split()[-1]) for n in (4, 32)]  # fmt: skip
+    peaks = [
+        int(
+            subprocess.run(
+                [sys.executable, str(script), str(n)], capture_output=True, text=True, check=True
+            ).stdout.split()[-1]
+        )
+        for n in (4, 32)
+    ]
     stored = (32 - 4) * 255 * 32000 * 4
     assert peaks[1] - peaks[0] < 0.1 * stored, peaks
 

@@ -18,9 +18,17 @@ import torch
 import matgptq
 from matgptq.cli import main
 from matgptq.errors import UserError
+from matgptq.evaluation.tasks import (
+    SHAPES,
+    TaskSpec,
+    check_answers_fit,
+    resolve_tasks,
+    run_lm_eval,
+    score_tasks,
+    task_config,
+    wrap_model,
+)
 from matgptq.models import load_tokenizer
-from matgptq.evaluation.tasks import (SHAPES, TaskSpec, check_answers_fit, resolve_tasks, run_lm_eval, score_tasks,
-                                      task_config, wrap_model)
 from tests.conftest import REAL_MODEL, SHARED, STORIES, quick_quantize, require_peer
 
 ZERO_SHOT = SHARED / "data" / "zero-shot"
@@ -29,7 +37,11 @@ N = 12  # questions per task file: enough for accuracies to differ between width
 WINO = [  # Winogrande-style: the options are contexts, the continuation is fixed
     (["The cat chased the dog because the cat", "The cat chased the dog because the dog"], "was hungry.", 0),
     (["Tim gave Sam a ball since Tim", "Tim gave Sam a ball since Sam"], "had two of them.", 0),
-    (["The cup fell off the table because the cup", "The cup fell off the table because the table"], "was slippery.", 0),
+    (
+        ["The cup fell off the table because the cup", "The cup fell off the table because the table"],
+        "was slippery.",
+        0,
+    ),
     (["Lily could not lift the box because Lily", "Lily could not lift the box because the box"], "was too heavy.", 1),
     (["The sun melted the snow, so the sun", "The sun melted the snow, so the snow"], "was gone by noon.", 1),
     (["Mom baked a cake for Ben because Mom", "Mom baked a cake for Ben because Ben"], "was turning five.", 1),
@@ -68,25 +80,40 @@ def cli_scores(args, tmp_path, name="eval.json") -> dict[tuple[str, str], dict]:
 
 def test_task_files_are_read_in_both_shapes(tasks_dir):
     specs = resolve_tasks(TASKS, tasks_dir)
-    assert [(s.name, s.shape, s.size) for s in specs] == [("arc_easy", "choices", N), ("piqa", "choices", N),
-                                                          ("wino", "context_options", len(WINO))]  # fmt: skip
+    assert [(s.name, s.shape, s.size) for s in specs] == [
+        ("arc_easy", "choices", N),
+        ("piqa", "choices", N),
+        ("wino", "context_options", len(WINO)),
+    ]
     config = task_config(specs[2])
     assert config["task"] == "wino" and config["dataset_kwargs"]["data_files"]["test"] == str(specs[2].path)
     # lm-eval's Winogrande convention: doc_to_text gives the gold index, the options are contexts
-    assert (config["doc_to_text"], config["doc_to_choice"], config["doc_to_target"]) == ("gold", "context_options",
-                                                                                         "continuation")  # fmt: skip
+    assert (config["doc_to_text"], config["doc_to_choice"], config["doc_to_target"]) == (
+        "gold",
+        "context_options",
+        "continuation",
+    )
     assert set(SHAPES["context_options"]) == {"gold", "context_options", "continuation"}
 
 
 def test_fp_model_equals_lm_evals_own_hf_path(lm_eval, tiny_bpe_llama_dir, tasks_dir, tmp_path):
     """Our scoring of the object `matgptq.load` returns = lm-eval loading the directory itself ("hf", pretrained=dir)."""
-    ours = cli_scores([tiny_bpe_llama_dir, "--tasks", TASKS, "--tasks-dir", tasks_dir, "--task-batch-size", 4], tmp_path)
+    ours = cli_scores(
+        [tiny_bpe_llama_dir, "--tasks", TASKS, "--tasks-dir", tasks_dir, "--task-batch-size", 4], tmp_path
+    )
     specs = resolve_tasks(TASKS, tasks_dir)
-    theirs = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={tiny_bpe_llama_dir},dtype=float32,device=cpu",
-                                     batch_size=4, tasks=[task_config(s) for s in specs], bootstrap_iters=0,
-                                     task_manager=lm_eval.tasks.TaskManager(include_defaults=False))  # fmt: skip
+    theirs = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={tiny_bpe_llama_dir},dtype=float32,device=cpu",
+        batch_size=4,
+        tasks=[task_config(s) for s in specs],
+        bootstrap_iters=0,
+        task_manager=lm_eval.tasks.TaskManager(include_defaults=False),
+    )
     for s in specs:
-        for metric in ("acc", "acc_norm") if s.shape == "choices" else ("acc",):  # context_options: lm-eval has acc only
+        for metric in (
+            ("acc", "acc_norm") if s.shape == "choices" else ("acc",)
+        ):  # context_options: lm-eval has acc only
             assert ours[("fp", s.name)][metric] == theirs["results"][s.name][f"{metric},none"], (s.name, metric)
         assert ours[("fp", s.name)]["n"] == theirs["n-samples"][s.name]["effective"] == s.size
     mean = sum(ours[("fp", s.name)]["acc"] for s in specs) / len(specs)
@@ -151,8 +178,9 @@ def test_widths_from_one_parent_equal_widths_loaded_alone(lm_eval, stories_paren
     alone8 = score_tasks(wrap_model(model8, load_tokenizer(parent)), specs)
     names = [s.name for s in specs] + ["average"]
     for name in names:
-        assert {m: both[("3", name)][m] for m in ("n", "acc", "acc_norm")} == \
-            {m: alone3[("3", name)][m] for m in ("n", "acc", "acc_norm")}, name  # fmt: skip
+        assert {m: both[("3", name)][m] for m in ("n", "acc", "acc_norm")} == {
+            m: alone3[("3", name)][m] for m in ("n", "acc", "acc_norm")
+        }, name
     for s in specs:
         assert {m: both[("8", s.name)][m] for m in ("n", "acc", "acc_norm")} == alone8[s.name], s.name
     # the comparison has teeth only if the widths score differently somewhere
@@ -162,8 +190,26 @@ def test_widths_from_one_parent_equal_widths_loaded_alone(lm_eval, stories_paren
 def test_text_and_tasks_together(lm_eval, parent, tasks_dir, tmp_path, capsys):
     text = SHARED / "data" / "tinystories" / "tinystories_val_head.txt"
     js = tmp_path / "both.json"
-    args = ["eval", str(parent), "--bits", "4", "--text", str(text), "--seqlen", "64", "--max-tokens", "256",
-            "--tasks", "wino", "--tasks-dir", str(tasks_dir), "--limit", "3", "--json", str(js)]  # fmt: skip
+    args = [
+        "eval",
+        str(parent),
+        "--bits",
+        "4",
+        "--text",
+        str(text),
+        "--seqlen",
+        "64",
+        "--max-tokens",
+        "256",
+        "--tasks",
+        "wino",
+        "--tasks-dir",
+        str(tasks_dir),
+        "--limit",
+        "3",
+        "--json",
+        str(js),
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "| ppl" in out.replace("  ", " ") and "wino" in out and "average" in out
@@ -194,8 +240,9 @@ def run_error(args, capsys) -> str:
 def test_bad_task_files(tmp_path, capsys, line, message, tiny_bpe_llama_dir):
     (tmp_path / "bad.jsonl").write_text('{"query": "Q", "choices": ["a", "b"], "gold": 0}\n' + line + "\n")
     js = tmp_path / "out.json"
-    err = run_error(["eval", str(tiny_bpe_llama_dir), "--tasks", "bad", "--tasks-dir", str(tmp_path), "--json", str(js)],
-                    capsys)  # fmt: skip
+    err = run_error(
+        ["eval", str(tiny_bpe_llama_dir), "--tasks", "bad", "--tasks-dir", str(tmp_path), "--json", str(js)], capsys
+    )
     assert message in err and not js.exists()
 
 
@@ -206,16 +253,18 @@ def test_bad_task_options(tmp_path, capsys, tiny_bpe_llama_dir, tasks_dir):
     err = run_error(["eval", model, "--tasks", "arc_easy", "--tasks-dir", str(tmp_path / "nope")], capsys)
     assert "tasks directory" in err and "--tasks-dir" in err
     assert "give --text FILE (perplexity) and/or --tasks" in run_error(["eval", model], capsys)
-    assert "--limit must be at least 1" in run_error(["eval", model, "--tasks", "wino", "--tasks-dir",
-                                                      str(tasks_dir), "--limit", "0"], capsys)  # fmt: skip
+    assert "--limit must be at least 1" in run_error(
+        ["eval", model, "--tasks", "wino", "--tasks-dir", str(tasks_dir), "--limit", "0"], capsys
+    )
     assert "give --text FILE too" in run_error(["eval", model, "--tasks", "wino", "--kl-to", model], capsys)
 
 
 def test_missing_lm_eval_is_one_line(monkeypatch, tmp_path, capsys, tiny_bpe_llama_dir, tasks_dir):
     monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)  # `import lm_eval` raises ImportError
     js = tmp_path / "out.json"
-    err = run_error(["eval", str(tiny_bpe_llama_dir), "--tasks", "wino", "--tasks-dir", str(tasks_dir),
-                     "--json", str(js)], capsys)  # fmt: skip
+    err = run_error(
+        ["eval", str(tiny_bpe_llama_dir), "--tasks", "wino", "--tasks-dir", str(tasks_dir), "--json", str(js)], capsys
+    )
     assert "pip install 'matgptq[tasks]'" in err and not js.exists()
 
 
@@ -230,8 +279,11 @@ def test_answers_longer_than_the_context_are_refused_where_lm_eval_fails(lm_eval
     for shape in SHAPES:
         for k in range(lm.max_length - 2, lm.max_length + 3):
             answer = " ".join(["a"] * k)
-            doc = ({"query": "Question: Which?\n", "choices": [answer, "b"], "gold": 0} if shape == "choices" else
-                   {"context_options": ["The cat", "The dog"], "continuation": answer, "gold": 0})  # fmt: skip
+            doc = (
+                {"query": "Question: Which?\n", "choices": [answer, "b"], "gold": 0}
+                if shape == "choices"
+                else {"context_options": ["The cat", "The dog"], "continuation": answer, "gold": 0}
+            )
             path = tmp_path / f"{shape}{k}.jsonl"
             path.write_text(json.dumps(doc) + "\n" + json.dumps(doc) + "\n")
             spec = TaskSpec(path.stem, path, shape, 2)
@@ -274,11 +326,18 @@ def test_real_model_equals_lm_evals_own_hf_path(lm_eval, tmp_path):
     if not (real / "model.safetensors").is_file():
         pytest.skip(f"{real} not made (make real-model)")
     specs = resolve_tasks("arc_easy,piqa", ZERO_SHOT)
-    ours = cli_scores([real, "--tasks", "arc_easy,piqa", "--tasks-dir", ZERO_SHOT, "--limit", 20,
-                       "--task-batch-size", 8], tmp_path)  # fmt: skip
-    theirs = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={real},dtype=float32,device=cpu", batch_size=8,
-                                     tasks=[task_config(s) for s in specs], limit=20, bootstrap_iters=0,
-                                     task_manager=lm_eval.tasks.TaskManager(include_defaults=False))  # fmt: skip
+    ours = cli_scores(
+        [real, "--tasks", "arc_easy,piqa", "--tasks-dir", ZERO_SHOT, "--limit", 20, "--task-batch-size", 8], tmp_path
+    )
+    theirs = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={real},dtype=float32,device=cpu",
+        batch_size=8,
+        tasks=[task_config(s) for s in specs],
+        limit=20,
+        bootstrap_iters=0,
+        task_manager=lm_eval.tasks.TaskManager(include_defaults=False),
+    )
     for s in specs:
         for metric in ("acc", "acc_norm"):
             assert ours[("fp", s.name)][metric] == theirs["results"][s.name][f"{metric},none"], (s.name, metric)

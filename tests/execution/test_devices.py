@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from matgptq.execution import resolve_device
 from matgptq.errors import UserError
+from matgptq.execution import resolve_device
 from tests.conftest import STORIES, TINYSTORIES
 from tests.test_cli import run_error
 
@@ -54,19 +54,42 @@ def test_bare_cuda_under_torchrun_is_the_local_rank(monkeypatch):
 def test_cli_device_cuda_without_cuda(tmp_path, capsys):
     """quantize, eval and search: exit 2, one line, nothing written."""
     out = tmp_path / "out"
-    quantize = ["quantize", str(STORIES), "--out", str(out), "--calib", str(TINYSTORIES), "--nsamples", "2",
-                "--seqlen", "32", "--quiet", "--device", "cuda"]  # fmt: skip
+    quantize = [
+        "quantize",
+        str(STORIES),
+        "--out",
+        str(out),
+        "--calib",
+        str(TINYSTORIES),
+        "--nsamples",
+        "2",
+        "--seqlen",
+        "32",
+        "--quiet",
+        "--device",
+        "cuda",
+    ]
     assert "needs CUDA" in run_error(quantize, capsys)
     assert "needs CUDA" in run_error(["eval", str(STORIES), "--text", str(TINYSTORIES), "--device", "cuda:0"], capsys)
-    search = ["search", str(tmp_path / "parent"), "--budget", "3.5", "--calib", str(TINYSTORIES), "--out", str(out),
-              "--device", "cuda"]  # fmt: skip
+    search = [
+        "search",
+        str(tmp_path / "parent"),
+        "--budget",
+        "3.5",
+        "--calib",
+        str(TINYSTORIES),
+        "--out",
+        str(out),
+        "--device",
+        "cuda",
+    ]
     assert "needs CUDA" in run_error(search, capsys)
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_auto_score_dtype_is_bfloat16_only_where_native(monkeypatch):
-    from matgptq.execution import native_bfloat16
     from matgptq.allocation import ScoreDtype
+    from matgptq.execution import native_bfloat16
 
     cpu = torch.device("cpu")
     for native in (True, False):

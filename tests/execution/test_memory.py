@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                                reason="glibc's malloc only")  # fmt: skip
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only"
+)
 
 # The pattern of a block's work: one big temporary (freed: glibc's threshold rises to its size), then many tensors of
 # a few MiB, each followed by a small long-lived one that pins the heap above it; all the big ones are freed.

@@ -14,7 +14,6 @@ from tests.exporters import ct_helpers, gptq_interop_helpers
 from tests.exporters.gguf_converter import CONVERTER
 from tests.exporters.gptq_helpers import synthetic
 
-
 # --- GGUF architectures (test_gguf_arch*.py): llama.cpp's converter, the oracle --------------------------------
 
 

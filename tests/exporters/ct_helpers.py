@@ -10,12 +10,21 @@ import torch
 import matgptq
 from matgptq.exporters.compressed_tensors import export_compressed_tensors
 from matgptq.runtime import open_checkpoint
-
 from tests.conftest import STORIES, quick_quantize
 
-
-TINY_LAYERS = [f"model.layers.{i}.{m}" for i in range(2) for m in ("self_attn.q_proj", "self_attn.k_proj",
-               "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]  # fmt: skip
+TINY_LAYERS = [
+    f"model.layers.{i}.{m}"
+    for i in range(2)
+    for m in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    )
+]
 MIX = {n: (2, 3, 4, 6, 8)[i % 5] for i, n in enumerate(TINY_LAYERS)}  # every width, 5 config groups
 ASYM_MIX = {"*": 4, **{n: 3 for n in TINY_LAYERS[::3]}, **{n: 8 for n in TINY_LAYERS[1::4]}}
 
@@ -28,8 +37,7 @@ SOURCES = {  # name: (model, quantize options); "tiny" is conftest's random Llam
     "stories-sym-g32": (STORIES, dict(method="matgptq", bits=(2, 4, 8), group_size=32)),  # down_proj: 172 columns
     "stories-asym-channel": (STORIES, dict(method="gptq", bits=3, sym=False, group_size=-1)),
     "stories-skip": (STORIES, dict(method="gptq", bits=4, group_size=32, skip=("down_proj$",))),  # left unquantized
-    "ao-dynamic": ("tiny", dict(method="gptq", bits=4, group_size=32, act_order=True,
-                                 static_groups=False)),  # refused
+    "ao-dynamic": ("tiny", dict(method="gptq", bits=4, group_size=32, act_order=True, static_groups=False)),  # refused
     "asym-parent": ("tiny", dict(method="matgptq", bits=(4, 8), sym=False, group_size=32)),  # 4-bit slice refused
     "sym-g32-signed": ("tiny", dict(method="gptq", bits=4, target="gguf")),  # llama.cpp's grid: scales of either sign
 }
@@ -49,7 +57,7 @@ EXPORTS = {  # id: (source, bits); None = the stored widths
 
 
 WARNINGS = {  # the export's one-line warnings: words -> the exports that must (and only they) say them
-    "do not tile their rows": lambda e: "ragged" in e,
+    "do not tile their rows": lambda e: "ragged" in e
 }
 
 
@@ -76,8 +84,9 @@ class Cache:
         def make():
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                out = export_compressed_tensors(self.source(EXPORTS[export_id][0]), self.base / f"ct-{export_id}",
-                                                bits=self.bits(export_id))  # fmt: skip
+                out = export_compressed_tensors(
+                    self.source(EXPORTS[export_id][0]), self.base / f"ct-{export_id}", bits=self.bits(export_id)
+                )
             said = " | ".join(str(w.message) for w in caught)
             for words, applies in WARNINGS.items():
                 assert (words in said) == applies(export_id), (export_id, words, said)
@@ -89,8 +98,9 @@ class Cache:
         """Logits and the float32 dense model of matgptq.load(source, bits)."""
 
         def make():
-            model = matgptq.load(self.source(EXPORTS[export_id][0]), bits=self.bits(export_id), dtype=torch.float32,
-                                 packed=False)  # fmt: skip
+            model = matgptq.load(
+                self.source(EXPORTS[export_id][0]), bits=self.bits(export_id), dtype=torch.float32, packed=False
+            )
             with torch.no_grad():
                 return model(self.ids).logits, model
 
@@ -100,8 +110,11 @@ class Cache:
 def _slices(cache, export_id):
     ckpt = open_checkpoint(cache.source(EXPORTS[export_id][0]))
     bits = cache.bits(export_id)
-    widths = {n: q.bits for n, q in ckpt.layers.items()} if bits is None else (
-        bits if isinstance(bits, dict) else dict.fromkeys(ckpt.layers, bits))  # fmt: skip
+    widths = (
+        {n: q.bits for n, q in ckpt.layers.items()}
+        if bits is None
+        else (bits if isinstance(bits, dict) else dict.fromkeys(ckpt.layers, bits))
+    )
     return {n: ckpt.layers[n].slice(r) for n, r in widths.items()}, ckpt
 
 
@@ -123,5 +136,9 @@ def _expected(q):
     r, d, idx = q.bits, q.shift, q.g_idx.long()
     zero = q.zeros.int()[:, idx]
     sym = bool((q.zeros.int() == 1 << (q.master_bits - 1)).all())
-    return {"q": q.codes.int() - (1 << (r - 1)), "scale": q.scales.float()[:, idx] * float(1 << d),
-            "zp": (zero >> d) - (1 << (r - 1)), "sym": sym}  # fmt: skip
+    return {
+        "q": q.codes.int() - (1 << (r - 1)),
+        "scale": q.scales.float()[:, idx] * float(1 << d),
+        "zp": (zero >> d) - (1 << (r - 1)),
+        "sym": sym,
+    }

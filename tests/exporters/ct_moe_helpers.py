@@ -59,17 +59,33 @@ class CtMoECache(MoECache):
         import matgptq
         from tests.exporters.gptq_moe_helpers import CALIB
 
-        return self._get(("src", model_type, kind), lambda: matgptq.quantize(
-            self.model(model_type), self.base / f"{kind}-{model_type}", calib=CALIB, nsamples=4, seqlen=64,
-            progress=False, group_size=GROUP, **SOURCES[kind])[0])  # fmt: skip
+        return self._get(
+            ("src", model_type, kind),
+            lambda: matgptq.quantize(
+                self.model(model_type),
+                self.base / f"{kind}-{model_type}",
+                calib=CALIB,
+                nsamples=4,
+                seqlen=64,
+                progress=False,
+                group_size=GROUP,
+                **SOURCES[kind],
+            )[0],
+        )
 
     def export(self, model_type: str, kind: str, bits) -> Path:
         from matgptq.exporters.compressed_tensors import export_compressed_tensors
 
         name = f"ct-{kind}-{model_type}-{bits if isinstance(bits, int) else 'mix'}"
-        return self._get(("ct", model_type, kind, str(bits)), lambda: export_compressed_tensors(
-            self.source(model_type, kind), self.base / name, bits=bits if isinstance(bits, int) else None,
-            bits_config=None if isinstance(bits, int) else bits))  # fmt: skip
+        return self._get(
+            ("ct", model_type, kind, str(bits)),
+            lambda: export_compressed_tensors(
+                self.source(model_type, kind),
+                self.base / name,
+                bits=bits if isinstance(bits, int) else None,
+                bits_config=None if isinstance(bits, int) else bits,
+            ),
+        )
 
 
 def header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -83,8 +99,12 @@ def header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
 def layout(keys) -> list[str]:
     """The layer-independent layout of a checkpoint's keys: each key with its layer and expert numbers replaced by
     L and E (sorted, without repeats)."""
-    return sorted({re.sub(r"\.experts\.\d+\.", ".experts.E.", re.sub(r"^model\.layers\.\d+\.", "model.layers.L.", k))
-                   for k in keys})  # fmt: skip
+    return sorted(
+        {
+            re.sub(r"\.experts\.\d+\.", ".experts.E.", re.sub(r"^model\.layers\.\d+\.", "model.layers.L.", k))
+            for k in keys
+        }
+    )
 
 
 # llm-compressor 0.14.0.1's export of these models (transformers 5.17, QuantizationModifier W4A16 symmetric, group
@@ -94,21 +114,43 @@ def layout(keys) -> list[str]:
 _PACKED = ("weight_packed", "weight_scale", "weight_shape")
 _ATTN = [f"model.layers.L.self_attn.{p}.{t}" for p in ("k_proj", "o_proj", "q_proj", "v_proj") for t in _PACKED]
 _EXPERTS = [f"model.layers.L.{{b}}.experts.E.{p}.{t}" for p in ("down_proj", "gate_proj", "up_proj") for t in _PACKED]
-_BASE = ["lm_head.weight", "model.embed_tokens.weight", "model.norm.weight", "model.layers.L.input_layernorm.weight",
-         "model.layers.L.post_attention_layernorm.weight"]  # fmt: skip
+_BASE = [
+    "lm_head.weight",
+    "model.embed_tokens.weight",
+    "model.norm.weight",
+    "model.layers.L.input_layernorm.weight",
+    "model.layers.L.post_attention_layernorm.weight",
+]
 LLMC_LAYOUT = {
-    "qwen3_moe": sorted(_BASE + _ATTN + [k.format(b="mlp") for k in _EXPERTS] + [
-        "model.layers.L.mlp.gate.weight", "model.layers.L.self_attn.k_norm.weight",
-        "model.layers.L.self_attn.q_norm.weight"]),  # fmt: skip
-    "mixtral": sorted(_BASE + _ATTN + [k.format(b="block_sparse_moe") for k in _EXPERTS] + [
-        "model.layers.L.block_sparse_moe.gate.weight"]),
-    "gpt_oss": sorted(_BASE + _ATTN + [k.format(b="mlp") for k in _EXPERTS] + [
-        f"model.layers.L.mlp.experts.E.{p}.bias" for p in ("down_proj", "gate_proj", "up_proj")] + [
-        f"model.layers.L.self_attn.{p}.bias" for p in ("k_proj", "o_proj", "q_proj", "v_proj")] + [
-        "model.layers.L.mlp.router.bias", "model.layers.L.mlp.router.weight", "model.layers.L.self_attn.sinks"]),
-}  # fmt: skip
-LLMC_IGNORE = {t: [f"model.layers.{i}.{r}" for i in range(2)] + ["lm_head"] for t, r in (
-    ("qwen3_moe", "mlp.gate"), ("mixtral", "block_sparse_moe.gate"), ("gpt_oss", "mlp.router"))}  # fmt: skip
+    "qwen3_moe": sorted(
+        _BASE
+        + _ATTN
+        + [k.format(b="mlp") for k in _EXPERTS]
+        + [
+            "model.layers.L.mlp.gate.weight",
+            "model.layers.L.self_attn.k_norm.weight",
+            "model.layers.L.self_attn.q_norm.weight",
+        ]
+    ),
+    "mixtral": sorted(
+        _BASE
+        + _ATTN
+        + [k.format(b="block_sparse_moe") for k in _EXPERTS]
+        + ["model.layers.L.block_sparse_moe.gate.weight"]
+    ),
+    "gpt_oss": sorted(
+        _BASE
+        + _ATTN
+        + [k.format(b="mlp") for k in _EXPERTS]
+        + [f"model.layers.L.mlp.experts.E.{p}.bias" for p in ("down_proj", "gate_proj", "up_proj")]
+        + [f"model.layers.L.self_attn.{p}.bias" for p in ("k_proj", "o_proj", "q_proj", "v_proj")]
+        + ["model.layers.L.mlp.router.bias", "model.layers.L.mlp.router.weight", "model.layers.L.self_attn.sinks"]
+    ),
+}
+LLMC_IGNORE = {
+    t: [f"model.layers.{i}.{r}" for i in range(2)] + ["lm_head"]
+    for t, r in (("qwen3_moe", "mlp.gate"), ("mixtral", "block_sparse_moe.gate"), ("gpt_oss", "mlp.router"))
+}
 
 
 def llmcompressor_exports(models: dict[str, Path], workdir: Path) -> dict[str, Path]:
@@ -116,8 +158,9 @@ def llmcompressor_exports(models: dict[str, Path], workdir: Path) -> dict[str, P
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TORCHDYNAMO_DISABLE="1")
     args = [str(BENCH_PYTHON), "-m", "tests.exporters.ct_moe_helpers", str(workdir)]
-    done = subprocess.run(args + [f"{t}={p}" for t, p in models.items()], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        args + [f"{t}={p}" for t, p in models.items()], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return {t: workdir / t for t in models}
 
@@ -136,8 +179,9 @@ def _llmcompressor_child(workdir: Path, jobs: list[str]) -> None:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=GROUP)
         scheme = QuantizationScheme(targets=["Linear"], weights=weights)
-        recipe = QuantizationModifier(config_groups={"group_0": scheme},
-                                      ignore=["lm_head", "re:.*mlp.gate$", "re:.*mlp.router$"])  # fmt: skip
+        recipe = QuantizationModifier(
+            config_groups={"group_0": scheme}, ignore=["lm_head", "re:.*mlp.gate$", "re:.*mlp.router$"]
+        )
         oneshot(model=model, recipe=recipe)
         model.save_pretrained(workdir / model_type, save_compressed=True)
 

@@ -41,8 +41,22 @@ def assert_same_file_as_converter(gguf, converter: Path, model: Path, tmp_path: 
     types and bit-identical data (`gguf`: the gguf-py module the caller imported or skipped on)."""
     theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
     env = {**os.environ, "PYTHONPATH": ""}
-    run = subprocess.run([sys.executable, "-c", _RUN_CONVERTER, str(converter.parent), str(model), "--outtype",
-                          "f32", "--outfile", str(theirs)], env=env, capture_output=True, text=True)  # fmt: skip
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _RUN_CONVERTER,
+            str(converter.parent),
+            str(model),
+            "--outtype",
+            "f32",
+            "--outfile",
+            str(theirs),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     export_gguf(model, ours)
     a, b = gguf.GGUFReader(str(theirs)), gguf.GGUFReader(str(ours))

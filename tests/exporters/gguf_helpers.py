@@ -26,8 +26,9 @@ def _reference(ckpt_dir: Path, bits) -> dict[str, np.ndarray]:
 def _check_readback(path: Path, ref: dict[str, np.ndarray], rep) -> dict[str, np.ndarray]:
     """The file, read by gguf-py, equals `ref` exactly where the report claims exactness, else within its error."""
     back = read_gguf_weights(path)
-    assert set(back) == set(ref) - ({"lm_head.weight"} if "output.weight" not in {t.name for t in rep.tensors}
-                                    else set())  # fmt: skip
+    assert set(back) == set(ref) - (
+        {"lm_head.weight"} if "output.weight" not in {t.name for t in rep.tensors} else set()
+    )
     by_src = {t.source: t for t in rep.tensors}
     for name, w in back.items():
         t = by_src[name]

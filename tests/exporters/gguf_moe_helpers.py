@@ -15,11 +15,24 @@ from tests.exporters.test_gguf_interop import ACTIVATION
 
 # 4 experts, top 2; qwen3_moe with norm_topk_prob (llama.cpp's qwen3moe renormalises the top-k weights, as real
 # Qwen3-MoE configs do); mixtral's expert FFN is intermediate_size (128), qwen3_moe's moe_intermediate_size (32)
-COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-              tie_word_embeddings=False, num_experts_per_tok=2)  # fmt: skip
-MOE = {"qwen3_moe": dict(num_experts=4, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True),
-       "mixtral": dict(num_local_experts=4)}  # fmt: skip
+COMMON = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+    num_experts_per_tok=2,
+)
+MOE = {
+    "qwen3_moe": dict(num_experts=4, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True),
+    "mixtral": dict(num_local_experts=4),
+}
 
 
 def make_moe(kind: str, path: Path, **overrides) -> Path:
@@ -48,8 +61,9 @@ def make_moe(kind: str, path: Path, **overrides) -> Path:
 
 def save_dequantized(parent: Path, bits: int, path: Path) -> Path:
     """matgptq.load's float32 model of `parent` at `bits`, saved by transformers as an unquantized HF directory."""
-    import matgptq
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    import matgptq
 
     loaded = matgptq.load(parent, bits=bits, dtype=torch.float32)
     config = AutoConfig.from_pretrained(parent)

@@ -9,7 +9,6 @@ from safetensors.torch import load_file
 from matgptq.formats.parent import save_checkpoint
 from matgptq.formats.quantized import QuantizedWeight
 
-
 GROUP = 32
 
 
@@ -27,8 +26,11 @@ def _layer(n, k, sym, act_order, gen, master=8, group=GROUP):
     perm = torch.randperm(k, generator=gen) if act_order else None
     order = torch.argsort(perm) if act_order else torch.arange(k)
     # per-width scales (a v2 parent, as the default variant writes) on sym parents: slices must carry them out
-    width_scales = {r: (scales.float() * (0.9 + 0.2 * torch.rand(scales.shape, generator=gen))).half()
-                    for r in range(2, master)} if sym else None  # fmt: skip
+    width_scales = (
+        {r: (scales.float() * (0.9 + 0.2 * torch.rand(scales.shape, generator=gen))).half() for r in range(2, master)}
+        if sym
+        else None
+    )
     return QuantizedWeight(codes, scales, zeros, (order // size).to(torch.int32), master, 0, perm, width_scales)
 
 
@@ -41,8 +43,18 @@ def synthetic(path, model_dir, sym=True, act_order=False, master=8, group=GROUP,
         shapes = {k[: -len(".weight")]: tuple(v.shape) for k, v in fp.items() if k.endswith("_proj.weight")}
     layers = {name: _layer(n, k, sym, act_order, gen, master, group) for name, (n, k) in shapes.items()}
     tensors = {k: v for k, v in fp.items() if k[: -len(".weight")] not in layers}
-    meta = {"quantization": {"method": "matgptq", "bits": master, "group_size": group, "sym": sym,
-                             "act_order": act_order, "damp": 0.01, "true_sequential": True, "static_groups": False}}
+    meta = {
+        "quantization": {
+            "method": "matgptq",
+            "bits": master,
+            "group_size": group,
+            "sym": sym,
+            "act_order": act_order,
+            "damp": 0.01,
+            "true_sequential": True,
+            "static_groups": False,
+        }
+    }
     return save_checkpoint(path, config, tensors, layers, meta, model_dir)
 
 

@@ -11,15 +11,19 @@ import torch
 import matgptq
 from matgptq.exporters.gptq import export_gptq, gptq_layer
 from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
-
 from tests.conftest import TINYSTORIES
-
 
 GROUP = 32
 CALIB = ["Once upon a time there was a little girl who liked to play in the park with her dog. " * 8] * 4
 BITS = (2, 3, 4, 8)
-MATRIX = [(b, sym, fmt, ao) for b in BITS for sym in (True, False) for fmt in ("gptq_v1", "gptq_v2")
-          for ao in (False, True) if sym or fmt == "gptq_v2"]  # asymmetric v1 is refused (test_gptq_export.py)
+MATRIX = [
+    (b, sym, fmt, ao)
+    for b in BITS
+    for sym in (True, False)
+    for fmt in ("gptq_v1", "gptq_v2")
+    for ao in (False, True)
+    if sym or fmt == "gptq_v2"
+]  # asymmetric v1 is refused (test_gptq_export.py)
 
 
 def _ids(cases):
@@ -45,10 +49,21 @@ class Cache:
         """Symmetric: one MatGPTQ parent (2,3,4,8) sliced; asymmetric: a plain GPTQ r-bit checkpoint (shift 0)."""
         key = ("src", sym, None if sym else bits, ao)
         kw = dict(method="matgptq", bits=self.widths) if sym else dict(method="gptq", bits=bits, sym=False)
-        return self._get(key, lambda: matgptq.quantize(
-            self.model_dir, self.base / "-".join(map(str, key)), calib=CALIB, nsamples=self.nsamples, seqlen=64,
-            progress=False,
-            group_size=GROUP, act_order=ao, static_groups=False, **kw)[0])  # fmt: skip
+        return self._get(
+            key,
+            lambda: matgptq.quantize(
+                self.model_dir,
+                self.base / "-".join(map(str, key)),
+                calib=CALIB,
+                nsamples=self.nsamples,
+                seqlen=64,
+                progress=False,
+                group_size=GROUP,
+                act_order=ao,
+                static_groups=False,
+                **kw,
+            )[0],
+        )
 
     def export(self, bits, sym, fmt, ao):
         out = self.base / f"export-{bits}-{sym}-{fmt}-{ao}"
@@ -89,8 +104,16 @@ def peer_kernel_model(src, bits, kernel: type, sym: bool):
         linear = torch.nn.Linear(k, n, bias=False)
         linear.weight.data = q.dequantize()  # s·(q − z), exact in fp32; the packer recovers q = round(W/s + z)
         act_order = not torch.equal(q.g_idx, torch.arange(k, dtype=torch.int32) // GROUP)
-        ql = kernel(bits=r, group_size=GROUP, sym=sym, desc_act=act_order, in_features=k, out_features=n, bias=False,
-                    pack_dtype=torch.int32)  # fmt: skip
+        ql = kernel(
+            bits=r,
+            group_size=GROUP,
+            sym=sym,
+            desc_act=act_order,
+            in_features=k,
+            out_features=n,
+            bias=False,
+            pack_dtype=torch.int32,
+        )
         args = (linear, torch.from_numpy(scales).float(), torch.from_numpy(zeros).float(), q.g_idx)
         try:
             ql.pack_block(*args)
@@ -117,7 +140,9 @@ def _compare(cache, record_property, peer, logits, src, bits, sym, peer_weights)
     record_property("rel_diff_vs_fp16", float((logits - ref16).abs().max()) / scale)
     record_property("rel_diff_vs_fp32", float((logits - ref32).abs().max()) / scale)
     for name, w in peer_weights.items():
-        assert torch.equal(w.to(torch.float16), model16.get_submodule(name).weight), f"{name}: the peer's weights differ"
+        assert torch.equal(w.to(torch.float16), model16.get_submodule(name).weight), (
+            f"{name}: the peer's weights differ"
+        )
     assert torch.equal(logits, ref), f"logits differ from the peer's kernel run on our data by {d_ref:.2e} (relative)"
 
 
@@ -149,8 +174,12 @@ def _check_we_read_gptqmodel(gm, cache, record_property, out, bits, sym, fmt, ao
     model.save(str(out))
     ckpt = read_gptq_checkpoint(out)
     assert ckpt.meta["checkpoint_format"] == fmt and {q.bits for q in ckpt.layers.values()} == {bits}
-    assert any(not torch.equal(q.g_idx, torch.arange(q.shape[1], dtype=torch.int32) // GROUP)
-               for q in ckpt.layers.values()) == ao  # fmt: skip
+    assert (
+        any(
+            not torch.equal(q.g_idx, torch.arange(q.shape[1], dtype=torch.int32) // GROUP) for q in ckpt.layers.values()
+        )
+        == ao
+    )
     logits, peer = _gptqmodel_logits(gm, out, cache.ids)
     ours = matgptq.load(out, dtype=torch.float16)
     for name, w in _gptqmodel_weights(gm, peer).items():

@@ -13,7 +13,6 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import matgptq
 from matgptq.formats.parent import read_checkpoint
-
 from tests.conftest import STORIES
 from tests.models.test_arch import SIZES
 from tests.models.test_moe import MOE
@@ -64,12 +63,26 @@ class MoECache:
         # the parent with the scale search off and λ_8 = 16, the options before issue #102: with today's defaults
         # GPTQModel's forward of gpt_oss' v2 mix leaves ours by 0.77 of the largest logit while every weight it
         # loads equals ours, not yet explained (the #102 closing note)
-        kw = dict(method="gptq", bits=4, sym=False) if kind == "gptq4" else dict(
-            method="matgptq", bits=(2, 4, 8), act_order=True, static_groups=False, mse=False,
-            bit_weights=(1, 1, 16))  # fmt: skip
-        return self._get(("src", model_type, kind), lambda: matgptq.quantize(
-            self.model(model_type), self.base / f"{kind}-{model_type}", calib=CALIB, nsamples=4, seqlen=64,
-            progress=False, group_size=GROUP, **kw)[0])  # fmt: skip
+        kw = (
+            dict(method="gptq", bits=4, sym=False)
+            if kind == "gptq4"
+            else dict(
+                method="matgptq", bits=(2, 4, 8), act_order=True, static_groups=False, mse=False, bit_weights=(1, 1, 16)
+            )
+        )
+        return self._get(
+            ("src", model_type, kind),
+            lambda: matgptq.quantize(
+                self.model(model_type),
+                self.base / f"{kind}-{model_type}",
+                calib=CALIB,
+                nsamples=4,
+                seqlen=64,
+                progress=False,
+                group_size=GROUP,
+                **kw,
+            )[0],
+        )
 
     def mix(self, model_type) -> dict[str, int]:
         names = sorted(read_checkpoint(self.source(model_type, "parent")).layers)
@@ -119,8 +132,14 @@ def gptqmodel_runs(paths, ids: torch.Tensor, workdir) -> dict[str, dict]:
     workdir = Path(workdir)
     torch.save({"ids": ids, "paths": [str(p) for p in paths]}, workdir / "peer_in.pt")
     env = dict(os.environ, GPTQMODEL_CPU_WORKERS="2", TORCHDYNAMO_DISABLE="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "tests.exporters.gptq_moe_helpers", str(workdir)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.exporters.gptq_moe_helpers", str(workdir)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return torch.load(workdir / "peer_out.pt")
 
@@ -136,8 +155,11 @@ def _peer_child(workdir: Path) -> None:
         model = gm.GPTQModel.load(path, backend=gm.BACKEND.GPTQ_TORCH, device="cpu", dtype=torch.float16).model
         with torch.no_grad():
             logits = model(job["ids"]).logits.float()
-            layers = {n: (m.bits, m.dequantize_weight().T.contiguous(), None if m.bias is None else m.bias.clone())
-                      for n, m in model.named_modules() if isinstance(m, BaseQuantLinear)}  # fmt: skip
+            layers = {
+                n: (m.bits, m.dequantize_weight().T.contiguous(), None if m.bias is None else m.bias.clone())
+                for n, m in model.named_modules()
+                if isinstance(m, BaseQuantLinear)
+            }
         results[path] = {"logits": logits, "layers": layers}
     torch.save(results, workdir / "peer_out.pt")
 

@@ -33,10 +33,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from matgptq.exporters.readers import ct_readers
 from matgptq.exporters.compressed_tensors import CT_VERSION, pack_int32
+from matgptq.exporters.readers import ct_readers
 from matgptq.runtime import open_checkpoint
-
 from tests.conftest import require_peer
 from tests.exporters.ct_helpers import EXPORTS, _config, _expected, _per_column, _slices
 
@@ -66,8 +65,13 @@ def test_ct_decompressor(ct, cache, export_id):
     out = cache.export(export_id)
     qc = _config(out)
     lib = QuantizationConfig.model_validate({k: v for k, v in qc.items() if k in QuantizationConfig.model_fields})
-    dumped = {"version": CT_VERSION, "quant_method": "compressed-tensors", "sparsity_config": {},
-              "transform_config": {}, **lib.model_dump(exclude=["quant_method"])}  # fmt: skip
+    dumped = {
+        "version": CT_VERSION,
+        "quant_method": "compressed-tensors",
+        "sparsity_config": {},
+        "transform_config": {},
+        **lib.model_dump(exclude=["quant_method"]),
+    }
     assert json.loads(json.dumps(dumped, default=str)) == qc
     schemes = {n: g for g in lib.config_groups.values() for n in g.targets}
     raw = load_file(str(out / "model.safetensors"))
@@ -96,8 +100,11 @@ def test_ct_decompressor_refuses_ragged_groups(ct, cache):
     name = "model.layers.0.mlp.down_proj"
     q = open_checkpoint(cache.source("stories-sym-g32")).layers[name].slice(4)
     scheme = QuantizationScheme(targets=[name], weights=QuantizationArgs(num_bits=4, group_size=32, strategy="group"))
-    sd = {"weight_packed": torch.from_numpy(pack_int32(q.codes.numpy(), 4)), "weight_shape": torch.tensor(q.shape),
-          "weight_scale": q.scales.float() * 16}  # fmt: skip
+    sd = {
+        "weight_packed": torch.from_numpy(pack_int32(q.codes.numpy(), 4)),
+        "weight_shape": torch.tensor(q.shape),
+        "weight_scale": q.scales.float() * 16,
+    }
     assert sd["weight_scale"].shape == (64, 6)
     with pytest.raises(ValueError, match="group_size 32 but got 172"):
         PackedQuantizationCompressor.decompress(sd, scheme)

@@ -20,7 +20,6 @@ from matgptq.errors import UserError
 from matgptq.exporters.compressed_tensors import CT_VERSION, export_compressed_tensors, pack_int32
 from matgptq.formats.ct_checkpoint import unpack_int32
 from matgptq.formats.parent import read_checkpoint
-
 from tests.exporters.ct_helpers import EXPORTS, _config, _expected, _per_column, _schemes, _slices
 
 
@@ -71,7 +70,11 @@ def test_round_trip_through_our_reader(cache, export_id):
     skipped = [f"model.layers.{i}.mlp.down_proj" for i in range(5)] if "skip" in export_id else []
     assert qc["ignore"] == skipped + ["lm_head"]  # every other Linear, in module order
     assert (qc["quant_method"], qc["format"], qc["quantization_status"], qc["version"]) == (
-        "compressed-tensors", "pack-quantized", "compressed", CT_VERSION)  # fmt: skip
+        "compressed-tensors",
+        "pack-quantized",
+        "compressed",
+        CT_VERSION,
+    )
     for name, q in slices.items():
         w, (n, k), want = schemes[name], q.shape, _expected(q)
         assert w["num_bits"] == q.bits and w["symmetric"] == want["sym"]
@@ -125,19 +128,30 @@ def test_cli_writes_and_refuses(cache, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "already exists" in err and err.count("\n") == 1
     assert (out / "model.safetensors").stat().st_mtime_ns == before and _config(out)["config_groups"]["group_0"][
-        "weights"]["num_bits"] == 4  # fmt: skip
+        "weights"
+    ]["num_bits"] == 4
     new = tmp_path / "new"
     for bits in ("9", "1"):
-        _refused(capsys, ["export", src, "--format", "compressed-tensors", "--bits", bits, "--out", str(new)], new,
-                 f"cannot use {bits} bits")  # fmt: skip
+        _refused(
+            capsys,
+            ["export", src, "--format", "compressed-tensors", "--bits", bits, "--out", str(new)],
+            new,
+            f"cannot use {bits} bits",
+        )
 
 
-@pytest.mark.parametrize("source,bits,match", [("ao-dynamic", "4", "without --no-static-groups"),
-                                               ("asym-parent", "4", "not multiples of 2^4")])  # fmt: skip
+@pytest.mark.parametrize(
+    "source,bits,match",
+    [("ao-dynamic", "4", "without --no-static-groups"), ("asym-parent", "4", "not multiples of 2^4")],
+)
 def test_cli_refuses_what_compressed_tensors_cannot_hold(cache, tmp_path, capsys, source, bits, match):
     out = tmp_path / "ct"
-    _refused(capsys, ["export", str(cache.source(source)), "--format", "compressed-tensors", "--bits", bits, "--out",
-                      str(out)], out, match)  # fmt: skip
+    _refused(
+        capsys,
+        ["export", str(cache.source(source)), "--format", "compressed-tensors", "--bits", bits, "--out", str(out)],
+        out,
+        match,
+    )
 
 
 def test_asym_parent_master_width_is_exact(cache, tmp_path):

@@ -35,10 +35,18 @@ from matgptq.errors import UserError
 from matgptq.exporters.compressed_tensors import CT_VERSION, export_compressed_tensors
 from matgptq.exporters.readers import ct_readers
 from matgptq.formats.parent import read_checkpoint
-
 from tests.conftest import require_peer
-from tests.exporters.ct_moe_helpers import (BENCH_PYTHON, LLMC_IGNORE, LLMC_LAYOUT, TYPES, CtMoECache, fused_view,
-                                            header, layout, llmcompressor_exports)  # fmt: skip
+from tests.exporters.ct_moe_helpers import (
+    BENCH_PYTHON,
+    LLMC_IGNORE,
+    LLMC_LAYOUT,
+    TYPES,
+    CtMoECache,
+    fused_view,
+    header,
+    layout,
+    llmcompressor_exports,
+)
 
 EXPERTS_PER_LAYER = 4 * 3  # 4 experts × gate/up/down, 2 layers
 
@@ -110,8 +118,9 @@ def test_ct_decompressor_gives_our_expert_weights(ct, cache, model_type, kind, b
         assert torch.equal(raw[key], fused_view(ref, key.removesuffix(".bias"), model_type, "bias")), key
     assert (model_type == "gpt_oss") == any(k.endswith(".bias") and ".experts." in k for k in raw)
     if isinstance(bits, dict):  # each config group holds exactly the layers of one width
-        groups = {g["weights"]["num_bits"]: set(file_targets(g["targets"]))
-                  for g in _config(out)["config_groups"].values()}
+        groups = {
+            g["weights"]["num_bits"]: set(file_targets(g["targets"])) for g in _config(out)["config_groups"].values()
+        }
         assert sorted(groups) == [2, 4, 8] and sum(map(len, groups.values())) == len(weights)
 
 
@@ -163,11 +172,22 @@ def test_layout_is_llm_compressors(cache):
         (group,) = qc["config_groups"].values()
         packed = sorted(k.removesuffix(".weight_packed") for k in keys if k.endswith(".weight_packed"))
         assert sorted(file_targets(group["targets"])) == packed and len(packed) == 2 * (4 + EXPERTS_PER_LAYER)
-        vllm = {re.sub(r"\.(gate|up|down)_proj$", lambda m: VLLM_MIXTRAL[m.group(1)], p) for p in packed
-                if ".experts." in p} if model_type == "mixtral" else set()  # fmt: skip
+        vllm = (
+            {
+                re.sub(r"\.(gate|up|down)_proj$", lambda m: VLLM_MIXTRAL[m.group(1)], p)
+                for p in packed
+                if ".experts." in p
+            }
+            if model_type == "mixtral"
+            else set()
+        )
         assert set(group["targets"]) - set(packed) == vllm
         assert {k: group["weights"][k] for k in ("num_bits", "symmetric", "group_size", "strategy")} == {
-            "num_bits": 4, "symmetric": True, "group_size": 32, "strategy": "group"}  # fmt: skip
+            "num_bits": 4,
+            "symmetric": True,
+            "group_size": 32,
+            "strategy": "group",
+        }
 
 
 @pytest.mark.skipif(not BENCH_PYTHON.is_file(), reason="llm-compressor needs .venv-bench (`make bench-venv`)")
@@ -182,15 +202,18 @@ def test_llm_compressor_writes_the_same_layout(cache, tmp_path):
         assert layout(header(path)) == LLMC_LAYOUT[model_type], model_type
         qc, lc = _config(ours), _config(path)
         assert lc["ignore"] == LLMC_IGNORE[model_type] == qc["ignore"]
-        assert {k: v for k, v in qc.items() if k != "config_groups"} == {k: v for k, v in lc.items()
-                                                                          if k != "config_groups"}  # fmt: skip
+        assert {k: v for k, v in qc.items() if k != "config_groups"} == {
+            k: v for k, v in lc.items() if k != "config_groups"
+        }
         (mine,), (other,) = qc["config_groups"].values(), lc["config_groups"].values()
         assert other["targets"] == ["Linear"]
-        assert sorted(file_targets(mine["targets"])) == sorted(k.removesuffix(".weight_packed") for k in header(path)
-                                                 if k.endswith(".weight_packed"))  # fmt: skip
+        assert sorted(file_targets(mine["targets"])) == sorted(
+            k.removesuffix(".weight_packed") for k in header(path) if k.endswith(".weight_packed")
+        )
         assert dict(mine["weights"], observer=None) == dict(other["weights"], observer=None)
         assert {k: v for k, v in mine.items() if k not in ("targets", "weights")} == {
-            k: v for k, v in other.items() if k not in ("targets", "weights")}  # fmt: skip
+            k: v for k, v in other.items() if k not in ("targets", "weights")
+        }
         assert qc["version"] == CT_VERSION
 
 

@@ -37,21 +37,42 @@ from matgptq.exporters.readers import gguf_readers  # noqa: E402
 CODES = {"act_order": False, "group_act_order": True, "mse": False, "bit_weights": (1, 16)}
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 ROPE_SCALING = ("qwen2-yarn", "phi3-longrope")  # metadata and RoPE-factor tensors, checked against the converter
+
+
 def make_model(kind: str, path: Path) -> Path:
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
-    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
-                  tie_word_embeddings=False)  # fmt: skip
+    common = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}
-    longrope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
-                "long_factor": [1.0 + i / 4 for i in range(8)], "short_factor": [1.0 + i / 16 for i in range(8)]}
-    config = {"llama": lambda: LlamaConfig(**common), "mistral": lambda: MistralConfig(**common),
-              "qwen2": lambda: Qwen2Config(**common), "qwen3": lambda: Qwen3Config(**common, head_dim=16),
-              "phi3": lambda: Phi3Config(**common, pad_token_id=0),
-              "qwen2-yarn": lambda: Qwen2Config(**common, rope_parameters=yarn),
-              "phi3-longrope": lambda: Phi3Config(**common, pad_token_id=0, rope_parameters=longrope,
-                                                  original_max_position_embeddings=64)}[kind]()  # fmt: skip
+    longrope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "original_max_position_embeddings": 64,
+        "long_factor": [1.0 + i / 4 for i in range(8)],
+        "short_factor": [1.0 + i / 16 for i in range(8)],
+    }
+    config = {
+        "llama": lambda: LlamaConfig(**common),
+        "mistral": lambda: MistralConfig(**common),
+        "qwen2": lambda: Qwen2Config(**common),
+        "qwen3": lambda: Qwen3Config(**common, head_dim=16),
+        "phi3": lambda: Phi3Config(**common, pad_token_id=0),
+        "qwen2-yarn": lambda: Qwen2Config(**common, rope_parameters=yarn),
+        "phi3-longrope": lambda: Phi3Config(
+            **common, pad_token_id=0, rope_parameters=longrope, original_max_position_embeddings=64
+        ),
+    }[kind]()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
@@ -93,7 +114,9 @@ def test_llamacpp_runs_each_architecture(models, tmp_path, kind):
     q4 = tmp_path / "q4.gguf"
     rep = export_gguf(parent, q4, bits=4)
     assert {t.ggml_type for t in rep.tensors if t.bits is not None} == {"Q4_0"} and rep.exact
-    readers = gguf_readers(q4)  # what the export prints: llama.cpp runs it (asserted below), transformers tested on llama
+    readers = gguf_readers(
+        q4
+    )  # what the export prints: llama.cpp runs it (asserted below), transformers tested on llama
     assert "llama.cpp (llama-cpp-python 0.3.36)" in readers.runs
     # (a Mistral model is written as a `llama`-architecture GGUF, as llama.cpp's converter writes it)
     assert ("transformers' GGUF reader (dequantized to float)" in readers.runs) == (kind in ("llama", "mistral"))
@@ -101,7 +124,9 @@ def test_llamacpp_runs_each_architecture(models, tmp_path, kind):
     model = __import__("matgptq").load(parent, bits=4, dtype=torch.float32)
     for name, w in weights.items():
         if name.endswith(".weight") and "norm" not in name:
-            np.testing.assert_array_equal(w, model.get_submodule(name.removesuffix(".weight")).weight.detach().numpy(), name)
+            np.testing.assert_array_equal(
+                w, model.get_submodule(name.removesuffix(".weight")).weight.detach().numpy(), name
+            )
     got = cpp_logits(q4, TOKENS, **F32_KV)
     assert np.median(per_position(got, hf_logits(parent, TOKENS, 4, emulate=q4))) <= 1e-4
     assert np.median(per_position(got, hf_logits(parent, TOKENS, 3, emulate=q4))) >= 0.05  # negative control

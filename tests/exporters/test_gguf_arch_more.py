@@ -35,16 +35,30 @@ from matgptq.exporters.readers import gguf_readers  # noqa: E402
 # llama), while the weights stay bit-identical: not yet explained, so the comparison keeps the codes it was derived on.
 CODES = {"act_order": False, "group_act_order": True, "mse": False, "bit_weights": (1, 16)}
 ARCHS = ("olmo2", "granite", "gemma2", "gemma3_text")
-COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
-              pad_token_id=0)  # fmt: skip
+COMMON = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 EXTRA = {
     "olmo2": dict(tie_word_embeddings=False),
-    "granite": dict(tie_word_embeddings=False, attention_multiplier=0.2, embedding_multiplier=3.0,
-                    residual_multiplier=0.5, logits_scaling=4.0),
+    "granite": dict(
+        tie_word_embeddings=False,
+        attention_multiplier=0.2,
+        embedding_multiplier=3.0,
+        residual_multiplier=0.5,
+        logits_scaling=4.0,
+    ),
     "gemma2": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=16),
     "gemma3_text": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=16),
-}  # fmt: skip
+}
 
 
 # Gemma 2 only: its attention soft-capping (tanh, 1 ulp apart from torch's) moves a few GELU inputs across an fp16
@@ -94,9 +108,17 @@ def ref_logits(kind: str, src: Path, bits=None, emulate: Path | None = None, gel
 
 
 # metadata variants, checked against the converter only: Gemma 3's linear RoPE scaling of its full-attention layers
-VARIANTS = {"gemma3_text-linear": ("gemma3_text", dict(rope_parameters={
-    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
-    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}))}  # fmt: skip
+VARIANTS = {
+    "gemma3_text-linear": (
+        "gemma3_text",
+        dict(
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            }
+        ),
+    )
+}
 
 
 @pytest.fixture(scope="module")
@@ -149,12 +171,15 @@ def test_llamacpp_runs_each_architecture(models, tmp_path, kind):
     assert np.median(per_position(got, ref_logits(kind, parent, 3, emulate=q4))) >= 0.05  # negative control
 
 
-@pytest.mark.parametrize("kind, overrides, match", [
-    ("gemma2", dict(query_pre_attn_scalar=256), "query_pre_attn_scalar"),
-    ("gemma2", dict(tie_word_embeddings=False), "lm_head"),
-    ("gemma3_text", dict(layer_types=["full_attention", "sliding_attention"]), "layer_types"),
-    ("granite", dict(head_dim=8), "head_dim"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, overrides, match",
+    [
+        ("gemma2", dict(query_pre_attn_scalar=256), "query_pre_attn_scalar"),
+        ("gemma2", dict(tie_word_embeddings=False), "lm_head"),
+        ("gemma3_text", dict(layer_types=["full_attention", "sliding_attention"]), "layer_types"),
+        ("granite", dict(head_dim=8), "head_dim"),
+    ],
+)
 def test_refuses_what_llamacpp_would_compute_differently(tmp_path, kind, overrides, match):
     src = make_model(kind, tmp_path / "model", **overrides)
     with pytest.raises(UserError, match=match):

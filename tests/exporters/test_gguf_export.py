@@ -22,10 +22,8 @@ gguf = pytest.importorskip("gguf")
 from matgptq.errors import UserError  # noqa: E402
 from matgptq.exporters.gguf import GGUFExportWarning, export_gguf  # noqa: E402
 from matgptq.formats.parent import read_checkpoint  # noqa: E402
-
 from tests.conftest import quick_quantize  # noqa: E402
 from tests.exporters.gguf_helpers import _check_readback, _reference  # noqa: E402
-
 
 # --- symmetric slices: exact legacy types -------------------------------------------------------------------------
 
@@ -42,8 +40,9 @@ def test_symmetric_slices_are_bit_exact(parent, tmp_path, bits):
     _check_readback(tmp_path / "m.gguf", _reference(parent, bits), rep)
 
 
-@pytest.mark.parametrize("qtype,widths", [("q4_0", (2, 3, 4)), ("q5_0", (2, 4, 5)), ("q8_0", (2, 4, 6, 8)),
-                                          ("q4_1", (3, 4)), ("q5_1", (5,))])  # fmt: skip
+@pytest.mark.parametrize(
+    "qtype,widths", [("q4_0", (2, 3, 4)), ("q5_0", (2, 4, 5)), ("q8_0", (2, 4, 6, 8)), ("q4_1", (3, 4)), ("q5_1", (5,))]
+)
 def test_explicit_legacy_types_exact_for_symmetric(parent, tmp_path, qtype, widths):
     for b in widths:
         rep = export_gguf(parent, tmp_path / f"{b}.gguf", bits=b, qtype=qtype)
@@ -82,8 +81,13 @@ def test_offset_types_mirror_blocks(qtype, bits):
     scales[::2] *= -1  # negative scales on even rows
     zeros = torch.full(scales.shape, half, dtype=torch.uint8)
     zeros[1::2, ::2] = half - 1  # mirrored grid on odd rows, every other group
-    q = QuantizedWeight(codes=torch.from_numpy(rng.integers(0, 2 * half, (n, k)).astype(np.uint8)), scales=scales,
-                        zeros=zeros, g_idx=torch.arange(k, dtype=torch.int32) // g, bits=bits)  # fmt: skip
+    q = QuantizedWeight(
+        codes=torch.from_numpy(rng.integers(0, 2 * half, (n, k)).astype(np.uint8)),
+        scales=scales,
+        zeros=zeros,
+        g_idx=torch.arange(k, dtype=torch.int32) // g,
+        bits=bits,
+    )
     data, err = _encode_codes(q, QTYPES[qtype])
     back = gguf.quants.dequantize(data, QTYPES[qtype].ggml).reshape(n, k)
     ref = q.dequantize(torch.float32).numpy()
@@ -95,8 +99,13 @@ def test_offset_types_mirror_blocks(qtype, bits):
 
 
 def test_bits_config_mix(parent, tmp_path):
-    mix = {"*": 4, "model.layers.0.mlp.down_proj": 8, "model.layers.1.self_attn.q_proj": 3,
-           "model.layers.1.self_attn.k_proj": 5, "model.layers.0.mlp.gate_proj": 6}  # fmt: skip
+    mix = {
+        "*": 4,
+        "model.layers.0.mlp.down_proj": 8,
+        "model.layers.1.self_attn.q_proj": 3,
+        "model.layers.1.self_attn.k_proj": 5,
+        "model.layers.0.mlp.gate_proj": 6,
+    }
     (tmp_path / "mix.json").write_text(json.dumps(mix))
     rep = export_gguf(parent, tmp_path / "m.gguf", bits_config=tmp_path / "mix.json")
     types = {t.source: (t.bits, t.ggml_type) for t in rep.tensors}
@@ -118,7 +127,8 @@ def test_width_mix_gptq_checkpoint(models, tmp_path):
     mix = {"*": 4, "model.layers.0.mlp.down_proj": 8, "model.layers.1.self_attn.k_proj": 5}
     ck = quick_quantize(models["small"], tmp_path / "mix", bits_config=mix, group_size=32)
     assert {n: q.bits for n, q in read_checkpoint(ck).layers.items()} == {
-        n: mix.get(n, 4) for n in read_checkpoint(ck).layers}
+        n: mix.get(n, 4) for n in read_checkpoint(ck).layers
+    }
     rep = export_gguf(ck, tmp_path / "m.gguf")
     types = {t.source: (t.bits, t.ggml_type) for t in rep.tensors}
     assert types["model.layers.0.mlp.down_proj.weight"] == (8, "Q8_0")
@@ -166,8 +176,7 @@ def test_asymmetric(models, tmp_path):
 
 
 def test_act_order(models, tmp_path):
-    ck = quick_quantize(models["small"], tmp_path / "ao", bits=4, group_size=32, act_order=True,
-                        static_groups=False)
+    ck = quick_quantize(models["small"], tmp_path / "ao", bits=4, group_size=32, act_order=True, static_groups=False)
     with pytest.warns(GGUFExportWarning, match="act-order"):
         rep = export_gguf(ck, tmp_path / "ao.gguf")
     layers = [t for t in rep.tensors if t.bits is not None]
@@ -230,8 +239,19 @@ def test_from_gptq_checkpoint_same_tensors(parent, tmp_path, fmt):
 def test_weighted_grid_and_refit_scales_export_exactly(models, tmp_path, method, bits):
     """`--signed-scale --mse --mse-weighted --refit-scales` (the GGUF comparison's "-hw" rows) only change scales:
     Q4_0/Q5_0 still hold exactly the weights matgptq evaluates, for the master and, from a parent, its 4-bit slice."""
-    ck = quick_quantize(models["small"], tmp_path / "ck", method=method, bits=bits, group_size=32, signed_scale=True,
-                        act_order=True, static_groups=True, mse=True, mse_weighted=True, refit_scales=True)  # fmt: skip
+    ck = quick_quantize(
+        models["small"],
+        tmp_path / "ck",
+        method=method,
+        bits=bits,
+        group_size=32,
+        signed_scale=True,
+        act_order=True,
+        static_groups=True,
+        mse=True,
+        mse_weighted=True,
+        refit_scales=True,
+    )
     for width in sorted({4, int(bits[-1])}):
         rep = export_gguf(ck, tmp_path / f"{width}.gguf", bits=width if method == "matgptq" else None)
         assert rep.exact and rep.max_abs_err == 0.0, rep.table()

@@ -14,10 +14,8 @@ gguf = pytest.importorskip("gguf")
 
 from matgptq.exporters.gguf import GGUFExportWarning, export_gguf  # noqa: E402
 from matgptq.formats.parent import read_checkpoint  # noqa: E402
-
 from tests.conftest import quick_quantize  # noqa: E402
 from tests.exporters.gguf_helpers import _check_readback, _reference  # noqa: E402
-
 
 # --- K-quants -------------------------------------------------------------------------------------------------------
 
@@ -50,8 +48,9 @@ def test_grouped_k_quants_keep_codes_and_report_scale_error(models, tmp_path, qt
 
 @pytest.fixture(scope="module")
 def lattice_parent(models):  # MatGPTQ parent with scales on Q2_K's lattice (the narrowest), per-width scales too
-    return quick_quantize(models["k256"], models["root"] / "lattice", method="matgptq", bits="2,3,4,8", group_size=32,
-                          kquant="q2_k")  # fmt: skip
+    return quick_quantize(
+        models["k256"], models["root"] / "lattice", method="matgptq", bits="2,3,4,8", group_size=32, kquant="q2_k"
+    )
 
 
 @pytest.mark.parametrize("bits,typ", [(2, "Q2_K"), (3, "Q3_K"), (4, "Q4_0"), (5, "Q5_0"), (6, "Q6_K"), (8, "Q8_0")])
@@ -66,8 +65,15 @@ def test_kquant_lattice_slices_take_the_smallest_exact_type(lattice_parent, tmp_
 def test_signed_scales_on_the_q6_k_lattice_export_exactly(models, tmp_path):
     """`--kquant q6_k --signed-scale` (llama.cpp Q4_0's grid, scales of either sign): the 6-bit slice is Q6_K with
     negative int8 sub-scales, the 4-bit slice Q4_0, both read back by gguf-py bit for bit."""
-    ck = quick_quantize(models["k256"], tmp_path / "signed", method="matgptq", bits="4,6,8", group_size=32,
-                        kquant="q6_k", signed_scale=True)  # fmt: skip
+    ck = quick_quantize(
+        models["k256"],
+        tmp_path / "signed",
+        method="matgptq",
+        bits="4,6,8",
+        group_size=32,
+        kquant="q6_k",
+        signed_scale=True,
+    )
     assert any((q.scales < 0).any() for q in read_checkpoint(ck).layers.values())
     for bits, typ in ((6, "Q6_K"), (4, "Q4_0")):
         rep = export_gguf(ck, tmp_path / f"m{bits}.gguf", bits=bits)
@@ -79,15 +85,25 @@ def test_kquant_lattice_mix_writes_per_tensor_types(lattice_parent, tmp_path):
     """Issue 12 item 4: a per-layer mix (as `matgptq search` writes it) of a --kquant parent becomes per-tensor GGUF
     types, each layer the smallest exact type of its own width, read back by gguf-py bit for bit."""
     layers = "model.layers.0"
-    mix = {"*": 4, f"{layers}.mlp.down_proj": 2, f"{layers}.self_attn.q_proj": 3, f"{layers}.mlp.up_proj": 6,
-           f"{layers}.self_attn.v_proj": 8}  # fmt: skip
+    mix = {
+        "*": 4,
+        f"{layers}.mlp.down_proj": 2,
+        f"{layers}.self_attn.q_proj": 3,
+        f"{layers}.mlp.up_proj": 6,
+        f"{layers}.self_attn.v_proj": 8,
+    }
     (tmp_path / "mix.json").write_text(json.dumps({"bits": mix, "summary": {}}))  # the search's file layout
     rep = export_gguf(lattice_parent, tmp_path / "m.gguf", bits_config=tmp_path / "mix.json")
     types = {t.source: t.ggml_type for t in rep.tensors if t.bits is not None}
-    assert types == {f"{layers}.mlp.down_proj.weight": "Q2_K", f"{layers}.self_attn.q_proj.weight": "Q3_K",
-                     f"{layers}.mlp.up_proj.weight": "Q6_K", f"{layers}.self_attn.v_proj.weight": "Q8_0",
-                     f"{layers}.self_attn.k_proj.weight": "Q4_0", f"{layers}.self_attn.o_proj.weight": "Q4_0",
-                     f"{layers}.mlp.gate_proj.weight": "Q4_0"}  # fmt: skip
+    assert types == {
+        f"{layers}.mlp.down_proj.weight": "Q2_K",
+        f"{layers}.self_attn.q_proj.weight": "Q3_K",
+        f"{layers}.mlp.up_proj.weight": "Q6_K",
+        f"{layers}.self_attn.v_proj.weight": "Q8_0",
+        f"{layers}.self_attn.k_proj.weight": "Q4_0",
+        f"{layers}.self_attn.o_proj.weight": "Q4_0",
+        f"{layers}.mlp.gate_proj.weight": "Q4_0",
+    }
     assert rep.exact
     _check_readback(tmp_path / "m.gguf", _reference(lattice_parent, mix), rep)
 

@@ -15,9 +15,11 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from matgptq.errors import UserError  # noqa: E402
-from matgptq.exporters.gguf import export_gguf, read_gguf_weights  # noqa: E402
-from matgptq.exporters.gguf import llama_qk_permutation  # noqa: E402
-
+from matgptq.exporters.gguf import (  # noqa: E402
+    export_gguf,
+    llama_qk_permutation,  # noqa: E402
+    read_gguf_weights,
+)
 from tests.conftest import STORIES, quick_quantize  # noqa: E402
 from tests.exporters.gguf_helpers import _check_readback, _reference  # noqa: E402
 
@@ -62,8 +64,9 @@ def test_embeddings_auto_as_llamacpp_presets(parent, models, tmp_path):
         assert {t.ggml_type for t in emb.values()} == {want} and len(emb) == 2
         _check_readback(out, _reference(src, bits), rep)
         tensors = gguf.GGUFReader(str(out)).tensors
-        assert rep.bits_per_weight == pytest.approx(8 * sum(int(t.n_bytes) for t in tensors)
-                                                    / sum(int(t.n_elements) for t in tensors), rel=1e-12)  # fmt: skip
+        assert rep.bits_per_weight == pytest.approx(
+            8 * sum(int(t.n_bytes) for t in tensors) / sum(int(t.n_elements) for t in tensors), rel=1e-12
+        )
     unquantized = export_gguf(models["small"], tmp_path / "f.gguf", embed_type="auto")  # nothing quantized: float
     assert {t.ggml_type for t in unquantized.tensors} == {"F32"}
 
@@ -96,7 +99,10 @@ def test_llama_metadata_and_tokenizer(parent, tmp_path):
     assert f["general.architecture"] == "llama"
     assert (f["llama.context_length"], f["llama.embedding_length"], f["llama.block_count"]) == (256, 64, 2)
     assert (f["llama.feed_forward_length"], f["llama.attention.head_count"], f["llama.attention.head_count_kv"]) == (
-        128, 4, 2)  # fmt: skip
+        128,
+        4,
+        2,
+    )
     assert f["llama.rope.dimension_count"] == 16 and f["llama.rope.freq_base"] == 10000.0
     assert f["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6)
     assert f["general.quantization_version"] == 2
@@ -163,7 +169,9 @@ def test_unmapped_architecture_refused(parent, tmp_path):
     cfg = json.loads((other / "config.json").read_text())
     cfg["model_type"] = "gpt2"  # quantizable by matgptq, not mapped to llama.cpp's names
     (other / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UserError, match="GGUF export supports the model types llama, .*phi3, .*gemma2.*; this model is 'gpt2'"):
+    with pytest.raises(
+        UserError, match="GGUF export supports the model types llama, .*phi3, .*gemma2.*; this model is 'gpt2'"
+    ):
         export_gguf(other, tmp_path / "m.gguf", bits=4)
     assert not (tmp_path / "m.gguf").exists()
 
@@ -186,15 +194,32 @@ def test_cli(parent, tmp_path, capsys):
         "readers: runs in llama.cpp (llama-cpp-python 0.3.36); transformers' GGUF reader (dequantized to float)",
         "",
     ]
-    assert main(["export", str(parent), "--format", "gguf", "--bits", "3", "--out", str(out), "--overwrite",
-                 "--verbose"]) == 0  # fmt: skip
+    assert (
+        main(["export", str(parent), "--format", "gguf", "--bits", "3", "--out", str(out), "--overwrite", "--verbose"])
+        == 0
+    )
     text = capsys.readouterr().out
     readers = "readers: runs in llama.cpp (llama-cpp-python 0.3.36); transformers' GGUF reader (dequantized to float)"
     assert text.endswith(f"mostly Q4_0)\n{readers}\n") and f"{n} tensors: {by_count}" in text
     rows = [line for line in text.split("\n") if re.match(r"\| (token_embd|blk|output)", line)]
     assert len(rows) == n and re.search(r"token_embd.weight +\| Q8_0", text)
     assert sum(re.search(r"\| (yes|no) +\|", r).group(1) == "yes" for r in rows) == exact
-    assert main(["export", str(parent), "--format", "gguf", "--bits", "8", "--type", "q4_0", "--out",
-                 str(tmp_path / "x.gguf")]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "export",
+                str(parent),
+                "--format",
+                "gguf",
+                "--bits",
+                "8",
+                "--type",
+                "q4_0",
+                "--out",
+                str(tmp_path / "x.gguf"),
+            ]
+        )
+        == 2
+    )
     assert "Q4_0 cannot hold" in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()

@@ -30,8 +30,7 @@ pytestmark = pytest.mark.interop
 gguf = pytest.importorskip("gguf")
 
 import matgptq  # noqa: E402
-from matgptq.exporters.gguf import export_gguf, read_gguf_weights  # noqa: E402
-from matgptq.exporters.gguf import ARCHITECTURES, llama_qk_permutation  # noqa: E402
+from matgptq.exporters.gguf import ARCHITECTURES, export_gguf, llama_qk_permutation, read_gguf_weights  # noqa: E402  # noqa: E402
 from matgptq.exporters.readers import gguf_readers  # noqa: E402
 
 TOKENS = [1] + list(range(5, 60)) + [100, 200, 300, 400, 511, 3, 13, 300]  # 64 ids (ids 3.. are bytes / pieces)
@@ -47,8 +46,7 @@ def cpp_logits(path: Path, tokens: list[int], **kw) -> np.ndarray:
     from llama_cpp import Llama
 
     n = len(tokens)
-    llm = Llama(model_path=str(path), n_ctx=n, n_batch=n, n_ubatch=n, logits_all=True, n_threads=2, verbose=False,
-                **kw)  # fmt: skip
+    llm = Llama(model_path=str(path), n_ctx=n, n_batch=n, n_ubatch=n, logits_all=True, n_threads=2, verbose=False, **kw)
     try:
         llm.eval(tokens)
         return np.array(llm.scores[:n], dtype=np.float32)
@@ -74,8 +72,20 @@ def _q8_k(x: torch.Tensor) -> torch.Tensor:  # quantize_row_q8_K: iscale = −12
     return (q * torch.where(iscale != 0, 1 / iscale, torch.zeros_like(iscale))).reshape(x.shape)
 
 
-ACTIVATION = {"Q4_0": _q8_0, "Q5_0": _q8_0, "Q8_0": _q8_0, "Q4_1": _q8_0, "Q5_1": _q8_0, "Q2_K": _q8_k,
-              "Q3_K": _q8_k, "Q4_K": _q8_k, "Q5_K": _q8_k, "Q6_K": _q8_k, "F16": lambda x: x.half().float(), "F32": None}  # fmt: skip
+ACTIVATION = {
+    "Q4_0": _q8_0,
+    "Q5_0": _q8_0,
+    "Q8_0": _q8_0,
+    "Q4_1": _q8_0,
+    "Q5_1": _q8_0,
+    "Q2_K": _q8_k,
+    "Q3_K": _q8_k,
+    "Q4_K": _q8_k,
+    "Q5_K": _q8_k,
+    "Q6_K": _q8_k,
+    "F16": lambda x: x.half().float(),
+    "F32": None,
+}
 
 
 def hf_logits(src: Path, tokens: list[int], bits=None, emulate: Path | None = None) -> np.ndarray:
@@ -140,30 +150,49 @@ def ck(tmp_path_factory):
     small = make_tiny_llama(root / "small")
     k256 = make_tiny_llama(root / "k256", hidden=256, intermediate=256, heads=4, kv_heads=2, layers=1)
     return {
-        "root": root, "small": small,
+        "root": root,
+        "small": small,
         # the options the emulation's tolerance was measured on: with MatGPTQ's defaults today (group act-order and
         # the refit) one activation of this fixture's 6-bit slice sits on a Q8 rounding boundary at position 19, and
         # the flip reaches most later positions through attention (median 0.004), which the median cannot absorb
-        "parent": quick_quantize(small, root / "parent", method="matgptq", bits="4,8", group_size=32,
-                                 group_act_order=False, refit_scales=False),
+        "parent": quick_quantize(
+            small,
+            root / "parent",
+            method="matgptq",
+            bits="4,8",
+            group_size=32,
+            group_act_order=False,
+            refit_scales=False,
+        ),
         # float32 passes, as measured: calibrated in bfloat16 (`auto` on a CPU with it) llama.cpp and the emulation
         # agree at position 0 (1e-6) and differ by 0.017 (median) from position 1 on, the pattern of a Q8 rounding
         # flip carried through attention, as the parent's above
         "asym": quick_quantize(small, root / "asym", bits=4, sym=False, group_size=32, dtype="float32"),
         "pc": quick_quantize(k256, root / "pc", method="rtn", bits=8, group_size=-1),  # per-channel: exact K-quants
         # group 32 with scales on Q2_K's lattice (quantize --kquant): every K-quant exact; written as the type named
-        "lattice": quick_quantize(k256, root / "lattice", method="matgptq", bits="2,3,4,8", group_size=32,
-                                  kquant="q2_k"),
-    }  # fmt: skip
+        "lattice": quick_quantize(
+            k256, root / "lattice", method="matgptq", bits="2,3,4,8", group_size=32, kquant="q2_k"
+        ),
+    }
 
 
 CASES = [  # checkpoint, bits, expected type of the quantized layers
-    ("parent", 2, "Q4_0"), ("parent", 3, "Q4_0"), ("parent", 4, "Q4_0"), ("parent", 5, "Q5_0"),
-    ("parent", 6, "Q8_0"), ("parent", 8, "Q8_0"), ("asym", None, "Q4_1"),
-    ("pc", 2, "Q2_K"), ("pc", 3, "Q3_K"), ("pc", 6, "Q6_K"),
-    ("lattice", 2, "Q2_K"), ("lattice", 3, "Q3_K"), ("lattice", 4, "Q4_K"), ("lattice", 5, "Q5_K"),
+    ("parent", 2, "Q4_0"),
+    ("parent", 3, "Q4_0"),
+    ("parent", 4, "Q4_0"),
+    ("parent", 5, "Q5_0"),
+    ("parent", 6, "Q8_0"),
+    ("parent", 8, "Q8_0"),
+    ("asym", None, "Q4_1"),
+    ("pc", 2, "Q2_K"),
+    ("pc", 3, "Q3_K"),
+    ("pc", 6, "Q6_K"),
+    ("lattice", 2, "Q2_K"),
+    ("lattice", 3, "Q3_K"),
+    ("lattice", 4, "Q4_K"),
+    ("lattice", 5, "Q5_K"),
     ("lattice", 6, "Q6_K"),
-]  # fmt: skip
+]
 
 
 def _export(ck, key, bits, tmp_path, typ):
@@ -226,7 +255,10 @@ SENTENCES = [
     "Once upon a time, there was a little girl named Lily.",
     "She loved to play outside in the sunshine!  Two  spaces, tabs\tand\nnewlines.",
     "“Quotes” — dashes… naïve café, 123 + 4.5 = 127.5; emoji 🙂 and 漢字 fall back to bytes.",
-    " leading space", "", "a", "The end.</s> <s> not special",
+    " leading space",
+    "",
+    "a",
+    "The end.</s> <s> not special",
 ]
 
 
@@ -283,11 +315,20 @@ def test_stories260k_logits(llama_cpp, tmp_path):
     assert _kl(model_logits(same, tokens), got) <= 2e-3
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "linear", "factor": 2.0},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 32},
-], ids=["linear", "llama3"])  # fmt: skip
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "factor": 2.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ],
+    ids=["linear", "llama3"],
+)
 def test_rope_scaling(llama_cpp, tmp_path, rope):
     """RoPE scaling metadata (linear) and the rope_freqs tensor (llama3) reproduce transformers' positions."""
     import json

@@ -153,11 +153,14 @@ def test_gpt_oss_is_refused_in_one_line(tmp_path):
 # measured with the checks bypassed: llama.cpp's logits then differ from transformers' by up to 0.75 (norm_topk_prob
 # false: llama.cpp renormalises the top-2 weights anyway) and 4.2 (mixtral, sliding_window 16 < the 64 test tokens:
 # llama.cpp's llama graph attends to all of them); a qwen3_moe with dense MLP blocks has tensors qwen3moe lacks.
-@pytest.mark.parametrize("kind, overrides, match", [
-    ("qwen3_moe", dict(norm_topk_prob=False), "norm_topk_prob"),
-    ("qwen3_moe", dict(mlp_only_layers=[1]), "dense MLP"),
-    ("mixtral", dict(sliding_window=16), "sliding_window"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, overrides, match",
+    [
+        ("qwen3_moe", dict(norm_topk_prob=False), "norm_topk_prob"),
+        ("qwen3_moe", dict(mlp_only_layers=[1]), "dense MLP"),
+        ("mixtral", dict(sliding_window=16), "sliding_window"),
+    ],
+)
 def test_refuses_what_llamacpp_would_compute_differently(tmp_path, kind, overrides, match):
     src = make_moe(kind, tmp_path / "model", **overrides)
     with pytest.raises(UserError, match=match):

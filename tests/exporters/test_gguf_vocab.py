@@ -24,7 +24,9 @@ TEXTS = [
     "Once upon a time, there was a little girl named Lily. She was 3 years old and had 1,234 toys!",
     "Numbers 2024, 3.14159 and 1000000; can't won't I'd we'll they've   spaces\t\ttabs\n\nnewlines\r\n",
     "“Quotes” — dashes… naïve café, emoji 🙂 and 漢字 are bytes here. <|im_end|> is special",
-    " leading space", "a", "",
+    " leading space",
+    "a",
+    "",
 ]
 
 
@@ -37,7 +39,8 @@ def tokenizer_options(pre: str) -> dict:
 
 
 def pre_tokenizers_under_test():
-    from tokenizers import Regex, pre_tokenizers as pt
+    from tokenizers import Regex
+    from tokenizers import pre_tokenizers as pt
 
     byte_level = pt.ByteLevel(add_prefix_space=False)
     no_regex = pt.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -80,21 +83,28 @@ def test_llamacpp_tokenizes_like_the_hf_tokenizer(pre, tmp_path):
 def test_a_pre_tokenizer_llama_cpp_cannot_reproduce_is_refused(tmp_path):
     from tokenizers import pre_tokenizers as pt
 
-    model = make_tiny_bpe_llama(tmp_path / "model", pre_tokenizer=pt.Sequence(
-        [pt.Whitespace(), pt.ByteLevel(add_prefix_space=False)]))  # fmt: skip
+    model = make_tiny_bpe_llama(
+        tmp_path / "model", pre_tokenizer=pt.Sequence([pt.Whitespace(), pt.ByteLevel(add_prefix_space=False)])
+    )
     with pytest.raises(UserError, match="pre-tokenizer .* is not one llama.cpp can reproduce"):
         export_gguf(model, tmp_path / "out.gguf")
     assert not (tmp_path / "out.gguf").exists()
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (lambda d: d.update(decoder={"type": "Metaspace"}), "decoder Metaspace is not ByteLevel"),
-    (lambda d: d.update(normalizer={"type": "NFKC"}), "normalizer NFKC"),
-    (lambda d: d["pre_tokenizer"].update(add_prefix_space=True), "is not one llama.cpp can reproduce"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.update(decoder={"type": "Metaspace"}), "decoder Metaspace is not ByteLevel"),
+        (lambda d: d.update(normalizer={"type": "NFKC"}), "normalizer NFKC"),
+        (lambda d: d["pre_tokenizer"].update(add_prefix_space=True), "is not one llama.cpp can reproduce"),
+    ],
+)
 def test_what_llama_cpp_would_tokenize_differently_is_named(change, message):
-    data = {"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
-            "decoder": {"type": "ByteLevel"}, "normalizer": None}  # fmt: skip
+    data = {
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+        "decoder": {"type": "ByteLevel"},
+        "normalizer": None,
+    }
     assert bpe_pre_tokenizer(json.loads(json.dumps(data))) == "gpt-2"
     change(data)
     with pytest.raises(UserError, match=message):
@@ -124,8 +134,10 @@ def test_the_real_smollm2_tokenizes_like_hf_on_whole_files(tmp_path):
     assert fields["tokenizer.ggml.pre"].contents() == "gpt-2"
     for key in ("bos", "eos", "pad"):
         if config.get(f"{key}_token_id") is not None:
-            assert fields[f"tokenizer.ggml.{'padding' if key == 'pad' else key}_token_id"].contents() == \
-                config[f"{key}_token_id"], key  # fmt: skip
+            assert (
+                fields[f"tokenizer.ggml.{'padding' if key == 'pad' else key}_token_id"].contents()
+                == config[f"{key}_token_id"]
+            ), key
     tok = AutoTokenizer.from_pretrained(REAL)
     llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
     try:

@@ -18,9 +18,7 @@ from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
 from matgptq.formats.gptq_packing import unpack_cols
 from matgptq.formats.parent import read_checkpoint
 from matgptq.formats.slicing import slice_codes
-
 from tests.exporters.gptq_helpers import GROUP, _logits, _no_output
-
 
 CALIB = ["Once upon a time there was a little girl who liked to play in the park with her dog. " * 8] * 4
 
@@ -71,8 +69,9 @@ def test_round_trip_is_bit_exact(parents, tmp_path, bits, sym, fmt, ao):
     assert (out / "tokenizer.json").is_file()
 
 
-@pytest.mark.parametrize("bits,v1_word,v2_word", [(2, 0x55555555, 0xAAAAAAAA), (4, 0x77777777, 0x88888888),
-                                                  (8, 0x7F7F7F7F, 0x80808080)])  # fmt: skip
+@pytest.mark.parametrize(
+    "bits,v1_word,v2_word", [(2, 0x55555555, 0xAAAAAAAA), (4, 0x77777777, 0x88888888), (8, 0x7F7F7F7F, 0x80808080)]
+)
 def test_symmetric_qzeros_words(parents, tmp_path, bits, v1_word, v2_word):
     """docs/formats.md §2.4: a symmetric layer stores one constant word (v1 = z − 1, v2 = z)."""
     for fmt, word in (("gptq_v1", v1_word), ("gptq_v2", v2_word)):
@@ -95,8 +94,16 @@ def test_slice_scale_is_the_widths_scale_times_power_of_two(parents, tmp_path):
 def quantized(tiny_llama_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("gptq_q")
     common = dict(calib=CALIB, nsamples=8, seqlen=64, progress=False)
-    sym, _ = matgptq.quantize(tiny_llama_dir, base / "sym", method="matgptq", bits=(2, 3, 4, 8), group_size=GROUP,
-                              act_order=True, static_groups=False, **common)  # fmt: skip
+    sym, _ = matgptq.quantize(
+        tiny_llama_dir,
+        base / "sym",
+        method="matgptq",
+        bits=(2, 3, 4, 8),
+        group_size=GROUP,
+        act_order=True,
+        static_groups=False,
+        **common,
+    )
     asym, _ = matgptq.quantize(tiny_llama_dir, base / "asym", method="gptq", bits=4, sym=False, group_size=-1, **common)
     return {"sym": sym, "asym": asym}
 
@@ -104,8 +111,17 @@ def quantized(tiny_llama_dir, tmp_path_factory):
 def test_the_default_column_order_exports_with_the_plain_layout(tiny_llama_dir, tmp_path):
     """GPTQ's default, act order with static groups, stores no permutation and g_idx = k // g, so the export says
     desc_act false (every GPTQ kernel's fast path) and reads back to the same weights and logits."""
-    src, _ = matgptq.quantize(tiny_llama_dir, tmp_path / "q", method="gptq", bits=4, group_size=GROUP, calib=CALIB,
-                              nsamples=8, seqlen=64, progress=False)  # fmt: skip
+    src, _ = matgptq.quantize(
+        tiny_llama_dir,
+        tmp_path / "q",
+        method="gptq",
+        bits=4,
+        group_size=GROUP,
+        calib=CALIB,
+        nsamples=8,
+        seqlen=64,
+        progress=False,
+    )
     layers = read_checkpoint(src).layers
     for q in layers.values():
         assert q.perm is None and torch.equal(q.g_idx.long(), torch.arange(q.shape[1]) // GROUP)
@@ -116,8 +132,16 @@ def test_the_default_column_order_exports_with_the_plain_layout(tiny_llama_dir, 
     assert torch.equal(_logits(matgptq.load(out)), _logits(matgptq.load(src)))
 
 
-@pytest.mark.parametrize("kind,bits,fmt", [("sym", 2, "gptq_v1"), ("sym", 3, "gptq_v2"), ("sym", 4, "gptq_v1"),
-                                           ("sym", 8, "gptq_v2"), ("asym", 4, "gptq_v2")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind,bits,fmt",
+    [
+        ("sym", 2, "gptq_v1"),
+        ("sym", 3, "gptq_v2"),
+        ("sym", 4, "gptq_v1"),
+        ("sym", 8, "gptq_v2"),
+        ("asym", 4, "gptq_v2"),
+    ],
+)
 def test_loaded_export_has_the_logits_of_the_slice(quantized, tmp_path, kind, bits, fmt):
     out = export_gptq(quantized[kind], tmp_path / "g", fmt, bits=bits)
     back = read_gptq_checkpoint(out)

@@ -22,7 +22,6 @@ from matgptq.exporters.readers import gptq_readers
 from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
 from matgptq.formats.gptq_packing import unpack_cols, unpack_rows
 from matgptq.formats.parent import read_checkpoint
-
 from tests.exporters.gptq_moe_helpers import MoECache
 
 TYPES = ["qwen3_moe", "mixtral", "gpt_oss"]
@@ -94,13 +93,17 @@ def test_a_per_expert_mix_names_each_half_in_dynamic(cache, tmp_path, model_type
     expected = {}
     for name, r in mix.items():
         m = EXPERT.match(name)
-        halves = [name] if m is None or m.group(3) == "down_proj" else [
-            f"{m.group(1)}.{m.group(2)}.{h}" for h in ("gate_proj", "up_proj")]  # fmt: skip
+        halves = (
+            [name]
+            if m is None or m.group(3) == "down_proj"
+            else [f"{m.group(1)}.{m.group(2)}.{h}" for h in ("gate_proj", "up_proj")]
+        )
         expected.update(dict.fromkeys(halves, r))
     counts = Counter(expected.values())  # the base width is the most common one among the GPTQ layers (halves)
     base = max(counts, key=lambda b: (counts[b], b))
-    assert qc["bits"] == base and qc["dynamic"] == {f"+:^{re.escape(n)}$": {"bits": r}
-                                                    for n, r in expected.items() if r != base}  # fmt: skip
+    assert qc["bits"] == base and qc["dynamic"] == {
+        f"+:^{re.escape(n)}$": {"bits": r} for n, r in expected.items() if r != base
+    }
     read = read_gptq_checkpoint(out)
     assert {n: q.bits for n, q in read.layers.items()} == mix
     with torch.no_grad():

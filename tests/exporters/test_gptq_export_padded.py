@@ -16,7 +16,6 @@ from matgptq.exporters.gptq import export_gptq
 from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
 from matgptq.formats.parent import read_checkpoint
 from matgptq.formats.slicing import slice_codes
-
 from tests.conftest import make_tiny_llama
 from tests.exporters.gptq_helpers import _logits, _relabel, synthetic
 
@@ -47,7 +46,10 @@ def test_padded_shapes_round_trip(odd_llama, tmp_path, inter, bits, fmt):
     words = -(-inter * bits // 32)
     gate, down = "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.down_proj"  # 64 → inter, inter → 64
     assert raw[f"{gate}.qweight"].shape == (64 * bits // 32, inter) and raw[f"{gate}.qzeros"].shape == (2, words)
-    assert raw[f"{down}.qweight"].shape == (words, 64) and raw[f"{down}.qzeros"].shape == (-(-inter // 32), 64 * bits // 32)
+    assert raw[f"{down}.qweight"].shape == (words, 64) and raw[f"{down}.qzeros"].shape == (
+        -(-inter // 32),
+        64 * bits // 32,
+    )
     assert raw[f"{down}.g_idx"].shape == (inter,) and raw[f"{gate}.scales"].shape == (2, inter)
     if fill:  # the unused high fields of the last word: zero codes; zero v2 zeros, from which v1 borrows
         last = raw[f"{down}.qweight"][-1].numpy().view(np.uint32)

@@ -18,9 +18,7 @@ from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
 from matgptq.formats.gptq_packing import pack_cols, unpack_cols
 from matgptq.formats.parent import read_checkpoint, save_checkpoint
 from matgptq.formats.quantized import QuantizedWeight
-
 from tests.exporters.gptq_helpers import _no_output, _relabel, synthetic
-
 
 # ------------------------------------------------------------------------------------------------------- refusals
 
@@ -57,16 +55,21 @@ def test_three_bit_partial_block_is_refused(tiny_llama_dir, tmp_path, n, k, fmt)
     """3-bit GPTQ packs 32 values into 3 words; a partial block is refused (naming the layer and the way out)."""
     shapes = {"model.layers.0.mlp.down_proj": (n, k), "model.layers.1.mlp.down_proj": (64, 128)}
     src = synthetic(tmp_path / "p", tiny_llama_dir, shapes=shapes, group=-1)
-    with pytest.raises(UserError, match=rf"layers\.0\.mlp\.down_proj has {n} output × {k} input.*multiples of 32.*"
-                                        r"export 2, 4 or 8 bits.*--format gguf"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=rf"layers\.0\.mlp\.down_proj has {n} output × {k} input.*multiples of 32.*"
+        r"export 2, 4 or 8 bits.*--format gguf",
+    ):
         export_gptq(src, tmp_path / "g", fmt, bits=3)
     _no_output(tmp_path / "g")
 
 
 def test_scale_overflow_is_refused(tiny_llama_dir, tmp_path):
     ck = read_checkpoint(synthetic(tmp_path / "p", tiny_llama_dir))
-    layers = {n: QuantizedWeight(q.codes, torch.full_like(q.scales, 60000.0), q.zeros, q.g_idx, 8)
-              for n, q in ck.layers.items()}  # fmt: skip
+    layers = {
+        n: QuantizedWeight(q.codes, torch.full_like(q.scales, 60000.0), q.zeros, q.g_idx, 8)
+        for n, q in ck.layers.items()
+    }
     save_checkpoint(tmp_path / "big", ck.config, ck.tensors, layers, ck.meta, None)
     export_gptq(tmp_path / "big", tmp_path / "g8", "gptq_v2", bits=8)
     with pytest.raises(UserError, match="overflows float16"):
@@ -123,10 +126,14 @@ def _asym_v1(parents, tmp_path, bits, gptqmodel_tag):
             n = raw[k].shape[1] * 32 // 3
             raw[k] = torch.from_numpy(pack_cols((unpack_cols(raw[k].numpy(), 3, n).astype(np.int64) - 1) & 7, 3))
         else:
-            words = raw[k].numpy().view(np.uint32).astype(np.int64) - {2: 0x55555555, 4: 0x11111111, 8: 0x01010101}[bits]
+            words = (
+                raw[k].numpy().view(np.uint32).astype(np.int64) - {2: 0x55555555, 4: 0x11111111, 8: 0x01010101}[bits]
+            )
             raw[k] = torch.from_numpy((words & 0xFFFFFFFF).astype(np.uint32).view(np.int32))
     save_file(raw, str(out / "model.safetensors"))
-    _relabel(out, checkpoint_format="gptq", format="gptq", meta={"quantizer": ["gptqmodel:7.6.0"] if gptqmodel_tag else []})
+    _relabel(
+        out, checkpoint_format="gptq", format="gptq", meta={"quantizer": ["gptqmodel:7.6.0"] if gptqmodel_tag else []}
+    )
     return out, want
 
 

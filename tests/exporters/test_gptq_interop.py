@@ -42,7 +42,6 @@ from matgptq.exporters.gptq import FORMATS, export_gptq, gptq_layer
 from matgptq.exporters.readers import gptq_readers
 from matgptq.formats.parent import read_checkpoint
 from matgptq.models.fused import fused_groups
-
 from tests.conftest import require_peer
 from tests.exporters.gptq_interop_helpers import (
     BITS,
@@ -144,7 +143,12 @@ def test_transformers_optimum_loads_export(gptqmodel, cache, record_property, bi
 
 # ----------------------------------------------------------------------------------- GPTQModel's files, our reader
 
-GM_CASES = [(4, True, "gptq", False), (3, False, "gptq_v2", True), (2, False, "gptq", False), (8, True, "gptq_v2", True)]
+GM_CASES = [
+    (4, True, "gptq", False),
+    (3, False, "gptq_v2", True),
+    (2, False, "gptq", False),
+    (8, True, "gptq_v2", True),
+]
 
 
 @pytest.mark.parametrize("bits,sym,fmt,ao", GM_CASES, ids=_ids(GM_CASES))
@@ -163,8 +167,11 @@ def test_packing_matches_gptqmodel_packer(gptqmodel, cache, bits, sym):
 
     ao = bits == 3
     src = cache.source(sym, bits, ao)
-    exports = {f: load_file(str(cache.export(bits, sym, f, ao) / "model.safetensors"))
-               for f in ("gptq_v1", "gptq_v2") if sym or f == "gptq_v2"}  # fmt: skip
+    exports = {
+        f: load_file(str(cache.export(bits, sym, f, ao) / "model.safetensors"))
+        for f in ("gptq_v1", "gptq_v2")
+        if sym or f == "gptq_v2"
+    }
     for name, q in read_checkpoint(src).layers.items():
         q = q.slice(bits)
         codes, scales, zeros = gptq_layer(name, q)
@@ -172,8 +179,16 @@ def test_packing_matches_gptqmodel_packer(gptqmodel, cache, bits, sym):
         linear = torch.nn.Linear(k, n, bias=False)
         linear.weight.data = q.dequantize()  # s·(q − z) is exact in fp32; GPTQModel recovers q = round(W/s + z)
         for pack in ("pack_block", "pack_original"):
-            ql = TorchLinear(bits=bits, group_size=GROUP, sym=sym, desc_act=ao, in_features=k, out_features=n,
-                             bias=False, pack_dtype=torch.int32)  # fmt: skip
+            ql = TorchLinear(
+                bits=bits,
+                group_size=GROUP,
+                sym=sym,
+                desc_act=ao,
+                in_features=k,
+                out_features=n,
+                bias=False,
+                pack_dtype=torch.int32,
+            )
             getattr(ql, pack)(linear, torch.from_numpy(scales).float(), torch.from_numpy(zeros).float(), q.g_idx)
             v2 = exports["gptq_v2"]
             assert np.array_equal(ql.qweight.numpy(), v2[f"{name}.qweight"].numpy()), (name, pack)
@@ -243,8 +258,16 @@ def test_padded_stories_packing_matches_gptqmodel_packer(gptqmodel, stories, bit
         n, k = q.shape
         linear = torch.nn.Linear(k, n, bias=False)
         linear.weight.data = q.dequantize()
-        ql = TorchLinear(bits=bits, group_size=GROUP, sym=True, desc_act=False, in_features=k, out_features=n,
-                         bias=False, pack_dtype=torch.int32)  # fmt: skip
+        ql = TorchLinear(
+            bits=bits,
+            group_size=GROUP,
+            sym=True,
+            desc_act=False,
+            in_features=k,
+            out_features=n,
+            bias=False,
+            pack_dtype=torch.int32,
+        )
         args = (linear, torch.from_numpy(scales).float(), torch.from_numpy(zeros).float(), q.g_idx)
         try:
             ql.pack_block(*args)
@@ -262,8 +285,9 @@ STORIES_GM_CASES = [(4, True, "gptq", False), (2, False, "gptq", False)]
 
 
 @pytest.mark.parametrize("bits,sym,fmt,ao", STORIES_GM_CASES, ids=_ids(STORIES_GM_CASES))
-def test_we_read_gptqmodel_padded_stories_checkpoints(gptqmodel, stories, record_property, tmp_path, bits, sym, fmt,
-                                                       ao):  # fmt: skip
+def test_we_read_gptqmodel_padded_stories_checkpoints(
+    gptqmodel, stories, record_property, tmp_path, bits, sym, fmt, ao
+):
     ckpt = _check_we_read_gptqmodel(gptqmodel, stories, record_property, tmp_path / "gm", bits, sym, fmt, ao)
     theirs = load_file(str(tmp_path / "gm" / "model.safetensors"))
     assert theirs["model.layers.0.mlp.down_proj.qweight"].shape == (-(-172 * bits // 32), 64)  # GPTQModel pads too

@@ -16,10 +16,8 @@ from safetensors.torch import load_file, save_file
 import matgptq
 from matgptq.exporters.gptq import export_gptq
 from matgptq.exporters.readers import gptq_readers
-
 from tests.conftest import require_peer
 from tests.exporters.gptq_interop_helpers import _compare, _gptqmodel_logits, _gptqmodel_weights
-
 
 pytestmark = pytest.mark.interop
 
@@ -64,7 +62,10 @@ def test_transformers_default_kernel_needs_whole_groups(gptqmodel, tmp_path):
     src = quick_quantize(model_dir, tmp_path / "q", bits=4, group_size=64)
     path = export_gptq(src, tmp_path / "g", "gptq_v1")
     readers = gptq_readers(path)
-    assert readers.fails[0].startswith("transformers' default 4-bit CPU kernel") and "96, group size 64" in readers.fails[0]
+    assert (
+        readers.fails[0].startswith("transformers' default 4-bit CPU kernel")
+        and "96, group size 64" in readers.fails[0]
+    )
     assert readers.untested[0].startswith("vLLM (expected to refuse it")  # Marlin: whole groups only (not run here)
     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16, device_map="cpu")

@@ -31,10 +31,9 @@ import pytest
 import torch
 
 import matgptq
-from matgptq.formats import gptq_experts
 from matgptq.exporters.gptq import export_gptq
+from matgptq.formats import gptq_experts
 from matgptq.formats.gptq_experts import gptq_widths
-
 from tests.exporters.gptq_interop_helpers import Cache, _compare, _gptqmodel_logits, _gptqmodel_weights
 from tests.exporters.gptq_moe_helpers import MoECache, gptq_bias, gptq_weight, gptqmodel_runs
 from tests.models.test_arch import FOUND, tiny_dir

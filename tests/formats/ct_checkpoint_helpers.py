@@ -12,12 +12,18 @@ from safetensors.torch import load_file
 import matgptq
 from matgptq.exporters.compressed_tensors import export_compressed_tensors
 from matgptq.formats.parent import save_checkpoint
-
 from tests.conftest import STORIES
 from tests.exporters.gptq_helpers import _layer
 
-PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
-        "mlp.down_proj")  # fmt: skip
+PROJ = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 LAYERS = [f"model.layers.{i}.{m}" for i in range(5) for m in PROJ]  # stories260K: down_proj has K = 172
 MIX = {n: (2, 3, 4, 5, 6, 7, 8)[i % 7] for i, n in enumerate(LAYERS)}  # every width: 7 config groups
 
@@ -50,8 +56,15 @@ def synthetic(path: Path, sym: bool, widths, group: int, seed: int = 0) -> Path:
         n, k = fp[f"{name}.weight"].shape
         layers[name] = _layer(n, k, sym, False, gen, widths if isinstance(widths, int) else widths[name], group)
     tensors = {k: v for k, v in fp.items() if k.removesuffix(".weight") not in layers}
-    meta = {"quantization": {"method": "gptq", "bits": widths if isinstance(widths, int) else 8, "group_size": group,
-                             "sym": sym, "act_order": False}}  # fmt: skip
+    meta = {
+        "quantization": {
+            "method": "gptq",
+            "bits": widths if isinstance(widths, int) else 8,
+            "group_size": group,
+            "sym": sym,
+            "act_order": False,
+        }
+    }
     return save_checkpoint(path, config, tensors, layers, meta, STORIES)
 
 
@@ -78,8 +91,9 @@ class Cache:
         def make():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the ragged layers' notice (tests/exporters cover it)
-                return export_compressed_tensors(self.source(EXPORTS[export_id][0]), self.base / f"ct-{export_id}",
-                                                 bits=self.bits(export_id))  # fmt: skip
+                return export_compressed_tensors(
+                    self.source(EXPORTS[export_id][0]), self.base / f"ct-{export_id}", bits=self.bits(export_id)
+                )
 
         return self._get(("ct", export_id), make)
 

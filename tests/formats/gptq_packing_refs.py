@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 BITS = (2, 3, 4, 8)
 
 

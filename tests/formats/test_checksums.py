@@ -25,8 +25,10 @@ def file_tensors(path: Path) -> dict[str, tuple[str, list[int], int, int]]:
     n = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8 : 8 + n])
     header.pop("__metadata__", None)
-    return {k: (v["dtype"], v["shape"], 8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1])
-            for k, v in header.items()}  # fmt: skip
+    return {
+        k: (v["dtype"], v["shape"], 8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1])
+        for k, v in header.items()
+    }
 
 
 def crc_oracle(path: Path) -> dict[str, str]:
@@ -46,8 +48,9 @@ def weight_files(ckpt: Path) -> list[Path]:
 def parents(tiny_llama_dir, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("sums")
     one = quick_quantize(tiny_llama_dir, root / "one", method="matgptq", bits="3,8", group_size=32)
-    sharded = quick_quantize(tiny_llama_dir, root / "sharded", method="matgptq", bits="3,8", group_size=32,
-                             shard_bytes=20_000)  # fmt: skip
+    sharded = quick_quantize(
+        tiny_llama_dir, root / "sharded", method="matgptq", bits="3,8", group_size=32, shard_bytes=20_000
+    )
     return {"one": one, "sharded": sharded, "slice": matgptq.slice(one, 3, root / "slice")}
 
 
@@ -105,8 +108,10 @@ def test_swapped_tensors_are_refused_though_each_is_well_formed(parents, tmp_pat
     assert len(text) == n
     f.write_bytes(raw[:8] + text + raw[8 + n :])
     swapped = read_checkpoint(d, verify=False).layers  # well-formed, and another model
-    assert not torch.equal(swapped[a.removesuffix(".scales")].scales, read_checkpoint(parents["one"]).layers[
-        a.removesuffix(".scales")].scales)  # fmt: skip
+    assert not torch.equal(
+        swapped[a.removesuffix(".scales")].scales,
+        read_checkpoint(parents["one"]).layers[a.removesuffix(".scales")].scales,
+    )
     with pytest.raises(UserError, match=r"tensor model\.layers\.[01]\.self_attn\.q_proj\.scales does not match"):
         read_checkpoint(d)
 
@@ -114,9 +119,11 @@ def test_swapped_tensors_are_refused_though_each_is_well_formed(parents, tmp_pat
 def test_commands_refuse_a_damaged_parent_in_one_line_and_no_verify_skips(parents, tmp_path, capsys):
     d = copy(parents["one"], tmp_path)
     flip(d / "model.safetensors", "model.embed_tokens.weight", random.Random(1))
-    for args in (["slice", str(d), "--bits", "3", "--out", str(tmp_path / "s")],
-                 ["export", str(d), "--format", "gptq_v2", "--out", str(tmp_path / "g")],
-                 ["verify", str(d)]):  # fmt: skip
+    for args in (
+        ["slice", str(d), "--bits", "3", "--out", str(tmp_path / "s")],
+        ["export", str(d), "--format", "gptq_v2", "--out", str(tmp_path / "g")],
+        ["verify", str(d)],
+    ):
         assert main(args) == 2
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and "model.embed_tokens.weight does not match its checksum" in err
@@ -131,9 +138,11 @@ def test_commands_refuse_a_damaged_parent_in_one_line_and_no_verify_skips(parent
 def test_a_v4_record_without_its_checksums_is_refused(parents, tmp_path):
     d = copy(parents["one"], tmp_path)
     meta = json.loads((d / "matgptq.json").read_text())
-    for damage in ({k: v for k, v in meta.items() if k != "checksums"},
-                   {**meta, "checksums": {"algorithm": "md5", "tensors": meta["checksums"]["tensors"]}},
-                   {**meta, "checksums": {"algorithm": "crc32", "tensors": {"x": "zz"}}}):  # fmt: skip
+    for damage in (
+        {k: v for k, v in meta.items() if k != "checksums"},
+        {**meta, "checksums": {"algorithm": "md5", "tensors": meta["checksums"]["tensors"]}},
+        {**meta, "checksums": {"algorithm": "crc32", "tensors": {"x": "zz"}}},
+    ):
         (d / "matgptq.json").write_text(json.dumps(damage))
         with pytest.raises(UserError, match="`checksums` must give every tensor's crc32"):
             read_checkpoint(d)

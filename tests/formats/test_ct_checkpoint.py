@@ -26,7 +26,6 @@ from matgptq.exporters.compressed_tensors import export_compressed_tensors
 from matgptq.exporters.gptq import export_gptq
 from matgptq.formats import read_ct_checkpoint
 from matgptq.runtime import open_checkpoint
-
 from tests.conftest import STORIES, TINYSTORIES, require_peer
 from tests.formats.ct_checkpoint_helpers import EXPORTS, Cache, ct_weights
 
@@ -64,8 +63,15 @@ def test_export_loads_as_its_source_in_bfloat16_packed(cache, export_id):
     dense = matgptq.load(cache.export(export_id), dtype=torch.bfloat16, packed=False)
     for name in ref.matgptq.bits:
         assert torch.equal(dense.get_submodule(name).weight, ref.get_submodule(name).weight), name
-    assert torch.equal(_logits(model, cache.ids), _logits(matgptq.load(cache.source(EXPORTS[export_id][0]),
-                       bits=cache.bits(export_id), dtype=torch.bfloat16, packed=True), cache.ids))  # fmt: skip
+    assert torch.equal(
+        _logits(model, cache.ids),
+        _logits(
+            matgptq.load(
+                cache.source(EXPORTS[export_id][0]), bits=cache.bits(export_id), dtype=torch.bfloat16, packed=True
+            ),
+            cache.ids,
+        ),
+    )
 
 
 def test_layers_are_plain_b_bit_layers(cache):
@@ -100,18 +106,32 @@ def test_compressed_tensors_decompresses_the_same_weights(cache, export_id):
 
 
 RECIPES = {  # config groups as an llm-compressor recipe gives them: class name and regex targets, ignore
-    "w4a16": ({"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "group_size": 32, "strategy": "group"}},
-               "group_1": {"targets": ["re:.*down_proj$"], "weights": {"num_bits": 4, "strategy": "channel"}}},
-              ["lm_head"]),
-    "asym-mixed": ({"g3": {"targets": ["re:.*self_attn\\.[qk]_proj$"], "weights": {
-                        "num_bits": 3, "group_size": 16, "strategy": "group", "symmetric": False}},
-                    "g8": {"targets": ["re:.*mlp\\.(gate|up)_proj$", "model.layers.1.self_attn.o_proj"], "weights": {
-                        "num_bits": 8, "strategy": "channel", "symmetric": False}},
-                    "g5": {"targets": ["Linear"], "weights": {"num_bits": 5, "group_size": 4, "strategy": "group",
-                                                              "symmetric": False}},
-                    "g6": {"targets": ["re:.*o_proj$"], "weights": {"num_bits": 6, "strategy": "tensor"}}},
-                   ["lm_head", "re:model\\.layers\\.4\\..*"]),
-}  # fmt: skip
+    "w4a16": (
+        {
+            "group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "group_size": 32, "strategy": "group"}},
+            "group_1": {"targets": ["re:.*down_proj$"], "weights": {"num_bits": 4, "strategy": "channel"}},
+        },
+        ["lm_head"],
+    ),
+    "asym-mixed": (
+        {
+            "g3": {
+                "targets": ["re:.*self_attn\\.[qk]_proj$"],
+                "weights": {"num_bits": 3, "group_size": 16, "strategy": "group", "symmetric": False},
+            },
+            "g8": {
+                "targets": ["re:.*mlp\\.(gate|up)_proj$", "model.layers.1.self_attn.o_proj"],
+                "weights": {"num_bits": 8, "strategy": "channel", "symmetric": False},
+            },
+            "g5": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 5, "group_size": 4, "strategy": "group", "symmetric": False},
+            },
+            "g6": {"targets": ["re:.*o_proj$"], "weights": {"num_bits": 6, "strategy": "tensor"}},
+        },
+        ["lm_head", "re:model\\.layers\\.4\\..*"],
+    ),
+}
 
 
 def _fake_quantized(dtype, groups: dict, ignore: list, out, fp16_scales: bool = True):
@@ -155,8 +175,9 @@ def test_llm_compressor_layout(tmp_path, recipe, dtype):
     require_peer("compressed_tensors")
     out = _fake_quantized(dtype, *RECIPES[recipe], tmp_path / "ct")
     qc = json.loads((out / "config.json").read_text())["quantization_config"]
-    assert qc["format"] == "pack-quantized" and "Linear" in [t for g in qc["config_groups"].values()
-                                                             for t in g["targets"]]  # fmt: skip
+    assert qc["format"] == "pack-quantized" and "Linear" in [
+        t for g in qc["config_groups"].values() for t in g["targets"]
+    ]
     theirs = ct_weights(out)
     model = matgptq.load(out, dtype=dtype, packed=False)
     assert sorted(model.matgptq.bits) == sorted(theirs)
@@ -187,8 +208,10 @@ def test_float32_scales_float16_cannot_hold_are_refused(tmp_path):
 
 def _ppl(capsys, tmp_path, argv, name):
     report = tmp_path / f"{name}.json"
-    assert main(["eval", *argv, "--text", str(TINYSTORIES), "--seqlen", "32", "--max-tokens", "96", "--json",
-                 str(report)]) == 0, capsys.readouterr().err  # fmt: skip
+    assert (
+        main(["eval", *argv, "--text", str(TINYSTORIES), "--seqlen", "32", "--max-tokens", "96", "--json", str(report)])
+        == 0
+    ), capsys.readouterr().err
     return json.loads(report.read_text())["results"]
 
 

@@ -19,13 +19,16 @@ from matgptq.cli import main
 from matgptq.errors import UserError
 from matgptq.exporters.compressed_tensors import pack_int32
 from matgptq.formats import read_ct_checkpoint
-
 from tests.conftest import TINYSTORIES
 from tests.formats.ct_checkpoint_helpers import Cache, edit_config
 
-SETTINGS = settings(max_examples=int(os.environ.get("MATGPTQ_FUZZ_EXAMPLES", 20)), deadline=None, derandomize=True,
-                    database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+SETTINGS = settings(
+    max_examples=int(os.environ.get("MATGPTQ_FUZZ_EXAMPLES", 20)),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 LAYER = "model.layers.0.mlp.down_proj"
 
 
@@ -63,34 +66,62 @@ def _weights(field, value):
 
 
 TENSOR_DAMAGE = {  # id: (source, edit of the tensors, words of the message)
-    "packed-column-dropped": ("sym", lambda t: t.__setitem__(f"{LAYER}.weight_packed",
-                                                             t[f"{LAYER}.weight_packed"][:, 1:].contiguous()),
-                              "not a 64×172 layer packed at 3 bits"),
-    "packed-retyped": ("sym", lambda t: t.__setitem__(f"{LAYER}.weight_packed", t[f"{LAYER}.weight_packed"].float()),
-                       "2-D int32"),
+    "packed-column-dropped": (
+        "sym",
+        lambda t: t.__setitem__(f"{LAYER}.weight_packed", t[f"{LAYER}.weight_packed"][:, 1:].contiguous()),
+        "not a 64×172 layer packed at 3 bits",
+    ),
+    "packed-retyped": (
+        "sym",
+        lambda t: t.__setitem__(f"{LAYER}.weight_packed", t[f"{LAYER}.weight_packed"].float()),
+        "2-D int32",
+    ),
     "shape-wrong": ("sym", _set(f"{LAYER}.weight_shape", torch.tensor([64, 170])), "not a 64×170 layer"),
-    "scale-wrong-shape": ("sym", lambda t: t.__setitem__(f"{LAYER}.weight_scale", t[f"{LAYER}.weight_scale"][:, :-1]
-                          .contiguous()), "expected [64, 43]"),
+    "scale-wrong-shape": (
+        "sym",
+        lambda t: t.__setitem__(f"{LAYER}.weight_scale", t[f"{LAYER}.weight_scale"][:, :-1].contiguous()),
+        "expected [64, 43]",
+    ),
     "scale-missing": ("sym", lambda t: t.pop(f"{LAYER}.weight_scale"), "weight_scale is missing"),
     "scale-nan": ("sym", lambda t: t[f"{LAYER}.weight_scale"].view(-1)[0].fill_(float("nan")), "NaN or Inf"),
-    "scale-not-fp16": ("sym", lambda t: t[f"{LAYER}.weight_scale"].view(-1)[0].fill_(1e-3 + 2**-30),
-                       "float16 cannot hold exactly"),
+    "scale-not-fp16": (
+        "sym",
+        lambda t: t[f"{LAYER}.weight_scale"].view(-1)[0].fill_(1e-3 + 2**-30),
+        "float16 cannot hold exactly",
+    ),
     "zero-point-missing": ("asym", lambda t: t.pop(f"{LAYER}.weight_zero_point"), "no integer weight_zero_point"),
-    "zero-point-unpacked": ("asym", _set(f"{LAYER}.weight_zero_point", torch.zeros(64, 43, dtype=torch.int32)),
-                            "expected int32 [6, 43]"),
-    "stray-zero-point": ("sym", _set(f"{LAYER}.weight_zero_point", torch.ones(64, 43, dtype=torch.int8)),
-                         "symmetric but stores non-zero zero points"),
+    "zero-point-unpacked": (
+        "asym",
+        _set(f"{LAYER}.weight_zero_point", torch.zeros(64, 43, dtype=torch.int32)),
+        "expected int32 [6, 43]",
+    ),
+    "stray-zero-point": (
+        "sym",
+        _set(f"{LAYER}.weight_zero_point", torch.ones(64, 43, dtype=torch.int8)),
+        "symmetric but stores non-zero zero points",
+    ),
     "float-and-packed": ("sym", _set(f"{LAYER}.weight", torch.zeros(64, 172)), "both a float weight and a packed"),
-    "g_idx-without-actorder": ("sym", _set(f"{LAYER}.weight_g_idx", torch.arange(172, dtype=torch.int32) // 4),
-                               "actorder 'group'"),
-    "expert-layers": ("sym", lambda t: [t.__setitem__(k.replace("mlp.down_proj", "mlp.experts.0.down_proj"), t.pop(k))
-                                        for k in [k for k in t if k.startswith(LAYER)]], "mixture-of-experts"),
-}  # fmt: skip
+    "g_idx-without-actorder": (
+        "sym",
+        _set(f"{LAYER}.weight_g_idx", torch.arange(172, dtype=torch.int32) // 4),
+        "actorder 'group'",
+    ),
+    "expert-layers": (
+        "sym",
+        lambda t: [
+            t.__setitem__(k.replace("mlp.down_proj", "mlp.experts.0.down_proj"), t.pop(k))
+            for k in [k for k in t if k.startswith(LAYER)]
+        ],
+        "mixture-of-experts",
+    ),
+}
 CONFIG_DAMAGE = {  # id: (edit of quantization_config, words of the message)
     "format-int-quantized": (lambda qc: qc.__setitem__("format", "int-quantized"), "format 'int-quantized'"),
     "status-frozen": (lambda qc: qc.__setitem__("quantization_status", "frozen"), "status 'frozen'"),
-    "activations": (lambda qc: qc["config_groups"]["group_0"].__setitem__("input_activations", {"num_bits": 8}),
-                    "quantizes activations"),
+    "activations": (
+        lambda qc: qc["config_groups"]["group_0"].__setitem__("input_activations", {"num_bits": 8}),
+        "quantizes activations",
+    ),
     "float-weights": (_weights("type", "float"), "float weights"),
     "block-strategy": (_weights("strategy", "block"), "'block' strategy"),
     "one-bit": (_weights("num_bits", 1), "num_bits 1"),
@@ -101,7 +132,7 @@ CONFIG_DAMAGE = {  # id: (edit of quantization_config, words of the message)
     "legacy-3bit-packing": (lambda qc: qc.__setitem__("version", "0.9.4"), "predates 0.17"),
     "groups-not-object": (lambda qc: qc.__setitem__("config_groups", ["group_0"]), "must be an object"),
     "group-size-not-dividing": (_weights("group_size", 5), "group_size 5 does not divide"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", TENSOR_DAMAGE)
@@ -184,8 +215,9 @@ def test_reference_unpacker_inverts_the_packer():
 def test_symmetric_zero_point_of_zeros_is_accepted(sources, tmp_path):
     d = _copy(sources, "sym", tmp_path)
     _edit_tensors(d, _set(f"{LAYER}.weight_zero_point", torch.zeros(64, 43, dtype=torch.int8)))
-    assert torch.equal(read_ct_checkpoint(d).layers[LAYER].dequantize(),
-                       read_ct_checkpoint(sources["sym"]).layers[LAYER].dequantize())  # fmt: skip
+    assert torch.equal(
+        read_ct_checkpoint(d).layers[LAYER].dequantize(), read_ct_checkpoint(sources["sym"]).layers[LAYER].dequantize()
+    )
 
 
 # --- the property, fuzzed: works, or one UserError line ------------------------------------------------------------
@@ -212,17 +244,22 @@ def test_fuzzed_damage_one_line(sources, tmp_path_factory, data):
         key = data.draw(st.sampled_from(sorted(tensors)))
         t, op = tensors.pop(key), data.draw(st.sampled_from(["drop", "reshape", "retype", "transpose"]))
         if op != "drop":
-            tensors[key] = (t.reshape(-1)[: max(1, t.numel() - 1)].clone() if op == "reshape" else
-                            t.T.contiguous() if op == "transpose" and t.dim() == 2 else
-                            t.to(torch.float32 if not t.is_floating_point() else torch.int64))  # fmt: skip
+            tensors[key] = (
+                t.reshape(-1)[: max(1, t.numel() - 1)].clone()
+                if op == "reshape"
+                else t.T.contiguous()
+                if op == "transpose" and t.dim() == 2
+                else t.to(torch.float32 if not t.is_floating_point() else torch.int64)
+            )
         save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
     else:
         config = json.loads((d / "config.json").read_text())
         qc = config["quantization_config"]
         group = qc["config_groups"]["group_0"]
         node = data.draw(st.sampled_from([qc, group, group["weights"]]))
-        values = st.one_of(st.none(), st.booleans(), st.integers(-3, 12), st.text(max_size=4),
-                           st.lists(st.integers(-2, 9), max_size=3))  # fmt: skip
+        values = st.one_of(
+            st.none(), st.booleans(), st.integers(-3, 12), st.text(max_size=4), st.lists(st.integers(-2, 9), max_size=3)
+        )
         node[data.draw(st.sampled_from(sorted(node)))] = data.draw(values)
         (d / "config.json").write_text(json.dumps(config))
     _holds(d)

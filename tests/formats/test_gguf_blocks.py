@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
+from gguf import GGML_QUANT_SIZES  # noqa: E402
+from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from matgptq.formats.gguf.blocks import (  # noqa: E402
     KQuantBlocks,
@@ -67,7 +68,9 @@ def test_legacy_exact(qtype, enc, rng_codes, has_m, off, seed):
     assert np.array_equal(_deq(data, qtype, rows, k), expected)
 
 
-@pytest.mark.parametrize("qtype,enc,off", [(T.Q4_0, encode_q4_0, 8), (T.Q5_0, encode_q5_0, 16), (T.Q8_0, encode_q8_0, 0)])
+@pytest.mark.parametrize(
+    "qtype,enc,off", [(T.Q4_0, encode_q4_0, 8), (T.Q5_0, encode_q5_0, 16), (T.Q8_0, encode_q8_0, 0)]
+)
 def test_bytes_match_gguf_quantize(qtype, enc, off):
     """gguf-py's own quantizer picks the same d and codes when a block holds the extreme code."""
     rng = np.random.default_rng(7)
@@ -122,8 +125,9 @@ def test_q2_k_exact_equal_scales_and_mins():
     assert res.scale_error == res.min_error == res.max_error == 0.0
 
 
-def _check_approx(res: KQuantBlocks, deq: np.ndarray, codes: np.ndarray, s: np.ndarray, off: int,
-                  m: np.ndarray | None = None) -> None:
+def _check_approx(
+    res: KQuantBlocks, deq: np.ndarray, codes: np.ndarray, s: np.ndarray, off: int, m: np.ndarray | None = None
+) -> None:
     eff = _rep16(res.scales)
     eff_m = np.zeros_like(eff) if res.mins is None else _rep16(res.mins)
     # the reader's values are exactly what the reported effective scales/mins give
@@ -144,7 +148,7 @@ def test_kquant_approx_scales(qtype, enc, top, off, seed):
     rng = np.random.default_rng(10 + seed)
     rows, k = 4, 768
     codes = rng.integers(0, top + 1, size=(rows, k))
-    s = (np.repeat(rng.uniform(1e-3, 0.05, (rows, k // 256)), 16, axis=1) * rng.uniform(0.5, 1.0, (rows, k // 16)))
+    s = np.repeat(rng.uniform(1e-3, 0.05, (rows, k // 256)), 16, axis=1) * rng.uniform(0.5, 1.0, (rows, k // 16))
     s = s.astype(F16).astype(F32)
     res = enc(codes, s)
     _check_approx(res, _deq(res.data, qtype, rows, k), codes, s, off)
@@ -231,6 +235,7 @@ def test_kquant_finds_the_exact_lattice(qtype, enc, top, off):
 
 
 # --- validation -------------------------------------------------------------------------
+
 
 def test_validation_errors():
     ok16 = np.ones((2, 1), F16)

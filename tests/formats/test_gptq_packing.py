@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from matgptq.formats.gptq_packing import pack_cols, pack_rows, to_v1_zeros, unpack_cols, unpack_rows
-
 from tests.formats.gptq_packing_refs import BITS, naive_pack_rows
 
 

@@ -9,7 +9,6 @@ import pytest
 
 from matgptq.formats.gptq_packing import from_v1_zeros, pack_cols, pack_rows, to_v1_zeros, unpack_cols, unpack_rows
 
-
 # --- errors ------------------------------------------------------------------------------------
 
 

@@ -17,7 +17,6 @@ from matgptq.formats.gptq_packing import (
     unpack_cols,
     unpack_rows,
 )
-
 from tests.formats.gptq_packing_refs import BITS, naive_pack_rows
 
 

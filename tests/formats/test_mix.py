@@ -22,8 +22,15 @@ def test_every_form_gives_every_layer_its_width(tmp_path):
     assert read_mix(4, NAMES) == read_mix("4", NAMES) == dict.fromkeys(NAMES, 4)
 
 
-@pytest.mark.parametrize("spec,words", [({NAMES[0]: 3}, "misses 1 layers"), ({"x": 3, "*": 4}, "unknown layers"),
-                                        ({"*": 3.5}, "must be integers"), ([3], "must be an int")])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec,words",
+    [
+        ({NAMES[0]: 3}, "misses 1 layers"),
+        ({"x": 3, "*": 4}, "unknown layers"),
+        ({"*": 3.5}, "must be integers"),
+        ([3], "must be an int"),
+    ],
+)
 def test_bad_specs_are_one_line(spec, words):
     with pytest.raises(UserError, match=words):
         read_mix(spec, NAMES)

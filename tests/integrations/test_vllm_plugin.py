@@ -29,8 +29,9 @@ import pytest
 from tests.conftest import REAL_MODEL
 
 if importlib.util.find_spec("vllm") is None:  # as test_vllm.py: CI's main venv never has vLLM
-    pytest.skip("vLLM is not installed in this venv: this file runs in `make vllm-test` (.venv-vllm)",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "vLLM is not installed in this venv: this file runs in `make vllm-test` (.venv-vllm)", allow_module_level=True
+    )
 if not (REAL_MODEL / "model.safetensors").is_file():
     pytest.skip(f"{REAL_MODEL} not made (make real-model)", allow_module_level=True)
 
@@ -47,8 +48,11 @@ def block(i: int, widths: dict[str, int]) -> dict[str, int]:
 
 
 # attention at 3 bits and MLP at 4, blocks 0 and 15 at 8: q/k/v and gate/up, each one vLLM layer, share a width
-TIED = {"*": 4, **{k: v for i in range(LAYERS) for k, v in block(i, dict.fromkeys(ATTENTION, 3)).items()},
-        **{k: v for i in (0, 15) for k, v in block(i, dict.fromkeys(ATTENTION + MLP, 8)).items()}}  # fmt: skip
+TIED = {
+    "*": 4,
+    **{k: v for i in range(LAYERS) for k, v in block(i, dict.fromkeys(ATTENTION, 3)).items()},
+    **{k: v for i in (0, 15) for k, v in block(i, dict.fromkeys(ATTENTION + MLP, 8)).items()},
+}
 # every shard of a fused layer at its own width
 SHARDS = {"q_proj": 3, "k_proj": 4, "v_proj": 8, "gate_proj": 3, "up_proj": 8}
 UNTIED = {"*": 4, **{k: v for i in range(LAYERS) for k, v in block(i, SHARDS).items()}}
@@ -78,15 +82,20 @@ def damaged_copy(parent: Path, out: Path) -> Path:
 
 def _child(base: Path, name: str, spec: dict, env: dict[str, str] | None = None) -> dict:
     (base / f"{name}.spec.json").write_text(json.dumps(spec))
-    run = subprocess.run([sys.executable, str(CHILD), str(base / f"{name}.spec.json"), str(base / f"{name}.json")],
-                         capture_output=True, text=True, timeout=3000, env={**os.environ, **(env or {})})  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(CHILD), str(base / f"{name}.spec.json"), str(base / f"{name}.json")],
+        capture_output=True,
+        text=True,
+        timeout=3000,
+        env={**os.environ, **(env or {})},
+    )
     if run.returncode != 0:
         pytest.fail(f"the vLLM process failed (exit {run.returncode}):\n{run.stderr[-4000:]}")
     return json.loads((base / f"{name}.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, smol_parent):
+def served(tmp_path_factory, smol_parent):  # noqa: F811 — the imported fixture
     """The parent (test_vllm.py's, quantized once per session), the prompts, what each case asked for, and what vLLM
     computed: every case of SERVED and REFUSED in one process (engine core in it), SPAWNED in a second one with
     vLLM's engine core and worker spawned."""
@@ -95,19 +104,32 @@ def served(tmp_path_factory, smol_parent):
     prompts = _windows()
     (base / "mix.json").write_text(json.dumps(TIED))
     asked = {n: str(base / "mix.json") if b == "MIXFILE" else b for n, b in {**SERVED, **REFUSED}.items()}
-    spec = {"parent": str(parent), "prompts": prompts, "max_tokens": GREEDY_TOKENS, "max_model_len": 256,
-            "parents": {"damaged": str(damaged_copy(parent, base / "damaged"))}}  # fmt: skip
+    spec = {
+        "parent": str(parent),
+        "prompts": prompts,
+        "max_tokens": GREEDY_TOKENS,
+        "max_model_len": 256,
+        "parents": {"damaged": str(damaged_copy(parent, base / "damaged"))},
+    }
     one = _child(base, "in-process", {**spec, "cases": asked})
     spawned = _child(base, "spawned", {**spec, "cases": SPAWNED}, SPAWN_ENV)
-    return {"parent": parent, "prompts": prompts, "asked": {**asked, **SPAWNED}, "plugin": one["plugin"],
-            "results": {**one["cases"], **spawned["cases"]}}  # fmt: skip
+    return {
+        "parent": parent,
+        "prompts": prompts,
+        "asked": {**asked, **SPAWNED},
+        "plugin": one["plugin"],
+        "results": {**one["cases"], **spawned["cases"]},
+    }
 
 
 def test_the_entry_point_registers_the_method_in_a_fresh_process(served):
     """The child is a fresh interpreter: `import matgptq` left vLLM alone, and vLLM's own plugin loading (as in
     each process it starts) registered "matgptq" from the installed entry point."""
-    assert served["plugin"] == {"matgptq_imports_vllm": False, "registered_before": False,
-                                "registered_by_entry_point": True}  # fmt: skip
+    assert served["plugin"] == {
+        "matgptq_imports_vllm": False,
+        "registered_before": False,
+        "registered_by_entry_point": True,
+    }
 
 
 @pytest.mark.parametrize("name", [*SERVED, *SPAWNED])
@@ -136,5 +158,7 @@ def test_a_damaged_parent_is_refused_naming_the_tensor(served):
 def test_a_width_the_parent_cannot_serve_is_one_clear_error(served, name):
     said = served["results"][name].get("refused")
     assert said is not None, f"vLLM served the parent at {name} bits"
-    assert said.startswith(f"UserError: cannot use {REFUSED[name]} bits for model.layers.0.self_attn.q_proj: widths "
-                           "2..8 exist for it in this checkpoint"), said  # fmt: skip
+    assert said.startswith(
+        f"UserError: cannot use {REFUSED[name]} bits for model.layers.0.self_attn.q_proj: widths "
+        "2..8 exist for it in this checkpoint"
+    ), said

@@ -34,8 +34,14 @@ def shards_of(directory: Path) -> set[str]:
     for file in directory.glob("*.safetensors"):
         with safe_open(str(file), "pt") as f:
             for key in f.keys():
-                names.add(re.sub(r"\.(weight|weight_packed|weight_scale|weight_zero_point|weight_shape|qweight|qzeros|"
-                                 r"scales|g_idx|bias)$", "", key))  # fmt: skip
+                names.add(
+                    re.sub(
+                        r"\.(weight|weight_packed|weight_scale|weight_zero_point|weight_shape|qweight|qzeros|"
+                        r"scales|g_idx|bias)$",
+                        "",
+                        key,
+                    )
+                )
     return names
 
 
@@ -85,8 +91,9 @@ def routed_experts(config: dict):
     names = CKPT_NAMES.get(config["architectures"][0], DEFAULT_CKPT_NAMES)
     layer.__dict__.update(ckpt_gate_proj_name=names[0], ckpt_up_proj_name=names[1], ckpt_down_proj_name=names[2])
     inter = config.get("moe_intermediate_size", config.get("intermediate_size"))
-    layer.__dict__["moe_config"] = SimpleNamespace(hidden_dim=config["hidden_size"],
-                                                   intermediate_size_per_partition_unpadded=inter)  # fmt: skip
+    layer.__dict__["moe_config"] = SimpleNamespace(
+        hidden_dim=config["hidden_size"], intermediate_size_per_partition_unpadded=inter
+    )
     return layer
 
 

@@ -39,8 +39,11 @@ def plugin_seen() -> dict:
 
     before = "matgptq" in QUANTIZATION_METHODS
     load_general_plugins()
-    return {"matgptq_imports_vllm": imported_vllm, "registered_before": before,
-            "registered_by_entry_point": "matgptq" in QUANTIZATION_METHODS}  # fmt: skip
+    return {
+        "matgptq_imports_vllm": imported_vllm,
+        "registered_before": before,
+        "registered_by_entry_point": "matgptq" in QUANTIZATION_METHODS,
+    }
 
 
 def serve(parent: str, bits, spec: dict) -> dict:
@@ -48,8 +51,14 @@ def serve(parent: str, bits, spec: dict) -> dict:
 
     overrides = {} if bits is None else {"quantization_config": {"quant_method": "matgptq", "bits": bits}}
     try:
-        llm = LLM(model=parent, quantization="matgptq", hf_overrides=overrides, enforce_eager=True,
-                  max_model_len=spec["max_model_len"], seed=0)  # fmt: skip
+        llm = LLM(
+            model=parent,
+            quantization="matgptq",
+            hf_overrides=overrides,
+            enforce_eager=True,
+            max_model_len=spec["max_model_len"],
+            seed=0,
+        )
     except Exception as error:  # noqa: BLE001 - every refusal is recorded, whichever exception vLLM raises
         return {"refused": refusal(error)}
     prompts = spec["prompts"]

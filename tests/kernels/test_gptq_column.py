@@ -42,8 +42,9 @@ def test_fused_column_is_the_torch_operations(bits, sym):
     assert torch.equal(codes.cpu(), q) and torch.equal(err.cpu(), e)
 
 
-@pytest.mark.parametrize("widths,lambdas", [((3, 4, 8), (1.0, 1.0, 16.0)), ((4, 8), (1.0, 16.0)),
-                                            ((2, 3, 4, 6), (1.0, 2.0, 1.0, 16.0))])  # fmt: skip
+@pytest.mark.parametrize(
+    "widths,lambdas", [((3, 4, 8), (1.0, 1.0, 16.0)), ((4, 8), (1.0, 16.0)), ((2, 3, 4, 6), (1.0, 2.0, 1.0, 16.0))]
+)
 def test_fused_per_width_column_is_the_torch_operations(widths, lambdas):
     """kernels/gptq_column.per_width_step against PerWidthRounding's device path (every cell scored in torch,
     `_search_all`, then residual_tracks and the division): codes and errors bit for bit. Tracks apart by up to a few

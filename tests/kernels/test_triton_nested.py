@@ -22,12 +22,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first c
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-
 from matgptq.errors import UserError  # noqa: E402
 from matgptq.kernels import NestedLayout  # noqa: E402
 from matgptq.kernels.triton_nested import NestedKernel, nested_matmul  # noqa: E402
-from tests.conftest import require_peer  # noqa: E402
 from tests.conftest import random_parent as parent  # noqa: E402
+from tests.conftest import require_peer  # noqa: E402
 
 require_peer("triton")  # the kernels extra; CI installs it (MATGPTQ_REQUIRE_PEERS=1 fails instead of skipping)
 from matgptq.kernels.triton_nested import Tiles, interpreting  # noqa: E402
@@ -101,8 +100,9 @@ def test_gemv_without_masks_and_with_lanes_decoded_in_place(bits, k, act_order, 
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 7, 8])
-@pytest.mark.parametrize("kernel,rows,k", [(NestedKernel.GEMV, 2, 256), (NestedKernel.GEMV, 2, 250),
-                                           (NestedKernel.GEMM, 19, 600)])  # fmt: skip
+@pytest.mark.parametrize(
+    "kernel,rows,k", [(NestedKernel.GEMV, 2, 256), (NestedKernel.GEMV, 2, 250), (NestedKernel.GEMM, 19, 600)]
+)
 def test_plane_words_loaded_once(bits, kernel, rows, k):
     """`hoist`: every plane word loaded once and the LB lane offsets composed together (4-bit lanes up to 4 bits, 8-bit
     lanes above; 7 < c reads a carry plane, 8 = c none), masked and unmasked (K = 256 fills GEMV's blocks, 250 and
@@ -110,8 +110,11 @@ def test_plane_words_loaded_once(bits, kernel, rows, k):
     q = parent(64, k, 32, True, width_scales=True, seed=bits)
     layout = NestedLayout.build(q).to(DEVICE)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(k))
-    tiles = Tiles(block_n=32, block_k=64, split_k=2, hoist=True) if kernel == NestedKernel.GEMV else \
-        Tiles(32, 512, 16, hoist=True)  # fmt: skip
+    tiles = (
+        Tiles(block_n=32, block_k=64, split_k=2, hoist=True)
+        if kernel == NestedKernel.GEMV
+        else Tiles(32, 512, 16, hoist=True)
+    )
     check(nested_matmul(x.to(DEVICE), layout, bits, kernel, tiles), x, q, bits)
 
 
@@ -131,8 +134,9 @@ def test_split_k_gemv(split_k, block_k):
     layout = NestedLayout.build(q, widths=(3, 4)).to(DEVICE)
     x = torch.randn(2, 300, generator=torch.Generator().manual_seed(2))
     for bits in (3, 4):
-        y = nested_matmul(x.to(DEVICE), layout, bits, NestedKernel.GEMV, Tiles(block_n=64, block_k=block_k,
-                                                                                 split_k=split_k))  # fmt: skip
+        y = nested_matmul(
+            x.to(DEVICE), layout, bits, NestedKernel.GEMV, Tiles(block_n=64, block_k=block_k, split_k=split_k)
+        )
         check(y, x, q, bits)
 
 

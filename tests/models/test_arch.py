@@ -15,8 +15,18 @@ from matgptq.errors import UserError
 from matgptq.models.arch import ARCHITECTURES, arch_spec
 from tests.conftest import STORIES, TINYSTORIES
 
-SIZES = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+SIZES = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 FOUND = {"gemma2": dict(head_dim=16), "gemma3_text": dict(head_dim=16), "olmo2": {}, "granite": {}}
 
 
@@ -36,8 +46,15 @@ def test_blocks_and_layers_are_found_without_a_table(model_type):
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **SIZES, **FOUND[model_type]))
     spec = arch_spec(model)
     assert spec.blocks == "model.layers" and spec.groups is None and not spec.conv1d
-    assert spec.layers == ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+    assert spec.layers == (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    )
     assert not spec.residual_last and spec.attention_out is None  # no shortcut is assumed for an unknown block
 
 
@@ -58,19 +75,79 @@ def test_quantize_eval_slice_load_and_search_end_to_end(model_type, tmp_path, ca
     model = tiny_dir(tmp_path / "fp", model_type, **FOUND[model_type])
     parent, mixes = tmp_path / "parent", tmp_path / "mixes"
     calib = ["--calib", str(TINYSTORIES), "--calib-range", "0.6:0.7", "--seqlen", "64"]
-    assert main(["quantize", str(model), "--out", str(parent), "--method", "matgptq", "--bits", "3,4,8",
-                 "--nsamples", "8", *calib, "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "quantize",
+                str(model),
+                "--out",
+                str(parent),
+                "--method",
+                "matgptq",
+                "--bits",
+                "3,4,8",
+                "--nsamples",
+                "8",
+                *calib,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     report = tmp_path / "eval.json"
-    assert main(["eval", str(parent), "--bits", "3,8", "--kl-to", str(model), "--text", str(TINYSTORIES),
-                 "--text-range", "0:0.01", "--seqlen", "64", "--max-tokens", "512", "--json", str(report)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "eval",
+                str(parent),
+                "--bits",
+                "3,8",
+                "--kl-to",
+                str(model),
+                "--text",
+                str(TINYSTORIES),
+                "--text-range",
+                "0:0.01",
+                "--seqlen",
+                "64",
+                "--max-tokens",
+                "512",
+                "--json",
+                str(report),
+            ]
+        )
+        == 0
+    )
     kl = {str(r["bits"]): r["kl"] for r in json.loads(report.read_text())["results"]}
     assert 0 < kl["8"] < kl["3"]  # wider slices are closer to the float model
     assert main(["slice", str(parent), "--bits", "4", "--out", str(tmp_path / "s4")]) == 0
     ids = torch.randint(3, 512, (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(matgptq.load(parent, bits=4)(ids).logits, matgptq.load(tmp_path / "s4")(ids).logits)
-    assert main(["search", str(parent), "--out", str(mixes), "--budget", "3.5", "--levels", "3,4,8",
-                 "--generations", "2", "--offspring", "4", "--stages", "126:2,252:1", "--sensitivity-tokens", "126",
-                 *calib, "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "search",
+                str(parent),
+                "--out",
+                str(mixes),
+                "--budget",
+                "3.5",
+                "--levels",
+                "3,4,8",
+                "--generations",
+                "2",
+                "--offspring",
+                "4",
+                "--stages",
+                "126:2,252:1",
+                "--sensitivity-tokens",
+                "126",
+                *calib,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     mix = json.loads((mixes / "mix-3.5.json").read_text())
     assert len(mix["bits"]) == 2 * 7 and mix["summary"]["search_code_bits"] <= 3.5

@@ -69,19 +69,26 @@ def test_full_names_mixed_groups_and_their_words():
     widths = dict.fromkeys(names, 4) | {"model.layers.2.self_attn.k_proj": 3}
     del widths["model.layers.4.mlp.up_proj"]  # left unquantized: differs from its quantized gate_proj too
     mixed = mixed_groups(groups, widths)
-    assert [describe(m) for m in mixed] == ["model.layers.2.self_attn.{q_proj: 4, k_proj: 3, v_proj: 4}",
-                                            "model.layers.4.mlp.{gate_proj: 4, up_proj: float}"]  # fmt: skip
+    assert [describe(m) for m in mixed] == [
+        "model.layers.2.self_attn.{q_proj: 4, k_proj: 3, v_proj: 4}",
+        "model.layers.4.mlp.{gate_proj: 4, up_proj: float}",
+    ]
 
 
-@pytest.mark.parametrize("model_type,block", [("qwen3_moe", "mlp"), ("mixtral", "mlp"),
-                                              ("mixtral", "block_sparse_moe")])  # fmt: skip
+@pytest.mark.parametrize(
+    "model_type,block", [("qwen3_moe", "mlp"), ("mixtral", "mlp"), ("mixtral", "block_sparse_moe")]
+)
 def test_an_exported_files_experts_are_one_group_named_as_vllm_names_the_layer(model_type, block):
     """GPTQ and compressed-tensors files write each expert's gate_up_proj as gate_proj and up_proj (mixtral's
     compressed-tensors files under `block_sparse_moe`): a block's 12 are still one group, in the file's names, and
     the fused layer they make is vLLM's `<block>.experts` (tests/integrations/test_vllm_config_moe.py)."""
     config = AutoConfig.for_model(model_type, **SIZES, **MOE[model_type])
-    experts = [f"model.layers.{i}.{block}.experts.{e}.{p}" for i in range(2) for e in range(4)
-               for p in ("gate_proj", "up_proj", "down_proj")]  # fmt: skip
+    experts = [
+        f"model.layers.{i}.{block}.experts.{e}.{p}"
+        for i in range(2)
+        for e in range(4)
+        for p in ("gate_proj", "up_proj", "down_proj")
+    ]
     attention = [f"model.layers.{i}.self_attn.{p}" for i in range(2) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
     groups = fused_groups(config, attention + experts)
     moe = [g for g in groups if len(g) > 3]
@@ -90,7 +97,8 @@ def test_an_exported_files_experts_are_one_group_named_as_vllm_names_the_layer(m
     assert tuple(f"model.layers.1.self_attn.{x}_proj" for x in "qkv") in groups
     widths = dict.fromkeys(experts, 4) | {f"model.layers.1.{block}.experts.2.up_proj": 8}
     assert [describe(m) for m in mixed_groups(groups, widths) if len(m) > 3] == [
-        f"model.layers.1.{block}.experts.{{2.up_proj: 8, … 11 more: 4}}"]  # fmt: skip
+        f"model.layers.1.{block}.experts.{{2.up_proj: 8, … 11 more: 4}}"
+    ]
     assert describe(dict.fromkeys(experts[:12], 8)) == f"model.layers.0.{block}.experts.{{all 12: 8}}"
 
 
@@ -101,8 +109,9 @@ def test_the_models_own_expert_names_keep_their_groups():
     assert fused_groups(config, names) == [tuple(names)]
     assert fused_groups(config, names[4:]) == [tuple(names)]  # down_proj alone: still the model's spelling
     mixed = mixed_groups([tuple(names)], dict.fromkeys(names, 4) | {names[0]: 8, names[1]: 8, names[2]: 8, names[3]: 2})
-    assert describe(mixed[0]) == ("model.layers.0.mlp.experts.{0.gate_up_proj: 8, 1.gate_up_proj: 8, "
-                                  "2.gate_up_proj: 8, … 5 more}")  # 3.gate_up_proj at 2, the downs at 4
+    assert describe(mixed[0]) == (
+        "model.layers.0.mlp.experts.{0.gate_up_proj: 8, 1.gate_up_proj: 8, 2.gate_up_proj: 8, … 5 more}"
+    )  # 3.gate_up_proj at 2, the downs at 4
 
 
 def test_a_model_whose_forward_cannot_be_traced_and_has_no_table_is_a_clear_error(monkeypatch):

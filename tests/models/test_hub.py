@@ -82,8 +82,8 @@ def test_an_id_not_in_the_cache_is_one_line_with_the_way_out(hub_cache, spec):
 def test_quantize_eval_and_the_search_reference_take_an_id(hub_cache, tmp_path):
     """quantize records `org/name@commit`; load and the search's reference resolve it; the quantized weights and the
     float model equal those made from the local directory."""
-    from matgptq.formats import read_checkpoint
     from matgptq.allocation.inputs import reference_model as _reference
+    from matgptq.formats import read_checkpoint
 
     kw = dict(method="rtn", bits=4, progress=False)
     by_id, _ = matgptq.quantize(REPO, tmp_path / "by-id", **kw)
@@ -105,7 +105,10 @@ def test_the_cli_takes_an_id_from_the_environment(tmp_path):
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     run = lambda model: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "matgptq", "eval", model, "--text", str(TINYSTORIES), "--max-tokens", "2048"],
-        capture_output=True, text=True, env=env)  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     by_id, by_dir = run(REPO), run(str(STORIES))
     assert by_id.returncode == 0 and by_dir.returncode == 0, by_id.stderr + by_dir.stderr
     ppl = lambda out: out.strip().splitlines()[-1].split("|")[-2].strip()  # noqa: E731
@@ -135,24 +138,35 @@ def _broken_download() -> Exception:
     import httpx2
 
     # what huggingface_hub's http_get re-raises once its retries of a stream that broke off are spent
-    return httpx2.RemoteProtocolError("peer closed connection without sending complete message body (incomplete "
-                                      "chunked read)")  # fmt: skip
+    return httpx2.RemoteProtocolError(
+        "peer closed connection without sending complete message body (incomplete chunked read)"
+    )
 
 
 API = "https://huggingface.co/api/models"
 HUB_FAILURES = {  # id -> (spec, the exception snapshot_download raises (None: the offline cache's own), phrases)
     "not-in-the-offline-cache": ("probe/not-cached", None, ["not in the cache", "hf download"]),
-    "revision-does-not-exist": (f"{REPO}@v9", lambda: _http_error(404, "RevisionNotFound", f"{API}/{REPO}/revision/v9"),
-                                ["has no revision 'v9'", "give a branch, tag or commit it has"]),
-    "gated-without-a-token": ("probe/gated", lambda: _http_error(403, "GatedRepo", f"{API}/probe/gated/revision/main"),
-                              ["is gated", "accept its terms at https://huggingface.co/probe/gated", "hf auth login"]),
+    "revision-does-not-exist": (
+        f"{REPO}@v9",
+        lambda: _http_error(404, "RevisionNotFound", f"{API}/{REPO}/revision/v9"),
+        ["has no revision 'v9'", "give a branch, tag or commit it has"],
+    ),
+    "gated-without-a-token": (
+        "probe/gated",
+        lambda: _http_error(403, "GatedRepo", f"{API}/probe/gated/revision/main"),
+        ["is gated", "accept its terms at https://huggingface.co/probe/gated", "hf auth login"],
+    ),
     "download-interrupted": ("probe/big", _broken_download, ["broke off", "run the command again, which resumes it"]),
-    "download-wrong-size": ("probe/big", lambda: OSError(
-        "Consistency check failed: file should be of size 1000 but has size 10 (model.safetensors).\nThis is usually "
-        "due to network issues while downloading the file. Please retry with `force_download=True`."),
-        ["arrived with the wrong size", "hf download probe/big --force-download"]),
+    "download-wrong-size": (
+        "probe/big",
+        lambda: OSError(
+            "Consistency check failed: file should be of size 1000 but has size 10 (model.safetensors).\nThis is usually "
+            "due to network issues while downloading the file. Please retry with `force_download=True`."
+        ),
+        ["arrived with the wrong size", "hf download probe/big --force-download"],
+    ),
     "hub-unreachable": ("probe/remote", lambda: _connect_error(), ["Hub cannot be reached", "check the network"]),
-}  # fmt: skip
+}
 
 
 def _connect_error() -> Exception:

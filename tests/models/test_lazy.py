@@ -57,8 +57,10 @@ def test_tied_embeddings_and_shards(tmp_path):
     del tensors["lm_head.weight"]
     names = sorted(tensors)
     (path / "model.safetensors").unlink()
-    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2 :]}  # fmt: skip
+    halves = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     for file, keys in halves.items():
         save_file({k: tensors[k] for k in keys}, str(path / file), metadata={"format": "pt"})
     weight_map = {k: file for file, keys in halves.items() for k in keys}
@@ -125,10 +127,19 @@ def _peak_rss(model, out, stream: bool) -> int:
     # blocks of the deep model; flat within 2 MiB with the fixed threshold), not
     # with what is alive. A fixed threshold returns every large buffer to the OS when freed, so ru_maxrss is the
     # largest live set, which is what the bound is about.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path),
-           "MALLOC_MMAP_THRESHOLD_": "131072"}  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code, str(model), str(out), "1" if stream else "0"], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "MALLOC_MMAP_THRESHOLD_": "131072",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(model), str(out), "1" if stream else "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return int(done.stdout.split()[-1])
 
@@ -146,13 +157,16 @@ def test_peak_memory_does_not_grow_with_depth(tmp_path):
     block = 4 * (2 * 384 * 384 + 2 * 384 * 128 + 3 * 384 * 1536)  # float32 bytes: q,o 384², k,v 384×128, MLP
     peaks = {}
     for layers in (2, 10):
-        model = make_tiny_llama(tmp_path / f"m{layers}", hidden=384, intermediate=1536, layers=layers, heads=6,
-                                kv_heads=2)  # fmt: skip
+        model = make_tiny_llama(
+            tmp_path / f"m{layers}", hidden=384, intermediate=1536, layers=layers, heads=6, kv_heads=2
+        )
         for stream in (True, False):
             peaks[layers, stream] = _peak_rss(model, tmp_path / f"out{layers}{stream}", stream)
     streamed, whole = peaks[10, True] - peaks[2, True], peaks[10, False] - peaks[2, False]
     print({k: f"{v / 2**20:.1f} MiB" for k, v in peaks.items()}, f"block {block / 2**20:.1f} MiB")
-    assert streamed < 2 * block, f"streamed peak grew by {streamed / 2**20:.1f} MiB over 8 blocks of {block / 2**20:.1f}"
+    assert streamed < 2 * block, (
+        f"streamed peak grew by {streamed / 2**20:.1f} MiB over 8 blocks of {block / 2**20:.1f}"
+    )
     assert whole > 6 * block, f"the whole-model control grew by only {whole / 2**20:.1f} MiB: the measurement is blind"
 
 

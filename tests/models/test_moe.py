@@ -24,9 +24,13 @@ from tests.models.test_arch import SIZES, tiny_dir
 MOE = {
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
-    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16,
-                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-}  # fmt: skip
+    "gpt_oss": dict(
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
+}
 ROUTER = {"qwen3_moe": "mlp.gate", "mixtral": "mlp.gate", "gpt_oss": "mlp.router"}
 CALIB = ["--calib", str(TINYSTORIES), "--calib-range", "0.6:0.7", "--seqlen", "64"]
 
@@ -50,8 +54,25 @@ def test_each_expert_projection_is_its_own_layer(model_type):
 def test_quantize_eval_slice_load_and_search_end_to_end(model_type, tmp_path):
     model = tiny_dir(tmp_path / "fp", model_type, **MOE[model_type])
     parent, mixes = tmp_path / "parent", tmp_path / "mixes"
-    assert main(["quantize", str(model), "--out", str(parent), "--method", "matgptq", "--bits", "3,4,8",
-                 "--nsamples", "8", *CALIB, "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "quantize",
+                str(model),
+                "--out",
+                str(parent),
+                "--method",
+                "matgptq",
+                "--bits",
+                "3,4,8",
+                "--nsamples",
+                "8",
+                *CALIB,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     fp, q = load_fp_model(model).state_dict(), tensors(parent)  # (mixtral's files name its tensors the old way)
     for i in range(2):
         router = f"model.layers.{i}.{ROUTER[model_type]}.weight"
@@ -61,8 +82,29 @@ def test_quantize_eval_slice_load_and_search_end_to_end(model_type, tmp_path):
     routed = [r for r in meta["report"] if ".experts." in r["name"]]
     assert len(routed) == 2 * 2 * 4 and all(r["tokens"] > 0 for r in routed) and meta["experts"]["starved"] == {}
     report = tmp_path / "eval.json"
-    assert main(["eval", str(parent), "--bits", "3,8", "--kl-to", str(model), "--text", str(TINYSTORIES),
-                 "--text-range", "0:0.01", "--seqlen", "64", "--max-tokens", "512", "--json", str(report)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "eval",
+                str(parent),
+                "--bits",
+                "3,8",
+                "--kl-to",
+                str(model),
+                "--text",
+                str(TINYSTORIES),
+                "--text-range",
+                "0:0.01",
+                "--seqlen",
+                "64",
+                "--max-tokens",
+                "512",
+                "--json",
+                str(report),
+            ]
+        )
+        == 0
+    )
     kl = {str(r["bits"]): r["kl"] for r in json.loads(report.read_text())["results"]}
     assert 0 < kl["8"] < kl["3"]  # wider slices are closer to the float model
     assert main(["slice", str(parent), "--bits", "4", "--out", str(tmp_path / "s4")]) == 0
@@ -71,9 +113,32 @@ def test_quantize_eval_slice_load_and_search_end_to_end(model_type, tmp_path):
         four = matgptq.load(parent, bits=4)(ids).logits
         assert torch.equal(four, matgptq.load(tmp_path / "s4")(ids).logits)
         assert torch.equal(four, AutoModelForCausalLM.from_pretrained(tmp_path / "s4")(ids).logits)  # transformers'
-    assert main(["search", str(parent), "--out", str(mixes), "--budget", "3.5", "--levels", "3,4,8",
-                 "--generations", "2", "--offspring", "4", "--stages", "126:2,252:1", "--sensitivity-tokens", "126",
-                 "--tie", *CALIB, "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "search",
+                str(parent),
+                "--out",
+                str(mixes),
+                "--budget",
+                "3.5",
+                "--levels",
+                "3,4,8",
+                "--generations",
+                "2",
+                "--offspring",
+                "4",
+                "--stages",
+                "126:2,252:1",
+                "--sensitivity-tokens",
+                "126",
+                "--tie",
+                *CALIB,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     mix = json.loads((mixes / "mix-3.5.json").read_text())
     assert len(mix["bits"]) == 2 * (4 + 8) and mix["summary"]["search_code_bits"] <= 3.5
     assert {b for n, b in mix["bits"].items() if ".experts." in n} - {3, 4, 8} == set()
@@ -98,8 +163,27 @@ def moe_dir(path, model_type, edit):
 def test_gptq_with_some_experts_skipped_stores_their_fused_tensor_whole(tmp_path, capsys):
     model = tiny_dir(tmp_path / "fp", "qwen3_moe", **MOE["qwen3_moe"])
     parent = tmp_path / "gptq"
-    assert main(["quantize", str(model), "--out", str(parent), "--method", "gptq", "--bits", "4", "--nsamples", "8",
-                 "--skip", r"layers\.0\.mlp\.experts\.0\.gate_up_proj$", *CALIB, "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "quantize",
+                str(model),
+                "--out",
+                str(parent),
+                "--method",
+                "gptq",
+                "--bits",
+                "4",
+                "--nsamples",
+                "8",
+                "--skip",
+                r"layers\.0\.mlp\.experts\.0\.gate_up_proj$",
+                *CALIB,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     q = tensors(parent)
     assert "model.layers.0.mlp.experts.gate_up_proj" in q and "model.layers.1.mlp.experts.gate_up_proj" not in q
     assert "model.layers.0.mlp.experts.0.gate_up_proj.codes" not in q
@@ -111,14 +195,34 @@ def test_gptq_with_some_experts_skipped_stores_their_fused_tensor_whole(tmp_path
         q = ckpt.layers[f"model.layers.0.mlp.experts.{e}.gate_up_proj"]
         assert torch.equal(experts.gate_up_proj[e], q.dequantize())
     report = tmp_path / "eval.json"
-    assert main(["eval", str(parent), "--kl-to", str(model), "--text", str(TINYSTORIES), "--text-range", "0:0.01",
-                 "--seqlen", "64", "--max-tokens", "256", "--json", str(report)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "eval",
+                str(parent),
+                "--kl-to",
+                str(model),
+                "--text",
+                str(TINYSTORIES),
+                "--text-range",
+                "0:0.01",
+                "--seqlen",
+                "64",
+                "--max-tokens",
+                "256",
+                "--json",
+                str(report),
+            ]
+        )
+        == 0
+    )
     assert 0 < json.loads(report.read_text())["results"][0]["kl"] < 1
     assert main(["export", str(parent), "--format", "gptq_v1", "--out", str(tmp_path / "x")]) == 2  # GPTQ: no --skip
     assert "leaves block Linears unquantized" in capsys.readouterr().err
     packed = matgptq.load(parent, packed=True)  # experts have no packed kernel: dense, and one line says so
-    assert capsys.readouterr().err.startswith("matgptq: 15 of 23 quantized layers run dense (float weights), not on "
-                                              "packed codes: fused expert tensors")  # fmt: skip
+    assert capsys.readouterr().err.startswith(
+        "matgptq: 15 of 23 quantized layers run dense (float weights), not on packed codes: fused expert tensors"
+    )
     with torch.no_grad():
         ids = torch.randint(3, 512, (1, 16), generator=torch.Generator().manual_seed(0))
         assert torch.equal(packed(ids).logits, loaded(ids).logits)  # float32: the packed path is exact
@@ -131,8 +235,25 @@ def test_starved_experts_are_reported_in_the_checkpoint(tmp_path):
 
     model = moe_dir(tmp_path / "fp", "gpt_oss", never_route_to_expert_3)
     parent = tmp_path / "parent"
-    assert main(["quantize", str(model), "--out", str(parent), "--method", "gptq", "--bits", "4", "--nsamples", "2",
-                 *CALIB, "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "quantize",
+                str(model),
+                "--out",
+                str(parent),
+                "--method",
+                "gptq",
+                "--bits",
+                "4",
+                "--nsamples",
+                "2",
+                *CALIB,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     meta = json.loads((parent / "matgptq.json").read_text())
     starved = meta["experts"]["starved"]
     for i in range(2):  # expert 3 saw no token; 2 x 64 tokens x top-2 spread over 3 experts: < 128 (down's K) each
@@ -169,8 +290,16 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_checkpoint(tmp_path, monkeyp
     """The model loaded whole (stream=False): the resumed run writes block 0's experts back into the fused tensors
     (pipeline._restore) before quantizing block 1 on their outputs."""
     model = tiny_dir(tmp_path / "fp", "mixtral", **MOE["mixtral"])
-    args = dict(calib=TINYSTORIES, calib_range=(0.6, 0.7), method="gptq", bits=4, nsamples=8, seqlen=64,
-                progress=False, stream=False)  # fmt: skip
+    args = dict(
+        calib=TINYSTORIES,
+        calib_range=(0.6, 0.7),
+        method="gptq",
+        bits=4,
+        nsamples=8,
+        seqlen=64,
+        progress=False,
+        stream=False,
+    )
     matgptq.quantize(model, tmp_path / "whole", **args)
     save = BlockState.save
 
@@ -186,8 +315,10 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_checkpoint(tmp_path, monkeyp
     matgptq.quantize(model, tmp_path / "out", **args, resume=True)
     whole, out = tensors(tmp_path / "whole"), tensors(tmp_path / "out")
     assert sorted(whole) == sorted(out) and all(torch.equal(whole[k], out[k]) for k in whole)
-    reports = [[{k: v for k, v in r.items() if k != "seconds"} for r in json.loads((d / "matgptq.json").read_text())[
-        "report"]] for d in (tmp_path / "whole", tmp_path / "out")]  # fmt: skip
+    reports = [
+        [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads((d / "matgptq.json").read_text())["report"]]
+        for d in (tmp_path / "whole", tmp_path / "out")
+    ]
     assert reports[0] == reports[1] and reports[0][-1]["tokens"] > 0
 
 

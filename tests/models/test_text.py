@@ -8,8 +8,10 @@ from matgptq.models import calibration_windows
 
 
 def test_text_must_hold_nsamples_times_seqlen_tokens():
-    message = ("the calibration text has 1,499 tokens, fewer than the 32,768 that --nsamples 128 × --seqlen 256 ask "
-               "for; give more text (or a wider --calib-range) or lower --nsamples/--seqlen")  # fmt: skip
+    message = (
+        "the calibration text has 1,499 tokens, fewer than the 32,768 that --nsamples 128 × --seqlen 256 ask "
+        "for; give more text (or a wider --calib-range) or lower --nsamples/--seqlen"
+    )
     with pytest.raises(UserError) as e:
         calibration_windows(torch.arange(1499), 128, 256, 0)  # 5 windows' worth: once accepted
     assert str(e.value) == message

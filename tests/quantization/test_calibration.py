@@ -9,12 +9,15 @@ from matgptq.errors import UserError
 from matgptq.quantization import CalibConfig
 
 
-@pytest.mark.parametrize(("options", "says"), [
-    (dict(nsamples=0), "--nsamples must be at least 1"),
-    (dict(seqlen=1), "--seqlen must be at least 2"),
-    (dict(text_range=(0.5, 0.5)), "0 <= start < end <= 1"),
-    (dict(text_range=(0.2, 1.5)), "0 <= start < end <= 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (dict(nsamples=0), "--nsamples must be at least 1"),
+        (dict(seqlen=1), "--seqlen must be at least 2"),
+        (dict(text_range=(0.5, 0.5)), "0 <= start < end <= 1"),
+        (dict(text_range=(0.2, 1.5)), "0 <= start < end <= 1"),
+    ],
+)
 def test_impossible_windows_are_refused_in_one_line(options, says):
     with pytest.raises(UserError, match=says) as e:
         CalibConfig(**options)

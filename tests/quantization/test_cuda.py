@@ -42,9 +42,14 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 ARGS = dict(calib=TINYSTORIES, calib_range=(0.6, 1.0), nsamples=16, seqlen=64, group_size=32, progress=False)
 
 
-@pytest.mark.parametrize("options", [dict(method="gptq", bits=4),  # the default: act order with static groups
-                                     dict(method="gptq", bits=4, act_order=True, static_groups=False),
-                                     dict(method="matgptq", bits=(3, 4, 8))])  # fmt: skip
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(method="gptq", bits=4),  # the default: act order with static groups
+        dict(method="gptq", bits=4, act_order=True, static_groups=False),
+        dict(method="matgptq", bits=(3, 4, 8)),
+    ],
+)
 def test_cuda_codes_agree_with_cpu(tmp_path, options):
     model = make_tiny_llama(tmp_path / "m", layers=3)
     cpu, cuda = tmp_path / "cpu", tmp_path / "cuda"
@@ -52,7 +57,9 @@ def test_cuda_codes_agree_with_cpu(tmp_path, options):
     matgptq.quantize(model, cuda, device="cuda", **ARGS, **options)
     a, b = read_checkpoint(cpu), read_checkpoint(cuda)
     assert list(a.layers) == list(b.layers)
-    assert {k: (v.dtype, v.shape) for k, v in a.tensors.items()} == {k: (v.dtype, v.shape) for k, v in b.tensors.items()}
+    assert {k: (v.dtype, v.shape) for k, v in a.tensors.items()} == {
+        k: (v.dtype, v.shape) for k, v in b.tensors.items()
+    }
     for k in a.tensors:  # the unquantized tensors (embeddings, norms, lm_head) are copied, not computed
         assert torch.equal(a.tensors[k], b.tensors[k]), k
     differ = total = 0

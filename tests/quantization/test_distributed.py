@@ -22,14 +22,39 @@ from safetensors.torch import load_file
 import matgptq
 from tests.conftest import TINYSTORIES, make_tiny_llama
 
-ARGS = ["--calib", str(TINYSTORIES), "--calib-range", "0.6:1", "--method", "matgptq", "--bits", "3,4,8", "--nsamples",
-        "32", "--seqlen", "64", "--group-size", "32", "--quiet"]  # fmt: skip
+ARGS = [
+    "--calib",
+    str(TINYSTORIES),
+    "--calib-range",
+    "0.6:1",
+    "--method",
+    "matgptq",
+    "--bits",
+    "3,4,8",
+    "--nsamples",
+    "32",
+    "--seqlen",
+    "64",
+    "--group-size",
+    "32",
+    "--quiet",
+]
 
 
 def torchrun(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "matgptq", "quantize", *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "matgptq",
+        "quantize",
+        *args,
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -41,8 +66,18 @@ def model(tmp_path_factory):
 def test_two_gloo_processes_write_the_single_process_checkpoint(model, tmp_path):
     torch.set_num_threads(1)  # the same threads as each torchrun process
     one = tmp_path / "one"
-    matgptq.quantize(model, one, calib=TINYSTORIES, calib_range=(0.6, 1.0), method="matgptq", bits=(3, 4, 8),
-                     nsamples=32, seqlen=64, group_size=32, progress=False)  # fmt: skip
+    matgptq.quantize(
+        model,
+        one,
+        calib=TINYSTORIES,
+        calib_range=(0.6, 1.0),
+        method="matgptq",
+        bits=(3, 4, 8),
+        nsamples=32,
+        seqlen=64,
+        group_size=32,
+        progress=False,
+    )
     two = tmp_path / "two"
     run = torchrun(str(model), "--out", str(two), *ARGS)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -61,8 +96,9 @@ def test_two_gloo_processes_write_the_single_process_checkpoint(model, tmp_path)
 
 
 def test_more_processes_than_windows_is_one_line(model, tmp_path):
-    run = torchrun(str(model), "--out", str(tmp_path / "x"), *ARGS[:-5], "--nsamples", "1", "--seqlen", "64",
-                   "--quiet", nproc=2)  # fmt: skip
+    run = torchrun(
+        str(model), "--out", str(tmp_path / "x"), *ARGS[:-5], "--nsamples", "1", "--seqlen", "64", "--quiet", nproc=2
+    )
     assert run.returncode != 0
     assert "1 calibration windows for 2 processes" in run.stderr
     assert not (tmp_path / "x").exists()

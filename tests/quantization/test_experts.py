@@ -10,16 +10,26 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from matgptq.api import make_config
-from matgptq.models.arch import arch_spec
 from matgptq.quantization import pipeline
-from matgptq.quantization.experts import expert_hessians
 from matgptq.quantization.algorithm.grid import NearestRounding
 from matgptq.quantization.algorithm.solver import gptq_quantize
+from matgptq.quantization.experts import expert_hessians
 
-SIZES = dict(vocab_size=96, hidden_size=32, intermediate_size=16, num_hidden_layers=1, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64, head_dim=8, num_experts_per_tok=2)  # fmt: skip
-MOE = {"qwen3_moe": dict(num_experts=4, moe_intermediate_size=16),
-       "gpt_oss": dict(num_local_experts=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})}
+SIZES = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    head_dim=8,
+    num_experts_per_tok=2,
+)
+MOE = {
+    "qwen3_moe": dict(num_experts=4, moe_intermediate_size=16),
+    "gpt_oss": dict(num_local_experts=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+}
 CFG = dict(group_size=16)
 
 
@@ -103,10 +113,21 @@ def test_each_expert_hessian_and_codes_match_a_hand_routed_oracle(model_type, mo
             torch.testing.assert_close(seen[name].double(), gram(rows), rtol=1e-4, atol=1e-5)
             slot = getattr(fp_mlp.experts, proj)[e]
             w = (slot.T if model_type == "gpt_oss" else slot).detach().float()
-            ref = gptq_quantize(w, seen[name], NearestRounding(4), group_size=cfg.group_size, sym=cfg.sym,
-                                act_order=cfg.act_order, static_groups=cfg.static_groups, mse=cfg.mse, damp=cfg.damp,
-                                block_size=cfg.block_size, signed=cfg.signed_scale, mse_weighted=cfg.mse_weighted,
-                                group_order=cfg.group_act_order)  # the settings of the pipeline's cfg
+            ref = gptq_quantize(
+                w,
+                seen[name],
+                NearestRounding(4),
+                group_size=cfg.group_size,
+                sym=cfg.sym,
+                act_order=cfg.act_order,
+                static_groups=cfg.static_groups,
+                mse=cfg.mse,
+                damp=cfg.damp,
+                block_size=cfg.block_size,
+                signed=cfg.signed_scale,
+                mse_weighted=cfg.mse_weighted,
+                group_order=cfg.group_act_order,
+            )  # the settings of the pipeline's cfg
             assert torch.equal(layers[name].codes, ref.codes)  # (its scales are refit afterwards: refit.py)
             # the codes landed in the fused tensor itself
             now = getattr(mlp.experts, proj)[e]

@@ -12,16 +12,25 @@ def test_cast_inputs_casts_floats_and_keeps_masks_and_positions():
     cos, sin = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
     low = torch.finfo(torch.float32).min
     additive = torch.tensor([[0.0, low], [0.0, 0.0]])
-    kwargs = {"position_embeddings": (cos, sin), "attention_mask": additive, "causal": torch.ones(5, 5).bool(),
-              "position_ids": torch.arange(5)[None], "use_cache": False}  # fmt: skip
+    kwargs = {
+        "position_embeddings": (cos, sin),
+        "attention_mask": additive,
+        "causal": torch.ones(5, 5).bool(),
+        "position_ids": torch.arange(5)[None],
+        "use_cache": False,
+    }
     [(h, kw)] = cast_inputs([(hidden, kwargs)], torch.bfloat16)
     assert h.dtype is torch.bfloat16 and torch.equal(h, hidden.to(torch.bfloat16))
     assert isinstance(kw["position_embeddings"], tuple)
     assert all(torch.equal(a, b.to(torch.bfloat16)) for a, b in zip(kw["position_embeddings"], (cos, sin)))
     # float32's finfo.min is beyond bfloat16's largest finite value: cast plainly it would become -inf
     assert torch.isinf(torch.tensor(low).to(torch.bfloat16))
-    assert kw["attention_mask"].dtype is torch.bfloat16 and kw["attention_mask"][0, 1] == torch.finfo(torch.bfloat16).min
-    assert kw["causal"] is kwargs["causal"] and kw["position_ids"] is kwargs["position_ids"] and kw["use_cache"] is False
+    assert (
+        kw["attention_mask"].dtype is torch.bfloat16 and kw["attention_mask"][0, 1] == torch.finfo(torch.bfloat16).min
+    )
+    assert (
+        kw["causal"] is kwargs["causal"] and kw["position_ids"] is kwargs["position_ids"] and kw["use_cache"] is False
+    )
     assert cast_inputs([(hidden, kwargs)], None)[0][0] is hidden
 
 

@@ -14,21 +14,28 @@ import torch
 
 from matgptq.api import make_config
 from matgptq.models.arch import arch_spec, get_blocks, set_weight_matrix, weight_matrix
-from matgptq.quantization.passes import PassTimes, capture_block_inputs, collect_hessians, trace_groups
-from matgptq.quantization.layer import make_rounding
-from matgptq.quantization.pipeline import quantize_model
 from matgptq.quantization.algorithm.refit import refit_master
 from matgptq.quantization.algorithm.solver import gptq_quantize
+from matgptq.quantization.layer import make_rounding
+from matgptq.quantization.passes import PassTimes, capture_block_inputs, collect_hessians, trace_groups
+from matgptq.quantization.pipeline import quantize_model
 from tests.quantization.test_pipeline import CONFIGS, tiny_model, windows
-
 
 # the true-sequential groups of the architectures found from the model (no ArchSpec), written out by hand from their
 # modeling code: the oracle for the groups the pipeline traces (passes.trace_groups)
-LLAMA_LIKE = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
-              ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))  # fmt: skip
-HAND_GROUPS = {"gemma2": LLAMA_LIKE, "gemma3_text": LLAMA_LIKE, "olmo2": LLAMA_LIKE, "granite": LLAMA_LIKE,
-               "opt": (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.out_proj",),
-                       ("fc1",), ("fc2",))}  # fmt: skip
+LLAMA_LIKE = (
+    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    ("self_attn.o_proj",),
+    ("mlp.gate_proj", "mlp.up_proj"),
+    ("mlp.down_proj",),
+)
+HAND_GROUPS = {
+    "gemma2": LLAMA_LIKE,
+    "gemma3_text": LLAMA_LIKE,
+    "olmo2": LLAMA_LIKE,
+    "granite": LLAMA_LIKE,
+    "opt": (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.out_proj",), ("fc1",), ("fc2",)),
+}
 
 
 def reference_pipeline(model, ids, cfg, batch):
@@ -63,15 +70,36 @@ def reference_pipeline(model, ids, cfg, batch):
                 h.remove()
             for name in group:
                 module = block.get_submodule(name)
-                res = gptq_quantize(weight_matrix(module, spec).float(), sums[name], rounding,
-                                    group_size=cfg.group_size, sym=cfg.sym, act_order=cfg.act_order,
-                                    static_groups=cfg.static_groups, damp=cfg.damp, block_size=cfg.block_size,
-                                    mse=cfg.mse, mse_weighted=cfg.mse_weighted, group_order=cfg.group_act_order)  # fmt: skip
+                res = gptq_quantize(
+                    weight_matrix(module, spec).float(),
+                    sums[name],
+                    rounding,
+                    group_size=cfg.group_size,
+                    sym=cfg.sym,
+                    act_order=cfg.act_order,
+                    static_groups=cfg.static_groups,
+                    damp=cfg.damp,
+                    block_size=cfg.block_size,
+                    mse=cfg.mse,
+                    mse_weighted=cfg.mse_weighted,
+                    group_order=cfg.group_act_order,
+                )
                 if cfg.refit_scales:  # the stored codes' scales refit to the Hessian (refit.py), as the pipeline does
-                    res.scales = refit_master(weight_matrix(module, spec).float(), sums[name], res.codes, res.scales,
-                                              res.zeros, res.g_idx, cfg.bits, res.damp, None)  # fmt: skip
+                    res.scales = refit_master(
+                        weight_matrix(module, spec).float(),
+                        sums[name],
+                        res.codes,
+                        res.scales,
+                        res.zeros,
+                        res.g_idx,
+                        cfg.bits,
+                        res.damp,
+                        None,
+                    )
                 codes[f"{spec.blocks}.{i}.{name}"] = res
-                q = res.scales.float()[:, res.g_idx.long()] * (res.codes.float() - res.zeros.float()[:, res.g_idx.long()])
+                q = res.scales.float()[:, res.g_idx.long()] * (
+                    res.codes.float() - res.zeros.float()[:, res.g_idx.long()]
+                )
                 set_weight_matrix(module, spec, q)
         with torch.no_grad():
             inputs = [((lambda o: o[0] if isinstance(o, tuple) else o)(block(h, **kw)), kw) for h, kw in inputs]
@@ -121,8 +149,10 @@ def test_shared_inputs_share_one_hessian_and_the_pass_stops_early():
     inputs = capture_block_inputs(model, spec, windows(4, 16), 2)
     block = get_blocks(model, spec)[0]
     calls = []
-    handles = [block.get_submodule(n).register_forward_hook(lambda *a, n=n: calls.append(n))
-               for n in ("mlp", "self_attn.v_proj")]  # fmt: skip
+    handles = [
+        block.get_submodule(n).register_forward_hook(lambda *a, n=n: calls.append(n))
+        for n in ("mlp", "self_attn.v_proj")
+    ]
     hessians, kept, _, rows = collect_hessians(block, spec.groups[0], inputs, PassTimes())
     for handle in handles:
         handle.remove()
@@ -145,11 +175,16 @@ def test_attention_runs_once_per_block_after_its_output_projection_is_quantized(
     calls: dict[str, int] = {}
     for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
         model.model.layers[0].get_submodule(name).register_forward_hook(
-            lambda *a, n=name: calls.__setitem__(n, calls.get(n, 0) + 1))  # fmt: skip
+            lambda *a, n=name: calls.__setitem__(n, calls.get(n, 0) + 1)
+        )
     batches = 3
     quantize_model(model, windows(9, 20), make_config("gptq", 4), batch_tokens=3 * 20, progress=False)
-    assert calls == {"self_attn.q_proj": 1 + batches, "self_attn.v_proj": batches, "mlp.gate_proj": 1 + batches,
-                     "mlp.up_proj": batches}  # fmt: skip
+    assert calls == {
+        "self_attn.q_proj": 1 + batches,
+        "self_attn.v_proj": batches,
+        "mlp.gate_proj": 1 + batches,
+        "mlp.up_proj": batches,
+    }
 
 
 @pytest.mark.parametrize("windows_per_batch", [1, 2, 4])
@@ -191,4 +226,3 @@ def test_traced_groups_are_the_ones_written_by_hand(kind):
     inputs = capture_block_inputs(model, spec, windows(2, 12), 2)
     traced = trace_groups(get_blocks(model, spec)[0], spec.layers, inputs)
     assert traced == (spec.groups or HAND_GROUPS[model.config.model_type])
-

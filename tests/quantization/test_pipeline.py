@@ -4,17 +4,31 @@ written-out ArchSpec (llama ... gpt2) and those found from the model alone (gemm
 import pytest
 import torch
 from transformers import (
-    AutoConfig, AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, OPTConfig, Phi3Config, Qwen2Config,
+    AutoConfig,
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    OPTConfig,
+    Phi3Config,
+    Qwen2Config,
     Qwen3Config,
-)  # fmt: skip
+)
 
 from matgptq.api import make_config
 from matgptq.errors import UserError
 from matgptq.models.arch import arch_spec, quantized_layer_names, weight_matrix
 from matgptq.quantization.pipeline import quantize_model
 
-COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+COMMON = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 CONFIGS = {
     "llama": lambda: LlamaConfig(**COMMON),
     "mistral": lambda: MistralConfig(**COMMON),
@@ -26,11 +40,30 @@ CONFIGS = {
     "gemma3_text": lambda: AutoConfig.for_model("gemma3_text", **COMMON, head_dim=8, pad_token_id=0),
     "olmo2": lambda: AutoConfig.for_model("olmo2", **COMMON, pad_token_id=0, eos_token_id=1),
     "granite": lambda: AutoConfig.for_model("granite", **COMMON, pad_token_id=0),
-    "opt": lambda: OPTConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
-                             word_embed_proj_dim=32, max_position_embeddings=64, pad_token_id=0),
+    "opt": lambda: OPTConfig(
+        vocab_size=96,
+        hidden_size=32,
+        num_hidden_layers=2,
+        ffn_dim=64,
+        num_attention_heads=4,
+        word_embed_proj_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    ),
 }
-LAYERS_PER_BLOCK = {"llama": 7, "mistral": 7, "qwen2": 7, "qwen3": 7, "phi3": 4, "gpt2": 4, "gemma2": 7,
-                    "gemma3_text": 7, "olmo2": 7, "granite": 7, "opt": 6}
+LAYERS_PER_BLOCK = {
+    "llama": 7,
+    "mistral": 7,
+    "qwen2": 7,
+    "qwen3": 7,
+    "phi3": 4,
+    "gpt2": 4,
+    "gemma2": 7,
+    "gemma3_text": 7,
+    "olmo2": 7,
+    "granite": 7,
+    "opt": 6,
+}
 
 
 def tiny_model(kind):
@@ -82,8 +115,8 @@ def test_matgptq_propagates_master_width_and_reports_every_target():
 
 
 def test_default_variant_stores_target_width_scales_and_each_variant_its_rounding():
-    from matgptq.quantization.config import Variant
     from matgptq.quantization.algorithm.multibit import MatryoshkaRounding, PerWidthRounding
+    from matgptq.quantization.config import Variant
     from matgptq.quantization.layer import make_rounding
 
     default, paper = make_config("matgptq", (3, 4, 8)), make_config("matgptq", (3, 4, 8), variant="paper")
@@ -128,8 +161,11 @@ def test_a_width_mix_solves_each_layer_as_its_own_one_width_run():
     is stored and reported at its own width."""
     x = windows(16, 32)
     names = quantized_layer_names(tiny_model("llama"), arch_spec(tiny_model("llama")))
-    mix = dict.fromkeys(names, 4) | {"model.layers.0.self_attn.k_proj": 8, "model.layers.0.self_attn.v_proj": 3,
-                                     "model.layers.1.mlp.down_proj": 6}  # fmt: skip
+    mix = dict.fromkeys(names, 4) | {
+        "model.layers.0.self_attn.k_proj": 8,
+        "model.layers.0.self_attn.v_proj": 3,
+        "model.layers.1.mlp.down_proj": 6,
+    }
     options = dict(group_size=16, act_order=True, static_groups=False, mse=True)
     cfg = make_config("gptq", 8, layer_bits=tuple(mix.items()), **options)
     layers, reports, _ = quantize_model(tiny_model("llama"), x, cfg, progress=False)
@@ -141,11 +177,14 @@ def test_a_width_mix_solves_each_layer_as_its_own_one_width_run():
         assert torch.equal(layers[name].codes, one[name].codes) and torch.equal(layers[name].scales, one[name].scales)
 
 
-@pytest.mark.parametrize("method,bits,widths,match", [
-    ("matgptq", "4,8", {"a": 4}, "already holds every width"),
-    ("gptq", 8, {"a": 4, "b": 9}, "widths are 2..8"),
-    ("gptq", 8, {"a": 4, "b": 5}, "widest width of the mix"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "method,bits,widths,match",
+    [
+        ("matgptq", "4,8", {"a": 4}, "already holds every width"),
+        ("gptq", 8, {"a": 4, "b": 9}, "widths are 2..8"),
+        ("gptq", 8, {"a": 4, "b": 5}, "widest width of the mix"),
+    ],
+)
 def test_bad_width_mixes_are_clear_errors(method, bits, widths, match):
     with pytest.raises(UserError, match=match):
         make_config(method, bits, layer_bits=tuple(widths.items()))

@@ -21,8 +21,18 @@ from matgptq.errors import UserError
 from matgptq.quantization.resume import BlockState
 from tests.conftest import TINYSTORIES, make_tiny_llama
 
-ARGS = dict(calib=TINYSTORIES, calib_range=(0.6, 1.0), method="matgptq", bits=(3, 4, 8), nsamples=16, seqlen=64,
-            group_size=32, act_order=True, static_groups=False, progress=False)  # fmt: skip
+ARGS = dict(
+    calib=TINYSTORIES,
+    calib_range=(0.6, 1.0),
+    method="matgptq",
+    bits=(3, 4, 8),
+    nsamples=16,
+    seqlen=64,
+    group_size=32,
+    act_order=True,
+    static_groups=False,
+    progress=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +49,12 @@ def _same_checkpoint(a: Path, b: Path) -> None:
     assert sorted(ta) == sorted(tb)
     for name in ta:
         assert torch.equal(ta[name], tb[name]), name
-    ra = [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads((a / "matgptq.json").read_text())["report"]]
-    rb = [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads((b / "matgptq.json").read_text())["report"]]
+    ra = [
+        {k: v for k, v in r.items() if k != "seconds"} for r in json.loads((a / "matgptq.json").read_text())["report"]
+    ]
+    rb = [
+        {k: v for k, v in r.items() if k != "seconds"} for r in json.loads((b / "matgptq.json").read_text())["report"]
+    ]
     assert ra == rb
 
 
@@ -79,13 +93,37 @@ def test_a_run_killed_with_sigkill_resumes(deep, tmp_path):
     whole = tmp_path / "whole"
     matgptq.quantize(deep, whole, **ARGS)
     killed = tmp_path / "killed"
-    cli = ["quantize", str(deep), "--out", str(killed), "--calib", str(TINYSTORIES), "--calib-range", "0.6:1",
-           "--method", "matgptq", "--bits", "3,4,8", "--nsamples", "16", "--seqlen", "64", "--group-size", "32",
-           "--act-order", "--no-static-groups", "--quiet"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
-           "OMP_NUM_THREADS": str(torch.get_num_threads())}  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "matgptq", *cli], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    cli = [
+        "quantize",
+        str(deep),
+        "--out",
+        str(killed),
+        "--calib",
+        str(TINYSTORIES),
+        "--calib-range",
+        "0.6:1",
+        "--method",
+        "matgptq",
+        "--bits",
+        "3,4,8",
+        "--nsamples",
+        "16",
+        "--seqlen",
+        "64",
+        "--group-size",
+        "32",
+        "--act-order",
+        "--no-static-groups",
+        "--quiet",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "matgptq", *cli], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     state, done = tmp_path / ".killed.resume" / "state.json", 0
     deadline = time.monotonic() + 300
     while done < 2 and proc.poll() is None and time.monotonic() < deadline:

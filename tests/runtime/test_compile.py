@@ -15,8 +15,7 @@ import torch
 
 import matgptq
 from matgptq.runtime.packed import Kernel, PackedLinear
-from tests.conftest import make_tiny_llama, quick_quantize
-from tests.conftest import random_parent
+from tests.conftest import make_tiny_llama, quick_quantize, random_parent
 
 IDS = torch.tensor([[1, 5, 9, 200, 17, 300, 42, 7]])
 
@@ -34,7 +33,9 @@ def dynamo(monkeypatch):
 def parent(tmp_path_factory):
     root = tmp_path_factory.mktemp("compile")
     model = make_tiny_llama(root / "m", intermediate=96)
-    return quick_quantize(model, root / "p", method="matgptq", bits="3,4,8", group_size=32, act_order=True, static_groups=False)
+    return quick_quantize(
+        model, root / "p", method="matgptq", bits="3,4,8", group_size=32, act_order=True, static_groups=False
+    )
 
 
 def test_compiled_forward_and_generate_equal_eager(parent, dynamo):

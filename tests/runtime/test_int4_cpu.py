@@ -66,16 +66,18 @@ def test_unpack_inverts_every_known_layout(lay):
 def test_the_plain_build_is_found_and_served_exactly():
     """ATEN_CPU_CAPABILITY=default makes torch dispatch to its plain build (another packing than AVX2/AVX-512's):
     `layout` finds it and a packed layer's codes and prefill still equal the reference."""
-    code = ("import torch, torch.nn.functional as F\n"
-            "from matgptq.runtime.int4_cpu import Layout, layout\n"
-            "from matgptq.runtime.packed import PREFILL_ROWS, Kernel, PackedLinear\n"
-            "from tests.conftest import random_parent\n"
-            "assert torch.backends.cpu.get_cpu_capability() == 'DEFAULT' and layout() == Layout(32, False)\n"
-            "q = random_parent(80, 384, 64, False).slice(5)\n"
-            "layer = PackedLinear(q, None, torch.bfloat16)\n"
-            "assert layer.kernel == Kernel.INT4 and torch.equal(layer.codes(), q.codes)\n"
-            "x = torch.randn(PREFILL_ROWS, 384).to(torch.bfloat16)\n"
-            "assert torch.equal(layer(x), F.linear(x, q.dequantize(torch.bfloat16)))\n")  # fmt: skip
+    code = (
+        "import torch, torch.nn.functional as F\n"
+        "from matgptq.runtime.int4_cpu import Layout, layout\n"
+        "from matgptq.runtime.packed import PREFILL_ROWS, Kernel, PackedLinear\n"
+        "from tests.conftest import random_parent\n"
+        "assert torch.backends.cpu.get_cpu_capability() == 'DEFAULT' and layout() == Layout(32, False)\n"
+        "q = random_parent(80, 384, 64, False).slice(5)\n"
+        "layer = PackedLinear(q, None, torch.bfloat16)\n"
+        "assert layer.kernel == Kernel.INT4 and torch.equal(layer.codes(), q.codes)\n"
+        "x = torch.randn(PREFILL_ROWS, 384).to(torch.bfloat16)\n"
+        "assert torch.equal(layer(x), F.linear(x, q.dequantize(torch.bfloat16)))\n"
+    )
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "PYTHONPATH": os.pathsep.join(sys.path)}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -139,8 +141,9 @@ def test_unservable_layers_keep_the_bit_stream():
     assert layer.kernel == Kernel.BITSTREAM
     x = torch.randn(2, 64).to(torch.bfloat16)
     assert torch.equal(layer(x), F.linear(x, q.dequantize(torch.bfloat16)))
-    assert build(q.codes[:16, :48], q.scales[:16], q.zeros[:16], q.g_idx[:48] * 0 + torch.arange(48) // 24,
-                 3, 5) is None  # groups of 24: no kernel group size fits  # fmt: skip
+    assert (
+        build(q.codes[:16, :48], q.scales[:16], q.zeros[:16], q.g_idx[:48] * 0 + torch.arange(48) // 24, 3, 5) is None
+    )  # groups of 24: no kernel group size fits
 
 
 def test_codes_read_back_in_original_order():

@@ -17,8 +17,20 @@ IDS = torch.tensor([[1, 20, 30, 40, 50, 60, 70, 80]])
 @pytest.fixture(scope="module")
 def parent(tiny_llama_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("rt") / "parent"
-    matgptq.quantize(tiny_llama_dir, out, calib=TINYSTORIES, calib_range=(0.9, 1.0), method="matgptq",
-                     bits=(3, 4, 8), nsamples=8, seqlen=64, group_size=32, act_order=True, static_groups=False, progress=False)  # fmt: skip
+    matgptq.quantize(
+        tiny_llama_dir,
+        out,
+        calib=TINYSTORIES,
+        calib_range=(0.9, 1.0),
+        method="matgptq",
+        bits=(3, 4, 8),
+        nsamples=8,
+        seqlen=64,
+        group_size=32,
+        act_order=True,
+        static_groups=False,
+        progress=False,
+    )
     return out
 
 
@@ -90,8 +102,19 @@ def test_quantization_is_reproducible_bit_exactly(tiny_llama_dir, tmp_path):
     from matgptq.formats.parent import read_checkpoint
     from matgptq.quantization import config_from_json
 
-    kw = dict(calib=TINYSTORIES, calib_range=(0.9, 1.0), method="gptq", bits=3, nsamples=4, seqlen=64,
-              group_size=32, act_order=True, static_groups=False, mse=True, progress=False)  # fmt: skip
+    kw = dict(
+        calib=TINYSTORIES,
+        calib_range=(0.9, 1.0),
+        method="gptq",
+        bits=3,
+        nsamples=4,
+        seqlen=64,
+        group_size=32,
+        act_order=True,
+        static_groups=False,
+        mse=True,
+        progress=False,
+    )
     a, _ = matgptq.quantize(tiny_llama_dir, tmp_path / "a", **kw)
     b, _ = matgptq.quantize(tiny_llama_dir, tmp_path / "b", **kw)
     ta, tb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")  # (header key order may vary)
@@ -108,9 +131,19 @@ def test_skipped_layers_round_trip_and_exports(tiny_llama_dir, tmp_path):
     from matgptq.exporters.gguf import export_gguf, read_gguf_weights
     from matgptq.exporters.gptq import export_gptq
 
-    out, _ = matgptq.quantize(tiny_llama_dir, tmp_path / "skip", calib=TINYSTORIES, calib_range=(0.9, 1.0),
-                              bits=4, nsamples=4, seqlen=64, group_size=32, signed_scale=True,
-                              skip=(r"mlp\.down_proj$",), progress=False)  # fmt: skip
+    out, _ = matgptq.quantize(
+        tiny_llama_dir,
+        tmp_path / "skip",
+        calib=TINYSTORIES,
+        calib_range=(0.9, 1.0),
+        bits=4,
+        nsamples=4,
+        seqlen=64,
+        group_size=32,
+        signed_scale=True,
+        skip=(r"mlp\.down_proj$",),
+        progress=False,
+    )
     ref = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
     model = matgptq.load(out)
     name = "model.layers.1.mlp.down_proj"

@@ -52,7 +52,9 @@ def kernels():
 def parent(tmp_path_factory):
     root = tmp_path_factory.mktemp("nested")
     model = make_tiny_llama(root / "m", intermediate=96)  # down_proj K = 96: three plane words
-    return quick_quantize(model, root / "p", method="matgptq", bits="3,4,8", group_size=32, act_order=True, static_groups=False)
+    return quick_quantize(
+        model, root / "p", method="matgptq", bits="3,4,8", group_size=32, act_order=True, static_groups=False
+    )
 
 
 def bound(x, q, bits, bias=None):
@@ -121,8 +123,11 @@ def nested_model(path, bits, resident):
 def run_and_check(model, ids):
     """Logits of `ids`; every NestedLinear's output equals its dequantized slice on its own input (module doc)."""
     state, seen = model.matgptq, []
-    hooks = [m.register_forward_hook(lambda m, i, o, name=name: seen.append((name, i[0], o)))
-             for name, m in model.named_modules() if isinstance(m, NestedLinear)]  # fmt: skip
+    hooks = [
+        m.register_forward_hook(lambda m, i, o, name=name: seen.append((name, i[0], o)))
+        for name, m in model.named_modules()
+        if isinstance(m, NestedLinear)
+    ]
     try:
         with torch.no_grad():
             logits = model(ids.to(DEVICE)).logits
@@ -237,9 +242,11 @@ def test_packing_choices_and_bad_requests(parent):
     assert default_packing(True, torch.float32, False, cpu) is Packing.CPU
     assert default_packing(None, torch.float32, False, cpu) is Packing.DENSE
     assert QuantizedState(read_checkpoint(parent), {}, True).packing is Packing.CPU  # the former `packed` flag
-    for kw, match in [({"resident": "gpu"}, "not a choice; use slice .* or parent"),
-                      ({"resident": "parent"}, "loads on the CPU"),
-                      ({"device": "tpu"}, "not a device")]:  # fmt: skip
+    for kw, match in [
+        ({"resident": "gpu"}, "not a choice; use slice .* or parent"),
+        ({"resident": "parent"}, "loads on the CPU"),
+        ({"device": "tpu"}, "not a device"),
+    ]:
         with pytest.raises(UserError, match=match) as e:
             matgptq.load(parent, **kw)
         assert "\n" not in str(e.value)
@@ -252,6 +259,6 @@ def test_packing_choices_and_bad_requests(parent):
     with pytest.raises(UserError, match="resident"):
         NestedLinear(random_parent(8, 32, 32, False), 3, None, torch.float32, "both")
     with pytest.raises(UserError, match="uneven groups"):
-        NestedLinear(replace(random_parent(8, 64, 32, False), g_idx=torch.tensor([0] * 31 + [1] * 33)), 3, None,
-                     torch.float32)  # fmt: skip
-
+        NestedLinear(
+            replace(random_parent(8, 64, 32, False), g_idx=torch.tensor([0] * 31 + [1] * 33)), 3, None, torch.float32
+        )

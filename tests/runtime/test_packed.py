@@ -21,7 +21,9 @@ IDS = torch.tensor([[1, 5, 9, 200, 17, 300, 42, 7, 99, 1000 % 512, 3, 64]])
 def parent(tmp_path_factory):
     root = tmp_path_factory.mktemp("packed")
     model = make_tiny_llama(root / "m", intermediate=96)  # down_proj K = 96: rows of 36 bytes at 3 bits
-    return quick_quantize(model, root / "p", method="matgptq", bits="3,4,8", group_size=32, act_order=True, static_groups=False)
+    return quick_quantize(
+        model, root / "p", method="matgptq", bits="3,4,8", group_size=32, act_order=True, static_groups=False
+    )
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])

@@ -29,8 +29,13 @@ def vocabulary_of(model_dir: Path) -> dict:
     """What a GGUF of this tokenizer would state (tokenizer.ggml.*), built from tokenizer.json independently."""
     tj = json.loads((model_dir / "tokenizer.json").read_text())
     by_id = {i: t for t, i in tj["model"]["vocab"].items()} | {a["id"]: a["content"] for a in tj["added_tokens"]}
-    return {"model": "gpt2", "tokens": [by_id[i] for i in range(len(by_id))], "merges": len(tj["model"]["merges"]),
-            "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+    return {
+        "model": "gpt2",
+        "tokens": [by_id[i] for i in range(len(by_id))],
+        "merges": len(tj["model"]["merges"]),
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
 
 
 def test_a_byte_level_bpe_tokenizer_passes(bpe_copy):
@@ -47,12 +52,22 @@ def edit_json(path: Path, change) -> None:
 @pytest.mark.parametrize(
     "defect,message",
     [  # transformers 5.17's two defects (../shared/models/README.md), then disagreements with the GGUF
-        (lambda d: edit_json(d / "tokenizer.json", lambda j: j["model"].update(byte_fallback=True)), "byte_fallback=True"),
-        (lambda d: edit_json(d / "tokenizer_config.json", lambda j: j.update(eos_token="<|im_start|>")),
-         "eos token '<|im_start|>' (expected '<|im_end|>'); eos id 1 (config.json says 2)"),
-        (lambda d: edit_json(d / "tokenizer.json", lambda j: j.update(pre_tokenizer={"type": "Whitespace"})),
-         "no ByteLevel pre-tokenizer"),
-        (lambda d: edit_json(d / "config.json", lambda j: j.update(vocab_size=400)), "(config.json says vocab_size 400)"),
+        (
+            lambda d: edit_json(d / "tokenizer.json", lambda j: j["model"].update(byte_fallback=True)),
+            "byte_fallback=True",
+        ),
+        (
+            lambda d: edit_json(d / "tokenizer_config.json", lambda j: j.update(eos_token="<|im_start|>")),
+            "eos token '<|im_start|>' (expected '<|im_end|>'); eos id 1 (config.json says 2)",
+        ),
+        (
+            lambda d: edit_json(d / "tokenizer.json", lambda j: j.update(pre_tokenizer={"type": "Whitespace"})),
+            "no ByteLevel pre-tokenizer",
+        ),
+        (
+            lambda d: edit_json(d / "config.json", lambda j: j.update(vocab_size=400)),
+            "(config.json says vocab_size 400)",
+        ),
     ],
 )
 def test_wrong_conversions_are_refused(bpe_copy, defect, message):
@@ -83,8 +98,9 @@ def test_not_a_gguf_file(tmp_path):
 
 def run_script(tmp_path, links: Path) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links)}
-    return subprocess.run([*TOOL, "--cache", str(tmp_path / "cache")], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [*TOOL, "--cache", str(tmp_path / "cache")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+    )
 
 
 def assert_one_line_error(r, message, cache: Path):

@@ -9,5 +9,15 @@ from .evopress import EvoConfig, Stage, parse_stages
 from .request import ScoreDtype, SearchRequest, mix_path
 from .runner import run_search
 
-__all__ = ["BudgetKind", "CostModel", "parse_budget", "EvoConfig", "Stage", "parse_stages", "ScoreDtype",
-           "SearchRequest", "mix_path", "run_search"]  # fmt: skip
+__all__ = [
+    "BudgetKind",
+    "CostModel",
+    "parse_budget",
+    "EvoConfig",
+    "Stage",
+    "parse_stages",
+    "ScoreDtype",
+    "SearchRequest",
+    "mix_path",
+    "run_search",
+]

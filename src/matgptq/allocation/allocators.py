@@ -93,8 +93,9 @@ def noise(weight: torch.Tensor, rho: float, seed: int) -> torch.Tensor:
     return (w + g * (rho * w.norm() / g.norm())).to(weight.dtype)
 
 
-def noise_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], seed: int = 0,
-                progress: bool = False) -> list[list[float]]:  # fmt: skip
+def noise_table(
+    fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], seed: int = 0, progress: bool = False
+) -> list[list[float]]:
     """v_l(r) of NOISE (module docstring) for every layer of `fitness.names` (untied units only: a tied unit would
     need its noise shared among its layers)."""
     if fitness.units.tied:
@@ -107,8 +108,12 @@ def noise_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, .
     for layer in tqdm(range(len(top)), desc="noise probes", unit="layer", disable=not progress, leave=False):
         weight = layer_weight(fitness.model, fitness.names[layer], fitness.spec)
         rho_a, rho_b = rfn[layer][0], rfn[layer][1]
-        d = [fitness.kl(top, windows, cache, (layer, noise(weight, rho, seed + 2 * layer + i))) - base if rho > 0
-             else 0.0 for i, rho in enumerate((rho_a, rho_b))]  # fmt: skip
+        d = [
+            fitness.kl(top, windows, cache, (layer, noise(weight, rho, seed + 2 * layer + i))) - base
+            if rho > 0
+            else 0.0
+            for i, rho in enumerate((rho_a, rho_b))
+        ]
         s, alpha = power_law(rho_a, d[0], rho_b, d[1])
         table.append([base + s * x**alpha for x in rfn[layer]])
     return table
@@ -127,11 +132,13 @@ def input_importance(fitness: Fitness, top: int, windows: tuple[int, ...]) -> li
             x = args[0].reshape(-1, args[0].shape[-1]).double()
             sums[i] = x.square().sum(0) if sums[i] is None else sums[i] + x.square().sum(0)
             counts[i] += x.shape[0]
+
         return record
 
     with experts_as_layers(fitness.blocks, fitness.spec.experts):  # fused experts: each sees its routed tokens
-        handles = [fitness.model.get_submodule(n).register_forward_pre_hook(hook(i))
-                   for i, n in enumerate(fitness.names)]  # fmt: skip
+        handles = [
+            fitness.model.get_submodule(n).register_forward_pre_hook(hook(i)) for i, n in enumerate(fitness.names)
+        ]
         try:
             fitness.run(windows)
         finally:
@@ -149,8 +156,9 @@ def error_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, .
     for name, imatrix in zip(fitness.names, input_importance(fitness, levels[-1], windows)):
         top = layers[name].slice(levels[-1]).dequantize(torch.float64)
         imatrix = imatrix.to(top.device)
-        table.append([float(((layers[name].slice(r).dequantize(torch.float64) - top).square() * imatrix).sum())
-                      for r in levels])  # fmt: skip
+        table.append(
+            [float(((layers[name].slice(r).dequantize(torch.float64) - top).square() * imatrix).sum()) for r in levels]
+        )
     return fitness.units.sum_rows(table)
 
 
@@ -174,10 +182,20 @@ def lacking(allocators, floors: tuple[int, ...], have: dict) -> tuple[tuple[Allo
     return todo, new_floors
 
 
-def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], allocators, seed: int = 0,
-           progress: bool = False, floors: tuple[int, ...] = (), deadline: float | None = None,
-           highest: int | None = None, have: dict[Allocator, Filled] | None = None,
-           wide: Wide | None = None, cutoff: Deadline | None = None) -> dict[Allocator, Filled]:
+def tables(
+    fitness: Fitness,
+    levels: tuple[int, ...],
+    windows: tuple[int, ...],
+    allocators,
+    seed: int = 0,
+    progress: bool = False,
+    floors: tuple[int, ...] = (),
+    deadline: float | None = None,
+    highest: int | None = None,
+    have: dict[Allocator, Filled] | None = None,
+    wide: Wide | None = None,
+    cutoff: Deadline | None = None,
+) -> dict[Allocator, Filled]:
     """{allocator: Filled} for the table-based allocators among `allocators`; GRADIENT's table is one table per width
     of `floors` (raise_floors of the budgets). ADDITIVE is filled last, and stops at `deadline` (time.perf_counter();
     sensitivity.measure_table) or after the level `highest`: the other tables are cheap and fixed, its widths can be
@@ -188,14 +206,15 @@ def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], 
     (measure_table); where that leaves no table, it is not among those returned."""
     out = dict(have or {})
     todo, new_floors = lacking(allocators, floors, out)
-    fill = {Allocator.PROBE: lambda: measure_table(fitness, levels, windows, Sensitivity.PROBE, progress,
-                                                   cutoff=cutoff),
-            Allocator.ADDITIVE: lambda: measure_table(fitness, levels, windows, Sensitivity.FULL, progress, deadline,
-                                                      highest, wide, cutoff),
-            Allocator.NOISE: lambda: noise_table(fitness, levels, windows, seed, progress),
-            Allocator.ERROR: lambda: error_table(fitness, levels, windows),
-            Allocator.GRADIENT: lambda: {u: first_order_table(fitness, levels, windows, u)
-                                         for u in new_floors}}  # fmt: skip
+    fill = {
+        Allocator.PROBE: lambda: measure_table(fitness, levels, windows, Sensitivity.PROBE, progress, cutoff=cutoff),
+        Allocator.ADDITIVE: lambda: measure_table(
+            fitness, levels, windows, Sensitivity.FULL, progress, deadline, highest, wide, cutoff
+        ),
+        Allocator.NOISE: lambda: noise_table(fitness, levels, windows, seed, progress),
+        Allocator.ERROR: lambda: error_table(fitness, levels, windows),
+        Allocator.GRADIENT: lambda: {u: first_order_table(fitness, levels, windows, u) for u in new_floors},
+    }
     derived = Allocator.PROBE in todo and Allocator.ADDITIVE in (*todo, *out)
     for a in sorted(todo, key=lambda a: a is Allocator.ADDITIVE):
         if derived and a is Allocator.PROBE:
@@ -217,8 +236,9 @@ def tables(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], 
     return out
 
 
-def allocate(cost_model: CostModel, table: list[list[float]] | FloorTables | None, budget: Fraction,
-             kind: BudgetKind) -> Mix:  # fmt: skip
+def allocate(
+    cost_model: CostModel, table: list[list[float]] | FloorTables | None, budget: Fraction, kind: BudgetKind
+) -> Mix:
     """The mix of a table (the knapsack under the budget), the uniform mix for table None; for GRADIENT's tables, the
     knapsack above the budget's uniform width (the uniform mix where no table was made for it: no room to raise)."""
     if table is None or isinstance(table, dict):
@@ -229,8 +249,14 @@ def allocate(cost_model: CostModel, table: list[list[float]] | FloorTables | Non
     return knapsack_mix(cost_model, table, budget, kind)
 
 
-def baseline_mixes(cost_model: CostModel, filled: dict, own: Allocator, others: tuple[Allocator, ...],
-                   budget: Fraction, kind: BudgetKind) -> dict[str, Mix]:  # fmt: skip
+def baseline_mixes(
+    cost_model: CostModel,
+    filled: dict,
+    own: Allocator,
+    others: tuple[Allocator, ...],
+    budget: Fraction,
+    kind: BudgetKind,
+) -> dict[str, Mix]:
     """{label: mix} of the allocations at one budget: the search's own knapsack start first ("knapsack", from the
     `own` table; where `filled` lacks it, the uniform slice in its place), then each of `others` ("uniform R" for
     UNIFORM, else the allocator's name) that `filled` holds a table of."""

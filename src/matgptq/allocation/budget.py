@@ -129,8 +129,9 @@ class CostModel:
             u = tuple((r, tensor_bits(auto_type(q.slice(r)), *q.shape)) for r in levels) if gguf else ()
             for (r, bits), (_, above) in zip(u, u[1:]):  # the mutation and the bounds assume costs rise with r
                 if bits > above:
-                    raise UserError(f"{n}: in GGUF, width {r} takes more bytes than the next level; drop {r} from "
-                                    "--levels")  # fmt: skip
+                    raise UserError(
+                        f"{n}: in GGUF, width {r} takes more bytes than the next level; drop {r} from --levels"
+                    )
             sizes.append(LayerSize(n, q.shape[0], q.shape[1], q.scales.shape[1], q.perm is not None, u))
         return cls(tuple(sizes), levels)
 
@@ -139,8 +140,10 @@ class CostModel:
         several layers one GroupSize, named by its label."""
         if units.layers != self.names:
             raise ValueError("the units are not of this cost model's layers")
-        sizes = tuple(self.layers[unit[0]] if len(unit) == 1 else GroupSize(name, tuple(self.layers[i] for i in unit))
-                      for name, unit in zip(units.names, units.members))  # fmt: skip
+        sizes = tuple(
+            self.layers[unit[0]] if len(unit) == 1 else GroupSize(name, tuple(self.layers[i] for i in unit))
+            for name, unit in zip(units.names, units.members)
+        )
         return CostModel(sizes, self.levels)
 
     @property
@@ -175,8 +178,13 @@ class CostModel:
         for level, below in ((self.levels[0], True), (self.levels[-1], False)):
             floor_or_roof = Fraction(self.cost(tuple(level for _ in self.layers), kind), self.total_weights)
             if (budget < floor_or_roof) if below else (budget > floor_or_roof):
-                where, fix = ("below", "raise it or add a lower level") if below else (
-                    "above", "use that level for every layer, or lower the budget")
-                raise UserError(f"budget {float(budget):g} ({kind.value} bits per weight) is {where} what "
-                                f"{'the lowest' if below else 'the highest'} level {level} costs "
-                                f"({float(floor_or_roof):.4f}); {fix}")  # fmt: skip
+                where, fix = (
+                    ("below", "raise it or add a lower level")
+                    if below
+                    else ("above", "use that level for every layer, or lower the budget")
+                )
+                raise UserError(
+                    f"budget {float(budget):g} ({kind.value} bits per weight) is {where} what "
+                    f"{'the lowest' if below else 'the highest'} level {level} costs "
+                    f"({float(floor_or_roof):.4f}); {fix}"
+                )

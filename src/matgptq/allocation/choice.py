@@ -67,8 +67,13 @@ def choose(candidates: dict[str, Mix], per_window: dict[Mix, list[float]]) -> tu
     return (lowest if gap.shown else slice_), gap
 
 
-def pool_scores(fitness: Fitness, mixes, windows: tuple[int, ...], known: dict[Mix, list[float]] | None = None,
-                box: Timebox | None = None) -> dict[Mix, list[float]]:  # fmt: skip
+def pool_scores(
+    fitness: Fitness,
+    mixes,
+    windows: tuple[int, ...],
+    known: dict[Mix, list[float]] | None = None,
+    box: Timebox | None = None,
+) -> dict[Mix, list[float]]:
     """{mix: its float32 KL on each of `windows`} for every distinct mix of `mixes`, those in `known` (scored on the
     same windows) not scored again. With a `box`, chunk by chunk: a chunk that would end past the deadline is left
     unfinished, and every mix, those of `known` too, holds the scores of the chunks before it (maybe none)."""
@@ -92,9 +97,20 @@ def pool_scores(fitness: Fitness, mixes, windows: tuple[int, ...], known: dict[M
     return {**{m: v[:done] for m, v in out.items()}, **dict(zip(todo, rows))}
 
 
-def report(fitness: Fitness, cost_model: CostModel, kind: BudgetKind, label: str, mixes: dict[str, Mix], state,
-           start_kind: str, all_windows: tuple[int, ...], held_out, batch_size: int,
-           known: dict[Mix, list[float]] | None = None, box: Timebox | None = None) -> tuple[dict, Mix]:  # fmt: skip
+def report(
+    fitness: Fitness,
+    cost_model: CostModel,
+    kind: BudgetKind,
+    label: str,
+    mixes: dict[str, Mix],
+    state,
+    start_kind: str,
+    all_windows: tuple[int, ...],
+    held_out,
+    batch_size: int,
+    known: dict[Mix, list[float]] | None = None,
+    box: Timebox | None = None,
+) -> tuple[dict, Mix]:
     """A budget's summary row and written mix. Score the evolved parent (`state.parent`), its start (`state.start`:
     the one-shot start as refined, refine.py) and every one-shot allocation on the whole calibration pool (`known`:
     the scores `first_parent` made of them there, not made again), and choose the budget's output (`choose`: the
@@ -113,24 +129,36 @@ def report(fitness: Fitness, cost_model: CostModel, kind: BudgetKind, label: str
     kl_of = {m: statistics.fmean(v) for m, v in per_window.items() if v}  # = Fitness.kl
     chosen, gap = choose(candidates, per_window) if kl_of else ("search", None)
     mix = candidates[chosen]
-    row = {"budget": label, "kind": kind.value, "code_bits": cost_model.average(mix, BudgetKind.CODE),
-           "storage_bits": cost_model.average(mix, BudgetKind.STORAGE), "start": start_kind,
-           "dp_kl": kl_of.get(dp_mix), "start_kl": kl_of.get(state.start), "search_kl": kl_of.get(state.parent),
-           "search_code_bits": cost_model.average(state.parent, BudgetKind.CODE),
-           "search_storage_bits": cost_model.average(state.parent, BudgetKind.STORAGE),
-           "baseline_kl": {k: kl_of.get(m) for k, m in mixes.items()}, "chosen": chosen, "kl": kl_of.get(mix),
-           "uniform_gap": None if gap is None else gap._asdict() | {"shown": gap.shown},
-           "choice_windows": len(next(iter(per_window.values()))), "cut": []}  # fmt: skip
+    row = {
+        "budget": label,
+        "kind": kind.value,
+        "code_bits": cost_model.average(mix, BudgetKind.CODE),
+        "storage_bits": cost_model.average(mix, BudgetKind.STORAGE),
+        "start": start_kind,
+        "dp_kl": kl_of.get(dp_mix),
+        "start_kl": kl_of.get(state.start),
+        "search_kl": kl_of.get(state.parent),
+        "search_code_bits": cost_model.average(state.parent, BudgetKind.CODE),
+        "search_storage_bits": cost_model.average(state.parent, BudgetKind.STORAGE),
+        "baseline_kl": {k: kl_of.get(m) for k, m in mixes.items()},
+        "chosen": chosen,
+        "kl": kl_of.get(mix),
+        "uniform_gap": None if gap is None else gap._asdict() | {"shown": gap.shown},
+        "choice_windows": len(next(iter(per_window.values()))),
+        "cut": [],
+    }
     if kind is BudgetKind.GGUF:
         row["gguf_bits"] = cost_model.average(mix, BudgetKind.GGUF)
     if text is not None:
-        _held_out(fitness, row, {"dp_text": dp_mix, "search_text": state.parent, "text": mix}, held_out, batch_size,
-                  box)  # fmt: skip
+        _held_out(
+            fitness, row, {"dp_text": dp_mix, "search_text": state.parent, "text": mix}, held_out, batch_size, box
+        )
     return row, mix
 
 
-def _held_out(fitness: Fitness, row: dict, named: dict[str, Mix], held_out, batch_size: int,
-              box: Timebox | None) -> None:  # fmt: skip
+def _held_out(
+    fitness: Fitness, row: dict, named: dict[str, Mix], held_out, batch_size: int, box: Timebox | None
+) -> None:
     """`row`'s held-out perplexity and KL of each named mix (one scoring per distinct mix), those that would end past
     the box's deadline left out."""
     text, text_teacher = held_out
@@ -146,8 +174,9 @@ def _held_out(fitness: Fitness, row: dict, named: dict[str, Mix], held_out, batc
             row[f"{key}_ppl"], row[f"{key}_kl"] = text_of[m].ppl, text_of[m].kl
 
 
-def first_parent(fitness: Fitness, mixes: dict[str, Mix], windows: tuple[int, ...],
-                 box: Timebox | None = None) -> tuple[Mix, str, dict[Mix, list[float]]]:  # fmt: skip
+def first_parent(
+    fitness: Fitness, mixes: dict[str, Mix], windows: tuple[int, ...], box: Timebox | None = None
+) -> tuple[Mix, str, dict[Mix, list[float]]]:
     """The search's first parent: the one-shot allocation with the lowest float32 KL on `windows` (the whole
     calibration pool), the knapsack mix on a tie (an additive model can misjudge a network far from linear; the search
     then never starts behind a plain slice or another allocator); and those per-window scores, which the report reuses.

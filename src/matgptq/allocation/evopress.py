@@ -87,8 +87,9 @@ class EvoConfig:
         if min(tokens) < 1 or tokens != sorted(tokens):
             raise UserError(f"--stages: token counts must be positive and non-decreasing, got {tokens}")
         if survivors[-1] != 1 or survivors != sorted(survivors, reverse=True) or survivors[0] > self.offspring:
-            raise UserError(f"--stages: survivors must shrink from at most --offspring ({self.offspring}) to 1, got "
-                            f"{survivors}")  # fmt: skip
+            raise UserError(
+                f"--stages: survivors must shrink from at most --offspring ({self.offspring}) to 1, got {survivors}"
+            )
 
     def settings(self) -> dict:
         """What the search result depends on (everything but the number of generations)."""
@@ -125,14 +126,26 @@ def read_state(path: Path, settings: dict, n_layers: int) -> EvoState:
         raise UserError(f"{path} is not a matgptq search state (v{STATE_VERSION}); {fix}")
     if body.get("settings") != json.loads(json.dumps(settings)):
         theirs = body.get("settings") if isinstance(body.get("settings"), dict) else {}
-        diff = sorted(k for k in set(theirs) | set(settings) if theirs.get(k) != json.loads(json.dumps(settings.get(k))))
-        raise UserError(f"{path} was made with other settings ({', '.join(diff[:4]) or 'unreadable'}); resume with the "
-                        f"same parent, calibration and search options, or {fix}")  # fmt: skip
+        diff = sorted(
+            k for k in set(theirs) | set(settings) if theirs.get(k) != json.loads(json.dumps(settings.get(k)))
+        )
+        raise UserError(
+            f"{path} was made with other settings ({', '.join(diff[:4]) or 'unreadable'}); resume with the "
+            f"same parent, calibration and search options, or {fix}"
+        )
     try:
         s = body["state"]
-        state = EvoState(int(s["generation"]), tuple(int(x) for x in s["parent"]), dict(s["rng"]),
-                         tuple(int(x) for x in s["start"]), list(s["history"]), int(s["evaluations"]),
-                         int(s["tokens"]), float(s["seconds"]), dict(s.get("refine", {})))  # fmt: skip
+        state = EvoState(
+            int(s["generation"]),
+            tuple(int(x) for x in s["parent"]),
+            dict(s["rng"]),
+            tuple(int(x) for x in s["start"]),
+            list(s["history"]),
+            int(s["evaluations"]),
+            int(s["tokens"]),
+            float(s["seconds"]),
+            dict(s.get("refine", {})),
+        )
         rng = np.random.Generator(np.random.PCG64())
         rng.bit_generator.state = state.rng
     except (KeyError, TypeError, ValueError):
@@ -171,8 +184,14 @@ def guide_of(table: list[list[float]] | None, config: EvoConfig) -> Guide | None
     return None if table is None or config.temperature == 0 else Guide(table, config.temperature)
 
 
-def offspring(parent: Levels, costs: list[list[int]], limit: int, rng: np.random.Generator,
-              config: EvoConfig, guide: Guide | None = None) -> list[Levels]:  # fmt: skip
+def offspring(
+    parent: Levels,
+    costs: list[list[int]],
+    limit: int,
+    rng: np.random.Generator,
+    config: EvoConfig,
+    guide: Guide | None = None,
+) -> list[Levels]:
     """Up to `config.offspring` distinct children of `parent` within the budget (MAX_DRAWS_PER_CHILD draws each)."""
     children: list[Levels] = []
     for _ in range(config.offspring * MAX_DRAWS_PER_CHILD):
@@ -186,8 +205,9 @@ def offspring(parent: Levels, costs: list[list[int]], limit: int, rng: np.random
     return children
 
 
-def _initial_state(start: Mix, config: EvoConfig, state_path: Path, settings: dict, resume: bool,
-                   refined: dict | None) -> EvoState:  # fmt: skip
+def _initial_state(
+    start: Mix, config: EvoConfig, state_path: Path, settings: dict, resume: bool, refined: dict | None
+) -> EvoState:
     """The state to continue from: the one on disk when resuming, else a fresh one at `start`; under torchrun every
     rank continues from rank 0's (allocation/spread.py)."""
     state = None
@@ -200,9 +220,19 @@ def _initial_state(start: Mix, config: EvoConfig, state_path: Path, settings: di
     return from_rank0(state)
 
 
-def _generation(fitness: Fitness, parent: Mix, costs: list[list[int]], limit: int, rng: np.random.Generator,
-                config: EvoConfig, guide: Guide | None, weights: int | None, bar, stop: Deadline | None,
-                convert) -> tuple[list[Mix], float | None]:  # fmt: skip
+def _generation(
+    fitness: Fitness,
+    parent: Mix,
+    costs: list[list[int]],
+    limit: int,
+    rng: np.random.Generator,
+    config: EvoConfig,
+    guide: Guide | None,
+    weights: int | None,
+    bar,
+    stop: Deadline | None,
+    convert,
+) -> tuple[list[Mix], float | None]:
     """One generation from `parent` (module docstring): (the survivors of the last stage, best first; its best KL)."""
     to_levels, to_mix = convert
     n_windows, seqlen = fitness.windows.shape
@@ -225,11 +255,25 @@ def _generation(fitness: Fitness, parent: Mix, costs: list[list[int]], limit: in
     return survivors, best_kl
 
 
-def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, start: Mix,
-           config: EvoConfig, state_path: Path, settings: dict, resume: bool = False, progress: bool = False,
-           stop_after: int | None = None, weights: int | None = None, deadline: float | None = None,
-           refined: dict | None = None, table: list[list[float]] | None = None,
-           per_window: float = 0.0, clock: Callable[[], float] | None = None) -> EvoState:  # fmt: skip
+def evolve(
+    fitness: Fitness,
+    levels: tuple[int, ...],
+    costs: list[list[int]],
+    limit: int,
+    start: Mix,
+    config: EvoConfig,
+    state_path: Path,
+    settings: dict,
+    resume: bool = False,
+    progress: bool = False,
+    stop_after: int | None = None,
+    weights: int | None = None,
+    deadline: float | None = None,
+    refined: dict | None = None,
+    table: list[list[float]] | None = None,
+    per_window: float = 0.0,
+    clock: Callable[[], float] | None = None,
+) -> EvoState:
     """Run (or continue) the search from `start` to `config.generations` (`refined`: how `start` was made, kept in
     the state; `table`: the loss table v[l][i] over `levels` that guides the mutations, guide_of); `stop_after` ends
     early after that generation (as a kill would, for tests). `weights` (Σ N·K): the progress bar then shows the
@@ -245,8 +289,14 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
     rng = np.random.Generator(np.random.PCG64())
     rng.bit_generator.state = state.rng
     n_windows, seqlen = fitness.windows.shape
-    bar = tqdm(total=config.generations, initial=min(state.generation, config.generations), desc="search",
-               unit="gen", disable=not progress, leave=False)  # fmt: skip
+    bar = tqdm(
+        total=config.generations,
+        initial=min(state.generation, config.generations),
+        desc="search",
+        unit="gen",
+        disable=not progress,
+        leave=False,
+    )
     clock = clock or time.perf_counter
     began, done, guide, last = clock(), 0, guide_of(table, config), 0.0
     first = per_window * generation_windows(config, n_windows, seqlen)
@@ -256,8 +306,9 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
             break  # every rank stops together
         t0, evals0, tokens0 = clock(), fitness.evaluations, fitness.tokens
         try:
-            survivors, best_kl = _generation(fitness, state.parent, costs, limit, rng, config, guide, weights, bar,
-                                             stop, (to_levels, to_mix))  # fmt: skip
+            survivors, best_kl = _generation(
+                fitness, state.parent, costs, limit, rng, config, guide, weights, bar, stop, (to_levels, to_mix)
+            )
         except OutOfTime:
             break
         last = clock() - t0
@@ -267,9 +318,16 @@ def evolve(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
         state.tokens += fitness.tokens - tokens0
         state.seconds += last
         state.rng = rng.bit_generator.state
-        state.history.append({"generation": state.generation, "kl": best_kl, "evaluations": state.evaluations,
-                              "tokens": state.tokens, "seconds": round(state.seconds, 3),
-                              "parent": list(state.parent)})  # fmt: skip
+        state.history.append(
+            {
+                "generation": state.generation,
+                "kl": best_kl,
+                "evaluations": state.evaluations,
+                "tokens": state.tokens,
+                "seconds": round(state.seconds, 3),
+                "parent": list(state.parent),
+            }
+        )
         if is_writer():
             write_state(state_path, settings, state)
         bar.update(1)

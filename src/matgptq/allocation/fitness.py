@@ -85,9 +85,17 @@ class Fitness:
     """Scores mixes of a loaded parent (`matgptq.load`) against a teacher built on `windows` [n, L]. `names`: the
     quantized layers; a mix gives one width to each of `units` (units.py; default: each layer alone)."""
 
-    def __init__(self, model, teacher: Teacher, windows: torch.Tensor, names: tuple[str, ...], batch_size: int = 8,
-                 cache_limit: int = 1 << 30, compute_dtype: torch.dtype = torch.float32,
-                 units: Units | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model,
+        teacher: Teacher,
+        windows: torch.Tensor,
+        names: tuple[str, ...],
+        batch_size: int = 8,
+        cache_limit: int = 1 << 30,
+        compute_dtype: torch.dtype = torch.float32,
+        units: Units | None = None,
+    ) -> None:
         if compute_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"candidates are scored in float32 or bfloat16, not {compute_dtype}")
         if tuple(teacher.windows_shape) != tuple(windows.shape):
@@ -109,7 +117,7 @@ class Fitness:
         self.spec = spec = arch_spec(model)
         self.blocks = get_blocks(model, spec)
         prefix = spec.blocks + "."
-        self.layer_block = tuple(int(n[len(prefix):].split(".")[0]) if n.startswith(prefix) else 0 for n in self.names)
+        self.layer_block = tuple(int(n[len(prefix) :].split(".")[0]) if n.startswith(prefix) else 0 for n in self.names)
         self.block_of = tuple(min(self.layer_block[i] for i in unit) for unit in self.units.members)  # per unit
         self.evaluations = 0  # candidate scorings so far
         self.tokens = 0  # predicted positions scored so far
@@ -153,15 +161,25 @@ class Fitness:
         outputs = [[] for _ in self.batches(windows)] if fits else None
         return PrefixCache(tuple(mix), tuple(windows), outputs, self.compute_dtype)
 
-    def kl(self, mix: Mix, windows: tuple[int, ...], cache: PrefixCache | None = None,
-           replaced: tuple[int, torch.Tensor] | None = None) -> float:  # fmt: skip
+    def kl(
+        self,
+        mix: Mix,
+        windows: tuple[int, ...],
+        cache: PrefixCache | None = None,
+        replaced: tuple[int, torch.Tensor] | None = None,
+    ) -> float:
         """F(mix; windows): mean KL per predicted token, the mean of `window_kls` (every window has L − 1 predicted
         positions)."""
         return statistics.fmean(self.window_kls(mix, windows, cache, replaced))
 
     @torch.no_grad()
-    def window_kls(self, mix: Mix, windows: tuple[int, ...], cache: PrefixCache | None = None,
-                   replaced: tuple[int, torch.Tensor] | None = None) -> list[float]:  # fmt: skip
+    def window_kls(
+        self,
+        mix: Mix,
+        windows: tuple[int, ...],
+        cache: PrefixCache | None = None,
+        replaced: tuple[int, torch.Tensor] | None = None,
+    ) -> list[float]:
         """F(mix; {w}) for each window w of `windows`, from one pass over them all. `replaced` = (layer index in
         `names`, weight as [out, in]): that layer computes with this weight instead of its slice, for this scoring
         only (noise probes, allocators.py); the prefix cache then replays only the blocks before the layer's block."""
@@ -217,8 +235,11 @@ class Fitness:
         saved = [self.blocks[i] for i in range(skip)]
         for i in range(skip):
             self.blocks[i] = Replay(replay)
-        hooks = [] if sink is None else [self.blocks[i].register_forward_hook(lambda m, i, o: sink.append(o))
-                                         for i in range(skip, until)]  # fmt: skip
+        hooks = (
+            []
+            if sink is None
+            else [self.blocks[i].register_forward_hook(lambda m, i, o: sink.append(o)) for i in range(skip, until)]
+        )
         try:
             out = self._body(self.windows[batch].to(self.device))[:, :-1].reshape(-1, self.body.hidden_size)
             return out.to(self.head.weight.dtype)

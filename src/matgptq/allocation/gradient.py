@@ -127,8 +127,9 @@ class _BlockPass:
 
 
 @torch.no_grad()
-def first_order_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
-                      floor: int) -> list[list[float | None]]:  # fmt: skip
+def first_order_table(
+    fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], floor: int
+) -> list[list[float | None]]:
     """v[l][i] = F(u) + ⟨∂F/∂W_l, W_l(levels[i]) − W_l(u)⟩ at the uniform mix u = `floor` (None below it), for
     every unit l of `fitness.units` (a unit's layers' terms added: units.py)."""
     fitness.apply(fitness.uniform(floor))
@@ -146,8 +147,10 @@ def first_order_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[
     trainable = [p for p in fitness.model.parameters() if p.requires_grad]
     with experts_as_layers(fitness.blocks, fitness.spec.experts):  # fused experts: each sees its routed tokens
         block_pass = _BlockPass(fitness, fold)
-        handles = [fitness.model.get_submodule(n).register_forward_hook(block_pass.layer_hook(i))
-                   for i, n in enumerate(fitness.names)]  # fmt: skip
+        handles = [
+            fitness.model.get_submodule(n).register_forward_hook(block_pass.layer_hook(i))
+            for i, n in enumerate(fitness.names)
+        ]
         try:
             for p in trainable:  # no parameter's gradient is wanted (the head's alone is vocabulary × H)
                 p.requires_grad_(False)
@@ -161,8 +164,10 @@ def first_order_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[
                 h.remove()
     base = total / count
     # a layer no token reached (an expert the router never chose) has no gradient: it moves F by nothing
-    table = [[None if r < floor else base if r == floor else base + moved[i][above.index(r)] / count for r in levels]
-             for i in range(len(fitness.names))]  # fmt: skip
+    table = [
+        [None if r < floor else base if r == floor else base + moved[i][above.index(r)] / count for r in levels]
+        for i in range(len(fitness.names))
+    ]
     # under torchrun every rank runs the pass; all allocate from rank 0's table
     return from_rank0(fitness.units.sum_rows(table, base))
 
@@ -171,8 +176,11 @@ def floor_mix(cost_model: CostModel, table: list[list[float | None]], budget, ki
     """The mix minimising Σ_l v_l(r_l) under the budget over the widths r_l ≥ `floor` (knapsack.py)."""
     cols = [i for i, r in enumerate(cost_model.levels) if r >= floor]
     costs = cost_model.table(kind)
-    solution = solve([[row[i] for i in cols] for row in costs], [[row[i] for i in cols] for row in table],
-                     cost_model.limit(budget, kind))  # fmt: skip
+    solution = solve(
+        [[row[i] for i in cols] for row in costs],
+        [[row[i] for i in cols] for row in table],
+        cost_model.limit(budget, kind),
+    )
     if solution is None:  # the uniform floor fits by construction (uniform_mix)
         raise ValueError(f"the uniform {floor}-bit mix does not fit the budget")
     return tuple(cost_model.levels[cols[j]] for j in solution.choice)

@@ -54,8 +54,10 @@ def levels_of(ckpt, requested: tuple[int, ...] | None) -> tuple[int, ...]:
     if any(q.shift for q in ckpt.layers.values()):
         raise UserError(f"{ckpt.path} is a slice and holds only one width; search needs the parent checkpoint")
     if master < 3:
-        raise UserError(f"{ckpt.path} stores {master}-bit codes, so it has no widths to choose between; use a parent "
-                        "with a master width of 3 or more")  # fmt: skip
+        raise UserError(
+            f"{ckpt.path} stores {master}-bit codes, so it has no widths to choose between; use a parent "
+            "with a master width of 3 or more"
+        )
     levels = tuple(sorted(set(requested))) if requested else tuple(range(2, master + 1))
     bad = [r for r in levels if not 2 <= r <= master]
     if bad:
@@ -80,9 +82,11 @@ def reference_model(ckpt, requested: str | Path | None) -> Path:
 def _windows(tokens: torch.Tensor, seqlen: int, needed_tokens: int, what: str, by: str) -> torch.Tensor:
     needed = math.ceil(needed_tokens / (seqlen - 1))
     if tokens.numel() < needed * seqlen:
-        raise UserError(f"{what} has {tokens.numel():,} tokens, fewer than the {needed * seqlen:,} the search needs "
-                        f"for {by} ({needed} windows of --seqlen {seqlen}, {seqlen - 1} scored tokens each); give more "
-                        f"text (or a wider --calib-range) or lower {by.split(' ')[0]}")  # fmt: skip
+        raise UserError(
+            f"{what} has {tokens.numel():,} tokens, fewer than the {needed * seqlen:,} the search needs "
+            f"for {by} ({needed} windows of --seqlen {seqlen}, {seqlen - 1} scored tokens each); give more "
+            f"text (or a wider --calib-range) or lower {by.split(' ')[0]}"
+        )
     return tokens[: needed * seqlen].view(needed, seqlen)
 
 
@@ -91,14 +95,17 @@ def calib_pool(req: SearchRequest, tokenizer) -> tuple[torch.Tensor, int]:
     the last stage; and the fewest of them the others than --calib-tokens need (what a time limit may cut it to)."""
     pool, start = req.pool, req.start
     tokens = tokenize(tokenizer, read_text(req.calib, pool.range))
-    others = [(start.tokens, f"--sensitivity-tokens {start.tokens}"),
-              *([] if start.wide is None else [(start.wide[1], "--sensitivity-wide {}:{}".format(*start.wide))]),
-              (req.evo.stages[-1].tokens, f"--stages {format_stages(req.evo.stages)}")]  # fmt: skip
+    others = [
+        (start.tokens, f"--sensitivity-tokens {start.tokens}"),
+        *([] if start.wide is None else [(start.wide[1], "--sensitivity-wide {}:{}".format(*start.wide))]),
+        (req.evo.stages[-1].tokens, f"--stages {format_stages(req.evo.stages)}"),
+    ]
     # the option that asks for the most tokens (a tie names --calib-tokens, the pool's own option)
     needed, by = max((pool.tokens, f"--calib-tokens {pool.tokens}"), *others, key=lambda option: option[0])
     a, b = pool.range
-    windows = _windows(tokens, pool.seqlen, needed, f"the calibration text ({req.calib}, --calib-range {a:g}:{b:g})",
-                       by)  # fmt: skip
+    windows = _windows(
+        tokens, pool.seqlen, needed, f"the calibration text ({req.calib}, --calib-range {a:g}:{b:g})", by
+    )
     return windows, math.ceil(max(n for n, _ in others) / (pool.seqlen - 1))
 
 
@@ -115,8 +122,7 @@ def wide_of(req: SearchRequest, pool: int) -> Wide | None:
     return Wide(level, first_windows(tokens, req.pool.seqlen, pool))
 
 
-def budgets_of(req: SearchRequest, ckpt,
-               units: Units) -> tuple[tuple[int, ...], CostModel, list[tuple[str, Fraction]]]:  # fmt: skip
+def budgets_of(req: SearchRequest, ckpt, units: Units) -> tuple[tuple[int, ...], CostModel, list[tuple[str, Fraction]]]:
     """(levels, cost model of `units`, [(label, budget)]) of the request, every budget checked against the parent and
     every output checked writable, before any model is loaded."""
     levels = levels_of(ckpt, req.levels)
@@ -126,8 +132,9 @@ def budgets_of(req: SearchRequest, ckpt,
         named.append((wide[0], f"--sensitivity-wide {wide[0]}:{wide[1]}: {wide[0]}"))
     for level, said in named:
         if level is not None and level not in levels[:-1]:
-            raise UserError(f"{said} is not a level below the top one; this search's levels are "
-                            f"{', '.join(map(str, levels))}")  # fmt: skip
+            raise UserError(
+                f"{said} is not a level below the top one; this search's levels are {', '.join(map(str, levels))}"
+            )
     cost_model = CostModel.from_checkpoint(ckpt, levels, gguf=req.kind is BudgetKind.GGUF).grouped(units)
     budgets = [(label, parse_budget(label)) for label in req.budgets]
     for _, b in budgets:

@@ -68,13 +68,23 @@ def _pick(rng: np.random.Generator, n: int, p: np.ndarray | None) -> int:
     return int(rng.integers(n)) if p is None else int(rng.choice(n, p=p))
 
 
-def _fill(child: list[int], total: int, costs: list[list[int]], limit: int, rng: np.random.Generator,
-          frozen: set[int], guide: Guide | None = None) -> int:  # fmt: skip
+def _fill(
+    child: list[int],
+    total: int,
+    costs: list[list[int]],
+    limit: int,
+    rng: np.random.Generator,
+    frozen: set[int],
+    guide: Guide | None = None,
+) -> int:
     """Raise layers (not in `frozen`) one level while the budget allows, each drawn uniformly or by `guide`;
     returns the new total."""
     while True:
-        ups = [l for l, i in enumerate(child) if l not in frozen and i + 1 < len(costs[l])
-               and total + costs[l][i + 1] - costs[l][i] <= limit]  # fmt: skip
+        ups = [
+            l
+            for l, i in enumerate(child)
+            if l not in frozen and i + 1 < len(costs[l]) and total + costs[l][i + 1] - costs[l][i] <= limit
+        ]
         if not ups:
             return total
         p = None if guide is None else guide.probabilities([guide.rate(l, child[l], child[l] + 1, costs) for l in ups])
@@ -83,8 +93,14 @@ def _fill(child: list[int], total: int, costs: list[list[int]], limit: int, rng:
         child[l] += 1
 
 
-def mutate(parent: Levels, costs: list[list[int]], limit: int, rng: np.random.Generator, max_flips: int = 3,
-           guide: Guide | None = None) -> Levels | None:  # fmt: skip
+def mutate(
+    parent: Levels,
+    costs: list[list[int]],
+    limit: int,
+    rng: np.random.Generator,
+    max_flips: int = 3,
+    guide: Guide | None = None,
+) -> Levels | None:
     """One child of `parent` (which must fit), or None when no layer can go down; its moves drawn uniformly, or by
     `guide` (the module docstring)."""
     total = sum(c[i] for c, i in zip(costs, parent))

@@ -19,8 +19,9 @@ def require_matplotlib() -> None:
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        raise UserError("--plot draws with matplotlib, which is not installed; pip install 'matgptq[plot]' or leave "
-                        "out --plot")  # fmt: skip
+        raise UserError(
+            "--plot draws with matplotlib, which is not installed; pip install 'matgptq[plot]' or leave out --plot"
+        )
 
 
 def series(mix: dict) -> tuple[list[str], list[int], list[float]]:
@@ -47,12 +48,15 @@ def plot_mix(mix_file: Path, out: Path) -> None:
     ax.set_ylabel("bits")
     ax.set_xlabel("layer (in the parent's order; blocks left to right)")
     ax2 = ax.twinx()
-    (dots,) = ax2.plot(x, [max(d, 1e-9) for d in delta], "o", ms=3, color="#d62728",
-                       label="predicted ΔKL at the lowest width")  # fmt: skip
+    (dots,) = ax2.plot(
+        x, [max(d, 1e-9) for d in delta], "o", ms=3, color="#d62728", label="predicted ΔKL at the lowest width"
+    )
     ax2.set_yscale("log")
     ax2.set_ylabel("predicted ΔKL at the lowest width")
     s = mix.get("summary", {})
-    ax.set_title(f"budget {s.get('budget', '?')}: {s.get('code_bits', 0):.3f} code bits, chosen: {s.get('chosen', '?')}")
+    ax.set_title(
+        f"budget {s.get('budget', '?')}: {s.get('code_bits', 0):.3f} code bits, chosen: {s.get('chosen', '?')}"
+    )
     ax.legend(handles=[bars, dots], loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8, frameon=False)
     fig.tight_layout()
     with atomic_output(Path(out), overwrite=True, directory=False) as f:

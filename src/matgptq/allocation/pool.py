@@ -45,8 +45,9 @@ class JoinedTeacher:
             part.close()
 
 
-def pool_teacher(model, windows: torch.Tensor, least: int, batch_size: int, progress: bool, schedule: Schedule,
-                 may_cut: bool) -> tuple[Teacher | JoinedTeacher, torch.Tensor]:  # fmt: skip
+def pool_teacher(
+    model, windows: torch.Tensor, least: int, batch_size: int, progress: bool, schedule: Schedule, may_cut: bool
+) -> tuple[Teacher | JoinedTeacher, torch.Tensor]:
     """(the teacher, the windows it holds): `windows` whole, or under a time limit the first of them that fit (module
     docstring); `schedule.pace` is set from its first batch."""
     t0 = schedule.now()
@@ -74,8 +75,9 @@ def pool_teacher(model, windows: torch.Tensor, least: int, batch_size: int, prog
     return JoinedTeacher(parts), windows[:done]
 
 
-def text_teacher(model, text: torch.Tensor | None, batch_size: int, progress: bool, schedule: Schedule,
-                 budgets: int) -> tuple[Teacher | None, torch.Tensor | None]:  # fmt: skip
+def text_teacher(
+    model, text: torch.Tensor | None, batch_size: int, progress: bool, schedule: Schedule, budgets: int
+) -> tuple[Teacher | None, torch.Tensor | None]:
     """(the held-out text's teacher, the windows it holds): the whole text, or under a time limit the windows that
     fit (module docstring); (None, None) without text or where none fits."""
     if text is None:

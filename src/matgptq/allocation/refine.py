@@ -57,8 +57,12 @@ class Refined:
 
     def record(self) -> dict:
         """What the search state and the mix file keep of it (JSON types)."""
-        return {"steps": self.steps, "accepted": self.accepted, "seconds": round(self.seconds, 1),
-                "history": self.history}  # fmt: skip
+        return {
+            "steps": self.steps,
+            "accepted": self.accepted,
+            "seconds": round(self.seconds, 1),
+            "history": self.history,
+        }
 
 
 def groups_of(n_layers: int, config: RefineConfig) -> list[list[int]]:
@@ -72,9 +76,16 @@ def check_windows(fitness: Fitness, measure: tuple[int, ...]) -> tuple[int, ...]
     return tuple(w for w in range(fitness.windows.shape[0]) if w not in measure)[:CHECK_WINDOWS]
 
 
-def local_step(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, mix: Mix,
-               group: list[int], windows: tuple[int, ...],
-               deadline: Deadline | None = None) -> tuple[Mix, float, float]:  # fmt: skip
+def local_step(
+    fitness: Fitness,
+    levels: tuple[int, ...],
+    costs: list[list[int]],
+    limit: int,
+    mix: Mix,
+    group: list[int],
+    windows: tuple[int, ...],
+    deadline: Deadline | None = None,
+) -> tuple[Mix, float, float]:
     """(M', F(M; W), the predicted F(M'; W)) of one step on `group` (the module docstring); OutOfTime where a scoring
     would end past `deadline`."""
     cache = fitness.prefix_cache(mix, windows)
@@ -102,9 +113,18 @@ def step_windows(n_layers: int, config: RefineConfig, windows: tuple[int, ...], 
     return (2 * -(-n_layers // config.groups) + 1) * len(windows) + len(checks)
 
 
-def refine(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], limit: int, start: Mix,
-           windows: tuple[int, ...], config: RefineConfig, deadline: float | None = None,
-           per_window: float = 0.0, clock: Callable[[], float] | None = None) -> Refined:  # fmt: skip
+def refine(
+    fitness: Fitness,
+    levels: tuple[int, ...],
+    costs: list[list[int]],
+    limit: int,
+    start: Mix,
+    windows: tuple[int, ...],
+    config: RefineConfig,
+    deadline: float | None = None,
+    per_window: float = 0.0,
+    clock: Callable[[], float] | None = None,
+) -> Refined:
     """Refine `start` (which must fit `limit`) by measured local steps on `windows` (the module docstring). With a
     `deadline` (on `clock`, default time.perf_counter), no step starts that would end after it, judged by the longer
     of the mean step so far and the last, the first by `per_window` seconds per window scoring (a full float32 pass:
@@ -132,9 +152,17 @@ def refine(fitness: Fitness, levels: tuple[int, ...], costs: list[list[int]], li
             break
         last = clock() - t0
         kept = after < checked
-        out.history.append({"step": out.steps + 1, "measured_kl": measured, "predicted_kl": predicted,
-                            "check_kl_before": checked, "check_kl_after": after, "kept": kept,
-                            "changed": sum(a != b for a, b in zip(mix, out.mix))})  # fmt: skip
+        out.history.append(
+            {
+                "step": out.steps + 1,
+                "measured_kl": measured,
+                "predicted_kl": predicted,
+                "check_kl_before": checked,
+                "check_kl_after": after,
+                "kept": kept,
+                "changed": sum(a != b for a, b in zip(mix, out.mix)),
+            }
+        )
         out.steps += 1
         if kept:
             out.mix, checked, rejected = mix, after, 0

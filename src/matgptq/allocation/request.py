@@ -127,18 +127,33 @@ class SearchRequest:
     def of(cls, parent, budgets, calib, out, **options) -> "SearchRequest":
         """The request of the flat options the Python API takes (module docstring); the grouped fields pass as
         they are. An unknown name is a TypeError, as a dataclass's."""
-        grouped = {"pool": (PoolConfig, {"calib_range": "range", "seqlen": "seqlen", "calib_tokens": "tokens",
-                                         "batch_size": "batch_size"}),
-                   "start": (StartConfig, {"sensitivity": "sensitivity", "sensitivity_tokens": "tokens",
-                                           "sensitivity_top": "top", "sensitivity_wide": "wide",
-                                           "baselines": "baselines"})}  # fmt: skip
+        grouped = {
+            "pool": (
+                PoolConfig,
+                {"calib_range": "range", "seqlen": "seqlen", "calib_tokens": "tokens", "batch_size": "batch_size"},
+            ),
+            "start": (
+                StartConfig,
+                {
+                    "sensitivity": "sensitivity",
+                    "sensitivity_tokens": "tokens",
+                    "sensitivity_top": "top",
+                    "sensitivity_wide": "wide",
+                    "baselines": "baselines",
+                },
+            ),
+        }
         for group, (config, names) in grouped.items():
             given = {names[k]: options.pop(k) for k in list(options) if k in names}
-            if given:  # over the group given whole, if any (its defaults otherwise: StartConfig's tokens follow its mode)
+            if (
+                given
+            ):  # over the group given whole, if any (its defaults otherwise: StartConfig's tokens follow its mode)
                 options[group] = config(**{**(vars(options[group]) if group in options else {}), **given})
         text = {k: options.pop(k) for k in ("text", "text_range", "text_tokens") if k in options}
         if text.get("text") is not None:
-            options["held_out"] = HeldOut(Path(text["text"]), text.get("text_range", (0.0, 1.0)), text.get("text_tokens"))
+            options["held_out"] = HeldOut(
+                Path(text["text"]), text.get("text_range", (0.0, 1.0)), text.get("text_tokens")
+            )
         minutes, spent, clock = (options.pop(k, None) for k in ("time_limit", "time_spent", "clock"))
         if isinstance(minutes, TimeLimit) or minutes is None:
             options["time_limit"] = minutes
@@ -164,8 +179,9 @@ def check_request(req: SearchRequest) -> None:
         raise UserError("--sensitivity-top sets the highest level --sensitivity full scores; probe scores one level")
     if start.wide is not None:
         if start.sensitivity is not Sensitivity.FULL:
-            raise UserError("--sensitivity-wide sets the windows of --sensitivity full's wide levels; probe scores one "
-                            "level")  # fmt: skip
+            raise UserError(
+                "--sensitivity-wide sets the windows of --sensitivity full's wide levels; probe scores one level"
+            )
         if start.wide[1] < 1:
             raise UserError(f"--sensitivity-wide {start.wide[0]}:{start.wide[1]}: the tokens must be ≥ 1")
     if req.time_limit is not None and not req.time_limit.minutes > 0:
@@ -175,5 +191,7 @@ def check_request(req: SearchRequest) -> None:
     if req.plot:
         require_matplotlib()
     if not is_checkpoint(req.parent):
-        raise UserError(f"{req.parent} is not a matgptq parent (no matgptq.json); give the output of "
-                        "`matgptq quantize --method matgptq`")  # fmt: skip
+        raise UserError(
+            f"{req.parent} is not a matgptq parent (no matgptq.json); give the output of "
+            "`matgptq quantize --method matgptq`"
+        )

@@ -92,10 +92,19 @@ def tables_settings(settings: dict) -> dict:
 
 
 def write_tables(path: Path, settings: dict, filled: dict[Allocator, Filled]) -> None:
-    body = {"format": TABLES_FORMAT, "version": TABLES_VERSION, "settings": settings,
-            "tables": {a.value: {"table": _json_table(f.table), "seconds": f.seconds,
-                                 "measured": None if f.measured is None else list(f.measured)}
-                       for a, f in filled.items()}}  # fmt: skip
+    body = {
+        "format": TABLES_FORMAT,
+        "version": TABLES_VERSION,
+        "settings": settings,
+        "tables": {
+            a.value: {
+                "table": _json_table(f.table),
+                "seconds": f.seconds,
+                "measured": None if f.measured is None else list(f.measured),
+            }
+            for a, f in filled.items()
+        },
+    }
     with atomic_output(path, overwrite=True, directory=False) as f:
         f.write_text(json.dumps(body))
 

@@ -78,11 +78,13 @@ def run_search(req: SearchRequest) -> list[dict]:
     windows = first_windows(req.start.tokens, req.pool.seqlen, len(calib))
     try:
         t0 = schedule.now()  # 3. start: the tables every budget shares
-        filled, reused, left_out = shared_tables(req, fitness, inputs, windows, settings[todo[0][0]], schedule,
-                                                 len(todo), 0 if text is None else len(text))  # fmt: skip
+        filled, reused, left_out = shared_tables(
+            req, fitness, inputs, windows, settings[todo[0][0]], schedule, len(todo), 0 if text is None else len(text)
+        )
         schedule.seconds["tables"] = schedule.now() - t0
-        s = _Search(req, inputs, fitness, filled, windows, settings, (text, held_teacher), schedule, cut + left_out,
-                    reused)  # fmt: skip
+        s = _Search(
+            req, inputs, fitness, filled, windows, settings, (text, held_teacher), schedule, cut + left_out, reused
+        )
         for k, (label, budget) in enumerate(todo):
             rows[label] = _budget(s, label, budget, schedule.at(1 / (len(todo) - k)), t0 if k == 0 else None)
     finally:
@@ -93,8 +95,10 @@ def run_search(req: SearchRequest) -> list[dict]:
 
 
 def _settings(req: SearchRequest, inputs: Inputs, windows: int, dtype) -> dict[str, dict]:
-    return {label: settings_of(req, inputs.ckpt, inputs.levels, b, windows, dtype, inputs.reference)
-            for label, b in inputs.budgets}  # fmt: skip
+    return {
+        label: settings_of(req, inputs.ckpt, inputs.levels, b, windows, dtype, inputs.reference)
+        for label, b in inputs.budgets
+    }
 
 
 def _budget(s: _Search, label: str, budget, end: float | None, shared_since: float | None) -> dict:
@@ -105,8 +109,9 @@ def _budget(s: _Search, label: str, budget, end: float | None, shared_since: flo
     closing = schedule.closing() / len(s.settings)  # what the mix file needs after the report
     mixes = one_shot(req, cost_model, s.filled, budget)  # 3. start
     pool = len(fitness.windows)
-    n, box = schedule.choice(pool, len(set(mixes.values())), req.pool.batch_size, end,
-                             closing + _report_price(s, 0), REPORT_MIXES)  # fmt: skip
+    n, box = schedule.choice(
+        pool, len(set(mixes.values())), req.pool.batch_size, end, closing + _report_price(s, 0), REPORT_MIXES
+    )
     t_choice = schedule.now()
     start, start_kind, pooled = first_parent(fitness, mixes, tuple(range(n)), box)
     if box is not None and pooled:
@@ -115,28 +120,76 @@ def _budget(s: _Search, label: str, budget, end: float | None, shared_since: flo
     costs, bits = cost_model.table(req.kind), cost_model.limit(budget, req.kind)
     refined = Refined(start)  # a resumed search continues from its state: its start, refined, and the record of it
     if not (req.resume and state_path(req.out, label).exists()):  # 4. refine
-        refined = refine(fitness, levels, costs, bits, start, s.windows, replace(req.refine, seed=req.evo.seed),
-                         deadline, schedule.pace, schedule.clock)  # fmt: skip
+        refined = refine(
+            fitness,
+            levels,
+            costs,
+            bits,
+            start,
+            s.windows,
+            replace(req.refine, seed=req.evo.seed),
+            deadline,
+            schedule.pace,
+            schedule.clock,
+        )
     table = s.filled.get(own(req))
-    state = evolve(fitness, levels, costs, bits, refined.mix, req.evo, state_path(req.out, label),  # 5. evolve
-                   s.settings[label], req.resume, req.progress, weights=cost_model.total_weights, deadline=deadline,
-                   refined=refined.record(), table=table and table.table, per_window=schedule.pace,
-                   clock=schedule.clock)  # fmt: skip
+    state = evolve(
+        fitness,
+        levels,
+        costs,
+        bits,
+        refined.mix,
+        req.evo,
+        state_path(req.out, label),  # 5. evolve
+        s.settings[label],
+        req.resume,
+        req.progress,
+        weights=cost_model.total_weights,
+        deadline=deadline,
+        refined=refined.record(),
+        table=table and table.table,
+        per_window=schedule.pace,
+        clock=schedule.clock,
+    )
     t_report = schedule.now()  # 6. choose
     box = box and box._replace(deadline=schedule.deadline(end - closing))
-    row, mix = report(fitness, cost_model, req.kind, label, mixes, state, start_kind, tuple(range(n)), s.held_out,
-                      req.pool.batch_size, pooled, box)  # fmt: skip
+    row, mix = report(
+        fitness,
+        cost_model,
+        req.kind,
+        label,
+        mixes,
+        state,
+        start_kind,
+        tuple(range(n)),
+        s.held_out,
+        req.pool.batch_size,
+        pooled,
+        box,
+    )
     now, shared = schedule.now(), shared_since is not None
-    seconds = {"total": now - t0, "report": now - t_report,
-               **{k: schedule.seconds[k] if shared else 0.0 for k in ("teacher", "tables")}}  # fmt: skip
+    seconds = {
+        "total": now - t0,
+        "report": now - t_report,
+        **{k: schedule.seconds[k] if shared else 0.0 for k in ("teacher", "tables")},
+    }
     row.update(work_of(state, seconds, s.reused, req.time_limit, table, fitness.units))
     row["cut"] = [*s.cut, *row["cut"]]
     if row["choice_windows"] < pool:
         row["cut"].append(f"choice on {row['choice_windows']} of {pool} pool windows")
     if end is not None and state.generation < req.evo.generations:
         row["cut"].append(f"generations: {state.generation} of {req.evo.generations}")
-    write_mix(req, label, row, fitness.units, state, mixes, mix, s.settings[label],
-              sensitivity_of(fitness.units, levels, table and table.table))  # fmt: skip
+    write_mix(
+        req,
+        label,
+        row,
+        fitness.units,
+        state,
+        mixes,
+        mix,
+        s.settings[label],
+        sensitivity_of(fitness.units, levels, table and table.table),
+    )
     _plot(s, label, end)
     return row
 

@@ -80,8 +80,9 @@ def relative_errors(fitness: Fitness, levels: tuple[int, ...]) -> list[list[floa
     return fitness.derived[key]
 
 
-def weight_errors(layers, names, levels: tuple[int, ...],
-                  units: tuple[tuple[int, ...], ...] | None = None) -> list[list[float]]:  # fmt: skip
+def weight_errors(
+    layers, names, levels: tuple[int, ...], units: tuple[tuple[int, ...], ...] | None = None
+) -> list[list[float]]:
     """`relative_errors` of the layers `names` of a loaded parent's `layers` (model.matgptq.layers); with `units`
     (indices into `names`, units.py), of each unit: its layers' squared errors summed over their squared norms
     summed."""
@@ -91,8 +92,10 @@ def weight_errors(layers, names, levels: tuple[int, ...],
         norms.append(float(top.square().sum()))
         errors.append([float((layers[name].slice(r).dequantize(torch.float64) - top).square().sum()) for r in levels])
     units = tuple((i,) for i in range(len(names))) if units is None else units
-    return [[sum(errors[i][k] for i in unit) / (sum(norms[i] for i in unit) or 1.0) for k in range(len(levels))]
-            for unit in units]  # fmt: skip
+    return [
+        [sum(errors[i][k] for i in unit) / (sum(norms[i] for i in unit) or 1.0) for k in range(len(levels))]
+        for unit in units
+    ]
 
 
 class Wide(NamedTuple):
@@ -110,16 +113,28 @@ class Table:
     measured: tuple[int, ...]
 
 
-def measure(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...], kind: Sensitivity = Sensitivity.FULL,
-            progress: bool = False) -> list[list[float]]:  # fmt: skip
+def measure(
+    fitness: Fitness,
+    levels: tuple[int, ...],
+    windows: tuple[int, ...],
+    kind: Sensitivity = Sensitivity.FULL,
+    progress: bool = False,
+) -> list[list[float]]:
     """s[l][i] = s_l(levels[i]) for every unit l of `fitness.units` (`measure_table`'s values, never stopped)."""
     return measure_table(fitness, levels, windows, kind, progress).values
 
 
-def measure_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int, ...],
-                  kind: Sensitivity = Sensitivity.FULL, progress: bool = False,
-                  deadline: float | None = None, highest: int | None = None,
-                  wide: Wide | None = None, cutoff: Deadline | None = None) -> Table:  # fmt: skip
+def measure_table(
+    fitness: Fitness,
+    levels: tuple[int, ...],
+    windows: tuple[int, ...],
+    kind: Sensitivity = Sensitivity.FULL,
+    progress: bool = False,
+    deadline: float | None = None,
+    highest: int | None = None,
+    wide: Wide | None = None,
+    cutoff: Deadline | None = None,
+) -> Table:
     """The table, scored one level at a time from the lowest (every layer at that level, then the next level up).
     With a `deadline` (on `cutoff`'s clock, else time.perf_counter), FULL stops before a level whose scoring would
     end past it, at the pace per window of the level before; with `highest`, after that level; the lowest level is
@@ -157,8 +172,7 @@ def measure_table(fitness: Fitness, levels: tuple[int, ...], windows: tuple[int,
             break
         measured[r] = scores if on[r] == windows else [s + shift for s in scores]
         pace = (clock() - t0) / len(on[r])
-        if deadline is not None and r != wanted[-1] and from_rank0(
-                clock() + pace * len(on[wanted[i + 1]]) > deadline):  # fmt: skip
+        if deadline is not None and r != wanted[-1] and from_rank0(clock() + pace * len(on[wanted[i + 1]]) > deadline):
             break
     bar.close()
     return Table(_fill(fitness, levels, base, measured), tuple(measured))
@@ -181,7 +195,9 @@ def probe_of(fitness: Fitness, levels: tuple[int, ...], table: Table) -> Table:
     return Table(_fill(fitness, levels, base, {p: [row[0] for row in table.values]}), (p,))
 
 
-def _fill(fitness: Fitness, levels: tuple[int, ...], base: float, measured: dict[int, list[float]]) -> list[list[float]]:
+def _fill(
+    fitness: Fitness, levels: tuple[int, ...], base: float, measured: dict[int, list[float]]
+) -> list[list[float]]:
     """Every layer's row: the scored levels as scored, the top as `base`, each other level extrapolated from the
     highest scored level p below it: s(r) = s(top) + max(0, s(p) − s(top)) · t(r) / t(p)."""
     if len(measured) == len(levels) - 1:  # every level scored: nothing to extrapolate
@@ -190,8 +206,9 @@ def _fill(fitness: Fitness, levels: tuple[int, ...], base: float, measured: dict
     return extrapolate(levels, base, measured, relative_errors(fitness, levels))
 
 
-def extrapolate(levels: tuple[int, ...], base: float, measured: dict[int, list[float]],
-                errors: list[list[float]]) -> list[list[float]]:  # fmt: skip
+def extrapolate(
+    levels: tuple[int, ...], base: float, measured: dict[int, list[float]], errors: list[list[float]]
+) -> list[list[float]]:
     """`_fill` given the layers' relative weight errors (`relative_errors`)."""
     table = []
     for layer, t in enumerate(errors):

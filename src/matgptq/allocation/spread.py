@@ -26,16 +26,28 @@ from .fitness import Fitness, Mix, PrefixCache
 from .timing import Deadline, OutOfTime
 
 
-def score_all(fitness: Fitness, mixes: Sequence[Mix], windows: tuple[int, ...], cache: PrefixCache | None = None,
-              on_scored: Callable[[], None] | None = None, deadline: Deadline | None = None) -> list[float]:  # fmt: skip
+def score_all(
+    fitness: Fitness,
+    mixes: Sequence[Mix],
+    windows: tuple[int, ...],
+    cache: PrefixCache | None = None,
+    on_scored: Callable[[], None] | None = None,
+    deadline: Deadline | None = None,
+) -> list[float]:
     """F(mix; windows) for every mix, each computed on one rank and known to all; `on_scored` after each local one;
     `deadline` as `score_windows`'."""
     return [statistics.fmean(row) for row in score_windows(fitness, mixes, windows, cache, on_scored, deadline)]
 
 
-def score_windows(fitness: Fitness, mixes: Sequence[Mix], windows: tuple[int, ...], cache: PrefixCache | None = None,
-                  on_scored: Callable[[], None] | None = None, deadline: Deadline | None = None,
-                  first: float = 0.0) -> list[list[float]]:  # fmt: skip
+def score_windows(
+    fitness: Fitness,
+    mixes: Sequence[Mix],
+    windows: tuple[int, ...],
+    cache: PrefixCache | None = None,
+    on_scored: Callable[[], None] | None = None,
+    deadline: Deadline | None = None,
+    first: float = 0.0,
+) -> list[list[float]]:
     """F(mix; {w}) for every mix and each window w (Fitness.window_kls), dealt across ranks as `score_all`. With a
     `deadline`, OutOfTime where the next scoring would end past it (priced at the last one's seconds, the first at
     `first`; under torchrun rank 0's clock decides, once before the ranks' scorings)."""

@@ -41,8 +41,16 @@ def others(req: SearchRequest) -> tuple[Allocator, ...]:
     return (*baselines, Allocator.PROBE) if free else baselines
 
 
-def shared_tables(req: SearchRequest, fitness: Fitness, inputs: Inputs, windows: tuple[int, ...], settings: dict,
-                  schedule: Schedule, to_search: int, text_windows: int) -> tuple[dict, bool, list[str]]:  # fmt: skip
+def shared_tables(
+    req: SearchRequest,
+    fitness: Fitness,
+    inputs: Inputs,
+    windows: tuple[int, ...],
+    settings: dict,
+    schedule: Schedule,
+    to_search: int,
+    text_windows: int,
+) -> tuple[dict, bool, list[str]]:
     """({allocator: Filled} shared by the budgets, whether they were all read back, what a time limit left out).
     With --resume, the tables the run before made with the same settings are read back (resume.py) and only the
     rest scored; then all are saved. `windows`: the sensitivity windows; `to_search` budgets each keep the price of
@@ -59,28 +67,47 @@ def shared_tables(req: SearchRequest, fitness: Fitness, inputs: Inputs, windows:
         relative_errors(fitness, levels)  # every table extrapolates from them: made now, before the deadlines
         pool = fitness.windows.shape[0]
         per_budget = schedule.price((len(asked) + REPORT_MIXES) * pool + REPORT_TEXT_MIXES * text_windows)
-        deadline = max(schedule.end - schedule.closing() - to_search * per_budget,
-                       schedule.at(TABLES_SHARE, schedule.closing()))  # fmt: skip
+        deadline = max(
+            schedule.end - schedule.closing() - to_search * per_budget, schedule.at(TABLES_SHARE, schedule.closing())
+        )
         cutoff = schedule.deadline(schedule.end - schedule.closing())
         sizes = (len(windows), len(cost_model.names), len(levels) - 1, len(floors))
         asked = schedule.agree(_priced(asked, own(req), sizes, schedule, deadline))
     exact = req.score_dtype.tables(fitness.compute_dtype, schedule.end is not None) == torch.float32
     with fitness.exact() if exact else nullcontext():
-        filled = tables(fitness, levels, windows, asked, req.evo.seed, req.progress, floors, deadline, req.start.top,
-                        have, wide_of(req, fitness.windows.shape[0]), cutoff)  # fmt: skip
+        filled = tables(
+            fitness,
+            levels,
+            windows,
+            asked,
+            req.evo.seed,
+            req.progress,
+            floors,
+            deadline,
+            req.start.top,
+            have,
+            wide_of(req, fitness.windows.shape[0]),
+            cutoff,
+        )
     if is_writer():
         write_tables(path, saved, filled)
     return filled, False, _left_out(req, levels, filled)
 
 
-def _priced(asked, first: Allocator, sizes: tuple[int, int, int, int], schedule: Schedule,
-            deadline: float) -> tuple[Allocator, ...]:  # fmt: skip
+def _priced(
+    asked, first: Allocator, sizes: tuple[int, int, int, int], schedule: Schedule, deadline: float
+) -> tuple[Allocator, ...]:
     """`first` and, in order, each other allocator of `asked` whose table's scorings still fit before `deadline`;
     `sizes`: the tables' windows, the units, the widths below the top and the gradient's floors."""
     windows, units, widths, floors = sizes
-    price = {Allocator.UNIFORM: 0, Allocator.ERROR: windows, Allocator.NOISE: (1 + 2 * units) * windows,
-             Allocator.GRADIENT: GRADIENT_SCORINGS * windows * floors, Allocator.PROBE: units * windows,
-             Allocator.ADDITIVE: units * windows * widths}  # fmt: skip
+    price = {
+        Allocator.UNIFORM: 0,
+        Allocator.ERROR: windows,
+        Allocator.NOISE: (1 + 2 * units) * windows,
+        Allocator.GRADIENT: GRADIENT_SCORINGS * windows * floors,
+        Allocator.PROBE: units * windows,
+        Allocator.ADDITIVE: units * windows * widths,
+    }
     out, spent = [first], 0.0
     for a in asked[1:]:
         if (a is Allocator.PROBE and first is Allocator.ADDITIVE) or a is Allocator.UNIFORM:

@@ -52,8 +52,9 @@ class Deadline:
         return self.clock() + seconds > self.at
 
 
-def past(deadline: float, began: float, done: int, first: float = 0.0, last: float = 0.0,
-         now: float | None = None) -> bool:  # fmt: skip
+def past(
+    deadline: float, began: float, done: int, first: float = 0.0, last: float = 0.0, now: float | None = None
+) -> bool:
     """Would the next step (a generation, a refinement step) end after `deadline`? (`done` steps since `began`,
     priced at the longer of their mean and the `last` one's seconds; before the first, `first` seconds.)"""
     now = time.perf_counter() if now is None else now
@@ -121,8 +122,9 @@ class Schedule:
             return most
         return self.agree(max(least, min(most, int(max(0.0, seconds) / per_window))))
 
-    def choice(self, pool: int, mixes: int, batch: int, end: float | None, keep: float,
-               report: int) -> tuple[int, Timebox | None]:  # fmt: skip
+    def choice(
+        self, pool: int, mixes: int, batch: int, end: float | None, keep: float, report: int
+    ) -> tuple[int, Timebox | None]:
         """(the pool windows a budget's `mixes` one-shot allocations are scored on, the box of that scoring): every
         window without a limit; else as many as leave time by `end` for the report's `report` more mixes on them and
         `keep` seconds besides, scored a chunk of whole batches at a time, each chunk about a `piece`."""

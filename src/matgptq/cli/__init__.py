@@ -8,14 +8,19 @@ import tempfile
 
 from ..errors import UserError
 from ..fsutil import out_of_space
-from . import evaluate, export, quantize, search
+from . import evaluate, export, quantize, search, verify
 from . import slice as slice_command
-from . import verify
 from .session import end_progress_bars, left_behind, quiet_transformers, third_party_quiet
 
 # each command's module: add_parser(subparsers) and run(args), which parses nothing more, calls the API and prints
-COMMANDS = {"quantize": quantize, "eval": evaluate, "slice": slice_command, "export": export, "search": search,
-            "verify": verify}
+COMMANDS = {
+    "quantize": quantize,
+    "eval": evaluate,
+    "slice": slice_command,
+    "export": export,
+    "search": search,
+    "verify": verify,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
             if not out_of_space(e):
                 raise
             end_progress_bars()
-            print(f"matgptq: error: no space left on the device ({str(e).splitlines()[0][:200]}); free space (also "
-                  f"in {tempfile.gettempdir()}, where temporary files go) and run again; {left_behind(args)}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"matgptq: error: no space left on the device ({str(e).splitlines()[0][:200]}); free space (also "
+                f"in {tempfile.gettempdir()}, where temporary files go) and run again; {left_behind(args)}",
+                file=sys.stderr,
+            )
             return 2
     return 0

@@ -53,6 +53,9 @@ def add_device_option(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def add_verify_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-verify", action="store_true",
-                        help="do not check a matgptq checkpoint's tensors against the checksums it records (a file "
-                             "you trust; saves one pass over its data)")  # fmt: skip
+    parser.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="do not check a matgptq checkpoint's tensors against the checksums it records (a file "
+        "you trust; saves one pass over its data)",
+    )

@@ -13,10 +13,16 @@ from .quantize_flags import add_flags, keywords
 
 
 def add_parser(sub) -> None:
-    q = sub.add_parser("quantize", help="quantize a HF model directory (GPTQ, RTN or a MatGPTQ parent)",
-                       formatter_class=DefaultsHelpFormatter)
-    q.add_argument("model", help="Hugging Face model: a local directory (config.json + safetensors) or an id "
-                                  "org/name[@revision], fetched into the Hugging Face cache (HF_HUB_OFFLINE honoured)")
+    q = sub.add_parser(
+        "quantize",
+        help="quantize a HF model directory (GPTQ, RTN or a MatGPTQ parent)",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    q.add_argument(
+        "model",
+        help="Hugging Face model: a local directory (config.json + safetensors) or an id "
+        "org/name[@revision], fetched into the Hugging Face cache (HF_HUB_OFFLINE honoured)",
+    )
     q.add_argument("--out", required=True, help="output checkpoint directory (written atomically)")
     add_flags(q)  # every option, from the one table of them (quantize_flags.py)
 
@@ -52,6 +58,8 @@ def split_groups_note(out) -> str:
     if not mixed:
         return "each group an engine runs as one layer (q/k/v, gate/up, a block's experts) has one width"
     more = f" and {len(mixed) - 1} more" if len(mixed) > 1 else ""
-    return (f"note: {describe(mixed[0])}{more} give layers vLLM runs as one different widths, so vLLM cannot load "
-            "this checkpoint's exports (matgptq, transformers, GPTQModel and llama.cpp can); for vLLM, give each "
-            "such group one width (`matgptq search` ties them by default)")  # fmt: skip
+    return (
+        f"note: {describe(mixed[0])}{more} give layers vLLM runs as one different widths, so vLLM cannot load "
+        "this checkpoint's exports (matgptq, transformers, GPTQModel and llama.cpp can); for vLLM, give each "
+        "such group one width (`matgptq search` ties them by default)"
+    )

@@ -9,8 +9,11 @@ from .argtypes import DefaultsHelpFormatter, add_verify_option
 
 
 def add_parser(sub) -> None:
-    s = sub.add_parser("slice", help="write a standalone r-bit checkpoint (only the r-bit data) from a parent",
-                       formatter_class=DefaultsHelpFormatter)
+    s = sub.add_parser(
+        "slice",
+        help="write a standalone r-bit checkpoint (only the r-bit data) from a parent",
+        formatter_class=DefaultsHelpFormatter,
+    )
     s.add_argument("parent", help="matgptq parent checkpoint directory")
     s.add_argument("--bits", type=int, required=True, help="slice width r (2..master)")
     s.add_argument("--out", required=True, help="output checkpoint directory")

@@ -10,12 +10,18 @@ from .argtypes import DefaultsHelpFormatter
 
 
 def add_parser(sub) -> None:
-    v = sub.add_parser("verify", formatter_class=DefaultsHelpFormatter,
-                       help="check a matgptq parent or slice against its checksums, or add them to an older one")
+    v = sub.add_parser(
+        "verify",
+        formatter_class=DefaultsHelpFormatter,
+        help="check a matgptq parent or slice against its checksums, or add them to an older one",
+    )
     v.add_argument("checkpoint", help="matgptq parent or slice directory")
-    v.add_argument("--add-checksums", action="store_true",
-                   help="record the checksums of a checkpoint written before matgptq recorded them (format v1-v3), "
-                        "after checking its structure: its matgptq.json is replaced, its tensors are not touched")  # fmt: skip
+    v.add_argument(
+        "--add-checksums",
+        action="store_true",
+        help="record the checksums of a checkpoint written before matgptq recorded them (format v1-v3), "
+        "after checking its structure: its matgptq.json is replaced, its tensors are not touched",
+    )
 
 
 def run(a: argparse.Namespace) -> None:
@@ -26,8 +32,12 @@ def run(a: argparse.Namespace) -> None:
     layout = read_layout(a.checkpoint)
     ckpt = read_checkpoint(a.checkpoint, verify=True)
     if layout.sums is None:
-        print(f"{a.checkpoint}: sound, but format v{layout.meta['format_version']} records no checksums, so damage "
-              "to a tensor's values cannot be seen; `matgptq verify --add-checksums` records them")  # fmt: skip
+        print(
+            f"{a.checkpoint}: sound, but format v{layout.meta['format_version']} records no checksums, so damage "
+            "to a tensor's values cannot be seen; `matgptq verify --add-checksums` records them"
+        )
         return
-    print(f"{a.checkpoint}: every one of its {len(layout.sums)} tensors matches its checksum "
-          f"({len(ckpt.layers)} quantized layers)")
+    print(
+        f"{a.checkpoint}: every one of its {len(layout.sums)} tensors matches its checksum "
+        f"({len(ckpt.layers)} quantized layers)"
+    )

@@ -37,8 +37,14 @@ class Score:
 
 
 @torch.no_grad()
-def score(model, windows: torch.Tensor, teacher: Teacher | None = None, batch_size: int = 8,
-          progress: bool = False, desc: str = "eval") -> Score:  # fmt: skip
+def score(
+    model,
+    windows: torch.Tensor,
+    teacher: Teacher | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+    desc: str = "eval",
+) -> Score:
     """Perplexity of `model` on `windows` [n, seqlen] and, with a teacher built on the same windows, the mean KL."""
     if teacher is not None and tuple(teacher.windows_shape) != tuple(windows.shape):
         raise ValueError("the teacher was built on other windows")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..execution import DTYPES, compute_dtype, resolve_device
 from ..errors import UserError
+from ..execution import DTYPES, compute_dtype, resolve_device
 from ..formats.mix import WidthSpec
 from ..models import config_dtype, eval_windows, load_tokenizer, read_text, resolve_model, tokenize
 from ..runtime import load, set_bits
@@ -39,11 +39,25 @@ def bits_label(model, bits) -> str:
     return f"mix {sum(widths) / len(widths):.2f} avg"
 
 
-def evaluate(model: str | Path, *, bits: WidthSpec | list[WidthSpec] | None = None, text: str | Path | None = None,
-             text_range: tuple[float, float] = (0.0, 1.0), seqlen: int = 256, max_tokens: int | None = None,
-             kl_to: str | Path | None = None, tasks: str | None = None, tasks_dir: str | Path | None = None,
-             limit: int | None = None, batch_size: int | None = None, task_batch_size: int = 16,
-             device: str = "auto", dtype: str = "auto", progress: bool = True, verify: bool = True) -> dict:  # fmt: skip
+def evaluate(
+    model: str | Path,
+    *,
+    bits: WidthSpec | list[WidthSpec] | None = None,
+    text: str | Path | None = None,
+    text_range: tuple[float, float] = (0.0, 1.0),
+    seqlen: int = 256,
+    max_tokens: int | None = None,
+    kl_to: str | Path | None = None,
+    tasks: str | None = None,
+    tasks_dir: str | Path | None = None,
+    limit: int | None = None,
+    batch_size: int | None = None,
+    task_batch_size: int = 16,
+    device: str = "auto",
+    dtype: str = "auto",
+    progress: bool = True,
+    verify: bool = True,
+) -> dict:
     """Score `model` (a directory or Hugging Face id: unquantized, a matgptq parent/slice, a GPTQ or a
     compressed-tensors checkpoint) at each width of `bits` (one width spec or a list: formats/mix.py; None = as
     stored). Returns the report:

@@ -41,8 +41,10 @@ class TaskSpec:
 def default_tasks_dir() -> Path:
     """$MATGPTQ_TASKS_DIR; without it there is no default (the files are the user's, not the package's)."""
     if not os.environ.get(TASKS_DIR_ENV):
-        raise UserError(f"no tasks directory: pass --tasks-dir DIR or set {TASKS_DIR_ENV} (a folder of "
-                        "<task>.jsonl files, docs/guide/evaluation.md)")  # fmt: skip
+        raise UserError(
+            f"no tasks directory: pass --tasks-dir DIR or set {TASKS_DIR_ENV} (a folder of "
+            "<task>.jsonl files, docs/guide/evaluation.md)"
+        )
     return Path(os.environ[TASKS_DIR_ENV])
 
 
@@ -58,8 +60,12 @@ def _line_shape(path: Path, lineno: int, line: str) -> str:
         raise UserError(f"{where} has keys {got}; expected query/choices/gold or context_options/continuation/gold")
     options = doc["choices" if shape == "choices" else "context_options"]
     text = doc["query" if shape == "choices" else "continuation"]
-    if not isinstance(text, str) or not isinstance(options, list) or len(options) < 2 \
-            or not all(isinstance(o, str) for o in options):  # fmt: skip
+    if (
+        not isinstance(text, str)
+        or not isinstance(options, list)
+        or len(options) < 2
+        or not all(isinstance(o, str) for o in options)
+    ):
         raise UserError(f"{where}: expected a string and a list of at least two strings ({', '.join(SHAPES[shape])})")
     gold = doc["gold"]
     if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(options):
@@ -129,8 +135,9 @@ def continuation_tokens(context: str, continuation: str, encode: Callable[[str],
     return len(encode(context + continuation)) - len(encode(context))
 
 
-def check_answers_fit(specs: list[TaskSpec], encode: Callable[[str], list], max_length: int,
-                      limit: int | None = None) -> None:  # fmt: skip
+def check_answers_fit(
+    specs: list[TaskSpec], encode: Callable[[str], list], max_length: int, limit: int | None = None
+) -> None:
     """Refuse, before anything is scored, a question (of the first `limit`) whose scored text is longer than the
     model's context: lm-eval cannot score it and stops on a bare assertion. `encode` and `max_length` are the HFLM's
     own (`tok_encode`, `max_length`), so the count is the one lm-eval asserts on."""
@@ -142,9 +149,11 @@ def check_answers_fit(specs: list[TaskSpec], encode: Callable[[str], list], max_
                 longest = max(continuation_tokens(c, t, encode) for c, t in pairs)
                 if longest > max_length:
                     cut = f" or --limit {lineno - 1}" if lineno > 1 else ""
-                    raise UserError(f"{spec.path}:{lineno}: an answer of {longest} tokens does not fit the model's "
-                                    f"{max_length}-token context, so lm-eval cannot score it; leave {spec.name} out of "
-                                    f"--tasks{cut}")  # fmt: skip
+                    raise UserError(
+                        f"{spec.path}:{lineno}: an answer of {longest} tokens does not fit the model's "
+                        f"{max_length}-token context, so lm-eval cannot score it; leave {spec.name} out of "
+                        f"--tasks{cut}"
+                    )
 
 
 def require_lm_eval():
@@ -175,9 +184,13 @@ def run_lm_eval(lm, specs: list[TaskSpec], limit: int | None = None) -> dict:
     from lm_eval.tasks import TaskManager
 
     return lm_eval.simple_evaluate(
-        model=lm, tasks=[task_config(s) for s in specs], task_manager=TaskManager(include_defaults=False),
-        limit=limit, bootstrap_iters=0, log_samples=False,
-    )  # fmt: skip
+        model=lm,
+        tasks=[task_config(s) for s in specs],
+        task_manager=TaskManager(include_defaults=False),
+        limit=limit,
+        bootstrap_iters=0,
+        log_samples=False,
+    )
 
 
 def accuracies(results: dict, specs: list[TaskSpec]) -> dict[str, dict]:

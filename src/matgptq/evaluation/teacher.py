@@ -40,8 +40,13 @@ class Head(nn.Module):
     (as the modeling code of transformers 5 writes them): Gemma 2/3's soft cap c·tanh(z/c), Granite's z / s,
     Cohere's z·s. `weight` is the Linear's."""
 
-    def __init__(self, linear: nn.Linear, softcap: float | None = None, divide: float | None = None,
-                 multiply: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        linear: nn.Linear,
+        softcap: float | None = None,
+        divide: float | None = None,
+        multiply: float | None = None,
+    ) -> None:
         super().__init__()
         self.linear, self.softcap, self.divide, self.multiply = linear, softcap, divide, multiply
 
@@ -80,8 +85,12 @@ def body_and_head(model) -> tuple[_Body, Head]:
     linear = model.get_output_embeddings()
     if not isinstance(linear, nn.Linear):
         raise ValueError(f"{cfg.model_type}'s output head is not a Linear layer")
-    head = Head(linear, getattr(cfg, "final_logit_softcapping", None), getattr(cfg, "logits_scaling", None),
-                getattr(cfg, "logit_scale", None))  # fmt: skip
+    head = Head(
+        linear,
+        getattr(cfg, "final_logit_softcapping", None),
+        getattr(cfg, "logits_scaling", None),
+        getattr(cfg, "logit_scale", None),
+    )
     return _Body(model.base_model, linear.in_features), head
 
 

@@ -3,12 +3,24 @@
 (tables)."""
 
 from .devices import CHOICES_HELP, DTYPES, compute_dtype, model_device, native_bfloat16, native_half, resolve_device
-from .distributed import combine_hessians, dist_backend, init_from_env, share, shard, world
+from .distributed import combine_hessians, dist_backend, init_from_env, shard, share, world
 from .memory import release_free_memory
 from .tables import format_table
 
 __all__ = [
-    "CHOICES_HELP", "DTYPES", "compute_dtype", "model_device", "native_bfloat16", "native_half", "resolve_device",
-    "combine_hessians", "dist_backend", "init_from_env", "share", "shard", "world", "format_table",
+    "CHOICES_HELP",
+    "DTYPES",
+    "compute_dtype",
+    "model_device",
+    "native_bfloat16",
+    "native_half",
+    "resolve_device",
+    "combine_hessians",
+    "dist_backend",
+    "init_from_env",
+    "share",
+    "shard",
+    "world",
+    "format_table",
     "release_free_memory",
-]  # fmt: skip
+]

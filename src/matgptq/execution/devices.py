@@ -35,8 +35,10 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     if kind != "cuda" or (index and not index.isdigit()):
         raise UserError(f"--device {spec!r} is not a device; use {CHOICES_HELP}")
     if not torch.cuda.is_available():
-        raise UserError(f"--device {spec} needs CUDA, and torch finds no CUDA device on this machine "
-                        f"(torch {torch.__version__}); use --device cpu or auto")  # fmt: skip
+        raise UserError(
+            f"--device {spec} needs CUDA, and torch finds no CUDA device on this machine "
+            f"(torch {torch.__version__}); use --device cpu or auto"
+        )
     if not index:  # one process per GPU under torchrun; the current GPU otherwise
         local = os.environ.get("LOCAL_RANK")
         torchrun = local is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -67,8 +69,11 @@ def native_half(dtype: torch.dtype, device: torch.device) -> bool:
         return dtype is torch.float16 or torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return False
-    names = ("_is_avx512_bf16_supported", "_is_amx_tile_supported") if dtype is torch.bfloat16 else \
-        ("_is_amx_fp16_supported",)  # fmt: skip
+    names = (
+        ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        if dtype is torch.bfloat16
+        else ("_is_amx_fp16_supported",)
+    )
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in names)
 
 

@@ -16,8 +16,16 @@ class ExportFormat(str, Enum):
     GGUF = "gguf"
 
 
-def export(src: str | Path, out: str | Path, format: ExportFormat | str, *, bits: int | None = None,
-           bits_config: WidthSpec | None = None, overwrite: bool = False, **gguf_options) -> Path:  # fmt: skip
+def export(
+    src: str | Path,
+    out: str | Path,
+    format: ExportFormat | str,
+    *,
+    bits: int | None = None,
+    bits_config: WidthSpec | None = None,
+    overwrite: bool = False,
+    **gguf_options,
+) -> Path:
     """Write the quantized checkpoint `src` (a parent, slice or GPTQ checkpoint; an unquantized model for GGUF) at
     `bits` or the mix `bits_config` as `format` to `out` (a directory, or the .gguf file). `gguf_options`:
     `qtype`, `float_type`, `embed_type` of export_gguf. Which readers run the result: exporters/readers.py."""

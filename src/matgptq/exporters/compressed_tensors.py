@@ -85,9 +85,11 @@ class CtLayer:
 
     def tensors(self, name: str) -> dict[str, torch.Tensor]:
         n, k = self.codes.shape
-        out = {f"{name}.weight_packed": torch.from_numpy(pack_int32(self.codes.numpy(), self.bits)),
-               f"{name}.weight_scale": self.scales.contiguous(),
-               f"{name}.weight_shape": torch.tensor([n, k], dtype=torch.int64)}  # fmt: skip
+        out = {
+            f"{name}.weight_packed": torch.from_numpy(pack_int32(self.codes.numpy(), self.bits)),
+            f"{name}.weight_scale": self.scales.contiguous(),
+            f"{name}.weight_shape": torch.tensor([n, k], dtype=torch.int64),
+        }
         if self.zeros is not None:
             zp = pack_int32(self.zeros.numpy().T, self.bits).T
             out[f"{name}.weight_zero_point"] = torch.from_numpy(np.ascontiguousarray(zp))
@@ -142,11 +144,19 @@ def ct_layer(name: str, q: QuantizedWeight, group_size: int | None = None) -> Ct
 def weights_args(bits: int, sym: bool, group_size: int, actorder: str | None) -> dict:
     """A `weights` QuantizationArgs dict, every field as compressed-tensors (CT_VERSION) serializes it."""
     return {
-        "num_bits": bits, "type": "int", "symmetric": sym, "group_size": None if group_size == -1 else group_size,
-        "strategy": "channel" if group_size == -1 else "group", "block_structure": None, "dynamic": False,
-        "actorder": actorder, "scale_dtype": None, "zp_dtype": None if sym else "torch.int8", "observer": None,
+        "num_bits": bits,
+        "type": "int",
+        "symmetric": sym,
+        "group_size": None if group_size == -1 else group_size,
+        "strategy": "channel" if group_size == -1 else "group",
+        "block_structure": None,
+        "dynamic": False,
+        "actorder": actorder,
+        "scale_dtype": None,
+        "zp_dtype": None if sym else "torch.int8",
+        "observer": None,
         "observer_kwargs": {},
-    }  # fmt: skip
+    }
 
 
 Groups = dict[tuple[int, bool, int], list[str]]  # (bits, symmetric, group size or −1) -> layer names
@@ -155,15 +165,27 @@ Groups = dict[tuple[int, bool, int], list[str]]  # (bits, symmetric, group size 
 def quantization_config(groups: Groups, ignore: list[str], actorder: str | None) -> dict:
     """config.json's `quantization_config`: what compressed-tensors' ModelCompressor.update_config writes."""
     config_groups = {
-        f"group_{i}": {"targets": names, "weights": weights_args(*scheme, actorder), "input_activations": None,
-                       "output_activations": None, "format": FORMAT}
+        f"group_{i}": {
+            "targets": names,
+            "weights": weights_args(*scheme, actorder),
+            "input_activations": None,
+            "output_activations": None,
+            "format": FORMAT,
+        }
         for i, (scheme, names) in enumerate(sorted(groups.items(), key=lambda kv: (kv[0][0], not kv[0][1], kv[0][2])))
-    }  # fmt: skip
+    }
     return {
-        "config_groups": config_groups, "format": FORMAT, "global_compression_ratio": None, "ignore": ignore,
-        "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed",
-        "sparsity_config": {}, "transform_config": {}, "version": CT_VERSION,
-    }  # fmt: skip
+        "config_groups": config_groups,
+        "format": FORMAT,
+        "global_compression_ratio": None,
+        "ignore": ignore,
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+        "sparsity_config": {},
+        "transform_config": {},
+        "version": CT_VERSION,
+    }
 
 
 def other_linears(config: dict, quantized: set[str], moe: CtMoE | None = None, float_experts=()) -> list[str]:
@@ -188,7 +210,9 @@ def _warn_ragged(ragged: dict[str, CtLayer]) -> None:
     warnings.warn(
         f"{len(ragged)} layer(s) have {layer.ragged_from}-column groups that do not tile their rows (e.g. {name}: "
         f"{layer.codes.shape[1]} columns); they are written exactly with group size {layer.group_size} (each scale "
-        f"repeated {layer.ragged_from // layer.group_size}×)", stacklevel=3)  # fmt: skip
+        f"repeated {layer.ragged_from // layer.group_size}×)",
+        stacklevel=3,
+    )
 
 
 def export_compressed_tensors(src, out, bits: int | None = None, bits_config=None, overwrite: bool = False) -> Path:
@@ -222,4 +246,3 @@ def export_compressed_tensors(src, out, bits: int | None = None, bits_config=Non
         (tmp / "config.json").write_text(json.dumps(dict(ckpt.config, quantization_config=qc), indent=2, default=str))
         copy_tokenizer_files(ckpt.path, tmp)
     return Path(out)
-

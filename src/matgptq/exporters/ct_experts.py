@@ -107,9 +107,11 @@ def ct_moe(src, model_type: str | None, names) -> CtMoE | None:
     if expert is None:
         return None
     if model_type not in CT_MOE:
-        raise UserError(f"{src} quantizes fused experts ({expert}) of {model_type}, whose compressed-tensors layout "
-                        f"was not checked against llm-compressor's (compressed-tensors export of experts: "
-                        f"{', '.join(CT_MOE)}); export --format gptq_v2, or load it with matgptq.load")  # fmt: skip
+        raise UserError(
+            f"{src} quantizes fused experts ({expert}) of {model_type}, whose compressed-tensors layout "
+            f"was not checked against llm-compressor's (compressed-tensors export of experts: "
+            f"{', '.join(CT_MOE)}); export --format gptq_v2, or load it with matgptq.load"
+        )
     return CT_MOE[model_type]
 
 

@@ -31,10 +31,10 @@ from safetensors.torch import save_file
 from .._version import __version__
 from ..errors import UserError
 from ..formats import SUPPORTED_BITS, QuantizedWeight, pack_cols, pack_rows, to_v1_words, trivial_g_idx
-from ..fsutil import atomic_output, copy_tokenizer_files
-from ..quantization import GPTQConfig, MethodConfig, config_from_json
 from ..formats.gptq_experts import check_moe, gptq_widths, split_biases, split_layer
+from ..fsutil import atomic_output, copy_tokenizer_files
 from ..models.fused import fused_groups, fused_name
+from ..quantization import GPTQConfig, MethodConfig, config_from_json
 from .source import quantized_source
 
 FORMATS = {"gptq_v1": "gptq", "gptq_v2": "gptq_v2"}  # CLI name -> checkpoint_format
@@ -61,7 +61,9 @@ def _layer_tensors(name: str, q: QuantizedWeight, v1: bool) -> tuple[dict[str, t
     """The four GPTQ tensors of one layer, whether its zeros are the symmetric 2^(r−1), and whether it was padded."""
     r = q.bits
     if r not in SUPPORTED_BITS:
-        raise UserError(f"GPTQ has no packing for {r}-bit weights ({name}); export 2, 3, 4 or 8 bits, or use --format gguf")
+        raise UserError(
+            f"GPTQ has no packing for {r}-bit weights ({name}); export 2, 3, 4 or 8 bits, or use --format gguf"
+        )
     codes, scales, zeros = gptq_layer(name, q)
     n, k = codes.shape
     if r == 3 and (n % 32 or k % 32):
@@ -84,8 +86,15 @@ def _layer_tensors(name: str, q: QuantizedWeight, v1: bool) -> tuple[dict[str, t
     return tensors, sym, (k * r) % 32 != 0 or (n * r) % 32 != 0
 
 
-def quantization_config(fmt: str, widths: dict[str, int], group_size: int, desc_act: bool, sym: bool,
-                        cfg: MethodConfig, groups: list[tuple[str, ...]] = ()) -> dict:  # fmt: skip
+def quantization_config(
+    fmt: str,
+    widths: dict[str, int],
+    group_size: int,
+    desc_act: bool,
+    sym: bool,
+    cfg: MethodConfig,
+    groups: list[tuple[str, ...]] = (),
+) -> dict:
     """The GPTQ config dict (fields every loader reads, docs/formats.md §2.6), with `dynamic` for per-layer mixes
     (`groups`: the fused groups of `dynamic_rules`); the solver's settings where the method has them."""
     counts = Counter(widths.values())
@@ -93,10 +102,19 @@ def quantization_config(fmt: str, widths: dict[str, int], group_size: int, desc_
     extra = {k: getattr(cfg, k) for k in ("true_sequential", "static_groups") if hasattr(cfg, k)}
     extra["damp_percent"] = getattr(cfg, "damp", GPTQConfig.damp)
     qc = {
-        "quant_method": "gptq", "method": "gptq", "bits": base, "group_size": group_size, "desc_act": desc_act,
-        "sym": sym, "lm_head": False, "checkpoint_format": fmt, "format": fmt, "pack_dtype": "int32", **extra,
+        "quant_method": "gptq",
+        "method": "gptq",
+        "bits": base,
+        "group_size": group_size,
+        "desc_act": desc_act,
+        "sym": sym,
+        "lm_head": False,
+        "checkpoint_format": fmt,
+        "format": fmt,
+        "pack_dtype": "int32",
+        **extra,
         "meta": {"quantizer": [f"matgptq:{__version__}"], **extra},
-    }  # fmt: skip
+    }
     dynamic = dynamic_rules(widths, base, groups)
     if dynamic:
         qc["dynamic"] = dynamic
@@ -165,13 +183,14 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
         warnings.warn(
             f"{len(padded)} layer(s) have features that do not fill whole int32 words (e.g. {name}: {n} out × {k} in "
             f"at {r} bits) and are zero-padded as GPTQModel pads them. GPTQModel's generic torch kernel reads them "
-            "(backend=BACKEND.GPTQ_TORCH; in transformers: GPTQConfig(bits=..., backend=\"gptq_torch\")); kernels "
+            '(backend=BACKEND.GPTQ_TORCH; in transformers: GPTQConfig(bits=..., backend="gptq_torch")); kernels '
             "that need multiples of 16-128 do not (transformers' default 4-bit CPU kernel, ExLlama/Triton/Machete on "
-            "GPU)", stacklevel=2)  # fmt: skip
+            "GPU)",
+            stacklevel=2,
+        )
     with atomic_output(out, overwrite, size=sum(t.nbytes for t in tensors.values())) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "matgptq"})
         (tmp / "config.json").write_text(json.dumps(dict(ckpt.config, quantization_config=qc), indent=2, default=str))
         (tmp / "quantize_config.json").write_text(json.dumps(qc, indent=2))
         copy_tokenizer_files(ckpt.path, tmp)
     return Path(out)
-

@@ -124,19 +124,25 @@ def _fused_split(config: dict, widths: dict[str, int], moe_bits=None) -> str | N
     more = f" ({n} more such group{'s' if n > 1 else ''})" if n else ""
     layer, fix = fused_name(got), "give each such group one width"
     if ruled:
-        return (f"{VLLM} (it runs {describe(got)} as one layer{more} {f'at {at} bits' if at else 'unquantized'}, "
-                "from the `dynamic` rule matching that name itself, else the file's `bits`: the load fails or reads "
-                "the experts at the wrong width; give the experts the file's base width, or use --format "
-                "compressed-tensors)")  # fmt: skip
+        return (
+            f"{VLLM} (it runs {describe(got)} as one layer{more} {f'at {at} bits' if at else 'unquantized'}, "
+            "from the `dynamic` rule matching that name itself, else the file's `bits`: the load fails or reads "
+            "the experts at the wrong width; give the experts the file's base width, or use --format "
+            "compressed-tensors)"
+        )
     if not _CT_EXPERT.search(next(iter(got))):
         how = "with its first shard's scheme"
     elif len({w for m, w in got.items() if m.startswith(f"{layer}.0.")}) > 1:
-        return (f"{VLLM} (it runs {describe(got)} as one layer{more} and refuses it, expert 0's projections "
-                f'differing: "All MoE projections need to have same quantization scheme"; {fix})')  # fmt: skip
+        return (
+            f"{VLLM} (it runs {describe(got)} as one layer{more} and refuses it, expert 0's projections "
+            f'differing: "All MoE projections need to have same quantization scheme"; {fix})'
+        )
     else:
         how = "with expert 0's scheme"
-    return (f"{VLLM} (it runs {describe(got)} as one layer{more}, {how}: the load fails or reads the others at the "
-            f"wrong width; {fix})")  # fmt: skip
+    return (
+        f"{VLLM} (it runs {describe(got)} as one layer{more}, {how}: the load fails or reads the others at the "
+        f"wrong width; {fix})"
+    )
 
 
 def _vllm_moe_bits(qc: dict, layers: dict[str, tuple[int, int, int]]):
@@ -183,17 +189,24 @@ def gptq_readers(path: str | Path) -> Readers:
         if widths == [4] and odd:
             name, (n, k) = odd[0]
             runs.append('transformers + optimum with GPTQConfig(bits=4, backend="gptq_torch")')
-            fails.append(f"transformers' default 4-bit CPU kernel (needs out_features % 16 == 0 and in_features % "
-                         f"group size == 0; {name} is {n}×{k}, group size {g})")  # fmt: skip
+            fails.append(
+                f"transformers' default 4-bit CPU kernel (needs out_features % 16 == 0 and in_features % "
+                f"group size == 0; {name} is {n}×{k}, group size {g})"
+            )
         else:
             runs.append("transformers + optimum")
     if (split := _fused_split(config, {n: b for n, (b, _, _) in layers.items()})) is not None:
         return Readers(runs, [*fails, split])
     whole = g <= 0 or all(k % g == 0 for _, _, k in layers.values())
     marlin = set(widths) <= {4, 8} and qc.get("sym", False) and g in VLLM_GROUP_SIZES and whole
-    gpu = "vLLM (expected: Marlin, on GPU)" if marlin else (
-        "vLLM (expected to refuse it on GPU: GPTQ there is symmetric 4/8-bit, group size -1/32/64/128 dividing "
-        "in_features; use --format compressed-tensors)")  # fmt: skip
+    gpu = (
+        "vLLM (expected: Marlin, on GPU)"
+        if marlin
+        else (
+            "vLLM (expected to refuse it on GPU: GPTQ there is symmetric 4/8-bit, group size -1/32/64/128 dividing "
+            "in_features; use --format compressed-tensors)"
+        )
+    )
     return _with_vllm(Readers(runs, fails), _vllm_cpu_gptq(qc, layers, g), gpu)
 
 
@@ -209,9 +222,14 @@ def _with_vllm(readers: Readers, cpu: tuple[str, str], gpu: str) -> Readers:
 def _cpu_shapes(shapes: dict[str, tuple[int, int]]) -> str | None:
     """vLLM's CPU kernel (CPUWNA16) refusing the first layer whose out or in features are not multiples of 32."""
     name, (n, k) = next(((m, nk) for m, nk in shapes.items() if nk[0] % 32 or nk[1] % 32), (None, (0, 0)))
-    return None if name is None else (
-        f"{VLLM_CPU} (tested: its CPU kernel needs out and in features that are multiples of 32, {name} is {n}×{k}: "
-        '"not supported by CPUWNA16, supported sizes are multiples of 32")')  # fmt: skip
+    return (
+        None
+        if name is None
+        else (
+            f"{VLLM_CPU} (tested: its CPU kernel needs out and in features that are multiples of 32, {name} is {n}×{k}: "
+            '"not supported by CPUWNA16, supported sizes are multiples of 32")'
+        )
+    )
 
 
 def _vllm_cpu_gptq(qc: dict, layers: dict[str, tuple[int, int, int]], g: int) -> tuple[str, str]:
@@ -220,8 +238,10 @@ def _vllm_cpu_gptq(qc: dict, layers: dict[str, tuple[int, int, int]], g: int) ->
     if not sym or base not in (4, 8):
         return "fails", f'{VLLM_CPU} (tested: "Unsupported quantization config: bits={base}, sym={sym}")'
     if 8 in widths:
-        return "fails", (f'{VLLM_CPU} (tested: its CPU kernel takes 4-bit weights only, "Marlin does not support '
-                         'weight_bits = uint8b128")')  # fmt: skip
+        return "fails", (
+            f'{VLLM_CPU} (tested: its CPU kernel takes 4-bit weights only, "Marlin does not support '
+            'weight_bits = uint8b128")'
+        )
     if widths != [4]:
         return "untested", f"{VLLM_CPU} (expected to refuse it: its CPU kernel takes 4-bit weights only)"
     if g not in VLLM_GROUP_SIZES:
@@ -230,8 +250,10 @@ def _vllm_cpu_gptq(qc: dict, layers: dict[str, tuple[int, int, int]], g: int) ->
         return "fails", shapes
     ragged = next(((name, k) for name, (_, _, k) in layers.items() if g > 0 and k % g), None)
     if ragged is not None:
-        return "fails", (f"{VLLM_CPU} (tested: group size {g} does not divide {ragged[0]}'s {ragged[1]} in_features: "
-                         "its weight loader's shape assert fails)")  # fmt: skip
+        return "fails", (
+            f"{VLLM_CPU} (tested: group size {g} does not divide {ragged[0]}'s {ragged[1]} in_features: "
+            "its weight loader's shape assert fails)"
+        )
     if qc.get("desc_act"):
         return "untested", f"{VLLM_CPU} (unknown: act-order g_idx)"
     return "runs", VLLM_CPU
@@ -267,18 +289,23 @@ def ct_readers(path: str | Path) -> Readers:
     if blocks:  # per-expert Linears (ct_experts.py), which matgptq.load does not read
         runs, fails = [COMPRESSED_TENSORS], []
         if model_type != "qwen3_moe" or asym or len(schemes) > 1:  # experts transformers does not merge
-            why = (f"it leaves the fused experts of {model_type} unloaded, as it leaves llm-compressor's own files"
-                   if model_type != "qwen3_moe" else "it merges per-expert tensors into fused experts for one "
-                   "symmetric config group only: zero points fail its conversion, several groups load wrong "
-                   "weights")  # fmt: skip
+            why = (
+                f"it leaves the fused experts of {model_type} unloaded, as it leaves llm-compressor's own files"
+                if model_type != "qwen3_moe"
+                else "it merges per-expert tensors into fused experts for one "
+                "symmetric config group only: zero points fail its conversion, several groups load wrong "
+                "weights"
+            )
             fails.append(f"transformers ({why})")
         else:
             runs += [TRANSFORMERS, TRANSFORMERS_NEW]
         if model_type in _VLLM_EXPERT_NAMES and not aliases:  # tests/integrations/test_vllm_config_moe.py
             w = ", ".join(_VLLM_EXPERT_NAMES[model_type])
-            split = (f"{VLLM} (it looks up the scheme of {next(iter(blocks))}.0.{{{w}}}, names that this file's "
-                     "targets, gate_proj, up_proj and down_proj, do not match, and builds each block's fused experts "
-                     "unquantized)")  # fmt: skip
+            split = (
+                f"{VLLM} (it looks up the scheme of {next(iter(blocks))}.0.{{{w}}}, names that this file's "
+                "targets, gate_proj, up_proj and down_proj, do not match, and builds each block's fused experts "
+                "unquantized)"
+            )
         return Readers(runs, [*fails, split]) if split else Readers(runs, fails, [_VLLM_MOE])
     runs, fails = ["matgptq.load", COMPRESSED_TENSORS, TRANSFORMERS], []
     if not asym:
@@ -287,8 +314,10 @@ def ct_readers(path: str | Path) -> Readers:
         runs.append(f"{TRANSFORMERS_NEW} with CompressedTensorsConfig(dequantize=True)")
         fails.append(f"{TRANSFORMERS_NEW}'s default from_pretrained (asymmetric zero points)")
     else:
-        fails.append(f"{TRANSFORMERS_NEW} (asymmetric zero points fail its default load; dequantize=True decodes all "
-                     f"{len(schemes)} config groups with the first one's scheme)")  # fmt: skip
+        fails.append(
+            f"{TRANSFORMERS_NEW} (asymmetric zero points fail its default load; dequantize=True decodes all "
+            f"{len(schemes)} config groups with the first one's scheme)"
+        )
     if split is not None:
         return Readers(runs, [*fails, split])
     if asym:
@@ -308,8 +337,10 @@ def _vllm_cpu_ct(path: Path, schemes: list[dict]) -> tuple[str, str]:
         r = other["num_bits"]
         if not other["symmetric"]:
             return "untested", f"{VLLM_CPU} (expected to refuse it: its CPU kernel takes 4-bit weights only)"
-        return "fails", (f'{VLLM_CPU} (tested: its CPU kernel takes 4-bit weights only, "Quant type (uint{r}b'
-                         f'{1 << (r - 1)}) not supported by CPUWNA16")')  # fmt: skip
+        return "fails", (
+            f'{VLLM_CPU} (tested: its CPU kernel takes 4-bit weights only, "Quant type (uint{r}b'
+            f'{1 << (r - 1)}) not supported by CPUWNA16")'
+        )
     odd = sorted({w["group_size"] for w in schemes if (w["group_size"] or -1) > 0 and w["group_size"] % 2})
     if odd:
         return "untested", f'{VLLM_CPU} (expected to refuse it: "Group size ({odd[0]}) not supported by CPUWNA16")'

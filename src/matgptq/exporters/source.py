@@ -16,8 +16,9 @@ def quantized_source(src, out, bits: int | None, bits_config, overwrite: bool):
     spec = width_spec(bits, bits_config)
     check_output(out, overwrite)
     if not Path(src).is_dir():
-        raise UserError(f"{src} is not a directory; give a matgptq parent/slice, a GPTQ or a compressed-tensors "
-                        "checkpoint")  # fmt: skip
+        raise UserError(
+            f"{src} is not a directory; give a matgptq parent/slice, a GPTQ or a compressed-tensors checkpoint"
+        )
     ckpt = open_checkpoint(src)
     if ckpt is None:
         raise UserError(f"{src} is not quantized; quantize it first (matgptq quantize) and export the result")

@@ -11,8 +11,18 @@ from .quantized import QuantizedWeight
 from .slicing import position_table
 
 __all__ = [
-    "Checkpoint", "is_checkpoint", "read_checkpoint", "save_checkpoint", "write_slice",
-    "QuantizedWeight", "position_table",
-    "read_gptq_checkpoint", "trivial_g_idx", "SUPPORTED_BITS", "pack_cols", "pack_rows", "to_v1_words",
+    "Checkpoint",
+    "is_checkpoint",
+    "read_checkpoint",
+    "save_checkpoint",
+    "write_slice",
+    "QuantizedWeight",
+    "position_table",
+    "read_gptq_checkpoint",
+    "trivial_g_idx",
+    "SUPPORTED_BITS",
+    "pack_cols",
+    "pack_rows",
+    "to_v1_words",
     "read_ct_checkpoint",
-]  # fmt: skip
+]

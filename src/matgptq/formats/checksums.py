@@ -73,11 +73,18 @@ def recorded(where: Path, meta: dict) -> dict[str, str]:
     """{tensor: checksum} of a v4 record, checked for shape (a damaged record is one UserError)."""
     record = meta.get(KEY)
     sums = record.get("tensors") if isinstance(record, dict) else None
-    ok = (isinstance(record, dict) and record.get("algorithm") == ALGORITHM and isinstance(sums, dict) and sums
-          and all(isinstance(v, str) and _HEX.match(v) for v in sums.values()))  # fmt: skip
+    ok = (
+        isinstance(record, dict)
+        and record.get("algorithm") == ALGORITHM
+        and isinstance(sums, dict)
+        and sums
+        and all(isinstance(v, str) and _HEX.match(v) for v in sums.values())
+    )
     if not ok:
-        raise UserError(f"{where}: `{KEY}` must give every tensor's {ALGORITHM} as 8 hex digits; the checkpoint is "
-                        "damaged, re-create or re-download it")  # fmt: skip
+        raise UserError(
+            f"{where}: `{KEY}` must give every tensor's {ALGORITHM} as 8 hex digits; the checkpoint is "
+            "damaged, re-create or re-download it"
+        )
     return sums
 
 
@@ -85,16 +92,21 @@ def verify(where: Path, tensors: dict[str, torch.Tensor], sums: dict[str, str]) 
     """Every tensor read is recorded, with the checksum recorded for it; else one UserError naming the tensor."""
     for name, t in tensors.items():
         if name not in sums:
-            raise UserError(f"{where}: tensor {name} is not in the checkpoint's checksums; the file is damaged or "
-                            "was altered, re-create or re-download it")  # fmt: skip
+            raise UserError(
+                f"{where}: tensor {name} is not in the checkpoint's checksums; the file is damaged or "
+                "was altered, re-create or re-download it"
+            )
         if tensor_checksum(t) != sums[name]:
-            raise UserError(f"{where}: tensor {name} does not match its checksum (the file is damaged); re-create or "
-                            "re-download it")  # fmt: skip
+            raise UserError(
+                f"{where}: tensor {name} does not match its checksum (the file is damaged); re-create or re-download it"
+            )
 
 
 def complete(where: Path, names: Iterable[str], sums: dict[str, str]) -> None:
     """The files hold exactly the tensors recorded: one missing from them is damage too."""
     missing = sorted(set(sums) - set(names))
     if missing:
-        raise UserError(f"{where}: tensor {missing[0]} is recorded in the checksums but not in the files; the "
-                        "checkpoint is incomplete, re-create or re-download it")  # fmt: skip
+        raise UserError(
+            f"{where}: tensor {missing[0]} is recorded in the checksums but not in the files; the "
+            "checkpoint is incomplete, re-create or re-download it"
+        )

@@ -87,21 +87,27 @@ def _is_int(v) -> bool:
 def _weights(p: Path, group: str, w) -> Scheme:
     """The `weights` of config group `group` as a Scheme, or a one-line refusal of what matgptq cannot run."""
     if not isinstance(w, dict):
-        raise UserError(f"{p}: config group {group} quantizes no weights (`weights` is {w!r:.60}); matgptq reads "
-                        "weight-quantized compressed-tensors checkpoints only")  # fmt: skip
+        raise UserError(
+            f"{p}: config group {group} quantizes no weights (`weights` is {w!r:.60}); matgptq reads "
+            "weight-quantized compressed-tensors checkpoints only"
+        )
     kind, bits, sym, size = w.get("type", "int"), w.get("num_bits"), w.get("symmetric", True), w.get("group_size")
     strategy, order = w.get("strategy"), w.get("actorder")
     kind, strategy, order = (v.lower() if isinstance(v, str) else v for v in (kind, strategy, order))
     if strategy is None:  # compressed-tensors' default: from group_size
         strategy = "tensor" if size is None else "channel" if size == -1 else "group"
     if kind != "int" or w.get("dynamic", False) not in (False, None):
-        raise UserError(f"{p}: config group {group} has {kind} {'dynamic ' if w.get('dynamic') else ''}weights; "
-                        "matgptq reads static integer weights (e.g. W4A16); use compressed-tensors")  # fmt: skip
+        raise UserError(
+            f"{p}: config group {group} has {kind} {'dynamic ' if w.get('dynamic') else ''}weights; "
+            "matgptq reads static integer weights (e.g. W4A16); use compressed-tensors"
+        )
     if not _is_int(bits) or not 2 <= bits <= 8:
         raise UserError(f"{p}: config group {group} has num_bits {bits!r:.60}; matgptq reads 2- to 8-bit weights")
     if strategy not in ("group", "channel", "tensor") or w.get("block_structure") is not None:
-        raise UserError(f"{p}: config group {group} uses the {strategy!r:.60} strategy; matgptq reads group, "
-                        "channel and tensor scales")  # fmt: skip
+        raise UserError(
+            f"{p}: config group {group} uses the {strategy!r:.60} strategy; matgptq reads group, "
+            "channel and tensor scales"
+        )
     if strategy == "group" and (not _is_int(size) or size < 1):
         raise UserError(f"{p}: config group {group} has group_size {size!r:.60}, expected a positive integer; {FIX}")
     if not isinstance(sym, bool) or order not in (None, False, True, "group", "dynamic", "weight", "static"):
@@ -114,16 +120,24 @@ def _check_config(p: Path, qc: dict) -> None:
     """Everything beyond packed integer weights that the checkpoint would need at run time is refused."""
     fmt, status = qc.get("format"), qc.get("quantization_status", "compressed")
     if fmt not in (FORMAT, "mixed-precision"):
-        raise UserError(f"{p} is compressed-tensors format {fmt!r:.60}; matgptq reads '{FORMAT}' (e.g. "
-                        "llm-compressor's W4A16); load it with compressed-tensors or vLLM")  # fmt: skip
+        raise UserError(
+            f"{p} is compressed-tensors format {fmt!r:.60}; matgptq reads '{FORMAT}' (e.g. "
+            "llm-compressor's W4A16); load it with compressed-tensors or vLLM"
+        )
     if status != "compressed":
-        raise UserError(f"{p} is in compressed-tensors status {status!r:.60}, not 'compressed' (packed); re-save it "
-                        "compressed (llm-compressor's save_pretrained does)")  # fmt: skip
-    for key, what in (("kv_cache_scheme", "KV-cache quantization"), ("sparsity_config", "sparsity"),
-                      ("transform_config", "transforms (rotations)")):  # fmt: skip
+        raise UserError(
+            f"{p} is in compressed-tensors status {status!r:.60}, not 'compressed' (packed); re-save it "
+            "compressed (llm-compressor's save_pretrained does)"
+        )
+    for key, what in (
+        ("kv_cache_scheme", "KV-cache quantization"),
+        ("sparsity_config", "sparsity"),
+        ("transform_config", "transforms (rotations)"),
+    ):
         if qc.get(key):
-            raise UserError(f"{p} uses {what} (`{key}`), which matgptq does not run; load it with compressed-tensors "
-                            "or vLLM")  # fmt: skip
+            raise UserError(
+                f"{p} uses {what} (`{key}`), which matgptq does not run; load it with compressed-tensors or vLLM"
+            )
 
 
 def read_schemes(p: Path, qc: dict) -> tuple[dict[str, Scheme], list[str]]:
@@ -137,8 +151,10 @@ def read_schemes(p: Path, qc: dict) -> tuple[dict[str, Scheme], list[str]]:
         if not isinstance(g, dict) or not isinstance(g.get("targets"), list):
             raise UserError(f"{p}: config group {name} has no `targets` list; {FIX}")
         if g.get("input_activations") or g.get("output_activations"):
-            raise UserError(f"{p}: config group {name} quantizes activations, which matgptq does not run; it reads "
-                            "weight-only checkpoints (e.g. W4A16)")  # fmt: skip
+            raise UserError(
+                f"{p}: config group {name} quantizes activations, which matgptq does not run; it reads "
+                "weight-only checkpoints (e.g. W4A16)"
+            )
         if g.get("format") not in (None, FORMAT):
             raise UserError(f"{p}: config group {name} is format {g.get('format')!r:.60}; matgptq reads '{FORMAT}'")
         scheme = _weights(p, name, g.get("weights"))
@@ -181,8 +197,10 @@ def _shape(p: Path, name: str, raw: dict, s: Scheme) -> tuple[int, int]:
         raise UserError(f"{p}: {name}.weight_shape must hold the layer's two positive sizes [out, in]; {FIX}")
     n, k = (int(v) for v in shape.tolist())
     if packed.shape != (n, -(-k * s.bits // 32)):
-        raise UserError(f"{p}: {name}.weight_packed is {list(packed.shape)}, which is not a {n}×{k} layer packed at "
-                        f"{s.bits} bits ([{n}, {-(-k * s.bits // 32)}]); {FIX}")  # fmt: skip
+        raise UserError(
+            f"{p}: {name}.weight_packed is {list(packed.shape)}, which is not a {n}×{k} layer packed at "
+            f"{s.bits} bits ([{n}, {-(-k * s.bits // 32)}]); {FIX}"
+        )
     return n, k
 
 
@@ -190,21 +208,27 @@ def _scales(p: Path, name: str, scale: torch.Tensor | None, n: int, k: int, s: S
     """float16 [N, G] scales, checked (shape, finite, exact in float16)."""
     groups = k // s.group_size if s.strategy == "group" else 1
     if s.strategy == "group" and k % s.group_size:
-        raise UserError(f"{p}: {name} has {k} input features, which group_size {s.group_size} does not divide "
-                        "(compressed-tensors cannot decompress it either); re-export it")  # fmt: skip
+        raise UserError(
+            f"{p}: {name} has {k} input features, which group_size {s.group_size} does not divide "
+            "(compressed-tensors cannot decompress it either); re-export it"
+        )
     if scale is None or scale.dtype not in SCALE_DTYPES:
         raise UserError(f"{p}: {name}.weight_scale is missing or not float16/bfloat16/float32; {FIX}")
     if s.strategy == "tensor" and scale.numel() == 1:
         scale = scale.reshape(1, 1).expand(n, 1)
     if tuple(scale.shape) != (n, groups):
-        raise UserError(f"{p}: {name}.weight_scale is {list(scale.shape)}, expected [{n}, {groups}] for its "
-                        f"{s.strategy} scales; {FIX}")  # fmt: skip
+        raise UserError(
+            f"{p}: {name}.weight_scale is {list(scale.shape)}, expected [{n}, {groups}] for its "
+            f"{s.strategy} scales; {FIX}"
+        )
     if not bool(torch.isfinite(scale).all()):
         raise UserError(f"{p}: {name}.weight_scale holds NaN or Inf; the checkpoint is corrupt")
     half = scale.to(torch.float16)
     if not torch.equal(half.to(scale.dtype), scale):
-        raise UserError(f"{p}: {name} has {str(scale.dtype).removeprefix('torch.')} scales that float16 cannot hold "
-                        "exactly (matgptq keeps float16 scales)")  # fmt: skip
+        raise UserError(
+            f"{p}: {name} has {str(scale.dtype).removeprefix('torch.')} scales that float16 cannot hold "
+            "exactly (matgptq keeps float16 scales)"
+        )
     return half.contiguous()
 
 
@@ -222,29 +246,36 @@ def _zeros(p: Path, name: str, zp: torch.Tensor | None, n: int, groups: int, s: 
             raise UserError(f"{p}: {name}.weight_zero_point must be one integer in [{-mid}, {mid - 1}]; {FIX}")
         return torch.full((n, 1), int(zp.flatten()[0]) + mid, dtype=torch.uint8)
     if zp.dtype != torch.int32 or zp.shape != (-(-n * s.bits // 32), groups):
-        raise UserError(f"{p}: {name}.weight_zero_point is {str(zp.dtype).removeprefix('torch.')} "
-                        f"{list(zp.shape)}, expected int32 [{-(-n * s.bits // 32)}, {groups}]; {FIX}")  # fmt: skip
+        raise UserError(
+            f"{p}: {name}.weight_zero_point is {str(zp.dtype).removeprefix('torch.')} "
+            f"{list(zp.shape)}, expected int32 [{-(-n * s.bits // 32)}, {groups}]; {FIX}"
+        )
     return torch.from_numpy(np.ascontiguousarray(unpack_int32(zp.numpy().T, s.bits, n).T))
 
 
 def _g_idx(p: Path, name: str, g_idx: torch.Tensor | None, k: int, groups: int, s: Scheme) -> torch.Tensor:
     """int32 [K] group of each column: k // group_size, 0 (channel, tensor), or a valid stored weight_g_idx."""
     if g_idx is not None and (s.strategy != "group" or s.actorder != "group"):
-        raise UserError(f"{p}: {name} stores weight_g_idx, which compressed-tensors reads only for group scales with "
-                        f"actorder 'group' (this layer: {s.strategy}, actorder {s.actorder!r}); {FIX}")  # fmt: skip
+        raise UserError(
+            f"{p}: {name} stores weight_g_idx, which compressed-tensors reads only for group scales with "
+            f"actorder 'group' (this layer: {s.strategy}, actorder {s.actorder!r}); {FIX}"
+        )
     if s.strategy != "group":
         return torch.zeros(k, dtype=torch.int32)
     trivial = torch.arange(k, dtype=torch.int32) // s.group_size
     if g_idx is not None and g_idx.dtype not in INT_DTYPES:
-        raise UserError(f"{p}: {name}.weight_g_idx is {str(g_idx.dtype).removeprefix('torch.')}, not an integer "
-                        f"tensor; {FIX}")  # fmt: skip
+        raise UserError(
+            f"{p}: {name}.weight_g_idx is {str(g_idx.dtype).removeprefix('torch.')}, not an integer tensor; {FIX}"
+        )
     if g_idx is None or bool((g_idx == -1).any()):  # −1: never initialised, column order (compressed-tensors)
         return trivial
     if g_idx.shape != (k,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
         raise UserError(f"{p}: {name}.weight_g_idx must give each of its {k} columns one of {groups} groups; {FIX}")
     if bool((torch.bincount(g_idx.long(), minlength=groups) != s.group_size).any()):
-        raise UserError(f"{p}: {name}.weight_g_idx gives its groups other than {s.group_size} columns each, which "
-                        "compressed-tensors decodes unlike its g_idx; matgptq cannot read it")  # fmt: skip
+        raise UserError(
+            f"{p}: {name}.weight_g_idx gives its groups other than {s.group_size} columns each, which "
+            "compressed-tensors decodes unlike its g_idx; matgptq cannot read it"
+        )
     return g_idx.to(torch.int32).contiguous()
 
 
@@ -276,19 +307,28 @@ def _check_version(p: Path, qc: dict, bits: set[int]) -> None:
     odd = sorted(bits - {2, 4, 8})
     if m and (int(m.group(1)), int(m.group(2))) < STRADDLING and odd:
         since = "%d.%d" % STRADDLING
-        raise UserError(f"{p} was written by compressed-tensors {qc['version']}, whose {odd[0]}-bit packing (no codes "
-                        f"across words) predates {since}; re-save it with compressed-tensors >= {since}")  # fmt: skip
+        raise UserError(
+            f"{p} was written by compressed-tensors {qc['version']}, whose {odd[0]}-bit packing (no codes "
+            f"across words) predates {since}; re-save it with compressed-tensors >= {since}"
+        )
 
 
 def _meta(qc: dict, schemes: list[Scheme]) -> dict:
     """matgptq.json-like record: the widest width, the one group size (-1: per channel) if all layers share it."""
     sizes = {s.group_size if s.strategy == "group" else -1 for s in schemes}
-    quant = {"method": "gptq", "bits": max(s.bits for s in schemes), "sym": all(s.symmetric for s in schemes),
-             "act_order": any(s.actorder for s in schemes)}  # fmt: skip
+    quant = {
+        "method": "gptq",
+        "bits": max(s.bits for s in schemes),
+        "sym": all(s.symmetric for s in schemes),
+        "act_order": any(s.actorder for s in schemes),
+    }
     if len(sizes) == 1:
         quant["group_size"] = sizes.pop()
-    return {"format": "compressed-tensors", "checkpoint_format": f"{FORMAT} {qc.get('version', '')}".strip(),
-            "quantization": quant}  # fmt: skip
+    return {
+        "format": "compressed-tensors",
+        "checkpoint_format": f"{FORMAT} {qc.get('version', '')}".strip(),
+        "quantization": quant,
+    }
 
 
 def read_ct_checkpoint(path: str | Path) -> Checkpoint:
@@ -305,15 +345,18 @@ def read_ct_checkpoint(path: str | Path) -> Checkpoint:
         raise UserError(f"{p} stores no packed weights (<name>.weight_packed); {FIX}")
     expert = next((n for n in names if _EXPERT.search(n)), None)
     if expert is not None:
-        raise UserError(f"{p} quantizes per-expert Linears ({expert}); matgptq does not read compressed-tensors "
-                        "mixture-of-experts checkpoints: load the matgptq parent or a GPTQ checkpoint of the "
-                        "model")  # fmt: skip
+        raise UserError(
+            f"{p} quantizes per-expert Linears ({expert}); matgptq does not read compressed-tensors "
+            "mixture-of-experts checkpoints: load the matgptq parent or a GPTQ checkpoint of the "
+            "model"
+        )
     schemes = {}
     for name in names:
         s = scheme_of(name, targets, ignore)
         if s is None:
-            raise UserError(f"{p}: {name} is stored quantized but no config group targets it (or `ignore` lists it); "
-                            "fix the config")  # fmt: skip
+            raise UserError(
+                f"{p}: {name} is stored quantized but no config group targets it (or `ignore` lists it); fix the config"
+            )
         schemes[name] = s
     _check_version(p, qc, {s.bits for s in schemes.values()})
     layers = {name: read_layer(p, name, raw, s) for name, s in schemes.items()}

@@ -65,16 +65,20 @@ def _settings(p: Path, qc: dict) -> tuple[int, int, dict]:
     bits, group_size, dynamic = qc.get("bits"), qc.get("group_size", 128), qc.get("dynamic") or {}
     width = lambda b: isinstance(b, int) and not isinstance(b, bool) and b in SUPPORTED_BITS  # noqa: E731
     if not width(bits):
-        raise UserError(f"{p}: the GPTQ config's `bits` is {bits!r:.60}; matgptq reads "
-                        f"{sorted(SUPPORTED_BITS)}-bit GPTQ")  # fmt: skip
+        raise UserError(
+            f"{p}: the GPTQ config's `bits` is {bits!r:.60}; matgptq reads {sorted(SUPPORTED_BITS)}-bit GPTQ"
+        )
     if not _is_group_size(group_size):
         raise UserError(f"{p}: the GPTQ config's `group_size` is {group_size!r:.60}, expected -1 or a positive integer")
-    ok = isinstance(dynamic, dict) and all(isinstance(v, dict) and width(v.get("bits", bits))
-                                           and _is_group_size(v.get("group_size", group_size))
-                                           for v in dynamic.values())  # fmt: skip
+    ok = isinstance(dynamic, dict) and all(
+        isinstance(v, dict) and width(v.get("bits", bits)) and _is_group_size(v.get("group_size", group_size))
+        for v in dynamic.values()
+    )
     if not ok:
-        raise UserError(f"{p}: the GPTQ config's `dynamic` must map patterns to {{\"bits\": 2|3|4|8}} (and an optional "
-                        f"group_size); {FIX}")  # fmt: skip
+        raise UserError(
+            f'{p}: the GPTQ config\'s `dynamic` must map patterns to {{"bits": 2|3|4|8}} (and an optional '
+            f"group_size); {FIX}"
+        )
     for pattern in dynamic:
         try:
             re.compile(pattern[2:] if pattern[:2] in ("-:", "+:") else pattern)
@@ -123,8 +127,10 @@ def _is_v2(p: Path, label: str, stored: dict[str, np.ndarray], widths: dict[str,
     v2 = label == "gptq_v2"
     other = "v1" if v2 else "v2"  # its symmetric stored zero is 2^(b−1) − 1 (v1) or 2^(b−1) (v2)
     if stored and all((z == (1 << (widths[n] - 1)) - int(v2)).all() for n, z in stored.items()):
-        warnings.warn(f"{p} is labelled {label} but holds the symmetric {other} zero points; reading them as {other}",
-                      stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"{p} is labelled {label} but holds the symmetric {other} zero points; reading them as {other}",
+            stacklevel=3,
+        )
         return not v2
     return v2
 
@@ -142,8 +148,10 @@ def _check_groups(p: Path, name: str, g_idx: torch.Tensor, groups: int, group_si
     count = -(-k // size)
     want = [size] * (count - 1) + [k - size * (count - 1)] if count else []
     if groups != count or torch.bincount(g_idx.long(), minlength=groups).tolist() != want:
-        raise UserError(f"{p}: {name}'s {groups} groups (g_idx) are not the groups of {size} of its {k} inputs that "
-                        f"the config's group_size {group_size} makes; {FIX}")  # fmt: skip
+        raise UserError(
+            f"{p}: {name}'s {groups} groups (g_idx) are not the groups of {size} of its {k} inputs that "
+            f"the config's group_size {group_size} makes; {FIX}"
+        )
 
 
 def _layer(p: Path, name: str, raw: dict, r: int, zeros: np.ndarray, group_size: int) -> QuantizedWeight:
@@ -154,8 +162,10 @@ def _layer(p: Path, name: str, raw: dict, r: int, zeros: np.ndarray, group_size:
         raise UserError(f"{p}: {name}.scales is missing or not floating-point; {FIX}")
     g_idx = g_idx.to(torch.int32)
     if scales.shape != (zeros.shape[0], n) or g_idx.shape != (k,):
-        raise UserError(f"{p}: {name} has scales {tuple(scales.shape)} and g_idx {tuple(g_idx.shape)} for a {k}×{n} "
-                        f"layer with {zeros.shape[0]} groups; the checkpoint is corrupt")  # fmt: skip
+        raise UserError(
+            f"{p}: {name} has scales {tuple(scales.shape)} and g_idx {tuple(g_idx.shape)} for a {k}×{n} "
+            f"layer with {zeros.shape[0]} groups; the checkpoint is corrupt"
+        )
     if not bool(torch.isfinite(scales).all()):
         raise UserError(f"{p}: {name}.scales hold NaN or Inf; the checkpoint is corrupt")
     if k and (int(g_idx.min()) < 0 or int(g_idx.max()) >= zeros.shape[0]):
@@ -166,9 +176,11 @@ def _layer(p: Path, name: str, raw: dict, r: int, zeros: np.ndarray, group_size:
         raise UserError(f"{p}: {name} has {scales.dtype} scales that float16 cannot hold exactly; matgptq keeps fp16")
     return QuantizedWeight(
         codes=torch.from_numpy(np.ascontiguousarray(unpack_rows(qweight.numpy(), r, k, pad=True).T)),
-        scales=half.T.contiguous(), zeros=torch.from_numpy(np.ascontiguousarray(zeros.T.astype(np.uint8))),
-        g_idx=g_idx.contiguous(), bits=r,
-    )  # fmt: skip
+        scales=half.T.contiguous(),
+        zeros=torch.from_numpy(np.ascontiguousarray(zeros.T.astype(np.uint8))),
+        g_idx=g_idx.contiguous(),
+        bits=r,
+    )
 
 
 def _stored_layers(p: Path, raw: dict, base: int, group_size: int, dynamic: dict) -> tuple[dict, dict, dict]:
@@ -223,8 +235,13 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
     stray = next((k for k in raw if k.rpartition(".")[2] in ("qweight", "qzeros", "scales", "g_idx")), None)
     if stray is not None:  # e.g. a layer whose qweight's name was damaged
         raise UserError(f"{p}: {stray} belongs to no quantized layer (no {stray.rpartition('.')[0]}.qweight); {FIX}")
-    quant = {"method": "gptq", "bits": base, "group_size": group_size, "sym": bool(qc.get("sym", True)),
-             "act_order": bool(qc.get("desc_act", False))}  # fmt: skip
+    quant = {
+        "method": "gptq",
+        "bits": base,
+        "group_size": group_size,
+        "sym": bool(qc.get("sym", True)),
+        "act_order": bool(qc.get("desc_act", False)),
+    }
     meta = {"format": "gptq", "checkpoint_format": "gptq_v2" if v2 else "gptq", "quantization": quant}
     layers, raw = join_experts(config.get("model_type"), layers, raw)
     return Checkpoint(meta, config, layers, raw, p)

@@ -44,9 +44,11 @@ def check_moe(src, model_type: str | None, names) -> None:
     if expert is None:
         return
     if model_type not in MOE_TYPES:
-        raise UserError(f"{src} quantizes fused experts ({expert}) of {model_type}, for which no GPTQ reader was "
-                        f"tested (GPTQ export of experts: {', '.join(MOE_TYPES)}); load the checkpoint with "
-                        "matgptq.load")  # fmt: skip
+        raise UserError(
+            f"{src} quantizes fused experts ({expert}) of {model_type}, for which no GPTQ reader was "
+            f"tested (GPTQ export of experts: {', '.join(MOE_TYPES)}); load the checkpoint with "
+            "matgptq.load"
+        )
 
 
 def gptq_names(name: str) -> tuple[str, ...]:
@@ -61,8 +63,14 @@ def _rows(q: QuantizedWeight, rows: slice) -> QuantizedWeight:
     """The output rows `rows` of `q`: codes, scales, zeros (and per-width scales) of those rows; g_idx is per input
     column and the same for every half (copied: each half's file tensor is its own)."""
     widths = None if q.width_scales is None else {r: s[rows] for r, s in q.width_scales.items()}
-    return replace(q, codes=q.codes[rows].contiguous(), scales=q.scales[rows].contiguous(),
-                   zeros=q.zeros[rows].contiguous(), g_idx=q.g_idx.clone(), width_scales=widths)  # fmt: skip
+    return replace(
+        q,
+        codes=q.codes[rows].contiguous(),
+        scales=q.scales[rows].contiguous(),
+        zeros=q.zeros[rows].contiguous(),
+        g_idx=q.g_idx.clone(),
+        width_scales=widths,
+    )
 
 
 def row_parts(n: int, count: int, interleaved: bool = False) -> list[slice]:
@@ -115,10 +123,17 @@ _EXPERT_BIAS = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)
 def _join_pair(fused: str, gate: QuantizedWeight, up: QuantizedWeight) -> QuantizedWeight:
     """One fused gate_up layer from its two GPTQ halves (gate rows first); they must share width and g_idx."""
     if gate.bits != up.bits or gate.shift != up.shift or not torch.equal(gate.g_idx, up.g_idx):
-        raise UserError(f"{fused}: its gate_proj and up_proj halves differ in width or input-group order (g_idx), "
-                        "but matgptq runs them as one fused layer; re-export them with one width and one act-order")
-    return replace(gate, codes=torch.cat([gate.codes, up.codes]), scales=torch.cat([gate.scales, up.scales]),
-                   zeros=torch.cat([gate.zeros, up.zeros]), width_scales=None)  # fmt: skip
+        raise UserError(
+            f"{fused}: its gate_proj and up_proj halves differ in width or input-group order (g_idx), "
+            "but matgptq runs them as one fused layer; re-export them with one width and one act-order"
+        )
+    return replace(
+        gate,
+        codes=torch.cat([gate.codes, up.codes]),
+        scales=torch.cat([gate.scales, up.scales]),
+        zeros=torch.cat([gate.zeros, up.zeros]),
+        width_scales=None,
+    )
 
 
 def join_layers(layers: dict[str, QuantizedWeight]) -> dict[str, QuantizedWeight]:
@@ -134,8 +149,10 @@ def join_layers(layers: dict[str, QuantizedWeight]) -> dict[str, QuantizedWeight
     for fused, pair in halves.items():
         if set(pair) != {"gate_proj", "up_proj"}:
             missing = ({"gate_proj", "up_proj"} - set(pair)).pop()
-            raise UserError(f"{fused.removesuffix('gate_up_proj')}{missing} is not stored quantized beside its other "
-                            "half; the checkpoint is incomplete")  # fmt: skip
+            raise UserError(
+                f"{fused.removesuffix('gate_up_proj')}{missing} is not stored quantized beside its other "
+                "half; the checkpoint is incomplete"
+            )
         out[fused] = _join_pair(fused, pair["gate_proj"], pair["up_proj"])
     return out
 

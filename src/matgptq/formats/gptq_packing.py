@@ -25,8 +25,18 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["SUPPORTED_BITS", "packed_words", "pack_rows", "unpack_rows", "pack_cols", "unpack_cols",
-           "to_v1_zeros", "from_v1_zeros", "V1_WORD_ADD", "to_v1_words"]
+__all__ = [
+    "SUPPORTED_BITS",
+    "packed_words",
+    "pack_rows",
+    "unpack_rows",
+    "pack_cols",
+    "unpack_cols",
+    "to_v1_zeros",
+    "from_v1_zeros",
+    "V1_WORD_ADD",
+    "to_v1_words",
+]
 
 SUPPORTED_BITS: tuple[int, ...] = (2, 3, 4, 8)
 V1_WORD_ADD = {2: 0x55555555, 4: 0x11111111, 8: 0x01010101}  # GPTQModel's v1 ⇄ v2 word constants (§2.5)
@@ -52,10 +62,14 @@ def _padded_length(length: int, bits: int, what: str, pad: bool) -> int:
         return length
     if pad and bits != 3:
         return length + (-length % g)
-    hint = ("3-bit GPTQ packs whole blocks of 32 values, which no loader reads partially; use another bit-width"
-            if bits == 3 else f"pass pad=True to zero-fill the last word, or pad it to {-(-length // g) * g}")
-    raise ValueError(f"cannot pack {length} {what} at {bits} bits: GPTQ needs a multiple of {g} "
-                     f"along the packed axis; {hint}.")  # fmt: skip
+    hint = (
+        "3-bit GPTQ packs whole blocks of 32 values, which no loader reads partially; use another bit-width"
+        if bits == 3
+        else f"pass pad=True to zero-fill the last word, or pad it to {-(-length // g) * g}"
+    )
+    raise ValueError(
+        f"cannot pack {length} {what} at {bits} bits: GPTQ needs a multiple of {g} along the packed axis; {hint}."
+    )
 
 
 def packed_words(length: int, bits: int, pad: bool = False) -> int:

@@ -34,7 +34,7 @@ def read_mix(spec: WidthSpec, names: list[str]) -> dict[str, int]:
     """Every layer of `names` -> its width. Unknown or missing layers and widths that are not integers are a
     `UserError`; which widths exist is the caller's check (it depends on what holds the weights)."""
     if isinstance(spec, (str, Path)) and not str(spec).isdigit():
-        data = read_json(spec, "give a bits config: a JSON file {layer: bits} (\"*\" = default)")
+        data = read_json(spec, 'give a bits config: a JSON file {layer: bits} ("*" = default)')
         spec = data.get("bits", data)
     if isinstance(spec, (int, str)) and not isinstance(spec, bool) and str(spec).isdigit():
         spec = {"*": int(spec)}
@@ -45,8 +45,12 @@ def read_mix(spec: WidthSpec, names: list[str]) -> dict[str, int]:
         raise UserError(f"the bits config gives {wrong[0]} the width {spec[wrong[0]]!r}; widths must be integers")
     unknown = sorted(set(spec) - set(names) - {"*"})
     if unknown:
-        raise UserError(f"the bits config names {len(unknown)} unknown layers (e.g. {unknown[0]}); use names from {names[0]}…")
+        raise UserError(
+            f"the bits config names {len(unknown)} unknown layers (e.g. {unknown[0]}); use names from {names[0]}…"
+        )
     missing = [n for n in names if n not in spec and "*" not in spec]
     if missing:
-        raise UserError(f"the bits config misses {len(missing)} layers (e.g. {missing[0]}); list them or add a \"*\" default")
+        raise UserError(
+            f'the bits config misses {len(missing)} layers (e.g. {missing[0]}); list them or add a "*" default'
+        )
     return {n: int(spec.get(n, spec.get("*"))) for n in names}

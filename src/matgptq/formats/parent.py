@@ -88,22 +88,39 @@ class Checkpoint:
 
 def layer_tensors(name: str, q: QuantizedWeight) -> dict[str, torch.Tensor]:
     """The tensors a checkpoint file stores for quantized layer `name` (codes packed at q's stored width)."""
-    out = {f"{name}.codes": pack_bits(q.codes, q.bits), f"{name}.scales": q.scales.to(torch.float16).contiguous(),
-           f"{name}.zeros": q.zeros.to(torch.uint8).contiguous(), f"{name}.g_idx": q.g_idx.to(torch.int32).contiguous()}  # fmt: skip
+    out = {
+        f"{name}.codes": pack_bits(q.codes, q.bits),
+        f"{name}.scales": q.scales.to(torch.float16).contiguous(),
+        f"{name}.zeros": q.zeros.to(torch.uint8).contiguous(),
+        f"{name}.g_idx": q.g_idx.to(torch.int32).contiguous(),
+    }
     if q.perm is not None:
         out[f"{name}.perm"] = q.perm.to(torch.int32).contiguous()
     out.update(width_scale_tensors(name, q))
     return out
 
 
-def write_dir(tmp: Path, config: dict, meta: dict, layers: dict[str, list[int]], layer_bits: dict[str, int],
-               shift: int, sums: dict, tokenizer_dir: str | Path | None) -> None:  # fmt: skip
+def write_dir(
+    tmp: Path,
+    config: dict,
+    meta: dict,
+    layers: dict[str, list[int]],
+    layer_bits: dict[str, int],
+    shift: int,
+    sums: dict,
+    tokenizer_dir: str | Path | None,
+) -> None:
     """config.json, matgptq.json (`sums`: checksums.table of every tensor written) and the tokenizer files."""
     bits = max(layer_bits.values())
     full_meta = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "stored_bits": bits, "shift": shift,
-        "slicing": SLICING_RULE, **meta, "layers": layers,
-    }  # fmt: skip
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "stored_bits": bits,
+        "shift": shift,
+        "slicing": SLICING_RULE,
+        **meta,
+        "layers": layers,
+    }
     if len(set(layer_bits.values())) > 1:
         full_meta["layer_bits"] = layer_bits
     full_meta[checksums.KEY] = sums
@@ -115,9 +132,14 @@ def write_dir(tmp: Path, config: dict, meta: dict, layers: dict[str, list[int]],
 
 
 def save_checkpoint(
-    out: str | Path, config: dict, tensors: dict[str, torch.Tensor], layers: dict[str, QuantizedWeight],
-    meta: dict, tokenizer_dir: str | Path | None, overwrite: bool = False,
-) -> Path:  # fmt: skip
+    out: str | Path,
+    config: dict,
+    tensors: dict[str, torch.Tensor],
+    layers: dict[str, QuantizedWeight],
+    meta: dict,
+    tokenizer_dir: str | Path | None,
+    overwrite: bool = False,
+) -> Path:
     """Write a checkpoint directory atomically, in one file. `tensors` are the unquantized ones. Layers of several
     widths are one checkpoint only as whole GPTQ/RTN layers (shift 0): a slice stores one width of one parent."""
     widths = {(q.bits, q.shift) for q in layers.values()}
@@ -129,14 +151,22 @@ def save_checkpoint(
         out_tensors.update(layer_tensors(name, q))
     with atomic_output(out, overwrite, size=sum(t.nbytes for t in out_tensors.values())) as tmp:
         save_file(out_tensors, str(tmp / WEIGHTS_FILE), metadata=TENSOR_METADATA)
-        write_dir(tmp, config, meta, {name: list(q.shape) for name, q in layers.items()},
-                   {name: q.bits for name, q in layers.items()}, shift, checksums.table(out_tensors),
-                   tokenizer_dir)  # fmt: skip
+        write_dir(
+            tmp,
+            config,
+            meta,
+            {name: list(q.shape) for name, q in layers.items()},
+            {name: q.bits for name, q in layers.items()},
+            shift,
+            checksums.table(out_tensors),
+            tokenizer_dir,
+        )
     return Path(out)
 
 
-def write_slice(parent: str | Path, bits: int, out: str | Path, overwrite: bool = False,
-                verify: bool | None = None) -> Path:  # fmt: skip
+def write_slice(
+    parent: str | Path, bits: int, out: str | Path, overwrite: bool = False, verify: bool | None = None
+) -> Path:
     """Write the `bits`-bit slice of the parent at `parent` as its own, smaller checkpoint (only that width's codes
     and scales); it records the parent it came from. `verify`: as read_checkpoint's."""
     ckpt = read_checkpoint(parent, verify=verify)
@@ -179,12 +209,18 @@ def _layer_widths(where: Path, meta: dict, shapes: dict, bits: int, shift: int) 
     if "layer_bits" not in meta:
         return dict.fromkeys(shapes, bits)
     widths = meta["layer_bits"]
-    ok = (isinstance(widths, dict) and set(widths) == set(shapes) and shift == 0
-          and all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= 8 for r in widths.values())
-          and max(widths.values(), default=bits) == bits)  # fmt: skip
+    ok = (
+        isinstance(widths, dict)
+        and set(widths) == set(shapes)
+        and shift == 0
+        and all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= 8 for r in widths.values())
+        and max(widths.values(), default=bits) == bits
+    )
     if not ok:
-        raise UserError(f"{where}: `layer_bits` must give every layer a width 1..8, the widest `stored_bits`, with "
-                        "shift 0; the checkpoint is damaged")  # fmt: skip
+        raise UserError(
+            f"{where}: `layer_bits` must give every layer a width 1..8, the widest `stored_bits`, with "
+            "shift 0; the checkpoint is damaged"
+        )
     return widths
 
 
@@ -194,12 +230,21 @@ def _check_quantization(where: Path, meta: dict) -> None:
     if not isinstance(q, dict):
         raise UserError(f"{where}: `quantization` must be an object; the checkpoint is damaged")
     g = q.get("group_size", -1)
-    bad = (not isinstance(g, int) or isinstance(g, bool) or g == 0 or g < -1
-           or not isinstance(q.get("sym", True), bool) or not isinstance(q.get("act_order", False), bool)
-           or not isinstance(q.get("skip", []), list) or not all(isinstance(x, str) for x in q.get("skip", [])))  # fmt: skip
+    bad = (
+        not isinstance(g, int)
+        or isinstance(g, bool)
+        or g == 0
+        or g < -1
+        or not isinstance(q.get("sym", True), bool)
+        or not isinstance(q.get("act_order", False), bool)
+        or not isinstance(q.get("skip", []), list)
+        or not all(isinstance(x, str) for x in q.get("skip", []))
+    )
     if bad:
-        raise UserError(f"{where}: the `quantization` record has a value of the wrong type or range "
-                        "(group_size, sym, act_order, skip); the checkpoint is damaged, re-create it")  # fmt: skip
+        raise UserError(
+            f"{where}: the `quantization` record has a value of the wrong type or range "
+            "(group_size, sym, act_order, skip); the checkpoint is damaged, re-create it"
+        )
 
 
 def read_layer(where: Path, raw: dict, name: str, n: int, k: int, bits: int, shift: int) -> QuantizedWeight:
@@ -224,12 +269,20 @@ def read_layer(where: Path, raw: dict, name: str, n: int, k: int, bits: int, shi
         s = take(raw, width_scale_name(name, r), torch.float16, (n, groups), where, optional=True)
         if s is not None:
             if not bool(torch.isfinite(s).all()) or bool((s == 0).any()):
-                raise UserError(f"{where}: {width_scale_name(name, r)} holds zero, NaN or Inf; the checkpoint is damaged")
+                raise UserError(
+                    f"{where}: {width_scale_name(name, r)} holds zero, NaN or Inf; the checkpoint is damaged"
+                )
             width_scales[r] = s
     return QuantizedWeight(
-        codes=unpack_bits(codes, bits, k), scales=scales, zeros=zeros, g_idx=g_idx, bits=bits, shift=shift,
-        perm=None if perm is None else perm.long(), width_scales=width_scales or None,
-    )  # fmt: skip
+        codes=unpack_bits(codes, bits, k),
+        scales=scales,
+        zeros=zeros,
+        g_idx=g_idx,
+        bits=bits,
+        shift=shift,
+        perm=None if perm is None else perm.long(),
+        width_scales=width_scales or None,
+    )
 
 
 @dataclass
@@ -255,7 +308,9 @@ def read_layout(path: str | Path) -> Layout:
     fix = "the checkpoint is damaged or incomplete, re-create it"
     meta, config = read_json(meta_path, fix), read_json(p / "config.json", fix)
     if meta.get("format") != FORMAT:
-        raise UserError(f"{meta_path} says format {meta.get('format')!r}, not {FORMAT!r}; it is not a matgptq checkpoint")
+        raise UserError(
+            f"{meta_path} says format {meta.get('format')!r}, not {FORMAT!r}; it is not a matgptq checkpoint"
+        )
     version = meta.get("format_version")
     if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
         raise UserError(f"{p} holds format {FORMAT} v{version}; this matgptq reads up to v{FORMAT_VERSION}: upgrade it")
@@ -277,8 +332,14 @@ def read_checkpoint(path: str | Path, layers_only: bool = False, verify: bool | 
     files against its recorded checksum (v4 files; checksums.py), those not kept included; None: unless inside
     `checksums.trusted()`."""
     layout = read_layout(path)
-    p, meta, config, shapes, widths, shift = (layout.path, layout.meta, layout.config, layout.shapes, layout.widths,
-                                              layout.shift)  # fmt: skip
+    p, meta, config, shapes, widths, shift = (
+        layout.path,
+        layout.meta,
+        layout.config,
+        layout.shapes,
+        layout.widths,
+        layout.shift,
+    )
     sharded = (p / INDEX_FILE).is_file()
     weights = p / (INDEX_FILE if sharded else WEIGHTS_FILE)
     keep = (lambda k: LAYER_TENSOR.search(k) is not None and LAYER_TENSOR.sub("", k) in shapes) if layers_only else None
@@ -288,8 +349,9 @@ def read_checkpoint(path: str | Path, layers_only: bool = False, verify: bool | 
     layers = {name: read_layer(weights, raw, name, n, k, widths[name], shift) for name, (n, k) in shapes.items()}
     stray = next((k for k in raw if k.endswith(".codes")), None)  # a layer's codes whose layer `layers` lacks
     if stray is not None:
-        raise UserError(f"{weights}: {stray} belongs to no layer of {META_FILE}'s `layers`; the checkpoint is damaged, "
-                        "re-create it")  # fmt: skip
+        raise UserError(
+            f"{weights}: {stray} belongs to no layer of {META_FILE}'s `layers`; the checkpoint is damaged, re-create it"
+        )
     return Checkpoint(meta, config, layers, raw, p)
 
 
@@ -297,8 +359,11 @@ def _verify(weights: Path, raw: dict[str, torch.Tensor], sums: dict[str, str], w
     """The tensors read, then the files' others one at a time (a `layers_only` read), against their checksums; the
     files must hold every tensor recorded."""
     checksums.verify(weights, raw, sums)
-    files = {k: weights.parent / f for k, f in weight_map.items()} if weight_map else \
-        dict.fromkeys(read_header(weights, _FIX), weights)  # fmt: skip
+    files = (
+        {k: weights.parent / f for k, f in weight_map.items()}
+        if weight_map
+        else dict.fromkeys(read_header(weights, _FIX), weights)
+    )
     checksums.complete(weights, files, sums)
     for name in sorted(set(files) - set(raw)):
         checksums.verify(files[name], read_tensors(files[name], _FIX, lambda k, n=name: k == n), sums)

@@ -44,8 +44,15 @@ class QuantizedWeight:
             return self
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         scales = {r: move(t) for r, t in self.width_scales.items()} if self.width_scales else None
-        return replace(self, codes=move(self.codes), scales=move(self.scales), zeros=move(self.zeros),
-                       g_idx=move(self.g_idx), perm=move(self.perm), width_scales=scales)  # fmt: skip
+        return replace(
+            self,
+            codes=move(self.codes),
+            scales=move(self.scales),
+            zeros=move(self.zeros),
+            g_idx=move(self.g_idx),
+            perm=move(self.perm),
+            width_scales=scales,
+        )
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         idx = self.g_idx.long()
@@ -62,8 +69,14 @@ class QuantizedWeight:
         if not 2 <= bits <= self.bits:
             raise ValueError(f"cannot slice {bits} bits out of a {self.bits}-bit parent (use 2..{self.bits})")
         scales = self.width_scales[bits] if self.width_scales and bits in self.width_scales else self.scales
-        return replace(self, codes=slice_codes(self.codes, self.bits, bits), scales=scales, bits=bits,
-                       shift=self.bits - bits, width_scales=None)  # fmt: skip
+        return replace(
+            self,
+            codes=slice_codes(self.codes, self.bits, bits),
+            scales=scales,
+            bits=bits,
+            shift=self.bits - bits,
+            width_scales=None,
+        )
 
 
 def width_scale_name(name: str, bits: int) -> str:

@@ -27,7 +27,7 @@ from ..errors import UserError
 from ..fsutil import atomic_output, replace_file
 from ..untrusted import read_header, read_tensors
 from . import checksums
-from .parent import INDEX_FILE, TENSOR_METADATA, WEIGHTS_FILE, read_layer, write_dir, layer_tensors
+from .parent import INDEX_FILE, TENSOR_METADATA, WEIGHTS_FILE, layer_tensors, read_layer, write_dir
 from .quantized import QuantizedWeight
 from .streamed import Entry, Group, entries_of, write_streamed
 
@@ -55,8 +55,11 @@ class StagedCheckpoint:
         for name, q in layers.items():
             out.update(layer_tensors(name, q))
         self.dir.mkdir(parents=True, exist_ok=True)
-        replace_file(self.path(block), lambda tmp: save_file(out, str(tmp), metadata=TENSOR_METADATA),
-                     "run the same command with --resume to continue from the last finished block")  # fmt: skip
+        replace_file(
+            self.path(block),
+            lambda tmp: save_file(out, str(tmp), metadata=TENSOR_METADATA),
+            "run the same command with --resume to continue from the last finished block",
+        )
 
     def read_layers(self, block: int, width: Callable[[str], int]) -> dict[str, QuantizedWeight]:
         """The quantized layers of a written block (`width(name)`: a layer's stored width), checked as a
@@ -64,12 +67,25 @@ class StagedCheckpoint:
         where = self.path(block)
         raw = read_tensors(where, self.fix)
         names = sorted(k[: -len(".codes")] for k in raw if k.endswith(".codes"))
-        return {n: read_layer(where, raw, n, raw[f"{n}.codes"].shape[0], raw[f"{n}.g_idx"].shape[0], width(n), 0)
-                for n in names if f"{n}.g_idx" in raw}  # fmt: skip
+        return {
+            n: read_layer(where, raw, n, raw[f"{n}.codes"].shape[0], raw[f"{n}.g_idx"].shape[0], width(n), 0)
+            for n in names
+            if f"{n}.g_idx" in raw
+        }
 
-    def assemble(self, out: str | Path, n_blocks: int, config: dict, tensors: dict[str, torch.Tensor],
-                 layers: dict[str, list[int]], layer_bits: dict[str, int], meta: dict, tokenizer_dir: str | Path | None,
-                 overwrite: bool = False, shard_bytes: int = SHARD_BYTES) -> Path:  # fmt: skip
+    def assemble(
+        self,
+        out: str | Path,
+        n_blocks: int,
+        config: dict,
+        tensors: dict[str, torch.Tensor],
+        layers: dict[str, list[int]],
+        layer_bits: dict[str, int],
+        meta: dict,
+        tokenizer_dir: str | Path | None,
+        overwrite: bool = False,
+        shard_bytes: int = SHARD_BYTES,
+    ) -> Path:
         """The checkpoint directory `out` from the tensors outside the blocks and blocks 0..n_blocks−1's files.
         `layers`: each quantized layer's [out, in] shape, in pipeline order (the parent's layer order);
         `layer_bits`: its stored width."""
@@ -85,8 +101,12 @@ class StagedCheckpoint:
             return tensors
 
         groups = [Group(entries_of(outside), lambda: summed(outside))] + [
-            Group([Entry(k, dtype, shape) for k, (dtype, shape) in h.items()],
-                  lambda i=i: summed(read_tensors(self.path(i), self.fix))) for i, h in enumerate(headers)]  # fmt: skip
+            Group(
+                [Entry(k, dtype, shape) for k, (dtype, shape) in h.items()],
+                lambda i=i: summed(read_tensors(self.path(i), self.fix)),
+            )
+            for i, h in enumerate(headers)
+        ]
         sizes = [sum(e.nbytes for e in g.entries) for g in groups]
         shards: list[list[int]] = []  # source 0 = `tensors`, source i + 1 = block i
         size = 0
@@ -96,8 +116,11 @@ class StagedCheckpoint:
                 size = 0
             shards[-1].append(source)
             size += n
-        names = [WEIGHTS_FILE] if len(shards) == 1 else \
-            [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]  # fmt: skip
+        names = (
+            [WEIGHTS_FILE]
+            if len(shards) == 1
+            else [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+        )
         weight_map: dict[str, str] = {}
         total = 0
         with atomic_output(out, overwrite, size=sum(sizes)) as tmp:

@@ -68,9 +68,10 @@ def _checkpoint_dir(checkpoint_files: list[str] | None, config) -> Path:
 
             hf_hub_download(repo, META_FILE, revision=getattr(config, "_commit_hash", None) or where.name)
         except Exception as e:  # noqa: BLE001 — any failure is one line: the file is required
-            raise UserError(f"{where} has no {META_FILE} and it could not be fetched for {repo or 'this model'} "
-                            f"({type(e).__name__}); download the whole checkpoint and give its directory"
-                            ) from None  # fmt: skip
+            raise UserError(
+                f"{where} has no {META_FILE} and it could not be fetched for {repo or 'this model'} "
+                f"({type(e).__name__}); download the whole checkpoint and give its directory"
+            ) from None
     return where
 
 
@@ -82,8 +83,13 @@ def _config_class():
         the stored width), a {layer: bits} mix ("*" = default) or the path of a mix JSON file (as `matgptq search`
         writes); None keeps the stored widths. `packed` as in `matgptq.load` (None: packed where that wins)."""
 
-        def __init__(self, bits: int | dict[str, int] | str | Path | None = None, packed: bool | None = None,
-                     stored_bits: int | None = None, **kwargs) -> None:  # fmt: skip
+        def __init__(
+            self,
+            bits: int | dict[str, int] | str | Path | None = None,
+            packed: bool | None = None,
+            stored_bits: int | None = None,
+            **kwargs,
+        ) -> None:
             self.quant_method = METHOD
             self.bits = str(bits) if isinstance(bits, Path) else bits
             self.packed = packed
@@ -121,8 +127,10 @@ def _quantizer_class():
 
         def validate_environment(self, *args, **kwargs) -> None:
             if not self.pre_quantized:
-                raise UserError("matgptq quantizes with its own command, not inside from_pretrained: run `matgptq "
-                                "quantize MODEL --out DIR`, then from_pretrained(DIR)")  # fmt: skip
+                raise UserError(
+                    "matgptq quantizes with its own command, not inside from_pretrained: run `matgptq "
+                    "quantize MODEL --out DIR`, then from_pretrained(DIR)"
+                )
 
         def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
             # the quantized layers only: transformers loads the other tensors itself. On the CPU: transformers calls
@@ -145,8 +153,9 @@ def _quantizer_class():
         def _process_model_after_weight_loading(self, model, **kwargs):
             devices = {t.device for t in model.state_dict().values()}
             if len(devices) > 1:
-                raise UserError(f"a matgptq model loads on one device, not {len(devices)}: pass device_map=None, "
-                                "'cpu' or 'cuda'")  # fmt: skip
+                raise UserError(
+                    f"a matgptq model loads on one device, not {len(devices)}: pass device_map=None, 'cpu' or 'cuda'"
+                )
             device, dtype = devices.pop(), model.get_input_embeddings().weight.dtype
             cfg = self.quantization_config
             packing = default_packing(cfg.packed, dtype, arch_spec(model).conv1d, device)
@@ -166,9 +175,11 @@ def _quantizer_class():
             return model
 
         def is_serializable(self, *args, **kwargs) -> bool:
-            raise UserError("save_pretrained cannot write a matgptq model (it would write runtime buffers, not a "
-                            "checkpoint): write a width with `matgptq slice PARENT --bits R --out DIR`, or a mix for "
-                            "other runtimes with `matgptq export PARENT --bits-config MIX ...`")  # fmt: skip
+            raise UserError(
+                "save_pretrained cannot write a matgptq model (it would write runtime buffers, not a "
+                "checkpoint): write a width with `matgptq slice PARENT --bits R --out DIR`, or a mix for "
+                "other runtimes with `matgptq export PARENT --bits-config MIX ...`"
+            )
 
         @property
         def is_trainable(self) -> bool:

@@ -46,14 +46,18 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..formats import Checkpoint, QuantizedWeight
-from ..formats import checksums
+from ..formats import Checkpoint, QuantizedWeight, checksums
 from ..formats.parent import LAYER_TENSOR, META_FILE, WEIGHTS_FILE, Layout, read_layer, read_layout
 from ..runtime import resolve_bits
 
 METHOD = "matgptq"
-FIELDS = {"codes": torch.uint8, "scales": torch.float16, "zeros": torch.uint8, "g_idx": torch.int32,
-          "perm": torch.int32}  # a stored layer's tensors (formats/parent.py) besides its per-width scales
+FIELDS = {
+    "codes": torch.uint8,
+    "scales": torch.float16,
+    "zeros": torch.uint8,
+    "g_idx": torch.int32,
+    "perm": torch.int32,
+}  # a stored layer's tensors (formats/parent.py) besides its per-width scales
 WIDTH_SCALES = re.compile(r"\.scales\.(\d)$")  # <name>.scales.<r> → <name>.scales_<r>: a parameter name has no dot
 QKV = {"q": 0, "k": 1, "v": 2}  # vLLM's shard ids of a fused q/k/v layer, in packed_modules_mapping's order
 
@@ -67,9 +71,10 @@ def checkpoint_dir(model: str, revision: str | None) -> Path:
 
         return Path(snapshot_download(model, revision=revision, allow_patterns=[META_FILE, "config.json"]))
     except Exception as e:  # noqa: BLE001 — any failure is one line: the file is required
-        raise UserError(f"vLLM's model {model} is no directory and its {META_FILE} could not be fetched "
-                        f"({type(e).__name__}); download the whole checkpoint and give its directory"
-                        ) from None  # fmt: skip
+        raise UserError(
+            f"vLLM's model {model} is no directory and its {META_FILE} could not be fetched "
+            f"({type(e).__name__}); download the whole checkpoint and give its directory"
+        ) from None
 
 
 def requested_bits(quantization_config: dict, layout: Layout):
@@ -85,9 +90,14 @@ def resolve_widths(spec, layout: Layout) -> dict[str, int]:
     a checkpoint of meta tensors: only the layout is known here, and no tensor is read."""
     layers, meta = {}, partial(torch.empty, device="meta")
     for name, (n, k) in layout.shapes.items():
-        layers[name] = QuantizedWeight(codes=meta(n, k, dtype=torch.uint8), scales=meta(n, 1, dtype=torch.float16),
-                                       zeros=meta(n, 1, dtype=torch.uint8), g_idx=meta(k, dtype=torch.int32),
-                                       bits=layout.widths[name], shift=layout.shift)  # fmt: skip
+        layers[name] = QuantizedWeight(
+            codes=meta(n, k, dtype=torch.uint8),
+            scales=meta(n, 1, dtype=torch.float16),
+            zeros=meta(n, 1, dtype=torch.uint8),
+            g_idx=meta(k, dtype=torch.int32),
+            bits=layout.widths[name],
+            shift=layout.shift,
+        )
     return resolve_bits(spec, Checkpoint(layout.meta, layout.config, layers, {}, layout.path))
 
 
@@ -106,16 +116,20 @@ def quantized_names(config, prefix: str, other: str | None) -> list[str] | None:
     layers = config.layout.shapes
     if other is not None:
         if any(n == prefix or n.startswith(prefix + ".") for n in layers):
-            raise UserError(f"{prefix} is a quantized {other} in vLLM; the matgptq plugin serves quantized Linear "
-                            "layers only (no mixture-of-experts, no lm_head)")  # fmt: skip
+            raise UserError(
+                f"{prefix} is a quantized {other} in vLLM; the matgptq plugin serves quantized Linear "
+                "layers only (no mixture-of-experts, no lm_head)"
+            )
         return None
     names = [config.renamed.get(n, n) for n in layer_names(prefix, config.packed_modules_mapping)]
     quantized = [n in layers for n in names]
     if not any(quantized):
         return None
     if not all(quantized):
-        raise UserError(f"vLLM runs {names} as one layer ({prefix}), and the checkpoint quantizes only some of them; "
-                        "re-quantize them together")  # fmt: skip
+        raise UserError(
+            f"vLLM runs {names} as one layer ({prefix}), and the checkpoint quantizes only some of them; "
+            "re-quantize them together"
+        )
     return names
 
 
@@ -147,10 +161,25 @@ def _linear_method_class():
             self.raw: dict[str, torch.Tensor] = {}
             self.shard_ids: dict[int, object] = {}
 
-        def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
-                           params_dtype, **extra_weight_attrs):  # fmt: skip
-            super().create_weights(layer, input_size_per_partition, output_partition_sizes, input_size,
-                                   output_size, params_dtype, **extra_weight_attrs)  # fmt: skip
+        def create_weights(
+            self,
+            layer,
+            input_size_per_partition,
+            output_partition_sizes,
+            input_size,
+            output_size,
+            params_dtype,
+            **extra_weight_attrs,
+        ):
+            super().create_weights(
+                layer,
+                input_size_per_partition,
+                output_partition_sizes,
+                input_size,
+                output_size,
+                params_dtype,
+                **extra_weight_attrs,
+            )
             widths = [self.config.layout.widths[n] for n in self.names]
             fields = {**FIELDS, **{f"scales_{r}": torch.float16 for r in range(2, max(widths))}}
             for field, dtype in fields.items():
@@ -171,8 +200,9 @@ def _linear_method_class():
         def process_weights_after_loading(self, layer) -> None:
             weight = layer.weight
             for index, name in enumerate(self.names):
-                w = dense_shard(self.raw, self.config.layout, name, self.config.widths[name], weight.dtype,
-                                weight.device)  # fmt: skip
+                w = dense_shard(
+                    self.raw, self.config.layout, name, self.config.widths[name], weight.dtype, weight.device
+                )
                 shard = self.shard_ids.get(index)
                 weight.weight_loader(weight, w) if shard is None else weight.weight_loader(weight, w, shard)
             self.raw.clear()

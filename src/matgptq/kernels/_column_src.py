@@ -34,8 +34,9 @@ def column_step(w, scale, zero, diag, codes, err, N, MAXQ: tl.constexpr, BLOCK: 
 
 
 @triton.jit
-def per_width_step(w, scale, zero, diag, cells, lam, table, codes, err, N, NCELLS, CSTRIDE, T: tl.constexpr,
-                   BLOCK: tl.constexpr):  # fmt: skip
+def per_width_step(
+    w, scale, zero, diag, cells, lam, table, codes, err, N, NCELLS, CSTRIDE, T: tl.constexpr, BLOCK: tl.constexpr
+):
     """MatGPTQ's per-width column (multibit.PerWidthRounding._search_all, then residual_tracks and the division): the
     cell search in float64 over the NCELLS columns of `cells` (rows lo, hi, Σλ_rD_r², λ_rD_r; row stride CSTRIDE),
     the first minimiser kept, then each track's error. Operations in torch's order, each rounded on its own (a float64

@@ -6,9 +6,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+
 @triton.jit
-def _weight_tile(planes, scales, zeros, offs_k, offs_n, K, N, K32,
-                 BITS: tl.constexpr, C: tl.constexpr, GS: tl.constexpr, CARRY: tl.constexpr):  # fmt: skip
+def _weight_tile(
+    planes,
+    scales,
+    zeros,
+    offs_k,
+    offs_n,
+    K,
+    N,
+    K32,
+    BITS: tl.constexpr,
+    C: tl.constexpr,
+    GS: tl.constexpr,
+    CARRY: tl.constexpr,
+):
     """The float32 weight tile [BLOCK_K, BLOCK_N] of width BITS, any group size (triton_nested.py, generic path)."""
     mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
     word = (offs_k // 32)[:, None] * N + offs_n[None, :]
@@ -56,8 +69,18 @@ def _lanes(planes, word, mask, carry, b, K32, N, BITS: tl.constexpr, LANES: tl.c
 
 
 @triton.jit
-def _all_lanes(planes, word, mask, K32, N, BITS: tl.constexpr, C: tl.constexpr, CARRY: tl.constexpr,
-               LB: tl.constexpr, LANES: tl.constexpr):  # fmt: skip
+def _all_lanes(
+    planes,
+    word,
+    mask,
+    K32,
+    N,
+    BITS: tl.constexpr,
+    C: tl.constexpr,
+    CARRY: tl.constexpr,
+    LB: tl.constexpr,
+    LANES: tl.constexpr,
+):
     """`_lanes` for every b < LB at once (unused ones zero), each plane and the carry plane loaded once: the planes'
     loop outside, the LB Horner accumulators inside (HOIST), the saturation mask built from the same words."""
     s0 = tl.zeros(word.shape, dtype=tl.int32)
@@ -130,10 +153,30 @@ def _lane_at(s, hi, j: tl.constexpr, LB: tl.constexpr):
 
 
 @triton.jit
-def gemv(x, planes, scales, zeros, y, M, K, N, K32, BITS: tl.constexpr, C: tl.constexpr, GS: tl.constexpr,
-         CARRY: tl.constexpr, WORDS: tl.constexpr, LB: tl.constexpr, LANES: tl.constexpr, SPLIT_K: tl.constexpr,
-         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INPLACE: tl.constexpr, EVEN: tl.constexpr,
-         HOIST: tl.constexpr):  # fmt: skip
+def gemv(
+    x,
+    planes,
+    scales,
+    zeros,
+    y,
+    M,
+    K,
+    N,
+    K32,
+    BITS: tl.constexpr,
+    C: tl.constexpr,
+    GS: tl.constexpr,
+    CARRY: tl.constexpr,
+    WORDS: tl.constexpr,
+    LB: tl.constexpr,
+    LANES: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INPLACE: tl.constexpr,
+    EVEN: tl.constexpr,
+    HOIST: tl.constexpr,
+):
     """One row m of x against BLOCK_N outputs; the word path keeps every tensor [BLOCK_K / 32, BLOCK_N]. INPLACE:
     lanes decoded where they lie (_lane_at), x pre-scaled per lane; EVEN: K32 a multiple of BLOCK_K / 32, N of
     BLOCK_N and x padded to K32·32 columns, so no load needs a mask; HOIST: each plane word loaded once
@@ -188,9 +231,29 @@ def gemv(x, planes, scales, zeros, y, M, K, N, K32, BITS: tl.constexpr, C: tl.co
 
 
 @triton.jit
-def gemm(x, planes, scales, zeros, y, M, K, N, K32, BITS: tl.constexpr, C: tl.constexpr, GS: tl.constexpr,
-         CARRY: tl.constexpr, WORDS: tl.constexpr, LB: tl.constexpr, LANES: tl.constexpr, BLOCK_M: tl.constexpr,
-         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, HOIST: tl.constexpr):  # fmt: skip
+def gemm(
+    x,
+    planes,
+    scales,
+    zeros,
+    y,
+    M,
+    K,
+    N,
+    K32,
+    BITS: tl.constexpr,
+    C: tl.constexpr,
+    GS: tl.constexpr,
+    CARRY: tl.constexpr,
+    WORDS: tl.constexpr,
+    LB: tl.constexpr,
+    LANES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    IEEE: tl.constexpr,
+    HOIST: tl.constexpr,
+):
     """BLOCK_M rows against BLOCK_N outputs; the word path makes one product per lane (j, b): x's columns
     32w + LB·j + b [BLOCK_M, BLOCK_K / 32] times that lane's weights [BLOCK_K / 32, BLOCK_N] (BLOCK_K ≥ 512). (Joining
     the 32 lanes' tiles into one [BLOCK_K, BLOCK_N] product per block, x gathered to match, was slower:
@@ -218,14 +281,18 @@ def gemm(x, planes, scales, zeros, y, M, K, N, K32, BITS: tl.constexpr, C: tl.co
                     s = _lanes(planes, word, mask, carry, b, K32, N, BITS, LANES)
                 for j in tl.static_range(32 // LB):
                     cols = offs_w * 32 + LB * j + b
-                    xt = tl.load(x + offs_m[:, None] * K + cols[None, :],
-                                 mask=(offs_m[:, None] < M) & (cols[None, :] < K), other=0.0)  # fmt: skip
+                    xt = tl.load(
+                        x + offs_m[:, None] * K + cols[None, :],
+                        mask=(offs_m[:, None] < M) & (cols[None, :] < K),
+                        other=0.0,
+                    )
                     w = sc * (_lane_float(s, j, LB) * (1 << (C - BITS)) - z)
                     acc = _dot(acc, xt, w, IEEE)
         else:
             cols = k0 + tl.arange(0, BLOCK_K)
-            xt = tl.load(x + offs_m[:, None] * K + cols[None, :], mask=(offs_m[:, None] < M) & (cols[None, :] < K),
-                         other=0.0)  # fmt: skip
+            xt = tl.load(
+                x + offs_m[:, None] * K + cols[None, :], mask=(offs_m[:, None] < M) & (cols[None, :] < K), other=0.0
+            )
             acc = _dot(acc, xt, _weight_tile(planes, scales, zeros, cols, offs_n, K, N, K32, BITS, C, GS, CARRY), IEEE)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(y + offs_m[:, None] * N + offs_n[None, :], acc.to(y.dtype.element_ty), mask=mask)

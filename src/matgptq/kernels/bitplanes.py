@@ -67,20 +67,31 @@ class NestedLayout:
 
     def check(self, bits: int) -> None:
         if bits not in self.widths and self.sliced:
-            raise UserError(f"this layout holds a {self.widths[0]}-bit slice and serves no other width ({bits} "
-                            "asked); build it from the parent to switch widths")  # fmt: skip
+            raise UserError(
+                f"this layout holds a {self.widths[0]}-bit slice and serves no other width ({bits} "
+                "asked); build it from the parent to switch widths"
+            )
         if bits not in self.widths:
             have = self.widths
-            raise UserError(f"this nested layout holds {self.planes.shape[0]} of the {self.master_bits} bit planes and "
-                            f"serves widths {have[0]}..{have[-1]}, not {bits}; rebuild it with "
-                            f"NestedLayout.build(parent, widths=[..., {bits}])")  # fmt: skip
+            raise UserError(
+                f"this nested layout holds {self.planes.shape[0]} of the {self.master_bits} bit planes and "
+                f"serves widths {have[0]}..{have[-1]}, not {bits}; rebuild it with "
+                f"NestedLayout.build(parent, widths=[..., {bits}])"
+            )
 
     def to(self, device: torch.device | str) -> "NestedLayout":
         """The same layout with its tensors on `device`."""
         perm = None if self.perm is None else self.perm.to(device)
-        return NestedLayout(self.planes.to(device), {r: s.to(device) for r, s in self.scales.items()},
-                            self.zeros.to(device), self.group_size, self.master_bits, self.in_features, perm,
-                            self.sliced)  # fmt: skip
+        return NestedLayout(
+            self.planes.to(device),
+            {r: s.to(device) for r, s in self.scales.items()},
+            self.zeros.to(device),
+            self.group_size,
+            self.master_bits,
+            self.in_features,
+            perm,
+            self.sliced,
+        )
 
     def scale(self, bits: int) -> torch.Tensor:
         return self.scales[bits] if bits in self.scales else self.scales[self.master_bits]
@@ -91,8 +102,10 @@ class NestedLayout:
         or of an r-bit slice (shift > 0: its r planes, serving r alone; `widths` must then be None or (r,))."""
         c = parent.master_bits
         if parent.shift and tuple(widths or (parent.bits,)) != (parent.bits,):
-            raise UserError(f"a nested layout serving several widths is built from a parent; this weight is already a "
-                            f"{parent.bits}-bit slice: load the parent checkpoint")  # fmt: skip
+            raise UserError(
+                f"a nested layout serving several widths is built from a parent; this weight is already a "
+                f"{parent.bits}-bit slice: load the parent checkpoint"
+            )
         widths = tuple(widths or (parent.bits,))
         bad = [r for r in widths if not 1 <= r <= c]
         if bad:
@@ -104,8 +117,10 @@ class NestedLayout:
         counts = torch.bincount(g)
         gs = int(counts[0])
         if (counts[:-1] != gs).any() or int(counts[-1]) > gs:
-            raise UserError("a nested layout needs equal groups (every group but the last of the same size); this "
-                            "layer's g_idx has uneven groups: re-quantize without --no-static-groups")
+            raise UserError(
+                "a nested layout needs equal groups (every group but the last of the same size); this "
+                "layer's g_idx has uneven groups: re-quantize without --no-static-groups"
+            )
         codes = parent.codes[:, perm].to(torch.int64)
         k32 = -(-k // 32)
         codes = torch.nn.functional.pad(codes, (0, k32 * 32 - k))  # [N, K32*32], zero columns never loaded
@@ -120,8 +135,16 @@ class NestedLayout:
         for r, s in (parent.width_scales or {}).items():
             scales[r] = s.t().contiguous()
         sorted_already = torch.equal(perm, torch.arange(k, device=dev))
-        return cls(torch.stack(planes).contiguous(), scales, parent.zeros.t().contiguous(), gs, c, k,
-                   None if sorted_already else perm, sliced=bool(parent.shift))  # fmt: skip
+        return cls(
+            torch.stack(planes).contiguous(),
+            scales,
+            parent.zeros.t().contiguous(),
+            gs,
+            c,
+            k,
+            None if sorted_already else perm,
+            sliced=bool(parent.shift),
+        )
 
     def slice_codes(self, bits: int) -> torch.Tensor:
         """S(q, r) [N, K] (int32, the original column order) read from planes 0..r as in the module doc (torch)."""

@@ -37,25 +37,57 @@ def _triton() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def column_step(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, diag: torch.Tensor, maxq: int,
-                codes: torch.Tensor, err: torch.Tensor) -> None:  # fmt: skip
+def column_step(
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    diag: torch.Tensor,
+    maxq: int,
+    codes: torch.Tensor,
+    err: torch.Tensor,
+) -> None:
     """codes[:] = the column's codes, err[:] = its error divided by `diag` (a 0-d tensor, U_jj), in one launch (module
     doc); w, scale, zero, codes and err are [N]."""
     from ._column_src import column_step as kernel
 
     n = w.numel()
-    kernel[(-(-n // BLOCK),)](w, scale, zero, diag, codes, err, n, MAXQ=float(maxq), BLOCK=BLOCK,
-                              enable_fp_fusion=False)  # fmt: skip
+    kernel[(-(-n // BLOCK),)](
+        w, scale, zero, diag, codes, err, n, MAXQ=float(maxq), BLOCK=BLOCK, enable_fp_fusion=False
+    )
 
 
-def per_width_step(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, diag: torch.Tensor, cells: torch.Tensor,
-                   n_cells: int, lam: torch.Tensor, table: torch.Tensor, codes: torch.Tensor,
-                   err: torch.Tensor) -> None:  # fmt: skip
+def per_width_step(
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    diag: torch.Tensor,
+    cells: torch.Tensor,
+    n_cells: int,
+    lam: torch.Tensor,
+    table: torch.Tensor,
+    codes: torch.Tensor,
+    err: torch.Tensor,
+) -> None:
     """codes[:] = the column's shared codes [N], err[:] = its T tracks' errors divided by `diag` [T·N], for the track
     weights w [T·N] (track t at t·N), in one launch; `cells` float64 [3 + T − 1, ≥ n_cells] (PerWidthRounding's cell
     table), `lam` float64 [T], `table` int32 [2^c, T] (the positions D_t(q))."""
     from ._column_src import per_width_step as kernel
 
     n, tracks = codes.numel(), lam.numel()
-    kernel[(-(-n // BLOCK),)](w, scale, zero, diag, cells, lam, table, codes, err, n, n_cells, cells.stride(0),
-                              T=tracks, BLOCK=BLOCK, enable_fp_fusion=False)  # fmt: skip
+    kernel[(-(-n // BLOCK),)](
+        w,
+        scale,
+        zero,
+        diag,
+        cells,
+        lam,
+        table,
+        codes,
+        err,
+        n,
+        n_cells,
+        cells.stride(0),
+        T=tracks,
+        BLOCK=BLOCK,
+        enable_fp_fusion=False,
+    )

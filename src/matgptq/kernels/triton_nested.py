@@ -115,14 +115,21 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def nested_matmul(x: torch.Tensor, layout: NestedLayout, bits: int, kernel: NestedKernel = NestedKernel.AUTO,
-                  tiles: Tiles | None = None) -> torch.Tensor:  # fmt: skip
+def nested_matmul(
+    x: torch.Tensor,
+    layout: NestedLayout,
+    bits: int,
+    kernel: NestedKernel = NestedKernel.AUTO,
+    tiles: Tiles | None = None,
+) -> torch.Tensor:
     """x [..., K] → x Ŵ_rᵀ [..., N] through the Triton kernels (CUDA tensors, or any under TRITON_INTERPRET=1)."""
     layout.check(bits)
     if not x.is_cuda and not interpreting():
-        raise UserError("the nested Triton kernels need a CUDA GPU (this tensor is on "
-                        f"{x.device}); on CPU load with packed=True (the int4 CPU path) or set TRITON_INTERPRET=1 "
-                        "to run them in Triton's (slow) interpreter")  # fmt: skip
+        raise UserError(
+            "the nested Triton kernels need a CUDA GPU (this tensor is on "
+            f"{x.device}); on CPU load with packed=True (the int4 CPU path) or set TRITON_INTERPRET=1 "
+            "to run them in Triton's (slow) interpreter"
+        )
     if x.shape[-1] != layout.in_features:
         raise UserError(f"the input has {x.shape[-1]} features, the layer {layout.in_features}")
     triton, gemv, gemm = _kernels()
@@ -145,9 +152,19 @@ def nested_matmul(x: torch.Tensor, layout: NestedLayout, bits: int, kernel: Nest
     lb = 4 if bits <= 4 else 8
     # the generic path holds a float tile [BLOCK_K, BLOCK_N]: a word path's long K block would overflow shared memory
     block_k = t.block_k if words else min(t.block_k, GENERIC_BLOCK_K)
-    common = dict(BITS=bits, C=layout.master_bits, GS=layout.group_size, CARRY=layout.carry, WORDS=words, LB=lb,
-                  LANES=0x11111111 if lb == 4 else 0x01010101, BLOCK_N=t.block_n, BLOCK_K=block_k, HOIST=t.hoist,
-                  num_warps=t.num_warps)  # fmt: skip
+    common = dict(
+        BITS=bits,
+        C=layout.master_bits,
+        GS=layout.group_size,
+        CARRY=layout.carry,
+        WORDS=words,
+        LB=lb,
+        LANES=0x11111111 if lb == 4 else 0x01010101,
+        BLOCK_N=t.block_n,
+        BLOCK_K=block_k,
+        HOIST=t.hoist,
+        num_warps=t.num_warps,
+    )
     args = (x2, planes, scales, zeros)
     if kernel == NestedKernel.GEMV:
         k32 = planes.shape[1]
@@ -156,12 +173,22 @@ def nested_matmul(x: torch.Tensor, layout: NestedLayout, bits: int, kernel: Nest
             x2 = torch.nn.functional.pad(x2, (0, 32 * k32 - x2.shape[1]))
         split = t.split_k or auto_split(triton.cdiv(n, t.block_n), triton.cdiv(32 * k32, block_k), _sms(dev))
         y = torch.empty(m, n, dtype=x.dtype, device=dev) if split == 1 else torch.zeros(m, n, device=dev)
-        gemv[(triton.cdiv(n, t.block_n), m, split)](x2, *args[1:], y, m, layout.in_features, n, k32, SPLIT_K=split,
-                                                     INPLACE=t.inplace, EVEN=even, **common)  # fmt: skip
+        gemv[(triton.cdiv(n, t.block_n), m, split)](
+            x2, *args[1:], y, m, layout.in_features, n, k32, SPLIT_K=split, INPLACE=t.inplace, EVEN=even, **common
+        )
         y = y.to(x.dtype)
     else:
         y = torch.empty(m, n, dtype=x.dtype, device=dev)
         grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n))
-        gemm[grid](*args, y, m, layout.in_features, n, planes.shape[1], BLOCK_M=t.block_m,
-                   IEEE=x2.dtype == torch.float32, **common)  # fmt: skip
+        gemm[grid](
+            *args,
+            y,
+            m,
+            layout.in_features,
+            n,
+            planes.shape[1],
+            BLOCK_M=t.block_m,
+            IEEE=x2.dtype == torch.float32,
+            **common,
+        )
     return y.view(*shape[:-1], n)

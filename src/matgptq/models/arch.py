@@ -56,11 +56,14 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "qwen2": ArchSpec("model.layers", _LLAMA_GROUPS),
     "qwen3": ArchSpec("model.layers", _LLAMA_GROUPS),
     "phi3": ArchSpec(
-        "model.layers",
-        (("self_attn.qkv_proj",), ("self_attn.o_proj",), ("mlp.gate_up_proj",), ("mlp.down_proj",)),
+        "model.layers", (("self_attn.qkv_proj",), ("self_attn.o_proj",), ("mlp.gate_up_proj",), ("mlp.down_proj",))
     ),
-    "gpt2": ArchSpec("transformer.h", (("attn.c_attn",), ("attn.c_proj",), ("mlp.c_fc",), ("mlp.c_proj",)), conv1d=True,
-                    attention_out="attn.c_proj"),
+    "gpt2": ArchSpec(
+        "transformer.h",
+        (("attn.c_attn",), ("attn.c_proj",), ("mlp.c_fc",), ("mlp.c_proj",)),
+        conv1d=True,
+        attention_out="attn.c_proj",
+    ),
 }
 
 
@@ -75,26 +78,38 @@ def discover(model: nn.Module, model_type: str) -> ArchSpec:
     layers, plus one layer per expert projection of fused experts (a router Linear excluded); groups are left to the
     trace."""
     n = getattr(model.config, "num_hidden_layers", None)
-    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0
-             and (n is None or len(m) == n) and len({type(b) for b in m}) == 1]  # fmt: skip
+    lists = [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.ModuleList) and len(m) > 0 and (n is None or len(m) == n) and len({type(b) for b in m}) == 1
+    ]
     if not lists:
-        raise UserError(f"no list of {n or 'identical'} decoder blocks found in the {model_type} model; it is not a "
-                        "decoder-only transformer matgptq can quantize (add an ArchSpec to models/arch.py "
-                        "ARCHITECTURES)")  # fmt: skip
+        raise UserError(
+            f"no list of {n or 'identical'} decoder blocks found in the {model_type} model; it is not a "
+            "decoder-only transformer matgptq can quantize (add an ArchSpec to models/arch.py "
+            "ARCHITECTURES)"
+        )
     blocks, block = lists[0][0], lists[0][1][0]
     experts = find_experts(block, model_type)
-    if experts and any({k for k, _ in b.named_parameters()} != {k for k, _ in block.named_parameters()}
-                       for b in lists[0][1]):  # fmt: skip
-        raise UserError(f"the {model_type} decoder blocks differ (some without experts, e.g. mlp_only_layers); "
-                        "matgptq quantizes mixture-of-experts models whose blocks are all alike")  # fmt: skip
+    if experts and any(
+        {k for k, _ in b.named_parameters()} != {k for k, _ in block.named_parameters()} for b in lists[0][1]
+    ):
+        raise UserError(
+            f"the {model_type} decoder blocks differ (some without experts, e.g. mlp_only_layers); "
+            "matgptq quantizes mixture-of-experts models whose blocks are all alike"
+        )
     conv1d = [name for name, m in block.named_modules() if type(m).__name__ == "Conv1D"]
-    linears = tuple(name for name, m in block.named_modules()
-                    if (isinstance(m, nn.Linear) and not is_router(name, m, experts)) or name in conv1d)  # fmt: skip
+    linears = tuple(
+        name
+        for name, m in block.named_modules()
+        if (isinstance(m, nn.Linear) and not is_router(name, m, experts)) or name in conv1d
+    )
     linears += tuple(name for fe in experts for name in fe.layers())
     if not linears:
         raise UserError(f"the {model_type} decoder blocks ({blocks}) hold no Linear layers to quantize")
-    return ArchSpec(blocks, None, conv1d=bool(conv1d), residual_last=False, attention_out=None, linears=linears,
-                    experts=experts)  # fmt: skip
+    return ArchSpec(
+        blocks, None, conv1d=bool(conv1d), residual_last=False, attention_out=None, linears=linears, experts=experts
+    )
 
 
 def get_blocks(model: nn.Module, spec: ArchSpec) -> nn.ModuleList:

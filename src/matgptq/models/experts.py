@@ -56,8 +56,10 @@ def find_experts(block: nn.Module, model_type: str) -> tuple[FusedExperts, ...]:
         odd = next((n for n in fused if n not in PROJECTIONS), None)
         if not known or odd or "down_proj" not in fused or len(fused) != 2:
             where = f"{path}.{odd or fused[0]}" if path else odd or fused[0]
-            raise UserError(f"{model_type} keeps {where} as a fused 3-D tensor in a layout matgptq does not know (it "
-                            "quantizes transformers' gate_up_proj/down_proj experts)")  # fmt: skip
+            raise UserError(
+                f"{model_type} keeps {where} as a fused 3-D tensor in a layout matgptq does not know (it "
+                "quantizes transformers' gate_up_proj/down_proj experts)"
+            )
         order = tuple(sorted(fused, key=PROJECTIONS.index))
         found.append(FusedExperts(path, order, module.num_experts, bool(module.is_transposed)))
     return tuple(found)
@@ -66,8 +68,9 @@ def find_experts(block: nn.Module, model_type: str) -> tuple[FusedExperts, ...]:
 def is_router(name: str, module: nn.Module, experts: tuple[FusedExperts, ...]) -> bool:
     """A Linear beside an experts module with one output per expert: the router, which stays float."""
     parent = name.rpartition(".")[0]
-    return any(parent == fe.path.rpartition(".")[0] and getattr(module, "out_features", None) == fe.count
-               for fe in experts)  # fmt: skip
+    return any(
+        parent == fe.path.rpartition(".")[0] and getattr(module, "out_features", None) == fe.count for fe in experts
+    )
 
 
 def parse(name: str, experts: tuple[FusedExperts, ...]) -> tuple[str, FusedExperts, int, str] | None:
@@ -177,7 +180,6 @@ def calibration_experts(block: nn.Module, experts: tuple[FusedExperts, ...]):
             del module.forward
 
 
-
 @contextmanager
 def experts_as_layers(blocks: nn.ModuleList, experts: tuple[FusedExperts, ...]):
     """`calibration_experts` in every block of `blocks` at once: each expert projection of the model is a module
@@ -186,6 +188,7 @@ def experts_as_layers(blocks: nn.ModuleList, experts: tuple[FusedExperts, ...]):
         for block in blocks:
             stack.enter_context(calibration_experts(block, experts))
         yield
+
 
 # Per-expert layouts of fused experts in checkpoint files (transformers' conversion_mapping.py merges them the same
 # way on load): where the files put the experts module's parent (None: where the model does), and per fused

@@ -54,8 +54,9 @@ def _first_block_inputs(model: nn.Module, block: nn.Module) -> tuple[tuple, dict
     finally:
         hook.remove()
     if not captured:
-        raise UserError("the model's forward never reached its first decoder block; matgptq cannot find the layers "
-                        "an engine fuses")  # fmt: skip
+        raise UserError(
+            "the model's forward never reached its first decoder block; matgptq cannot find the layers an engine fuses"
+        )
     return captured[0]
 
 
@@ -75,8 +76,10 @@ def block_groups(model: nn.Module) -> tuple[tuple[str, ...], ...]:
         seen = _trace(model, spec, plain)
     except (RuntimeError, NotImplementedError) as e:
         if spec.groups is None:
-            raise UserError(f"the {model.config.model_type} model's forward does not run on the meta device ({e}), "
-                            "so matgptq cannot find the layers an engine fuses") from None  # fmt: skip
+            raise UserError(
+                f"the {model.config.model_type} model's forward does not run on the meta device ({e}), "
+                "so matgptq cannot find the layers an engine fuses"
+            ) from None
         seen = [(n, group) for group in spec.groups for n in group]
     groups: list[tuple[list[str], object, str]] = []
     for n, x in seen:
@@ -109,8 +112,10 @@ def _trace(model: nn.Module, spec, plain: list[str]) -> list[tuple[str, torch.Te
     ran = [n for n, _ in seen]
     twice = next((n for n in ran if ran.count(n) > 1), None)
     if twice is not None:
-        raise UserError(f"layer {twice} ran more than once in a decoder block's forward; matgptq cannot tell which "
-                        "layers an engine fuses")  # fmt: skip
+        raise UserError(
+            f"layer {twice} ran more than once in a decoder block's forward; matgptq cannot tell which "
+            "layers an engine fuses"
+        )
     return seen
 
 
@@ -157,8 +162,10 @@ def fused_groups(config, names: Iterable[str]) -> list[tuple[str, ...]]:
         index, _, layer = rest.partition(".")
         where.append((name, index, layer) if not head and index.isdigit() else (name, None, None))
     groups = block_groups(model)
-    spelled = [{n: g for g in (tuple(m for layer in group for m in spell(layer)) for group in groups) for n in g}
-               for spell in SPELLINGS]  # fmt: skip
+    spelled = [
+        {n: g for g in (tuple(m for layer in group for m in spell(layer)) for group in groups) for n in g}
+        for spell in SPELLINGS
+    ]
     relative = max(spelled, key=lambda r: sum(layer in r for _, _, layer in where))  # ties: the model's own names
     out: dict[tuple[str, ...], None] = {}  # insertion-ordered
     for name, index, layer in where:

@@ -26,7 +26,14 @@ def _strict_config_error() -> tuple[type[Exception], ...]:
 # What transformers (and torch's module constructors) raise on a damaged config.json or weights they cannot place,
 # found by fuzzing (tests/test_damaged_inputs.py): reported as one UserError line naming the directory.
 LOAD_ERRORS: tuple[type[Exception], ...] = (
-    OSError, ValueError, LookupError, TypeError, RuntimeError, AttributeError, ArithmeticError, AssertionError,
+    OSError,
+    ValueError,
+    LookupError,
+    TypeError,
+    RuntimeError,
+    AttributeError,
+    ArithmeticError,
+    AssertionError,
     *_strict_config_error(),
 )
 
@@ -90,14 +97,19 @@ def load_fp_model(path: str | Path, dtype: torch.dtype | None = None):
         read_header(shard, fix)
     try:
         with loader_quiet():
-            model, info = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or "auto", use_safetensors=True,
-                                                               output_loading_info=True)  # fmt: skip
+            model, info = AutoModelForCausalLM.from_pretrained(
+                p, dtype=dtype or "auto", use_safetensors=True, output_loading_info=True
+            )
     except LOAD_ERRORS as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise UserError(f"cannot load the {config.get('model_type', 'unknown')} model in {p} ({first}); {fix}") from None
+        raise UserError(
+            f"cannot load the {config.get('model_type', 'unknown')} model in {p} ({first}); {fix}"
+        ) from None
     missing = sorted(info.get("missing_keys") or ())
     if missing:  # transformers would leave them randomly initialised
-        raise UserError(f"{p} has no tensor {missing[0]} (and {len(missing) - 1} more) that its config.json's model "
-                        "needs: an incomplete download, or a quantized checkpoint whose config.json lost its "
-                        f"`quantization_config`; {fix}")  # fmt: skip
+        raise UserError(
+            f"{p} has no tensor {missing[0]} (and {len(missing) - 1} more) that its config.json's model "
+            "needs: an incomplete download, or a quantized checkpoint whose config.json lost its "
+            f"`quantization_config`; {fix}"
+        )
     return model.eval()

@@ -53,8 +53,16 @@ def resolve_model(spec: str | Path) -> ModelSource:
 # newer ones): the connection never opened, or a download broke off (huggingface_hub retries a broken
 # download, then raises the last error; a file of the wrong size is an OSError saying "Consistency check failed").
 _UNREACHABLE = {"ConnectError", "ConnectTimeout", "PoolTimeout", "ProxyError", "SSLError"}
-_INTERRUPTED = {"RemoteProtocolError", "ReadTimeout", "ReadError", "WriteError", "WriteTimeout", "ChunkedEncodingError",
-                "IncompleteRead", "ProtocolError"}  # fmt: skip
+_INTERRUPTED = {
+    "RemoteProtocolError",
+    "ReadTimeout",
+    "ReadError",
+    "WriteError",
+    "WriteTimeout",
+    "ChunkedEncodingError",
+    "IncompleteRead",
+    "ProtocolError",
+}
 
 
 def _http_failure(e: Exception) -> str | None:
@@ -73,26 +81,40 @@ def _hub_error(spec: str, repo: str, revision: str | None, e: Exception) -> str:
     fetch = f"download it with `hf download {repo}{rev} --local-dir DIR` and give DIR"
     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
     if isinstance(e, errors.LocalEntryNotFoundError | errors.OfflineModeIsEnabled):
-        return (f"{spec} is not a local directory, and the Hugging Face model {repo} is not in the cache while the "
-                f"network is off (HF_HUB_OFFLINE); {fetch}, or allow downloads")  # fmt: skip
+        return (
+            f"{spec} is not a local directory, and the Hugging Face model {repo} is not in the cache while the "
+            f"network is off (HF_HUB_OFFLINE); {fetch}, or allow downloads"
+        )
     if isinstance(e, errors.RevisionNotFoundError):
         return f"the Hugging Face model {repo} has no revision {revision!r}; give a branch, tag or commit it has"
     if isinstance(e, errors.GatedRepoError):  # a RepositoryNotFoundError too: checked first
-        return (f"the Hugging Face model {repo} is gated and this machine has no access to it: accept its terms at "
-                f"https://huggingface.co/{repo}, then log in with `hf auth login` (or set HF_TOKEN) as that "
-                "account")  # fmt: skip
+        return (
+            f"the Hugging Face model {repo} is gated and this machine has no access to it: accept its terms at "
+            f"https://huggingface.co/{repo}, then log in with `hf auth login` (or set HF_TOKEN) as that "
+            "account"
+        )
     if isinstance(e, errors.RepositoryNotFoundError):  # also a private repository without a token
-        return (f"{spec} is not a local directory, and {repo} is not a Hugging Face model this account can read "
-                "(check the name; for a private model, log in with `hf auth login`)")  # fmt: skip
+        return (
+            f"{spec} is not a local directory, and {repo} is not a Hugging Face model this account can read "
+            "(check the name; for a private model, log in with `hf auth login`)"
+        )
     failure = _http_failure(e)
     if failure == "interrupted":
-        return (f"the download of the Hugging Face model {repo} broke off ({first}); run the command again, which "
-                f"resumes it from the cache, or {fetch}")  # fmt: skip
+        return (
+            f"the download of the Hugging Face model {repo} broke off ({first}); run the command again, which "
+            f"resumes it from the cache, or {fetch}"
+        )
     if failure == "incomplete":
-        return (f"a file of the Hugging Face model {repo} arrived with the wrong size ({first}); fetch it afresh with "
-                f"`hf download {repo}{rev} --force-download`, then run the command again")  # fmt: skip
+        return (
+            f"a file of the Hugging Face model {repo} arrived with the wrong size ({first}); fetch it afresh with "
+            f"`hf download {repo}{rev} --force-download`, then run the command again"
+        )
     if failure == "unreachable":
-        return (f"{spec} is not a local directory, and the Hugging Face Hub cannot be reached to fetch {repo} "
-                f"({first}); check the network, or {fetch}")  # fmt: skip
-    return (f"{spec} is not a local directory, and the Hugging Face model {repo} cannot be fetched ({first}); check "
-            f"the network, or {fetch}")  # fmt: skip
+        return (
+            f"{spec} is not a local directory, and the Hugging Face Hub cannot be reached to fetch {repo} "
+            f"({first}); check the network, or {fetch}"
+        )
+    return (
+        f"{spec} is not a local directory, and the Hugging Face model {repo} cannot be fetched ({first}); check "
+        f"the network, or {fetch}"
+    )

@@ -75,7 +75,8 @@ def _source(name: str, shape: tuple[int, ...], stored: dict, prefix: str) -> Sou
         keys = per_expert_keys(candidate, shape[0], lambda k: k in stored)
         fits = keys is not None and all(
             sum(stored[k][2][0] for k in ks) == shape[1] and all(tuple(stored[k][2][1:]) == shape[2:] for k in ks)
-            for ks in keys)  # fmt: skip
+            for ks in keys
+        )
         if fits:
             return Source([[(stored[k][0], k) for k in ks] for ks in keys], True)
     return None
@@ -106,7 +107,8 @@ class LazyModel:
             config = AutoConfig.from_pretrained(p)
             if dtype is None:  # transformers' "auto": config.json's dtype, else the first floating tensor's
                 dtype = getattr(config, "dtype", None) or next(
-                    (_DTYPES[k] for _, k, _ in stored.values() if k in _DTYPES), torch.float32)  # fmt: skip
+                    (_DTYPES[k] for _, k, _ in stored.values() if k in _DTYPES), torch.float32
+                )
                 dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
             with parameters_on_meta():
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -140,8 +142,9 @@ class LazyModel:
                 with safe_open(str(file), "pt") as f:
                     t = f.get_tensor(key)
                 if t.is_floating_point() and not torch.isfinite(t).all():
-                    raise UserError(f"the model weight {name} contains NaN or Inf values; fix or re-export the model "
-                                    "first")  # fmt: skip
+                    raise UserError(
+                        f"the model weight {name} contains NaN or Inf values; fix or re-export the model first"
+                    )
 
     def _load(self, wanted, device: torch.device) -> None:
         """Read the tensors whose names `wanted` accepts onto `device`, each in its parameter's dtype (fused experts

@@ -5,12 +5,36 @@ the resume state (resume) and what a whole run does (run)."""
 
 from .calibration import CalibConfig
 from .config import (
-    GPTQConfig, GridConfig, MatGPTQConfig, Method, MethodConfig, RTNConfig, Target, Variant, config_for,
-    config_from_json, method_of,
-)  # fmt: skip
+    GPTQConfig,
+    GridConfig,
+    MatGPTQConfig,
+    Method,
+    MethodConfig,
+    RTNConfig,
+    Target,
+    Variant,
+    config_for,
+    config_from_json,
+    method_of,
+)
 from .layer import LayerReport
 from .options import RunConfig
 from .pipeline import quantize_model
 
-__all__ = ["CalibConfig", "GridConfig", "RTNConfig", "GPTQConfig", "MatGPTQConfig", "MethodConfig", "Method", "Target",
-           "Variant", "config_for", "config_from_json", "method_of", "LayerReport", "quantize_model", "RunConfig"]
+__all__ = [
+    "CalibConfig",
+    "GridConfig",
+    "RTNConfig",
+    "GPTQConfig",
+    "MatGPTQConfig",
+    "MethodConfig",
+    "Method",
+    "Target",
+    "Variant",
+    "config_for",
+    "config_from_json",
+    "method_of",
+    "LayerReport",
+    "quantize_model",
+    "RunConfig",
+]

@@ -107,8 +107,10 @@ class GridConfig:
         if self.kquant is not None:
             self._check_kquant()
         if self.target is Target.GGUF and self.kquant is None and self.group_size != GGUF_BLOCK:
-            raise UserError(f"--target gguf writes llama.cpp's {GGUF_BLOCK}-column blocks (Q4_0 ... Q8_0): drop "
-                            f"--group-size {self.group_size}, or add --kquant TYPE for K-quant super-blocks")  # fmt: skip
+            raise UserError(
+                f"--target gguf writes llama.cpp's {GGUF_BLOCK}-column blocks (Q4_0 ... Q8_0): drop "
+                f"--group-size {self.group_size}, or add --kquant TYPE for K-quant super-blocks"
+            )
         for pattern in self.skip:
             try:
                 re.compile(pattern)
@@ -120,16 +122,21 @@ class GridConfig:
         if not self.sym:
             raise UserError("--kquant needs a symmetric grid; drop --asym")
         if self.signed_scale and not LATTICES[self.kquant].signed:
-            raise UserError(f"--kquant {self.kquant.value} stores unsigned sub-scales, so it needs the plain "
-                            "symmetric grid; drop --signed-scale, or use --kquant q3_k or q6_k (signed)")  # fmt: skip
+            raise UserError(
+                f"--kquant {self.kquant.value} stores unsigned sub-scales, so it needs the plain "
+                "symmetric grid; drop --signed-scale, or use --kquant q3_k or q6_k (signed)"
+            )
         why = check_group_size(self.kquant, self.group_size)
         if why:
             raise UserError(f"--kquant {self.kquant.value}: {why}")
 
     def _check_layer_bits(self) -> None:
         widths = dict(self.layer_bits)
-        bad = [(n, r) for n, r in widths.items()
-               if not isinstance(r, int) or isinstance(r, bool) or not MIN_BITS <= r <= MAX_BITS]  # fmt: skip
+        bad = [
+            (n, r)
+            for n, r in widths.items()
+            if not isinstance(r, int) or isinstance(r, bool) or not MIN_BITS <= r <= MAX_BITS
+        ]
         if bad:
             raise UserError(f"the width mix gives {bad[0][0]} {bad[0][1]!r} bits; widths are {MIN_BITS}..{MAX_BITS}")
         if len(widths) != len(self.layer_bits):
@@ -163,8 +170,15 @@ class GridConfig:
         d = {"method": self.method.value}
         for f in fields(self):
             v = getattr(self, f.name)
-            d[f.name] = v.value if isinstance(v, Enum) else dict(v) if f.name == "layer_bits" else \
-                list(v) if isinstance(v, tuple) else v  # fmt: skip
+            d[f.name] = (
+                v.value
+                if isinstance(v, Enum)
+                else dict(v)
+                if f.name == "layer_bits"
+                else list(v)
+                if isinstance(v, tuple)
+                else v
+            )
         return d
 
 
@@ -219,11 +233,15 @@ class GPTQConfig(GridConfig):
         if self.mse_weighted and not self.mse:
             raise UserError("--mse-weighted weights the --mse scale search, which is off; drop --no-mse")
         if self.act_order and not self.static_groups and self.kquant is not None:
-            raise UserError("--kquant needs contiguous groups, which act order without static groups breaks; drop "
-                            "--no-static-groups")  # fmt: skip
+            raise UserError(
+                "--kquant needs contiguous groups, which act order without static groups breaks; drop "
+                "--no-static-groups"
+            )
         if self.act_order and not self.static_groups and self.target is Target.GGUF:
-            raise UserError("--target gguf needs contiguous groups, which act order without static groups breaks; "
-                            "drop --no-static-groups (or use --group-act-order)")  # fmt: skip
+            raise UserError(
+                "--target gguf needs contiguous groups, which act order without static groups breaks; "
+                "drop --no-static-groups (or use --group-act-order)"
+            )
 
 
 @dataclass(frozen=True)
@@ -241,8 +259,10 @@ class MatGPTQConfig(GPTQConfig):
         super().__post_init__()
 
     def _check_layer_bits(self) -> None:
-        raise UserError("a per-layer width mix is for --method gptq or rtn; a matgptq parent already holds "
-                        "every width (slice a mix from it with `export --bits-config` or `load(bits=...)`)")  # fmt: skip
+        raise UserError(
+            "a per-layer width mix is for --method gptq or rtn; a matgptq parent already holds "
+            "every width (slice a mix from it with `export --bits-config` or `load(bits=...)`)"
+        )
 
     def _check(self) -> None:
         super()._check()
@@ -275,7 +295,11 @@ class MatGPTQConfig(GPTQConfig):
 
 
 MethodConfig = RTNConfig | GPTQConfig | MatGPTQConfig
-CONFIGS: dict[Method, type[GridConfig]] = {Method.GPTQ: GPTQConfig, Method.MATGPTQ: MatGPTQConfig, Method.RTN: RTNConfig}
+CONFIGS: dict[Method, type[GridConfig]] = {
+    Method.GPTQ: GPTQConfig,
+    Method.MATGPTQ: MatGPTQConfig,
+    Method.RTN: RTNConfig,
+}
 OPTIONS = frozenset(f.name for cls in CONFIGS.values() for f in fields(cls))  # every method's options together
 
 
@@ -287,19 +311,32 @@ def method_of(method: str | Method) -> Method:
         raise UserError(f"unknown method {method!r}; use one of {', '.join(m.value for m in Method)}") from None
 
 
-SHOWN_DEFAULTS = ("group_size", "act_order", "static_groups", "group_act_order", "mse", "mse_weighted", "refit_scales",
-                  "damp")  # fmt: skip
+SHOWN_DEFAULTS = (
+    "group_size",
+    "act_order",
+    "static_groups",
+    "group_act_order",
+    "mse",
+    "mse_weighted",
+    "refit_scales",
+    "damp",
+)
 # each method's default of the options --help and docs/guide/quantize.md show per method (resolved as without
 # --target); an on/off option the method does not have is off, a numeric one is absent
 METHOD_DEFAULTS: dict[Method, dict[str, object]] = {
     m: {k: getattr(cfg, k, False) for k in SHOWN_DEFAULTS if hasattr(cfg, k) or k != "damp"}
     for m, cfg in ((m, cls()) for m, cls in CONFIGS.items())
-}  # fmt: skip
+}
 
 
 # GPTQ's options that act through the calibration Hessian, which RTN does not collect: refused with RTN when on
-NEEDS_HESSIAN = {"mse_weighted": "weights", "refit_scales": "fits scales on", "act_order": "orders columns by",
-                 "group_act_order": "orders groups by", "static_groups": "fixes groups for the column order of"}
+NEEDS_HESSIAN = {
+    "mse_weighted": "weights",
+    "refit_scales": "fits scales on",
+    "act_order": "orders columns by",
+    "group_act_order": "orders groups by",
+    "static_groups": "fixes groups for the column order of",
+}
 
 
 def config_for(method: str | Method, **options) -> MethodConfig:
@@ -313,8 +350,10 @@ def config_for(method: str | Method, **options) -> MethodConfig:
     own = {f.name for f in fields(cls)}
     for name, verb in NEEDS_HESSIAN.items():
         if name not in own and options.get(name):
-            raise UserError(f"--{name.replace('_', '-')} {verb} the calibration Hessian, which RTN does not collect; "
-                            "use --method gptq or matgptq")  # fmt: skip
+            raise UserError(
+                f"--{name.replace('_', '-')} {verb} the calibration Hessian, which RTN does not collect; "
+                "use --method gptq or matgptq"
+            )
     return cls(**{k: v for k, v in options.items() if k in own and v is not None})
 
 
@@ -324,8 +363,14 @@ def config_from_json(record: dict) -> MethodConfig:
     weighted search and the refit, without them. Keys the method does not have (older records wrote every key)
     are ignored; a record no config can be built from is a UserError."""
     cls = CONFIGS[method_of(record.get("method", Method.GPTQ.value))]
-    old = {"variant": Variant.PAPER.value, "act_order": False, "static_groups": False, "group_act_order": False,
-           "mse_weighted": False, "refit_scales": False}  # fmt: skip
+    old = {
+        "variant": Variant.PAPER.value,
+        "act_order": False,
+        "static_groups": False,
+        "group_act_order": False,
+        "mse_weighted": False,
+        "refit_scales": False,
+    }
     d = {**old, **record}
     mix = d.get("layer_bits") or {}
     d["layer_bits"] = tuple(mix.items()) if isinstance(mix, dict) else mix
@@ -333,4 +378,6 @@ def config_from_json(record: dict) -> MethodConfig:
     try:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in own and v is not None})
     except (TypeError, ValueError, UserError) as e:
-        raise UserError(f"the checkpoint's `quantization` record is not valid ({e}); re-create the checkpoint") from None
+        raise UserError(
+            f"the checkpoint's `quantization` record is not valid ({e}); re-create the checkpoint"
+        ) from None

@@ -21,8 +21,9 @@ import torch
 from ..models.experts import FusedExperts, parse
 
 
-def expert_hessians(hessians: dict[str, torch.Tensor], rows: dict[str, int], group: tuple[str, ...],
-                    experts: tuple[FusedExperts, ...]) -> dict[str, tuple[int, bool]]:  # fmt: skip
+def expert_hessians(
+    hessians: dict[str, torch.Tensor], rows: dict[str, int], group: tuple[str, ...], experts: tuple[FusedExperts, ...]
+) -> dict[str, tuple[int, bool]]:
     """Apply the policy to the expert layers of `group` (their Hessians in `hessians`, replaced, not changed in
     place); returns each expert layer's (tokens, starved)."""
     projections: dict[tuple[str, str], list[str]] = {}

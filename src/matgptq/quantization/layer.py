@@ -9,12 +9,12 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..formats import QuantizedWeight
-from .config import GPTQConfig, MatGPTQConfig, MethodConfig, Variant
 from .algorithm.grid import NearestRounding, Rounding
 from .algorithm.kquant_scales import ScaleLattice, lattice_for
 from .algorithm.multibit import MatryoshkaRounding, PerWidthRounding
 from .algorithm.refit import refit_master, refit_scales
 from .algorithm.solver import QuantResult, gptq_quantize, rtn_quantize
+from .config import GPTQConfig, MatGPTQConfig, MethodConfig, Variant
 
 
 @dataclass
@@ -36,9 +36,15 @@ def make_rounding(cfg: MethodConfig) -> Rounding:
     return NearestRounding(cfg.bits)
 
 
-def with_width_scales(qw: QuantizedWeight, w: torch.Tensor, h: torch.Tensor, damp: float,
-                      widths: tuple[int, ...], lattice: ScaleLattice | None = None,
-                      group_size: int = -1) -> QuantizedWeight:  # fmt: skip
+def with_width_scales(
+    qw: QuantizedWeight,
+    w: torch.Tensor,
+    h: torch.Tensor,
+    damp: float,
+    widths: tuple[int, ...],
+    lattice: ScaleLattice | None = None,
+    group_size: int = -1,
+) -> QuantizedWeight:
     """The parent with its own least-squares scales (refit.py) for each target width below the master, in
     `width_scales`; other widths (interpolated ones, the master) slice on the master scale. The master keeps the scale
     its codes were chosen on, so what later layers see is the same as without the refit. Refitting only R's widths
@@ -59,20 +65,33 @@ def relative_error(w: torch.Tensor, deq: torch.Tensor, h: torch.Tensor, max_rows
     return float(torch.einsum("nk,kl,nl->", e, h, e) / den) if den > 0 else 0.0
 
 
-def _solved(w: torch.Tensor, h: torch.Tensor | None, rounding: Rounding, cfg: MethodConfig,
-            lattice: ScaleLattice | None) -> QuantResult:  # fmt: skip
+def _solved(
+    w: torch.Tensor, h: torch.Tensor | None, rounding: Rounding, cfg: MethodConfig, lattice: ScaleLattice | None
+) -> QuantResult:
     """The solver's result: GPTQ on the Hessian `h`, or round-to-nearest without one."""
     if h is None:
         return rtn_quantize(w, rounding, cfg.group_size, cfg.sym, cfg.mse, cfg.signed_scale, lattice)
     return gptq_quantize(
-        w, h, rounding, group_size=cfg.group_size, sym=cfg.sym, act_order=cfg.act_order,
-        static_groups=cfg.static_groups, mse=cfg.mse, damp=cfg.damp, block_size=cfg.block_size,
-        signed=cfg.signed_scale, lattice=lattice, mse_weighted=cfg.mse_weighted, group_order=cfg.group_act_order,
-    )  # fmt: skip
+        w,
+        h,
+        rounding,
+        group_size=cfg.group_size,
+        sym=cfg.sym,
+        act_order=cfg.act_order,
+        static_groups=cfg.static_groups,
+        mse=cfg.mse,
+        damp=cfg.damp,
+        block_size=cfg.block_size,
+        signed=cfg.signed_scale,
+        lattice=lattice,
+        mse_weighted=cfg.mse_weighted,
+        group_order=cfg.group_act_order,
+    )
 
 
-def solve_layer(w: torch.Tensor, h: torch.Tensor | None, name: str, rounding: Rounding,
-                cfg: MethodConfig) -> tuple[QuantizedWeight, LayerReport, float]:  # fmt: skip
+def solve_layer(
+    w: torch.Tensor, h: torch.Tensor | None, name: str, rounding: Rounding, cfg: MethodConfig
+) -> tuple[QuantizedWeight, LayerReport, float]:
     """Layer `name`'s codes for its float weight `w` (GPTQ with the Hessian `h`, RTN with None), its report, and the
     seconds its error report took. A layer of a width mix is solved as a one-width run at its own width would."""
     if cfg.layer_bits:

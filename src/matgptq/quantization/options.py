@@ -97,8 +97,13 @@ def parse_bits(bits: int | str | tuple[int, ...] | list[int]) -> tuple[int, ...]
     return tuple(int(b) for b in bits)
 
 
-def make_config(method: str | Method = DEFAULT_METHOD, bits=None, master_bits: int | None = None,
-                bit_weights: tuple[float, ...] | None = None, **options) -> MethodConfig:  # fmt: skip
+def make_config(
+    method: str | Method = DEFAULT_METHOD,
+    bits=None,
+    master_bits: int | None = None,
+    bit_weights: tuple[float, ...] | None = None,
+    **options,
+) -> MethodConfig:
     """The method's typed config (config.py) from the short keywords: `bits` is one width (None: the configs'
     default), or the target set R for MatGPTQ (its master width `master_bits`, default the widest); `options` are
     the configs' other fields, None meaning the method's default."""
@@ -108,8 +113,9 @@ def make_config(method: str | Method = DEFAULT_METHOD, bits=None, master_bits: i
         master = master_bits or max(widths)
         return config_for(method, bits=master, target_bits=widths, bit_weights=tuple(bit_weights or ()), **options)
     if len(widths) != 1:
-        raise UserError(f"--method {method.value} takes one width, got {list(widths)}; use --method matgptq for "
-                        "several")
+        raise UserError(
+            f"--method {method.value} takes one width, got {list(widths)}; use --method matgptq for several"
+        )
     return config_for(method, bits=widths[0], **options)
 
 
@@ -129,8 +135,10 @@ def settings(config: MethodConfig | None = None, **options) -> Settings:
     unknown = [k for k in options if k not in KEYWORDS]
     if unknown:
         named = [f"{k} (did you mean {m[0]}?)" if (m := get_close_matches(k, KEYWORDS, 1)) else k for k in unknown]
-        raise TypeError(f"quantize() got unknown option(s) {', '.join(named)}; the options are the flags of `matgptq "
-                        "quantize --help` as keywords (--group-size: group_size)")  # fmt: skip
+        raise TypeError(
+            f"quantize() got unknown option(s) {', '.join(named)}; the options are the flags of `matgptq "
+            "quantize --help` as keywords (--group-size: group_size)"
+        )
     given = {p: {k: v for k, v in options.items() if KEYWORDS[k].part is p and v is not None} for p in Part}
     bits_config = given[Part.MIX].get("bits_config")
     if config is None:
@@ -154,9 +162,11 @@ def _config_object(config, keywords: dict, bits_config: WidthSpec | None) -> tup
         names = ", ".join(f"matgptq.{cls.__name__}" for cls in CONFIGS.values())
         raise TypeError(f"config must be a method config ({names}), got {type(config).__name__}")
     if keywords:
-        raise TypeError("quantize() takes the method's options either as config= or as keywords, not both: got "
-                        f"config={type(config).__name__}(...) and {', '.join(keywords)}; put them in the "
-                        "config")  # fmt: skip
+        raise TypeError(
+            "quantize() takes the method's options either as config= or as keywords, not both: got "
+            f"config={type(config).__name__}(...) and {', '.join(keywords)}; put them in the "
+            "config"
+        )
     if config.layer_bits:
         if bits_config is not None:
             raise TypeError("quantize() got the per-layer widths twice: config.layer_bits and bits_config; give one")

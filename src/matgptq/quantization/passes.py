@@ -168,8 +168,10 @@ class _Collector:
     def end(self, module, args, output):
         """Forward hook of the module the pass ends at: its output must be the zeroed layer's, untouched."""
         if not (isinstance(output, tuple) and output[0] is self._zeros):
-            raise RuntimeError(f"the output of {type(module).__name__} is not its {self.zeroed}'s output; "
-                               "its ArchSpec.attention_out is wrong")  # fmt: skip
+            raise RuntimeError(
+                f"the output of {type(module).__name__} is not its {self.zeroed}'s output; "
+                "its ArchSpec.attention_out is wrong"
+            )
         self.arity = len(output)
         raise _StopForward
 
@@ -206,8 +208,9 @@ def run_block(block: nn.Module, inputs: Inputs, times: PassTimes | None = None) 
 
 
 @torch.no_grad()
-def trace_groups(block: nn.Module, names: tuple[str, ...], inputs: Inputs,
-                 experts: tuple[FusedExperts, ...] = ()) -> tuple[tuple[str, ...], ...]:  # fmt: skip
+def trace_groups(
+    block: nn.Module, names: tuple[str, ...], inputs: Inputs, experts: tuple[FusedExperts, ...] = ()
+) -> tuple[tuple[str, ...], ...]:
     """A block's true-sequential groups from its own forward on the first batch: its layers in the order they run,
     consecutive layers that read the very same tensor in one group (q/k/v, gate/up), as the groups written out in
     models/arch.py ARCHITECTURES. Every layer must run exactly once, except fused experts' layers (models/experts.py:
@@ -215,8 +218,9 @@ def trace_groups(block: nn.Module, names: tuple[str, ...], inputs: Inputs,
     experts module, every expert in it, those the batch routed no token to included."""
     family = _families(names, experts)
     order: list[tuple[str, torch.Tensor]] = []
-    hooks = [block.get_submodule(n).register_forward_pre_hook(lambda m, args, n=n: order.append((n, args[0])))
-             for n in names]  # fmt: skip
+    hooks = [
+        block.get_submodule(n).register_forward_pre_hook(lambda m, args, n=n: order.append((n, args[0]))) for n in names
+    ]
     try:
         hidden, kwargs = inputs[0]
         block(hidden, **kwargs)
@@ -226,8 +230,10 @@ def trace_groups(block: nn.Module, names: tuple[str, ...], inputs: Inputs,
     ran = [n for n, _ in order]
     odd = next((n for n in names if ran.count(n) != 1 and not (n in family and ran.count(n) == 0)), None)
     if odd is not None:
-        raise UserError(f"layer {odd} of a decoder block ran {ran.count(odd)} times in its forward, not once; "
-                        "matgptq cannot order it (add an ArchSpec to models/arch.py ARCHITECTURES)")  # fmt: skip
+        raise UserError(
+            f"layer {odd} of a decoder block ran {ran.count(odd)} times in its forward, not once; "
+            "matgptq cannot order it (add an ArchSpec to models/arch.py ARCHITECTURES)"
+        )
     groups: list[tuple[list[str], object]] = []
     for n, x in order:
         key = family.get(n, x)
@@ -283,10 +289,16 @@ def capture_block_inputs(model: nn.Module, spec: ArchSpec, windows: torch.Tensor
 
 
 @torch.no_grad()
-def collect_hessians(block: nn.Module, names: tuple[str, ...], inputs: Inputs, times: PassTimes,
-                     zeroed: str | None = None, until: str | None = None,
-                     attention: AttentionCache | None = None,
-                     optional: frozenset[str] = frozenset()) -> Collected:  # fmt: skip
+def collect_hessians(
+    block: nn.Module,
+    names: tuple[str, ...],
+    inputs: Inputs,
+    times: PassTimes,
+    zeroed: str | None = None,
+    until: str | None = None,
+    attention: AttentionCache | None = None,
+    optional: frozenset[str] = frozenset(),
+) -> Collected:
     """Hessians of the layers `names` of `block` on `inputs`, and the input of the `zeroed` layer per batch.
 
     Without `zeroed` the pass stops before the group's last Linear runs and nothing is kept. With `zeroed` (the
@@ -297,8 +309,9 @@ def collect_hessians(block: nn.Module, names: tuple[str, ...], inputs: Inputs, t
     `optional` (fused experts) may never be called: they then have no Hessian.
     """
     layers = {n: block.get_submodule(n) for n in names}
-    collector = _Collector(layers, times, stop_early=zeroed is None, zeroed=zeroed,
-                           kept_rows=sum(h[..., 0].numel() for h, _ in inputs))
+    collector = _Collector(
+        layers, times, stop_early=zeroed is None, zeroed=zeroed, kept_rows=sum(h[..., 0].numel() for h, _ in inputs)
+    )
     t0, hessian0 = time.perf_counter(), times.hessian
     with ExitStack() as stack:
         for n, m in layers.items():

@@ -40,21 +40,26 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import UserError
+from ..execution import combine_hessians, release_free_memory, shard, share, world
 from ..formats import QuantizedWeight
 from ..models import ArchSpec, arch_spec, get_blocks, set_layer_weight, set_weight_matrix, weight_keys, weight_matrix
 from ..models.experts import calibration_experts
-from .config import GPTQConfig, MethodConfig
 from .algorithm.grid import Rounding
+from .config import GPTQConfig, MethodConfig
 from .experts import expert_hessians
 from .layer import LayerReport, make_rounding, solve_layer
-from ..execution import combine_hessians, release_free_memory, share, shard, world
 from .narrow import cast_inputs, twin
-from .resume import BlockState
 from .passes import (
-    Inputs, PassTimes, attention_cache, capture_block_inputs, collect_hessians, replay_outputs, run_block,
+    Inputs,
+    PassTimes,
+    attention_cache,
+    capture_block_inputs,
+    collect_hessians,
+    replay_outputs,
+    run_block,
     trace_groups,
-)  # fmt: skip
-
+)
+from .resume import BlockState
 
 # Calibration tokens per forward batch (whole windows, at least one). Each batch's activations are a pass's
 # temporaries. On the CPU 1024 had the least CPU time and, with 512, the lowest peak memory of the sizes tried
@@ -151,8 +156,9 @@ class _Run:
     passes_dtype: torch.dtype | None = None  # the passes' dtype where it is not the weights' (narrow.py)
 
 
-def _block_inputs(model: nn.Module, spec, windows: torch.Tensor, batch: int, device: torch.device,
-                  home: torch.device) -> Inputs:  # fmt: skip
+def _block_inputs(
+    model: nn.Module, spec, windows: torch.Tensor, batch: int, device: torch.device, home: torch.device
+) -> Inputs:
     """The first block's inputs for every calibration window (the modules before the blocks visit `device`)."""
     if device == home:
         return capture_block_inputs(model, spec, windows, batch)
@@ -160,8 +166,17 @@ def _block_inputs(model: nn.Module, spec, windows: torch.Tensor, batch: int, dev
         return capture_block_inputs(model, spec, windows.to(device), batch)
 
 
-def _quantize_group(run: _Run, blocks: tuple[nn.Module, nn.Module], i: int, g: int, group: tuple[str, ...],
-                    inputs: Inputs, attention, done: dict[str, QuantizedWeight], reports: list[LayerReport]):  # fmt: skip
+def _quantize_group(
+    run: _Run,
+    blocks: tuple[nn.Module, nn.Module],
+    i: int,
+    g: int,
+    group: tuple[str, ...],
+    inputs: Inputs,
+    attention,
+    done: dict[str, QuantizedWeight],
+    reports: list[LayerReport],
+):
     """Solve one true-sequential group of block `i` and write its weights back; (replayed the block's output, the
     attention cache for the next group). A single Linear whose output is the block's (`residual + last(x)`) or the
     attention's is replayed or cut at instead of re-running the block (passes.py points 3-4). `blocks`: (the block,
@@ -175,16 +190,24 @@ def _quantize_group(run: _Run, blocks: tuple[nn.Module, nn.Module], i: int, g: i
     experts = frozenset(n for n in group if n in run.expert_layers)
     if replay is not None and attention is not None:
         attention.last = True  # the block's last pass: its attention outputs are let go batch by batch
-    collected = collect_hessians(calib, group, inputs, run.times, replay or cut, until, attention, experts) \
-        if run.needs_data else None  # fmt: skip
+    collected = (
+        collect_hessians(calib, group, inputs, run.times, replay or cut, until, attention, experts)
+        if run.needs_data
+        else None
+    )
     release_free_memory()  # before the solves: what the pass freed
     if run.size > 1 and run.needs_data:
         combine_hessians(collected.hessians, run.rows)
     routed = expert_hessians(collected.hessians, collected.rows, group, spec.experts) if experts and collected else {}
     owners = [j % run.size for j in range(len(group))]
-    results = [_solve(block, spec, f"{spec.blocks}.{i}.{name}", name, collected, run.rounding, cfg, run.times,
-                      routed.get(name)) if owner == run.rank else None
-               for name, owner in zip(group, owners)]  # fmt: skip
+    results = [
+        _solve(
+            block, spec, f"{spec.blocks}.{i}.{name}", name, collected, run.rounding, cfg, run.times, routed.get(name)
+        )
+        if owner == run.rank
+        else None
+        for name, owner in zip(group, owners)
+    ]
     if run.size > 1:
         results = share(results, owners)
     for name, (qw, report) in zip(group, results):
@@ -220,8 +243,9 @@ def _quantize_block(run: _Run, block: nn.Module, i: int, inputs: Inputs, reports
             group = tuple(n for n in all_names if not run.cfg.skips(f"{run.spec.blocks}.{i}.{n}"))
             run.bar.update(len(all_names) - len(group))
             if group:
-                was_replayed, attention = _quantize_group(run, (block, calib), i, g, group, inputs, attention, done,
-                                                          reports)  # fmt: skip
+                was_replayed, attention = _quantize_group(
+                    run, (block, calib), i, g, group, inputs, attention, done, reports
+                )
                 replayed |= was_replayed
                 release_free_memory()  # what the group's passes and solves freed (execution/memory.py)
     if run.needs_data and not replayed:
@@ -231,9 +255,17 @@ def _quantize_block(run: _Run, block: nn.Module, i: int, inputs: Inputs, reports
 
 @torch.no_grad()
 def quantize_model(
-    model: nn.Module, windows: torch.Tensor, cfg: MethodConfig, batch_tokens: int | None = None, progress: bool = True,
-    rounding: Rounding | None = None, state: BlockState | None = None, device: torch.device | None = None,
-    source: BlockSource | None = None, sink: BlockSink | None = None, passes_dtype: torch.dtype | None = None,
+    model: nn.Module,
+    windows: torch.Tensor,
+    cfg: MethodConfig,
+    batch_tokens: int | None = None,
+    progress: bool = True,
+    rounding: Rounding | None = None,
+    state: BlockState | None = None,
+    device: torch.device | None = None,
+    source: BlockSource | None = None,
+    sink: BlockSink | None = None,
+    passes_dtype: torch.dtype | None = None,
 ) -> QuantizeOutput:
     """Quantize every block Linear of `model` in place (weights become the dequantized master codes).
 
@@ -255,15 +287,27 @@ def quantize_model(
     device = torch.device(device) if device is not None else home
     batch_tokens = batch_tokens or batch_tokens_on(device)
     batch = max(1, batch_tokens // windows.shape[1])
-    inputs: Inputs = cast_inputs(_block_inputs(model, spec, windows, batch, device, home), passes_dtype) \
-        if needs_data else []  # fmt: skip
+    inputs: Inputs = (
+        cast_inputs(_block_inputs(model, spec, windows, batch, device, home), passes_dtype) if needs_data else []
+    )
     if source is not None:
         source.free_outside()  # not needed again until the checkpoint is written (models/lazy.py)
     per_block = len(spec.layers)
     bar = tqdm(total=len(blocks) * per_block, desc="quantize", unit="layer", disable=not progress or rank > 0)
-    run = _Run(spec, cfg, rounding or make_rounding(cfg), groups, needs_data,
-               sum(h.shape[0] * h.shape[1] for h, _ in inputs), rank, size, StageTimes(), bar,
-               frozenset(n for fe in spec.experts for n in fe.layers()), passes_dtype)  # fmt: skip
+    run = _Run(
+        spec,
+        cfg,
+        rounding or make_rounding(cfg),
+        groups,
+        needs_data,
+        sum(h.shape[0] * h.shape[1] for h, _ in inputs),
+        rank,
+        size,
+        StageTimes(),
+        bar,
+        frozenset(n for fe in spec.experts for n in fe.layers()),
+        passes_dtype,
+    )
     layers: dict[str, QuantizedWeight] = {}
     reports: list[LayerReport] = []
     start = _restore(model, spec, state, sink, source, cfg.width_of, len(blocks), inputs, reports)
@@ -273,7 +317,7 @@ def quantize_model(
         done, inputs = _quantize_block(run, block, i, inputs, reports)
         prefix = f"{spec.blocks}.{i}."
         if sink is not None:
-            sink.write_block(i, done, block_tensors(block, prefix, {n[len(prefix):] for n in done}, spec))
+            sink.write_block(i, done, block_tensors(block, prefix, {n[len(prefix) :] for n in done}, spec))
         else:
             layers.update(done)
         if state is not None:
@@ -296,8 +340,10 @@ def _this_rank(windows: torch.Tensor, spec: ArchSpec, needs_data: bool, rank: in
     if size == 1 or not needs_data:
         return windows
     if windows.shape[0] < size:
-        raise UserError(f"{windows.shape[0]} calibration windows for {size} processes leave some without work; "
-                        "use fewer processes or more --nsamples")  # fmt: skip
+        raise UserError(
+            f"{windows.shape[0]} calibration windows for {size} processes leave some without work; "
+            "use fewer processes or more --nsamples"
+        )
     return shard(windows, rank, size)
 
 
@@ -311,13 +357,23 @@ def _groups(spec: ArchSpec, cfg: MethodConfig, needs_data: bool) -> tuple[tuple[
     return spec.groups
 
 
-def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg: MethodConfig, times: StageTimes,
-           routed: tuple[int, bool] | None = None) -> tuple[QuantizedWeight, LayerReport]:  # fmt: skip
+def _solve(
+    block,
+    spec,
+    full: str,
+    name: str,
+    collected,
+    rounding: Rounding,
+    cfg: MethodConfig,
+    times: StageTimes,
+    routed: tuple[int, bool] | None = None,
+) -> tuple[QuantizedWeight, LayerReport]:
     """Layer `name` of `block` (full module name `full`) solved (layer.py), its codes on the CPU; `routed`: a fused
     expert's (tokens, starved), recorded in its report (experts.py)."""
     w = weight_matrix(block.get_submodule(name), spec).float()
-    qw, report, report_seconds = solve_layer(w, collected.hessians.get(name) if collected else None, full, rounding,
-                                             cfg)  # fmt: skip
+    qw, report, report_seconds = solve_layer(
+        w, collected.hessians.get(name) if collected else None, full, rounding, cfg
+    )
     if routed is not None:
         report = replace(report, tokens=routed[0], starved=routed[1])
     times.solver += report.seconds
@@ -325,8 +381,17 @@ def _solve(block, spec, full: str, name: str, collected, rounding: Rounding, cfg
     return qw.to("cpu"), report
 
 
-def _restore(model, spec, state: BlockState | None, sink: BlockSink | None, source: BlockSource | None,
-             width: Callable[[str], int], n_blocks: int, inputs: Inputs, reports: list) -> int:  # fmt: skip
+def _restore(
+    model,
+    spec,
+    state: BlockState | None,
+    sink: BlockSink | None,
+    source: BlockSource | None,
+    width: Callable[[str], int],
+    n_blocks: int,
+    inputs: Inputs,
+    reports: list,
+) -> int:
     """Continue a killed run: its reports, the next block's inputs (in place) and, for a model in memory, its
     finished layers written back into the model (read from the sink); returns the first block to quantize."""
     restored = state.load(n_blocks, len(inputs), like=[x for x, _ in inputs]) if state is not None else None
@@ -338,7 +403,16 @@ def _restore(model, spec, state: BlockState | None, sink: BlockSink | None, sour
         for i in range(restored.done):
             for name, q in sink.read_layers(i, width).items():
                 set_layer_weight(model, name, spec, q.dequantize())
-    reports.extend(LayerReport(r["name"], tuple(r["shape"]), {int(k): v for k, v in r["rel_error"].items()},
-                               r["damp"], r["seconds"], r.get("tokens"), r.get("starved"))
-                   for r in restored.reports)  # fmt: skip
+    reports.extend(
+        LayerReport(
+            r["name"],
+            tuple(r["shape"]),
+            {int(k): v for k, v in r["rel_error"].items()},
+            r["damp"],
+            r["seconds"],
+            r.get("tokens"),
+            r.get("starved"),
+        )
+        for r in restored.reports
+    )
     return restored.done

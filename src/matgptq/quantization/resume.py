@@ -59,12 +59,19 @@ def _checksum(body: dict) -> str:
 def _is_report(r) -> bool:
     """A LayerReport as `save` wrote it (asdict), with the types the pipeline rebuilds one from."""
     num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
-    return (isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("shape"), list)
-            and len(r["shape"]) == 2 and all(isinstance(d, int) and not isinstance(d, bool) for d in r["shape"])
-            and isinstance(r.get("rel_error"), dict) and all(k.isdigit() and num(v) for k, v in r["rel_error"].items())
-            and num(r.get("damp")) and num(r.get("seconds"))
-            and (r.get("tokens") is None or isinstance(r["tokens"], int) and not isinstance(r["tokens"], bool))
-            and r.get("starved") in (None, True, False))  # fmt: skip
+    return (
+        isinstance(r, dict)
+        and isinstance(r.get("name"), str)
+        and isinstance(r.get("shape"), list)
+        and len(r["shape"]) == 2
+        and all(isinstance(d, int) and not isinstance(d, bool) for d in r["shape"])
+        and isinstance(r.get("rel_error"), dict)
+        and all(k.isdigit() and num(v) for k, v in r["rel_error"].items())
+        and num(r.get("damp"))
+        and num(r.get("seconds"))
+        and (r.get("tokens") is None or isinstance(r["tokens"], int) and not isinstance(r["tokens"], bool))
+        and r.get("starved") in (None, True, False)
+    )
 
 
 def resume_dir(out: str | Path) -> Path:
@@ -98,8 +105,10 @@ class BlockState:
         if body.get("settings") != self.settings:
             theirs = body.get("settings") if isinstance(body.get("settings"), dict) else {}
             diff = sorted(k for k in set(theirs) | set(self.settings) if theirs.get(k) != self.settings.get(k))
-            raise UserError(f"{self.dir} was made with other settings ({', '.join(diff[:4]) or 'unreadable'}); resume "
-                            f"with the same model, calibration and options, or {fix}")  # fmt: skip
+            raise UserError(
+                f"{self.dir} was made with other settings ({', '.join(diff[:4]) or 'unreadable'}); resume "
+                f"with the same model, calibration and options, or {fix}"
+            )
         done, reports = body.get("done"), body.get("reports")
         if not isinstance(done, int) or isinstance(done, bool) or not 0 <= done <= n_blocks:
             raise UserError(f"{path} records {done!r:.40} finished blocks, not a count of 0..{n_blocks}; {fix}")
@@ -133,8 +142,13 @@ class BlockState:
         if hidden:
             batches = {f"batch_{b}": h.contiguous().cpu() for b, h in enumerate(hidden)}
             _atomic_write(self.dir / f"hidden-{done}.safetensors", lambda p: save_file(batches, str(p)))
-        body = {"format": STATE_FORMAT, "version": STATE_VERSION, "settings": self.settings, "done": done,
-                "reports": [asdict(r) if not isinstance(r, dict) else r for r in reports]}  # fmt: skip
+        body = {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "settings": self.settings,
+            "done": done,
+            "reports": [asdict(r) if not isinstance(r, dict) else r for r in reports],
+        }
         body["checksum"] = _checksum(json.loads(json.dumps(body)))  # of the JSON as it will be read back
         _atomic_write(self.dir / "state.json", lambda p: p.write_text(json.dumps(body)))
         (self.dir / f"hidden-{done - 1}.safetensors").unlink(missing_ok=True)

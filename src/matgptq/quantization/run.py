@@ -21,9 +21,20 @@ from ..formats.mix import WidthSpec, read_mix
 from ..formats.staged import StagedCheckpoint
 from ..fsutil import check_output, scratch_sibling
 from ..models import (
-    ModelSource, arch_spec, calibration_windows, config_dtype, file_sha256, get_blocks, load_fp_model, load_tokenizer,
-    quantized_layer_names, read_text, require_model_dir, tokenize, weight_keys,
-)  # fmt: skip
+    ModelSource,
+    arch_spec,
+    calibration_windows,
+    config_dtype,
+    file_sha256,
+    get_blocks,
+    load_fp_model,
+    load_tokenizer,
+    quantized_layer_names,
+    read_text,
+    require_model_dir,
+    tokenize,
+    weight_keys,
+)
 from ..models.lazy import LazyModel
 from ..untrusted import read_json
 from .calibration import CalibConfig
@@ -92,8 +103,10 @@ def _open(model: Path, dtype: torch.dtype | None, stream: bool | None):
     `stream` is False."""
     lazy = LazyModel.open(model, dtype) if stream is not False else None
     if stream and lazy is None:
-        raise UserError(f"the safetensors files in {model} do not name the model's parameters as transformers does; "
-                        "they cannot be streamed: pass stream=None (stream when possible) or False")  # fmt: skip
+        raise UserError(
+            f"the safetensors files in {model} do not name the model's parameters as transformers does; "
+            "they cannot be streamed: pass stream=None (stream when possible) or False"
+        )
     return lazy, lazy.model if lazy is not None else load_fp_model(model, dtype)
 
 
@@ -108,23 +121,39 @@ def _with_widths(cfg: MethodConfig, fp, bits_config: WidthSpec | None) -> Method
     return cfg.with_mix(widths)
 
 
-def _metadata(cfg: MethodConfig, calib_cfg: CalibConfig, calib, source: ModelSource, fp, passes: torch.dtype,
-              reports: list[LayerReport], dev: torch.device, size: int) -> dict:  # fmt: skip
+def _metadata(
+    cfg: MethodConfig,
+    calib_cfg: CalibConfig,
+    calib,
+    source: ModelSource,
+    fp,
+    passes: torch.dtype,
+    reports: list[LayerReport],
+    dev: torch.device,
+    size: int,
+) -> dict:
     """matgptq.json's record of how the checkpoint was made (docs/formats.md §1.4)."""
     meta = {
         "quantization": cfg.to_json(),
-        "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range),
-                        "dtype": str(passes).removeprefix("torch."),
-                        "sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None},
+        "calibration": {
+            **asdict(calib_cfg),
+            "text_range": list(calib_cfg.text_range),
+            "dtype": str(passes).removeprefix("torch."),
+            "sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None,
+        },
         "source_model": source.spec,  # `org/name@commit` for a Hugging Face id, else the absolute path
         "model_type": fp.config.model_type,
-        "versions": {"matgptq": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": platform.python_version(),
-                     # float summation order, part of bit-exactness: thread count and the CPU's vector unit
-                     "torch_threads": torch.get_num_threads(),
-                     "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+        "versions": {
+            "matgptq": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            # float summation order, part of bit-exactness: thread count and the CPU's vector unit
+            "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        },
         "report": [{k: v for k, v in asdict(r).items() if v is not None} for r in reports],
-    }  # fmt: skip
+    }
     routed = [r for r in reports if r.tokens is not None]
     if routed:  # fused experts: the low-token policy (quantization/experts.py) and the experts it hit
         meta["experts"] = {"policy": EXPERT_POLICY, "starved": {r.name: r.tokens for r in routed if r.starved}}
@@ -135,9 +164,22 @@ def _metadata(cfg: MethodConfig, calib_cfg: CalibConfig, calib, source: ModelSou
     return meta
 
 
-def run_quantization(source: ModelSource, out: str | Path, cfg: MethodConfig, calib_cfg: CalibConfig, calib,
-                     bits_config: WidthSpec | None, dtype: str, dev: torch.device, *, resume: bool, stream: bool | None,
-                     overwrite: bool, progress: bool, shard_bytes: int) -> tuple[Path, list[LayerReport]]:  # fmt: skip
+def run_quantization(
+    source: ModelSource,
+    out: str | Path,
+    cfg: MethodConfig,
+    calib_cfg: CalibConfig,
+    calib,
+    bits_config: WidthSpec | None,
+    dtype: str,
+    dev: torch.device,
+    *,
+    resume: bool,
+    stream: bool | None,
+    overwrite: bool,
+    progress: bool,
+    shard_bytes: int,
+) -> tuple[Path, list[LayerReport]]:
     """Quantize the model at `source` with `cfg` and write the checkpoint `out` (the API's arguments, checked)."""
     model = require_model_dir(source.path)
     windows = _windows(load_tokenizer(model), calib, cfg, calib_cfg)
@@ -157,18 +199,35 @@ def run_quantization(source: ModelSource, out: str | Path, cfg: MethodConfig, ca
     stored = dtypes.stored
     stage = StagedCheckpoint(state.dir if state is not None else scratch, stored) if rank == 0 else _Discard()
     try:
-        _, reports, _ = quantize_model(fp, windows, cfg, progress=progress, state=state, device=dev, source=lazy,
-                                       sink=stage, passes_dtype=dtypes.passes)  # fmt: skip
+        _, reports, _ = quantize_model(
+            fp,
+            windows,
+            cfg,
+            progress=progress,
+            state=state,
+            device=dev,
+            source=lazy,
+            sink=stage,
+            passes_dtype=dtypes.passes,
+        )
         if rank > 0:  # every rank holds the result; one writes it
             return Path(out), reports
         spec = arch_spec(fp)
         config = fp.config.to_dict()
         if stored is not None:  # the dtype the tensors are written in, not the one calibrated in
             config.update({k: str(stored).removeprefix("torch.") for k in ("dtype", "torch_dtype") if k in config})
-        stage.assemble(out, len(get_blocks(fp, spec)), config, unquantized_tensors(fp, {}, spec.blocks),
-                       {r.name: list(r.shape) for r in reports}, {r.name: cfg.width_of(r.name) for r in reports},
-                       _metadata(cfg, calib_cfg, calib, source, fp, passes, reports, dev, size), model, overwrite,
-                       shard_bytes)  # fmt: skip
+        stage.assemble(
+            out,
+            len(get_blocks(fp, spec)),
+            config,
+            unquantized_tensors(fp, {}, spec.blocks),
+            {r.name: list(r.shape) for r in reports},
+            {r.name: cfg.width_of(r.name) for r in reports},
+            _metadata(cfg, calib_cfg, calib, source, fp, passes, reports, dev, size),
+            model,
+            overwrite,
+            shard_bytes,
+        )
     finally:
         if state is None and rank == 0:
             shutil.rmtree(stage.dir, ignore_errors=True)
@@ -177,8 +236,9 @@ def run_quantization(source: ModelSource, out: str | Path, cfg: MethodConfig, ca
     return Path(out), reports
 
 
-def finished_run(out: str | Path, source: ModelSource, cfg: MethodConfig, calib_cfg: CalibConfig, calib,
-                 mixed: bool) -> list[LayerReport]:  # fmt: skip
+def finished_run(
+    out: str | Path, source: ModelSource, cfg: MethodConfig, calib_cfg: CalibConfig, calib, mixed: bool
+) -> list[LayerReport]:
     """`quantize --resume` where `out` exists: a run that finished (its checkpoint renamed into place, its resume
     state deleted, or left by a kill between the two: deleted now); its layers' reports as recorded. `out` must be a
     checkpoint of `source` made with `cfg` (its per-layer widths not compared when `mixed`) and this calibration
@@ -187,8 +247,18 @@ def finished_run(out: str | Path, source: ModelSource, cfg: MethodConfig, calib_
     try:
         meta = read_json(Path(out) / "matgptq.json")
         theirs = _recorded_settings(meta["quantization"], meta["calibration"], None, meta["source_model"], mixed)
-        reports = [LayerReport(r["name"], tuple(r["shape"]), {int(k): v for k, v in r["rel_error"].items()},
-                               r["damp"], r["seconds"], r.get("tokens"), r.get("starved")) for r in meta["report"]]
+        reports = [
+            LayerReport(
+                r["name"],
+                tuple(r["shape"]),
+                {int(k): v for k, v in r["rel_error"].items()},
+                r["damp"],
+                r["seconds"],
+                r.get("tokens"),
+                r.get("starved"),
+            )
+            for r in meta["report"]
+        ]
     except (UserError, KeyError, TypeError, ValueError, AttributeError):
         theirs = None
     if theirs != ours or reports is None:
@@ -204,11 +274,15 @@ def _recorded_settings(quantization: dict, calibration, calib, source, mixed: bo
         sha = file_sha256(calib) if isinstance(calib, (str, Path)) else None
         calibration = {**asdict(calibration), "text_range": list(calibration.text_range), "sha256": sha}
     keep = ("text_range", "nsamples", "seqlen", "seed", "sha256")
-    return json.loads(json.dumps({
-        "quantization": {k: v for k, v in quantization.items() if not (mixed and k == "layer_bits")},
-        "calibration": {k: calibration[k] for k in keep},
-        "source_model": source if isinstance(source, str) else source.spec,
-    }))
+    return json.loads(
+        json.dumps(
+            {
+                "quantization": {k: v for k, v in quantization.items() if not (mixed and k == "layer_bits")},
+                "calibration": {k: calibration[k] for k in keep},
+                "source_model": source if isinstance(source, str) else source.spec,
+            }
+        )
+    )
 
 
 class _Discard:
@@ -221,17 +295,24 @@ class _Discard:
         return {}
 
 
-def _run_settings(model, cfg: MethodConfig, calib_cfg: CalibConfig, calib, windows: torch.Tensor, dtype: str,
-                  device: torch.device) -> dict:  # fmt: skip
+def _run_settings(
+    model, cfg: MethodConfig, calib_cfg: CalibConfig, calib, windows: torch.Tensor, dtype: str, device: torch.device
+) -> dict:
     """What a quantization's result depends on, for refusing to resume another run's state: the model (its path,
     config and weight files' sizes and times — hashing a large model's shards would take long), the options, the
     calibration text (its hash, or the windows' when given as strings), the dtype and the kind of device (float
     summation order, as does the forward batch: a state saved at another batch size also holds other batches).
     Streaming or not changes nothing (tested), so it is not recorded."""
     files = sorted(Path(model).glob("*.safetensors"))
-    return {"model": str(Path(model).resolve()), "config": (Path(model) / "config.json").read_text(),
-            "weights": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files],
-            "quantization": cfg.to_json(), "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range)},
-            "calib_sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None,
-            "windows": [list(windows.shape), int(windows.sum())], "dtype": dtype, "device": device.type,
-            "batch_tokens": batch_tokens_on(device)}  # fmt: skip
+    return {
+        "model": str(Path(model).resolve()),
+        "config": (Path(model) / "config.json").read_text(),
+        "weights": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files],
+        "quantization": cfg.to_json(),
+        "calibration": {**asdict(calib_cfg), "text_range": list(calib_cfg.text_range)},
+        "calib_sha256": file_sha256(calib) if isinstance(calib, (str, Path)) else None,
+        "windows": [list(windows.shape), int(windows.sum())],
+        "dtype": dtype,
+        "device": device.type,
+        "batch_tokens": batch_tokens_on(device),
+    }

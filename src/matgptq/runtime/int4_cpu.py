@@ -73,8 +73,9 @@ def unpack_int4pack(w: torch.Tensor, n: int, k: int, lay: Layout | None = None) 
         rows.append(torch.cat([head & 15, head >> 4], dim=-1).permute(0, 2, 1).reshape(full, k))
     elif full:
         head = flat[: full * k // 2].view(n // block, k, block // 2)  # byte j: rows 2j (low), 2j + 1 (high)
-        rows.append(torch.stack([head & 15, head >> 4], dim=-1).view(n // block, k, block).permute(0, 2, 1)
-                    .reshape(full, k))  # fmt: skip
+        rows.append(
+            torch.stack([head & 15, head >> 4], dim=-1).view(n // block, k, block).permute(0, 2, 1).reshape(full, k)
+        )
     if n > full:
         tail = flat[full * k // 2 :].view(k, (n - full) // 2)  # byte j: rows 2j (low), 2j + 1 (high)
         rows.append(torch.stack([tail & 15, tail >> 4], dim=-1).view(k, n - full).t())

@@ -32,15 +32,21 @@ from ..execution import resolve_device
 from ..formats import Checkpoint, is_checkpoint, read_checkpoint, read_ct_checkpoint, read_gptq_checkpoint
 from ..formats.checksums import trusted
 from ..formats.mix import WidthSpec, read_mix
-from ..untrusted import read_json
 from ..models import (
-    LOAD_ERRORS, arch_spec, layer_weight, load_fp_model, loader_quiet, require_model_dir, resolve_model,
-    set_layer_weight, weight_keys,
-)  # fmt: skip
+    LOAD_ERRORS,
+    arch_spec,
+    layer_weight,
+    load_fp_model,
+    loader_quiet,
+    require_model_dir,
+    resolve_model,
+    set_layer_weight,
+    weight_keys,
+)
 from ..models.experts import parse
+from ..untrusted import read_json
 from .nested import NestedLinear, Resident, kernels_missing, resident_choice
 from .packed import PackedLinear
-
 
 FUSED_DENSE = "fused expert tensors (mixture-of-experts) have no packed kernel"
 
@@ -140,8 +146,10 @@ def dense_notice(state: QuantizedState) -> str | None:
     reasons = list(dict.fromkeys(state.dense.values()))
     more = f" (and {len(reasons) - 1} other reason(s))" if len(reasons) > 1 else ""
     where = "the nested kernels" if state.packing is Packing.NESTED else "packed codes"
-    return (f"matgptq: {len(state.dense)} of {len(state.layers)} quantized layers run dense (float weights), not on "
-            f"{where}: {reasons[0]}{more}")  # fmt: skip
+    return (
+        f"matgptq: {len(state.dense)} of {len(state.layers)} quantized layers run dense (float weights), not on "
+        f"{where}: {reasons[0]}{more}"
+    )
 
 
 def _config(ckpt: Checkpoint):
@@ -149,8 +157,9 @@ def _config(ckpt: Checkpoint):
     try:
         config = AutoConfig.for_model(**ckpt.config)
     except LOAD_ERRORS as e:
-        raise UserError(f"{ckpt.path}/config.json is not a valid model config ({str(e)[:200]}); re-create the "
-                        "checkpoint") from None  # fmt: skip
+        raise UserError(
+            f"{ckpt.path}/config.json is not a valid model config ({str(e)[:200]}); re-create the checkpoint"
+        ) from None
     return config
 
 
@@ -163,8 +172,10 @@ def _check_depth(ckpt: Checkpoint, config) -> None:
     declared = getattr(config, "num_hidden_layers", None)
     stored = {int(m.group(1)) for name in (*ckpt.layers, *ckpt.tensors) if (m := _BLOCK.search(name))}
     if isinstance(declared, int) and stored and declared > max(stored) + 1:
-        raise UserError(f"{ckpt.path}/config.json says {declared} blocks, but the checkpoint stores {max(stored) + 1}; "
-                        "one of them is damaged, re-create the checkpoint")  # fmt: skip
+        raise UserError(
+            f"{ckpt.path}/config.json says {declared} blocks, but the checkpoint stores {max(stored) + 1}; "
+            "one of them is damaged, re-create the checkpoint"
+        )
 
 
 def packed_wins(dtype: torch.dtype) -> bool:
@@ -184,12 +195,15 @@ def check_layers(ckpt: Checkpoint, model, spec) -> None:
         except AttributeError:  # no such module, or one without a weight
             shape = None
         if shape != q.shape:
-            raise UserError(f"{ckpt.path}: quantized layer {name} is {list(q.shape)}, the config implies "
-                            f"{list(shape) if shape else 'no such Linear'}; re-create the checkpoint")  # fmt: skip
+            raise UserError(
+                f"{ckpt.path}: quantized layer {name} is {list(q.shape)}, the config implies "
+                f"{list(shape) if shape else 'no such Linear'}; re-create the checkpoint"
+            )
 
 
-def attach(model, ckpt: Checkpoint, bits: WidthSpec | None, packed: bool | Packing,
-           resident: Resident | str = Resident.SLICE) -> None:  # fmt: skip
+def attach(
+    model, ckpt: Checkpoint, bits: WidthSpec | None, packed: bool | Packing, resident: Resident | str = Resident.SLICE
+) -> None:
     """Give `model` (whose unquantized tensors are loaded) the checkpoint's quantized layers at `bits` (`packed`: a
     Packing, or a bool, True = Packing.CPU), and keep the integer data as `model.matgptq` for `set_bits`. NESTED
     layers are built where the model's Linears are, one at a time; without Triton, or for layers the nested layout
@@ -197,8 +211,9 @@ def attach(model, ckpt: Checkpoint, bits: WidthSpec | None, packed: bool | Packi
     spec = arch_spec(model)
     state = QuantizedState(ckpt, {}, packed, resident)
     if state.packed and spec.conv1d:
-        raise UserError(f"packed layers hold nn.Linear weights; {model.config.model_type} uses Conv1D: load it with "
-                        "packed=False")  # fmt: skip
+        raise UserError(
+            f"packed layers hold nn.Linear weights; {model.config.model_type} uses Conv1D: load it with packed=False"
+        )
     if state.packing is Packing.NESTED and (why := kernels_missing()):
         state.dense = dict.fromkeys(ckpt.layers, why)
     model.matgptq = state
@@ -213,8 +228,7 @@ def default_packed(packed: bool | None, dtype: torch.dtype, conv1d: bool) -> boo
     return packed_wins(dtype) and not conv1d if packed is None else packed
 
 
-def default_packing(packed: bool | Packing | None, dtype: torch.dtype, conv1d: bool,
-                    device: torch.device) -> Packing:  # fmt: skip
+def default_packing(packed: bool | Packing | None, dtype: torch.dtype, conv1d: bool, device: torch.device) -> Packing:
     """A Packing as given; else on the CPU `default_packed`'s choice (True = Packing.CPU), on a GPU NESTED unless
     packed=False (packed=None: NESTED for nn.Linear models, DENSE for Conv1D ones, which packed layers cannot hold)."""
     if isinstance(packed, Packing):
@@ -226,9 +240,14 @@ def default_packing(packed: bool | Packing | None, dtype: torch.dtype, conv1d: b
     return Packing.NESTED if packed else Packing.DENSE
 
 
-def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dtype | None = None,
-                packed: bool | Packing | None = False, device: torch.device | str | None = None,
-                resident: Resident | str = Resident.SLICE):  # fmt: skip
+def build_model(
+    ckpt: Checkpoint,
+    bits: WidthSpec | None = None,
+    dtype: torch.dtype | None = None,
+    packed: bool | Packing | None = False,
+    device: torch.device | str | None = None,
+    resident: Resident | str = Resident.SLICE,
+):
     """The model of `ckpt` (load's work after the checkpoint is read): built on the CPU, its quantized layers set
     (`default_packing`), then moved to `device` (None: the CPU), so a GPU receives the packed model only."""
     device = resolve_device(device or "cpu")
@@ -241,8 +260,9 @@ def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dt
         with loader_quiet(), no_init_weights():  # every weight is overwritten below: skip the random init
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     except LOAD_ERRORS as e:  # sizes a damaged config.json implies
-        raise UserError(f"{ckpt.path}/config.json describes no buildable model ({str(e)[:200]}); re-create the "
-                        "checkpoint") from None  # fmt: skip
+        raise UserError(
+            f"{ckpt.path}/config.json describes no buildable model ({str(e)[:200]}); re-create the checkpoint"
+        ) from None
     spec = arch_spec(model)
     expected = dict(model.state_dict())
     quantized = weight_keys(set(ckpt.layers), spec)
@@ -254,16 +274,20 @@ def build_model(ckpt: Checkpoint, bits: WidthSpec | None = None, dtype: torch.dt
         raise UserError(f"{ckpt.path} does not match its config.json (tensor {bad}); re-create the checkpoint")
     for name, t in ckpt.tensors.items():
         if t.shape != expected[name].shape or not t.is_floating_point():
-            raise UserError(f"{ckpt.path}: tensor {name} is {t.dtype} {list(t.shape)}, the config implies "
-                            f"{list(expected[name].shape)}; re-create the checkpoint")  # fmt: skip
+            raise UserError(
+                f"{ckpt.path}: tensor {name} is {t.dtype} {list(t.shape)}, the config implies "
+                f"{list(expected[name].shape)}; re-create the checkpoint"
+            )
     check_layers(ckpt, model, spec)
     model.load_state_dict(ckpt.tensors, strict=False)
     model.tie_weights()
     head = ckpt.tensors.get("lm_head.weight")
     if tied and head is not None and not torch.equal(model.get_output_embeddings().weight, head.to(dtype)):
-        raise UserError(f"{ckpt.path}/config.json ties lm_head to the embeddings (`tie_word_embeddings`), but the "
-                        "checkpoint stores an lm_head.weight of its own; one of them is damaged, re-create the "
-                        "checkpoint")  # fmt: skip
+        raise UserError(
+            f"{ckpt.path}/config.json ties lm_head to the embeddings (`tie_word_embeddings`), but the "
+            "checkpoint stores an lm_head.weight of its own; one of them is damaged, re-create the "
+            "checkpoint"
+        )
     attach(model, ckpt, bits, default_packing(packed, dtype, spec.conv1d, device), resident)
     return model.to(device).eval()
 
@@ -274,8 +298,9 @@ def open_checkpoint(path: str | Path) -> Checkpoint | None:
     p = Path(path)
     if is_checkpoint(p):
         return read_checkpoint(p)
-    config = read_json(require_model_dir(p) / "config.json",
-                       "the model directory is damaged; re-download or re-create it")  # fmt: skip
+    config = read_json(
+        require_model_dir(p) / "config.json", "the model directory is damaged; re-download or re-create it"
+    )
     qc = config.get("quantization_config") or {}
     method = qc.get("quant_method") if isinstance(qc, dict) else "unknown"
     if method == "gptq":
@@ -283,14 +308,22 @@ def open_checkpoint(path: str | Path) -> Checkpoint | None:
     if method == "compressed-tensors":
         return read_ct_checkpoint(p)
     if method is not None:
-        raise UserError(f"{p} is quantized with '{method}', which matgptq cannot read (it reads matgptq, gptq and "
-                        "compressed-tensors)")  # fmt: skip
+        raise UserError(
+            f"{p} is quantized with '{method}', which matgptq cannot read (it reads matgptq, gptq and "
+            "compressed-tensors)"
+        )
     return None
 
 
-def load(path: str | Path, bits: WidthSpec | None = None, dtype: torch.dtype | None = None, packed: bool | None = None,
-         device: str | torch.device | None = None, resident: Resident | str | None = None,
-         verify: bool = True):  # fmt: skip
+def load(
+    path: str | Path,
+    bits: WidthSpec | None = None,
+    dtype: torch.dtype | None = None,
+    packed: bool | None = None,
+    device: str | torch.device | None = None,
+    resident: Resident | str | None = None,
+    verify: bool = True,
+):
     """A transformers causal LM (eval mode) from a matgptq parent/slice, a GPTQ or compressed-tensors (pack-quantized)
     checkpoint or an unquantized model:
     a local directory or a Hugging Face id `org/name[@revision]` (models/hub.py).
@@ -314,8 +347,10 @@ def load(path: str | Path, bits: WidthSpec | None = None, dtype: torch.dtype | N
     resident = None if resident is None else resident_choice(resident)
     if resident is not None and (target.type == "cpu" or packed is False):
         where = "packed=False keeps dense weights" if target.type != "cpu" else "the model loads on the CPU"
-        raise UserError(f"resident= chooses what a GPU's packed (nested-kernel) layers hold, and {where}: drop "
-                        "resident, or load with device='cuda' and packed left as None or True")  # fmt: skip
+        raise UserError(
+            f"resident= chooses what a GPU's packed (nested-kernel) layers hold, and {where}: drop "
+            "resident, or load with device='cuda' and packed left as None or True"
+        )
     path = resolve_model(path).path  # a Hugging Face id (org/name[@revision]) is resolved through its cache
     if not path.exists():
         raise UserError(f"{path} does not exist; give a model or checkpoint directory, or a Hugging Face id org/name")
@@ -323,7 +358,8 @@ def load(path: str | Path, bits: WidthSpec | None = None, dtype: torch.dtype | N
         ckpt = open_checkpoint(path)
     if ckpt is None:
         if bits is not None or packed or resident is not None:
-            raise UserError(f"{path} is not quantized; --bits, packed and resident apply to matgptq/GPTQ checkpoints "
-                            "only")  # fmt: skip
+            raise UserError(
+                f"{path} is not quantized; --bits, packed and resident apply to matgptq/GPTQ checkpoints only"
+            )
         return load_fp_model(path, dtype).to(target)
     return build_model(ckpt, bits, dtype, packed, target, resident or Resident.SLICE)

@@ -35,9 +35,11 @@ class Resident(str, Enum):
     PARENT = "parent"  # the parent's c planes: every width, switched in place
 
 
-RESIDENT_CHOICES = ("slice (the loaded width's planes alone: about r bits per weight; set_bits rebuilds a layer from "
-                    "the parent in memory) or parent (all the parent's planes: set_bits switches every width in "
-                    "place, copying no weight)")  # fmt: skip
+RESIDENT_CHOICES = (
+    "slice (the loaded width's planes alone: about r bits per weight; set_bits rebuilds a layer from "
+    "the parent in memory) or parent (all the parent's planes: set_bits switches every width in "
+    "place, copying no weight)"
+)
 
 
 def resident_choice(value: Resident | str) -> Resident:
@@ -60,8 +62,14 @@ def kernels_missing() -> str | None:
 class NestedLinear(nn.Module):
     """y = x Ŵ_rᵀ + b from nested bit planes (module docstring); UserError where the layout cannot hold `parent`."""
 
-    def __init__(self, parent: QuantizedWeight, bits: int, bias: torch.Tensor | None, dtype: torch.dtype,
-                 resident: Resident | str = Resident.SLICE) -> None:  # fmt: skip
+    def __init__(
+        self,
+        parent: QuantizedWeight,
+        bits: int,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        resident: Resident | str = Resident.SLICE,
+    ) -> None:
         super().__init__()
         self.resident = resident_choice(resident)
         if self.resident is Resident.SLICE:
@@ -84,9 +92,16 @@ class NestedLinear(nn.Module):
 
     def layout(self) -> NestedLayout:
         """The NestedLayout over this module's buffers, wherever they are (a view: nothing is copied)."""
-        return NestedLayout(planes=self.planes, scales={r: getattr(self, f"scale{r}") for r in self.scale_widths},
-                            zeros=self.zeros, group_size=self.group_size, master_bits=self.master_bits,
-                            in_features=self.in_features, perm=self.perm, sliced=self.sliced)  # fmt: skip
+        return NestedLayout(
+            planes=self.planes,
+            scales={r: getattr(self, f"scale{r}") for r in self.scale_widths},
+            zeros=self.zeros,
+            group_size=self.group_size,
+            master_bits=self.master_bits,
+            in_features=self.in_features,
+            perm=self.perm,
+            sliced=self.sliced,
+        )
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -98,8 +113,10 @@ class NestedLinear(nn.Module):
         if bits == self.bits:
             return
         if self.resident is Resident.SLICE:
-            raise UserError(f"this layer holds its {self.bits}-bit slice alone and serves no other width ({bits} "
-                            "asked); load with resident='parent' to switch widths in place")  # fmt: skip
+            raise UserError(
+                f"this layer holds its {self.bits}-bit slice alone and serves no other width ({bits} "
+                "asked); load with resident='parent' to switch widths in place"
+            )
         self.layout().check(bits)
         self.bits = bits
 
@@ -111,5 +128,7 @@ class NestedLinear(nn.Module):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
-                f"resident={self.resident.value}, planes={self.planes.shape[0]}")  # fmt: skip
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+            f"resident={self.resident.value}, planes={self.planes.shape[0]}"
+        )

@@ -55,8 +55,9 @@ def unpack_rows(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
 class PackedLinear(nn.Module):
     """y = x Ŵᵀ + b from packed r-bit codes (module docstring)."""
 
-    def __init__(self, q: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype,
-                 kernel: Kernel = Kernel.AUTO) -> None:  # fmt: skip
+    def __init__(
+        self, q: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype, kernel: Kernel = Kernel.AUTO
+    ) -> None:
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.bits, self.shift, self.dtype = q.bits, q.shift, dtype
@@ -92,22 +93,29 @@ class PackedLinear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         if self.kernel == Kernel.INT4:
-            return int4_dequantize(self._int4()[0], self.perm, self.kernel_scales, self.kernel_zeros, self.group,
-                                   self.shift, self.dtype)  # fmt: skip
+            return int4_dequantize(
+                self._int4()[0], self.perm, self.kernel_scales, self.kernel_zeros, self.group, self.shift, self.dtype
+            )
         q = QuantizedWeight(self.codes(), self.scales, self.zeros, self.g_idx, self.bits, self.shift)
         return q.dequantize(self.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.kernel == Kernel.INT4 and x.dtype == torch.bfloat16 and x.device.type == "cpu"
-                and x.numel() * self.planes < PREFILL_ROWS * self.in_features):  # fmt: skip
+        if (
+            self.kernel == Kernel.INT4
+            and x.dtype == torch.bfloat16
+            and x.device.type == "cpu"
+            and x.numel() * self.planes < PREFILL_ROWS * self.in_features
+        ):
             planes, sz = self._int4()
             y = int4_matmul(x, planes, sz, self.group, self.perm)
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.dequantized_weight(), self.bias)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
-                f"kernel={self.kernel.value}")  # fmt: skip
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+            f"kernel={self.kernel.value}"
+        )
 
 
 def weight_bytes(model: nn.Module) -> int:

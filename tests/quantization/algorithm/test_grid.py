@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from matgptq.quantization.algorithm import grid
-from matgptq.quantization.algorithm.grid import MSE_GRID, MSE_MAX_SHRINK, MSE_NORM, MSE_SEARCH, NearestRounding, find_params
+from matgptq.quantization.algorithm.grid import (
+    MSE_GRID,
+    MSE_MAX_SHRINK,
+    MSE_NORM,
+    MSE_SEARCH,
+    NearestRounding,
+    find_params,
+)
 from matgptq.quantization.algorithm.solver import gptq_quantize
 
 
@@ -52,8 +59,10 @@ def test_the_search_keeps_the_coarse_to_fine_point_not_the_full_grids():
     scale, _ = find_params(w, NearestRounding(4), sym=True, mse=True, col_weights=d)
     got = [float(s) for s in scale]
     assert got == [brute_force_scale(w[r].tolist(), 4, d.tolist()) for r in range(200)]
-    full = [brute_force_scale(w[r].tolist(), 4, d.tolist(), pick=lambda e: min(range(80), key=lambda i: (e(i), i)))
-            for r in range(200)]  # fmt: skip
+    full = [
+        brute_force_scale(w[r].tolist(), 4, d.tolist(), pick=lambda e: min(range(80), key=lambda i: (e(i), i)))
+        for r in range(200)
+    ]
     assert got != full
 
 
@@ -92,7 +101,10 @@ def test_unit_weights_are_the_plain_search_and_weights_change_the_choice():
     gen = torch.Generator().manual_seed(4)
     w = torch.randn(32, 32, generator=gen)
     plain = find_params(w, NearestRounding(3), True, True)
-    assert all(torch.equal(a, b) for a, b in zip(plain, find_params(w, NearestRounding(3), True, True, col_weights=torch.ones(32))))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(plain, find_params(w, NearestRounding(3), True, True, col_weights=torch.ones(32)))
+    )
     d = torch.ones(32)
     d[w.abs().argmax(1)] = 0  # ignore each row's extreme weight: only weights that matter set the range
     weighted = find_params(w, NearestRounding(3), True, True, col_weights=d)
@@ -105,11 +117,17 @@ def test_gptq_static_groups_take_the_hessian_weighted_scales():
     x = torch.randn(200, 48, generator=gen)
     x[:, :4] *= 30
     h = 2 * x.T @ x / 200
-    res = gptq_quantize(w, h, NearestRounding(4), group_size=16, static_groups=True, act_order=True, mse=True,
-                        mse_weighted=True)  # fmt: skip
+    res = gptq_quantize(
+        w, h, NearestRounding(4), group_size=16, static_groups=True, act_order=True, mse=True, mse_weighted=True
+    )
     d = torch.diag(h)
-    expected = torch.stack([find_params(w[:, a : a + 16], NearestRounding(4), True, True, col_weights=d[a : a + 16])[0]
-                            for a in (0, 16, 32)], 1)  # fmt: skip
+    expected = torch.stack(
+        [
+            find_params(w[:, a : a + 16], NearestRounding(4), True, True, col_weights=d[a : a + 16])[0]
+            for a in (0, 16, 32)
+        ],
+        1,
+    )
     assert torch.equal(res.scales.float(), expected)
 
 

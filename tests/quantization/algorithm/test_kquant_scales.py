@@ -7,12 +7,11 @@ import pytest
 import torch
 
 from matgptq.errors import UserError
+from matgptq.formats.gguf import KQuantType
 from matgptq.quantization import GPTQConfig, config_from_json
 from matgptq.quantization.algorithm.grid import NearestRounding, find_params
-from matgptq.formats.gguf import KQuantType
 from matgptq.quantization.algorithm.kquant_scales import LATTICES, SUPER_BLOCK, lattice_for
 from matgptq.quantization.algorithm.solver import gptq_quantize, rtn_quantize
-
 from tests.quantization.algorithm.test_solver import dequant, output_error, random_problem
 
 TYPES = list(KQuantType)
@@ -100,8 +99,9 @@ def reference_gptq_lattice(w, h, bits, group_size, static_groups, damp=0.01):
 @pytest.mark.parametrize("static_groups", [False, True])
 def test_gptq_on_the_lattice_matches_reference(static_groups):
     w, h, _ = random_problem(24, 512, seed=3)
-    res = gptq_quantize(w, h, NearestRounding(3), group_size=32, static_groups=static_groups,
-                        lattice=LATTICES[KQuantType.Q3_K])  # fmt: skip
+    res = gptq_quantize(
+        w, h, NearestRounding(3), group_size=32, static_groups=static_groups, lattice=LATTICES[KQuantType.Q3_K]
+    )
     ref = reference_gptq_lattice(w, h, 3, 32, static_groups)
     assert torch.allclose(dequant(res), ref, rtol=0, atol=1e-12)  # both in float64: same codes, same scales
 
@@ -153,15 +153,18 @@ def test_where_the_lattice_applies():
     assert lattice_for(KQuantType.Q4_K, 32, 512) is LATTICES[KQuantType.Q4_K]
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(kquant="q9_k"), "unknown K-quant"),
-    (dict(kquant="q3_k", sym=False), "symmetric"),
-    (dict(kquant="q4_k", signed_scale=True), "unsigned sub-scales"),
-    (dict(kquant="q2_k", signed_scale=True), "unsigned sub-scales"),
-    (dict(kquant="q3_k", act_order=True, static_groups=False), "static-groups"),
-    (dict(kquant="q4_k", group_size=16), "does not tile"),
-    (dict(kquant="q3_k", group_size=48), "does not tile"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(kquant="q9_k"), "unknown K-quant"),
+        (dict(kquant="q3_k", sym=False), "symmetric"),
+        (dict(kquant="q4_k", signed_scale=True), "unsigned sub-scales"),
+        (dict(kquant="q2_k", signed_scale=True), "unsigned sub-scales"),
+        (dict(kquant="q3_k", act_order=True, static_groups=False), "static-groups"),
+        (dict(kquant="q4_k", group_size=16), "does not tile"),
+        (dict(kquant="q3_k", group_size=48), "does not tile"),
+    ],
+)
 def test_config_refuses_what_the_lattice_cannot_hold(kw, match):
     with pytest.raises(UserError, match=match):
         GPTQConfig(bits=3, **{"group_size": 32, **kw})

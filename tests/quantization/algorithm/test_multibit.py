@@ -6,7 +6,11 @@ from hypothesis import strategies as st
 
 from matgptq.formats.slicing import position_table
 from matgptq.quantization.algorithm.multibit import (
-    MatryoshkaRounding, PerWidthRounding, brute_force_codes, envelope, multibit_loss,
+    MatryoshkaRounding,
+    PerWidthRounding,
+    brute_force_codes,
+    envelope,
+    multibit_loss,
 )
 
 
@@ -32,12 +36,21 @@ def test_fast_search_equals_brute_force(problem):
     w[:50] = scale[:50] * (torch.randint(0, 2**c, (50,), generator=gen) - zero[:50])  # exactly on grid points
     w[50:100] = scale[50:100] * (torch.randint(0, 2**c, (50,), generator=gen) + 0.5 - zero[50:100])  # midpoints
     rounding = MatryoshkaRounding(c, widths, lambdas)
-    same_minimiser(rounding.codes(w, scale, zero), brute_force_codes(w, scale, zero, c, widths, lambdas), w, scale,
-                   zero, c, widths, lambdas)  # fmt: skip
+    same_minimiser(
+        rounding.codes(w, scale, zero),
+        brute_force_codes(w, scale, zero, c, widths, lambdas),
+        w,
+        scale,
+        zero,
+        c,
+        widths,
+        lambdas,
+    )
     # 2-D weights with one (scale, zero) per row broadcast over columns, as the MSE scale search calls it
     w2, s2, z2 = w.view(40, 50), scale[:40].unsqueeze(1), zero[:40].unsqueeze(1)
-    same_minimiser(rounding.codes(w2, s2, z2), brute_force_codes(w2, s2, z2, c, widths, lambdas), w2, s2, z2, c,
-                   widths, lambdas)  # fmt: skip
+    same_minimiser(
+        rounding.codes(w2, s2, z2), brute_force_codes(w2, s2, z2, c, widths, lambdas), w2, s2, z2, c, widths, lambdas
+    )
 
 
 def same_minimiser(fast, brute, w, scale, zero, c, widths, lambdas) -> None:
@@ -54,13 +67,17 @@ def same_minimiser(fast, brute, w, scale, zero, c, widths, lambdas) -> None:
     lam = torch.tensor(lambdas, dtype=torch.float64)
     w64, s64 = w.double().expand_as(fast)[differ], scale.double().expand_as(fast)[differ]
     z64 = zero.double().expand_as(fast)[differ] if torch.is_tensor(zero) else torch.full_like(w64, float(zero))
-    exact = {k: multibit_loss(w64, codes[differ].long(), s64, z64, table, lam) for k, codes in
-             (("fast", fast), ("brute", brute))}  # fmt: skip
+    exact = {
+        k: multibit_loss(w64, codes[differ].long(), s64, z64, table, lam)
+        for k, codes in (("fast", fast), ("brute", brute))
+    }
     pos = table[brute[differ].long()]  # [m, |R|]
     u = (w64 / s64 + z64).unsqueeze(-1)
     terms = (u - pos) ** 2 + 2 * (u - pos).abs() * (pos - z64.unsqueeze(-1)).abs() + (pos - z64.unsqueeze(-1)) ** 2
     tie = 2.0**-20 * (s64**2) * (terms * lam).sum(-1)
-    assert ((exact["brute"] - exact["fast"]).abs() <= tie).all(), "fast and enumerated codes differ beyond a float32 tie"
+    assert ((exact["brute"] - exact["fast"]).abs() <= tie).all(), (
+        "fast and enumerated codes differ beyond a float32 tie"
+    )
     assert (exact["fast"] <= exact["brute"]).all(), "where float32 ties, the fast code must be the exact minimiser"
 
 
@@ -114,8 +131,11 @@ def test_per_width_codes_minimise_the_objective_like_enumeration(problem, spread
     gen = torch.Generator().manual_seed(seed)
     n, t = 1500, len(widths)
     scale = (torch.rand(n, generator=gen, dtype=torch.float64) * 0.2 + 1e-3).half().double()
-    zero = torch.full((n,), 2.0 ** (c - 1), dtype=torch.float64) if sym else \
-        torch.randint(0, 2**c, (n,), generator=gen).double()  # fmt: skip
+    zero = (
+        torch.full((n,), 2.0 ** (c - 1), dtype=torch.float64)
+        if sym
+        else torch.randint(0, 2**c, (n,), generator=gen).double()
+    )
     base = torch.rand(n, generator=gen, dtype=torch.float64) * (2**c + 6) - 3  # positions, some beyond the grid
     base[:100] = torch.randint(0, 2**c, (100,), generator=gen).double() + 0.5 * (torch.arange(100) % 2)  # ties
     u = base + spread * torch.randn(t, n, generator=gen, dtype=torch.float64)  # the tracks drift apart

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from matgptq.formats.slicing import positions
-from matgptq.quantization.algorithm.multibit import PerWidthRounding
 from matgptq.quantization.algorithm.grid import NearestRounding
+from matgptq.quantization.algorithm.multibit import PerWidthRounding
 from matgptq.quantization.algorithm.refit import damped_hessian, refit_master, refit_scales, row_error_change
 from matgptq.quantization.algorithm.solver import gptq_quantize
 
@@ -39,8 +39,9 @@ def lstsq_scales(w, x, codes, zeros, g_idx, c, r, damp):
 @pytest.mark.parametrize("act_order", [False, True])  # act order: each group's columns scattered over the row
 def test_refit_is_the_least_squares_scale(group_size, r, act_order):
     w, h, x = random_problem(12, 70, seed=group_size + r)
-    res = gptq_quantize(w, h, PerWidthRounding(8, (3, 4, 8), (1.0, 1.0, 1.0)), group_size=group_size, block_size=16,
-                        act_order=act_order)  # fmt: skip
+    res = gptq_quantize(
+        w, h, PerWidthRounding(8, (3, 4, 8), (1.0, 1.0, 1.0)), group_size=group_size, block_size=16, act_order=act_order
+    )
     got = refit_scales(w, h, res.codes, res.scales, res.zeros, res.g_idx, 8, (2, r), damp=0.01)[r]
     expected = lstsq_scales(w, x, res.codes, res.zeros, res.g_idx, 8, r, 0.01)
     assert got.dtype == torch.float16 and got.shape == res.scales.shape
@@ -83,8 +84,17 @@ def test_master_refit_is_the_least_squares_scale_where_it_helps(group_size, sign
     """GPTQ-4's own codes refit: each row equals the float64 lstsq optimum (to float16) or keeps the solver's scales,
     and it keeps them only where the optimum, rounded, would not lower that row's error."""
     w, h, x = random_problem(16, 64, seed=5 + group_size)
-    res = gptq_quantize(w, h, NearestRounding(4), group_size=group_size, block_size=16, signed=signed, mse=True,
-                        act_order=act_order, static_groups=act_order)  # fmt: skip
+    res = gptq_quantize(
+        w,
+        h,
+        NearestRounding(4),
+        group_size=group_size,
+        block_size=16,
+        signed=signed,
+        mse=True,
+        act_order=act_order,
+        static_groups=act_order,
+    )
     got = refit_master(w, h, res.codes, res.scales, res.zeros, res.g_idx, 4, damp=0.01)
     expected = lstsq_scales(w, x, res.codes, res.zeros, res.g_idx, 4, 4, 0.01)
     damped = h + 0.01 * torch.diag(h).mean() * torch.eye(h.shape[0], dtype=h.dtype)

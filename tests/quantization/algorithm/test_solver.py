@@ -1,16 +1,15 @@
 """GPTQ/RTN solver against the slow, plainly written reference (quantization/algorithm/reference.py: column by column,
 no lazy batches, no tricks)."""
 
-
 import pytest
 import torch
 
-from matgptq.quantization.algorithm.grid import NearestRounding, find_params
 from matgptq.formats.slicing import position_table
+from matgptq.quantization.algorithm.grid import NearestRounding, find_params
 from matgptq.quantization.algorithm.multibit import MatryoshkaRounding, PerWidthRounding
-from matgptq.quantization.algorithm.reference import group_order as reference_group_order, reference_gptq
-from matgptq.quantization.algorithm.solver import group_aware_order, gptq_quantize, rtn_quantize
-
+from matgptq.quantization.algorithm.reference import group_order as reference_group_order
+from matgptq.quantization.algorithm.reference import reference_gptq
+from matgptq.quantization.algorithm.solver import gptq_quantize, group_aware_order, rtn_quantize
 from tests.conftest import require_peer
 
 
@@ -48,8 +47,18 @@ CASES = [
 def test_gptq_matches_reference(bits, group_size, sym, act_order, static_groups, block_size, group_order):
     w, h, _ = random_problem(24, 70, seed=bits * 7 + group_size)
     rounding = NearestRounding(bits)
-    res = gptq_quantize(w, h, rounding, group_size=group_size, sym=sym, act_order=act_order,
-                        static_groups=static_groups, damp=0.01, block_size=block_size, group_order=group_order)
+    res = gptq_quantize(
+        w,
+        h,
+        rounding,
+        group_size=group_size,
+        sym=sym,
+        act_order=act_order,
+        static_groups=static_groups,
+        damp=0.01,
+        block_size=block_size,
+        group_order=group_order,
+    )
     codes_ref, deq_ref = reference_gptq(w, h, rounding, group_size, sym, act_order, static_groups, 0.01, group_order)
     assert res.codes.shape == (24, 70) and res.codes.dtype == torch.uint8
     assert torch.equal(res.codes.double(), codes_ref)
@@ -78,8 +87,10 @@ def test_block_buffers_run_the_same_loop(monkeypatch, group_size, act_order, gro
     codes_ref, _ = reference_gptq(w, h, rounding, group_size, True, act_order, False, 0.01, group_order)
     assert torch.equal(buffered[0].codes.double(), codes_ref)
     for a, b in zip(plain, buffered):
-        assert all(torch.equal(x, y) for x, y in zip((a.codes, a.scales, a.zeros, a.g_idx), (b.codes, b.scales,
-                                                                                            b.zeros, b.g_idx)))
+        assert all(
+            torch.equal(x, y)
+            for x, y in zip((a.codes, a.scales, a.zeros, a.g_idx), (b.codes, b.scales, b.zeros, b.g_idx))
+        )
 
 
 def test_matgptq_matches_reference():
@@ -109,7 +120,9 @@ def reference_per_width_gptq(w, h, c, widths, lambdas, group_size, damp=0.01):
         if j % group_size == 0:
             mean = sum(lam[t] * tracks[t][:, j : j + group_size] for t in range(len(widths))) / lam.sum()
             scale, zero = (t[:, None] for t in find_params(mean, paper, True, False))
-        objective = sum(lam[t] * (tracks[t][:, j, None] - scale * (pos[t][None] - zero)) ** 2 for t in range(len(widths)))
+        objective = sum(
+            lam[t] * (tracks[t][:, j, None] - scale * (pos[t][None] - zero)) ** 2 for t in range(len(widths))
+        )
         q = objective.argmin(1)
         codes[:, j] = q.double()
         for t in range(len(widths)):
@@ -146,10 +159,14 @@ def test_per_width_block_buffers_run_the_same_loop(monkeypatch, group_size, grou
     buffered = gptq_quantize(w, h, rounding, **kw)
     assert runs == [0, 16, 32, 48, 64]
     if not group_order:
-        assert torch.equal(buffered.codes.double(), reference_per_width_gptq(w, h, 8, (3, 4, 8), (1.0, 1.0, 2.0),
-                                                                             80 if group_size == -1 else group_size))
-    for x, y in zip((plain.codes, plain.scales, plain.zeros, plain.g_idx), (buffered.codes, buffered.scales,
-                                                                             buffered.zeros, buffered.g_idx)):
+        assert torch.equal(
+            buffered.codes.double(),
+            reference_per_width_gptq(w, h, 8, (3, 4, 8), (1.0, 1.0, 2.0), 80 if group_size == -1 else group_size),
+        )
+    for x, y in zip(
+        (plain.codes, plain.scales, plain.zeros, plain.g_idx),
+        (buffered.codes, buffered.scales, buffered.zeros, buffered.g_idx),
+    ):
         assert torch.equal(x, y)
     runs.clear()
     gptq_quantize(w, h, rounding, mse=True, **kw)
@@ -262,8 +279,9 @@ def test_signed_scale_grid_puts_the_extreme_weight_on_code_zero():
     assert torch.equal(scale, torch.tensor([1.5 / -8, -2.0 / -8]))  # sign of the largest-|w| weight, / -2^(b-1)
     codes = NearestRounding(4).codes(w, scale.unsqueeze(1), zero.unsqueeze(1))
     assert codes[0, 2] == 0 and codes[1, 0] == 0  # extreme weights exactly on level -8
-    assert torch.equal(scale.unsqueeze(1) * (codes[:, [2, 0]].diag().unsqueeze(1) - zero.unsqueeze(1)),
-                       torch.tensor([[1.5], [-2.0]]))  # fmt: skip
+    assert torch.equal(
+        scale.unsqueeze(1) * (codes[:, [2, 0]].diag().unsqueeze(1) - zero.unsqueeze(1)), torch.tensor([[1.5], [-2.0]])
+    )
 
 
 @pytest.mark.parametrize("act_order", [False, True])

@@ -5,6 +5,11 @@ from .arch import ARCHITECTURES, llama_qk_permutation
 from .writer import GGUFExport, GGUFExportWarning, TensorExport, export_gguf, read_gguf_weights
 
 __all__ = [
-    "ARCHITECTURES", "llama_qk_permutation", "GGUFExport", "GGUFExportWarning", "TensorExport", "export_gguf",
+    "ARCHITECTURES",
+    "llama_qk_permutation",
+    "GGUFExport",
+    "GGUFExportWarning",
+    "TensorExport",
+    "export_gguf",
     "read_gguf_weights",
-]  # fmt: skip
+]

@@ -28,12 +28,21 @@ from ...errors import UserError
 from ..tested import GPTQMODEL
 
 _LLAMA_BLOCK = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-}  # fmt: skip
-_TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-              "lm_head.weight": "output.weight"}  # fmt: skip
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+_TOP_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 
 
 @dataclass(frozen=True)
@@ -74,38 +83,65 @@ _ATTN = {k: v for k, v in _PROJ.items() if k.startswith("self_attn.")}
 _NORMS = {k: v for k, v in _LLAMA_BLOCK.items() if "layernorm" in k}
 _ROUTER = {"mlp.gate": "ffn_gate_inp"}  # a mixture-of-experts block's router; its experts: experts.py
 _QK_NORM = {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
-_GEMMA_BLOCK = {**_PROJ, "input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
-                "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}  # fmt: skip
+_GEMMA_BLOCK = {
+    **_PROJ,
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 
 ARCHITECTURES = {
     "llama": GGUFArch("llama", True),
     "mistral": GGUFArch("llama", True),
     "qwen2": GGUFArch("qwen2", False),
-    "qwen3": GGUFArch("qwen3", False, {**_LLAMA_BLOCK, "self_attn.q_norm": "attn_q_norm",
-                                       "self_attn.k_norm": "attn_k_norm"}),  # fmt: skip
-    "phi3": GGUFArch("phi3", False, {"self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
-                                     "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-                                     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}),
-    "olmo2": GGUFArch("olmo2", False, {**_PROJ, **_QK_NORM, "post_attention_layernorm": "post_attention_norm",
-                                       "post_feedforward_layernorm": "post_ffw_norm"}),
+    "qwen3": GGUFArch(
+        "qwen3", False, {**_LLAMA_BLOCK, "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    ),
+    "phi3": GGUFArch(
+        "phi3",
+        False,
+        {
+            "self_attn.qkv_proj": "attn_qkv",
+            "self_attn.o_proj": "attn_output",
+            "mlp.gate_up_proj": "ffn_up",
+            "mlp.down_proj": "ffn_down",
+            "input_layernorm": "attn_norm",
+            "post_attention_layernorm": "ffn_norm",
+        },
+    ),
+    "olmo2": GGUFArch(
+        "olmo2",
+        False,
+        {
+            **_PROJ,
+            **_QK_NORM,
+            "post_attention_layernorm": "post_attention_norm",
+            "post_feedforward_layernorm": "post_ffw_norm",
+        },
+    ),
     "granite": GGUFArch("granite", True),
     "gemma2": GGUFArch("gemma2", False, _GEMMA_BLOCK, "gelu_pytorch_tanh", 1.0, ("lm_head.weight",)),
     "gemma3_text": GGUFArch("gemma3", False, {**_GEMMA_BLOCK, **_QK_NORM}, "gelu_pytorch_tanh", 1.0),
     "qwen3_moe": GGUFArch("qwen3moe", False, {**_NORMS, **_ATTN, **_QK_NORM, **_ROUTER}),
     "mixtral": GGUFArch("llama", True, {**_NORMS, **_ATTN, **_ROUTER}),
-}  # fmt: skip
+}
 # model types whose GGUF export is refused with a reason and an alternative (gguf_arch)
-REFUSED = {"gpt_oss": "GGUF export of gpt_oss is not supported: its llama.cpp graph (attention sinks, biased and "
-                      "clamped SwiGLU experts with interleaved gate/up rows) is not mapped or tested here; use export "
-                      f"--format gptq_v1/gptq_v2 ({GPTQMODEL} and matgptq.load run it)"}  # fmt: skip
+REFUSED = {
+    "gpt_oss": "GGUF export of gpt_oss is not supported: its llama.cpp graph (attention sinks, biased and "
+    "clamped SwiGLU experts with interleaved gate/up rows) is not mapped or tested here; use export "
+    f"--format gptq_v1/gptq_v2 ({GPTQMODEL} and matgptq.load run it)"
+}
 
 
 def gguf_arch(model_type: str | None) -> GGUFArch:
     if model_type in REFUSED:
         raise UserError(REFUSED[model_type])
     if model_type not in ARCHITECTURES:
-        raise UserError(f"GGUF export supports the model types {', '.join(ARCHITECTURES)}; this model is "
-                        f"'{model_type}' (its llama.cpp tensor names and metadata are not mapped yet)")  # fmt: skip
+        raise UserError(
+            f"GGUF export supports the model types {', '.join(ARCHITECTURES)}; this model is "
+            f"'{model_type}' (its llama.cpp tensor names and metadata are not mapped yet)"
+        )
     return ARCHITECTURES[model_type]
 
 
@@ -113,9 +149,26 @@ def gguf_tensor_name(hf_name: str, arch: GGUFArch = ARCHITECTURES["llama"]) -> s
     return arch.tensor_name(hf_name)
 
 
-_IN_BLOCK = ("attn_norm", "attn_q", "attn_q_norm", "attn_k", "attn_k_norm", "attn_v", "attn_qkv", "attn_output",
-             "post_attention_norm", "ffn_norm", "ffn_gate_inp", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_exps",
-             "ffn_up_exps", "ffn_down_exps", "post_ffw_norm")  # fmt: skip
+_IN_BLOCK = (
+    "attn_norm",
+    "attn_q",
+    "attn_q_norm",
+    "attn_k",
+    "attn_k_norm",
+    "attn_v",
+    "attn_qkv",
+    "attn_output",
+    "post_attention_norm",
+    "ffn_norm",
+    "ffn_gate_inp",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+    "ffn_gate_exps",
+    "ffn_up_exps",
+    "ffn_down_exps",
+    "post_ffw_norm",
+)
 
 
 def tensor_order(gguf_name: str) -> tuple:

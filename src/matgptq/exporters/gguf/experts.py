@@ -62,8 +62,10 @@ def split_experts(tensors: dict, layers) -> tuple[dict, list[str], list[ExpertGr
             continue
         g = groups.setdefault((int(m.group(1)), m.group(3)), ExpertGroup(int(m.group(1)), m.group(3), layers={}))
         if g.layers is None:
-            raise UserError(f"{g.hf} is stored as float with only some experts quantized ({name}); GGUF stores one "
-                            "type per expert tensor: quantize every expert, or none")  # fmt: skip
+            raise UserError(
+                f"{g.hf} is stored as float with only some experts quantized ({name}); GGUF stores one "
+                "type per expert tensor: quantize every expert, or none"
+            )
         g.layers[int(m.group(2))] = name
     for g in groups.values():
         if g.layers is not None and sorted(g.layers) != list(range(len(g.layers))):
@@ -82,12 +84,16 @@ def _common_type(encs: list, qs: list, refs: list, names: list[str], float_type:
         except UserError:
             continue
         if all(e.ggml_type == typ and e.method == "codes" for e in again):
-            warn(f"{names[0].rpartition('.experts.')[0]}.experts: experts of one tensor written as {typ.upper()} "
-                 f"(auto chose {', '.join(t.upper() for t in types)}; GGUF has one type per tensor)")  # fmt: skip
+            warn(
+                f"{names[0].rpartition('.experts.')[0]}.experts: experts of one tensor written as {typ.upper()} "
+                f"(auto chose {', '.join(t.upper() for t in types)}; GGUF has one type per tensor)"
+            )
             return again
     typ = "q8_0" if refs[0].shape[1] % 32 == 0 else float_type
-    warn(f"{names[0].rpartition('.experts.')[0]}.experts written as {typ.upper()} from floats: no block type holds "
-         f"all of its experts' codes (auto chose {', '.join(t.upper() for t in types)})")  # fmt: skip
+    warn(
+        f"{names[0].rpartition('.experts.')[0]}.experts written as {typ.upper()} from floats: no block type holds "
+        f"all of its experts' codes (auto chose {', '.join(t.upper() for t in types)})"
+    )
     method, note = ("requantized", "re-quantized from floats") if typ == "q8_0" else ("float", "no common block type")
     data = [requantize(w, typ) if typ == "q8_0" else float_encode(w, typ) for w in refs]
     return [replace(encs[0], data=d, ggml_type=typ, method=method, note=note) for d in data]
@@ -96,7 +102,7 @@ def _common_type(encs: list, qs: list, refs: list, names: list[str], float_type:
 def _rows(a: np.ndarray, part: int, parts: int) -> np.ndarray:
     """Rows `part` of `parts` equal slices along axis 1 of [E, rows, ...]."""
     step = a.shape[1] // parts
-    return np.ascontiguousarray(a[:, part * step:(part + 1) * step])
+    return np.ascontiguousarray(a[:, part * step : (part + 1) * step])
 
 
 def expert_tensors(g: ExpertGroup, ckpt, widths: dict, qtype: str, float_type: str, warn):
@@ -120,8 +126,10 @@ def expert_tensors(g: ExpertGroup, ckpt, widths: dict, qtype: str, float_type: s
         note = next((e.note for e in encs if e.note), "")
         if ref.shape[1] % 2 and g.proj == "gate_up_proj":
             raise UserError(f"{names[0]} has {ref.shape[1]} rows, which do not split into gate and up halves")
-    return [(suffix, _rows(data, part, parts), typ, method, bits, _rows(ref, part, parts), note)
-            for suffix, part, parts in GGUF_PARTS[g.proj]]  # fmt: skip
+    return [
+        (suffix, _rows(data, part, parts), typ, method, bits, _rows(ref, part, parts), note)
+        for suffix, part, parts in GGUF_PARTS[g.proj]
+    ]
 
 
 def hf_experts(gguf_name: str) -> tuple[int, str, int, int] | None:

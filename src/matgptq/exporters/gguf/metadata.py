@@ -15,7 +15,6 @@ from ...formats.gguf import gguf_module
 from .arch import gguf_arch
 from .metadata_arch import add_arch_metadata, add_dimensions, add_experts
 
-
 # --- metadata -------------------------------------------------------------------------------------------------------
 
 
@@ -36,15 +35,24 @@ def hparams(config: dict) -> dict:
     rope.setdefault("original_max_position_embeddings", getattr(cfg, "original_max_position_embeddings", None))
     rope.setdefault("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))
     return {
-        "arch": arch, "n_vocab": cfg.vocab_size, "n_ctx": cfg.max_position_embeddings, "n_embd": cfg.hidden_size,
-        "n_layer": cfg.num_hidden_layers, "n_ff": cfg.intermediate_size, "n_head": heads,
-        "n_head_kv": getattr(cfg, "num_key_value_heads", None) or heads, "head_dim": head_dim,
+        "arch": arch,
+        "n_vocab": cfg.vocab_size,
+        "n_ctx": cfg.max_position_embeddings,
+        "n_embd": cfg.hidden_size,
+        "n_layer": cfg.num_hidden_layers,
+        "n_ff": cfg.intermediate_size,
+        "n_head": heads,
+        "n_head_kv": getattr(cfg, "num_key_value_heads", None) or heads,
+        "head_dim": head_dim,
         "head_dim_in_config": config.get("head_dim") is not None and arch.name != "granite",  # GraniteModel pops it
-        "eps": cfg.rms_norm_eps, "rope": rope, "config": config,
-        "tied": bool(getattr(cfg, "tie_word_embeddings", False)), "sliding_window": config.get("sliding_window"),
+        "eps": cfg.rms_norm_eps,
+        "rope": rope,
+        "config": config,
+        "tied": bool(getattr(cfg, "tie_word_embeddings", False)),
+        "sliding_window": config.get("sliding_window"),
         "n_expert": _first(config, "num_local_experts", "num_experts", "n_routed_experts"),
         "n_expert_used": _first(config, "num_experts_per_tok", "num_experts_per_token", "top_k_experts"),
-    }  # fmt: skip
+    }
 
 
 def _first(config: dict, *keys: str):
@@ -86,24 +94,31 @@ def add_metadata(writer, hp: dict, name: str) -> list[tuple[str, np.ndarray]]:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(float(rope["factor"]))
         writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
-        for key, add in (("extrapolation_factor", writer.add_rope_scaling_yarn_ext_factor),
-                         ("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
-                         ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
-                         ("beta_slow", writer.add_rope_scaling_yarn_beta_slow)):  # fmt: skip
+        for key, add in (
+            ("extrapolation_factor", writer.add_rope_scaling_yarn_ext_factor),
+            ("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
+            ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+            ("beta_slow", writer.add_rope_scaling_yarn_beta_slow),
+        ):
             if rope.get(key) is not None:
                 add(float(rope[key]))
         return []
     if kind == "llama3" and hp["arch"].name == "llama":  # convert_hf_to_gguf LlamaModel.generate_extra_tensors
         return [("rope_freqs.weight", _llama3_factors(rope, hp["head_dim"]))]
-    raise UserError(f"RoPE scaling '{kind}' of a {hp['arch'].name} model is not supported by the GGUF exporter "
-                    "(supported: none, linear, yarn, llama3 for Llama, longrope for Phi-3)")  # fmt: skip
+    raise UserError(
+        f"RoPE scaling '{kind}' of a {hp['arch'].name} model is not supported by the GGUF exporter "
+        "(supported: none, linear, yarn, llama3 for Llama, longrope for Phi-3)"
+    )
 
 
 def _llama3_factors(rope: dict, dim: int) -> np.ndarray:
     base = float(rope.get("rope_theta", 10000.0))
     freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
-    factor, lo, hi = float(rope.get("factor", 8.0)), float(rope.get("low_freq_factor", 1.0)), float(
-        rope.get("high_freq_factor", 4.0))  # fmt: skip
+    factor, lo, hi = (
+        float(rope.get("factor", 8.0)),
+        float(rope.get("low_freq_factor", 1.0)),
+        float(rope.get("high_freq_factor", 4.0)),
+    )
     old = float(rope.get("original_max_position_embeddings", 8192))
     out = []
     for f in freqs:
@@ -142,8 +157,12 @@ def _phi3_metadata(writer, hp: dict) -> list[tuple[str, np.ndarray]]:
     kind = (rope.get("rope_type") or rope.get("type") or "").lower()
     scale = hp["n_ctx"] / int(orig)
     if kind not in ("su", "longrope") or not short or len(long) != len(short) or len(long) != rope_dims / 2:
-        raise UserError(f"Phi-3 RoPE scaling '{kind}' with these factors is not supported by the GGUF exporter "
-                        "(supported: longrope with long/short factors of rope_dims/2 each)")  # fmt: skip
+        raise UserError(
+            f"Phi-3 RoPE scaling '{kind}' with these factors is not supported by the GGUF exporter "
+            "(supported: longrope with long/short factors of rope_dims/2 each)"
+        )
     writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(int(orig))) if scale > 1.0 else 1.0)
-    return [("rope_factors_long.weight", np.asarray(long, dtype=np.float32)),
-            ("rope_factors_short.weight", np.asarray(short, dtype=np.float32))]  # fmt: skip
+    return [
+        ("rope_factors_long.weight", np.asarray(long, dtype=np.float32)),
+        ("rope_factors_short.weight", np.asarray(short, dtype=np.float32)),
+    ]

@@ -28,8 +28,10 @@ def check_model(hp: dict, tok_dir: Path) -> None:
         return
     where = f"llama.cpp's {arch} graph"
     if cfg.get("query_pre_attn_scalar", hp["head_dim"]) != hp["head_dim"]:
-        raise UserError(f"{where} scales queries by 1/sqrt(head_dim); this model's query_pre_attn_scalar is "
-                        f"{cfg['query_pre_attn_scalar']} (head_dim {hp['head_dim']})")  # fmt: skip
+        raise UserError(
+            f"{where} scales queries by 1/sqrt(head_dim); this model's query_pre_attn_scalar is "
+            f"{cfg['query_pre_attn_scalar']} (head_dim {hp['head_dim']})"
+        )
     period = _SWA_PERIOD[arch]
     want = ["sliding_attention" if i % period < period - 1 else "full_attention" for i in range(hp["n_layer"])]
     if cfg.get("layer_types") not in (None, want):
@@ -37,11 +39,14 @@ def check_model(hp: dict, tok_dir: Path) -> None:
     rope = _full_rope(hp)
     if arch == "gemma2":
         if float(rope.get("rope_theta", 10000.0)) != 10000.0 or rope.get("rope_type", "default") != "default":
-            raise UserError(f"{where} uses RoPE base 10000 without scaling (the converter writes none); this model "
-                            "has another RoPE")  # fmt: skip
+            raise UserError(
+                f"{where} uses RoPE base 10000 without scaling (the converter writes none); this model has another RoPE"
+            )
         if not hp["tied"]:
-            raise UserError(f"{where} ties the output to the embeddings (the converter drops lm_head); this model's "
-                            "lm_head is separate")  # fmt: skip
+            raise UserError(
+                f"{where} ties the output to the embeddings (the converter drops lm_head); this model's "
+                "lm_head is separate"
+            )
     elif cfg.get("attn_logit_softcapping") is not None:
         raise UserError(f"{where} has no attention logit soft-capping; this model sets attn_logit_softcapping")
     if arch == "gemma3":
@@ -56,8 +61,10 @@ def _check_moe(hp: dict) -> None:
         if not cfg.get("norm_topk_prob", False):
             raise UserError(f"{where} renormalises the top-k routing weights; this model sets norm_topk_prob false")
         if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
-            raise UserError(f"{where} has experts in every block; this model has dense MLP blocks (mlp_only_layers / "
-                            "decoder_sparse_step)")  # fmt: skip
+            raise UserError(
+                f"{where} has experts in every block; this model has dense MLP blocks (mlp_only_layers / "
+                "decoder_sparse_step)"
+            )
     window = hp["sliding_window"]
     if cfg.get("model_type") == "mixtral" and window is not None and window < hp["n_ctx"]:
         raise UserError(f"{where} attends to the whole context; this model's sliding_window is {window}")
@@ -68,14 +75,18 @@ def _check_gemma3_vocab(hp: dict, tok_dir: Path) -> None:
     tj = Path(tok_dir) / "tokenizer.json"
     if not tj.is_file():
         if (Path(tok_dir) / "tokenizer.model").is_file():
-            raise UserError("a Gemma 3 model with a SentencePiece tokenizer.model: llama.cpp's converter trims the "
-                            "embeddings to its vocabulary, which matgptq's GGUF export does not do yet")  # fmt: skip
+            raise UserError(
+                "a Gemma 3 model with a SentencePiece tokenizer.model: llama.cpp's converter trims the "
+                "embeddings to its vocabulary, which matgptq's GGUF export does not do yet"
+            )
         return
     data = json.loads(tj.read_text(encoding="utf-8"))
     n_real = len((data.get("model") or {}).get("vocab") or {}) + len(data.get("added_tokens") or [])
     if n_real < hp["n_vocab"]:
-        raise UserError(f"llama.cpp's converter trims this Gemma 3 model's {hp['n_vocab']} embedding rows to its "
-                        f"tokenizer's {n_real} tokens; matgptq's GGUF export does not trim embeddings yet")  # fmt: skip
+        raise UserError(
+            f"llama.cpp's converter trims this Gemma 3 model's {hp['n_vocab']} embedding rows to its "
+            f"tokenizer's {n_real} tokens; matgptq's GGUF export does not trim embeddings yet"
+        )
 
 
 def _full_rope(hp: dict) -> dict:
@@ -91,10 +102,12 @@ def add_arch_metadata(writer, hp: dict) -> None:
 def _granite(writer, hp: dict) -> None:
     """GraniteModel: LlamaModel's keys (written by metadata.add_metadata) plus the multipliers, when non-zero."""
     cfg = hp["config"]
-    for key, add in (("attention_multiplier", writer.add_attention_scale),
-                     ("embedding_multiplier", writer.add_embedding_scale),
-                     ("residual_multiplier", writer.add_residual_scale),
-                     ("logits_scaling", writer.add_logit_scale)):  # fmt: skip
+    for key, add in (
+        ("attention_multiplier", writer.add_attention_scale),
+        ("embedding_multiplier", writer.add_embedding_scale),
+        ("residual_multiplier", writer.add_residual_scale),
+        ("logits_scaling", writer.add_logit_scale),
+    ):
         if cfg.get(key):
             add(float(cfg[key]))
 
@@ -147,8 +160,9 @@ def _gemma3(writer, hp: dict) -> None:
         writer.add_rope_scaling_type(gguf_module().RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope["factor"]))
     elif kind != "default":
-        raise UserError(f"RoPE scaling '{kind}' of a gemma3 model is not supported by the GGUF exporter "
-                        "(supported: none, linear)")  # fmt: skip
+        raise UserError(
+            f"RoPE scaling '{kind}' of a gemma3 model is not supported by the GGUF exporter (supported: none, linear)"
+        )
     writer.add_rope_freq_base(float(rope.get("rope_theta", 1_000_000.0)))
     local = (hp["rope"].get("sliding_attention") or {}).get("rope_theta")
     if local is not None:

@@ -26,11 +26,9 @@ from ...errors import UserError
 from ...formats.gguf import gguf_module
 
 _SPLITS = {  # the Split regex of tokenizer.json -> llama.cpp's pre-tokenizer name
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
-        "llama-bpe",
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
-        "qwen2",
-}  # fmt: skip
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
+}
 SUPPORTED = "SentencePiece, BPE with byte_fallback, or byte-level BPE with the GPT-2/SmolLM/Llama-3/Qwen2 pre-tokenizer"
 
 
@@ -51,8 +49,10 @@ def add_vocab(writer, tok_dir: Path, n_vocab: int, warn) -> None:
     elif model.get("type") == "BPE":
         _add_byte_level_bpe(writer, data, tok_dir, n_vocab)
     else:
-        raise UserError(f"{tj}: a {model.get('type')} tokenizer cannot be written to GGUF by matgptq (supported: "
-                        f"{SUPPORTED}); convert it with llama.cpp's convert_hf_to_gguf.py")  # fmt: skip
+        raise UserError(
+            f"{tj}: a {model.get('type')} tokenizer cannot be written to GGUF by matgptq (supported: "
+            f"{SUPPORTED}); convert it with llama.cpp's convert_hf_to_gguf.py"
+        )
 
 
 def _vocab(data: dict, tj: Path, n_vocab: int) -> tuple[dict[str, int], dict[str, dict]]:
@@ -69,6 +69,7 @@ def _vocab(data: dict, tj: Path, n_vocab: int) -> tuple[dict[str, int], dict[str
 
 def bpe_pre_tokenizer(data: dict) -> str:
     """llama.cpp's `tokenizer.ggml.pre` for a byte-level BPE tokenizer.json, or a UserError naming what is not."""
+
     def steps(node) -> list[dict]:
         if not node:
             return []
@@ -83,17 +84,25 @@ def bpe_pre_tokenizer(data: dict) -> str:
             name = "gpt-2"
         elif shape == ["Digits", "ByteLevel"] and pre[0].get("individual_digits") and last.get("use_regex", True):
             name = "smollm"
-        elif shape == ["Split", "ByteLevel"] and not last.get("use_regex", True) and pre[0].get("behavior") == "Isolated" \
-                and not pre[0].get("invert", False):  # fmt: skip
+        elif (
+            shape == ["Split", "ByteLevel"]
+            and not last.get("use_regex", True)
+            and pre[0].get("behavior") == "Isolated"
+            and not pre[0].get("invert", False)
+        ):
             name = _SPLITS.get((pre[0].get("pattern") or {}).get("Regex"))
     if name is None:
-        raise UserError(f"tokenizer.json's pre-tokenizer {json.dumps(data.get('pre_tokenizer'))[:120]} is not one "
-                        f"llama.cpp can reproduce (supported: {SUPPORTED})")  # fmt: skip
+        raise UserError(
+            f"tokenizer.json's pre-tokenizer {json.dumps(data.get('pre_tokenizer'))[:120]} is not one "
+            f"llama.cpp can reproduce (supported: {SUPPORTED})"
+        )
     if decoder.get("type") != "ByteLevel":
         raise UserError(f"tokenizer.json's decoder {decoder.get('type')} is not ByteLevel (supported: {SUPPORTED})")
     if normalizer is not None and not (name == "qwen2" and normalizer.get("type") == "NFC"):
-        raise UserError(f"tokenizer.json's normalizer {normalizer.get('type')} is not one llama.cpp applies "
-                        f"(supported: none; NFC for Qwen2)")  # fmt: skip
+        raise UserError(
+            f"tokenizer.json's normalizer {normalizer.get('type')} is not one llama.cpp applies "
+            f"(supported: none; NFC for Qwen2)"
+        )
     return name
 
 
@@ -120,8 +129,9 @@ def _add_byte_level_bpe(writer, data: dict, tok_dir: Path, n_vocab: int) -> None
     writer.add_token_types(types)
     special = gguf.SpecialVocab(tok_dir, load_merges=True, n_vocab=n_vocab)
     if not special.merges:
-        raise UserError(f"{tok_dir}/tokenizer.json has no merges; llama.cpp cannot tokenize with a byte-level BPE "
-                        "without them")  # fmt: skip
+        raise UserError(
+            f"{tok_dir}/tokenizer.json has no merges; llama.cpp cannot tokenize with a byte-level BPE without them"
+        )
     ids = hf("a")["input_ids"]  # what the Hugging Face tokenizer adds around a text
     special.add_special_token["bos"] = hf.bos_token_id is not None and ids[0] == hf.bos_token_id
     special.add_special_token["eos"] = hf.eos_token_id is not None and ids[-1] == hf.eos_token_id
@@ -197,5 +207,3 @@ def _add_sentencepiece_vocab(writer, tok_dir: Path, n_vocab: int) -> None:
     writer.add_token_scores(scores)
     writer.add_token_types(types)
     gguf.SpecialVocab(tok_dir, load_merges=False, n_vocab=n_vocab).add_to_gguf(writer, quiet=True)
-
-

@@ -26,14 +26,23 @@ import torch
 from ..._version import __version__
 from ...errors import UserError
 from ...execution import format_table
-from ...formats.gguf import (EMBED_TYPES, FILE_TYPES, FLOAT_TYPES, QTYPES, encode_layer, float_encode, gguf_module,
-                                    requantize, embed_type_for)  # fmt: skip
+from ...formats.gguf import (
+    EMBED_TYPES,
+    FILE_TYPES,
+    FLOAT_TYPES,
+    QTYPES,
+    embed_type_for,
+    encode_layer,
+    float_encode,
+    gguf_module,
+    requantize,
+)
 from ...formats.mix import WidthSpec, width_spec
 from ...fsutil import atomic_output, check_output
 from ...models import load_fp_model
 from ...runtime import open_checkpoint, resolve_bits
 from ...untrusted import read_json
-from .arch import ARCHITECTURES, tensor_order, llama_qk_permutation
+from .arch import ARCHITECTURES, llama_qk_permutation, tensor_order
 from .experts import expert_tensors, hf_experts, join_experts, split_experts
 from .metadata import add_metadata, hparams
 from .metadata_arch import check_model
@@ -97,8 +106,10 @@ class GGUFExport:
         return out
 
     def table(self) -> str:
-        rows = [[t.name, t.ggml_type, t.bits, t.method, "yes" if t.exact else "no", t.max_abs_err, t.note]
-                for t in self.tensors]  # fmt: skip
+        rows = [
+            [t.name, t.ggml_type, t.bits, t.method, "yes" if t.exact else "no", t.max_abs_err, t.note]
+            for t in self.tensors
+        ]
         return format_table(["tensor", "type", "bits", "method", "exact", "max |Δw|", "note"], rows)
 
     def summary(self) -> str:
@@ -107,8 +118,10 @@ class GGUFExport:
         exact = sum(t.exact for t in self.tensors)
         worst = max(self.tensors, key=lambda t: t.max_abs_err, default=None)
         where = f" ({worst.name}, {worst.ggml_type})" if worst is not None and worst.max_abs_err > 0 else ""
-        return (f"{len(self.tensors)} tensors: {types}\n"
-                f"{exact}/{len(self.tensors)} tensors bit-exact, max |Δw| {self.max_abs_err:.3g}{where}")  # fmt: skip
+        return (
+            f"{len(self.tensors)} tensors: {types}\n"
+            f"{exact}/{len(self.tensors)} tensors bit-exact, max |Δw| {self.max_abs_err:.3g}{where}"
+        )
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -158,21 +171,41 @@ def _check_types(qtype: str, float_type: str, embed_type: str | None) -> tuple[s
 Entry = tuple[TensorExport, np.ndarray, np.ndarray | None]  # (report row, stored data, Q/K row permutation)
 
 
-def _measured(g: str, hf: str, data: np.ndarray, typ: str, method: str, bits: int | None, ref: np.ndarray,
-              perm: np.ndarray | None, note: str = "") -> Entry:  # fmt: skip
+def _measured(
+    g: str,
+    hf: str,
+    data: np.ndarray,
+    typ: str,
+    method: str,
+    bits: int | None,
+    ref: np.ndarray,
+    perm: np.ndarray | None,
+    note: str = "",
+) -> Entry:
     """The stored tensor measured against `ref` through gguf-py's dequantizer (before the Q/K row permutation)."""
     gguf = gguf_module()
     back = gguf.quants.dequantize(np.ascontiguousarray(data), getattr(gguf.GGMLQuantizationType, typ.upper()))
     err = float(np.abs(back.reshape(ref.shape).astype(np.float64) - ref).max(initial=0.0))
     top = float(np.abs(ref).max(initial=0.0))
     rel = err / top if top else 0.0
-    row = TensorExport(g, hf, typ.upper(), tuple(ref.shape), bits, method, err == 0.0, err, rel, note,
-                       int(np.asarray(data).nbytes))  # fmt: skip
+    row = TensorExport(
+        g, hf, typ.upper(), tuple(ref.shape), bits, method, err == 0.0, err, rel, note, int(np.asarray(data).nbytes)
+    )
     return row, data, perm
 
 
-def _encode(hf: str, lname: str | None, g: str, perm, ckpt, widths: dict, tensors: dict, types: tuple[str, str, str],
-            warn, arch=ARCHITECTURES["llama"]) -> Entry:  # fmt: skip
+def _encode(
+    hf: str,
+    lname: str | None,
+    g: str,
+    perm,
+    ckpt,
+    widths: dict,
+    tensors: dict,
+    types: tuple[str, str, str],
+    warn,
+    arch=ARCHITECTURES["llama"],
+) -> Entry:
     """One tensor's GGUF entry: quantized layer `lname`'s weight with its codes where a block type holds them, a norm
     as F32, the embeddings/output as `embed_type`, any other (unquantized source) weight as the float type."""
     qtype, float_type, embed_type = types
@@ -206,8 +239,10 @@ def _entries(src: Path, ckpt, widths: dict, tensors: dict, hp: dict, types: tupl
     for hf in list(tensors) + list(layer_of):
         g = arch.tensor_name(hf)
         if g is None:
-            raise UserError(f"{src}: tensor {hf} has no GGUF name in llama.cpp's {arch.name} layout; this variant of "
-                            "the architecture is not supported")  # fmt: skip
+            raise UserError(
+                f"{src}: tensor {hf} has no GGUF name in llama.cpp's {arch.name} layout; this variant of "
+                "the architecture is not supported"
+            )
         if (hf == "lm_head.weight" and hp["tied"]) or hf in arch.drop:
             continue
         m = re.fullmatch(r"model\.layers\.\d+\.(self_attn\.[qk]_proj)\.(weight|bias)", hf)
@@ -224,8 +259,11 @@ def _expert_entries(groups, ckpt, widths: dict, types: tuple[str, str, str], war
     entries = []
     for grp in groups:
         for suffix, data, typ, method, bits, ref, note in expert_tensors(grp, ckpt, widths, types[0], types[1], warn):
-            entries.append(_measured(f"blk.{grp.block}.{suffix}.weight", f"{grp.hf} ({suffix})", data, typ, method,
-                                     bits, ref, None, note))  # fmt: skip
+            entries.append(
+                _measured(
+                    f"blk.{grp.block}.{suffix}.weight", f"{grp.hf} ({suffix})", data, typ, method, bits, ref, None, note
+                )
+            )
     return entries
 
 
@@ -238,8 +276,9 @@ def _file_type(entries: list[Entry], float_type: str) -> str:
     return max(counts, key=counts.get) if counts else float_type
 
 
-def _write(path: Path, report: GGUFExport, entries: list[Entry], hp: dict, name: str, widths: dict, tok_dir,
-           warn) -> None:  # fmt: skip
+def _write(
+    path: Path, report: GGUFExport, entries: list[Entry], hp: dict, name: str, widths: dict, tok_dir, warn
+) -> None:
     """The GGUF file: metadata, tokenizer, then every tensor (Q/K rows permuted as llama.cpp expects)."""
     gguf = gguf_module()
     writer = gguf.GGUFWriter(str(path), hp["arch"].name)
@@ -258,8 +297,9 @@ def _write(path: Path, report: GGUFExport, entries: list[Entry], hp: dict, name:
         gguf_log.setLevel(level)
     for g, arr in extra:
         writer.add_tensor(g, arr)
-        report.tensors.insert(0, TensorExport(g, "(rope scaling)", "F32", arr.shape, None, "float", True, 0.0, 0.0,
-                                              nbytes=arr.nbytes))  # fmt: skip
+        report.tensors.insert(
+            0, TensorExport(g, "(rope scaling)", "F32", arr.shape, None, "float", True, 0.0, 0.0, nbytes=arr.nbytes)
+        )
     for row, data, perm in entries:
         stored = np.ascontiguousarray(data if perm is None else data[perm])
         if row.ggml_type in ("F32", "F16"):
@@ -274,9 +314,17 @@ def _write(path: Path, report: GGUFExport, entries: list[Entry], hp: dict, name:
         writer.close()
 
 
-def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
-                bits_config: WidthSpec | None = None, qtype: str = "auto", overwrite: bool = False, *,
-                float_type: str = "f32", embed_type: str | None = None) -> GGUFExport:  # fmt: skip
+def export_gguf(
+    src: str | Path,
+    out_file: str | Path,
+    bits: int | None = None,
+    bits_config: WidthSpec | None = None,
+    qtype: str = "auto",
+    overwrite: bool = False,
+    *,
+    float_type: str = "f32",
+    embed_type: str | None = None,
+) -> GGUFExport:
     """Write `src` (a matgptq parent/slice, GPTQ checkpoint or unquantized model) as one GGUF file for llama.cpp.
 
     bits / bits_config: the slice width for all layers, or a {layer: bits} mix (JSON file or dict, "*" = default).
@@ -294,8 +342,10 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
     hp = hparams(config)
     check_model(hp, tok_dir)
     if ckpt is None and qtype != "auto":
-        raise UserError(f"{src} is not quantized: matgptq writes it as {float_type.upper()}; quantize it first or use "
-                        "llama.cpp's quantizer on the exported file")  # fmt: skip
+        raise UserError(
+            f"{src} is not quantized: matgptq writes it as {float_type.upper()}; quantize it first or use "
+            "llama.cpp's quantizer on the exported file"
+        )
     report_warnings: list[str] = []
 
     def warn(msg: str) -> None:
@@ -308,7 +358,6 @@ def export_gguf(src: str | Path, out_file: str | Path, bits: int | None = None,
         _write(tmp, report, entries, hp, src.name, widths, tok_dir, warn)
     report.size_bytes = out.stat().st_size
     return report
-
 
 
 # --- reading back (independent check through gguf-py) ---------------------------------------------------------------

@@ -7,6 +7,18 @@ from .tensors import auto_type, embed_type_for, encode_layer, float_encode, requ
 from .types import EMBED_TYPES, FILE_TYPES, FLOAT_TYPES, QTYPES, BlockType, KQuantType, gguf_module
 
 __all__ = [
-    "QK_K", "auto_type", "embed_type_for", "encode_layer", "float_encode", "requantize", "tensor_bits", "EMBED_TYPES",
-    "FILE_TYPES", "FLOAT_TYPES", "QTYPES", "BlockType", "KQuantType", "gguf_module",
-]  # fmt: skip
+    "QK_K",
+    "auto_type",
+    "embed_type_for",
+    "encode_layer",
+    "float_encode",
+    "requantize",
+    "tensor_bits",
+    "EMBED_TYPES",
+    "FILE_TYPES",
+    "FLOAT_TYPES",
+    "QTYPES",
+    "BlockType",
+    "KQuantType",
+    "gguf_module",
+]

@@ -160,8 +160,9 @@ def _subparam(x: ArrayLike, rows: int, k: int, name: str, sub: int = 16) -> NDAr
     return a.reshape(rows, k // QK_K, QK_K // sub)
 
 
-def _exact_fit(s: NDArray[np.float64], lo: int, hi: int) -> tuple[NDArray[np.float16], NDArray[np.int16],
-                                                                    NDArray[np.bool_]]:  # fmt: skip
+def _exact_fit(
+    s: NDArray[np.float64], lo: int, hi: int
+) -> tuple[NDArray[np.float16], NDArray[np.int16], NDArray[np.bool_]]:
     """Where one exists, an fp16 d and integers sc in [lo, hi] with fp32(d)·sc == s exactly, per super-block of
     `s` [R, nsb, n]; the mask says where. Scales put on the K-quant lattice by quantization/algorithm/kquant_scales.py have one
     (d = the largest |s| / its sc); tries d = max|s| / j for j from the grid's end down (a few steps for those)."""
@@ -222,17 +223,27 @@ def _qs2(q: NDArray[np.uint8]) -> NDArray[np.uint8]:
     return np.bitwise_or.reduce(q, axis=3)
 
 
-def _result(data: NDArray[np.uint8], s: NDArray[np.float64], eff: NDArray[np.float32],
-            qc: NDArray[np.int16], m: NDArray[np.float64] | None = None,
-            eff_m: NDArray[np.float32] | None = None) -> KQuantBlocks:
+def _result(
+    data: NDArray[np.uint8],
+    s: NDArray[np.float64],
+    eff: NDArray[np.float32],
+    qc: NDArray[np.int16],
+    m: NDArray[np.float64] | None = None,
+    eff_m: NDArray[np.float32] | None = None,
+) -> KQuantBlocks:
     rows = s.shape[0]
     ds = eff.astype(np.float64) - s
     dw = ds[..., None] * qc.reshape(*s.shape, -1)
     dm = np.zeros_like(s) if m is None or eff_m is None else eff_m.astype(np.float64) - m
     dw = dw - dm[..., None]
-    return KQuantBlocks(data, eff.reshape(rows, -1), None if eff_m is None else eff_m.reshape(rows, -1),
-                        float(np.max(np.abs(ds), initial=0.0)), float(np.max(np.abs(dm), initial=0.0)),
-                        float(np.max(np.abs(dw), initial=0.0)))
+    return KQuantBlocks(
+        data,
+        eff.reshape(rows, -1),
+        None if eff_m is None else eff_m.reshape(rows, -1),
+        float(np.max(np.abs(ds), initial=0.0)),
+        float(np.max(np.abs(dm), initial=0.0)),
+        float(np.max(np.abs(dw), initial=0.0)),
+    )
 
 
 def encode_q6_k(codes: ArrayLike, sub_scales: ArrayLike) -> KQuantBlocks:
@@ -248,8 +259,10 @@ def pack_q6_k(codes: NDArray, sc: NDArray, d: NDArray[np.float16]) -> NDArray[np
     """Q6_K bytes of codes [rows, K] in [0, 63], int8 sub-scales [rows, K // 16] and fp16 d [rows, K // 256]."""
     rows, k = codes.shape
     q = codes.astype(np.uint8).reshape(rows, k // QK_K, 2, 4, 32)
-    ql = np.concatenate([(q[:, :, :, 0] & 15) | ((q[:, :, :, 2] & 15) << 4),
-                         (q[:, :, :, 1] & 15) | ((q[:, :, :, 3] & 15) << 4)], axis=-1)  # fmt: skip
+    ql = np.concatenate(
+        [(q[:, :, :, 0] & 15) | ((q[:, :, :, 2] & 15) << 4), (q[:, :, :, 1] & 15) | ((q[:, :, :, 3] & 15) << 4)],
+        axis=-1,
+    )
     qh = np.bitwise_or.reduce((q >> 4) << _SHIFT2[:, None], axis=3)
     return _join(rows, ql, qh, np.asarray(sc).astype(np.int8).view(np.uint8), _f16_bytes(np.asarray(d, np.float16)))
 
@@ -291,8 +304,14 @@ def _scales_k4(sc: NDArray, m: NDArray) -> NDArray[np.uint8]:
     4-7 = m_j (j < 4), each with the top 2 bits of sc_{j+4} / m_{j+4} in bits 6-7; bytes 8-11 = low nibbles of
     sc_{j+4} | m_{j+4} << 4."""
     sc, m = sc.astype(np.uint8), m.astype(np.uint8)
-    return np.concatenate([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), m[..., :4] | ((m[..., 4:] >> 4) << 6),
-                           (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)], axis=-1)  # fmt: skip
+    return np.concatenate(
+        [
+            sc[..., :4] | ((sc[..., 4:] >> 4) << 6),
+            m[..., :4] | ((m[..., 4:] >> 4) << 6),
+            (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4),
+        ],
+        axis=-1,
+    )
 
 
 def _encode_q45_k(codes: ArrayLike, sub_scales: ArrayLike, sub_mins: ArrayLike, bits: int) -> KQuantBlocks:

@@ -39,7 +39,6 @@ from . import blocks as gb
 from .quantize import quantize_q6_k
 from .types import QTYPES, BlockType, gguf_module
 
-
 _OFFSET_ROUNDED_OK = {"q4_1", "q5_1"}  # auto accepts fp16 rounding of their block offset m
 
 
@@ -85,9 +84,12 @@ def _block_view(q, block: int, what: str) -> _Layer:
         return _Layer(q.codes.numpy().astype(np.int16), q.bits, d[:, first], z[:, first])
     dd, zz = d[:, idx].reshape(n, -1, block), z[:, idx].reshape(n, -1, block)  # value check (act-order etc.)
     if not ((dd == dd[..., :1]).all() and (zz == zz[..., :1]).all()):
-        raise _NoFit("groups", f"quantization groups are not aligned to {what} blocks of {block} columns "
-                     "(act-order without static groups, or a group size that is not a multiple of "
-                     f"{block})")  # fmt: skip
+        raise _NoFit(
+            "groups",
+            f"quantization groups are not aligned to {what} blocks of {block} columns "
+            "(act-order without static groups, or a group size that is not a multiple of "
+            f"{block})",
+        )
     return _Layer(q.codes.numpy().astype(np.int16), q.bits, dd[..., 0], zz[..., 0])
 
 
@@ -100,16 +102,22 @@ def _encode_codes(q, spec: BlockType) -> tuple[np.ndarray, float]:
     top = (1 << lay.bits) - 1
     if spec.offset is not None:
         if not np.array_equal(lay.z, np.round(lay.z)):
-            raise _NoFit("codes", f"its zero point is not an integer at {lay.bits} bits (an asymmetric slice); "
-                         f"{spec.name.upper()} has a fixed offset")  # fmt: skip
+            raise _NoFit(
+                "codes",
+                f"its zero point is not an integer at {lay.bits} bits (an asymmetric slice); "
+                f"{spec.name.upper()} has a fixed offset",
+            )
         # per block, n = c + o − Z with d = D, or mirrored n = o + Z − c with d = −D (w = d·(n − o) either way;
         # e.g. a grid [−7s, 8s], zero 7, is Q4_0 with d = −s): take the first that keeps n in the code range
         hi = (1 << spec.bits) - 1
         up = (spec.offset - lay.z >= 0) & (spec.offset - lay.z + top <= hi)
         down = (spec.offset + lay.z - top >= 0) & (spec.offset + lay.z <= hi)
         if not (up | down).all():
-            raise _NoFit("codes", f"{lay.bits}-bit codes with these zero points do not fit {spec.name.upper()}'s "
-                         f"{spec.bits}-bit codes around {spec.offset}")  # fmt: skip
+            raise _NoFit(
+                "codes",
+                f"{lay.bits}-bit codes with these zero points do not fit {spec.name.upper()}'s "
+                f"{spec.bits}-bit codes around {spec.offset}",
+            )
         sign = np.where(up, 1, -1).astype(np.int16)
         rep = lambda a: np.repeat(a, spec.block, axis=1)  # noqa: E731
         codes = rep(sign) * lay.codes + rep((spec.offset - sign * lay.z).astype(np.int16))
@@ -221,21 +229,30 @@ def encode_layer(name: str, q, w: np.ndarray, qtype: str, float_type: str) -> _E
         if enc is not None:
             return enc
         legacy = [r for name, r in reasons.items() if not QTYPES[name].kquant]  # K-quants only add "not 256"
-        why = next((r for r in legacy if "groups" in r), None) or next((r for r in legacy if "multiple" in r),
-                                                                        legacy[-1])  # fmt: skip
+        why = next((r for r in legacy if "groups" in r), None) or next(
+            (r for r in legacy if "multiple" in r), legacy[-1]
+        )
         return _fallback(q, w, float_type, why)
     spec = QTYPES[qtype]
     try:
         data, err = _encode_codes(q, spec)
-        return _Encoded(data, qtype, "codes", "" if err == 0 else
-                        ("offset m rounded to fp16" if not spec.kquant else "sub-scales rounded onto the K-quant grid"))
+        return _Encoded(
+            data,
+            qtype,
+            "codes",
+            ""
+            if err == 0
+            else ("offset m rounded to fp16" if not spec.kquant else "sub-scales rounded onto the K-quant grid"),
+        )
     except _NoFit as e:
         if e.kind in ("codes", "scale"):
-            raise UserError(f"{name}: {qtype.upper()} cannot hold this layer ({e.reason}); use --type auto or a "
-                            "wider type (q8_0 holds every symmetric width)") from None  # fmt: skip
+            raise UserError(
+                f"{name}: {qtype.upper()} cannot hold this layer ({e.reason}); use --type auto or a "
+                "wider type (q8_0 holds every symmetric width)"
+            ) from None
         why = f"{qtype.upper()}: {e.reason}"
     enc, _ = _auto(q)  # shape/group mismatch: the nearest type that still keeps the codes, as llama.cpp falls back
     if enc is not None:
-        enc.note = (f"fallback from {qtype.upper()} ({why})" + (f"; {enc.note}" if enc.note else ""))
+        enc.note = f"fallback from {qtype.upper()} ({why})" + (f"; {enc.note}" if enc.note else "")
         return enc
     return _fallback(q, w, float_type, why)

@@ -65,5 +65,17 @@ FLOAT_TYPES = ("f32", "f16")
 # --token-embedding-type / --output-tensor-type write them (requantize)
 EMBED_TYPES = ("auto", "f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q6_k")
 # llama.cpp's LlamaFileType of a file mostly of one type (Q3_K → MOSTLY_Q3_K_S, Q4_K → _S)
-FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k": 11,
-              "q4_k": 14, "q5_k": 16, "q6_k": 18}  # fmt: skip
+FILE_TYPES = {
+    "f32": 0,
+    "f16": 1,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q8_0": 7,
+    "q5_0": 8,
+    "q5_1": 9,
+    "q2_k": 10,
+    "q3_k": 11,
+    "q4_k": 14,
+    "q5_k": 16,
+    "q6_k": 18,
+}

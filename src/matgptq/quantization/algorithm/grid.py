@@ -146,8 +146,15 @@ def minmax_params(w: torch.Tensor, bits: int, sym: bool, shrink: float | torch.T
     return _params(*_range(w, signed), bits, sym, shrink, signed)
 
 
-def find_params(w: torch.Tensor, rounding: Rounding, sym: bool, mse: bool, signed: bool = False,
-                col_weights: torch.Tensor | None = None, search: MseSearch = MSE_SEARCH):  # fmt: skip
+def find_params(
+    w: torch.Tensor,
+    rounding: Rounding,
+    sym: bool,
+    mse: bool,
+    signed: bool = False,
+    col_weights: torch.Tensor | None = None,
+    search: MseSearch = MSE_SEARCH,
+):
     """Per-row (scale, zero) for `w` [rows, n]: min-max, or the coarse-to-fine MSE search under `rounding` (module
     docstring; `search`: which grid points it scores), its error weighted per column by `col_weights` [n] if given.
     No host synchronisation: a CUDA graph may replay it (lazy_blocks.BlockGraph)."""

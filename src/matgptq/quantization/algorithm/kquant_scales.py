@@ -96,7 +96,8 @@ def check_group_size(kquant: KQuantType, group_size: int) -> str | None:
         return None
     if SUPER_BLOCK % group_size or group_size % lat.sub_block:
         sizes = [g for g in (16, 32, 64, 128) if g % lat.sub_block == 0]
-        return (f"group size {group_size} does not tile {KQuantType(kquant).value.upper()}'s super-blocks; use "
-                f"{', '.join(map(str, sizes))}, a multiple of {SUPER_BLOCK} or -1")  # fmt: skip
+        return (
+            f"group size {group_size} does not tile {KQuantType(kquant).value.upper()}'s super-blocks; use "
+            f"{', '.join(map(str, sizes))}, a multiple of {SUPER_BLOCK} or -1"
+        )
     return None
-

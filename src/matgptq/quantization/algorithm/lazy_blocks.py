@@ -77,11 +77,13 @@ def run_block(rounding: Rounding, wt, u, diag, err, codes, groups: tuple[int, in
                 scale, zero = fixed(j)
             elif group_params is not None and (first + j) % g == 0:
                 e = j + g
-                current = torch.cat([
-                    wt[j : min(s1, e)],
-                    wt[s1 : min(n_cols, e)] - u[s0:j, s1 : min(n_cols, e)].T @ err[s0:j],
-                    wt[n_cols:e] - u[:j, n_cols:e].T @ err[:j],
-                ])  # fmt: skip
+                current = torch.cat(
+                    [
+                        wt[j : min(s1, e)],
+                        wt[s1 : min(n_cols, e)] - u[s0:j, s1 : min(n_cols, e)].T @ err[s0:j],
+                        wt[n_cols:e] - u[:j, n_cols:e].T @ err[:j],
+                    ]
+                )
                 if tracks > 1:
                     current = rounding.mean_track(current.view(-1, tracks, n_rows).transpose(0, 1))
                 scale, zero = group_params(j, current)
@@ -145,8 +147,9 @@ class BlockGraph:
     @staticmethod
     def capturable(grid: GroupGrid) -> bool:
         """Whether every operation of the column loop under `grid` runs on the device (class docstring)."""
-        return isinstance(grid.rounding, NearestRounding) or (isinstance(grid.rounding, PerWidthRounding)
-                                                              and not grid.mse)  # fmt: skip
+        return isinstance(grid.rounding, NearestRounding) or (
+            isinstance(grid.rounding, PerWidthRounding) and not grid.mse
+        )
 
     def _body(self):
         def group_params(j, current):
@@ -155,8 +158,18 @@ class BlockGraph:
             return scale, zero
 
         state = (self.scales[:, 0], self.zeros[:, 0]) if self.whole else None
-        run_block(self.grid.rounding, self.w, self.u, self.diag, self.err, self.codes, (0, self.g),
-               None if self.whole else group_params, None, state)  # fmt: skip
+        run_block(
+            self.grid.rounding,
+            self.w,
+            self.u,
+            self.diag,
+            self.err,
+            self.codes,
+            (0, self.g),
+            None if self.whole else group_params,
+            None,
+            state,
+        )
 
     def run(self, wt, u, diag, codes, scales, zeros, b0: int, gids: list[int], state):
         """Columns b0..b0+size of the layer (arguments as in solver.py's `_solve`): codes and group parameters written

@@ -185,8 +185,11 @@ class PerWidthRounding(MatryoshkaRounding):
         if self.widths[-1] != master_bits:
             raise ValueError("the master width must be the widest target width")
         self.tracks = len(self.widths)
-        lower = position_table(master_bits, self.widths[:-1]).numpy().astype(np.float64) if len(self.widths) > 1 \
-            else np.zeros((0, 1 << master_bits))  # [R−1, 2^c]  # fmt: skip
+        lower = (
+            position_table(master_bits, self.widths[:-1]).numpy().astype(np.float64)
+            if len(self.widths) > 1
+            else np.zeros((0, 1 << master_bits))
+        )  # [R−1, 2^c]
         change = np.ones(1 << master_bits, dtype=bool)
         change[1:] = (np.diff(lower, axis=1) != 0).any(0)
         self.cell_lo = np.nonzero(change)[0]
@@ -196,8 +199,9 @@ class PerWidthRounding(MatryoshkaRounding):
         # per cell: [lo, hi, Σ_{r<c} λ_r D_r², λ_r D_r for r < c], padded with copies of the last cell so that a run of
         # m cells from any start needs no bounds check (an extra candidate is harmless: each is scored exactly)
         lam_lower = np.asarray(self.lambdas[:-1], dtype=np.float64)
-        table = np.column_stack([self.cell_lo, self.cell_hi, (self.cell_pos**2 * lam_lower).sum(1),
-                                 self.cell_pos * lam_lower]).astype(np.float64)  # fmt: skip
+        table = np.column_stack(
+            [self.cell_lo, self.cell_hi, (self.cell_pos**2 * lam_lower).sum(1), self.cell_pos * lam_lower]
+        ).astype(np.float64)
         # stored column-wise ([3 + R−1, cells]): the search gathers one column at a time with 1-D np.take, cheaper
         # than fancy-indexing [N, m] rows of a row-major table
         self.cell_table = np.ascontiguousarray(np.concatenate([table, np.repeat(table[-1:], 1 << master_bits, 0)]).T)

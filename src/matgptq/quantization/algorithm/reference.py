@@ -34,8 +34,17 @@ def group_order(diag: torch.Tensor, g: int) -> torch.Tensor:
     return torch.tensor([c for cols in full + tail for c in sorted(cols, key=lambda c: -float(diag[c]))])
 
 
-def reference_gptq(w: torch.Tensor, h: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, act_order: bool,
-                   static_groups: bool, damp: float, group_act_order: bool = False):  # fmt: skip
+def reference_gptq(
+    w: torch.Tensor,
+    h: torch.Tensor,
+    rounding: Rounding,
+    group_size: int,
+    sym: bool,
+    act_order: bool,
+    static_groups: bool,
+    damp: float,
+    group_act_order: bool = False,
+):
     """(codes, dequantized weight) of W [N, K], both [N, K] in the original column order, float64."""
     w, h = w.double().clone(), h.double().clone()
     k = w.shape[1]

@@ -29,9 +29,16 @@ CHUNK_BYTES = 1 << 26
 
 
 def refit_scales(
-    weight: torch.Tensor, hessian: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-    g_idx: torch.Tensor, master_bits: int, widths: tuple[int, ...], damp: float,
-) -> dict[int, torch.Tensor]:  # fmt: skip
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    g_idx: torch.Tensor,
+    master_bits: int,
+    widths: tuple[int, ...],
+    damp: float,
+) -> dict[int, torch.Tensor]:
     """Per width r in `widths`: float16 scales [N, G] minimising ‖(W − s_r·(P_r − z))X‖² for the r-bit slice of
     the master `codes` (all widths in one pass of H)."""
     h, dead = damped_hessian(hessian, damp, torch.float32)
@@ -88,8 +95,9 @@ def damped_hessian(hessian: torch.Tensor, damp: float, dtype=torch.float64) -> t
     return h, dead
 
 
-def row_error_change(weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, old: torch.Tensor,
-                     new: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def row_error_change(
+    weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, old: torch.Tensor, new: torch.Tensor
+) -> torch.Tensor:
     """Per output row, e(new) − e(old) with e(ŵ) = (w − ŵ)ᵀ H_damped (w − ŵ), the objective `refit_scales` minimises
     (`damped_hessian`'s pair). With r = w − old and d = new − old, e(new) = (r − d)ᵀH(r − d) = e(old) + dᵀH(d − 2r):
     one float64 product with H instead of one per error (half the guard's cost, and no cancellation of two large
@@ -100,9 +108,16 @@ def row_error_change(weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, 
 
 
 def refit_master(
-    weight: torch.Tensor, hessian: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-    g_idx: torch.Tensor, bits: int, damp: float, snap=None,
-) -> torch.Tensor:  # fmt: skip
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    g_idx: torch.Tensor,
+    bits: int,
+    damp: float,
+    snap=None,
+) -> torch.Tensor:
     """float16 scales [N, G] for the stored `codes` themselves: the least-squares fit above with p = q − z, moved by
     `snap` (a K-quant lattice, or None), kept per row only where the row's error is then smaller than with `scales`.
     So the layer's calibration error never grows, float16 rounding and lattice snapping included."""

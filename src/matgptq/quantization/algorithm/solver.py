@@ -35,6 +35,7 @@ from .grid import Rounding, find_params
 from .kquant_scales import ScaleLattice
 from .lazy_blocks import BlockGraph, GroupGrid, run_block
 
+
 @dataclass
 class QuantResult:
     """Codes in original column order; one (scale, zero) per output row and group; g_idx maps columns to groups."""
@@ -63,8 +64,15 @@ def _group_bounds(k: int, group_size: int) -> list[tuple[int, int]]:
     return [(a, min(a + g, k)) for a in range(0, k, g)]
 
 
-def _static_params(w: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, mse: bool, signed: bool = False,
-                   col_weights: torch.Tensor | None = None):  # fmt: skip
+def _static_params(
+    w: torch.Tensor,
+    rounding: Rounding,
+    group_size: int,
+    sym: bool,
+    mse: bool,
+    signed: bool = False,
+    col_weights: torch.Tensor | None = None,
+):
     """Parameters for contiguous column groups of `w` ([N, K] → scales, zeros [N, G])."""
     cw = lambda a, b: None if col_weights is None else col_weights[a:b]  # noqa: E731
     bounds = _group_bounds(w.shape[1], group_size)
@@ -72,8 +80,15 @@ def _static_params(w: torch.Tensor, rounding: Rounding, group_size: int, sym: bo
     return torch.stack([p[0] for p in pairs], 1), torch.stack([p[1] for p in pairs], 1)
 
 
-def _lattice_d(w: torch.Tensor, rounding: Rounding, group_size: int, mse: bool, lattice: ScaleLattice | None,
-               col_weights: torch.Tensor | None = None, signed: bool = False):  # fmt: skip
+def _lattice_d(
+    w: torch.Tensor,
+    rounding: Rounding,
+    group_size: int,
+    mse: bool,
+    lattice: ScaleLattice | None,
+    col_weights: torch.Tensor | None = None,
+    signed: bool = False,
+):
     """Super-scale d per row and group (kquant_scales.py), from the static scales of the weights before GPTQ; None
     without a lattice. Symmetric grids only (the zero stays 2^(b−1) when a scale moves)."""
     if lattice is None:
@@ -83,7 +98,12 @@ def _lattice_d(w: torch.Tensor, rounding: Rounding, group_size: int, mse: bool, 
 
 
 def rtn_quantize(
-    weight: torch.Tensor, rounding: Rounding, group_size: int, sym: bool, mse: bool = False, signed: bool = False,
+    weight: torch.Tensor,
+    rounding: Rounding,
+    group_size: int,
+    sym: bool,
+    mse: bool = False,
+    signed: bool = False,
     lattice: ScaleLattice | None = None,
 ) -> QuantResult:
     """Round-to-nearest with the same grid as GPTQ and contiguous groups."""
@@ -189,8 +209,9 @@ def gptq_quantize(
     return _finish(codes, scales, zeros, static, perm, group_size, group_order, damp)
 
 
-def _solve(w, u, grid: GroupGrid, group_size: int, block_size: int, perm, static, group_order: bool,
-           graphs: bool | None = None):  # fmt: skip
+def _solve(
+    w, u, grid: GroupGrid, group_size: int, block_size: int, perm, static, group_order: bool, graphs: bool | None = None
+):
     """The lazy-batch column loop (IST-DASLab/gptq `fasterquant`) on the ordered W [N, K] with the inverse-Hessian
     factor U: codes [K, N] in processing order, and the group scales and zeros [N, G] found on the way. `graphs`:
     replay full blocks as a CUDA graph (lazy_blocks.BlockGraph; None: on a GPU, where it applies)."""
@@ -226,8 +247,9 @@ def _solve(w, u, grid: GroupGrid, group_size: int, block_size: int, perm, static
 
             fixed = (lambda j, b0=b0: (static_s[group_of[b0 + j]], static_z[group_of[b0 + j]])) if static else None
             err = torch.empty(b1 - b0, tracks * n_rows, dtype=dtype, device=w.device)
-            state = run_block(grid.rounding, wt[b0:], u[b0:, b0:], diag[b0:], err, codes[b0:], (b0, g), group_params,
-                           fixed, state)  # fmt: skip
+            state = run_block(
+                grid.rounding, wt[b0:], u[b0:, b0:], diag[b0:], err, codes[b0:], (b0, g), group_params, fixed, state
+            )
         if b1 < k:
             wt[b1:].addmm_(u[b0:b1, b1:].T, err, alpha=-1)
     return codes, scales, zeros
