@@ -17,7 +17,7 @@ import pytest
 
 from matgptq.errors import UserError
 from matgptq.formats import read_checkpoint
-from matgptq.fsutil import atomic_output
+from matgptq.fsutil import atomic_output, clear_stale_in
 from tests.conftest import STORIES, TINYSTORIES
 
 ROUNDS = 12
@@ -191,3 +191,17 @@ def test_what_a_killed_writer_left_is_cleared_by_the_next(tmp_path):
         (tmp / "model.safetensors").write_bytes(b"new")
     assert (out / "model.safetensors").read_bytes() == b"new"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", running.name, *(p.name for p in other)])
+
+
+def test_a_resumed_run_clears_what_a_killed_one_left_in_its_folder(tmp_path):
+    """clear_stale_in (what `search --resume` calls on its folder): every dead writer's temporary copy in the folder
+    goes, whatever output it was for; a running writer's stays."""
+    host = socket.gethostname().replace("-", "_")
+    dead = _dead_pid()
+    left = [tmp_path / f".mix-2.5.json.tmp-{dead}@{host}-a1", tmp_path / f"..tables.json.tmp-{dead}@{host}-b2"]
+    running = tmp_path / f".mix-3.json.tmp-{os.getpid()}@{host}-c3"
+    for p in (*left, running):
+        p.mkdir()
+    (tmp_path / "mix-2.5.json").write_text("{}")
+    clear_stale_in(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["mix-2.5.json", running.name])

@@ -4,6 +4,7 @@ along."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -170,9 +171,18 @@ def clear_stale(final: Path) -> None:
         if not m or m["name"] != final.name or m["host"] != _host() or _running(int(m["pid"])):
             continue
         if m["kind"] == "old" and not final.exists():
-            os.rename(p, final)
+            with contextlib.suppress(FileNotFoundError):  # another process (a torchrun rank) may have done it
+                os.rename(p, final)
         else:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def clear_stale_in(directory: Path) -> None:
+    """clear_stale for every output in `directory` beside which a writer left something (a resumed run that keeps
+    what it finished writes those outputs no more)."""
+    if directory.is_dir():
+        for name in sorted({m["name"] for p in directory.iterdir() if (m := _LEFT.fullmatch(p.name))}):
+            clear_stale(directory / name)
 
 
 def replace_file(path: Path, write: Callable[[Path], object], then: str) -> None:

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from ..execution import init_from_env, resolve_device
+from ..fsutil import clear_stale_in
 from ..runtime import load
 from .choice import first_parent, report
 from .evopress import evolve
@@ -54,6 +55,8 @@ def run_search(req: SearchRequest) -> list[dict]:
     schedule = Schedule(req.time_limit, from_rank0)  # first: a limit counts from here
     device = resolve_device(req.device)  # then a missing device, the cheapest thing to name
     check_request(req)
+    if req.resume:  # what a killed run left beside the mix files and states it wrote
+        clear_stale_in(req.out)
     init_from_env(device)  # under torchrun: the scorings are dealt across the processes (spread.py)
     req = req if is_writer() else replace(req, progress=False)
     inputs = read_inputs(req)  # 1. budget
