@@ -227,10 +227,11 @@ def steps_section(steps: dict) -> list[str]:
         *rows,
         "",
         f"{total['exact']} of {total['killed']} kills resumed exactly; {total['on_target']} died at the "
-        f"step aimed at. Litter left: {total['litter_left']} runs, each a hidden `.NAME.tmp-PID@HOST-…` "
-        "holding a hard link to the finished output, left where the kill came after the output was in place "
+        f"step aimed at. Litter left: {total['litter_left']} runs, each a hidden `.NAME.tmp-PID@HOST-…` (empty, or a "
+        "second hard link to the finished file), left where the kill came after the output was in place "
         "(nothing runs again there); the next write to that path removes it (fsutil.clear_stale). "
-        f"{steps['machine']['cpu']}, {steps['machine']['cores']} cores; {steps['wall_s'] / 60:.0f} minutes.",
+        + (f"Note: {steps['search_rerun']}. " if "search_rerun" in steps else "")
+        + f"{steps['machine']['cpu']}, {steps['machine']['cores']} cores; {steps['wall_s'] / 60:.0f} minutes.",
         "",
         "Command: `python -m benchmarks.robustness.faults_kill --at steps --kills 0 --commands "
         f"{','.join(cs)}` (needs strace; the record: docs/results/faults_kill_steps.json).",
