@@ -10,6 +10,7 @@ quantizer registry when the program imports that registry (integrations/post_imp
 """
 
 import importlib
+import importlib.util
 
 from ._version import __version__
 from .integrations.post_import import when_imported
@@ -47,6 +48,8 @@ def __getattr__(name: str):
         value = _register_with_transformers()
     elif name in _WHERE:
         value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f".{name}", __name__)  # a subpackage, as `import matgptq` once imported them
     else:
         raise AttributeError(f"module 'matgptq' has no attribute {name!r}")
     globals()[name] = value
