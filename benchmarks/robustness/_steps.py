@@ -58,14 +58,18 @@ def _kind(call: str, args: str, work: Path) -> str | None:
     return f"{call} {' '.join(general)}" if general else None
 
 
-def file_steps(trace: Path, work: Path) -> list[Step]:
-    """The main thread's file-system steps under `work`, in order, from an strace log of STEP_CALLS (a resumed
-    call's second line is not a call)."""
+def _main_calls(trace: Path) -> list[re.Match]:
+    """The main thread's calls in an strace log (its lowest thread id; a resumed call's second line is not a call)."""
     lines = [m for m in map(_TRACED.match, trace.read_text().splitlines()) if m]
-    main = min(int(m[1]) for m in lines)
+    main = min((int(m[1]) for m in lines), default=None)
+    return [m for m in lines if int(m[1]) == main]
+
+
+def file_steps(trace: Path, work: Path) -> list[Step]:
+    """The main thread's file-system steps under `work`, in order, from an strace log of STEP_CALLS."""
     counts: dict[str, int] = {}
     steps = []
-    for m in (m for m in lines if int(m[1]) == main):
+    for m in _main_calls(trace):
         counts[m[2]] = counts.get(m[2], 0) + 1
         if kind := _kind(m[2], m[3], work):
             steps.append(Step(m[2], counts[m[2]], kind))
@@ -74,9 +78,7 @@ def file_steps(trace: Path, work: Path) -> list[Step]:
 
 def landed_step(trace: Path, step: Step, work: Path) -> str | None:
     """The kind of the step a run killed by injection at `step` was in: its main thread's last call, unfinished."""
-    lines = [m for m in map(_TRACED.match, trace.read_text().splitlines()) if m]
-    main = min((int(m[1]) for m in lines), default=None)
-    last = [m for m in lines if int(m[1]) == main and m[2] == step.call]
+    last = [m for m in _main_calls(trace) if m[2] == step.call]
     entered = len(last) == step.nth and last[-1][3].endswith(("= ?", "<unfinished ...>"))  # and not returned
     return _kind(last[-1][2], last[-1][3], work) if entered else None
 
