@@ -30,6 +30,7 @@ ENV = {
     "OMP_NUM_THREADS": "1",
     "TORCHDYNAMO_DISABLE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONDONTWRITEBYTECODE": "1",  # a .pyc is written with write and rename: the step kills below count those
 }
 TIMEOUT = 600
 # the JSON fields that record durations ("*": any key or index), and the one a resumed search sets (it read the
@@ -213,12 +214,13 @@ def test_resume_of_a_finished_run_says_so(references, tmp_path, capsys):
     assert "kept (finished by the run before)" in capsys.readouterr().out
 
 
-# Kills inside writes and renames, where instants seldom land: strace delivers SIGKILL on entering the N-th call of a
-# system call (counted per call and per thread; the main thread does every write here), N read from a trace of the
-# same command uninterrupted. benchmarks/robustness/faults_kill.py --at steps kills at every kind of step; here the
-# step that puts each output in place (and, for quantize, a resume-state write), the windows an atomic output exists
-# to close.
-STEP_CALLS = "write,ftruncate,rename,renameat,renameat2,link,linkat,unlink,unlinkat,mkdir,rmdir"
+# Kills inside writes and renames, where instants seldom land: strace delivers SIGKILL on entering the n-th call of a
+# system call. For write, link and renameat2 only the calls naming the step's path are counted (`-P`), so n = 1 and no
+# other write (a probe of the temporary directory, a semaphore) can shift it; strace's -P sees only rename's first path
+# (a temporary name with a PID), so a rename's n is read from a trace of the same command uninterrupted: the main
+# thread's renames are the commands' own (no .pyc is written: ENV). benchmarks/robustness/faults_kill.py --at steps
+# kills at every kind of step; here the step that puts each output in place (and, for quantize, a resume-state
+# write), the windows an atomic output exists to close.
 _TRACED = re.compile(r"^(\d+)\s+(\w+)\((.*)$")
 
 
@@ -229,22 +231,28 @@ def _strace_works() -> bool:
         return False
 
 
-def _steps(trace: Path, work: Path) -> list[tuple[str, int, str]]:
-    """(call, which call of it in the main thread, its text) of every traced call naming a path under `work`."""
+def _calls(trace: Path, work: Path) -> list[tuple[str, str]]:
+    """(call, its text, `work` written WORK) of the main thread's traced calls, in order."""
     lines = [m for m in map(_TRACED.match, trace.read_text().splitlines()) if m]
-    main_pid, counts, steps = min(int(m[1]) for m in lines), {}, []
-    for m in (m for m in lines if int(m[1]) == main_pid):
-        counts[m[2]] = counts.get(m[2], 0) + 1
-        if f"{work}/" in m[3]:
-            steps.append((m[2], counts[m[2]], m[3].replace(str(work), "WORK")))
-    return steps
+    main_pid = min(int(m[1]) for m in lines)
+    return [(m[2], m[3].replace(str(work), "WORK")) for m in lines if int(m[1]) == main_pid]
 
 
-STEP_TARGETS = {  # command: the steps to kill at, as (call, a regular expression on its text)
-    "quantize-gptq": [("write", r"\.resume/\.state\.json\.tmp"), ("rename", r'"WORK/\.out\.tmp-[^"/]*", "WORK/out"')],
-    "search": [("rename", r"WORK/out/mix-2\.5\.json")],
-    "export": [("link", r'"WORK/out\.gguf"')],
-    "slice-overwrite": [("renameat2", r'"WORK/out"')],
+def _nth_rename(argv: list[str], trace: Path, work: Path, target: str) -> int:
+    """Which of the main thread's renames, counted from 1, moves a file to WORK/target in a run of `argv`."""
+    assert (
+        subprocess.run(["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=rename", "--", *argv], env=ENV).returncode
+        == 0
+    )
+    renames = [text for call, text in _calls(trace, work) if call == "rename"]
+    return next(n for n, text in enumerate(renames, 1) if f', "WORK/{target}")' in text)
+
+
+STEP_TARGETS = {  # command: the steps to kill at, as (call, the path it names, under the run's directory)
+    "quantize-gptq": [("write", ".out.resume/.state.json.tmp"), ("rename", "out")],
+    "search": [("rename", "out/mix-2.5.json")],
+    "export": [("link", "out.gguf")],
+    "slice-overwrite": [("renameat2", "out")],
 }
 
 
@@ -257,42 +265,27 @@ def test_killed_inside_a_write_or_rename_resumes_to_the_uninterrupted_output(ref
     base = name.removesuffix("-overwrite")
     ref, parent = references[base][0], references["quantize-matgptq"][0]
     extra = ["--overwrite"] if name != base else []
-    prepare = (lambda out: shutil.copytree(parent, out)) if extra else (lambda out: None)  # noqa: E731
-    traced = tmp_path / "traced"
-    traced.mkdir()
-    prepare(traced / ref.name)
-    argv = _argv(base, traced / ref.name, parent) + extra
-    assert (
-        subprocess.run(
-            ["strace", "-f", "-qq", "-y", "-o", str(tmp_path / "t"), "-e", f"trace={STEP_CALLS}", "--", *argv],
-            env={**ENV, "PYTHONDONTWRITEBYTECODE": "1"},
-        ).returncode
-        == 0
-    )
-    steps = _steps(tmp_path / "t", traced)
-    for k, (call, pattern) in enumerate(STEP_TARGETS[name]):
-        nth = next(n for c, n, text in steps if c == call and re.search(pattern, text))
+    for k, (call, target) in enumerate(STEP_TARGETS[name]):
         work = tmp_path / str(k)
         work.mkdir()
         out = work / ref.name
-        prepare(out)
-        kill = [
-            "strace",
-            "-f",
-            "-qq",
-            "-y",
-            "-o",
-            str(work / "t"),
-            "-e",
-            f"trace={call}",
-            "-e",
-            f"inject={call}:signal=KILL:when={nth}",
-            "--",
-        ]
+        if call == "rename":
+            (work / "traced").mkdir()
+            uninterrupted = _argv(base, work / "traced" / ref.name, parent) + extra
+            if extra:
+                shutil.copytree(parent, work / "traced" / ref.name)
+            only, nth = [], _nth_rename(uninterrupted, work / "traced" / "t", work / "traced", target)
+            shutil.rmtree(work / "traced")
+        else:
+            only, nth = ["-P", str(work / target)], 1
+        if extra:
+            shutil.copytree(parent, out)
+        kill = ["strace", "-f", "-qq", "-y", "-o", str(work / "t"), *only, "-e", f"trace={call}"]
+        kill += ["-e", f"inject={call}:signal=KILL:when={nth}", "--"]
         assert _run(kill + _argv(base, out, parent) + extra) in (-signal.SIGKILL, 128 + signal.SIGKILL)
-        last = _steps(work / "t", work)[-1]
-        assert last[0] == call and re.search(pattern, last[2]), last
-        assert last[2].endswith(("= ?", "<unfinished ...>")), last  # entered, not returned
+        last, text = _calls(work / "t", work)[-1]
+        assert last == call and f"WORK/{target}" in text, (last, text)
+        assert text.endswith(("= ?", "<unfinished ...>")), text  # entered, not returned
         if out.exists() and base != "search":  # in place: whole, the new output or (--overwrite) the old one
             assert _same(out, ref) or (extra and _same(out, parent)), "a partial output"
         if COMMANDS[base][2]:
