@@ -10,8 +10,7 @@ import torch
 
 import matgptq
 from matgptq.errors import UserError
-from matgptq.formats.parent import pack_bits
-from matgptq.runtime.packed import PREFILL_ROWS, Kernel, PackedLinear, unpack_rows, weight_bytes
+from matgptq.runtime.packed import PREFILL_ROWS, Kernel, PackedLinear, weight_bytes
 from tests.conftest import make_tiny_llama, quick_quantize
 
 IDS = torch.tensor([[1, 5, 9, 200, 17, 300, 42, 7, 99, 1000 % 512, 3, 64]])
@@ -24,12 +23,6 @@ def parent(tmp_path_factory):
     return quick_quantize(
         model, root / "p", method="matgptq", bits="3,4,8", group_size=32, act_order=True, static_groups=False
     )
-
-
-@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])
-def test_unpack_inverts_pack(bits):
-    codes = torch.randint(0, 1 << bits, (5, 37), generator=torch.Generator().manual_seed(bits), dtype=torch.uint8)
-    assert torch.equal(unpack_rows(pack_bits(codes, bits), bits, 37), codes)
 
 
 @pytest.mark.parametrize("bits", [3, 4, 8, {"*": 4, "model.layers.0.mlp.down_proj": 2}])

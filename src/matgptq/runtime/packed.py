@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats import QuantizedWeight
-from ..formats.parent import pack_bits
+from ..formats.parent import pack_bits, unpack_bits
 from .int4_cpu import build, int4_codes, int4_dequantize, int4_matmul
 
 # Rows per call from which the int4 path dequantizes (exactly, int4_cpu.int4_dequantize) and uses F.linear instead of
@@ -41,15 +41,6 @@ class Kernel(str, Enum):
     AUTO = "auto"  # INT4 for bfloat16 layers the kernel can serve, else BITSTREAM
     INT4 = "int4"  # torch's int4 weight-only CPU matmul (int4_cpu.py); BITSTREAM where it cannot serve the layer
     BITSTREAM = "bitstream"  # r-bit row stream, dequantized per call (exact, smallest)
-
-
-def unpack_rows(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
-    """Inverse of pack_bits in torch: uint8 codes [N, k]."""
-    if bits == 8:
-        return packed[:, :k]
-    planes = (packed[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1  # [N, bytes, 8], little-endian bits
-    planes = planes.reshape(packed.shape[0], -1)[:, : k * bits].reshape(packed.shape[0], k, bits)
-    return (planes << torch.arange(bits, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
 
 
 class PackedLinear(nn.Module):
@@ -89,7 +80,7 @@ class PackedLinear(nn.Module):
     def codes(self) -> torch.Tensor:
         if self.kernel == Kernel.INT4:
             return int4_codes(self._int4()[0], self.perm, self.out_features, self.in_features).to(torch.uint8)
-        return unpack_rows(self.packed, self.bits, self.in_features)
+        return unpack_bits(self.packed, self.bits, self.in_features)
 
     def dequantized_weight(self) -> torch.Tensor:
         if self.kernel == Kernel.INT4:

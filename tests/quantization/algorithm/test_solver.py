@@ -9,7 +9,7 @@ from matgptq.quantization.algorithm.grid import NearestRounding, find_params
 from matgptq.quantization.algorithm.multibit import MatryoshkaRounding, PerWidthRounding
 from matgptq.quantization.algorithm.reference import group_order as reference_group_order
 from matgptq.quantization.algorithm.reference import reference_gptq
-from matgptq.quantization.algorithm.solver import gptq_quantize, group_aware_order, rtn_quantize
+from matgptq.quantization.algorithm.solver import gptq_quantize, group_aware_order, inverse_hessian_factor, rtn_quantize
 from tests.conftest import require_peer
 
 
@@ -250,6 +250,25 @@ def test_damping_retries_when_hessian_not_positive_definite():
         torch.linalg.cholesky(h + 0.01 * torch.diag(h).mean() * torch.eye(6, dtype=torch.float64))
     res = gptq_quantize(w, h, NearestRounding(4), damp=0.01)
     assert res.damp == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("k,seed", [(64, 0), (576, 1)])
+def test_one_cholesky_factor_is_the_inverse_hessians_cholesky_factor(k, seed):
+    """The factor of one Cholesky of the flipped Hessian and one triangular inverse against the textbook Cholesky of
+    the inverse in float64, both paths run in float32. Bound: a backward-stable Cholesky and triangular inverse each
+    perturb H by at most ~n·ε relative, and a relative perturbation η of H moves its factors by at most κ₂(H)·η
+    (first-order Cholesky perturbation), so ‖ΔU‖_F/‖U‖_F ≤ 2·n·ε₃₂·κ₂(H) for either path; the two paths then differ by
+    at most twice that."""
+    _, h, _ = random_problem(8, k, seed)
+    damped = h + 0.01 * torch.diag(h).mean() * torch.eye(k, dtype=torch.float64)
+    truth = torch.linalg.cholesky(torch.linalg.inv(damped), upper=True)
+    new, damp = inverse_hessian_factor(h.float(), 0.01)
+    textbook = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(damped.float())), upper=True)
+    bound = 2 * k * torch.finfo(torch.float32).eps * torch.linalg.cond(damped).item()
+    rel = lambda u, v: float((u.double() - v.double()).norm() / v.norm())  # noqa: E731
+    assert damp == 0.01 and torch.equal(new, new.triu()) and bool((new.diagonal() > 0).all())
+    assert rel(new, truth) <= bound and rel(textbook, truth) <= bound
+    assert rel(new, textbook) <= 2 * bound
 
 
 def test_scales_are_float16_and_zeros_in_range():
