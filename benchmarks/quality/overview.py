@@ -1,15 +1,20 @@
-"""The README's overview: quality against bits on SmolLM2-135M-Instruct, rendered from three measured JSONs.
+"""The README's overview: quality against bits on SmolLM2-135M-Instruct, rendered from four measured JSONs.
 
 Sources (each written by its own script; nothing here is measured):
-  docs/results/real_model_table.json         benchmarks/quality/real_model_table.py: per-width GPTQ (ours) and
-                                             GPTQModel 7.6.0, g128 symmetric, WikiText-2 perplexity on 32 x 2048
+  docs/results/gptq_defaults.json            benchmarks/quality/gptq_defaults.py: the parent's slices, the default
+                                             GPTQ per width and the peers with their own defaults, g128, calibration
+                                             seeds 0-2, WikiText-2 perplexity and KL on 8 x 2048 held-out tokens (the
+                                             README's first table)
+  docs/results/real_model_table.json         benchmarks/quality/real_model_table.py: GPTQModel 7.6.0 per width,
+                                             g128 symmetric, WikiText-2 perplexity on 32 x 2048
                                              held-out tokens
   docs/results/search_real_model/run-2.json  benchmarks/search/real_model.py: one MatGPTQ parent's uniform slices and
                                              its searched mixes, scored by the same function on the same tokens
   docs/results/gguf_vs_llamacpp_real.json    benchmarks/gguf/presets.py: GGUF files, ours and llama.cpp's presets,
                                              scored by llama.cpp's own llama-perplexity (KL to F32), seeds 0-2
 
-The two panels use two protocols and never mix them: left, our evaluator (one calibration seed); right, llama.cpp's.
+The figure's two panels use two protocols and never mix them: left, our evaluator (one calibration seed); right,
+llama.cpp's. The first table is the defaults' protocol alone.
 
     python -m benchmarks.quality.overview     # rewrite docs/results/overview.png and the README block
     python -m benchmarks.render_docs --check  # what CI runs: the README block equals this rendering of the JSONs
@@ -40,7 +45,8 @@ def load_sources(results: Path = RESULTS) -> dict:
     run = json.loads((results / "search_real_model" / "run-2.json").read_text())
     seeds = json.loads((results / "gguf_vs_llamacpp_real.json").read_text())["seeds"]
     gguf = [seeds[str(seed)] for seed in SEEDS]
-    return {"table": table, "run": run, "gguf": gguf}
+    defaults = json.loads((results / "gptq_defaults.json").read_text())["models"]["SmolLM2-135M-Instruct"]["runs"]
+    return {"table": table, "run": run, "gguf": gguf, "defaults": defaults}
 
 
 def _ppl(entry: dict, bits: int) -> float:
@@ -52,7 +58,6 @@ def series(src: dict) -> dict[str, list[tuple[float, float]]]:
     t, ev, mixes = src["table"], src["run"]["eval"], src["run"]["mixes"]
     return {
         "fp32": [(16.0, _ppl(t["fp32"], 32))],
-        "GPTQ (matgptq, plain options), one model per width": [(b, _ppl(t[f"gptq{b}"], b)) for b in (3, 4, 6, 8)],
         "GPTQModel 7.6.0, one model per width": [(b, _ppl(t[f"gptqmodel{b}"], b)) for b in (3, 4)],
         "MatGPTQ parent: uniform slices": [(b, ev[f"uniform-{b}"]["ppl"]) for b in (2, 3, 4, 6, 8)],
         "MatGPTQ parent: searched mixes": sorted(
@@ -89,25 +94,39 @@ def _ms(xs: list[float], digits: int) -> str:
     return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs):.{digits}f}"
 
 
+# The first table: (column, its row in gptq_defaults.json), every tool with no option but bits and group size 128
+DEFAULT_COLUMNS = (
+    ("MatGPTQ parent {3,4,8}: its slice", "matgptq-default"),
+    ("GPTQ (matgptq), one model per width", "default"),
+    ("GPTQModel 7.6.0", "gptqmodel"),
+    ("llm-compressor 0.14 (g64)", "llmcompressor-g64"),
+)
+
+
+def defaults_cell(runs: dict, row: str, bits: int) -> str:
+    """Perplexity and KL, mean ± spread (max − min) over seeds 0-2, or empty where the row has no such run."""
+    got = [runs[k]["eval"] for k in (f"{row}/g128/{bits}/seed{s}" for s in SEEDS) if k in runs]
+    if len(got) < len(SEEDS):
+        return ""
+    ppl, kl = [e["ppl"] for e in got], [e["kl"] for e in got]
+    return f"{statistics.fmean(ppl):.1f} ± {max(ppl) - min(ppl):.1f} / {statistics.fmean(kl):.3f}"
+
+
 def render(src: dict) -> str:
-    """The README block: the left panel's key rows and the right panel's ratios, as markdown."""
-    s = series(src)
-    slices, mixes = dict(s["MatGPTQ parent: uniform slices"]), dict(s["MatGPTQ parent: searched mixes"])
-    gptq, peer = (
-        dict(s["GPTQ (matgptq, plain options), one model per width"]),
-        dict(s["GPTQModel 7.6.0, one model per width"]),
-    )
+    """The README block: the defaults' table, and the figure's right panel as ratios, as markdown."""
+    runs = src["defaults"]
     lines = [
-        "| bits per weight | MatGPTQ parent, searched mix | its uniform slice | GPTQ (matgptq, plain options) | GPTQModel 7.6.0 |",
-        "|---|---|---|---|---|",
+        "| bits | " + " | ".join(name for name, _ in DEFAULT_COLUMNS) + " |",
+        "|---" * (len(DEFAULT_COLUMNS) + 1) + "|",
     ]
-    for b in (3, 4):
-        lines.append(f"| {b} | {mixes[float(b)]:.1f} | {slices[b]:.1f} | {gptq[b]:.1f} | {peer[b]:.1f} |")
-    lines.append(f"| 3.5 | {mixes[3.5]:.1f} | | | |")
+    for b in (3, 4, 8):
+        lines.append(f"| {b} | " + " | ".join(defaults_cell(runs, row, b) for _, row in DEFAULT_COLUMNS) + " |")
     lines += [
         "",
-        f"WikiText-2 perplexity (fp32: {s['fp32'][0][1]:.1f}), one calibration seed. As GGUF files scored by "
-        "llama.cpp (KL to F32 on WikiText-2, calibration seeds 0-2), at no more than each preset's tensor bytes:",
+        f"WikiText-2 perplexity ± its spread over calibration seeds 0-2 / KL to fp32 (fp32: "
+        f"{runs['fp32']['eval']['ppl']:.1f}), each tool with its own defaults at group size 128 "
+        "([gptq_defaults](docs/results/gptq_defaults.md)). As GGUF files scored by llama.cpp (KL to F32 on "
+        "WikiText-2, calibration seeds 0-2), at no more than each preset's tensor bytes:",
         "",
         "| llama.cpp preset | ours | KL ours / llama.cpp's best (with or without imatrix) |",
         "|---|---|---|",
@@ -126,7 +145,6 @@ def plot(src: dict, path: Path) -> None:
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     styles = {
-        "GPTQ (matgptq, plain options), one model per width": ("s", "tab:gray"),
         "GPTQModel 7.6.0, one model per width": ("^", "tab:orange"),
         "MatGPTQ parent: uniform slices": ("o", "tab:blue"),
         "MatGPTQ parent: searched mixes": ("D", "tab:green"),
