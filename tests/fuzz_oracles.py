@@ -216,7 +216,7 @@ def safetensors_judge(res, base, recipe, raw) -> str | None:
 
 
 def _rebuild(report: dict):
-    """The LayerReport the pipeline makes of a restored report (quantization/pipeline.py, _restore)."""
+    """The LayerReport the pipeline makes of a restored report (quantization/block_io.py, restore)."""
     from matgptq.quantization.layer import LayerReport
 
     r = report

@@ -83,7 +83,7 @@ def times_done(a, result, dt):
 wrap(qrun, "_windows", "windows")
 wrap(qrun, "_open", "open")
 wrap(qrun, "quantize_model", "quantize_model", done=times_done)
-wrap(pipeline, "_block_inputs", "capture", sync_before=True)
+wrap(pipeline, "block_inputs", "capture", sync_before=True)
 wrap(LazyModel, "load_block", "load_block")
 wrap(pipeline, "_quantize_block", "blocks", sync_before=True, done=block_done)
 wrap(pipeline, "_solve", "solve_wall", sync_before=True, done=layer_done)

@@ -48,7 +48,8 @@ def defaults_block(data: dict) -> str:
     """docs/guide/quantize.md's table of defaults: each method's value (METHOD_DEFAULTS, the code) and, for GPTQ, what
     the ablation measured for it on SmolLM2-135M-Instruct at g128 (docs/results/gptq_defaults.json)."""
     from matgptq.quantization.calibration import CalibConfig
-    from matgptq.quantization.config import CONFIGS, MASTER_BIT_WEIGHT, METHOD_DEFAULTS, Method
+    from matgptq.quantization.config import MASTER_BIT_WEIGHT, Method
+    from matgptq.quantization.method_configs import CONFIGS, METHOD_DEFAULTS
 
     cells = cells_of(data)
     gar = "gar-mse-w-refit"  # the defaults before act order: GAR with the scale search, its weighting and the refit
@@ -196,7 +197,8 @@ def defaults_block(data: dict) -> str:
 def _default_row(parent: bool) -> str | None:
     """The row (a parent row, or a GPTQ row without a calibration size of its own) whose spelled-out options are
     `--method matgptq`'s or `--method gptq`'s defaults today (METHOD_DEFAULTS), if any."""
-    from matgptq.quantization.config import METHOD_DEFAULTS, Method
+    from matgptq.quantization.config import Method
+    from matgptq.quantization.method_configs import METHOD_DEFAULTS
 
     want = {**ALL, **{k: v for k, v in METHOD_DEFAULTS[Method.MATGPTQ if parent else Method.GPTQ].items() if k in ALL}}
     spelled = lambda r: {**ALL, **{k: v for k, v in ROWS[r].items() if k != "method"}}  # noqa: E731

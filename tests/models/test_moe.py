@@ -288,7 +288,7 @@ class _Stop(Exception):
 
 def test_a_stopped_run_resumes_to_the_uninterrupted_checkpoint(tmp_path, monkeypatch):
     """The model loaded whole (stream=False): the resumed run writes block 0's experts back into the fused tensors
-    (pipeline._restore) before quantizing block 1 on their outputs."""
+    (block_io.restore) before quantizing block 1 on their outputs."""
     model = tiny_dir(tmp_path / "fp", "mixtral", **MOE["mixtral"])
     args = dict(
         calib=TINYSTORIES,

@@ -9,7 +9,8 @@ from matgptq.api import make_config
 from matgptq.errors import UserError
 from matgptq.formats.gguf import KQuantType
 from matgptq.quantization import GPTQConfig, MatGPTQConfig, RTNConfig, config_for, config_from_json
-from matgptq.quantization.config import GGUF_BLOCK, METHOD_DEFAULTS, Method, Target
+from matgptq.quantization.config import GGUF_BLOCK, Method, Target
+from matgptq.quantization.method_configs import METHOD_DEFAULTS
 
 
 def test_gptq_defaults_and_options_that_mean_nothing_stay_off():

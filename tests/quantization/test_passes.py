@@ -16,13 +16,15 @@ from matgptq.api import make_config
 from matgptq.models.arch import arch_spec, get_blocks, set_weight_matrix, weight_matrix
 from matgptq.quantization.algorithm.refit import refit_master
 from matgptq.quantization.algorithm.solver import gptq_quantize
+from matgptq.quantization.block_groups import trace_groups
+from matgptq.quantization.block_io import capture_block_inputs
 from matgptq.quantization.layer import make_rounding
-from matgptq.quantization.passes import PassTimes, capture_block_inputs, collect_hessians, trace_groups
+from matgptq.quantization.passes import PassTimes, collect_hessians
 from matgptq.quantization.pipeline import quantize_model
 from tests.quantization.test_pipeline import CONFIGS, tiny_model, windows
 
 # the true-sequential groups of the architectures found from the model (no ArchSpec), written out by hand from their
-# modeling code: the oracle for the groups the pipeline traces (passes.trace_groups)
+# modeling code: the oracle for the groups the pipeline traces (block_groups.trace_groups)
 LLAMA_LIKE = (
     ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     ("self_attn.o_proj",),
@@ -219,8 +221,8 @@ def test_hessians_do_not_depend_on_the_batch_size(windows_per_batch):
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_traced_groups_are_the_ones_written_by_hand(kind):
-    """passes.trace_groups on a block's forward gives the groups models/arch.py writes out (llama ... gpt2) or the ones
-    read off the modeling code (HAND_GROUPS, for the architectures found from the model alone)."""
+    """block_groups.trace_groups on a block's forward gives the groups models/arch.py writes out (llama ... gpt2) or the
+    ones read off the modeling code (HAND_GROUPS, for the architectures found from the model alone)."""
     model = tiny_model(kind)
     spec = arch_spec(model)
     inputs = capture_block_inputs(model, spec, windows(2, 12), 2)

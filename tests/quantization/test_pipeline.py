@@ -250,15 +250,15 @@ def test_each_window_is_calibrated_by_exactly_one_rank_and_too_few_are_refused()
     model under several processes, is refused in one line."""
     from types import SimpleNamespace
 
-    from matgptq.quantization.pipeline import _this_rank
+    from matgptq.quantization.block_io import this_rank_windows
 
     windows, dense = torch.arange(7 * 3).reshape(7, 3), SimpleNamespace(experts=())
     for size in (1, 2, 3, 7):
-        parts = [_this_rank(windows, dense, True, rank, size) for rank in range(size)]
+        parts = [this_rank_windows(windows, dense, True, rank, size) for rank in range(size)]
         assert all(len(p) >= 1 for p in parts)
         assert torch.equal(torch.cat(parts), windows)
-    assert torch.equal(_this_rank(windows, dense, False, 1, 2), windows)
+    assert torch.equal(this_rank_windows(windows, dense, False, 1, 2), windows)
     with pytest.raises(UserError, match="leave some without work"):
-        _this_rank(windows, dense, True, 0, 8)
+        this_rank_windows(windows, dense, True, 0, 8)
     with pytest.raises(UserError, match="one process"):
-        _this_rank(windows, SimpleNamespace(experts=("experts",)), True, 0, 2)
+        this_rank_windows(windows, SimpleNamespace(experts=("experts",)), True, 0, 2)

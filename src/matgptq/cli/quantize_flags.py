@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from ..execution import DTYPES
 from ..formats.gguf import KQuantType
 from ..quantization import CalibConfig, GPTQConfig, MatGPTQConfig, Method, Target, Variant
-from ..quantization.config import GGUF_BLOCK, MASTER_BIT_WEIGHT, METHOD_DEFAULTS
+from ..quantization.config import GGUF_BLOCK, MASTER_BIT_WEIGHT
+from ..quantization.method_configs import METHOD_DEFAULTS
 from ..quantization.options import DEFAULT_METHOD, RunConfig
 from .argtypes import device_help, floats, fraction_range, ints
 

@@ -3,7 +3,7 @@
 `arch_spec(model)` finds them from the model itself: the decoder blocks are the ModuleList of
 `config.num_hidden_layers` modules of one class, and the quantized layers a block's Linear (or GPT-2 Conv1D)
 modules. The order and grouping of those layers (a group: the layers that read one tensor) come from the block's own
-forward, traced on the calibration inputs (quantization/passes.py `trace_groups`). ARCHITECTURES holds overrides:
+forward, traced on the calibration inputs (quantization/block_groups.py `trace_groups`). ARCHITECTURES holds overrides:
 the groups written out, and the shortcuts the pipeline may take for blocks known to allow them (`residual_last`,
 `attention_out`). lm_head and the embeddings are never quantized. Experts fused into 3-D tensors (mixture-of-experts
 blocks) are quantized one expert projection at a time, each its own layer `<experts>.<e>.<projection>` (experts.py).

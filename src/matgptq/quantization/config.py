@@ -1,5 +1,6 @@
 """The settings that determine quantized weights: one grid config and one typed config per method, each checked in
-its own terms, and their one round trip to and from a checkpoint's `matgptq.json` (`to_json` / `config_from_json`).
+its own terms, and the enums their options take. Each config writes itself as a checkpoint's `matgptq.json` record
+(`to_json`); method_configs.py reads one back (`config_from_json`) and builds one from flat options (`config_for`).
 
     GridConfig                      the grid (grid.py): width, groups, symmetry, how scales are chosen; which layers
       RTNConfig                     round-to-nearest onto it: nothing else
@@ -57,6 +58,14 @@ def _as_enum(cfg, name: str, kind: type[Enum], what: str) -> None:
         object.__setattr__(cfg, name, None if value is None else kind(value))
     except ValueError:
         raise UserError(f"unknown {what} {value!r}; use one of {', '.join(v.value for v in kind)}") from None
+
+
+def method_of(method: str | Method) -> Method:
+    """`method` as a Method, or a UserError naming the choices."""
+    try:
+        return Method(method)
+    except ValueError:
+        raise UserError(f"unknown method {method!r}; use one of {', '.join(m.value for m in Method)}") from None
 
 
 @dataclass(frozen=True)
@@ -295,89 +304,3 @@ class MatGPTQConfig(GPTQConfig):
 
 
 MethodConfig = RTNConfig | GPTQConfig | MatGPTQConfig
-CONFIGS: dict[Method, type[GridConfig]] = {
-    Method.GPTQ: GPTQConfig,
-    Method.MATGPTQ: MatGPTQConfig,
-    Method.RTN: RTNConfig,
-}
-OPTIONS = frozenset(f.name for cls in CONFIGS.values() for f in fields(cls))  # every method's options together
-
-
-def method_of(method: str | Method) -> Method:
-    """`method` as a Method, or a UserError naming the choices."""
-    try:
-        return Method(method)
-    except ValueError:
-        raise UserError(f"unknown method {method!r}; use one of {', '.join(m.value for m in Method)}") from None
-
-
-SHOWN_DEFAULTS = (
-    "group_size",
-    "act_order",
-    "static_groups",
-    "group_act_order",
-    "mse",
-    "mse_weighted",
-    "refit_scales",
-    "damp",
-)
-# each method's default of the options --help and docs/guide/quantize.md show per method (resolved as without
-# --target); an on/off option the method does not have is off, a numeric one is absent
-METHOD_DEFAULTS: dict[Method, dict[str, object]] = {
-    m: {k: getattr(cfg, k, False) for k in SHOWN_DEFAULTS if hasattr(cfg, k) or k != "damp"}
-    for m, cfg in ((m, cls()) for m, cls in CONFIGS.items())
-}
-
-
-# GPTQ's options that act through the calibration Hessian, which RTN does not collect: refused with RTN when on
-NEEDS_HESSIAN = {
-    "mse_weighted": "weights",
-    "refit_scales": "fits scales on",
-    "act_order": "orders columns by",
-    "group_act_order": "orders groups by",
-    "static_groups": "fixes groups for the column order of",
-}
-
-
-def config_for(method: str | Method, **options) -> MethodConfig:
-    """The method's config from flat options (the API's and CLI's keyword arguments, which name every option). An
-    option that is None takes the config's default; one the method does not have is dropped, unless it is on and
-    acts through the calibration Hessian RTN does not collect (NEEDS_HESSIAN), which is refused."""
-    cls = CONFIGS[method_of(method)]
-    unknown = set(options) - OPTIONS
-    if unknown:
-        raise TypeError(f"unknown quantization option(s): {', '.join(sorted(unknown))}")
-    own = {f.name for f in fields(cls)}
-    for name, verb in NEEDS_HESSIAN.items():
-        if name not in own and options.get(name):
-            raise UserError(
-                f"--{name.replace('_', '-')} {verb} the calibration Hessian, which RTN does not collect; "
-                "use --method gptq or matgptq"
-            )
-    return cls(**{k: v for k, v in options.items() if k in own and v is not None})
-
-
-def config_from_json(record: dict) -> MethodConfig:
-    """The config a checkpoint's "quantization" record describes. Recorded before an option existed means made
-    without it (not with today's default): MatGPTQ before variants is the paper's; before group act-order, the
-    weighted search and the refit, without them. Keys the method does not have (older records wrote every key)
-    are ignored; a record no config can be built from is a UserError."""
-    cls = CONFIGS[method_of(record.get("method", Method.GPTQ.value))]
-    old = {
-        "variant": Variant.PAPER.value,
-        "act_order": False,
-        "static_groups": False,
-        "group_act_order": False,
-        "mse_weighted": False,
-        "refit_scales": False,
-    }
-    d = {**old, **record}
-    mix = d.get("layer_bits") or {}
-    d["layer_bits"] = tuple(mix.items()) if isinstance(mix, dict) else mix
-    own = {f.name for f in fields(cls)}
-    try:
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in own and v is not None})
-    except (TypeError, ValueError, UserError) as e:
-        raise UserError(
-            f"the checkpoint's `quantization` record is not valid ({e}); re-create the checkpoint"
-        ) from None

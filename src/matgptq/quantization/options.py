@@ -23,7 +23,8 @@ from ..execution import DTYPES
 from ..formats.mix import WidthSpec, width_spec
 from ..formats.staged import SHARD_BYTES
 from .calibration import CalibConfig
-from .config import CONFIGS, GridConfig, Method, MethodConfig, config_for, method_of
+from .config import GridConfig, Method, MethodConfig, method_of
+from .method_configs import CONFIGS, config_for
 
 DEFAULT_METHOD = Method.GPTQ
 

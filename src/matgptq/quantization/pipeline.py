@@ -1,8 +1,8 @@
 """Sequential, memory-bounded quantization of a decoder-only HF model, one block at a time.
 
 1. Run the calibration windows up to the first block and keep its inputs (and the keyword arguments the model passes
-   to blocks: masks, position embeddings), one tensor per batch of windows.
-2. For each block and each true-sequential group of Linear layers: one pass of the block on the current inputs
+   to blocks: masks, position embeddings), one tensor per batch of windows (block_io.py).
+2. For each block and each true-sequential group of Linear layers (block_groups.py): one pass of the block on the current inputs
    collects each layer's Hessian H = (2/n) Σ x xᵀ (passes.py: one per distinct input, stopped at the group's last
    Linear); quantize the group and write the dequantized weights back (MatGPTQ: the master width) so later groups and
    blocks see quantized inputs.
@@ -16,7 +16,7 @@
    activations and Hessians are alive at a time.
 4. With a `sink` (formats/staged.py), each finished block's checkpoint tensors are written at once and not kept;
    with a `BlockState` (resume.py) too, the next block's inputs are saved after every block, and a killed run
-   continues from the first unfinished block.
+   continues from the first unfinished block (block_io.restore).
 5. With a `source` (models/lazy.py), the model's blocks stay on disk: block i is read onto the device when it is
    quantized and released after, and the tensors outside the blocks are released once the first block's inputs are
    computed and read again at the end, so memory holds one block's weights, not the model's.
@@ -31,34 +31,27 @@ moves: the computation is the one without devices, bit for bit.
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
-from typing import Callable, NamedTuple, Protocol
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import UserError
-from ..execution import combine_hessians, release_free_memory, shard, share, world
+from ..execution import combine_hessians, release_free_memory, share, world
 from ..formats import QuantizedWeight
-from ..models import ArchSpec, arch_spec, get_blocks, set_layer_weight, set_weight_matrix, weight_keys, weight_matrix
+from ..models import ArchSpec, arch_spec, get_blocks, set_weight_matrix, weight_matrix
 from ..models.experts import calibration_experts
 from .algorithm.grid import Rounding
+from .block_groups import groups_for, trace_groups
+from .block_io import BlockSink, BlockSource, block_inputs, block_tensors, restore, this_rank_windows
 from .config import GPTQConfig, MethodConfig
 from .experts import expert_hessians
 from .layer import LayerReport, make_rounding, solve_layer
 from .narrow import cast_inputs, twin
-from .passes import (
-    Inputs,
-    PassTimes,
-    attention_cache,
-    capture_block_inputs,
-    collect_hessians,
-    replay_outputs,
-    run_block,
-    trace_groups,
-)
+from .passes import Inputs, PassTimes, attention_cache, collect_hessians, replay_outputs, run_block
 from .resume import BlockState
 
 # Calibration tokens per forward batch (whole windows, at least one). Each batch's activations are a pass's
@@ -88,54 +81,10 @@ class QuantizeOutput(NamedTuple):
     times: StageTimes
 
 
-class BlockSink(Protocol):
-    """Where finished blocks go (formats.staged.StagedCheckpoint): quantized layers and other tensors, on the CPU."""
-
-    def write_block(self, block: int, layers: dict[str, QuantizedWeight], tensors: dict[str, torch.Tensor]) -> None: ...
-
-    def read_layers(self, block: int, width: Callable[[str], int]) -> dict[str, QuantizedWeight]: ...
-
-
-class BlockSource(Protocol):
-    """Where blocks come from when the model is not in memory (models.lazy.LazyModel)."""
-
-    def load_block(self, i: int, device: torch.device) -> nn.Module: ...
-
-    def free_block(self, i: int) -> None: ...
-
-    def free_outside(self) -> None: ...
-
-    def load_outside(self) -> None: ...
-
-
 def check_finite(model: nn.Module) -> None:
     for name, p in model.named_parameters():
         if not torch.isfinite(p).all():
             raise UserError(f"the model weight {name} contains NaN or Inf values; fix or re-export the model first")
-
-
-@contextmanager
-def _outside_blocks_on(model: nn.Module, spec, device: torch.device, home: torch.device):
-    """The modules outside the decoder blocks (embeddings, rotary tables, ...) on `device` for the duration, then
-    back `home`; the blocks stay where they are."""
-    parent, _, attr = spec.blocks.rpartition(".")
-    holder = model.get_submodule(parent) if parent else model
-    blocks = getattr(holder, attr)
-    setattr(holder, attr, nn.ModuleList())
-    try:
-        model.to(device)
-        setattr(holder, attr, blocks)
-        yield
-    finally:
-        setattr(holder, attr, nn.ModuleList())
-        model.to(home)
-        setattr(holder, attr, blocks)
-
-
-def block_tensors(block: nn.Module, prefix: str, quantized: set[str], spec: ArchSpec) -> dict[str, torch.Tensor]:
-    """A block's state-dict tensors except its quantized layers' weights, under their full names, on the CPU."""
-    weights = weight_keys(quantized, spec)
-    return {prefix + k: v.cpu() for k, v in block.state_dict().items() if k not in weights}
 
 
 @dataclass
@@ -145,25 +94,20 @@ class _Run:
     spec: ArchSpec
     cfg: MethodConfig
     rounding: Rounding
-    groups: tuple[tuple[str, ...], ...] | None  # None: traced from the first block quantized (passes.trace_groups)
+    groups: (
+        tuple[tuple[str, ...], ...] | None
+    )  # None: traced from the first block quantized (block_groups.trace_groups)
     needs_data: bool
     rows: int  # calibration tokens on this rank
     rank: int
     size: int
-    times: StageTimes
     bar: tqdm
-    expert_layers: frozenset[str] = frozenset()  # the block's fused experts' layers (models/experts.py)
     passes_dtype: torch.dtype | None = None  # the passes' dtype where it is not the weights' (narrow.py)
+    times: StageTimes = field(default_factory=StageTimes)
+    expert_layers: frozenset[str] = field(init=False)  # the block's fused experts' layers (models/experts.py)
 
-
-def _block_inputs(
-    model: nn.Module, spec, windows: torch.Tensor, batch: int, device: torch.device, home: torch.device
-) -> Inputs:
-    """The first block's inputs for every calibration window (the modules before the blocks visit `device`)."""
-    if device == home:
-        return capture_block_inputs(model, spec, windows, batch)
-    with _outside_blocks_on(model, spec, device, home):
-        return capture_block_inputs(model, spec, windows.to(device), batch)
+    def __post_init__(self) -> None:
+        self.expert_layers = frozenset(n for fe in self.spec.experts for n in fe.layers())
 
 
 def _quantize_group(
@@ -281,45 +225,26 @@ def quantize_model(
         raise ValueError("a resumable run needs a sink for its finished blocks")
     blocks = get_blocks(model, spec)
     needs_data, (rank, size) = isinstance(cfg, GPTQConfig), world()
-    groups = _groups(spec, cfg, needs_data)
-    windows = _this_rank(windows, spec, needs_data, rank, size)
+    groups = groups_for(spec, cfg, needs_data)
+    windows = this_rank_windows(windows, spec, needs_data, rank, size)
     home = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
     device = torch.device(device) if device is not None else home
     batch_tokens = batch_tokens or batch_tokens_on(device)
-    batch = max(1, batch_tokens // windows.shape[1])
-    inputs: Inputs = (
-        cast_inputs(_block_inputs(model, spec, windows, batch, device, home), passes_dtype) if needs_data else []
-    )
+    inputs = _first_inputs(model, spec, windows, batch_tokens, (device, home), passes_dtype) if needs_data else []
     if source is not None:
         source.free_outside()  # not needed again until the checkpoint is written (models/lazy.py)
     per_block = len(spec.layers)
     bar = tqdm(total=len(blocks) * per_block, desc="quantize", unit="layer", disable=not progress or rank > 0)
-    run = _Run(
-        spec,
-        cfg,
-        rounding or make_rounding(cfg),
-        groups,
-        needs_data,
-        sum(h.shape[0] * h.shape[1] for h, _ in inputs),
-        rank,
-        size,
-        StageTimes(),
-        bar,
-        frozenset(n for fe in spec.experts for n in fe.layers()),
-        passes_dtype,
-    )
+    rows = sum(h.shape[0] * h.shape[1] for h, _ in inputs)
+    run = _Run(spec, cfg, rounding or make_rounding(cfg), groups, needs_data, rows, rank, size, bar, passes_dtype)
     layers: dict[str, QuantizedWeight] = {}
     reports: list[LayerReport] = []
-    start = _restore(model, spec, state, sink, source, cfg.width_of, len(blocks), inputs, reports)
+    start = restore(model, spec, state, sink, source, cfg.width_of, len(blocks), inputs, reports)
     bar.update(start * per_block)
     for i in range(start, len(blocks)):
         block = source.load_block(i, device) if source is not None else blocks[i].to(device)
         done, inputs = _quantize_block(run, block, i, inputs, reports)
-        prefix = f"{spec.blocks}.{i}."
-        if sink is not None:
-            sink.write_block(i, done, block_tensors(block, prefix, {n[len(prefix) :] for n in done}, spec))
-        else:
-            layers.update(done)
+        _hand_over(spec, i, block, done, sink, layers)
         if state is not None:
             state.save(i + 1, reports, [h for h, _ in inputs])
         if source is not None:
@@ -333,28 +258,34 @@ def quantize_model(
     return QuantizeOutput(layers, reports, run.times)
 
 
-def _this_rank(windows: torch.Tensor, spec: ArchSpec, needs_data: bool, rank: int, size: int) -> torch.Tensor:
-    """The calibration windows this process calibrates on (all of them in a single process)."""
-    if size > 1 and spec.experts:
-        raise UserError("mixture-of-experts models are quantized in one process: run without torchrun")
-    if size == 1 or not needs_data:
-        return windows
-    if windows.shape[0] < size:
-        raise UserError(
-            f"{windows.shape[0]} calibration windows for {size} processes leave some without work; "
-            "use fewer processes or more --nsamples"
-        )
-    return shard(windows, rank, size)
+def _first_inputs(
+    model: nn.Module,
+    spec: ArchSpec,
+    windows: torch.Tensor,
+    batch_tokens: int,
+    devices: tuple[torch.device, torch.device],
+    passes_dtype: torch.dtype | None,
+) -> Inputs:
+    """The first block's inputs in forward batches of whole windows (`batch_tokens` tokens, at least one window),
+    computed on `devices[0]` from the model at `devices[1]` (block_io.block_inputs), in the passes' dtype."""
+    batch = max(1, batch_tokens // windows.shape[1])
+    return cast_inputs(block_inputs(model, spec, windows, batch, *devices), passes_dtype)
 
 
-def _groups(spec: ArchSpec, cfg: MethodConfig, needs_data: bool) -> tuple[tuple[str, ...], ...] | None:
-    """A block's groups: all layers at once without true-sequential, one layer at a time without data (RTN), the
-    architecture's own where written out, else None (traced from the block's forward)."""
-    if needs_data and not cfg.true_sequential:
-        return (spec.layers,)
-    if spec.groups is None and not needs_data:
-        return tuple((n,) for n in spec.layers)
-    return spec.groups
+def _hand_over(
+    spec: ArchSpec,
+    i: int,
+    block: nn.Module,
+    done: dict[str, QuantizedWeight],
+    sink: BlockSink | None,
+    layers: dict[str, QuantizedWeight],
+) -> None:
+    """Finished block `i`: its codes and other tensors to the sink, or without one its codes to `layers`."""
+    prefix = f"{spec.blocks}.{i}."
+    if sink is not None:
+        sink.write_block(i, done, block_tensors(block, prefix, {n[len(prefix) :] for n in done}, spec))
+    else:
+        layers.update(done)
 
 
 def _solve(
@@ -379,40 +310,3 @@ def _solve(
     times.solver += report.seconds
     times.report += report_seconds
     return qw.to("cpu"), report
-
-
-def _restore(
-    model,
-    spec,
-    state: BlockState | None,
-    sink: BlockSink | None,
-    source: BlockSource | None,
-    width: Callable[[str], int],
-    n_blocks: int,
-    inputs: Inputs,
-    reports: list,
-) -> int:
-    """Continue a killed run: its reports, the next block's inputs (in place) and, for a model in memory, its
-    finished layers written back into the model (read from the sink); returns the first block to quantize."""
-    restored = state.load(n_blocks, len(inputs), like=[x for x, _ in inputs]) if state is not None else None
-    if restored is None:
-        return 0
-    for b, hidden in enumerate(restored.hidden):
-        inputs[b] = (hidden.to(inputs[b][0].device), inputs[b][1])
-    if source is None:  # a lazy model's finished blocks are never read again
-        for i in range(restored.done):
-            for name, q in sink.read_layers(i, width).items():
-                set_layer_weight(model, name, spec, q.dequantize())
-    reports.extend(
-        LayerReport(
-            r["name"],
-            tuple(r["shape"]),
-            {int(k): v for k, v in r["rel_error"].items()},
-            r["damp"],
-            r["seconds"],
-            r.get("tokens"),
-            r.get("starved"),
-        )
-        for r in restored.reports
-    )
-    return restored.done
