@@ -98,7 +98,7 @@ def test_mix_files_are_read_by_load_eval_and_export(searched, stories_parent, tm
         exported.get_submodule(name).weight.data.float(), reference.get_submodule(name).weight.data.float()
     )
     # and as GGUF, each layer in the block type of its own width, read back by gguf-py
-    from matgptq.exporters.gguf import read_gguf_weights
+    from matgptq.formats.gguf import read_gguf_weights
 
     assert (
         main(

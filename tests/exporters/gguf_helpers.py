@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from matgptq.exporters.gguf import read_gguf_weights
+from matgptq.formats.gguf import read_gguf_weights
 from matgptq.formats.parent import read_checkpoint
 
 

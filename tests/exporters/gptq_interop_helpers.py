@@ -9,8 +9,9 @@ import warnings
 import torch
 
 import matgptq
-from matgptq.exporters.gptq import export_gptq, gptq_layer
-from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
+from matgptq.exporters.gptq import export_gptq
+from matgptq.formats.gptq import gptq_layer
+from matgptq.formats.gptq.reader import read_gptq_checkpoint
 from tests.conftest import TINYSTORIES
 
 GROUP = 32

@@ -12,7 +12,7 @@ Readers (checked 2026-11-26 with compressed-tensors 0.19.0 on CPU; transformers 
     5.23 exact for single-config-group exports, asymmetric ones included, but a checkpoint of several config groups is
     decoded with the first group's scheme for every layer (wrong logits, or an error when shapes disagree).
   The last two are asserted as they are for transformers >= 5.23 (BROKEN below), so an upgrade that fixes them shows
-  up here; the readers line `matgptq export` prints (export/readers.py) is checked against each load's outcome.
+  up here; the readers line `matgptq export` prints (exporters/readers.py) is checked against each load's outcome.
   * Ragged groups written as such (group_size 32 on 172 columns) fail in both readers ("tensor column shape must be
     divisble by the given group_size"); the export therefore repeats scales at group size gcd(g, K) instead
     (test_ct_decompressor_refuses_ragged_groups). The export checked without the peer, and its refusals:
@@ -33,8 +33,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from matgptq.exporters.compressed_tensors import CT_VERSION, pack_int32
 from matgptq.exporters.readers import ct_readers
+from matgptq.formats.compressed_tensors import CT_VERSION, pack_int32
 from matgptq.runtime import open_checkpoint
 from tests.conftest import require_peer
 from tests.exporters.ct_helpers import EXPORTS, _config, _expected, _per_column, _slices

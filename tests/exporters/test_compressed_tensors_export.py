@@ -1,6 +1,7 @@
-"""compressed-tensors `pack-quantized` export (src/matgptq/exporters/compressed_tensors.py), checked without the peer:
-the packer against its bit-by-bit definition, the written files read back by our own reading of the format (codes,
-scales, zero points, config groups, ignored layers, other tensors), and the refusals. The independent readers
+"""compressed-tensors `pack-quantized` export (src/matgptq/exporters/compressed_tensors.py, its bytes
+src/matgptq/formats/compressed_tensors/), checked without the peer: the packer against its bit-by-bit definition, the
+written files read back by our own reading of the format (codes, scales, zero points, config groups, ignored layers,
+other tensors), and the refusals. The independent readers
 (compressed-tensors' decompressor, transformers): test_compressed_tensors.py; the sources and exports are in
 ct_helpers.py, built once for both modules (conftest.py).
 
@@ -17,8 +18,8 @@ from safetensors.torch import load_file
 
 from matgptq.cli import main
 from matgptq.errors import UserError
-from matgptq.exporters.compressed_tensors import CT_VERSION, export_compressed_tensors, pack_int32
-from matgptq.formats.ct_checkpoint import unpack_int32
+from matgptq.exporters.compressed_tensors import export_compressed_tensors
+from matgptq.formats.compressed_tensors import CT_VERSION, pack_int32, unpack_int32
 from matgptq.formats.parent import read_checkpoint
 from tests.exporters.ct_helpers import EXPORTS, _config, _expected, _per_column, _schemes, _slices
 

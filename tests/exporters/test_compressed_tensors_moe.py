@@ -1,5 +1,5 @@
 """compressed-tensors export of fused mixture-of-experts parents (qwen3_moe, mixtral, gpt_oss;
-src/matgptq/exporters/ct_experts.py), against independent readers:
+src/matgptq/formats/compressed_tensors/experts.py), against independent readers:
 
   * llm-compressor 0.14's own export of the same tiny models (data-free W4A16, group 32): the same tensor names,
     dtypes and shapes, key for key, and the same `quantization_config` but for the documented differences (targets:
@@ -32,8 +32,9 @@ from safetensors.torch import load_file
 
 import matgptq
 from matgptq.errors import UserError
-from matgptq.exporters.compressed_tensors import CT_VERSION, export_compressed_tensors
+from matgptq.exporters.compressed_tensors import export_compressed_tensors
 from matgptq.exporters.readers import ct_readers
+from matgptq.formats.compressed_tensors import CT_VERSION
 from matgptq.formats.parent import read_checkpoint
 from tests.conftest import require_peer
 from tests.exporters.ct_moe_helpers import (
@@ -156,7 +157,7 @@ VLLM_MIXTRAL = {"gate": ".w1", "up": ".w3", "down": ".w2"}  # vLLM 0.32's mixtra
 
 def file_targets(targets: list[str]) -> list[str]:
     """The targets naming the file's modules: without the vLLM spellings of mixtral's experts (`…experts.<e>.w1`),
-    which ct_experts.py adds after each expert's own name."""
+    which formats/compressed_tensors/experts.py adds after each expert's own name."""
     return [t for t in targets if not re.search(r"\.experts\.\d+\.w[123]$", t)]
 
 

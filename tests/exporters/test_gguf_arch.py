@@ -1,4 +1,4 @@
-"""GGUF for every architecture export/gguf/arch.py maps (Llama, Mistral, Qwen2, Qwen3, Phi-3), on tiny random models.
+"""GGUF for every architecture formats/gguf/arch.py maps (Llama, Mistral, Qwen2, Qwen3, Phi-3), on tiny random models.
 
 Two independent oracles:
 - llama.cpp's own converter (convert_hf_to_gguf.py of the pinned llama-cpp-python source, which `make interop`
@@ -28,8 +28,9 @@ from tests.exporters.test_gguf_interop import F32_KV, TOKENS, cpp_logits, hf_log
 pytestmark = pytest.mark.interop
 gguf = pytest.importorskip("gguf")
 
-from matgptq.exporters.gguf import export_gguf, read_gguf_weights  # noqa: E402
+from matgptq.exporters.gguf import export_gguf  # noqa: E402
 from matgptq.exporters.readers import gguf_readers  # noqa: E402
+from matgptq.formats.gguf import read_gguf_weights  # noqa: E402
 
 # The parent options before issue #102 changed the defaults. With today's defaults (the scale search and λ_8 = 4)
 # llama.cpp's logits on these random models leave our Q8_0-activation emulation at many positions (median 0.009 for

@@ -1,5 +1,5 @@
-"""GGUF for OLMo 2, Granite, Gemma 2 and Gemma 3 (export/gguf/arch.py, metadata_arch.py), on tiny random models, against
-the same two oracles as test_gguf_arch.py (its converter run and tolerances, reused here):
+"""GGUF for OLMo 2, Granite, Gemma 2 and Gemma 3 (formats/gguf/arch.py, metadata_arch.py), on tiny random models,
+against the same two oracles as test_gguf_arch.py (its converter run and tolerances, reused here):
 - llama.cpp's converter writes the same F32 file: model metadata, tensor names, types and bit-identical data (Gemma's
   norms stored as 1 + w, Granite's Q/K RoPE permutation, OLMo 2's post-norms and full-width q/k norms).
 - llama.cpp runs our files: F32 logits equal transformers' (≤ 1e-4, float summation order with an F32 KV cache, as
@@ -27,8 +27,9 @@ pytestmark = pytest.mark.interop
 gguf = pytest.importorskip("gguf")
 
 from matgptq.errors import UserError  # noqa: E402
-from matgptq.exporters.gguf import export_gguf, read_gguf_weights  # noqa: E402
+from matgptq.exporters.gguf import export_gguf  # noqa: E402
 from matgptq.exporters.readers import gguf_readers  # noqa: E402
+from matgptq.formats.gguf import read_gguf_weights  # noqa: E402
 
 # The parent options before issue #102 changed the defaults. With today's defaults (the scale search and λ_8 = 4)
 # llama.cpp's logits on these random models leave our Q8_0-activation emulation at many positions (median 0.009 for

@@ -15,11 +15,8 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from matgptq.errors import UserError  # noqa: E402
-from matgptq.exporters.gguf import (  # noqa: E402
-    export_gguf,
-    llama_qk_permutation,  # noqa: E402
-    read_gguf_weights,
-)
+from matgptq.exporters.gguf import export_gguf  # noqa: E402
+from matgptq.formats.gguf import llama_qk_permutation, read_gguf_weights  # noqa: E402
 from tests.conftest import STORIES, quick_quantize  # noqa: E402
 from tests.exporters.gguf_helpers import _check_readback, _reference  # noqa: E402
 

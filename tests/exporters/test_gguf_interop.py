@@ -30,8 +30,9 @@ pytestmark = pytest.mark.interop
 gguf = pytest.importorskip("gguf")
 
 import matgptq  # noqa: E402
-from matgptq.exporters.gguf import ARCHITECTURES, export_gguf, llama_qk_permutation, read_gguf_weights  # noqa: E402  # noqa: E402
+from matgptq.exporters.gguf import export_gguf  # noqa: E402
 from matgptq.exporters.readers import gguf_readers  # noqa: E402
+from matgptq.formats.gguf import ARCHITECTURES, llama_qk_permutation, read_gguf_weights  # noqa: E402
 
 TOKENS = [1] + list(range(5, 60)) + [100, 200, 300, 400, 511, 3, 13, 300]  # 64 ids (ids 3.. are bytes / pieces)
 F32_KV = {"type_k": 0, "type_v": 0}  # GGML_TYPE_F32: no F16 rounding of K/V

@@ -1,4 +1,4 @@
-"""GGUF for mixture-of-experts models (export/gguf/experts.py): qwen3_moe → `qwen3moe`, mixtral → `llama` with experts,
+"""GGUF for mixture-of-experts models (formats/gguf/experts.py): qwen3_moe → `qwen3moe`, mixtral → `llama` with experts,
 on tiny random models (4 experts, top 2, 2 blocks), against llama.cpp as the oracle, as test_gguf_arch.py does:
 - its converter writes the same F32 file for the float model (metadata, names, types, bit-identical data); and for
   matgptq's dequantized 4-bit model (saved as a plain HF directory) it writes the file our Q4_0 export is: the same
@@ -30,8 +30,9 @@ gguf = pytest.importorskip("gguf")
 
 import matgptq  # noqa: E402
 from matgptq.errors import UserError  # noqa: E402
-from matgptq.exporters.gguf import GGUFExportWarning, export_gguf, read_gguf_weights  # noqa: E402
+from matgptq.exporters.gguf import GGUFExportWarning, export_gguf  # noqa: E402
 from matgptq.exporters.readers import gguf_readers  # noqa: E402
+from matgptq.formats.gguf import read_gguf_weights  # noqa: E402
 
 KINDS = ("qwen3_moe", "mixtral")
 EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")

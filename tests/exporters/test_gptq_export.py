@@ -14,8 +14,8 @@ import matgptq
 from matgptq.cli import main
 from matgptq.errors import UserError
 from matgptq.exporters.gptq import export_gptq
-from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
-from matgptq.formats.gptq_packing import unpack_cols
+from matgptq.formats.gptq.packing import unpack_cols
+from matgptq.formats.gptq.reader import read_gptq_checkpoint
 from matgptq.formats.parent import read_checkpoint
 from matgptq.formats.slicing import slice_codes
 from tests.exporters.gptq_helpers import GROUP, _logits, _no_output

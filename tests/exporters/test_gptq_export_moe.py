@@ -1,4 +1,4 @@
-"""GPTQ export of fused mixture-of-experts checkpoints without peers (formats/gptq_experts.py, docs/formats.md
+"""GPTQ export of fused mixture-of-experts checkpoints without peers (formats/gptq/experts.py, docs/formats.md
 §2.9): the files hold per-expert gate_proj / up_proj / down_proj layers whose codes, scales and zeros are, bit for
 bit, the rows of the parent's slice (unpacked here straight from the files, so the split is checked independently
 of our reader's join), `dynamic` names them, gpt_oss' biases follow their rows, our own reader joins the halves back
@@ -19,8 +19,8 @@ from matgptq.cli import main
 from matgptq.errors import UserError
 from matgptq.exporters.gptq import export_gptq
 from matgptq.exporters.readers import gptq_readers
-from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
-from matgptq.formats.gptq_packing import unpack_cols, unpack_rows
+from matgptq.formats.gptq.packing import unpack_cols, unpack_rows
+from matgptq.formats.gptq.reader import read_gptq_checkpoint
 from matgptq.formats.parent import read_checkpoint
 from tests.exporters.gptq_moe_helpers import MoECache
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 import matgptq
 from matgptq.errors import UserError
 from matgptq.exporters.gptq import export_gptq
-from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
+from matgptq.formats.gptq.reader import read_gptq_checkpoint
 from matgptq.formats.parent import read_checkpoint
 from matgptq.formats.slicing import slice_codes
 from tests.conftest import make_tiny_llama

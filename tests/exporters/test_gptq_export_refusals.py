@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 import matgptq
 from matgptq.errors import UserError
 from matgptq.exporters.gptq import export_gptq
-from matgptq.formats.gptq_checkpoint import read_gptq_checkpoint
-from matgptq.formats.gptq_packing import pack_cols, unpack_cols
+from matgptq.formats.gptq.packing import pack_cols, unpack_cols
+from matgptq.formats.gptq.reader import read_gptq_checkpoint
 from matgptq.formats.parent import read_checkpoint, save_checkpoint
 from matgptq.formats.quantized import QuantizedWeight
 from tests.exporters.gptq_helpers import _no_output, _relabel, synthetic

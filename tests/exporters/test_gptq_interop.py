@@ -38,8 +38,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from matgptq.exporters.gptq import FORMATS, export_gptq, gptq_layer
+from matgptq.exporters.gptq import FORMATS, export_gptq
 from matgptq.exporters.readers import gptq_readers
+from matgptq.formats.gptq import gptq_layer
 from matgptq.formats.parent import read_checkpoint
 from matgptq.models.fused import fused_groups
 from tests.conftest import require_peer
@@ -93,8 +94,8 @@ def test_gptqmodel_loads_per_layer_mix(gptqmodel, cache, record_property, tmp_pa
 
 def test_gptqmodel_loads_a_mix_with_one_rule_per_fused_group(gptqmodel, cache, record_property, tmp_path):
     """A mix giving q/k/v and gate/up one width each is written with one `dynamic` rule per group, which also
-    matches the name vLLM gives the fused layer (exporters/gptq.py dynamic_rules): GPTQModel still reads each layer's
-    width from it, and computes what the source computes."""
+    matches the name vLLM gives the fused layer (formats/gptq/writer.py dynamic_rules): GPTQModel still reads each
+    layer's width from it, and computes what the source computes."""
     src = cache.source(True, None, True)
     ckpt = read_checkpoint(src)
     groups = fused_groups(ckpt.config, ckpt.layers)

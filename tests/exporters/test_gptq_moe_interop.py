@@ -1,4 +1,4 @@
-"""GPTQ exports of fused mixture-of-experts checkpoints (formats/gptq_experts.py) read by GPTQModel 7.6.0 on the CPU:
+"""GPTQ exports of fused mixture-of-experts checkpoints (formats/gptq/experts.py) read by GPTQModel 7.6.0 on the CPU:
 qwen3_moe, mixtral and gpt_oss, each as a plain GPTQ 4-bit asymmetric v2 export, a 4-bit slice of a MatGPTQ act-order
 parent as v1, and a per-layer mix of that parent (per-expert `dynamic` overrides) as v2. At the end: the dense
 gemma2, gemma3_text, olmo2 and granite, which have no architecture table of their own, read bit-exactly.
@@ -32,8 +32,8 @@ import torch
 
 import matgptq
 from matgptq.exporters.gptq import export_gptq
-from matgptq.formats import gptq_experts
-from matgptq.formats.gptq_experts import gptq_widths
+from matgptq.formats.gptq import experts as gptq_experts
+from matgptq.formats.gptq.experts import gptq_widths
 from tests.exporters.gptq_interop_helpers import Cache, _compare, _gptqmodel_logits, _gptqmodel_weights
 from tests.exporters.gptq_moe_helpers import MoECache, gptq_bias, gptq_weight, gptqmodel_runs
 from tests.models.test_arch import FOUND, tiny_dir

@@ -1,4 +1,4 @@
-"""The readers line `matgptq export` prints (export/readers.py), as a user sees it. Whether each claim is true is
+"""The readers line `matgptq export` prints (exporters/readers.py), as a user sees it. Whether each claim is true is
 asserted where the readers are run: tests/exporters/test_gptq_interop.py and test_compressed_tensors.py check the line
 of every file they load against the outcome; here, that the command prints it and the rules pick the right case."""
 
@@ -129,9 +129,9 @@ def tiny_moe(path: Path, model_type: str = "qwen3_moe", hidden: int = 128) -> Pa
 
 
 def per_expert(gptq: Path, out: Path, block: int) -> Path:
-    """A copy of the GPTQ export `gptq` whose `dynamic` rule for block `block`'s experts (exporters/gptq.py: one rule
-    matching `…mlp.experts`, the name of vLLM's fused MoE layer, and each expert's layers) is replaced by one rule per
-    expert layer, which vLLM never matches against that fused name (tests/integrations/test_vllm_config_moe.py)."""
+    """A copy of the GPTQ export `gptq` whose `dynamic` rule for block `block`'s experts (formats/gptq/writer.py: one
+    rule matching `…mlp.experts`, the name of vLLM's fused MoE layer, and each expert's layers) is replaced by one rule
+    per expert layer, which vLLM never matches against that fused name (tests/integrations/test_vllm_config_moe.py)."""
     shutil.copytree(gptq, out)
     config = json.loads((out / "config.json").read_text())
     prefix = f"+:^{re.escape(f'model.layers.{block}.mlp.experts')}("

@@ -1,4 +1,4 @@
-"""Tests for matgptq.formats.gptq_packing against naive references and docs/formats.md §2.2-2.5: the bit layouts —
+"""Tests for matgptq.formats.gptq.packing against naive references and docs/formats.md §2.2-2.5: the bit layouts —
 agreement with the naive bit stream and AutoGPTQ's packing loop, and hand-checked words (2/4/8-bit formula, 3-bit
 straddling values, symmetric qzeros constants, GPTQModel's v1 word constants). Round trips, v1 helpers and padding:
 test_gptq_packing_round_trips.py; refusals: test_gptq_packing_errors.py."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from matgptq.formats.gptq_packing import pack_cols, pack_rows, to_v1_zeros, unpack_cols, unpack_rows
+from matgptq.formats.gptq.packing import pack_cols, pack_rows, to_v1_zeros, unpack_cols, unpack_rows
 from tests.formats.gptq_packing_refs import BITS, naive_pack_rows
 
 

@@ -1,4 +1,4 @@
-"""Tests for matgptq.formats.gptq_packing: what it refuses, with the message — widths GPTQ has no packing for,
+"""Tests for matgptq.formats.gptq.packing: what it refuses, with the message — widths GPTQ has no packing for,
 non-int widths, out-of-range or non-integer codes, shapes that fill no whole block, and packed arrays of the wrong
 shape or dtype."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from matgptq.formats.gptq_packing import from_v1_zeros, pack_cols, pack_rows, to_v1_zeros, unpack_cols, unpack_rows
+from matgptq.formats.gptq.packing import from_v1_zeros, pack_cols, pack_rows, to_v1_zeros, unpack_cols, unpack_rows
 
 # --- errors ------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Tests for matgptq.formats.gptq_packing: round trips (fixed shapes and Hypothesis), the v1 zero-point helpers, and
+"""Tests for matgptq.formats.gptq.packing: round trips (fixed shapes and Hypothesis), the v1 zero-point helpers, and
 the padded layout GPTQModel 7.6.0 writes for 2/4/8 bits (docs/formats.md §2.5), against a port of its packer."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from matgptq.formats.gptq_packing import (
+from matgptq.formats.gptq.packing import (
     from_v1_zeros,
     pack_cols,
     pack_rows,

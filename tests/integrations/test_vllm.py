@@ -37,7 +37,8 @@ if not (REAL_MODEL / "model.safetensors").is_file():
 
 from matgptq import load  # noqa: E402
 from matgptq.cli import main  # noqa: E402
-from matgptq.exporters.readers import VLLM_CPU, ct_readers, gptq_readers  # noqa: E402
+from matgptq.exporters.readers import ct_readers, gptq_readers  # noqa: E402
+from matgptq.exporters.readers_vllm import VLLM_CPU  # noqa: E402
 
 WIKI = SHARED / "data" / "wikitext-2-raw" / "wiki.test.raw"
 CHILD = Path(__file__).with_name("vllm_child.py")

@@ -12,13 +12,13 @@ What vLLM 0.32 does for a fused MoE layer (read in its source, asserted below):
   * GPTQ (auto_gptq.py `AutoGPTQConfig.get_quant_method`, `get_moe_quant_method`; gptq_utils.py `override_config`):
     the `dynamic` rules are matched against the fused layer's own name, `…mlp.experts`, never an expert's; where none
     matches, the file's `bits`. Our exporter writes one rule per tied block of experts, matching that fused name and
-    each expert's layers (exporters/gptq.py `dynamic_rules`), so the tied mix resolves as written; the same file with
-    one rule per expert layer instead (`per_expert`) resolves to `bits`, as the readers line then says; and where the
-    experts' shape is one its Marlin MoE kernel does not take (hidden size not a multiple of 128, or a group size
+    each expert's layers (formats/gptq/writer.py `dynamic_rules`), so the tied mix resolves as written; the same file
+    with one rule per expert layer instead (`per_expert`) resolves to `bits`, as the readers line then says; and where
+    the experts' shape is one its Marlin MoE kernel does not take (hidden size not a multiple of 128, or a group size
     that does not divide the intermediate size), its MoeWNA16 fallback (moe_wna16.py) reads the file's `bits` alone.
   * mixtral (compressed-tensors): its MixtralForCausalLM names the experts' projections w1/w3/w2 and looks up
-    expert 0's scheme by those names, which our export adds after each expert's target (exporters/ct_experts.py);
-    a file without them has its fused experts built unquantized.
+    expert 0's scheme by those names, which our export adds after each expert's target
+    (formats/compressed_tensors/experts.py); a file without them has its fused experts built unquantized.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def test_a_tied_mix_resolves_to_one_scheme_per_fused_layer(resolved, name):
 def test_rules_per_expert_layer_leave_a_tied_blocks_experts_at_the_files_bits(resolved):
     """The tied export with its block-1 experts' rule replaced by one per expert layer (`per_expert`): none matches
     `…mlp.experts`, so vLLM gives block 1's 8-bit experts 4 bits (the file's `bits`), as the readers line says; why
-    exporters/gptq.py writes one rule per block of experts."""
+    formats/gptq/writer.py writes one rule per block of experts."""
     mixes, found, spec = resolved
     layers = found["gptq_v2-per-expert"]
     check_shards(layers, mixes["tied"])

@@ -128,8 +128,9 @@ def test_quantization_is_reproducible_bit_exactly(tiny_llama_dir, tmp_path):
 def test_skipped_layers_round_trip_and_exports(tiny_llama_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from matgptq.exporters.gguf import export_gguf, read_gguf_weights
+    from matgptq.exporters.gguf import export_gguf
     from matgptq.exporters.gptq import export_gptq
+    from matgptq.formats.gguf import read_gguf_weights
 
     out, _ = matgptq.quantize(
         tiny_llama_dir,

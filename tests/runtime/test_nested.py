@@ -1,4 +1,4 @@
-"""Nested layers (runtime/nested.py) and `load(..., device="cuda")`'s packing (runtime/loader.py): each quantized
+"""Nested layers (runtime/nested.py) and `load(..., device="cuda")`'s packing (runtime/state.py): each quantized
 layer's output equals x·Ŵ_rᵀ of the dequantized slice within a derived bound, for both residents; set_bits switches
 widths (in place for Resident.PARENT, rebuilt at r bits per weight for Resident.SLICE); layers the kernels cannot serve
 run dense with one notice line. Compiled on a CUDA GPU when TRITON_INTERPRET=0, otherwise in Triton's interpreter on
@@ -28,9 +28,10 @@ import matgptq
 from matgptq.errors import UserError
 from matgptq.formats.parent import read_checkpoint
 from matgptq.kernels.triton_nested import interpreting
-from matgptq.runtime.loader import Packing, QuantizedState, build_model, default_packing
+from matgptq.runtime.loader import build_model
 from matgptq.runtime.nested import NestedLinear, Resident
 from matgptq.runtime.packed import weight_bytes
+from matgptq.runtime.state import Packing, QuantizedState, default_packing
 from tests.conftest import make_tiny_llama, quick_quantize, random_parent, require_peer
 
 U32 = 2.0**-24
@@ -219,10 +220,10 @@ def test_uneven_groups_run_dense_with_one_notice(kernels, parent, capsys):
 
 
 def test_without_triton_every_layer_runs_dense(parent, capsys, monkeypatch):
-    import matgptq.runtime.loader as loader
+    import matgptq.runtime.state as state
 
     why = "the nested GPU kernels need Triton: pip install 'matgptq[kernels]'"
-    monkeypatch.setattr(loader, "kernels_missing", lambda: why)
+    monkeypatch.setattr(state, "kernels_missing", lambda: why)
     capsys.readouterr()
     model = build_model(read_checkpoint(parent), 3, packed=Packing.NESTED)
     err = capsys.readouterr().err

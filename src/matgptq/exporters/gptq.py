@@ -1,152 +1,52 @@
-"""GPTQ export (v1 "gptq" and v2 "gptq_v2") of matgptq parents, slices and per-layer mixes.
-
-The layout (tensors per layer, padding of odd shapes, zero-point conventions) is described in docs/formats.md §2 and
-read in formats/gptq_checkpoint.py; `matgptq.load` reads the exports back through it.
-
-Slice → GPTQ (docs/formats.md §2.8): an r-bit slice of a c-bit parent is W = s·(S·2^d − z_c), d = c − r (`shift`), so
-
-    GPTQ scale = s · 2^d    (exact in float16 unless it overflows)      GPTQ zero = z_c / 2^d    (must be an integer)
-
-Symmetric slices are always exact (z_c = 2^(c−1) → 2^(r−1)); an asymmetric slice whose zero is not divisible is
-refused, never rounded. v1 is written only when lossless: symmetric weights (§2.5: an asymmetric zero of 0 cannot be
-stored as z − 1, and GPTQModel refuses asymmetric v1 not made by itself).
-Config (§2.6–2.7): the same dict in config.json["quantization_config"] and quantize_config.json, with both
-`checkpoint_format` and `format`; a per-layer mix uses the most common width as `bits` plus GPTQModel `dynamic`
-overrides {"+:^<escaped name>$": {"bits": r}} (one rule for a fused group at one width: `dynamic_rules`), which
-GPTQModel and vLLM honour and transformers/optimum ignore. Which readers run a written file: exporters/readers.py.
+"""GPTQ export (v1 "gptq" and v2 "gptq_v2") of matgptq parents, slices and per-layer mixes: which layers at which
+width, the settings recorded, the warnings; the bytes (tensors per layer, config, files) are formats/gptq/writer.py's,
+read back by formats/gptq/reader.py (docs/formats.md §2). Which readers run a written file: exporters/readers.py.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import warnings
-from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import torch
-from safetensors.torch import save_file
 
-from .._version import __version__
 from ..errors import UserError
-from ..formats import SUPPORTED_BITS, QuantizedWeight, pack_cols, pack_rows, to_v1_words, trivial_g_idx
-from ..formats.gptq_experts import check_moe, gptq_widths, split_biases, split_layer
-from ..fsutil import atomic_output, copy_tokenizer_files
+from ..formats.gptq import (
+    V1,
+    V2,
+    check_moe,
+    gptq_widths,
+    layer_tensors,
+    quantization_config,
+    save_gptq,
+    split_biases,
+    split_layer,
+    trivial_g_idx,
+)
 from ..models.fused import fused_groups, fused_name
 from ..quantization import GPTQConfig, MethodConfig, config_from_json
 from .source import quantized_source
 
-FORMATS = {"gptq_v1": "gptq", "gptq_v2": "gptq_v2"}  # CLI name -> checkpoint_format
+FORMATS = {"gptq_v1": V1, "gptq_v2": V2}  # CLI name -> checkpoint_format
 
 
-def gptq_layer(name: str, q: QuantizedWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(codes [N, K], fp16 scales [N, G], integer zeros [N, G]) of the plain r-bit GPTQ layer equal to `q`."""
-    d = q.shift
-    scales = q.scales.float() * float(1 << d)
-    if not torch.isfinite(scales.half()).all():
-        raise UserError(f"{name}: scale·2^{d} overflows float16 for the {q.bits}-bit slice; export a wider slice")
-    zeros = q.zeros.to(torch.int32)
-    if (zeros % (1 << d)).any():
-        bad = int((zeros % (1 << d) != 0).sum())
-        raise UserError(
-            f"{name}: {bad} asymmetric zero point(s) of the {q.master_bits}-bit parent are not multiples of 2^{d}, so "
-            f"the {q.bits}-bit slice has a fractional GPTQ zero; export {q.master_bits} bits, use a symmetric parent "
-            "(--sym), or export GGUF (Q4_1/Q5_1 hold an offset)"
-        )
-    return q.codes.numpy(), scales.half().numpy(), (zeros >> d).numpy()
-
-
-def _layer_tensors(name: str, q: QuantizedWeight, v1: bool) -> tuple[dict[str, torch.Tensor], bool, bool]:
-    """The four GPTQ tensors of one layer, whether its zeros are the symmetric 2^(r−1), and whether it was padded."""
-    r = q.bits
-    if r not in SUPPORTED_BITS:
-        raise UserError(
-            f"GPTQ has no packing for {r}-bit weights ({name}); export 2, 3, 4 or 8 bits, or use --format gguf"
-        )
-    codes, scales, zeros = gptq_layer(name, q)
-    n, k = codes.shape
-    if r == 3 and (n % 32 or k % 32):
-        raise UserError(
-            f"{name} has {n} output × {k} input features; 3-bit GPTQ packs blocks of 32 values across 3 words, so both "
-            "must be multiples of 32 (no GPTQ loader reads a partial 3-bit block, and GPTQModel cannot write one); "
-            "export 2, 4 or 8 bits (padded as GPTQModel does), or use --format gguf"
-        )
-    sym = bool((zeros == 1 << (r - 1)).all())
-    if v1 and not sym:
-        raise UserError(
-            f"{name} has asymmetric zero points, which GPTQ v1 cannot store losslessly (a zero of 0 becomes −1, and "
-            "GPTQModel refuses asymmetric v1 checkpoints it did not make); use --format gptq_v2"
-        )
-    qzeros = pack_cols(zeros.T, r, pad=True)
-    tensors = {"qweight": pack_rows(codes.T, r, pad=True), "qzeros": to_v1_words(qzeros, r) if v1 else qzeros}
-    tensors = {key: torch.from_numpy(np.ascontiguousarray(v)) for key, v in tensors.items()}
-    tensors["scales"] = torch.from_numpy(np.ascontiguousarray(scales.T))
-    tensors["g_idx"] = q.g_idx.to(torch.int32).contiguous()
-    return tensors, sym, (k * r) % 32 != 0 or (n * r) % 32 != 0
-
-
-def quantization_config(
-    fmt: str,
-    widths: dict[str, int],
-    group_size: int,
-    desc_act: bool,
-    sym: bool,
-    cfg: MethodConfig,
-    groups: list[tuple[str, ...]] = (),
-) -> dict:
-    """The GPTQ config dict (fields every loader reads, docs/formats.md §2.6), with `dynamic` for per-layer mixes
-    (`groups`: the fused groups of `dynamic_rules`); the solver's settings where the method has them."""
-    counts = Counter(widths.values())
-    base = max(counts, key=lambda b: (counts[b], b))
+def _solver(cfg: MethodConfig) -> dict:
+    """The solver's settings a GPTQ config records, where the method has them."""
     extra = {k: getattr(cfg, k) for k in ("true_sequential", "static_groups") if hasattr(cfg, k)}
     extra["damp_percent"] = getattr(cfg, "damp", GPTQConfig.damp)
-    qc = {
-        "quant_method": "gptq",
-        "method": "gptq",
-        "bits": base,
-        "group_size": group_size,
-        "desc_act": desc_act,
-        "sym": sym,
-        "lm_head": False,
-        "checkpoint_format": fmt,
-        "format": fmt,
-        "pack_dtype": "int32",
-        **extra,
-        "meta": {"quantizer": [f"matgptq:{__version__}"], **extra},
-    }
-    dynamic = dynamic_rules(widths, base, groups)
-    if dynamic:
-        qc["dynamic"] = dynamic
-    return qc
+    return extra
 
 
-def dynamic_rules(widths: dict[str, int], base: int, groups: list[tuple[str, ...]]) -> dict[str, dict]:
-    """GPTQModel `dynamic` overrides for the layers not at `base` bits: `+:^<name>$` per layer, except that a fused
-    group (models/fused.py) at one width gets one rule that also matches the name an engine gives the fused layer,
-    since vLLM matches the rules against that name: for q/k/v or gate/up, `…self_attn.qkv_proj`, so every name in the
-    group's module but the module's other layers, `+:^<module>\\.(?!(?:<other>|…)$)[^.]+$`; for a block's experts,
-    the experts module itself (vLLM's fused MoE layer) and each expert's layers, `+:^<module>(?:\\.\\d+\\.[^.]+)?$`."""
-    rules, done = {}, set()
-    for group in groups:
-        parents = {n.rpartition(".")[0] for n in group}
-        at = {widths.get(n) for n in group}
-        if len(group) < 2 or len(at) > 1 or None in at or base in at:
-            continue
-        if len(parents) > 1:  # a block's experts: <module>.<expert>.<layer>
-            module = fused_name(group)
-            if not module or not all(re.fullmatch(rf"{re.escape(module)}\.\d+\.[^.]+", n) for n in group):
-                continue
-            rules[f"+:^{re.escape(module)}(?:\\.\\d+\\.[^.]+)?$"] = {"bits": at.pop()}
-            done.update(group)
-            continue
-        parent = parents.pop()
-        others = sorted(n.rpartition(".")[2] for n in widths if n.rpartition(".")[0] == parent and n not in group)
-        avoid = f"(?!(?:{'|'.join(map(re.escape, others))})$)" if others else ""
-        rules[f"+:^{re.escape(parent)}\\.{avoid}[^.]+$"] = {"bits": at.pop()}
-        done.update(group)
-    rules.update({f"+:^{re.escape(n)}$": {"bits": r} for n, r in widths.items() if r != base and n not in done})
-    return rules
+def _warn_padded(padded: dict[str, tuple[int, int, int]]) -> None:
+    name, (r, n, k) = next(iter(padded.items()))
+    warnings.warn(
+        f"{len(padded)} layer(s) have features that do not fill whole int32 words (e.g. {name}: {n} out × {k} in "
+        f"at {r} bits) and are zero-padded as GPTQModel pads them. GPTQModel's generic torch kernel reads them "
+        '(backend=BACKEND.GPTQ_TORCH; in transformers: GPTQConfig(bits=..., backend="gptq_torch")); kernels '
+        "that need multiples of 16-128 do not (transformers' default 4-bit CPU kernel, ExLlama/Triton/Machete on "
+        "GPU)",
+        stacklevel=3,
+    )
 
 
 def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, overwrite: bool = False) -> Path:
@@ -165,11 +65,11 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
             "block Linear quantized: re-quantize without --skip, or use --format gguf"
         )
     group_size = cfg.group_size
-    tensors = split_biases({k: v.contiguous() for k, v in ckpt.tensors.items()})  # experts: formats/gptq_experts.py
+    tensors = split_biases({k: v.contiguous() for k, v in ckpt.tensors.items()})  # experts: formats/gptq/experts.py
     all_sym, desc_act, padded = True, False, {}
     for name, r in widths.items():
         for part, q in split_layer(name, ckpt.layers[name].slice(r)).items():
-            layer, sym, pad = _layer_tensors(part, q, v1=fmt == "gptq_v1")
+            layer, sym, pad = layer_tensors(part, q, v1=fmt == "gptq_v1")
             all_sym &= sym
             if pad:
                 padded[part] = (r, *q.shape)
@@ -177,20 +77,8 @@ def export_gptq(src, out, fmt: str, bits: int | None = None, bits_config=None, o
             tensors.update({f"{part}.{k}": v for k, v in layer.items()})
     layer_widths = gptq_widths(widths)
     groups = fused_groups(ckpt.config, layer_widths) if len(set(layer_widths.values())) > 1 else []
-    qc = quantization_config(FORMATS[fmt], layer_widths, group_size, desc_act, all_sym, cfg, groups)
+    groups = [(fused_name(g), g) for g in groups]
+    qc = quantization_config(FORMATS[fmt], layer_widths, group_size, desc_act, all_sym, _solver(cfg), groups)
     if padded:
-        name, (r, n, k) = next(iter(padded.items()))
-        warnings.warn(
-            f"{len(padded)} layer(s) have features that do not fill whole int32 words (e.g. {name}: {n} out × {k} in "
-            f"at {r} bits) and are zero-padded as GPTQModel pads them. GPTQModel's generic torch kernel reads them "
-            '(backend=BACKEND.GPTQ_TORCH; in transformers: GPTQConfig(bits=..., backend="gptq_torch")); kernels '
-            "that need multiples of 16-128 do not (transformers' default 4-bit CPU kernel, ExLlama/Triton/Machete on "
-            "GPU)",
-            stacklevel=2,
-        )
-    with atomic_output(out, overwrite, size=sum(t.nbytes for t in tensors.values())) as tmp:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "matgptq"})
-        (tmp / "config.json").write_text(json.dumps(dict(ckpt.config, quantization_config=qc), indent=2, default=str))
-        (tmp / "quantize_config.json").write_text(json.dumps(qc, indent=2))
-        copy_tokenizer_files(ckpt.path, tmp)
-    return Path(out)
+        _warn_padded(padded)
+    return save_gptq(out, tensors, ckpt.config, qc, ckpt.path, overwrite)

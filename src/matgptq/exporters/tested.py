@@ -16,5 +16,5 @@ TRANSFORMERS_NEW = "transformers 5.23"  # the test stack's
 COMPRESSED_TENSORS = "compressed-tensors 0.19"
 GPTQMODEL = "GPTQModel 7.6"
 LLAMA_CPP_PYTHON = "llama-cpp-python 0.3.36"  # its vendored llama.cpp runs the GGUF exports
-LLM_COMPRESSOR = "llm-compressor 0.14"  # the MoE layout exporters/ct_experts.py follows was read from its files
+LLM_COMPRESSOR = "llm-compressor 0.14"  # formats/compressed_tensors/experts.py: the MoE layout read from its files
 TORCH = "torch 2.13"  # runtime/int4_cpu.py's kernel semantics (tests/runtime/test_int4_cpu.py)

@@ -1,13 +1,13 @@
-"""Bytes on disk, one module per layout, each with its reader and writer: the matgptq parent or slice (parent), the
-integer weight it stores (quantized) and the slicing rule (slicing); GPTQ checkpoints (gptq_checkpoint) and their
-int32 packing (gptq_packing); compressed-tensors pack-quantized checkpoints (ct_checkpoint: the reader; the writer is
-exporters/compressed_tensors.py); GGUF's types, blocks and which block type holds a quantized weight (gguf/)."""
+"""Bytes on disk, each external format in its own folder with its constants, packing, reader and writer: GPTQ
+(gptq/), compressed-tensors pack-quantized (compressed_tensors/) and GGUF (gguf/). matgptq's own: the parent or
+slice (parent, its codes' bit stream in bitstream, its checksums in checksums, written block by block by staged and
+streamed), the integer weight and the quantized model every reader returns (quantized), the slicing rule (slicing)
+and the per-layer width spec (mix). What to export, and the reports: exporters/."""
 
-from .ct_checkpoint import read_ct_checkpoint
-from .gptq_checkpoint import read_gptq_checkpoint, trivial_g_idx
-from .gptq_packing import SUPPORTED_BITS, pack_cols, pack_rows, to_v1_words
-from .parent import Checkpoint, is_checkpoint, read_checkpoint, save_checkpoint, write_slice
-from .quantized import QuantizedWeight
+from .compressed_tensors import read_ct_checkpoint
+from .gptq import SUPPORTED_BITS, pack_cols, pack_rows, read_gptq_checkpoint, to_v1_words, trivial_g_idx
+from .parent import is_checkpoint, read_checkpoint, save_checkpoint, write_slice
+from .quantized import Checkpoint, QuantizedWeight
 from .slicing import position_table
 
 __all__ = [

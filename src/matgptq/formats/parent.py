@@ -8,7 +8,8 @@ SHARD_BYTES) has Hugging Face's sharded layout instead: `model-00001-of-0000N.sa
 `model.safetensors.index.json` naming each tensor's file; the tensors are the same, and the readers take either
 layout.
 Tensors, per quantized layer `<name>` (the Linear's module path; weights as [out, in]):
-  <name>.codes   uint8  [N, ceil(K·bits/8)]  codes as a little-endian bit stream per row (bits = stored width)
+  <name>.codes   uint8  [N, ceil(K·bits/8)]  codes as a little-endian bit stream per row (bits = stored width;
+                                             bitstream.py)
   <name>.scales  float16 [N, G]              master scale per output row and group
   <name>.zeros   uint8  [N, G]               master zero point
   <name>.g_idx   int32  [K]                  group of each input column
@@ -41,7 +42,8 @@ from ..errors import UserError
 from ..fsutil import atomic_output, copy_tokenizer_files, replace_file
 from ..untrusted import read_header, read_json, read_sharded, read_tensors, take
 from . import checksums
-from .quantized import QuantizedWeight, width_scale_name, width_scale_tensors
+from .bitstream import pack_bits, unpack_bits
+from .quantized import Checkpoint, QuantizedWeight, width_scale_name, width_scale_tensors
 
 FORMAT = "matgptq"
 FORMAT_VERSION = 4  # highest version read and the one written; v2 adds <name>.scales.<r>, v3 `layer_bits`, v4 checksums
@@ -53,55 +55,6 @@ SLICING_RULE = "msb_round_half_up_saturating"  # slicing.py
 # the name suffix of a quantized layer's tensors (`<name>.codes`, `<name>.scales.3`, ...; module docstring)
 LAYER_TENSOR = re.compile(r"\.(codes|zeros|g_idx|perm|scales(\.\d+)?)$")
 _FIX = "the checkpoint is damaged or incomplete, re-create it"
-
-
-def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Row-wise little-endian bit stream of `bits`-bit codes: code k of a row occupies stream bits [k·b, (k+1)·b), and
-    stream bit i is bit i mod 8 of byte ⌊i/8⌋ (the last byte zero-padded), uint8 [N, ⌈K·b/8⌉] on the codes' device.
-    Eight codes fill b bytes: code j of each eight starts at bit j·b of them, so it adds its low bits to byte ⌊j·b/8⌋
-    and, where it crosses a byte boundary, its high bits to the next."""
-    c = codes.to(torch.uint8)
-    if bits == 8:
-        return c.contiguous().clone()
-    rows, k = c.shape
-    eights = torch.nn.functional.pad(c, (0, -k % 8)).view(rows, -1, 8)
-    out = torch.zeros(rows, eights.shape[1], bits, dtype=torch.uint8, device=c.device)
-    for j in range(8):
-        byte, shift = divmod(j * bits, 8)
-        out[..., byte] |= eights[..., j] << shift  # uint8: the bits past the byte drop out
-        if shift + bits > 8:
-            out[..., byte + 1] |= eights[..., j] >> (8 - shift)
-    return out.view(rows, -1)[:, : -(-k * bits // 8)].contiguous()
-
-
-def unpack_bits(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
-    """Inverse of pack_bits: uint8 codes [N, k], on the stream's device (code j of each eight read back from the bytes
-    pack_bits put it in)."""
-    if bits == 8:
-        return packed[:, :k].contiguous()
-    rows, runs = packed.shape[0], -(-k // 8)
-    stream = torch.nn.functional.pad(packed, (0, runs * bits - packed.shape[1])).view(rows, runs, bits)
-    out = torch.empty(rows, runs, 8, dtype=torch.uint8, device=packed.device)
-    for j in range(8):
-        byte, shift = divmod(j * bits, 8)
-        code = stream[..., byte] >> shift
-        if shift + bits > 8:
-            code = code | (stream[..., byte + 1] << (8 - shift))
-        out[..., j] = code & ((1 << bits) - 1)
-    return out.view(rows, -1)[:, :k].contiguous()
-
-
-@dataclass
-class Checkpoint:
-    meta: dict
-    config: dict  # HF config.json without quantization_config
-    layers: dict[str, QuantizedWeight]
-    tensors: dict[str, torch.Tensor]  # unquantized tensors
-    path: Path
-
-    @property
-    def stored_bits(self) -> int:
-        return max(q.bits for q in self.layers.values())
 
 
 def layer_tensors(name: str, q: QuantizedWeight) -> dict[str, torch.Tensor]:
@@ -323,8 +276,7 @@ def read_layout(path: str | Path) -> Layout:
     """The checked metadata of the parent or slice directory `path` (damage is one `UserError` naming the file)."""
     p = Path(path)
     meta_path = p / META_FILE
-    fix = "the checkpoint is damaged or incomplete, re-create it"
-    meta, config = read_json(meta_path, fix), read_json(p / "config.json", fix)
+    meta, config = read_json(meta_path, _FIX), read_json(p / "config.json", _FIX)
     if meta.get("format") != FORMAT:
         raise UserError(
             f"{meta_path} says format {meta.get('format')!r}, not {FORMAT!r}; it is not a matgptq checkpoint"
@@ -350,14 +302,8 @@ def read_checkpoint(path: str | Path, layers_only: bool = False, verify: bool | 
     files against its recorded checksum (v4 files; checksums.py), those not kept included; None: unless inside
     `checksums.trusted()`."""
     layout = read_layout(path)
-    p, meta, config, shapes, widths, shift = (
-        layout.path,
-        layout.meta,
-        layout.config,
-        layout.shapes,
-        layout.widths,
-        layout.shift,
-    )
+    p, meta, config = layout.path, layout.meta, layout.config
+    shapes, widths, shift = layout.shapes, layout.widths, layout.shift
     sharded = (p / INDEX_FILE).is_file()
     weights = p / (INDEX_FILE if sharded else WEIGHTS_FILE)
     keep = (lambda k: LAYER_TENSOR.search(k) is not None and LAYER_TENSOR.sub("", k) in shapes) if layers_only else None

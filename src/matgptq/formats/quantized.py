@@ -1,4 +1,5 @@
-"""`QuantizedWeight`: the integer form of one Linear weight, shared by checkpoints, slicing, runtime and exports.
+"""`QuantizedWeight`: the integer form of one Linear weight, shared by checkpoints, slicing, runtime and exports; and
+`Checkpoint`, a quantized model as every reader returns it (parent.py, gptq/, compressed_tensors/).
 
     W[n, k] = scale[n, g] · (code[n, k] · 2^shift − zero[n, g]),   g = g_idx[k]
 
@@ -12,6 +13,7 @@ in float32.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -88,3 +90,18 @@ def width_scale_tensors(name: str, q: QuantizedWeight) -> dict[str, torch.Tensor
     """The tensors a parent file stores for `q`'s per-width scales (none without them)."""
     widths = sorted((q.width_scales or {}).items())
     return {width_scale_name(name, r): s.to(torch.float16).contiguous() for r, s in widths}
+
+
+@dataclass
+class Checkpoint:
+    """A quantized model read from disk: its quantized layers, the unquantized tensors and the records beside them."""
+
+    meta: dict
+    config: dict  # HF config.json without quantization_config
+    layers: dict[str, QuantizedWeight]
+    tensors: dict[str, torch.Tensor]  # unquantized tensors
+    path: Path
+
+    @property
+    def stored_bits(self) -> int:
+        return max(q.bits for q in self.layers.values())

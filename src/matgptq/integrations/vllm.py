@@ -13,7 +13,7 @@ a quantization method named "matgptq" that vLLM's plugin entry point registers (
 checkpoint's config.json: the dict replaces its quantization_config, `{"quant_method": "matgptq", "bits": stored}`
 (formats/parent.py), which is read as the stored widths (so a mixed-width GPTQ checkpoint's own config is not read as
 "every layer at its widest"). A width a layer cannot take is one `UserError` out of `LLM(...)`, naming the widths
-that exist (runtime.loader.resolve_bits).
+that exist (runtime.state.resolve_bits).
 
 How it loads: `MatGPTQVllmConfig.maybe_update_config` reads the parent's matgptq.json (formats.parent.read_layout: no
 tensor is read) and resolves the widths, in the process that builds vLLM's config. For each Linear vLLM builds
@@ -86,7 +86,7 @@ def requested_bits(quantization_config: dict, layout: Layout):
 
 
 def resolve_widths(spec, layout: Layout) -> dict[str, int]:
-    """Each quantized layer's width for `spec` (an int, a mix or a mix file) through runtime.loader.resolve_bits, on
+    """Each quantized layer's width for `spec` (an int, a mix or a mix file) through runtime.state.resolve_bits, on
     a checkpoint of meta tensors: only the layout is known here, and no tensor is read."""
     layers, meta = {}, partial(torch.empty, device="meta")
     for name, (n, k) in layout.shapes.items():

@@ -14,11 +14,11 @@ memory) and run once on a meta input, so no architecture is written out here:
 Fused experts modules return zeros during the trace: their routing is data-dependent, which the meta device cannot
 compute, and their group does not depend on it.
 
-Exported files spell an experts module's layers their own way (exporters/ct_experts.py, formats/gptq_experts.py):
-each expert's `gate_up_proj` as its two row halves `gate_proj` and `up_proj`, and mixtral's compressed-tensors files
-put the block under `block_sparse_moe` (models/experts.py FILE_LAYOUTS). `fused_groups` reads names in whichever of
-these spellings most of them use, and gives the groups in it: a file's experts module is the one group vLLM runs as
-one fused MoE layer, `<block>.mlp.experts` (tests/integrations/test_vllm_config_moe.py).
+Exported files spell an experts module's layers their own way (formats/compressed_tensors/experts.py,
+formats/gptq/experts.py): each expert's `gate_up_proj` as its two row halves `gate_proj` and `up_proj`, and mixtral's
+compressed-tensors files put the block under `block_sparse_moe` (models/experts.py FILE_LAYOUTS). `fused_groups` reads
+names in whichever of these spellings most of them use, and gives the groups in it: a file's experts module is the one
+group vLLM runs as one fused MoE layer, `<block>.mlp.experts` (tests/integrations/test_vllm_config_moe.py).
 """
 
 from __future__ import annotations

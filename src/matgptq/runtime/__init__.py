@@ -1,18 +1,10 @@
-"""Parent or slice → a model that runs: `load`, `set_bits` and the checkpoint opening they share with the exporters
-(loader); the quantized layers' kinds: PackedLinear (CPU, packed) and NestedLinear (GPU, nested)."""
+"""Parent or slice → a model that runs: `load` and the checkpoint opening it shares with the exporters (loader); the
+quantized state a loaded model carries, `set_bits` and the widths of a checkpoint (state); the quantized layers'
+kinds: PackedLinear (CPU, packed) and NestedLinear (GPU, nested)."""
 
-from .loader import (
-    Packing,
-    attach,
-    check_layers,
-    default_packed,
-    default_packing,
-    load,
-    open_checkpoint,
-    resolve_bits,
-    set_bits,
-)
+from .loader import check_layers, load, open_checkpoint
 from .nested import Resident
+from .state import Packing, attach, default_packed, default_packing, resolve_bits, set_bits
 
 __all__ = [
     "load",

@@ -1,7 +1,7 @@
 """A quantized Linear that keeps its r-bit codes packed: the memory of a slice is r bits per weight (plus fp16 scales,
 uint8 zeros and the group index), not that of a float matrix.
 
-Storage (buffers): `packed` uint8 [N, ⌈K·r/8⌉], the row-wise little-endian bit stream of formats.parent.pack_bits
+Storage (buffers): `packed` uint8 [N, ⌈K·r/8⌉], the row-wise little-endian bit stream of formats.bitstream.pack_bits
 (code k of a row in stream bits [k·r, (k+1)·r)); `scales` fp16 [N, G]; `zeros` uint8 [N, G] on the master grid;
 `g_idx` int32 [K]. Forward: the weight is dequantized by QuantizedWeight.dequantize itself
 (Ŵ = s[:, g] · (q · 2^shift − z[:, g]) in float32, cast to the model dtype) and multiplied with torch's own matmul,
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats import QuantizedWeight
-from ..formats.parent import pack_bits, unpack_bits
+from ..formats.bitstream import pack_bits, unpack_bits
 from .int4_cpu import build, int4_codes, int4_dequantize, int4_matmul
 
 # Rows per call from which the int4 path dequantizes (exactly, int4_cpu.int4_dequantize) and uses F.linear instead of

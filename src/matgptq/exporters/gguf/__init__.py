@@ -1,15 +1,7 @@
-"""GGUF files for llama.cpp: the writer (writer), llama.cpp's tensor names per architecture (arch), the metadata keys
-(metadata) and the tokenizer (vocab)."""
+"""GGUF export for llama.cpp: what to write and how it measured (export), the report of a written file (report). The
+file's bytes (tensor names, blocks, metadata, tokenizer, the writer and its reading back) are formats/gguf/'s."""
 
-from .arch import ARCHITECTURES, llama_qk_permutation
-from .writer import GGUFExport, GGUFExportWarning, TensorExport, export_gguf, read_gguf_weights
+from .export import export_gguf
+from .report import GGUFExport, GGUFExportWarning, TensorExport
 
-__all__ = [
-    "ARCHITECTURES",
-    "llama_qk_permutation",
-    "GGUFExport",
-    "GGUFExportWarning",
-    "TensorExport",
-    "export_gguf",
-    "read_gguf_weights",
-]
+__all__ = ["GGUFExport", "GGUFExportWarning", "TensorExport", "export_gguf"]

@@ -1,7 +1,7 @@
 """GGUF metadata for llama.cpp: the hyper-parameters of each architecture of arch.py (docs/formats.md §3.1).
 
-arch.py names the tensors, formats/gguf/tensors.py encodes them, vocab.py writes the tokenizer and writer.py
-writes the file; this module only describes the model's shape to llama.cpp.
+arch.py names the tensors, tensors.py encodes them, vocab.py writes the tokenizer and writer.py writes the file;
+this module only describes the model's shape to llama.cpp.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import math
 import numpy as np
 
 from ...errors import UserError
-from ...formats.gguf import gguf_module
 from .arch import gguf_arch
 from .metadata_arch import add_arch_metadata, add_dimensions, add_experts
+from .types import gguf_module
 
 # --- metadata -------------------------------------------------------------------------------------------------------
 

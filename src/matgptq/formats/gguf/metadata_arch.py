@@ -151,7 +151,7 @@ def _gemma2(writer, hp: dict) -> None:
 def _gemma3(writer, hp: dict) -> None:
     """Gemma3Model.set_gguf_parameters: TextModel's keys (RoPE of the full-attention layers, the sliding layers' base
     as rope.freq_base_swa) and the head size, final soft-capping and sliding window."""
-    from ...formats.gguf import gguf_module
+    from .types import gguf_module
 
     cfg, rope = hp["config"], _full_rope(hp)
     add_dimensions(writer, hp)

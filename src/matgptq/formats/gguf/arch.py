@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import UserError
-from ..tested import GPTQMODEL
 
 _LLAMA_BLOCK = {
     "self_attn.q_proj": "attn_q",
@@ -126,17 +125,11 @@ ARCHITECTURES = {
     "qwen3_moe": GGUFArch("qwen3moe", False, {**_NORMS, **_ATTN, **_QK_NORM, **_ROUTER}),
     "mixtral": GGUFArch("llama", True, {**_NORMS, **_ATTN, **_ROUTER}),
 }
-# model types whose GGUF export is refused with a reason and an alternative (gguf_arch)
-REFUSED = {
-    "gpt_oss": "GGUF export of gpt_oss is not supported: its llama.cpp graph (attention sinks, biased and "
-    "clamped SwiGLU experts with interleaved gate/up rows) is not mapped or tested here; use export "
-    f"--format gptq_v1/gptq_v2 ({GPTQMODEL} and matgptq.load run it)"
-}
 
 
 def gguf_arch(model_type: str | None) -> GGUFArch:
-    if model_type in REFUSED:
-        raise UserError(REFUSED[model_type])
+    """The architecture of HF `model_type`, or a UserError naming those mapped (exporters/gguf/export.py refuses some
+    types with their own reason first)."""
     if model_type not in ARCHITECTURES:
         raise UserError(
             f"GGUF export supports the model types {', '.join(ARCHITECTURES)}; this model is "

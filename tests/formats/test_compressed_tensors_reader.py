@@ -1,16 +1,17 @@
-"""compressed-tensors `pack-quantized` checkpoints read by matgptq.load and eval (src/matgptq/formats/ct_checkpoint.py).
+"""compressed-tensors `pack-quantized` checkpoints read by matgptq.load and eval
+(src/matgptq/formats/compressed_tensors/reader.py).
 
   (a) Round trip: matgptq.load of a compressed-tensors export equals matgptq.load of its source at that width, every
       tensor and the logits bit for bit (sym and asym, every width 2-8, group and channel scales, ragged groups,
-      per-layer mixes; tolerance 0: both hold the same exact float32 weights, exporters/compressed_tensors.py).
+      per-layer mixes; tolerance 0: both hold the same exact float32 weights, formats/compressed_tensors/writer.py).
   (b) The independent oracle: compressed-tensors' own target matching and decompressor read each export to exactly the
-      weights our reader gives (ct_checkpoint_helpers.ct_weights; skipped without the peer).
+      weights our reader gives (compressed_tensors_reader_helpers.ct_weights; skipped without the peer).
   (c) Files written the way llm-compressor writes them: compressed-tensors' ModelCompressor compresses a model whose
       config groups target ["Linear"] and `re:` regexes with `ignore` (lm_head, a whole block), sym and asym, group,
       channel and tensor scales, float32 and bfloat16; matgptq.load holds exactly the weights compressed-tensors
       decompresses from the saved file.
   (e) `matgptq eval` scores an export exactly as it scores its source; sharded files and re-exports.
-Damaged and unsupported inputs (d): test_ct_checkpoint_damaged.py.
+Damaged and unsupported inputs (d): test_compressed_tensors_reader_damaged.py.
 """
 
 import json
@@ -27,7 +28,7 @@ from matgptq.exporters.gptq import export_gptq
 from matgptq.formats import read_ct_checkpoint
 from matgptq.runtime import open_checkpoint
 from tests.conftest import STORIES, TINYSTORIES, require_peer
-from tests.formats.ct_checkpoint_helpers import EXPORTS, Cache, ct_weights
+from tests.formats.compressed_tensors_reader_helpers import EXPORTS, Cache, ct_weights
 
 
 @pytest.fixture(scope="module")

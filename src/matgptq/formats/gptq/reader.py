@@ -1,7 +1,7 @@
 """GPTQ checkpoints (v1 "gptq" and v2 "gptq_v2") on disk, read as a `Checkpoint` for `matgptq.load` and exports.
 
 Tensors per quantized Linear `<name>` (K = in features, N = out features, b bits, G groups; docs/formats.md §2):
-  <name>.qweight  int32   [K·b/32, N]   codes transposed to [K, N], packed along K (gptq_packing.pack_rows)
+  <name>.qweight  int32   [K·b/32, N]   codes transposed to [K, N], packed along K (packing.pack_rows)
   <name>.qzeros   int32   [G, N·b/32]   zero points packed along N; v1 stores z − 1, v2 the true z (§2.5)
   <name>.scales   float16 [G, N]
   <name>.g_idx    int32   [K]           group of each input row; non-trivial (≠ k // g) only with act-order (§4.2)
@@ -17,7 +17,7 @@ torch kernel, and transformers + optimum with it, load such files (faster kernel
 3-bit layer needs K and N multiples of 32 and is refused otherwise. The reader crops the fill again (K from g_idx, N
 from qweight).
 
-Written by exporters/gptq.py.
+Written by writer.py.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import UserError
-from ..untrusted import read_json, read_model_weights
-from .gptq_experts import join_experts  # MoE: per-expert gate/up halves back to fused layers
-from .gptq_packing import SUPPORTED_BITS, V1_WORD_ADD, packed_words, unpack_cols, unpack_rows
-from .parent import Checkpoint
-from .quantized import QuantizedWeight
+from ...errors import UserError
+from ...untrusted import read_json, read_model_weights
+from ..quantized import Checkpoint, QuantizedWeight
+from .constants import CONFIG_FILES, FIX, SUPPORTED_BITS, TENSORS, V1, V1_WORD_ADD, V2
+from .experts import join_experts  # MoE: per-expert gate/up halves back to fused layers
+from .packing import packed_words, unpack_cols, unpack_rows
 
 
 def trivial_g_idx(k: int, group_size: int) -> torch.Tensor:
@@ -42,12 +42,9 @@ def trivial_g_idx(k: int, group_size: int) -> torch.Tensor:
     return torch.arange(k, dtype=torch.int32) // (max(k, 1) if group_size == -1 or group_size > k else group_size)
 
 
-FIX = "the GPTQ checkpoint is damaged or incomplete; re-download or re-export it"
-
-
 def _read_config(p: Path) -> tuple[dict, dict]:
     config = read_json(p / "config.json", FIX)
-    for name in ("quantize_config.json", "quant_config.json"):  # GPTQModel's order of preference (§2.6)
+    for name in CONFIG_FILES:  # GPTQModel's order of preference (§2.6)
         if (p / name).is_file():
             return config, read_json(p / name, FIX)
     qc = config.get("quantization_config") or {}
@@ -124,7 +121,7 @@ def _v1_to_true(qzeros: torch.Tensor, bits: int, n: int, by_gptqmodel: bool) -> 
 def _is_v2(p: Path, label: str, stored: dict[str, np.ndarray], widths: dict[str, int]) -> bool:
     """v1 or v2 zeros: the label, unless every stored zero is the symmetric value of the other convention — GPTQ
     checkpoints labelled "gptq" that hold v2 zeros exist (docs/formats.md §2.5); then trust the data and warn."""
-    v2 = label == "gptq_v2"
+    v2 = label == V2
     other = "v1" if v2 else "v2"  # its symmetric stored zero is 2^(b−1) − 1 (v1) or 2^(b−1) (v2)
     if stored and all((z == (1 << (widths[n] - 1)) - int(v2)).all() for n, z in stored.items()):
         warnings.warn(
@@ -214,8 +211,8 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
     p = Path(path)
     config, qc = _read_config(p)
     config.pop("quantization_config", None)
-    label = str(qc.get("checkpoint_format") or qc.get("format") or "gptq").lower()
-    if label not in ("gptq", "gptq_v2"):
+    label = str(qc.get("checkpoint_format") or qc.get("format") or V1).lower()
+    if label not in (V1, V2):
         raise UserError(f"{p} is GPTQ format '{label}'; matgptq reads 'gptq' (v1) and 'gptq_v2' (re-save it as one)")
     if str(qc.get("pack_dtype", "int32")) != "int32":
         raise UserError(f"{p} packs into {qc['pack_dtype']} words; matgptq reads int32-packed GPTQ only")
@@ -232,7 +229,7 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
         n = raw[f"{name}.qweight"].shape[1]
         zeros = stored[name] if v2 else _v1_to_true(qzeros, r, n, by_gptqmodel)
         layers[name] = _layer(p, name, raw, r, zeros, groups[name])
-    stray = next((k for k in raw if k.rpartition(".")[2] in ("qweight", "qzeros", "scales", "g_idx")), None)
+    stray = next((k for k in raw if k.rpartition(".")[2] in TENSORS), None)
     if stray is not None:  # e.g. a layer whose qweight's name was damaged
         raise UserError(f"{p}: {stray} belongs to no quantized layer (no {stray.rpartition('.')[0]}.qweight); {FIX}")
     quant = {
@@ -242,6 +239,6 @@ def read_gptq_checkpoint(path: str | Path) -> Checkpoint:
         "sym": bool(qc.get("sym", True)),
         "act_order": bool(qc.get("desc_act", False)),
     }
-    meta = {"format": "gptq", "checkpoint_format": "gptq_v2" if v2 else "gptq", "quantization": quant}
+    meta = {"format": "gptq", "checkpoint_format": V2 if v2 else V1, "quantization": quant}
     layers, raw = join_experts(config.get("model_type"), layers, raw)
     return Checkpoint(meta, config, layers, raw, p)

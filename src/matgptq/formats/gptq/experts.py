@@ -23,11 +23,10 @@ from dataclasses import replace
 
 import torch
 
-from ..errors import UserError
-from .quantized import QuantizedWeight
+from ...errors import UserError
+from ..quantized import QuantizedWeight
+from .constants import MOE_TYPES
 
-# the MoE types whose GPTQ export GPTQModel reads (tests/exporters/test_gptq_moe_interop.py)
-MOE_TYPES = ("gpt_oss", "mixtral", "qwen3_moe")
 _LAYER = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_up_proj|up_proj|down_proj)$")
 _BIAS = re.compile(r"^(.+\.experts)\.(gate_up_proj|down_proj)_bias$")
 SPLIT = {"gate_up_proj": ("gate_proj", "up_proj")}  # fused projection -> its row halves, in order
@@ -75,8 +74,8 @@ def _rows(q: QuantizedWeight, rows: slice) -> QuantizedWeight:
 
 def row_parts(n: int, count: int, interleaved: bool = False) -> list[slice]:
     """The rows of each of `count` parts of n output rows: consecutive blocks (the halves above), or, `interleaved`,
-    every count-th row from row i (gpt_oss' gate and up, as compressed-tensors exports split them: exporters/
-    ct_experts.py). Rows are independent, so either split is exact."""
+    every count-th row from row i (gpt_oss' gate and up, as compressed-tensors exports split them:
+    formats/compressed_tensors/experts.py). Rows are independent, so either split is exact."""
     step = n // count
     return [slice(i, None, count) if interleaved else slice(i * step, (i + 1) * step) for i in range(count)]
 
@@ -114,7 +113,7 @@ def split_biases(tensors: dict[str, torch.Tensor], interleaved: bool = False) ->
     return out
 
 
-# --- reading back (formats/gptq_checkpoint.py): the inverse, so matgptq.load runs its own MoE exports ---------------
+# --- reading back (reader.py): the inverse, so matgptq.load runs its own MoE exports ---------------
 
 _HALF = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj)$")
 _EXPERT_BIAS = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.bias$")

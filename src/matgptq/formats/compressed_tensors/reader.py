@@ -1,17 +1,11 @@
-"""compressed-tensors `pack-quantized` checkpoints (exporters/compressed_tensors.py's and llm-compressor's) read as a
-`Checkpoint` of plain b-bit layers (shift 0), so `matgptq.load`, `eval` and the exporters take them like GPTQ ones.
-
-config.json's `quantization_config` (quant_method "compressed-tensors", status "compressed") maps config groups to
-`targets`. A Linear's scheme is resolved as compressed-tensors resolves it (apply_quantization_config,
-utils/match.py): it is quantized when a target matches it, by exact name, by `re:<regex>` (re.match, from the start of
-the name) or by class name ("Linear"), and no `ignore` entry matches it the same way; of several matching targets
-the exact names win, then the regexes, then the class names, each in sorted order; a target listed by two groups
-belongs to the later one.
+"""compressed-tensors `pack-quantized` checkpoints (writer.py's and llm-compressor's) read as a `Checkpoint` of plain
+b-bit layers (shift 0), so `matgptq.load`, `eval` and the exporters take them like GPTQ ones. Which Linears are
+quantized, and how: scheme.py.
 
 Tensors per quantized Linear `<name>` (N out, K in features, b = num_bits in 2..8, G groups):
   <name>.weight_packed      int32 [N, ceil(K·b/32)]  u = q + 2^(b−1) per row as a little-endian bit stream: u[n, k]
                                                     at stream bits [k·b, (k+1)·b), stream bit j = bit j mod 32 of
-                                                    word j // 32 (codes straddle words at 3/5/6/7 bits)
+                                                    word j // 32 (codes straddle words at 3/5/6/7 bits: packing.py)
   <name>.weight_scale       float [N, G]             G = K / group_size ("group"), 1 ("channel"); one value ("tensor")
   <name>.weight_zero_point  int32 [ceil(N·b/32), G]  asymmetric group/channel: zp + 2^(b−1) packed the same way along
                                                     N; asymmetric "tensor": zp itself, one integer
@@ -28,164 +22,29 @@ the two agree exactly in that dtype. With g_idx, compressed-tensors sorts the co
 consecutive blocks of group_size: that is scale[:, g_idx[k]] exactly when every group holds group_size columns, and
 is refused otherwise; a g_idx holding −1 (never initialised) means column order, as there.
 
-Refused in one line: other formats (int-/float-/naive-quantized, nvfp4, sparse ones), float or dynamic weights, block
-strategies, activation or KV-cache quantization, sparsity and transforms (rotations the weights need at run time),
-1-bit weights, 3/5/6/7 bits of a file whose `version` is below STRADDLING (32 // b codes per word, no straddling;
-2/4/8 bits are the same stream in both), and mixture-of-experts checkpoints (per-expert Linears
-`<p>.experts.<e>.*_proj`, exporters/ct_experts.py): matgptq runs fused experts and does not rejoin them from this
-layout.
+Refused in one line, beyond the schemes scheme.py refuses: 3/5/6/7 bits of a file whose `version` is below
+STRADDLING (32 // b codes per word, no straddling; 2/4/8 bits are the same stream in both), and mixture-of-experts
+checkpoints (per-expert Linears `<p>.experts.<e>.*_proj`, experts.py): matgptq runs fused experts and does not rejoin
+them from this layout.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..errors import UserError
-from ..untrusted import read_json, read_model_weights
-from .parent import Checkpoint
-from .quantized import QuantizedWeight
+from ...errors import UserError
+from ...untrusted import read_json, read_model_weights
+from ..quantized import Checkpoint, QuantizedWeight
+from .constants import FIX, FORMAT, INT_DTYPES, PARAMS, SCALE_DTYPES, STRADDLING
+from .packing import unpack_int32
+from .scheme import Scheme, read_schemes, scheme_of
 
-FORMAT = "pack-quantized"
-FIX = "the compressed-tensors checkpoint is damaged or incomplete; re-download or re-export it"
-PARAMS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
 _PARAM = re.compile(rf"^(.+)\.({'|'.join(PARAMS)})$")
 _EXPERT = re.compile(r"\.experts\.\d+\.")
-LINEAR_CLASSES = ("Linear", "Module")  # what a packed module is (nn.Linear): the class names a target can match
-SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# integer tensors (shapes, zero points, g_idx) as compressed-tensors writes them; torch compares no wider unsigned ones
-INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-STRADDLING = (0, 17)  # the `version` field (a file's data) from which 3/5/6/7-bit codes straddle int32 words
-
-
-def unpack_int32(words: np.ndarray, bits: int, n: int) -> np.ndarray:
-    """[rows, ceil(n·bits/32)] int32 words → [rows, n] uint8, each row a little-endian bit stream (module docstring)."""
-    stream = np.ascontiguousarray(words.astype("<i4")).view(np.uint8)
-    planes = np.unpackbits(stream, axis=1, count=n * bits, bitorder="little").reshape(words.shape[0], n, bits)
-    return (planes << np.arange(bits, dtype=np.uint8)).sum(-1, dtype=np.uint8)
-
-
-@dataclass(frozen=True)
-class Scheme:
-    """The weight settings of one config group, checked."""
-
-    bits: int
-    symmetric: bool
-    strategy: str  # "group", "channel" or "tensor"
-    group_size: int | None  # "group" only
-    actorder: str | None
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _weights(p: Path, group: str, w) -> Scheme:
-    """The `weights` of config group `group` as a Scheme, or a one-line refusal of what matgptq cannot run."""
-    if not isinstance(w, dict):
-        raise UserError(
-            f"{p}: config group {group} quantizes no weights (`weights` is {w!r:.60}); matgptq reads "
-            "weight-quantized compressed-tensors checkpoints only"
-        )
-    kind, bits, sym, size = w.get("type", "int"), w.get("num_bits"), w.get("symmetric", True), w.get("group_size")
-    strategy, order = w.get("strategy"), w.get("actorder")
-    kind, strategy, order = (v.lower() if isinstance(v, str) else v for v in (kind, strategy, order))
-    if strategy is None:  # compressed-tensors' default: from group_size
-        strategy = "tensor" if size is None else "channel" if size == -1 else "group"
-    if kind != "int" or w.get("dynamic", False) not in (False, None):
-        raise UserError(
-            f"{p}: config group {group} has {kind} {'dynamic ' if w.get('dynamic') else ''}weights; "
-            "matgptq reads static integer weights (e.g. W4A16); use compressed-tensors"
-        )
-    if not _is_int(bits) or not 2 <= bits <= 8:
-        raise UserError(f"{p}: config group {group} has num_bits {bits!r:.60}; matgptq reads 2- to 8-bit weights")
-    if strategy not in ("group", "channel", "tensor") or w.get("block_structure") is not None:
-        raise UserError(
-            f"{p}: config group {group} uses the {strategy!r:.60} strategy; matgptq reads group, "
-            "channel and tensor scales"
-        )
-    if strategy == "group" and (not _is_int(size) or size < 1):
-        raise UserError(f"{p}: config group {group} has group_size {size!r:.60}, expected a positive integer; {FIX}")
-    if not isinstance(sym, bool) or order not in (None, False, True, "group", "dynamic", "weight", "static"):
-        raise UserError(f"{p}: config group {group} has symmetric {sym!r:.60} and actorder {order!r:.60}; {FIX}")
-    order = "group" if order in (True, "dynamic") else None if order is False else order
-    return Scheme(bits, sym, strategy, size if strategy == "group" else None, order)
-
-
-def _check_config(p: Path, qc: dict) -> None:
-    """Everything beyond packed integer weights that the checkpoint would need at run time is refused."""
-    fmt, status = qc.get("format"), qc.get("quantization_status", "compressed")
-    if fmt not in (FORMAT, "mixed-precision"):
-        raise UserError(
-            f"{p} is compressed-tensors format {fmt!r:.60}; matgptq reads '{FORMAT}' (e.g. "
-            "llm-compressor's W4A16); load it with compressed-tensors or vLLM"
-        )
-    if status != "compressed":
-        raise UserError(
-            f"{p} is in compressed-tensors status {status!r:.60}, not 'compressed' (packed); re-save it "
-            "compressed (llm-compressor's save_pretrained does)"
-        )
-    for key, what in (
-        ("kv_cache_scheme", "KV-cache quantization"),
-        ("sparsity_config", "sparsity"),
-        ("transform_config", "transforms (rotations)"),
-    ):
-        if qc.get(key):
-            raise UserError(
-                f"{p} uses {what} (`{key}`), which matgptq does not run; load it with compressed-tensors or vLLM"
-            )
-
-
-def read_schemes(p: Path, qc: dict) -> tuple[dict[str, Scheme], list[str]]:
-    """({target: scheme}, ignore) of a `quantization_config`, in config order (a later group's target wins)."""
-    _check_config(p, qc)
-    groups, ignore = qc.get("config_groups"), qc.get("ignore") or []
-    if not isinstance(groups, dict) or not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
-        raise UserError(f"{p}: `config_groups` must be an object and `ignore` a list of names; {FIX}")
-    targets: dict[str, Scheme] = {}
-    for name, g in groups.items():
-        if not isinstance(g, dict) or not isinstance(g.get("targets"), list):
-            raise UserError(f"{p}: config group {name} has no `targets` list; {FIX}")
-        if g.get("input_activations") or g.get("output_activations"):
-            raise UserError(
-                f"{p}: config group {name} quantizes activations, which matgptq does not run; it reads "
-                "weight-only checkpoints (e.g. W4A16)"
-            )
-        if g.get("format") not in (None, FORMAT):
-            raise UserError(f"{p}: config group {name} is format {g.get('format')!r:.60}; matgptq reads '{FORMAT}'")
-        scheme = _weights(p, name, g.get("weights"))
-        for t in g["targets"]:
-            if not isinstance(t, str):
-                raise UserError(f"{p}: config group {name} has a target {t!r:.60} that is not a string; {FIX}")
-            targets[t] = scheme
-    for t in [*targets, *ignore]:
-        try:
-            re.compile(t[3:]) if t.startswith("re:") else None
-        except re.error:
-            raise UserError(f"{p}: target {t!r:.60} is not a regular expression; {FIX}") from None
-    return targets, ignore
-
-
-def _matches(name: str, target: str) -> bool:
-    """compressed-tensors' match of a Linear: `re:` regex from the start, exact name, or class name."""
-    if target.startswith("re:"):
-        return re.match(target[3:], name) is not None
-    return target == name or target in LINEAR_CLASSES
-
-
-def scheme_of(name: str, targets: dict[str, Scheme], ignore: list[str]) -> Scheme | None:
-    """The scheme of Linear `name` (None: not quantized), resolved as compressed-tensors does (module docstring)."""
-    if any(_matches(name, i) for i in ignore):
-        return None
-    ordered = sorted(targets, key=lambda t: ("re:" in t, t))
-    by_name = [t for t in ordered if t not in LINEAR_CLASSES and _matches(name, t)]
-    by_class = [t for t in ordered if t in LINEAR_CLASSES]
-    found = by_name + by_class
-    return targets[found[0]] if found else None
 
 
 def _shape(p: Path, name: str, raw: dict, s: Scheme) -> tuple[int, int]:

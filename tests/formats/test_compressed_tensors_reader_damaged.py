@@ -1,7 +1,8 @@
-"""(d) Damaged or unsupported compressed-tensors checkpoints give one line, never a traceback (formats/ct_checkpoint.py;
-the pattern of tests/test_damaged_inputs.py): named damage and refusals through matgptq.load and the CLI, a fuzzed
-property (truncation anywhere, tensors dropped / reshaped / retyped, config values replaced), and the two things the
-reader accepts beyond our own exports: a valid act-order g_idx and an all-zero zero point of a symmetric layer."""
+"""(d) Damaged or unsupported compressed-tensors checkpoints give one line, never a traceback
+(formats/compressed_tensors/reader.py; the pattern of tests/test_damaged_inputs.py): named damage and refusals through
+matgptq.load and the CLI, a fuzzed property (truncation anywhere, tensors dropped / reshaped / retyped, config values
+replaced), and the two things the reader accepts beyond our own exports: a valid act-order g_idx and an all-zero zero
+point of a symmetric layer."""
 
 import json
 import os
@@ -17,10 +18,10 @@ from safetensors.torch import load_file, save_file
 import matgptq
 from matgptq.cli import main
 from matgptq.errors import UserError
-from matgptq.exporters.compressed_tensors import pack_int32
 from matgptq.formats import read_ct_checkpoint
+from matgptq.formats.compressed_tensors import pack_int32
 from tests.conftest import TINYSTORIES
-from tests.formats.ct_checkpoint_helpers import Cache, edit_config
+from tests.formats.compressed_tensors_reader_helpers import Cache, edit_config
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("MATGPTQ_FUZZ_EXAMPLES", 20)),
@@ -152,7 +153,8 @@ def test_unsupported_or_damaged_config_one_line(sources, tmp_path, case):
 
 
 def test_our_moe_export_is_refused_in_one_line(tmp_path):
-    """Per-expert Linears (exporters/ct_experts.py, llm-compressor's MoE layout) are not rejoined: one line."""
+    """Per-expert Linears (formats/compressed_tensors/experts.py, llm-compressor's MoE layout) are not rejoined: one
+    line."""
     from tests.exporters.ct_moe_helpers import CtMoECache
 
     out = CtMoECache(tmp_path).export("qwen3_moe", "asym", 4)

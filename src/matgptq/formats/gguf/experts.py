@@ -1,4 +1,4 @@
-"""GGUF tensors of fused mixture-of-experts layers (qwen3_moe, mixtral; models/experts.py, formats/gptq_experts.py).
+"""GGUF tensors of fused mixture-of-experts layers (qwen3_moe, mixtral; models/experts.py, formats/gptq/experts.py).
 
 transformers 5 keeps a block's experts fused: `mlp.experts.gate_up_proj` [E, 2I, H] (rows: gate, then up, as its
 forward's `chunk(2)`) and `mlp.experts.down_proj` [E, H, I]; matgptq quantizes each expert's projection as its own
@@ -6,7 +6,7 @@ layer `mlp.experts.<e>.gate_up_proj` / `.down_proj`. llama.cpp's converter write
 `ffn_gate_exps` [E, I, H], `ffn_up_exps` [E, I, H], `ffn_down_exps` [E, H, I] (numpy order; Qwen2MoeModel /
 LlamaModel.modify_tensors stack the experts and split gate_up at row I).
 
-Quantized experts keep their codes: each expert's layer is encoded as a dense layer is (formats/gguf/tensors.py), its
+Quantized experts keep their codes: each expert's layer is encoded as a dense layer is (tensors.py), its
 rows are whole GGUF blocks, so gate and up are the first and second half of the encoded rows, and the experts are
 stacked. One GGUF tensor has one type: when `auto` picks different types for the experts of one projection (a
 per-layer mix), all of them are encoded in the smallest of those types that holds every one with its codes, else
@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from ...errors import UserError
-from ...formats.gguf import QTYPES, encode_layer, float_encode, requantize
+from .tensors import encode_layer, float_encode, requantize
+from .types import QTYPES
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_up_proj|down_proj)$")
 _FUSED = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")

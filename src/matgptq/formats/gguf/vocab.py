@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from ...errors import UserError
-from ...formats.gguf import gguf_module
+from .types import gguf_module
 
 _SPLITS = {  # the Split regex of tokenizer.json -> llama.cpp's pre-tokenizer name
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",

@@ -1,4 +1,4 @@
-"""Byte-level BPE vocabularies in GGUF (export/gguf/vocab.py), checked by llama.cpp itself: for each pre-tokenizer
+"""Byte-level BPE vocabularies in GGUF (formats/gguf/vocab.py), checked by llama.cpp itself: for each pre-tokenizer
 matgptq recognises, a tiny model whose tokenizer is trained here with that pre-tokenizer is exported, and llama.cpp's
 token ids must equal the Hugging Face tokenizer's on real text (with the BOS/EOS the HF tokenizer adds); a
 pre-tokenizer llama.cpp cannot reproduce is refused with one line and no file."""
@@ -16,7 +16,7 @@ pytest.importorskip("gguf")
 
 from matgptq.errors import UserError  # noqa: E402
 from matgptq.exporters.gguf import export_gguf  # noqa: E402
-from matgptq.exporters.gguf.vocab import bpe_pre_tokenizer  # noqa: E402
+from matgptq.formats.gguf.vocab import bpe_pre_tokenizer  # noqa: E402
 
 LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")

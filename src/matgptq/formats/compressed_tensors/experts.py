@@ -4,12 +4,12 @@ tests/exporters/test_compressed_tensors_moe.py compares its files with ours; the
 TRANSFORMERS: exporters/tested.py).
 
 matgptq quantizes expert e of `<p>.experts` as `<p>.experts.<e>.gate_up_proj` ([2I, H]) and `.down_proj` ([H, I])
-(models/experts.py). Written per expert as llm-compressor does, each a pack-quantized Linear (compressed_tensors.py):
+(models/experts.py). Written per expert as llm-compressor does, each a pack-quantized Linear (writer.py):
 
     <p>.experts.<e>.gate_proj  = gate rows of gate_up      <p>.experts.<e>.up_proj = up rows      .down_proj as is
 
   * qwen3_moe, mixtral: gate = rows [0, I), up = rows [I, 2I) (transformers' `chunk(2)`), the GPTQ export's split
-    (formats/gptq_experts.py, reused here).
+    (formats/gptq/experts.py, reused here).
   * gpt_oss: gate and up interleave (transformers: `gate_up[..., ::2]`, `[..., 1::2]`), so gate = the even rows and
     up = the odd ones (llm-compressor's GptOssExpertMLP: `gate_up[:, 0::2].T`); the fused biases [E, 2I] / [E, H]
     split the same way into `.gate_proj.bias`, `.up_proj.bias`, `.down_proj.bias` (float, as llm-compressor writes
@@ -24,9 +24,9 @@ matgptq quantizes expert e of `<p>.experts` as `<p>.experts.<e>.gate_up_proj` ([
 
 Rows are output features, each with its own scales and zeros, so every split is exact (the parts' codes, scales and
 zeros are rows of the parent's). The router (a transformers TopKRouter, not an nn.Linear) stays float and is listed
-in `ignore`, as llm-compressor lists it. A fused tensor some of whose experts were left unquantized (--skip) is
-stored whole by the parent: its other experts are written as float per-expert weights (split the same way), also in
-`ignore`.
+in `ignore` (exporters/compressed_tensors.py), as llm-compressor lists it. A fused tensor some of whose experts were
+left unquantized (--skip) is stored whole by the parent: its other experts are written as float per-expert weights
+(split the same way), also in `ignore`.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import UserError
-from ..formats import QuantizedWeight
-from ..formats.gptq_experts import gptq_names, is_expert, row_parts, split_biases, split_layer
+from ...errors import UserError
+from ..gptq.experts import gptq_names, is_expert, row_parts, split_biases, split_layer
+from ..quantized import QuantizedWeight
 
 
 @dataclass(frozen=True)
@@ -113,19 +113,3 @@ def ct_moe(src, model_type: str | None, names) -> CtMoE | None:
             f"{', '.join(CT_MOE)}); export --format gptq_v2, or load it with matgptq.load"
         )
     return CT_MOE[model_type]
-
-
-def routers(model: torch.nn.Module) -> list[str]:
-    """The routers of `model`'s experts modules (a sibling module whose weight has one row per expert), in module
-    order: float, and listed in `ignore` as llm-compressor lists them."""
-    found = []
-    for name, module in model.named_modules():
-        fused = [p for p in module.parameters(recurse=False) if p.ndim == 3]
-        parent, _, own = name.rpartition(".")
-        if not fused or not parent:
-            continue
-        for child, sibling in model.get_submodule(parent).named_children():
-            weight = getattr(sibling, "weight", None)
-            if child != own and isinstance(weight, torch.Tensor) and weight.shape[0] == fused[0].shape[0]:
-                found.append(f"{parent}.{child}")
-    return found

@@ -1,6 +1,6 @@
-"""Helpers of tests/formats/test_ct_checkpoint*.py: synthetic stories260K sources (random codes, no calibration: fast,
-every code and zero point occurs), their compressed-tensors exports, and compressed-tensors' own reading of a file
-(the oracle: its target matching and its decompressor, never ours)."""
+"""Helpers of tests/formats/test_compressed_tensors_reader*.py: synthetic stories260K sources (random codes, no
+calibration: fast, every code and zero point occurs), their compressed-tensors exports, and compressed-tensors' own
+reading of a file (the oracle: its target matching and its decompressor, never ours)."""
 
 import json
 import warnings

@@ -1,137 +1,58 @@
-"""GGUF export (llama.cpp) of a matgptq parent, slice or per-layer mix, keeping the integer codes.
+"""GGUF export (llama.cpp) of a matgptq parent, slice or per-layer mix, keeping the integer codes: the source's
+tensors, each encoded and measured, and the report. The format's parts are formats/gguf/'s: arch.py names and
+orders the tensors (Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Granite, Gemma 2/3, Qwen3-MoE, Mixtral), experts.py
+stacks fused experts into 3-D tensors, tensors.py encodes each one (which block type keeps a layer's codes),
+metadata.py (and metadata_arch.py) describes the model, vocab.py its tokenizer, writer.py writes the file.
 
-The parts: arch.py names and orders the tensors (Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Granite, Gemma 2/3,
-Qwen3-MoE, Mixtral), experts.py stacks fused experts into 3-D tensors, formats/gguf/tensors.py encodes each one
-(which block type keeps a layer's codes), metadata.py (and metadata_arch.py) describes the model, vocab.py its
-tokenizer; this module writes the file.
-
-Metadata follows convert_hf_to_gguf.py (docs/formats.md §3.1), Llama's Q/K rows get its RoPE permutation (§3.3,
-applied to whole encoded rows, which commutes with the row-wise blocks), norms are F32, embeddings/lm_head `embed_type`
-(default `float_type` = F32). The file is written atomically and every tensor is read back through gguf-py's
-dequantizer to measure max |Δw| against matgptq's dequantized weight for the report.
+Metadata follows convert_hf_to_gguf.py (docs/formats.md §3.1), Llama's Q/K rows get its RoPE permutation (§3.3),
+norms are F32, embeddings/lm_head `embed_type` (default `float_type` = F32). The file is written atomically and every
+tensor is read back through gguf-py's dequantizer to measure max |Δw| against matgptq's dequantized weight for the
+report (report.py).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import re
 import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..._version import __version__
 from ...errors import UserError
-from ...execution import format_table
 from ...formats.gguf import (
+    ARCHITECTURES,
     EMBED_TYPES,
-    FILE_TYPES,
     FLOAT_TYPES,
     QTYPES,
     embed_type_for,
     encode_layer,
     float_encode,
     gguf_module,
+    llama_qk_permutation,
     requantize,
+    write_gguf,
 )
+from ...formats.gguf.arch import tensor_order
+from ...formats.gguf.experts import expert_tensors, split_experts
+from ...formats.gguf.metadata import hparams
+from ...formats.gguf.metadata_arch import check_model
 from ...formats.mix import WidthSpec, width_spec
 from ...fsutil import atomic_output, check_output
 from ...models import load_fp_model
 from ...runtime import open_checkpoint, resolve_bits
 from ...untrusted import read_json
-from .arch import ARCHITECTURES, llama_qk_permutation, tensor_order
-from .experts import expert_tensors, hf_experts, join_experts, split_experts
-from .metadata import add_metadata, hparams
-from .metadata_arch import check_model
-from .vocab import add_vocab
+from ..tested import GPTQMODEL
+from .report import GGUFExport, GGUFExportWarning, TensorExport
 
-__all__ = ["export_gguf", "read_gguf_weights", "GGUFExport", "TensorExport", "GGUFExportWarning"]
+__all__ = ["export_gguf", "GGUFExport", "TensorExport", "GGUFExportWarning"]
 
-
-class GGUFExportWarning(UserWarning):
-    """A tensor could not be stored with its codes kept (re-quantized or written as float)."""
-
-
-# --- reports ------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TensorExport:
-    """One tensor of the exported file."""
-
-    name: str  # GGUF name
-    source: str  # HF tensor name
-    ggml_type: str  # e.g. "Q4_0"
-    shape: tuple[int, ...]  # HF shape ([out, in] for weights)
-    bits: int | None  # slice width of a quantized layer, None for float tensors
-    method: str  # "codes" (integer codes kept), "requantized", "float"
-    exact: bool  # measured: GGUF dequantization == matgptq's dequantized weight, bit for bit
-    max_abs_err: float  # max |w_gguf − w_matgptq| (after undoing the Q/K permutation)
-    rel_err: float  # max_abs_err / max |w_matgptq|
-    note: str = ""
-    nbytes: int = 0  # bytes of the stored tensor data
-
-
-@dataclass
-class GGUFExport:
-    """What `export_gguf` wrote."""
-
-    path: Path
-    file_type: str
-    size_bytes: int
-    tensors: list[TensorExport] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def exact(self) -> bool:
-        return all(t.exact for t in self.tensors)
-
-    @property
-    def bits_per_weight(self) -> float:
-        """Tensor data bits per stored weight, over every tensor: the BPW llama.cpp prints for a file."""
-        weights = sum(int(np.prod(t.shape)) for t in self.tensors)
-        return 8 * sum(t.nbytes for t in self.tensors) / weights if weights else 0.0
-
-    @property
-    def max_abs_err(self) -> float:
-        return max((t.max_abs_err for t in self.tensors), default=0.0)
-
-    def types(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for t in self.tensors:
-            out[t.ggml_type] = out.get(t.ggml_type, 0) + 1
-        return out
-
-    def table(self) -> str:
-        rows = [
-            [t.name, t.ggml_type, t.bits, t.method, "yes" if t.exact else "no", t.max_abs_err, t.note]
-            for t in self.tensors
-        ]
-        return format_table(["tensor", "type", "bits", "method", "exact", "max |Δw|", "note"], rows)
-
-    def summary(self) -> str:
-        """The table in a few lines: tensors per type, how many are exact, the largest |Δw| and where."""
-        types = ", ".join(f"{n} {t}" for t, n in sorted(self.types().items(), key=lambda kv: (-kv[1], kv[0])))
-        exact = sum(t.exact for t in self.tensors)
-        worst = max(self.tensors, key=lambda t: t.max_abs_err, default=None)
-        where = f" ({worst.name}, {worst.ggml_type})" if worst is not None and worst.max_abs_err > 0 else ""
-        return (
-            f"{len(self.tensors)} tensors: {types}\n"
-            f"{exact}/{len(self.tensors)} tensors bit-exact, max |Δw| {self.max_abs_err:.3g}{where}"
-        )
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["path"] = str(self.path)
-        d["exact"] = self.exact
-        d["max_abs_err"] = self.max_abs_err
-        return d
-
-
-# --- export ---------------------------------------------------------------------------------------------------------
+# model types whose GGUF export is refused with a reason and an alternative (before formats/gguf/arch.py's gguf_arch)
+REFUSED = {
+    "gpt_oss": "GGUF export of gpt_oss is not supported: its llama.cpp graph (attention sinks, biased and "
+    "clamped SwiGLU experts with interleaved gate/up rows) is not mapped or tested here; use export "
+    f"--format gptq_v1/gptq_v2 ({GPTQMODEL} and matgptq.load run it)"
+}
 
 
 def _source(src: Path, bits, bits_config):
@@ -276,44 +197,6 @@ def _file_type(entries: list[Entry], float_type: str) -> str:
     return max(counts, key=counts.get) if counts else float_type
 
 
-def _write(
-    path: Path, report: GGUFExport, entries: list[Entry], hp: dict, name: str, widths: dict, tok_dir, warn
-) -> None:
-    """The GGUF file: metadata, tokenizer, then every tensor (Q/K rows permuted as llama.cpp expects)."""
-    gguf = gguf_module()
-    writer = gguf.GGUFWriter(str(path), hp["arch"].name)
-    extra = add_metadata(writer, hp, name)
-    writer.add_file_type(FILE_TYPES[report.file_type])
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    writer.add_string("general.quantized_by", f"matgptq {__version__}")
-    if widths:
-        writer.add_string("matgptq.layer_bits", json.dumps(widths))
-    gguf_log = logging.getLogger("gguf")
-    level = gguf_log.level
-    gguf_log.setLevel(logging.ERROR)  # SpecialVocab's notes on unused template tokens
-    try:
-        add_vocab(writer, Path(tok_dir), hp["n_vocab"], warn)
-    finally:
-        gguf_log.setLevel(level)
-    for g, arr in extra:
-        writer.add_tensor(g, arr)
-        report.tensors.insert(
-            0, TensorExport(g, "(rope scaling)", "F32", arr.shape, None, "float", True, 0.0, 0.0, nbytes=arr.nbytes)
-        )
-    for row, data, perm in entries:
-        stored = np.ascontiguousarray(data if perm is None else data[perm])
-        if row.ggml_type in ("F32", "F16"):
-            writer.add_tensor(row.name, stored)
-        else:
-            writer.add_tensor(row.name, stored, raw_dtype=getattr(gguf.GGMLQuantizationType, row.ggml_type))
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:  # also when the disk fills: the file is closed before its temporary directory is removed
-        writer.close()
-
-
 def export_gguf(
     src: str | Path,
     out_file: str | Path,
@@ -339,6 +222,8 @@ def export_gguf(
     gguf_module()
     src = Path(src)
     ckpt, widths, config, tensors, tok_dir = _source(src, bits, bits_config)
+    if config.get("model_type") in REFUSED:
+        raise UserError(REFUSED[config["model_type"]])
     hp = hparams(config)
     check_model(hp, tok_dir)
     if ckpt is None and qtype != "auto":
@@ -354,38 +239,12 @@ def export_gguf(
 
     entries = _entries(src, ckpt, widths, tensors, hp, (qtype, float_type, embed_type), warn)
     report = GGUFExport(out, _file_type(entries, float_type), 0, [row for row, _, _ in entries], report_warnings)
+    stored = [(row.name, row.ggml_type, data, perm) for row, data, perm in entries]
     with atomic_output(out, overwrite, directory=False) as tmp:
-        _write(tmp, report, entries, hp, src.name, widths, tok_dir, warn)
+        extra = write_gguf(tmp, hp, src.name, report.file_type, widths, tok_dir, stored, warn)
+    for g, arr in extra:
+        report.tensors.insert(
+            0, TensorExport(g, "(rope scaling)", "F32", arr.shape, None, "float", True, 0.0, 0.0, nbytes=arr.nbytes)
+        )
     report.size_bytes = out.stat().st_size
     return report
-
-
-# --- reading back (independent check through gguf-py) ---------------------------------------------------------------
-
-
-def read_gguf_weights(path: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of a GGUF written for one of arch.py's architectures, dequantized by gguf-py, as float32
-    under its HF name and layout (the Llama Q/K RoPE permutation undone), to compare with the HF / matgptq weights;
-    3-D expert tensors as one [out, in] weight per expert, `model.layers.<i>.mlp.experts.<e>.<projection>.weight`."""
-    gguf = gguf_module()
-    reader = gguf.GGUFReader(str(path))
-    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
-    name = fields["general.architecture"]
-    moe = f"{name}.expert_count" in fields  # Mixtral is `llama` with experts
-    arch = next(a for a in ARCHITECTURES.values() if a.name == name and moe == ("mlp.gate" in a.block_names))
-    n_head = int(fields[f"{name}.attention.head_count"])
-    n_kv = int(fields.get(f"{name}.attention.head_count_kv", n_head))
-    out, experts = {}, {}
-    for t in reader.tensors:
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32).reshape(shape)
-        if (found := hf_experts(t.name)) is not None:  # [E, rows, cols]: per expert, under its layer's name
-            experts.setdefault(found[:2], {})[found[2]] = w
-            continue
-        m = re.fullmatch(r"blk\.\d+\.(attn_q|attn_k)\.(weight|bias)", t.name)
-        if m and arch.permute_qk:
-            w = w[np.argsort(llama_qk_permutation(w.shape[0], n_head if m.group(1) == "attn_q" else n_kv))]
-        if arch.norm_shift and t.name.endswith("norm.weight"):  # Gemma's 1 + w (not bit-exact: w's low bits)
-            w = w - np.float32(arch.norm_shift)
-        out[arch.hf_name(t.name)] = w
-    return {**out, **join_experts(experts)}

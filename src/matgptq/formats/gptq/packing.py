@@ -17,7 +17,7 @@ lengths must stay multiples of 32.
 
 Zero-point conventions (docs/formats.md §2.5): ``gptq_v2`` stores the true zero z, ``gptq``
 (v1) stores z - 1 per field. ``to_v1_zeros``/``from_v1_zeros`` work on *unpacked* zeros;
-``to_v1_words`` converts packed ``qzeros`` words the way GPTQModel does (``V1_WORD_ADD``).
+``to_v1_words`` converts packed ``qzeros`` words the way GPTQModel does (constants.V1_WORD_ADD).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from .constants import SUPPORTED_BITS, V1_WORD_ADD
+
 __all__ = [
-    "SUPPORTED_BITS",
     "packed_words",
     "pack_rows",
     "unpack_rows",
@@ -34,12 +35,9 @@ __all__ = [
     "unpack_cols",
     "to_v1_zeros",
     "from_v1_zeros",
-    "V1_WORD_ADD",
     "to_v1_words",
 ]
 
-SUPPORTED_BITS: tuple[int, ...] = (2, 3, 4, 8)
-V1_WORD_ADD = {2: 0x55555555, 4: 0x11111111, 8: 0x01010101}  # GPTQModel's v1 ⇄ v2 word constants (§2.5)
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
