@@ -25,6 +25,8 @@ from functools import lru_cache
 import torch
 
 BLOCK = 1024  # rows per program: a 4096-row column is 4 programs
+# both kernels' compile options: no multiply-add contraction, every operation rounded on its own as torch rounds it
+OPTIONS = {"enable_fp_fusion": False}
 
 
 def available(*tensors: torch.Tensor) -> bool:
@@ -51,9 +53,7 @@ def column_step(
     from ._column_src import column_step as kernel
 
     n = w.numel()
-    kernel[(-(-n // BLOCK),)](
-        w, scale, zero, diag, codes, err, n, MAXQ=float(maxq), BLOCK=BLOCK, enable_fp_fusion=False
-    )
+    kernel[(-(-n // BLOCK),)](w, scale, zero, diag, codes, err, n, MAXQ=float(maxq), BLOCK=BLOCK, **OPTIONS)
 
 
 def per_width_step(
@@ -89,5 +89,5 @@ def per_width_step(
         cells.stride(0),
         T=tracks,
         BLOCK=BLOCK,
-        enable_fp_fusion=False,
+        **OPTIONS,
     )

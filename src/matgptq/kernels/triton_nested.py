@@ -115,6 +115,59 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What one call launches: the kernel and its keyword arguments other than tensors and sizes (Triton constexprs
+    and num_warps, as `plan` chose them)."""
+
+    kernel: NestedKernel
+    constexprs: dict[str, int | bool]
+
+
+def plan(
+    layout: NestedLayout,
+    bits: int,
+    rows: int,
+    dtype: torch.dtype,
+    kernel: NestedKernel = NestedKernel.AUTO,
+    tiles: Tiles | None = None,
+    sms: int = 1,
+) -> Launch:
+    """The launch nested_matmul makes for `rows` rows of x in `dtype` at width `bits` of `layout` on a GPU of `sms`
+    multiprocessors: a pure function of shapes (no tensor is read), so tests/kernels/test_sass_budget.py compiles
+    every launch the runtime can pick."""
+    kernel = NestedKernel(kernel)
+    if kernel == NestedKernel.AUTO:
+        kernel = NestedKernel.GEMV if rows <= GEMV_MAX_ROWS else NestedKernel.GEMM
+    t = tiles or DEFAULT_TILES[kernel]
+    if t.block_k % 32:
+        raise UserError(f"block_k must be a multiple of 32 (one plane word), not {t.block_k}")
+    # the word path: whole-word groups; GEMM's products need ≥ 16 words (tl.dot's K) per lane
+    words = t.words and layout.group_size % 32 == 0 and (kernel == NestedKernel.GEMV or t.block_k >= 512)
+    lb = 4 if bits <= 4 else 8
+    # the generic path holds a float tile [BLOCK_K, BLOCK_N]: a word path's long K block would overflow shared memory
+    block_k = t.block_k if words else min(t.block_k, GENERIC_BLOCK_K)
+    common = dict(
+        BITS=bits,
+        C=layout.master_bits,
+        GS=layout.group_size,
+        CARRY=layout.carry,
+        WORDS=words,
+        LB=lb,
+        LANES=0x11111111 if lb == 4 else 0x01010101,
+        BLOCK_N=t.block_n,
+        BLOCK_K=block_k,
+        HOIST=t.hoist,
+        num_warps=t.num_warps,
+    )
+    if kernel == NestedKernel.GEMM:
+        return Launch(kernel, dict(common, BLOCK_M=t.block_m, IEEE=dtype == torch.float32))
+    k32, n = layout.planes.shape[1], layout.out_features
+    even = words and k32 % (block_k // 32) == 0 and n % t.block_n == 0  # no load needs a mask (_triton_src)
+    split = t.split_k or auto_split(-(-n // t.block_n), -(-32 * k32 // block_k), sms)
+    return Launch(kernel, dict(common, SPLIT_K=split, INPLACE=t.inplace, EVEN=even))
+
+
 def nested_matmul(
     x: torch.Tensor,
     layout: NestedLayout,
@@ -139,56 +192,20 @@ def nested_matmul(
         x2 = x2.index_select(1, layout.perm.to(x2.device))
     x2 = x2.contiguous()
     m, n = x2.shape[0], layout.out_features
-    kernel = NestedKernel(kernel)
-    if kernel == NestedKernel.AUTO:
-        kernel = NestedKernel.GEMV if m <= GEMV_MAX_ROWS else NestedKernel.GEMM
-    t = tiles or DEFAULT_TILES[kernel]
-    if t.block_k % 32:
-        raise UserError(f"block_k must be a multiple of 32 (one plane word), not {t.block_k}")
-    # the word path: whole-word groups; GEMM's products need ≥ 16 words (tl.dot's K) per lane
-    words = t.words and layout.group_size % 32 == 0 and (kernel == NestedKernel.GEMV or t.block_k >= 512)
     dev = x2.device
+    launch = plan(layout, bits, m, x2.dtype, kernel, tiles, _sms(dev))
+    c = launch.constexprs
     planes, zeros, scales = layout.planes.to(dev), layout.zeros.to(dev), layout.scale(bits).to(dev)
-    lb = 4 if bits <= 4 else 8
-    # the generic path holds a float tile [BLOCK_K, BLOCK_N]: a word path's long K block would overflow shared memory
-    block_k = t.block_k if words else min(t.block_k, GENERIC_BLOCK_K)
-    common = dict(
-        BITS=bits,
-        C=layout.master_bits,
-        GS=layout.group_size,
-        CARRY=layout.carry,
-        WORDS=words,
-        LB=lb,
-        LANES=0x11111111 if lb == 4 else 0x01010101,
-        BLOCK_N=t.block_n,
-        BLOCK_K=block_k,
-        HOIST=t.hoist,
-        num_warps=t.num_warps,
-    )
-    args = (x2, planes, scales, zeros)
-    if kernel == NestedKernel.GEMV:
+    if launch.kernel == NestedKernel.GEMV:
         k32 = planes.shape[1]
-        even = words and k32 % (block_k // 32) == 0 and n % t.block_n == 0  # no load needs a mask (_triton_src)
-        if even and x2.shape[1] != 32 * k32:
+        if c["EVEN"] and x2.shape[1] != 32 * k32:
             x2 = torch.nn.functional.pad(x2, (0, 32 * k32 - x2.shape[1]))
-        split = t.split_k or auto_split(triton.cdiv(n, t.block_n), triton.cdiv(32 * k32, block_k), _sms(dev))
+        split = c["SPLIT_K"]
         y = torch.empty(m, n, dtype=x.dtype, device=dev) if split == 1 else torch.zeros(m, n, device=dev)
-        gemv[(triton.cdiv(n, t.block_n), m, split)](
-            x2, *args[1:], y, m, layout.in_features, n, k32, SPLIT_K=split, INPLACE=t.inplace, EVEN=even, **common
-        )
+        gemv[(triton.cdiv(n, c["BLOCK_N"]), m, split)](x2, planes, scales, zeros, y, m, layout.in_features, n, k32, **c)
         y = y.to(x.dtype)
     else:
         y = torch.empty(m, n, dtype=x.dtype, device=dev)
-        grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n))
-        gemm[grid](
-            *args,
-            y,
-            m,
-            layout.in_features,
-            n,
-            planes.shape[1],
-            BLOCK_M=t.block_m,
-            IEEE=x2.dtype == torch.float32,
-            **common,
-        )
+        grid = (triton.cdiv(m, c["BLOCK_M"]), triton.cdiv(n, c["BLOCK_N"]))
+        gemm[grid](x2, planes, scales, zeros, y, m, layout.in_features, n, planes.shape[1], **c)
     return y.view(*shape[:-1], n)
