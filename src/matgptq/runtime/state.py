@@ -128,8 +128,8 @@ def dense_notice(state: QuantizedState) -> str | None:
 
 def packed_wins(dtype: torch.dtype) -> bool:
     """Whether `load` packs by default: bfloat16 on a machine without CUDA, where PackedLinear runs torch's int4 CPU
-    kernel (runtime/int4_cpu.py) on 4 or 8 bits per weight instead of 16 (benchmarks/bench_packed_cpu.py compares the
-    speed). float32/float16 layers would take the exact bit-stream path, which dequantizes the weight at every call;
+    kernel (runtime/int4_cpu.py) on 4 or 8 bits per weight instead of 16 (the study that compared the speed is named
+    in docs/results/README.md). float32/float16 layers would take the exact bit-stream path, which dequantizes the weight at every call;
     on a CUDA machine a model usually moves to the GPU, where the CPU kernel does not run."""
     return dtype == torch.bfloat16 and not torch.cuda.is_available()
 
