@@ -143,16 +143,5 @@ def restore(
         for i in range(restored.done):
             for name, q in sink.read_layers(i, width).items():
                 set_layer_weight(model, name, spec, q.dequantize())
-    reports.extend(
-        LayerReport(
-            r["name"],
-            tuple(r["shape"]),
-            {int(k): v for k, v in r["rel_error"].items()},
-            r["damp"],
-            r["seconds"],
-            r.get("tokens"),
-            r.get("starved"),
-        )
-        for r in restored.reports
-    )
+    reports.extend(LayerReport.from_json(r) for r in restored.reports)
     return restored.done

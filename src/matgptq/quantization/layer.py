@@ -27,6 +27,12 @@ class LayerReport:
     tokens: int | None = None  # fused experts only: the calibration tokens routed to the expert (experts.py)
     starved: bool | None = None  # fused experts only: its Hessian was shrunk towards the experts' mean (experts.py)
 
+    @classmethod
+    def from_json(cls, r: dict) -> LayerReport:
+        """A report as `asdict` wrote it to a resume state or a checkpoint's matgptq.json (JSON keys are strings)."""
+        rel = {int(k): v for k, v in r["rel_error"].items()}
+        return cls(r["name"], tuple(r["shape"]), rel, r["damp"], r["seconds"], r.get("tokens"), r.get("starved"))
+
 
 def make_rounding(cfg: MethodConfig) -> Rounding:
     """How codes are chosen from a column's values: nearest on one width, or MatGPTQ's multi-width choice."""

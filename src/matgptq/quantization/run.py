@@ -247,18 +247,7 @@ def finished_run(
     try:
         meta = read_json(Path(out) / "matgptq.json")
         theirs = _recorded_settings(meta["quantization"], meta["calibration"], None, meta["source_model"], mixed)
-        reports = [
-            LayerReport(
-                r["name"],
-                tuple(r["shape"]),
-                {int(k): v for k, v in r["rel_error"].items()},
-                r["damp"],
-                r["seconds"],
-                r.get("tokens"),
-                r.get("starved"),
-            )
-            for r in meta["report"]
-        ]
+        reports = [LayerReport.from_json(r) for r in meta["report"]]
     except (UserError, KeyError, TypeError, ValueError, AttributeError):
         theirs = None
     if theirs != ours or reports is None:
