@@ -7,9 +7,9 @@
 
 Every number in docs/results/ comes from a JSON there that a benchmark wrote while measuring; the page is a pure
 function of it. PAGES lists them, one claim each: the benchmark that measures it (`benchmarks.<script>`, e.g.
-`search.long`), the module whose functions render it (`renderer`, default: the benchmark itself), its inputs (JSONs
-under docs/results/, in the order the functions take them; a glob gives one argument, a {file name: JSON} dict), what
-it renders, and the command that measures it:
+`search.ten_minutes`), the module whose functions render it (`renderer`, default: the benchmark itself), its inputs
+(JSONs under docs/results/, in the order the functions take them; a glob gives one argument, a {file name: JSON}
+dict), what it renders, and the command that measures it:
   md     a page under docs/results/, the text of RENDERER.<render>(*inputs) (default function: `page`)
   png    a figure under docs/results/, drawn by RENDERER.<plot>(*inputs, path) (default: `plot_page`); --check only
          asserts it exists (figure bytes depend on the matplotlib build); --plots redraws it
@@ -138,14 +138,6 @@ PAGES = (
         md="search_ten_minutes.md",
     ),
     Page(
-        "search.long",
-        ("search_long.json", "search_long_wide.json"),
-        f"{SMOL}: the default search given time (25 generations) against every one-shot allocation of the same run, "
-        "3 seeds",
-        "python -m benchmarks.search.long",
-        md="search_long.md",
-    ),
-    Page(
         "gguf.default",
         ("gguf_default.json",),
         f"{SMOL}: the GGUF path a new user types (GPTQ g32, `export --type q4_0`) against llama.cpp's Q4_0 with and "
@@ -178,24 +170,10 @@ PAGES = (
         md="bench_pipeline.md",
     ),
     Page(
-        "speed.eval",
-        ("bench_eval.json",),
-        "`matgptq eval --kl-to`: the streamed teacher against the all-at-once baseline (time and memory)",
-        "python -m benchmarks.speed.eval CHECKPOINT --kl-to MODEL --text FILE",
-        md="bench_eval.md",
-    ),
-    Page(
-        "speed.moe_block",
-        ("bench_moe_block.json",),
-        "the time to quantize a mixture-of-experts block against a dense one of the same active parameters",
-        "python -m benchmarks.speed.moe_block",
-        md="bench_moe_block.md",
-    ),
-    Page(
         "gpu.check",
         ("gpu.json",),
         "one GPU: nested kernels and decode against fp16 and torch's int4, GPU quantize, the search's scoring and "
-        "its cost against depth (on a GPU machine)",
+        "one run of it (on a GPU machine)",
         "make gpu-check",
         md="gpu.md",
         renderer="gpu._report",

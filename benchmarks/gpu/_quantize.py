@@ -305,14 +305,14 @@ def _agreement(model: Path, calib: Path, device: str, work: Path, timeout: float
     }
 
 
-def _build(cfg: dict, work: Path, tok: Path, device: str, blocks: int = BLOCKS) -> tuple[Path, float, float]:
-    """The random model of `cfg`'s shape, `blocks` deep (benchmarks/gpu/_random_llama.py, on `device`), its build seconds
+def _build(cfg: dict, work: Path, tok: Path, device: str) -> tuple[Path, float, float]:
+    """The random model of `cfg`'s shape, BLOCKS deep (benchmarks/gpu/_random_llama.py, on `device`), its build seconds
     and GiB."""
     from benchmarks.gpu._random_llama import build, weight_bytes
 
     t0 = time.perf_counter()
     model = build(
-        cfg["shape"], out=work / f"random-{cfg['shape']}-{blocks}l", layers=blocks, tokenizer=tok, device=device
+        cfg["shape"], out=work / f"random-{cfg['shape']}-{BLOCKS}l", layers=BLOCKS, tokenizer=tok, device=device
     )  # on the GPU: its random numbers drawn there, in seconds
     build_s, model_gib = time.perf_counter() - t0, weight_bytes(model) / 2.0**30
     if device == "cuda":

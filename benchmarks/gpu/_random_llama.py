@@ -1,5 +1,5 @@
 """Build a random-initialised Llama of a real configuration's shape on disk (bf16 safetensors shards), for the
-GPU check (Llama-3.1-8B's shape: benchmarks/gpu/_quantize.py, search_scale.py; issue #13's Llama-3.2-1B shape too).
+GPU check (Llama-3.1-8B's shape: benchmarks/gpu/_quantize.py; issue #13's Llama-3.2-1B shape too).
 
 Written block by block, one shard per decoder block plus one for the embeddings, final norm and (untied) lm_head,
 with Hugging Face's model.safetensors.index.json, so building an 8B model needs one block's memory, not 16 GB.

@@ -8,7 +8,6 @@ The goals are issue #46's (from ../shared/reference/gpu-anchors.md §5): at batc
 from __future__ import annotations
 
 import math
-from statistics import median
 
 KERNEL_GOALS = [
     ((8192, 8192), 1, 4, 3.3),
@@ -172,71 +171,6 @@ def _more(res: dict) -> list[str]:
     return ["", f"Again alone ({s.get('run')}):", "", *_search_run(s)] if s else []
 
 
-def _depth(d: dict) -> dict:
-    """One depth of benchmarks/gpu/search_scale.py: its teacher and tables seconds (the budget searched first pays
-    them), the table's cells (layers × widths scored), the median seconds per generation and the median rest of a
-    budget's search (its final choice and refinement: search seconds less its generations)."""
-    first = max(d["rows"], key=lambda r: r.get("tables_seconds") or 0.0)
-    gens = [r for r in d["rows"] if r.get("s_per_generation")]
-    return {
-        "blocks": d["blocks"],
-        "teacher": first["teacher_seconds"],
-        "tables": first["tables_seconds"],
-        "cells": d["layers"] * len(first.get("sensitivity_levels") or []),
-        "gen": median(r["s_per_generation"] for r in gens),
-        "rest": median(r["search_seconds"] - r["generations"] * r["s_per_generation"] for r in gens),
-    }
-
-
-def _line(a: dict, b: dict, key: str, x: str, at: float) -> float:
-    """The straight line through points a and b (y = key, against x), at x = at."""
-    return a[key] + (b[key] - a[key]) * (at - a[x]) / (b[x] - a[x])
-
-
-def _search_scale(res: dict) -> list[str]:
-    """The search's cost against depth (benchmarks/gpu/search_scale.py) and a line through it to 32 blocks: a depth
-    without a generation (failed, or out of time) is listed by its error and left out of the line."""
-    sc = res.get("search_scale")
-    if not sc:
-        return []
-    done = [d for d in sc["depths"] if any(r.get("s_per_generation") for r in d.get("rows", []))]
-    out = [
-        "",
-        f"Against depth ({sc['device']}, {sc['date']}; benchmarks/gpu/search_scale.py):",
-        "",
-        "| blocks | --time-limit min | teacher s | tables s | table cells | s per cell | s per generation | "
-        "rest of a budget s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    pts = [_depth(d) for d in done]
-    for p, d in zip(pts, done):
-        out.append(
-            f"| {p['blocks']} | {d['time_limit_min']} | {_f(p['teacher'])} | {_f(p['tables'])} | {p['cells']} "
-            f"| {_f(p['tables'] / p['cells'], 3)} | {_f(p['gen'], 2)} | {_f(p['rest'])} |"
-        )
-    out += [
-        f"- {d['blocks']} blocks: no generation measured: {str(d.get('error'))[:300]}"
-        for d in sc["depths"]
-        if d not in done
-    ]
-    if len({p["blocks"] for p in pts}) < 2:
-        return out
-    a, b = min(pts, key=lambda p: p["blocks"]), max(pts, key=lambda p: p["blocks"])
-    n, cells = 32, 32 * 7 * (b["cells"] // (b["blocks"] * 7))  # Llama-3.1-8B: 32 blocks of 7 linears
-    teacher, tables = _line(a, b, "teacher", "blocks", n), _line(a, b, "tables", "cells", cells)
-    gen, rest = _line(a, b, "gen", "blocks", n), _line(a, b, "rest", "blocks", n)
-    per_budget = (600 - teacher - tables) / 8
-    out += [
-        "",
-        f"A straight line through {a['blocks']} and {b['blocks']} blocks (teacher, generation and rest "
-        f"against blocks, tables against cells), at 32 blocks (Llama-3.1-8B; not measured): teacher "
-        f"{_f(teacher)} s, tables {_f(tables)} s ({cells} cells), {_f(gen, 2)} s a generation and {_f(rest)} s "
-        f"for the rest of each budget, so that `--time-limit 10` leaves eight budgets "
-        f"{_f((per_budget - rest) / gen, 0)} generations each.",
-    ]
-    return out
-
-
 def _tests(res: dict) -> list[str]:
     t = res.get("tests", {})
     out = [f"Tests compiled on the GPU: {t.get('summary') or t.get('error') or t.get('skipped', 'not run')}"]
@@ -280,7 +214,6 @@ def page(res: dict) -> str:
         "",
         *_search_run(res.get("search_run")),
         *_more(res),
-        *_search_scale(res),
         "",
     ]
     return "\n".join(lines)

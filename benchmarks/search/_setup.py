@@ -1,9 +1,9 @@
-"""What the SmolLM2 search benchmarks share (ten_minutes.py, long.py; random_search and search_fitness also
-real_model.py): one MatGPTQ parent of SmolLM2-135M-Instruct, each seed's calibration range of WikiText-2 test, one
-measured `matgptq search` child per run, random search at the search's number of scorings, the scoring of named mixes
-on held-out text (the first 4 × 1024 tokens of the first half, never calibrated on), and the verdict of a written mix
-against the best one-shot allocation. The package is imported inside the measuring functions only, so that rendering
-a page (render_docs) needs none of it.
+"""What the SmolLM2 search benchmarks share (ten_minutes.py; random_search and search_fitness also real_model.py):
+one MatGPTQ parent of SmolLM2-135M-Instruct, each seed's calibration range of WikiText-2 test, one measured `matgptq
+search` child per run, random search at the search's number of scorings, the scoring of named mixes on held-out text
+(the first 4 × 1024 tokens of the first half, never calibrated on), and the verdict of a written mix against the best
+one-shot allocation. The package is imported inside the measuring functions only, so that rendering a page
+(render_docs) needs none of it.
 """
 
 from __future__ import annotations
@@ -29,19 +29,14 @@ LEVELS = tuple(range(2, 9))
 RANDOM_STAGES = "255:2,510:1"  # the 10-minute recipe's --stages, through which random search's candidates go
 
 
-def start(
-    work: Path, out: Path, recipe: tuple[str, ...], protocol: str, same: tuple[tuple[str, ...], ...] = ()
-) -> tuple[Path, dict]:
+def start(work: Path, out: Path, recipe: tuple[str, ...], protocol: str) -> tuple[Path, dict]:
     """The parent (made once in `work`) and the results at `out` of `recipe`: a fresh record where they were made
     with another (seeds of another recipe are not averaged with these); the protocol is the script's docstring now
-    (the recipe is the same; the docstring may describe parts added since). `same`: older spellings of the same
-    command (a default since spelled out), recorded as `recipe` from now on."""
+    (the recipe is the same; the docstring may describe parts added since)."""
     if not MODEL.is_dir():
         raise SystemExit(f"{MODEL} is missing: run `make real-model` first")
     parent = make_parent(work)
     data = load_json(out) if out.is_file() else {}
-    if data.get("recipe") in [list(r) for r in same]:
-        data["recipe"] = list(recipe)
     if data.get("recipe") != list(recipe):
         data = {"recipe": list(recipe), "seeds": {}}
     data["protocol"] = protocol
@@ -131,16 +126,10 @@ def make_parent(work: Path) -> Path:
 
 
 def search_child(
-    parent: Path,
-    work: Path,
-    seed: int,
-    recipe: list[str],
-    name: str,
-    minutes: float | None = None,
-    budgets: tuple[str, ...] = BUDGETS,
+    parent: Path, work: Path, seed: int, recipe: list[str], name: str, minutes: float | None = None
 ) -> dict:
-    """One measured `matgptq search` child of `budgets` of seed `seed` (under --time-limit `minutes`, when given)
-    into work/name; its usage and mix files."""
+    """One measured `matgptq search` child of BUDGETS of seed `seed` (under --time-limit `minutes`, when given) into
+    work/name; its usage and mix files."""
     import torch
 
     mixes = work / name
@@ -152,7 +141,7 @@ def search_child(
         "search",
         str(parent),
         "--budget",
-        ",".join(budgets),
+        ",".join(BUDGETS),
         "--calib",
         str(TEXT),
         "--calib-range",
@@ -169,7 +158,7 @@ def search_child(
     usage = measured_child(cmd, torch.get_num_threads(), work / f"{name}.log")
     if not usage["ok"]:
         raise SystemExit(f"the search {name} failed: {usage['error']}")
-    return {"usage": usage, "bodies": {b: json.loads((mixes / f"mix-{b}.json").read_text()) for b in budgets}}
+    return {"usage": usage, "bodies": {b: json.loads((mixes / f"mix-{b}.json").read_text()) for b in BUDGETS}}
 
 
 def calib_start(seed: int) -> float:

@@ -45,8 +45,8 @@ class ScoreDtype(str, Enum):
         one-layer KL increment by about as much as the increment itself at the wide widths
         (docs/decisions/code-constants.md), so a bfloat16 table ranks those widths on rounding:
         float32 tables' knapsack mixes had a lower held-out KL at 3, 4 and 6 bits, the same at 2.5-3.5, for more of
-        the table's seconds (docs/guide/search.md, --score-dtype; docs/results/search_table_dtype.md). Without a time
-        limit the tables are a small part of the run (search_long: minutes against hours); under one they are most
+        the table's seconds (docs/guide/search.md, --score-dtype; its study: docs/results/README.md). Without a time
+        limit the tables are a small part of the run (minutes against the evolution's hours); under one they are most
         of it, and the candidates' precision stays theirs. An explicit dtype is used as given."""
         return torch.float32 if self is ScoreDtype.AUTO and not time_limited else scored
 
