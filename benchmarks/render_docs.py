@@ -195,9 +195,16 @@ PAGES = (
     ),
     Page(
         "robustness.faults",
-        ("faults_checksums.json", "faults_kill.json", "faults_fuzz.json", "faults_kill_steps.json"),
-        "kills resumed exactly, damaged inputs at volume, and the price of the checksums",
-        "python -m benchmarks.robustness.faults; python -m benchmarks.robustness.faults_kill --kills 100 [--at steps]",
+        (
+            "faults_checksums.json",
+            "faults_kill.json",
+            "faults_fuzz.json",
+            "faults_kill_steps.json",
+            "faults_full_disk.json",
+        ),
+        "kills resumed exactly, every writer on a full disk, damaged inputs at volume, and the price of the checksums",
+        "python -m benchmarks.robustness.faults [--fuzz | --full-disk]; "
+        "python -m benchmarks.robustness.faults_kill --kills 100 [--at steps]",
         md="faults.md",
     ),
     Page(

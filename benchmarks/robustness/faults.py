@@ -4,11 +4,14 @@ faults_kill.json).
 
     python -m benchmarks.robustness.faults [--model DIR] [--repeats 5]   # the checksums' price: faults_checksums.json
     python -m benchmarks.robustness.faults --fuzz                        # the damaged-input suite's counts: faults_fuzz.json
+    python -m benchmarks.robustness.faults --full-disk                   # every writer on a full disk: faults_full_disk.json
 
 The checksum cost: a SmolLM2-135M checkpoint at 8 bits (RTN: the bytes of a c = 8 parent), read with and without
 verification (`read_checkpoint`, and `matgptq.load` whole), alternating, median of --repeats; and zlib's CRC-32 over
 the checkpoint's bytes alone. The fuzz counts: tests/test_fuzz_volume.py run as CI runs it, each reader's cases and
-seconds read from its junit report. Each writes its JSON, then the page from every JSON there is.
+seconds read from its junit report. The full-disk cases: tests/test_full_disk.py run twice, on the small tmpfs it mounts
+and under the file-size limit it falls back to (MATGPTQ_TEST_NO_MOUNT=1), each case's outcome from its junit report.
+Each writes its JSON, then the page from every JSON there is.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ SOURCES = (
     "faults_kill.json",
     "faults_fuzz.json",
     "faults_kill_steps.json",
+    "faults_full_disk.json",
 )  # page()'s arguments
 SMOLLM2 = Path.home() / ".cache" / "matgptq" / "SmolLM2-135M-Instruct"  # `make real-model`
 
@@ -93,6 +97,59 @@ def fuzz() -> dict:
     }
 
 
+DISK_MODES = {"tmpfs": {}, "file-size limit": {"MATGPTQ_TEST_NO_MOUNT": "1"}}  # the mode: its environment
+
+
+def full_disk() -> dict:
+    """Per mode of tests/test_full_disk.py (DISK_MODES), each case's outcome and seconds (its junit report)."""
+    import os
+    import xml.etree.ElementTree as ET
+
+    modes = {}
+    for mode, env in DISK_MODES.items():
+        junit, rc = pytest_junit(["tests/test_full_disk.py"], "disk", env={**os.environ, **env})
+        cases = {}
+        for case in ET.parse(junit).iter("testcase") if junit else ():
+            bad = case.find("failure") is not None or case.find("error") is not None
+            cases[case.get("name", "")] = {
+                "outcome": "failed" if bad else "skipped" if case.find("skipped") is not None else "passed",
+                "seconds": float(case.get("time", 0)),
+            }
+        modes[mode] = {"cases": cases, "pytest_exit": rc}
+    return {"modes": modes, "machine": machine(), "command": "python -m pytest tests/test_full_disk.py"}
+
+
+def _outcome(case: dict | None) -> str:
+    return f"{case['outcome']} ({case['seconds']:.0f} s)" if case else "not run"
+
+
+def disk_section(d: dict) -> list[str]:
+    names = list(dict.fromkeys(n for m in d["modes"].values() for n in m["cases"]))
+    passed = {m: sum(c["outcome"] == "passed" for c in v["cases"].values()) for m, v in d["modes"].items()}
+    return [
+        "## A full disk",
+        "",
+        "Every writer (the parent and its resume state, a slice, GPTQ, compressed-tensors, GGUF, a search's mix and "
+        "an eval JSON) on a filesystem that fills up mid-write: one line naming the path and the space needed, "
+        "exit 2, no partial output, the previous output intact under `--overwrite`, and `--resume` finishing to the "
+        "same bytes once there is room (tests/test_full_disk.py). Run twice: on a small tmpfs the test mounts, and "
+        "under a file-size limit (RLIMIT_FSIZE), its fallback where mounting is not allowed. "
+        f"{d['machine']['cpu']}, {d['machine']['cores']} cores:",
+        "",
+        "| case | " + " | ".join(d["modes"]) + " |",
+        "|---" * (1 + len(d["modes"])) + "|",
+        *(
+            f"| `{n}` | " + " | ".join(_outcome(d["modes"][m]["cases"].get(n)) for m in d["modes"]) + " |"
+            for n in names
+        ),
+        "",
+        ", ".join(f"{m}: {passed[m]} of {len(v['cases'])} passed" for m, v in d["modes"].items())
+        + f". Command: `{d['command']}`, and with `MATGPTQ_TEST_NO_MOUNT=1` "
+        "(`python -m benchmarks.robustness.faults --full-disk` records both).",
+        "",
+    ]
+
+
 def fuzz_section(f: dict) -> list[str]:
     rows = [
         f"| {r} | {c['cases']:,} | {c['seconds']:.0f} | {'none' if c['ok'] else 'FAILED'} |"
@@ -117,7 +174,13 @@ def fuzz_section(f: dict) -> list[str]:
     ]
 
 
-def page(checksums: dict, kills: dict | None = None, fuzzed: dict | None = None, steps: dict | None = None) -> str:
+def page(
+    checksums: dict,
+    kills: dict | None = None,
+    fuzzed: dict | None = None,
+    steps: dict | None = None,
+    disk: dict | None = None,
+) -> str:
     m, med = checksums["machine"], checksums["median_s"]
     lines = [
         header("benchmarks/robustness/faults.py", *SOURCES),
@@ -134,6 +197,8 @@ def page(checksums: dict, kills: dict | None = None, fuzzed: dict | None = None,
         lines += kill_section(kills)
     if steps is not None:
         lines += steps_section(steps)
+    if disk is not None:
+        lines += disk_section(disk)
     if fuzzed is not None:
         lines += fuzz_section(fuzzed)
     lines += [
@@ -244,8 +309,13 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=SMOLLM2, help="the model to quantize and read (default: SmolLM2)")
     ap.add_argument("--repeats", type=int, default=5, help="timed reads per variant")
     ap.add_argument("--fuzz", action="store_true", help="run the damaged-input suite instead and record its counts")
+    ap.add_argument("--full-disk", action="store_true", help="run the full-disk suite in both modes and record it")
     a = ap.parse_args()
-    if a.fuzz:
+    if a.full_disk:
+        data = full_disk()
+        write_atomic(RESULTS / "faults_full_disk.json", json.dumps(data, indent=1) + "\n")
+        print("; ".join(f"{m}: pytest exit {v['pytest_exit']}" for m, v in data["modes"].items()))
+    elif a.fuzz:
         data = fuzz()
         write_atomic(RESULTS / "faults_fuzz.json", json.dumps(data, indent=1) + "\n")
         print(", ".join(f"{r} {c['cases']} cases {c['seconds']:.0f} s" for r, c in data["readers"].items()))
