@@ -104,14 +104,15 @@ def bfloat16_valued(src, dst):
     return dst
 
 
+@pytest.mark.parametrize("method, bits", [("gptq", "4"), ("matgptq", "3,4")])
 @pytest.mark.parametrize("native", [False, True])
-def test_auto_gptq_calibrates_a_float32_model_in_bfloat16_where_the_cpu_has_it(tmp_path, monkeypatch, native):
-    """run.calibration_dtypes and quantization/narrow.py: where the CPU has bfloat16 arithmetic, `auto` GPTQ of a
-    float32 model runs its passes on bfloat16 twins of the blocks. The oracle is the model itself in bfloat16: for a
-    float32 model whose values are all bfloat16 values, `auto` gives --dtype bfloat16's codes and scales exactly
-    (the passes and the weights the solver starts from are then the same), while its config and the tensors left
-    unquantized stay the model's float32 ones. Without bfloat16 arithmetic, and for MatGPTQ (not measured so),
-    `auto` is --dtype float32 byte for byte."""
+def test_auto_calibrates_a_float32_model_in_bfloat16_where_the_cpu_has_it(tmp_path, monkeypatch, native, method, bits):
+    """run.calibration_dtypes and quantization/narrow.py: where the CPU has bfloat16 arithmetic, `auto` GPTQ or
+    MatGPTQ of a float32 model runs its passes on bfloat16 twins of the blocks. The oracle is the model itself in
+    bfloat16: for a float32 model whose values are all bfloat16 values, `auto` gives --dtype bfloat16's codes and
+    scales exactly (the passes and the weights the solver starts from are then the same), while its config and the
+    tensors left unquantized stay the model's float32 ones. Without bfloat16 arithmetic, `auto` is --dtype float32
+    byte for byte."""
     import torch
     from safetensors.torch import load_file
 
@@ -119,8 +120,8 @@ def test_auto_gptq_calibrates_a_float32_model_in_bfloat16_where_the_cpu_has_it(t
 
     src = bfloat16_valued(make_tiny_llama(tmp_path / "m"), tmp_path / "bf")
     monkeypatch.setattr(devices, "native_half", lambda dtype, dev: native)
-    auto = quick_quantize(src, tmp_path / "auto")
-    same = quick_quantize(src, tmp_path / "same", dtype="bfloat16" if native else "float32")
+    auto = quick_quantize(src, tmp_path / "auto", method=method, bits=bits)
+    same = quick_quantize(src, tmp_path / "same", method=method, bits=bits, dtype="bfloat16" if native else "float32")
     assert json.loads((auto / "matgptq.json").read_text())["calibration"]["dtype"] == (
         "bfloat16" if native else "float32"
     )
@@ -131,9 +132,6 @@ def test_auto_gptq_calibrates_a_float32_model_in_bfloat16_where_the_cpu_has_it(t
         assert torch.equal(t, want[k].to(t.dtype)), k
         if k in source:  # norms, embeddings, lm_head: the model's own float32 tensors
             assert t.dtype == torch.float32 and torch.equal(t, source[k]), k
-    parent = quick_quantize(src, tmp_path / "parent", method="matgptq", bits="3,4")
-    parent32 = quick_quantize(src, tmp_path / "parent32", method="matgptq", bits="3,4", dtype="float32")
-    assert same_tensors(parent / "model.safetensors", parent32 / "model.safetensors")
 
 
 def test_bfloat16_passes_keep_the_float32_weights_they_do_not_quantize(tmp_path, monkeypatch):

@@ -45,8 +45,8 @@ def quantize(
     `nsamples` windows of `seqlen` tokens drawn with `seed` (quantization/calibration.py, CalibConfig).
     The run (quantization/options.py, RunConfig): `dtype`, the model's dtype while calibrating, and that of the
     unquantized tensors written ("auto": its own, from config.json, except that a bfloat16 or float16 model
-    calibrates in float32 on a CPU that emulates that dtype, and GPTQ of a float32 model runs its calibration passes
-    in bfloat16 on a CPU with bfloat16 arithmetic, from and to float32 weights: quantization/run.py,
+    calibrates in float32 on a CPU that emulates that dtype, and GPTQ or MatGPTQ of a float32 model runs its
+    calibration passes in bfloat16 on a CPU with bfloat16 arithmetic, from and to float32 weights: quantization/run.py,
     calibration_dtypes; "bfloat16" is what GPTQModel uses on CPU); Hessians and the solver are float32 either way.
     `resume`: continue a killed run from its last finished block (quantization/resume.py); progress is kept beside
     `out` until the checkpoint is written. A run that had finished returns its recorded reports and writes nothing

@@ -202,8 +202,8 @@ CALIBRATION = (
         ("--dtype",),
         "model dtype while calibrating, and of the unquantized tensors written. auto: the model's own, written in "
         "its own dtype, except: a bfloat16 model on a CPU without AVX512-BF16 or AMX, or a float16 one without "
-        "AMX-FP16 (emulated there, several times slower), calibrates in float32; GPTQ of a float32 model on a CPU "
-        "with AVX512-BF16 or AMX runs the calibration passes in bfloat16 from the float32 weights, as GPTQModel "
+        "AMX-FP16 (emulated there, several times slower), calibrates in float32; GPTQ or MatGPTQ of a float32 model on a "
+        "CPU with AVX512-BF16 or AMX runs the calibration passes in bfloat16 from the float32 weights, as GPTQModel "
         "does on CPU (a tie in quality, in less CPU time: docs/guide/quantize.md#defaults). bfloat16 also rounds "
         "the weights and writes bfloat16. Hessians and the solver stay float32",
         dict(choices=list(DTYPES), default=RunConfig.dtype),

@@ -81,10 +81,9 @@ def calibration_dtypes(model: Path, dtype: str, dev: torch.device, method: Metho
     """The dtypes `--dtype dtype` quantizes the model at `model` in. An explicit dtype is all three. `auto`:
     - a bfloat16 or float16 model on a CPU without arithmetic in it (execution.compute_dtype) is loaded and
       calibrated in float32 and written in its own dtype: half values, held exactly in float32, round back exactly;
-    - GPTQ of a float32 model on a CPU with bfloat16 arithmetic (execution.native_bfloat16) calibrates in bfloat16,
-      from the float32 weights, and writes float32 (narrow.py): a tie in perplexity and KL on SmolLM2, in less CPU
-      time (docs/guide/quantize.md#defaults, --dtype; docs/results/gptq_defaults.md, bench_pipeline.md). MatGPTQ's
-      parents were not measured so: they keep float32;
+    - GPTQ or MatGPTQ of a float32 model on a CPU with bfloat16 arithmetic (execution.native_bfloat16) calibrates
+      in bfloat16, from the float32 weights, and writes float32 (narrow.py): a tie in quality, in less CPU time
+      (docs/guide/quantize.md#defaults, --dtype; docs/decisions/matgptq-defaults.md for the parent);
     - otherwise the model's own, throughout."""
     chosen = DTYPES[dtype]
     if chosen is not None:
@@ -93,7 +92,12 @@ def calibration_dtypes(model: Path, dtype: str, dev: torch.device, method: Metho
     compute = compute_dtype(dtype, stored, dev)
     if compute is not None:
         return Dtypes(compute, None, getattr(torch, stored))
-    if method is Method.GPTQ and stored in (None, "float32") and dev.type == "cpu" and native_bfloat16(dev):
+    if (
+        method in (Method.GPTQ, Method.MATGPTQ)
+        and stored in (None, "float32")
+        and dev.type == "cpu"
+        and native_bfloat16(dev)
+    ):
         return Dtypes(None, torch.bfloat16, None)
     return Dtypes(None, None, None)
 
