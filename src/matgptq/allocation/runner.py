@@ -22,7 +22,7 @@ from ..fsutil import clear_stale_in
 from ..runtime import load
 from .choice import first_parent, report
 from .evopress import evolve
-from .fitness import Fitness
+from .fitness import Fitness, Mix
 from .inputs import Inputs, first_windows, read_inputs
 from .plot import plot_mix
 from .pool import REPORT_TEXT_MIXES, pool_teacher, text_teacher
@@ -32,7 +32,7 @@ from .request import SearchRequest, check_request, mix_path, state_path
 from .resume import check_states, kept_rows
 from .spread import from_rank0, is_writer
 from .start import REPORT_MIXES, one_shot, own, shared_tables
-from .timing import Schedule
+from .timing import Schedule, Timebox
 
 
 class _Search(NamedTuple):
@@ -104,46 +104,70 @@ def _settings(req: SearchRequest, inputs: Inputs, windows: int, dtype) -> dict[s
     }
 
 
+class _Start(NamedTuple):
+    """A budget's step 3: its one-shot allocations and the lowest of them on the first `n` pool windows."""
+
+    mixes: dict[str, Mix]  # {allocator: its mix}
+    n: int  # the pool windows the choice scored
+    box: Timebox | None  # the choice's time box, None without a limit
+    mix: Mix  # the first parent
+    kind: str  # the allocator it came from
+    pooled: dict[Mix, list[float]]  # what the choice measured, for the report
+
+
 def _budget(s: _Search, label: str, budget, end: float | None, shared_since: float | None) -> dict:
     """One budget's steps 3-6 (module docstring) by `end` (None: no limit), its mix file written; its summary row.
     The first budget's row carries the shared steps' seconds, counted from `shared_since`."""
-    req, fitness, schedule, cost_model, levels = s.req, s.fitness, s.schedule, s.inputs.cost_model, s.inputs.levels
-    t0 = schedule.now() if shared_since is None else shared_since
-    closing = schedule.closing() / len(s.settings)  # what the mix file needs after the report
-    mixes = one_shot(req, cost_model, s.filled, budget)  # 3. start
-    pool = len(fitness.windows)
+    t0 = s.schedule.now() if shared_since is None else shared_since
+    closing = s.schedule.closing() / len(s.settings)  # what the mix file needs after the report
+    start = _start(s, budget, end, closing)  # 3. start
+    deadline = None if end is None else end - closing - _report_price(s, start.n)
+    state, table = _improve(s, label, budget, start.mix, deadline)  # 4. refine, 5. evolve
+    row = _choose(s, label, start, state, table, end, closing, t0, shared_since is not None)  # 6. choose
+    _plot(s, label, end)
+    return row
+
+
+def _start(s: _Search, budget, end: float | None, closing: float) -> _Start:
+    """Step 3 of one budget: its one-shot allocations, and the lowest of them on as many pool windows as the time
+    left affords (all of them without a limit)."""
+    req, schedule = s.req, s.schedule
+    mixes = one_shot(req, s.inputs.cost_model, s.filled, budget)
     n, box = schedule.choice(
-        pool, len(set(mixes.values())), req.pool.batch_size, end, closing + _report_price(s, 0), REPORT_MIXES
+        len(s.fitness.windows),
+        len(set(mixes.values())),
+        req.pool.batch_size,
+        end,
+        closing + _report_price(s, 0),
+        REPORT_MIXES,
     )
     t_choice = schedule.now()
-    start, start_kind, pooled = first_parent(fitness, mixes, tuple(range(n)), box)
+    mix, kind, pooled = first_parent(s.fitness, mixes, tuple(range(n)), box)
     if box is not None and pooled:
         schedule.timed(schedule.now() - t_choice, len(pooled) * len(next(iter(pooled.values()))))
-    deadline = None if end is None else end - closing - _report_price(s, n)
+    return _Start(mixes, n, box, mix, kind, pooled)
+
+
+def _improve(s: _Search, label: str, budget, start: Mix, deadline: float | None):
+    """Steps 4-5 of one budget: `start` refined (not where a resumed search continues from its saved state, which
+    holds its refined start), then evolved by `deadline`; the evolution's last state and the search's own table."""
+    req, schedule, cost_model, levels = s.req, s.schedule, s.inputs.cost_model, s.inputs.levels
     costs, bits = cost_model.table(req.kind), cost_model.limit(budget, req.kind)
-    refined = Refined(start)  # a resumed search continues from its state: its start, refined, and the record of it
-    if not (req.resume and state_path(req.out, label).exists()):  # 4. refine
+    refined = Refined(start)
+    if not (req.resume and state_path(req.out, label).exists()):
+        refine_cfg = replace(req.refine, seed=req.evo.seed)
         refined = refine(
-            fitness,
-            levels,
-            costs,
-            bits,
-            start,
-            s.windows,
-            replace(req.refine, seed=req.evo.seed),
-            deadline,
-            schedule.pace,
-            schedule.clock,
+            s.fitness, levels, costs, bits, start, s.windows, refine_cfg, deadline, schedule.pace, schedule.clock
         )
     table = s.filled.get(own(req))
     state = evolve(
-        fitness,
+        s.fitness,
         levels,
         costs,
         bits,
         refined.mix,
         req.evo,
-        state_path(req.out, label),  # 5. evolve
+        state_path(req.out, label),
         s.settings[label],
         req.resume,
         req.progress,
@@ -154,23 +178,30 @@ def _budget(s: _Search, label: str, budget, end: float | None, shared_since: flo
         per_window=schedule.pace,
         clock=schedule.clock,
     )
-    t_report = schedule.now()  # 6. choose
-    box = box and box._replace(deadline=schedule.deadline(end - closing))
+    return state, table
+
+
+def _choose(s: _Search, label: str, start: _Start, state, table, end, closing: float, t0: float, shared: bool) -> dict:
+    """Step 6 of one budget: the candidates on the pool (and the held-out text), the lowest written in its mix file
+    with how it was made and what the time limit cut; its summary row."""
+    req, schedule, fitness = s.req, s.schedule, s.fitness
+    t_report = schedule.now()
+    box = start.box and start.box._replace(deadline=schedule.deadline(end - closing))
     row, mix = report(
         fitness,
-        cost_model,
+        s.inputs.cost_model,
         req.kind,
         label,
-        mixes,
+        start.mixes,
         state,
-        start_kind,
-        tuple(range(n)),
+        start.kind,
+        tuple(range(start.n)),
         s.held_out,
         req.pool.batch_size,
-        pooled,
+        start.pooled,
         box,
     )
-    now, shared = schedule.now(), shared_since is not None
+    now = schedule.now()
     seconds = {
         "total": now - t0,
         "report": now - t_report,
@@ -178,22 +209,12 @@ def _budget(s: _Search, label: str, budget, end: float | None, shared_since: flo
     }
     row.update(work_of(state, seconds, s.reused, req.time_limit, table, fitness.units))
     row["cut"] = [*s.cut, *row["cut"]]
-    if row["choice_windows"] < pool:
-        row["cut"].append(f"choice on {row['choice_windows']} of {pool} pool windows")
+    if row["choice_windows"] < len(fitness.windows):
+        row["cut"].append(f"choice on {row['choice_windows']} of {len(fitness.windows)} pool windows")
     if end is not None and state.generation < req.evo.generations:
         row["cut"].append(f"generations: {state.generation} of {req.evo.generations}")
-    write_mix(
-        req,
-        label,
-        row,
-        fitness.units,
-        state,
-        mixes,
-        mix,
-        s.settings[label],
-        sensitivity_of(fitness.units, levels, table and table.table),
-    )
-    _plot(s, label, end)
+    sensitivity = sensitivity_of(fitness.units, s.inputs.levels, table and table.table)
+    write_mix(req, label, row, fitness.units, state, start.mixes, mix, s.settings[label], sensitivity)
     return row
 
 
