@@ -255,6 +255,27 @@ def _generation(
     return survivors, best_kl
 
 
+def _advance(state: EvoState, survivors, best_kl: float, evaluations: int, tokens: int, seconds: float, rng) -> None:
+    """`state` one generation on: its best survivor the next parent (the parent kept where none survived), the
+    generation's evaluations, tokens and seconds counted, the generator's state kept, a line of history."""
+    state.parent = tuple(survivors[0]) if survivors else state.parent
+    state.generation += 1
+    state.evaluations += evaluations
+    state.tokens += tokens
+    state.seconds += seconds
+    state.rng = rng.bit_generator.state
+    state.history.append(
+        {
+            "generation": state.generation,
+            "kl": best_kl,
+            "evaluations": state.evaluations,
+            "tokens": state.tokens,
+            "seconds": round(state.seconds, 3),
+            "parent": list(state.parent),
+        }
+    )
+
+
 def evolve(
     fitness: Fitness,
     levels: tuple[int, ...],
@@ -312,22 +333,7 @@ def evolve(
         except OutOfTime:
             break
         last = clock() - t0
-        state.parent = tuple(survivors[0]) if survivors else state.parent
-        state.generation += 1
-        state.evaluations += fitness.evaluations - evals0
-        state.tokens += fitness.tokens - tokens0
-        state.seconds += last
-        state.rng = rng.bit_generator.state
-        state.history.append(
-            {
-                "generation": state.generation,
-                "kl": best_kl,
-                "evaluations": state.evaluations,
-                "tokens": state.tokens,
-                "seconds": round(state.seconds, 3),
-                "parent": list(state.parent),
-            }
-        )
+        _advance(state, survivors, best_kl, fitness.evaluations - evals0, fitness.tokens - tokens0, last, rng)
         if is_writer():
             write_state(state_path, settings, state)
         bar.update(1)
