@@ -8,7 +8,8 @@ from tests.conftest import STORIES, TINYSTORIES
 
 @pytest.fixture(scope="session")
 def stories_parent(tmp_path_factory):
-    """stories260K as a MatGPTQ parent with R = {2,3,4,6,8} (c = 8), calibrated on 32 × 128 TinyStories tokens."""
+    """stories260K as a MatGPTQ parent with R = {2,3,4,6,8} (c = 8), calibrated on 32 × 128 TinyStories tokens in
+    float32 (auto would take bfloat16 passes on a CPU with bfloat16 arithmetic, and another parent)."""
     out = tmp_path_factory.mktemp("search") / "stories-parent"
     matgptq.quantize(
         STORIES,
@@ -19,6 +20,7 @@ def stories_parent(tmp_path_factory):
         bits=(2, 3, 4, 6, 8),
         nsamples=32,
         seqlen=128,
+        dtype="float32",  # the same arithmetic on every CPU: data/search_before.json's mixes were searched on it
         progress=False,
     )
     return out
