@@ -6,7 +6,7 @@ The page and its figure: gptq_defaults_report.py."""
 from __future__ import annotations
 
 from benchmarks.quality._gptq_defaults_page import cells_of
-from benchmarks.quality._gptq_defaults_rows import ALL, PARENT_WIDTHS, PEER_LABELS, ROWS, is_parent
+from benchmarks.quality._gptq_defaults_rows import ALL, PARENT_PARTS, PARENT_WIDTHS, PEER_LABELS, ROWS, is_parent
 
 
 def _step(cells: dict, before: str, after: str, after_cells: dict | None = None) -> str:
@@ -153,8 +153,8 @@ def defaults_block(data: dict) -> str:
             "auto / auto / auto",
             "the model's own dtype, except that a bfloat16 (float16) model "
             "calibrates in float32 (and is written in its own dtype) on a CPU without AVX512-BF16 or AMX (AMX-FP16), "
-            "which emulates half products several times slower than float32's, and that GPTQ of a float32 model runs "
-            "its calibration passes in bfloat16 on a CPU with AVX512-BF16 or AMX, from the float32 weights, written in "
+            "which emulates half products several times slower than float32's, and that GPTQ or MatGPTQ of a float32 "
+            "model runs its calibration passes in bfloat16 on a CPU with AVX512-BF16 or AMX, from the float32 weights, written in "
             "float32 (GPTQModel's CPU dtype, without rounding the weights): the defaults' options in float32 "
             "(`ao-static-mse-w-refit`) → `default` on such a CPU: "
             + _step(cells, "ao-static-mse-w-refit", "default")
@@ -167,6 +167,9 @@ def defaults_block(data: dict) -> str:
             "in bfloat16, as SmolLM2 is published, gets on such a CPU): "
             + _step(cells, "ao-static-mse-w-refit", "ao-static-mse-w-refit-bf16")
             + _cpu(cells, "ao-static-mse-w-refit", "ao-static-mse-w-refit-bf16")
+            + "; a parent, float32 passes (`matgptq-default-fp32`) → `matgptq-default`: "
+            + _step(cells, "matgptq-default-fp32", "matgptq-default")
+            + _cpu(cells, "matgptq-default-fp32", "matgptq-default")
             + "; end to end CPU time: "
             "[bench_pipeline](../results/bench_pipeline.md)",
         ),
@@ -304,7 +307,30 @@ def parent_block(data: dict) -> str:
         + LAMBDA_ROWS[16]
         + "` and its `-l4`, `-l1` rows), calibrated in bfloat16."
     )
-    return out + _parent_cost(cells)
+    return out + _parent_cost(cells) + _parent_parts(data["models"].get("SmolLM2-135M-Instruct", {}).get("runs", {}))
+
+
+def _parent_parts(runs: dict) -> str:
+    """Each part of the parent's defaults turned alone (PARENT_PARTS) against the default parent, per width: the
+    ratio of seed means over the seeds both were run with, and those seeds' count."""
+
+    def seeds(row: str) -> dict[int, dict]:
+        return {int(k.rsplit("seed", 1)[1]): r["eval"] for k, r in runs.items() if k.startswith(row) and "eval" in r}
+
+    lines = []
+    for part, flags in PARENT_PARTS.items():
+        row, cols, n = f"matgptq-default-{part}", [], set()
+        for bits, key in ((3, "ppl"), (3, "kl"), (4, "ppl"), (4, "kl"), (8, "kl")):
+            a, b = seeds(f"matgptq-default/g128/{bits}/"), seeds(f"{row}/g128/{bits}/")
+            common = sorted(set(a) & set(b))
+            mean = lambda ev: sum(ev[s][key] for s in common) / len(common)  # noqa: E731
+            cols.append(f"{mean(b) / mean(a):.3f}×" if common else "-")
+            n |= {len(common)}
+        if any(c != "-" for c in cols):
+            lines.append(f"| `{' '.join(flags)}` | " + " | ".join(cols) + f" | {min(n - {0}, default=0)} |")
+    head = "| `--method matgptq --bits 3,4,8` with | 3-bit ppl | 3-bit KL | 4-bit ppl | 4-bit KL | 8-bit KL | seeds |"
+    note = "Each part turned alone, over the default parent's: above 1× the default's slice is the better one."
+    return "\n\n" + "\n".join([head, "|---" * 7 + "|", *lines]) + "\n\n" + note if lines else ""
 
 
 def _parent_cost(cells: dict) -> str:

@@ -14,8 +14,8 @@ from benchmarks.quality._gptq_defaults_rows import (
     PEER_GROUP,
     PEER_LABELS,
     ROWS,
+    flags,
     is_parent,
-    options,
 )
 
 TASKS = ("arc_easy", "piqa")  # zero-shot accuracy (lm-eval's acc), when a run was scored with --limit
@@ -151,7 +151,8 @@ def page(data: dict) -> str:
                 if v is None
                 else "no option, not even --nsamples and --seqlen (quantize's own)"
                 if v == AS_TYPED
-                else f"--method matgptq --bits {PARENT_WIDTHS} " * is_parent(k) + " ".join(options(v))
+                else f"--method matgptq --bits {PARENT_WIDTHS} " * is_parent(k)
+                + (" ".join(flags(v)) or "and no other option")
             )
             + (f" (group size {PEER_GROUP[k]})" if k in PEER_GROUP else "")
             for k, v in ROWS.items()

@@ -18,6 +18,18 @@ ALL = {
     "dtype": "float32",
 }
 GAR = {"group_act_order": True}
+# each part of the parent's defaults, turned: the flags that turn it (added to `--method matgptq` with no other option)
+PARENT_PARTS = {
+    "no-mse": ["--no-mse"],  # min/max scales: no scale search
+    "no-refit": ["--no-refit-scales"],  # the solver's scales kept: no least-squares refit per width
+    "gar": ["--group-act-order"],  # GAR's column order in place of act order with static groups
+    "damp0.05": ["--damp", "0.05"],  # five times the damping
+    "asym": ["--asym"],  # an asymmetric grid with a zero point per group
+    "shared-scales": ["--variant", "per-width"],  # every width slices the master's scales (no scales of its own)
+    # calibration passes in float32: auto's for a parent until it took GPTQ's bfloat16 passes; its records ran then, as
+    # `matgptq-default` with no option (auto was float32 for this float32 model, the same bytes: tests/test_api.py)
+    "fp32": ["--dtype", "float32"],
+}
 AS_TYPED = "as typed"  # a row with no option at all, not even the script's calibration size: quantize's own
 ROWS = {
     "default": None,  # no option at all: the defaults as they are when the script runs
@@ -133,6 +145,11 @@ ROWS = {
         for lam in (1, 4)
     },
     "matgptq-default": {"method": "matgptq", "as_typed": True},  # --method matgptq and no option: its defaults
+    # the default parent with one part of its defaults turned, the rest as typed (issue #102 item 2)
+    **{
+        f"matgptq-default-{part}": {"method": "matgptq", "as_typed": True, "flags": f}
+        for part, f in PARENT_PARTS.items()
+    },
     "gptqmodel": "peer",
     "llmcompressor": "peer",
     "llmcompressor-g64": "peer",  # where it cannot run the row's group size: the largest it runs on SmolLM2 (576 columns)
@@ -161,6 +178,11 @@ def options(row: dict) -> list[str]:
     out += [] if s["true_sequential"] else ["--no-true-sequential"]
     weights = ["--bit-weights", row["bit_weights"]] if "bit_weights" in row else []
     return out + ["--damp", str(s["damp"]), "--dtype", s["dtype"], *weights, *calibration]
+
+
+def flags(row: dict) -> list[str]:
+    """The options a dict row's command adds: its own flags as typed, or every option of ALL spelled out."""
+    return list(row.get("flags", [])) if row.get("as_typed") else options(row)
 
 
 def is_parent(row: str) -> bool:

@@ -44,7 +44,7 @@ from benchmarks._harness import RESULTS, ROOT, load_json, measured_child, write_
 from benchmarks._harness.smollm2 import BENCH_PYTHON, DEFAULT_MODEL, WIKI, ZERO_SHOT, peer_command
 from benchmarks.quality._gptq_defaults_blocks import defaults_block, parent_block, readme_block
 from benchmarks.quality._gptq_defaults_page import page
-from benchmarks.quality._gptq_defaults_rows import AS_TYPED, PARENT_WIDTHS, PEER_GROUP, ROWS, is_parent, options
+from benchmarks.quality._gptq_defaults_rows import AS_TYPED, PARENT_WIDTHS, PEER_GROUP, ROWS, flags, is_parent
 
 OUT = RESULTS / "gptq_defaults.json"
 BLOCKS = {
@@ -100,7 +100,7 @@ def quantize(name: str, key: str, a, gs: int, bits: int, seed: int, ids_file: Pa
             "--overwrite",
             "--quiet",
         ]
-        cmd += options(ROWS[name]) if isinstance(ROWS[name], dict) and not ROWS[name].get("as_typed") else []
+        cmd += flags(ROWS[name]) if isinstance(ROWS[name], dict) else []
     return {**measured_child(cmd, a.threads, log), "command": cmd[1:], "measured": measured_at()}
 
 
