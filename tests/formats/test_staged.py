@@ -33,6 +33,7 @@ ARGS = dict(
     group_size=32,
     act_order=True,
     static_groups=False,
+    dtype="float32",  # the reference below calibrates in float32 (auto would take bfloat16 passes on some CPUs)
     progress=False,
 )
 
