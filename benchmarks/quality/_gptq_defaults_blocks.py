@@ -342,7 +342,7 @@ def _parent_cost(cells: dict) -> str:
         return ""
     one, total = g[0], sum(c["cpu_quiet"] for c in g)
     return (
-        f"\n\nCost, in the same run: the parent took {p['cpu_quiet']:.0f} CPU s and {p['rss_quiet']:.2f} GB peak "
+        f"\n\nCost, each run with the machine's cores to itself: the parent took {p['cpu_quiet']:.0f} CPU s and {p['rss_quiet']:.2f} GB peak "
         f"RSS; one default GPTQ-3 run {one['cpu_quiet']:.0f} CPU s and {one['rss_quiet']:.2f} GB "
         f"(×{p['cpu_quiet'] / one['cpu_quiet']:.2f} and ×{p['rss_quiet'] / one['rss_quiet']:.2f}); the three "
         f"per-width runs it replaces (3, 4 and 8 bits) {total:.0f} CPU s together (×{p['cpu_quiet'] / total:.2f}),"
