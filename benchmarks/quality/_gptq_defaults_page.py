@@ -233,7 +233,8 @@ def plot_page(data: dict, path: Path) -> None:
     cells = cells_of(data)
     rows = [r for r in ROWS if any(k[0] == r for k in cells)]
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    # one panel above the other, a row's slot wide enough for its label at 60 degrees
+    fig, axes = plt.subplots(2, 1, figsize=(max(11, 0.32 * len(rows)), 10))
     for ax, key, label in ((axes[0], "ppl", "WikiText-2 perplexity"), (axes[1], "kl", "KL to the float model")):
         for i, bits in enumerate((3, 4)):
             got = [(n, cells[(n, bits)]) for n in rows if (n, bits) in cells]
@@ -247,7 +248,7 @@ def plot_page(data: dict, path: Path) -> None:
                 capsize=3,
             )
         names = [PEER_LABELS.get(n, n).replace(" (its defaults)", "") for n in rows]
-        ax.set_xticks([j + 0.2 for j in range(len(rows))], names, rotation=30, ha="right", fontsize=8)
+        ax.set_xticks([j + 0.2 for j in range(len(rows))], names, rotation=60, ha="right", fontsize=8)
         ax.set_ylabel(label + " (lower is better)")
         ax.legend(fontsize=8)
     fig.suptitle(
