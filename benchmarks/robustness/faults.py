@@ -78,7 +78,7 @@ def fuzz() -> dict:
     rows, replayed = {}, 0
     for case in ET.parse(junit).iter("testcase") if junit else ():
         name = case.get("name", "")
-        failed = case.find("failure") is not None or case.find("error") is not None
+        failed = _outcome(case) == "failed"
         if name.startswith("test_every_recipe_that_once_failed_passes"):
             replayed += 1
         elif name.startswith("test_damaged_inputs_at_volume["):
@@ -97,6 +97,13 @@ def fuzz() -> dict:
     }
 
 
+def _outcome(case) -> str:
+    """A junit testcase element's outcome: failed (a failure or an error), skipped or passed."""
+    if case.find("failure") is not None or case.find("error") is not None:
+        return "failed"
+    return "skipped" if case.find("skipped") is not None else "passed"
+
+
 DISK_MODES = {"tmpfs": {}, "file-size limit": {"MATGPTQ_TEST_NO_MOUNT": "1"}}  # the mode: its environment
 
 
@@ -110,16 +117,12 @@ def full_disk() -> dict:
         junit, rc = pytest_junit(["tests/test_full_disk.py"], "disk", env={**os.environ, **env})
         cases = {}
         for case in ET.parse(junit).iter("testcase") if junit else ():
-            bad = case.find("failure") is not None or case.find("error") is not None
-            cases[case.get("name", "")] = {
-                "outcome": "failed" if bad else "skipped" if case.find("skipped") is not None else "passed",
-                "seconds": float(case.get("time", 0)),
-            }
+            cases[case.get("name", "")] = {"outcome": _outcome(case), "seconds": float(case.get("time", 0))}
         modes[mode] = {"cases": cases, "pytest_exit": rc}
     return {"modes": modes, "machine": machine(), "command": "python -m pytest tests/test_full_disk.py"}
 
 
-def _outcome(case: dict | None) -> str:
+def _cell(case: dict | None) -> str:
     return f"{case['outcome']} ({case['seconds']:.0f} s)" if case else "not run"
 
 
@@ -138,10 +141,7 @@ def disk_section(d: dict) -> list[str]:
         "",
         "| case | " + " | ".join(d["modes"]) + " |",
         "|---" * (1 + len(d["modes"])) + "|",
-        *(
-            f"| `{n}` | " + " | ".join(_outcome(d["modes"][m]["cases"].get(n)) for m in d["modes"]) + " |"
-            for n in names
-        ),
+        *(f"| `{n}` | " + " | ".join(_cell(d["modes"][m]["cases"].get(n)) for m in d["modes"]) + " |" for n in names),
         "",
         ", ".join(f"{m}: {passed[m]} of {len(v['cases'])} passed" for m, v in d["modes"].items())
         + f". Command: `{d['command']}`, and with `MATGPTQ_TEST_NO_MOUNT=1` "
