@@ -1,2 +1,2 @@
-"""Search claims on SmolLM2-135M-Instruct: the searched mixes at every budget (real_model), all eight budgets in ten
-minutes against every one-shot allocation (ten_minutes), and the default search given time (long)."""
+"""Search claims on SmolLM2-135M-Instruct: the searched mixes at every budget (real_model) and all eight budgets in
+ten minutes against every one-shot allocation (ten_minutes)."""

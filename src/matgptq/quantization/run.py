@@ -216,28 +216,35 @@ def run_quantization(
         )
         if rank > 0:  # every rank holds the result; one writes it
             return Path(out), reports
-        spec = arch_spec(fp)
-        config = fp.config.to_dict()
-        if stored is not None:  # the dtype the tensors are written in, not the one calibrated in
-            config.update({k: str(stored).removeprefix("torch.") for k in ("dtype", "torch_dtype") if k in config})
-        stage.assemble(
-            out,
-            len(get_blocks(fp, spec)),
-            config,
-            unquantized_tensors(fp, {}, spec.blocks),
-            {r.name: list(r.shape) for r in reports},
-            {r.name: cfg.width_of(r.name) for r in reports},
-            _metadata(cfg, calib_cfg, calib, source, fp, passes, reports, dev, size),
-            model,
-            overwrite,
-            shard_bytes,
-        )
+        meta = _metadata(cfg, calib_cfg, calib, source, fp, passes, reports, dev, size)
+        _assemble(stage, out, fp, cfg, reports, stored, meta, model, overwrite, shard_bytes)
     finally:
         if state is None and rank == 0:
             shutil.rmtree(stage.dir, ignore_errors=True)
     if state is not None:
         state.finish()
     return Path(out), reports
+
+
+def _assemble(stage, out, fp, cfg: MethodConfig, reports, stored, meta: dict, model: Path, overwrite, shard_bytes):
+    """The staged blocks and the model's unquantized tensors written as the checkpoint `out`, its config saying the
+    dtype the tensors are stored in (not the one calibrated in)."""
+    spec = arch_spec(fp)
+    config = fp.config.to_dict()
+    if stored is not None:
+        config.update({k: str(stored).removeprefix("torch.") for k in ("dtype", "torch_dtype") if k in config})
+    stage.assemble(
+        out,
+        len(get_blocks(fp, spec)),
+        config,
+        unquantized_tensors(fp, {}, spec.blocks),
+        {r.name: list(r.shape) for r in reports},
+        {r.name: cfg.width_of(r.name) for r in reports},
+        meta,
+        model,
+        overwrite,
+        shard_bytes,
+    )
 
 
 def finished_run(
