@@ -312,7 +312,8 @@ def parent_block(data: dict) -> str:
 
 def _parent_parts(runs: dict) -> str:
     """Each part of the parent's defaults turned alone (PARENT_PARTS) against the default parent, per width: the
-    ratio of seed means over the seeds both were run with, and those seeds' count."""
+    ratio of seed means over the seeds both were run with, the range of the per-seed ratios beside it (a part wins
+    or loses on every seed when its range stays on one side of 1×), and those seeds' count."""
 
     def seeds(row: str) -> dict[int, dict]:
         return {int(k.rsplit("seed", 1)[1]): r["eval"] for k, r in runs.items() if k.startswith(row) and "eval" in r}
@@ -324,12 +325,17 @@ def _parent_parts(runs: dict) -> str:
             a, b = seeds(f"matgptq-default/g128/{bits}/"), seeds(f"{row}/g128/{bits}/")
             common = sorted(set(a) & set(b))
             mean = lambda ev: sum(ev[s][key] for s in common) / len(common)  # noqa: E731
-            cols.append(f"{mean(b) / mean(a):.3f}×" if common else "-")
+            ratios = [b[s][key] / a[s][key] for s in common]
+            spread = f" ({min(ratios):.2f}–{max(ratios):.2f})" if len(common) > 1 else ""
+            cols.append(f"{mean(b) / mean(a):.3f}×{spread}" if common else "-")
             n |= {len(common)}
         if any(c != "-" for c in cols):
             lines.append(f"| `{' '.join(flags)}` | " + " | ".join(cols) + f" | {min(n - {0}, default=0)} |")
     head = "| `--method matgptq --bits 3,4,8` with | 3-bit ppl | 3-bit KL | 4-bit ppl | 4-bit KL | 8-bit KL | seeds |"
-    note = "Each part turned alone, over the default parent's: above 1× the default's slice is the better one."
+    note = (
+        "Each part turned alone, over the default parent's: above 1× the default's slice is the better one; in "
+        "brackets the lowest and highest ratio of one seed's pair."
+    )
     return "\n\n" + "\n".join([head, "|---" * 7 + "|", *lines]) + "\n\n" + note if lines else ""
 
 
