@@ -42,10 +42,15 @@ def test_the_first_order_step_is_the_fitness_central_difference(setup):
         d = layers[fitness.names[layer]].slice(4).dequantize(torch.float32) - at3
         up = fitness.kl(mix, WINDOWS, None, (layer, at3 + eps * d))
         down = fitness.kl(mix, WINDOWS, None, (layer, at3 - eps * d))
-        # F is a float32 sum whose rounding depends on the host's kernels (seen: a few ulp of F on an AMD host without
-        # AVX512, 3.2e-3 of the smallest derivative): 4 float32 epsilons of F in each of up and down, over 2ε
-        rounding = 4 * torch.finfo(torch.float32).eps * max(abs(up), abs(down)) / eps
-        assert table[layer][2] - table[layer][1] == pytest.approx((up - down) / (2 * eps), rel=2e-3, abs=rounding)
+        assert table[layer][2] - table[layer][1] == _central_difference(up, down, eps)
+
+
+def _central_difference(up: float, down: float, eps: float):
+    """(up − down) / 2ε with the tolerance of the docstring above: 2e-3 relative, plus F's float32 rounding, which
+    depends on the host's kernels (seen: a few ulp of F on an AMD host without AVX512, 3.2e-3 of the smallest
+    derivative): 4 float32 epsilons of F in each of up and down, over 2ε."""
+    rounding = 4 * torch.finfo(torch.float32).eps * max(abs(up), abs(down)) / eps
+    return pytest.approx((up - down) / (2 * eps), rel=2e-3, abs=rounding)
 
 
 def test_the_table_predicts_from_the_floor_up_only(setup):
@@ -109,7 +114,4 @@ def test_every_batch_and_a_soft_capped_head_enter_the_step(stories_parent, softc
         d = layers[names[layer]].slice(4).dequantize(torch.float32) - at3
         up = fitness.kl(mix, every, None, (layer, at3 + eps * d))
         down = fitness.kl(mix, every, None, (layer, at3 - eps * d))
-        # F is a float32 sum whose rounding depends on the host's kernels (seen: a few ulp of F on an AMD host without
-        # AVX512, 3.2e-3 of the smallest derivative): 4 float32 epsilons of F in each of up and down, over 2ε
-        rounding = 4 * torch.finfo(torch.float32).eps * max(abs(up), abs(down)) / eps
-        assert table[layer][2] - table[layer][1] == pytest.approx((up - down) / (2 * eps), rel=2e-3, abs=rounding)
+        assert table[layer][2] - table[layer][1] == _central_difference(up, down, eps)
