@@ -10,7 +10,7 @@ TEXT    := $(SHARED)/data/tinystories/tinystories_val_head.txt
 PINS    := $(abspath .ci/constraints.txt)
 PIP     := PIP_CONSTRAINT=$(PINS) $(BIN)/pip install -q --disable-pip-version-check -c $(PINS)
 
-.PHONY: venv demo test lint docs-check interop compat llama-cpp-tools real-model real-model-table search-real-model bench-venv bench-pipeline gpu-check gpu-carry vllm vllm-test clean
+.PHONY: venv demo test lint docs-check interop compat llama-cpp-tools real-model real-model-table search-real-model bench-venv bench-pipeline gpu-check gpu-carry vllm vllm-test clean peer-test
 
 # torch is installed first and pinned (.ci/constraints.txt): 2.13.0 is a local CPU wheel; any other version
 # would pull gigabytes of CUDA wheels.
@@ -67,6 +67,11 @@ $(INTEROP): $(BIN)/matgptq $(LLAMA_CPP_CONVERT)
 	GPTQMODEL_CPU_WORKERS=2 CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 	    $(PIP) -e ".[dev,interop,tasks,kernels]"
 	touch $@
+
+# CI's peer pass: the tests the last `make test` skipped (tests/skipped.py recorded them), run again with the peers of
+# `make interop` installed and required: a peer that does not import fails instead of skipping.
+peer-test: $(INTEROP)
+	MATGPTQ_REQUIRE_PEERS=1 $(BIN)/python -m pytest -q --rerun-skipped
 
 # The tests of what transformers reads (from_pretrained of a parent, compressed-tensors exports) on transformers 5.17
 # as well as the pinned one: the wheels on .ci/constraints.txt's `# compat:` line, --no-deps, in a folder first on

@@ -1,7 +1,8 @@
 """Shared fixtures: paths to ../shared, tiny models built on the fly, and gating of peer-library tests.
 
 Peer libraries (GPTQModel, optimum, llama-cpp-python) are optional: tests needing one are skipped when it is missing,
-unless MATGPTQ_REQUIRE_PEERS=1 (set by CI), which turns a missing peer into a failure.
+unless MATGPTQ_REQUIRE_PEERS=1 (set by CI), which turns a missing peer into a failure. A whole run records what it
+skipped; `pytest --rerun-skipped` runs only that (tests/skipped.py: CI's peer pass).
 """
 
 import importlib
@@ -21,6 +22,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from matgptq.formats import QuantizedWeight  # noqa: E402
+from tests.skipped import pytest_addoption, pytest_collection_modifyitems, pytest_configure  # noqa: E402, F401
 
 # ../shared beside the checkout; MATGPTQ_SHARED names a copy elsewhere (make gpu-check carries one: no ../shared there)
 SHARED = Path(os.environ.get("MATGPTQ_SHARED") or Path(__file__).resolve().parents[1].parent / "shared")
