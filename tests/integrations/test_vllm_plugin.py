@@ -2,7 +2,7 @@
 issue #96 item 4): `make vllm-test`.
 
 It runs in .venv-vllm (`make vllm`: matgptq installed there, so vLLM finds the `vllm.general_plugins` entry point),
-skips in the main venv and without the real model (`make real-model`), as test_vllm.py does. test_vllm.py's session
+skips in the main venv and without the real model (`make real-model`), as test_vllm.py does. conftest.py's session
 fixture quantizes SmolLM2-135M with the product's CLI into a parent (R = {3, 4, 8}, g64); one module fixture serves
 it in one vLLM process (vllm_plugin_child.py) with `LLM(PARENT, quantization="matgptq")`: as stored (8 bits), at 3
 and 4 bits, a tied mix from a file (q/k/v at one width and gate/up at one width in each block) and an untied mix (q,
@@ -35,7 +35,7 @@ if importlib.util.find_spec("vllm") is None:  # as test_vllm.py: CI's main venv 
 if not (REAL_MODEL / "model.safetensors").is_file():
     pytest.skip(f"{REAL_MODEL} not made (make real-model)", allow_module_level=True)
 
-from tests.integrations.test_vllm import GREEDY_TOKENS, _windows, compare, failures, smol_parent  # noqa: E402,F401
+from tests.integrations.test_vllm import GREEDY_TOKENS, _windows, compare, failures  # noqa: E402
 
 CHILD = Path(__file__).with_name("vllm_plugin_child.py")
 LAYERS = 30  # SmolLM2-135M's blocks
@@ -95,7 +95,7 @@ def _child(base: Path, name: str, spec: dict, env: dict[str, str] | None = None)
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, smol_parent):  # noqa: F811 — the imported fixture
+def served(tmp_path_factory, smol_parent):
     """The parent (test_vllm.py's, quantized once per session), the prompts, what each case asked for, and what vLLM
     computed: every case of SERVED and REFUSED in one process (engine core in it), SPAWNED in a second one with
     vLLM's engine core and worker spawned."""
