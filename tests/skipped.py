@@ -1,7 +1,8 @@
 """Rerun what the last whole run skipped: CI's second pass (`make peer-test`).
 
-A whole run (`pytest` with no paths, -k or -m: `make test`) records the node ids it skipped, a module skipped at
-import included, in pytest's cache (.pytest_cache). `pytest --rerun-skipped` then runs those tests and nothing else.
+A whole run (`pytest` with no paths and no test left out: `make test`) records the node ids it skipped, a module
+skipped at import included, in pytest's cache (.pytest_cache). `pytest --rerun-skipped` then runs those and nothing
+else.
 CI runs the suite once as a newcomer does (no peer library: their tests skip and say why), installs the peers, and
 runs only what was skipped, with MATGPTQ_REQUIRE_PEERS=1 so that a peer that does not import fails instead of
 skipping again. Tests skipped for want of a GPU or of `make real-model` skip again, at no cost.
@@ -23,17 +24,21 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if getattr(config, "cache", None) is None:  # -p no:cacheprovider
         return
-    whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS
-    if whole and not config.option.rerun_skipped and not config.option.keyword and not config.option.markexpr:
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.rerun_skipped:
         config.pluginmanager.register(_Recorder(config), "matgptq-skip-recorder")
 
 
 class _Recorder:
-    """Collects the node ids of skipped tests and of modules skipped at collection; writes them at the end."""
+    """Collects the node ids of skipped tests and of modules skipped at collection; writes them at the end unless the
+    run left tests out (-k, -m, --lf, --deselect: each reports what it deselected)."""
 
     def __init__(self, config):
         self.config = config
         self.skipped: set[str] = set()
+        self.partial = False
+
+    def pytest_deselected(self, items):
+        self.partial = True
 
     def pytest_collectreport(self, report):
         if report.skipped:
@@ -44,7 +49,8 @@ class _Recorder:
             self.skipped.add(report.nodeid)
 
     def pytest_sessionfinish(self, session):
-        self.config.cache.set(KEY, sorted(self.skipped))
+        if not self.partial:
+            self.config.cache.set(KEY, sorted(self.skipped))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -66,6 +66,7 @@ def test_a_partial_run_does_not_replace_the_record(tmp_path):
     root = _suite(tmp_path)
     _pytest(root)
     _pytest(root, "t/test_mixed.py")  # paths given: not a whole run, records nothing
+    _pytest(root, "-k", "plain")  # tests left out: records nothing either
     again = _pytest(root, "--rerun-skipped", peer=True)
     assert "t/test_peer.py::test_peer_a" in _passed(again.stdout)
 
