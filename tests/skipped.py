@@ -66,8 +66,9 @@ def pytest_collection_modifyitems(config, items):
         parts = nodeid.split("::")
         return any("::".join(parts[:i]) in recorded for i in range(1, len(parts) + 1))
 
-    keep = [item for item in items if wanted(item.nodeid)]
-    deselected = [item for item in items if not wanted(item.nodeid)]
+    keep, deselected = [], []
+    for item in items:
+        (keep if wanted(item.nodeid) else deselected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
     items[:] = keep
